@@ -1,0 +1,102 @@
+"""Multi-head attention layer: projections, the queries/keys positional hook, a kernel.
+
+Letters: B = batch, L = length, C = d_model, H = num_heads, D = head_dim,
+R = num_realizations, M = num_features.
+
+SPE sits between the query/key projections and the feature map (Algorithm 1 of Liutkus
+et al. 2021): q, k -> (SPEFilter) -> q̂, k̂ of size R -> φ -> linear attention.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from spe.encodings.code import SPECode
+from spe.encodings.filter import SPEFilter
+from spe.ops.feature_maps import (elu_feature_map, favor_feature_map, orthogonal_random_features,
+                                  relu_feature_map)
+from spe.ops.linear import causal_linear_attention, linear_attention
+from spe.ops.softmax import softmax_attention
+
+__all__ = ["ATTENTIONS", "MultiHeadAttention"]
+
+ATTENTIONS = ("softmax", "performer", "linear-relu", "linear-elu")
+_FEATURE_MAPS = {"linear-relu": relu_feature_map, "linear-elu": elu_feature_map}
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention with a pluggable kernel and an optional SPE filter.
+
+    Args:
+        d_model: C.
+        num_heads: H.
+        attention: one of ``ATTENTIONS``: ``softmax`` (exact, O(L²)), ``performer`` (FAVOR+
+            positive orthogonal random features), ``linear-relu``, ``linear-elu``.
+        causal: mask the future.
+        spe_filter: applies an SPE code to queries and keys (then the kernel sees dimension R).
+        num_realizations: R, required with ``spe_filter`` for the performer projection size.
+        num_features: M, random features for ``performer``.
+        chunk_size: chunk length of causal linear attention.
+
+    Raises:
+        ValueError: on an unknown attention name or d_model not divisible by num_heads.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
+                 causal: bool = True, spe_filter: SPEFilter | None = None,
+                 num_realizations: int | None = None, num_features: int = 64,
+                 chunk_size: int = 64) -> None:
+        super().__init__()
+        if attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.attention, self.causal, self.chunk_size = attention, causal, chunk_size
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+        self.spe_filter = spe_filter
+        self.kernel_dim = num_realizations if spe_filter is not None else self.head_dim
+        if attention == "performer":
+            if self.kernel_dim is None:
+                raise ValueError("performer attention with SPE needs num_realizations")
+            self.num_features = num_features
+            self.register_buffer("projection", orthogonal_random_features(num_heads, num_features,
+                                                                          self.kernel_dim))
+
+    @torch.no_grad()
+    def redraw_features(self, generator: torch.Generator | None = None) -> None:
+        """Draws new FAVOR+ projections (no-op for other kernels)."""
+        if self.attention == "performer":
+            self.projection.copy_(orthogonal_random_features(
+                self.num_heads, self.num_features, self.kernel_dim, generator=generator))
+
+    def forward(self, x: Tensor, code: SPECode | None = None) -> Tensor:
+        """Args:
+            x: (B, L, C).
+            code: SPE code for L positions; required iff the layer has an SPE filter.
+
+        Returns:
+            (B, L, C).
+        """
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)  # (B, L, H, D)
+        if self.spe_filter is not None:
+            if code is None:
+                raise ValueError("this attention layer uses SPE: pass the code drawn for this forward")
+            q, k = self.spe_filter(q, k, code)  # (B, L, H, R)
+        if self.attention == "softmax":
+            y = softmax_attention(q, k, v, causal=self.causal)
+        else:
+            if self.attention == "performer":
+                fq = favor_feature_map(q, self.projection, is_query=True)
+                fk = favor_feature_map(k, self.projection, is_query=False)
+            else:
+                fmap = _FEATURE_MAPS[self.attention]
+                fq, fk = fmap(q), fmap(k)
+            if self.causal:
+                y = causal_linear_attention(fq, fk, v, chunk_size=self.chunk_size)
+            else:
+                y = linear_attention(fq, fk, v)
+        return self.out(y.reshape(b, n, -1))

@@ -1,0 +1,74 @@
+"""Positional codes: one draw of SPE noise, applied to queries and keys by :class:`SPEFilter`.
+
+Letters: L = length, H = num_heads, D = head_dim, R = num_realizations, K = num_sines.
+
+A code is drawn once per forward pass and shared by every layer and every example of the
+batch (appendix A.2 of Liutkus et al. 2021). Two forms exist:
+
+* :class:`SineCode` keeps sineSPE factored (the cos/sin features and the gain-scaled noise)
+  so that the filter can apply it as one matrix product without ever forming the
+  (L, H, D, R) tensors of eq. (20)-(21).
+* :class:`DenseCode` holds materialised codes Q̄, K̄ of shape (L, H, D, R) (convSPE).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["SineCode", "DenseCode", "SPECode"]
+
+
+@dataclass(frozen=True)
+class SineCode:
+    """Factored sineSPE code, eq. (20)-(21).
+
+    Attributes:
+        omega_q: (Lq, H, D, 2K) cos/sin of 2π f n + θ at the query positions.
+        omega_k: (Lk, H, D, 2K) cos/sin of 2π f n at the key positions.
+        weights: (H, D, 2K, R) diag(λ̈) Z / √(2K).
+        gate_noise: (H, D, R) the gating noise ε of eq. (23)-(25), N(0, 1).
+    """
+
+    omega_q: Tensor
+    omega_k: Tensor
+    weights: Tensor
+    gate_noise: Tensor
+
+    @property
+    def num_realizations(self) -> int:
+        return self.weights.shape[-1]
+
+    def materialize(self) -> tuple[Tensor, Tensor]:
+        """Returns Q̄ (Lq, H, D, R) and K̄ (Lk, H, D, R) of eq. (20)-(21)."""
+        qbar = torch.einsum("lhdj,hdjr->lhdr", self.omega_q, self.weights)
+        kbar = torch.einsum("lhdj,hdjr->lhdr", self.omega_k, self.weights)
+        return qbar, kbar
+
+
+@dataclass(frozen=True)
+class DenseCode:
+    """Materialised code.
+
+    Attributes:
+        qbar: (Lq, H, D, R) query code Q̄.
+        kbar: (Lk, H, D, R) key code K̄.
+        gate_noise: (H, D, R) the gating noise ε of eq. (23)-(25), N(0, 1).
+    """
+
+    qbar: Tensor
+    kbar: Tensor
+    gate_noise: Tensor
+
+    @property
+    def num_realizations(self) -> int:
+        return self.qbar.shape[-1]
+
+    def materialize(self) -> tuple[Tensor, Tensor]:
+        """Returns Q̄ (Lq, H, D, R) and K̄ (Lk, H, D, R)."""
+        return self.qbar, self.kbar
+
+
+SPECode = SineCode | DenseCode

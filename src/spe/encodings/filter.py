@@ -1,0 +1,130 @@
+"""Applying an SPE code to queries and keys, with optional gating.
+
+Eq. (16)-(17) and (23)-(25) of Liutkus et al. 2021. Letters: B = batch, L = length,
+H = num_heads, D = head_dim, R = num_realizations, K = num_sines.
+"""
+
+from __future__ import annotations
+
+
+import torch
+from torch import Tensor, nn
+
+from spe.encodings.code import SineCode, SPECode
+
+__all__ = ["SPEFilter", "apply_code_reference", "apply_sine_code_fused"]
+
+
+def _check(x: Tensor, name: str, code_length: int, num_heads: int, head_dim: int) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"SPEFilter: {name} must be (batch, length, num_heads, head_dim), "
+                         f"got shape {tuple(x.shape)}")
+    if x.shape[1] != code_length or x.shape[2] != num_heads or x.shape[3] != head_dim:
+        raise ValueError(f"SPEFilter: {name} of shape {tuple(x.shape)} does not match the code "
+                         f"(length {code_length}, num_heads {num_heads}, head_dim {head_dim})")
+
+
+def apply_code_reference(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
+    """Straightforward eq. (16)/(17) (+ gating (23)-(25)) from a materialised code.
+
+    Args:
+        x: (B, L, H, D) queries or keys.
+        bar: (L, H, D, R) code Q̄ or K̄.
+        gate: (H, D) δ in [0, 1], or None for no gating.
+        gate_noise: (H, D, R) ε.
+
+    Returns:
+        (B, L, H, R): Σ_d x_d (√(1−δ_d) bar_d + √δ_d ε_d) / (D·R)^{1/4}.
+    """
+    d, r = bar.shape[-2], bar.shape[-1]
+    if gate is not None:
+        bar = torch.sqrt(1 - gate)[..., None] * bar + (torch.sqrt(gate)[..., None] * gate_noise)[None]
+    return torch.einsum("blhd,lhdr->blhr", x, bar) / (d * r) ** 0.25
+
+
+def apply_sine_code_fused(x: Tensor, omega: Tensor, weights: Tensor, gate: Tensor | None,
+                          gate_noise: Tensor) -> Tensor:
+    """Fused sineSPE filter: one matrix product over the (D × 2K) axis per head.
+
+    Same value as :func:`apply_code_reference` on the materialised code, without forming the
+    (L, H, D, R) code: q̂[m] = Σ_{d,j} (x_d Ω[m,d,j]) · (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4}.
+
+    Args:
+        x: (B, L, H, D).
+        omega: (L, H, D, 2K) cos/sin features.
+        weights: (H, D, 2K, R) λ̈ Z / √(2K).
+        gate: (H, D) δ, or None.
+        gate_noise: (H, D, R) ε.
+
+    Returns:
+        (B, L, H, R).
+    """
+    b, n, h, d = x.shape
+    two_k, r = weights.shape[-2], weights.shape[-1]
+    scale = (d * r) ** -0.25
+    w = weights * scale
+    if gate is not None:
+        w = w * torch.sqrt(1 - gate)[..., None, None]
+    feats = (x[..., None] * omega).reshape(b, n, h, d * two_k)  # (B, L, H, D·2K)
+    out = torch.einsum("blhi,hir->blhr", feats, w.reshape(h, d * two_k, r))
+    if gate is not None:
+        out = out + torch.einsum("blhd,hdr->blhr", x, torch.sqrt(gate)[..., None] * gate_noise * scale)
+    return out
+
+
+class SPEFilter(nn.Module):
+    """Turns queries and keys into SPE-encoded q̂, k̂ of dimension R, eq. (16)-(17).
+
+    With ``gated=True`` each feature d has a learnable gate δ_d = sigmoid(gate logit) ∈ [0, 1]
+    (eq. (23)-(25)): the effective kernel is (1 − δ_d) P_d(τ) + δ_d, so δ → 1 removes the
+    positional dependence. The scale 1/(D·R)^{1/4} makes exp(q̂·k̂ / √R) equal eq. (8)'s
+    attention in expectation of the exponent.
+
+    Args:
+        num_heads: H.
+        head_dim: D.
+        gated: learn a gate per (head, feature).
+        fused: apply sineSPE codes with the fused product (same numbers, less memory).
+        gate_init: initial gate logit (δ = sigmoid(gate_init)).
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, *, gated: bool = True, fused: bool = True,
+                 gate_init: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.fused = num_heads, head_dim, fused
+        self.gate_logits = nn.Parameter(torch.full((num_heads, head_dim), float(gate_init))) if gated else None
+
+    @property
+    def gate(self) -> Tensor | None:
+        """(H, D) δ in [0, 1], or None when ungated."""
+        return None if self.gate_logits is None else torch.sigmoid(self.gate_logits)
+
+    def forward(self, queries: Tensor, keys: Tensor, code: SPECode) -> tuple[Tensor, Tensor]:
+        """Applies a code.
+
+        Args:
+            queries: (B, Lq, H, D).
+            keys: (B, Lk, H, D); Lk may differ from Lq (cross-attention, decoding).
+            code: drawn by :class:`~spe.SineSPE` or :class:`~spe.ConvSPE` for Lq query and
+                Lk key positions.
+
+        Returns:
+            q_hat (B, Lq, H, R) and k_hat (B, Lk, H, R).
+
+        Raises:
+            ValueError: if shapes do not match the code.
+        """
+        gate = self.gate
+        if isinstance(code, SineCode):
+            _check(queries, "queries", code.omega_q.shape[0], self.num_heads, self.head_dim)
+            _check(keys, "keys", code.omega_k.shape[0], self.num_heads, self.head_dim)
+            if self.fused:
+                return (apply_sine_code_fused(queries, code.omega_q, code.weights, gate, code.gate_noise),
+                        apply_sine_code_fused(keys, code.omega_k, code.weights, gate, code.gate_noise))
+        qbar, kbar = code.materialize()
+        _check(queries, "queries", qbar.shape[0], self.num_heads, self.head_dim)
+        _check(keys, "keys", kbar.shape[0], self.num_heads, self.head_dim)
+        return (apply_code_reference(queries, qbar, gate, code.gate_noise),
+                apply_code_reference(keys, kbar, gate, code.gate_noise))
+
+

@@ -1,0 +1,46 @@
+"""Shared argument handling for positional codes."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["resolve_positions"]
+
+
+def _as_positions(name: str, value: Tensor, device: torch.device) -> Tensor:
+    value = torch.as_tensor(value, device=device)
+    if value.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor of positions, got shape {tuple(value.shape)}")
+    return value
+
+
+def resolve_positions(
+    length: int | None,
+    positions: Tensor | None,
+    query_positions: Tensor | None,
+    key_positions: Tensor | None,
+    *,
+    device: torch.device,
+) -> tuple[Tensor, Tensor]:
+    """Returns (query_positions (Lq,), key_positions (Lk,)) from exactly one way of asking.
+
+    Raises:
+        ValueError: if none or several of the ways are used, or a length is not positive.
+    """
+    given = [length is not None, positions is not None,
+             query_positions is not None or key_positions is not None]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of: length, positions, or query_positions with key_positions")
+    if length is not None:
+        if int(length) < 1:
+            raise ValueError(f"length must be a positive integer, got {length!r}")
+        pos = torch.arange(int(length), device=device)
+        return pos, pos
+    if positions is not None:
+        pos = _as_positions("positions", positions, device)
+        return pos, pos
+    if query_positions is None or key_positions is None:
+        raise ValueError("query_positions and key_positions must be given together")
+    return (_as_positions("query_positions", query_positions, device),
+            _as_positions("key_positions", key_positions, device))

@@ -1,0 +1,163 @@
+"""sineSPE: periodic relative kernels from sinusoids and noise, eq. (18)-(21) of Liutkus et al. 2021.
+
+Letters: L = length, H = num_heads, D = head_dim, R = num_realizations, K = num_sines.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from spe.encodings.code import SineCode
+from spe.encodings.positions import resolve_positions
+
+__all__ = ["SineSPE", "sine_phase"]
+
+
+def sine_phase(frequencies: Tensor, positions: Tensor) -> Tensor:
+    """Phases 2π·frac(f·n), accurate at large positions.
+
+    A float32 product 2π f n loses about 2e-3 rad at n = 8,192; the product is therefore
+    formed in float64 and reduced modulo 1 before the multiplication by 2π. The gradient with
+    respect to ``frequencies`` is that of 2π f n (frac has unit slope almost everywhere).
+
+    Args:
+        frequencies: (H, D, K) in cycles per position.
+        positions: (L,) integer or real positions.
+
+    Returns:
+        (L, H, D, K) phases in radians in [0, 2π), in the dtype of ``frequencies``.
+    """
+    cycles = frequencies.double()[None] * positions.double()[:, None, None, None]
+    cycles = cycles - torch.floor(cycles).detach()
+    return (2 * math.pi * cycles).to(frequencies.dtype)
+
+
+class SineSPE(nn.Module):
+    """Sinusoidal stochastic positional encoding (sineSPE), eq. (18)-(21).
+
+    Each feature d of each head carries the relative kernel
+
+        P_d(τ) = (1 / 2K) Σ_k λ_dk² cos(2π f_dk τ + θ_dk),
+
+    with learnable frequencies f ∈ [0, 1/2] cycles per position (higher ones alias on integer
+    lags), phases θ (radians) and gains λ. Calling the module draws a code whose
+    cross-covariance E[Q̄_d K̄_dᵀ] / R is exactly that kernel (see :meth:`kernel`).
+
+    Args:
+        num_heads: H.
+        head_dim: D, the query/key dimension per head.
+        num_realizations: R, the default number of noise realisations (may be overridden
+            per call, e.g. at test time).
+        num_sines: K, sinusoids per feature.
+        frequency_init: ``"low"`` (the original code's choice: logits N(-4, 1), periods of
+            roughly 100 positions) or ``"spread"`` (log-uniform periods from 2 to 1,024).
+
+    Raises:
+        ValueError: if a size is not positive or ``frequency_init`` is unknown.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        num_realizations: int = 64,
+        num_sines: int = 5,
+        *,
+        frequency_init: str = "low",
+    ) -> None:
+        super().__init__()
+        for name, value in [("num_heads", num_heads), ("head_dim", head_dim),
+                            ("num_realizations", num_realizations), ("num_sines", num_sines)]:
+            if int(value) < 1:
+                raise ValueError(f"SineSPE: {name} must be a positive integer, got {value!r}")
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.num_realizations, self.num_sines = num_realizations, num_sines
+        shape = (num_heads, head_dim, num_sines)
+        if frequency_init == "low":
+            logits = torch.randn(shape) - 4.0
+        elif frequency_init == "spread":
+            periods = torch.exp(torch.empty(shape).uniform_(math.log(2.0), math.log(1024.0)))
+            freqs = (1.0 / periods).clamp(1e-6, 0.5 - 1e-6)
+            logits = torch.log(2 * freqs) - torch.log1p(-2 * freqs)
+        else:
+            raise ValueError(f"SineSPE: frequency_init must be 'low' or 'spread', got {frequency_init!r}")
+        self.frequency_logits = nn.Parameter(logits)
+        # θ = 0 and λ = √2 start every feature at P_d(0) = 1, a symmetric kernel that decays
+        # from lag 0 (plain dot-product attention at lag 0).
+        self.phases = nn.Parameter(torch.zeros(shape))
+        self.gains = nn.Parameter(torch.full(shape, math.sqrt(2.0)))
+
+    @property
+    def frequencies(self) -> Tensor:
+        """(H, D, K) frequencies in cycles per position, in [0, 1/2]."""
+        return 0.5 * torch.sigmoid(self.frequency_logits)
+
+    def forward(
+        self,
+        length: int | None = None,
+        *,
+        positions: Tensor | None = None,
+        query_positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        num_realizations: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> SineCode:
+        """Draws one code.
+
+        Give either ``length`` (positions 0 … length−1), ``positions`` (shared by queries
+        and keys), or both ``query_positions`` and ``key_positions`` (e.g. decoding).
+        Positions may be real-valued (continuous time); the kernel depends only on m − n.
+
+        Args:
+            length: number of positions.
+            positions: (L,) positions.
+            query_positions: (Lq,) positions of the queries.
+            key_positions: (Lk,) positions of the keys.
+            num_realizations: R for this draw (default: the constructor's).
+            generator: source of the noise Z and ε (drawn on the CPU, then moved).
+
+        Returns:
+            A :class:`SineCode` with omega_q (Lq, H, D, 2K), omega_k (Lk, H, D, 2K),
+            weights (H, D, 2K, R), gate_noise (H, D, R).
+
+        Raises:
+            ValueError: on inconsistent or missing positions, or R < 1.
+        """
+        pos_q, pos_k = resolve_positions(length, positions, query_positions, key_positions,
+                                         device=self.frequency_logits.device)
+        r = self.num_realizations if num_realizations is None else int(num_realizations)
+        if r < 1:
+            raise ValueError(f"SineSPE: num_realizations must be positive, got {num_realizations!r}")
+        h, d, k = self.num_heads, self.head_dim, self.num_sines
+        dtype, device = self.frequency_logits.dtype, self.frequency_logits.device
+        z = torch.randn(h, d, 2 * k, r, generator=generator, dtype=dtype).to(device)
+        eps = torch.randn(h, d, r, generator=generator, dtype=dtype).to(device)
+        gains = self.gains.repeat_interleave(2, dim=-1)  # λ̈: (H, D, 2K)
+        weights = gains[..., None] * z / math.sqrt(2 * k)
+        return SineCode(omega_q=self._omega(pos_q, self.phases),
+                        omega_k=self._omega(pos_k, None),
+                        weights=weights, gate_noise=eps)
+
+    def _omega(self, positions: Tensor, phases: Tensor | None) -> Tensor:
+        """(L, H, D, 2K): interleaved cos and sin of 2π f n (+ θ), eq. (19)."""
+        angle = sine_phase(self.frequencies, positions)
+        if phases is not None:
+            angle = angle + phases
+        return torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1).flatten(-2)
+
+    def kernel(self, lags: Tensor) -> Tensor:
+        """Exact expected kernel E[Q̄_d(m) K̄_d(n)] / R for m − n = lag, eq. (18) / (2K).
+
+        Args:
+            lags: (T,) integer or real lags m − n.
+
+        Returns:
+            (H, D, T) kernel values, with the normalisation of the sampled codes, so that the
+            Monte-Carlo mean of Q̄ K̄ᵀ / R converges to it at the 1/√R rate.
+        """
+        lags = torch.as_tensor(lags, device=self.frequency_logits.device)
+        angle = sine_phase(self.frequencies, lags).permute(1, 2, 0, 3) + self.phases[:, :, None]
+        return (self.gains[:, :, None] ** 2 * torch.cos(angle)).sum(-1) / (2 * self.num_sines)

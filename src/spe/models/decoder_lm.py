@@ -1,0 +1,140 @@
+"""Decoder-only language model with absolute or stochastic positional encoding.
+
+Letters: B = batch, L = length, C = d_model, V = vocab_size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from spe.attention.layer import MultiHeadAttention
+from spe.encodings.absolute import SinusoidalPositionalEncoding
+from spe.encodings.code import SPECode
+from spe.encodings.conv import ConvSPE
+from spe.encodings.filter import SPEFilter
+from spe.encodings.sine import SineSPE
+from spe.models.config import ModelConfig
+
+__all__ = ["DecoderLM", "Block"]
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        spe = config.positional in ("sinespe", "convspe")
+        head_dim = config.d_model // config.num_heads
+        spe_filter = (SPEFilter(config.num_heads, head_dim, gated=config.gated, gate_init=config.gate_init)
+                      if spe else None)
+        self.norm1 = nn.LayerNorm(config.d_model)
+        self.attn = MultiHeadAttention(
+            config.d_model, config.num_heads, attention=config.attention, causal=True,
+            spe_filter=spe_filter, num_realizations=config.num_realizations if spe else None,
+            num_features=config.num_features, chunk_size=config.chunk_size)
+        self.norm2 = nn.LayerNorm(config.d_model)
+        self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
+                                 nn.Linear(config.d_ff, config.d_model))
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, code: SPECode | None) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), code))
+        return x + self.drop(self.ffn(self.norm2(x)))
+
+
+class DecoderLM(nn.Module):
+    """Autoregressive language model over token ids.
+
+    One SPE code is drawn per forward pass and shared by all layers and all examples of the
+    batch; each layer has its own gate (appendix A.2 of Liutkus et al. 2021). In training mode
+    the code comes from the ``generator`` passed to :meth:`forward` (or PyTorch's default
+    generator); in eval mode from a generator seeded with ``config.code_seed``, so the same
+    checkpoint and input give the same logits, and a prefix gets the same code whatever
+    length follows it.
+
+    Args:
+        config: the model configuration.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        head_dim = config.d_model // config.num_heads
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.ape = SinusoidalPositionalEncoding(config.d_model) if config.positional == "ape" else None
+        if config.positional == "sinespe":
+            self.encoding: nn.Module | None = SineSPE(config.num_heads, head_dim, config.num_realizations,
+                                                      config.num_sines, frequency_init=config.frequency_init)
+        elif config.positional == "convspe":
+            self.encoding = ConvSPE(config.num_heads, head_dim, config.num_realizations, config.kernel_size)
+        else:
+            self.encoding = None
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def draw_code(self, length: int, *, generator: torch.Generator | None = None,
+                  num_realizations: int | None = None) -> SPECode | None:
+        """Draws the shared SPE code for positions 0 … length−1 (None without SPE)."""
+        if self.encoding is None:
+            return None
+        if generator is None and not self.training:
+            generator = torch.Generator().manual_seed(self.config.code_seed)
+        return self.encoding(length, generator=generator, num_realizations=num_realizations)
+
+    @torch.no_grad()
+    def redraw_features(self, generator: torch.Generator | None = None) -> None:
+        """Redraws every layer's FAVOR+ random features (no-op for other kernels)."""
+        for block in self.blocks:
+            block.attn.redraw_features(generator)
+
+    def forward(self, tokens: Tensor, *, generator: torch.Generator | None = None,
+                num_realizations: int | None = None) -> Tensor:
+        """Args:
+            tokens: (B, L) token ids in [0, V).
+            generator: source of the SPE code in training mode.
+            num_realizations: R for this pass (default: the config's), e.g. a test-time R.
+
+        Returns:
+            (B, L, V) logits of the next token at each position.
+
+        Raises:
+            ValueError: on a tensor that is not (batch, length) or ids out of range.
+        """
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        n = tokens.shape[1]
+        x = self.embed(tokens)  # (B, L, C)
+        if self.ape is not None:
+            x = self.ape(x, torch.arange(n, device=tokens.device))
+        x = self.drop(x)
+        code = self.draw_code(n, generator=generator, num_realizations=num_realizations)
+        for block in self.blocks:
+            x = block(x, code)
+        return self.head(self.norm(x))
+
+    def loss(self, tokens: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+        """Mean next-token cross-entropy (nats) of (B, L) tokens, predicting tokens[:, 1:]."""
+        logits = self(tokens[:, :-1], generator=generator)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))

@@ -1,0 +1,12 @@
+"""Pure attention kernels and feature maps. Layout: (batch, length, num_heads, dim)."""
+
+from spe.ops.feature_maps import (elu_feature_map, favor_feature_map, orthogonal_random_features,
+                                  relu_feature_map)
+from spe.ops.linear import causal_linear_attention, causal_linear_attention_reference, linear_attention
+from spe.ops.softmax import softmax_attention
+
+__all__ = [
+    "causal_linear_attention", "causal_linear_attention_reference", "elu_feature_map",
+    "favor_feature_map", "linear_attention", "orthogonal_random_features", "relu_feature_map",
+    "softmax_attention",
+]

@@ -1,0 +1,97 @@
+"""Linear attention kernels (Katharopoulos et al. 2020), causal and not, in O(N) memory.
+
+Letters: B = batch, L = length, H = num_heads, M = feature dimension of φ, E = value dimension.
+
+    y_m = Σ_n φ(q_m)ᵀ φ(k_n) v_n / Σ_n φ(q_m)ᵀ φ(k_n),   n ≤ m when causal.
+
+:func:`causal_linear_attention` is the chunked algorithm (masked C × C products inside a
+chunk, a carried state S = Σ φ(k_n) v_nᵀ across chunks); its slow, obviously correct twin
+:func:`causal_linear_attention_reference` uses cumulative sums of (M × E) outer products.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["linear_attention", "causal_linear_attention", "causal_linear_attention_reference"]
+
+
+def _with_ones(v: Tensor) -> Tensor:
+    # A trailing column of ones makes the normaliser Σ φ(q)ᵀφ(k) come out of the same products.
+    return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+
+
+def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """Non-causal linear attention.
+
+    Args:
+        phi_q: (B, Lq, H, M) feature-mapped queries.
+        phi_k: (B, Lk, H, M) feature-mapped keys.
+        v: (B, Lk, H, E) values.
+        eps: added to the normaliser.
+
+    Returns:
+        (B, Lq, H, E).
+    """
+    kv = torch.einsum("blhm,blhe->bhme", phi_k, _with_ones(v))
+    out = torch.einsum("blhm,bhme->blhe", phi_q, kv)
+    return out[..., :-1] / (out[..., -1:] + eps)
+
+
+def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
+                                      eps: float = 1e-6) -> Tensor:
+    """Causal linear attention by cumulative sums; memory O(L·M·E). Reference for tests.
+
+    Args and returns as :func:`causal_linear_attention`.
+    """
+    states = torch.cumsum(torch.einsum("blhm,blhe->blhme", phi_k, _with_ones(v)), dim=1)
+    out = torch.einsum("blhm,blhme->blhe", phi_q, states)
+    return out[..., :-1] / (out[..., -1:] + eps)
+
+
+def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
+                            eps: float = 1e-6) -> Tensor:
+    """Causal linear attention, chunked; never allocates anything of size L × L.
+
+    Memory is O(L·(C + M·E/C)) for chunk size C: the per-chunk states and C × C score blocks.
+
+    Args:
+        phi_q: (B, L, H, M) feature-mapped queries.
+        phi_k: (B, L, H, M) feature-mapped keys.
+        v: (B, L, H, E) values.
+        chunk_size: C, positions per chunk (any positive value; L need not be a multiple).
+        eps: added to the normaliser.
+
+    Returns:
+        (B, L, H, E).
+
+    Raises:
+        ValueError: on mismatched lengths or a non-positive chunk size.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    b, n, h, m = phi_q.shape
+    if phi_k.shape[1] != n or v.shape[1] != n:
+        raise ValueError(f"causal linear attention needs equal lengths, got queries {n}, "
+                         f"keys {phi_k.shape[1]}, values {v.shape[1]}")
+    c = min(chunk_size, n)
+    pad = (-n) % c
+    v1 = _with_ones(v)
+    if pad:  # zero keys add nothing to any state; padded queries are dropped below
+        phi_q, phi_k, v1 = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (phi_q, phi_k, v1))
+    nc = (n + pad) // c
+    q = phi_q.view(b, nc, c, h, m)
+    k = phi_k.view(b, nc, c, h, m)
+    vv = v1.view(b, nc, c, h, -1)
+    kv = torch.einsum("bnchm,bnche->bnhme", k, vv)  # (B, N, H, M, E+1) per-chunk sums
+    state = torch.cumsum(kv, dim=1)
+    state = torch.cat([torch.zeros_like(state[:, :1]), state[:, :-1]], dim=1)  # exclusive
+    out = torch.einsum("bnchm,bnhme->bnche", q, state)
+    scores = torch.einsum("bnchm,bndhm->bnhcd", q, k)
+    mask = torch.ones(c, c, dtype=torch.bool, device=scores.device).tril()
+    scores = scores.masked_fill(~mask, 0.0)
+    out = out + torch.einsum("bnhcd,bndhe->bnche", scores, vv)
+    out = out.reshape(b, nc * c, h, -1)[:, :n]
+    return out[..., :-1] / (out[..., -1:] + eps)
