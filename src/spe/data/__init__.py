@@ -1,0 +1,1 @@
+"""Data: symbolic music as REMI tokens (needs the ``music`` extra)."""

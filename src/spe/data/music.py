@@ -1,0 +1,229 @@
+"""Symbolic music corpora as REMI token streams (MidiTok), with an on-disk cache.
+
+* :func:`bach_chorales_midi` converts the J.S. Bach chorales shipped in ``music21``'s corpus
+  to MIDI once (cached).
+* :func:`load_corpus` tokenises a folder of MIDI files (recursive, ``.mid``/``.midi`` in any
+  case) to REMI with one token stream for all voices; unreadable files are skipped with a
+  warning naming each; the result is cached, keyed by the files and the tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from spe.checkpoint import atomic_write
+
+__all__ = ["Corpus", "make_tokenizer", "tokenizer_from_json", "tokenizer_to_json",
+           "bach_chorales_midi", "find_midi_files", "load_corpus", "default_cache_dir", "DataError"]
+
+log = logging.getLogger(__name__)
+
+# Analyses (.rntxt), Humdrum duplicates of MusicXML chorales (.krn) and the one prelude are
+# not chorales.
+_NOT_CHORALES = ("bwv846",)
+
+
+class DataError(ValueError):
+    """A data folder or file that cannot be used, with the reason."""
+
+
+@dataclass
+class Corpus:
+    """Tokenised pieces.
+
+    Attributes:
+        names: piece names (file paths relative to the data folder).
+        pieces: one int64 array of token ids per piece.
+        tokenizer_json: the MidiTok tokenizer's parameters (JSON text).
+    """
+
+    names: list[str]
+    pieces: list[np.ndarray]
+    tokenizer_json: str
+
+    def split(self, val_fraction: float = 0.05, seed: int = 0) -> tuple[list[int], list[int]]:
+        """Splits piece indices into (train, validation) by piece, with a fixed seed.
+
+        Raises:
+            DataError: if the fraction is outside (0, 1) or the corpus is too small to split.
+        """
+        if not 0.0 < val_fraction < 1.0:
+            raise DataError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        if len(self.pieces) < 2:
+            raise DataError(f"need at least 2 pieces to split into training and validation, got {len(self.pieces)}")
+        order = torch.randperm(len(self.pieces), generator=torch.Generator().manual_seed(seed)).tolist()
+        n_val = min(max(1, round(val_fraction * len(order))), len(order) - 1)
+        return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+def default_cache_dir() -> Path:
+    """``$SPE_CACHE_DIR``, or ``~/.cache/spe``."""
+    return Path(os.environ.get("SPE_CACHE_DIR", Path.home() / ".cache" / "spe"))
+
+
+def make_tokenizer():
+    """REMI with programs, one token stream for all voices (MidiTok defaults otherwise)."""
+    from miditok import REMI, TokenizerConfig
+
+    return REMI(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True))
+
+
+def tokenizer_to_json(tokenizer) -> str:
+    return json.dumps(tokenizer.to_dict(), sort_keys=True, default=str)
+
+
+def tokenizer_from_json(text: str):
+    """Rebuilds a tokenizer from :func:`tokenizer_to_json` output (stored in checkpoints)."""
+    import tempfile
+
+    from miditok import REMI
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tokenizer.json"
+        path.write_text(text)
+        return REMI(params=path)
+
+
+def _convert_chorale(args: tuple[str, str]) -> str | None:
+    source, target = args
+    from music21 import corpus
+
+    try:
+        score = corpus.parse(source)
+        atomic_write(target, lambda tmp: score.write("midi", fp=tmp))
+        return None
+    except Exception as err:  # noqa: BLE001 - one bad score must not stop the corpus
+        return f"{source}: {err}"
+
+
+def bach_chorales_midi(cache_dir: str | os.PathLike | None = None, *, workers: int = 2) -> Path:
+    """Writes the Bach chorales of music21's corpus as MIDI files, once.
+
+    Returns:
+        The folder of ``.mid`` files (``cache_dir/bach-chorales-midi``).
+    """
+    import music21
+    from music21 import corpus
+
+    out = Path(cache_dir or default_cache_dir()) / f"bach-chorales-midi-m21-{music21.__version__}"
+    done = out / ".complete"
+    if done.exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    sources = [p for p in corpus.getComposer("bach")
+               if p.suffix in (".mxl", ".xml") and not p.stem.startswith(_NOT_CHORALES)]
+    jobs = [(str(p), str(out / f"{p.stem}.mid")) for p in sources if not (out / f"{p.stem}.mid").exists()]
+    if jobs:
+        from tqdm import tqdm
+
+        log.info("converting %d Bach chorales from music21 to MIDI (once)", len(jobs))
+        if workers > 1:
+            import multiprocessing as mp
+
+            with mp.get_context("spawn").Pool(workers) as pool:
+                results = list(tqdm(pool.imap_unordered(_convert_chorale, jobs), total=len(jobs),
+                                    desc="music21 -> MIDI", unit="piece"))
+        else:
+            results = [_convert_chorale(j) for j in tqdm(jobs, desc="music21 -> MIDI", unit="piece")]
+        for failure in filter(None, results):
+            warnings.warn(f"skipped chorale {failure}", stacklevel=2)
+    done.write_text(f"{len(sources)}\n")
+    return out
+
+
+def find_midi_files(folder: str | os.PathLike) -> list[Path]:
+    """All ``.mid``/``.midi`` files below ``folder`` (any case), sorted.
+
+    Raises:
+        DataError: if the folder does not exist or holds no MIDI file.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DataError(f"data folder {folder} does not exist or is not a folder")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in (".mid", ".midi"))
+    if not files:
+        raise DataError(f"data folder {folder} holds no .mid or .midi file")
+    return files
+
+
+def _cache_key(files: list[Path], root: Path, tokenizer_json: str) -> str:
+    h = hashlib.sha256(tokenizer_json.encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:20]
+
+
+def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
+                progress: bool = True) -> Corpus:
+    """Tokenises a MIDI folder (or the Bach default when ``data`` is None) to REMI.
+
+    Unreadable or corrupt files, and files with no notes, are skipped with a warning that
+    names each, and a final count.
+
+    Args:
+        data: folder of MIDI files, or None for the Bach chorales of music21.
+        cache_dir: where converted MIDI and token caches live (default :func:`default_cache_dir`).
+        progress: show a progress bar.
+
+    Returns:
+        A :class:`Corpus`.
+
+    Raises:
+        DataError: missing or empty folder, or no readable MIDI file in it.
+    """
+    from symusic import Score
+    from tqdm import tqdm
+
+    cache = Path(cache_dir or default_cache_dir())
+    root = bach_chorales_midi(cache) if data is None else Path(data)
+    files = find_midi_files(root)
+    tokenizer = make_tokenizer()
+    tok_json = tokenizer_to_json(tokenizer)
+    cache_file = cache / "tokens" / f"{_cache_key(files, root, tok_json)}.npz"
+    if cache_file.exists():
+        stored = np.load(cache_file, allow_pickle=False)
+        names = json.loads(str(stored["names"]))
+        lengths = stored["lengths"]
+        flat = stored["ids"]
+        pieces = np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+        log.info("loaded %d tokenised pieces from %s", len(names), cache_file)
+        return Corpus(names=names, pieces=[p.astype(np.int64) for p in pieces], tokenizer_json=tok_json)
+
+    names, pieces, skipped = [], [], []
+    for f in tqdm(files, desc="REMI tokens", unit="file", disable=not progress):
+        rel = str(f.relative_to(root))
+        try:
+            ids = np.asarray(tokenizer.encode(Score(str(f))).ids, dtype=np.int64)
+        except Exception as err:  # noqa: BLE001 - corrupt files are skipped, named, counted
+            warnings.warn(f"skipped unreadable MIDI file {f}: {err}", stacklevel=2)
+            skipped.append(rel)
+            continue
+        if ids.size < 2:
+            warnings.warn(f"skipped MIDI file {f}: it has no notes", stacklevel=2)
+            skipped.append(rel)
+            continue
+        names.append(rel)
+        pieces.append(ids)
+    if skipped:
+        warnings.warn(f"skipped {len(skipped)} of {len(files)} MIDI files in {root}", stacklevel=2)
+    if not pieces:
+        raise DataError(f"no readable MIDI file with notes in {root} ({len(files)} tried)")
+    lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+    flat = np.concatenate(pieces).astype(np.int32)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, names=np.array(json.dumps(names)), lengths=lengths, ids=flat)
+
+    atomic_write(cache_file, write)
+    return Corpus(names=names, pieces=pieces, tokenizer_json=tok_json)
