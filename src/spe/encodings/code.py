@@ -14,6 +14,7 @@ batch (appendix A.2 of Liutkus et al. 2021). Two forms exist:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -41,11 +42,21 @@ class SineCode:
     def num_realizations(self) -> int:
         return self.weights.shape[-1]
 
-    def materialize(self) -> tuple[Tensor, Tensor]:
-        """Returns Q̄ (Lq, H, D, R) and K̄ (Lk, H, D, R) of eq. (20)-(21)."""
+    @property
+    def num_elements(self) -> int:
+        """Elements of the materialised Q̄ (Lq·H·D·R)."""
+        return self.omega_q.shape[0] * self.weights.shape[0] * self.weights.shape[1] * self.weights.shape[-1]
+
+    @cached_property
+    def _materialized(self) -> tuple[Tensor, Tensor]:
         qbar = torch.einsum("lhdj,hdjr->lhdr", self.omega_q, self.weights)
         kbar = torch.einsum("lhdj,hdjr->lhdr", self.omega_k, self.weights)
         return qbar, kbar
+
+    def materialize(self) -> tuple[Tensor, Tensor]:
+        """Returns Q̄ (Lq, H, D, R) and K̄ (Lk, H, D, R) of eq. (20)-(21), computed once per code
+        (every layer that shares the code reuses them)."""
+        return self._materialized
 
 
 @dataclass(frozen=True)

@@ -34,14 +34,19 @@ class ConvSPE(nn.Module):
         head_dim: D.
         num_realizations: R, default noise realisations per draw.
         kernel_size: P, filter length in positions; the kernel vanishes for |lag| ≥ P.
+        impl: ``fft`` (frequency domain, O(N log N), appendix A.2), ``direct`` (``conv1d``,
+            O(N·P)) or ``auto`` (fft when P ≥ 16). Same numbers either way.
 
     Raises:
-        ValueError: if a size is not positive.
+        ValueError: if a size is not positive or ``impl`` is unknown.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_realizations: int = 64,
-                 kernel_size: int = 128) -> None:
+                 kernel_size: int = 128, *, impl: str = "auto") -> None:
         super().__init__()
+        if impl not in ("auto", "fft", "direct"):
+            raise ValueError(f"ConvSPE: impl must be 'auto', 'fft' or 'direct', got {impl!r}")
+        self.impl = impl
         for name, value in [("num_heads", num_heads), ("head_dim", head_dim),
                             ("num_realizations", num_realizations), ("kernel_size", kernel_size)]:
             if int(value) < 1:
@@ -129,9 +134,17 @@ class ConvSPE(nn.Module):
         start = int(pos[0])
         times = torch.arange(start - p + 1, start + pos.numel())
         z = self.noise(times, r, seed)  # (L + P − 1, H, D, R)
+        stacked = [self.filters_q, self.filters_k] if both else [filters]
+        if self.impl == "fft" or (self.impl == "auto" and p >= 16):
+            # Circular convolution of length L + P − 1: wrap-around only touches the first P − 1
+            # outputs, which are dropped.
+            t = z.shape[0]
+            zf = torch.fft.rfft(z.permute(1, 2, 3, 0), n=t)  # (H, D, R, F)
+            ys = [torch.fft.irfft(zf * torch.fft.rfft(f, n=t)[:, :, None], n=t)[..., p - 1:]
+                  .permute(3, 0, 1, 2).contiguous() for f in stacked]  # (L, H, D, R)
+            return (ys[0], ys[1]) if both else ys[0]
         x = z.permute(3, 1, 2, 0).reshape(r, h * d, -1)  # (R, H·D, L + P − 1)
         # conv1d is a cross-correlation: flipping the filters gives Σ_p Φ(p) Z(t − p).
-        stacked = [self.filters_q, self.filters_k] if both else [filters]
         weight = torch.stack(stacked, dim=2).reshape(h * d * len(stacked), 1, p).flip(-1)
         y = F.conv1d(x, weight, groups=h * d)  # (R, H·D·c, L)
         y = y.view(r, h, d, len(stacked), -1).permute(3, 4, 1, 2, 0)  # (c, L, H, D, R)

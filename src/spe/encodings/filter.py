@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from spe.encodings.code import SineCode, SPECode
 
-__all__ = ["SPEFilter", "apply_code_reference", "apply_sine_code_fused"]
+__all__ = ["SPEFilter", "apply_code", "apply_code_reference", "apply_sine_code_fused", "IMPLS"]
 
 
 def _check(x: Tensor, name: str, code_length: int, num_heads: int, head_dim: int) -> None:
@@ -27,6 +27,8 @@ def _check(x: Tensor, name: str, code_length: int, num_heads: int, head_dim: int
 def apply_code_reference(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
     """Straightforward eq. (16)/(17) (+ gating (23)-(25)) from a materialised code.
 
+    The slow, obviously correct twin of :func:`apply_code`: it forms the gated code.
+
     Args:
         x: (B, L, H, D) queries or keys.
         bar: (L, H, D, R) code Q̄ or K̄.
@@ -40,6 +42,26 @@ def apply_code_reference(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise
     if gate is not None:
         bar = torch.sqrt(1 - gate)[..., None] * bar + (torch.sqrt(gate)[..., None] * gate_noise)[None]
     return torch.einsum("blhd,lhdr->blhr", x, bar) / (d * r) ** 0.25
+
+
+def _gate_term(x: Tensor, gate: Tensor, gate_noise: Tensor, scale: float) -> Tensor:
+    # Σ_d x_d √δ_d ε_d: the gate noise is the same at every position, one (D × R) product per head.
+    return torch.einsum("blhd,hdr->blhr", x * torch.sqrt(gate), gate_noise * scale)
+
+
+def apply_code(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
+    """Eq. (16)/(17) with gating, the gate folded into x so the shared code stays ungated.
+
+    Σ_d x_d (√(1−δ_d) Q̄_d + √δ_d ε_d) = Σ_d (x_d √(1−δ_d)) Q̄_d + Σ_d (x_d √δ_d) ε_d: no
+    per-layer copy of the (L, H, D, R) code is made.
+
+    Args and returns as :func:`apply_code_reference`.
+    """
+    d, r = bar.shape[-2], bar.shape[-1]
+    scale = (d * r) ** -0.25
+    xs = x if gate is None else x * torch.sqrt(1 - gate)
+    out = torch.einsum("blhd,lhdr->blhr", xs, bar * scale)
+    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
 def apply_sine_code_fused(x: Tensor, omega: Tensor, weights: Tensor, gate: Tensor | None,
@@ -62,14 +84,16 @@ def apply_sine_code_fused(x: Tensor, omega: Tensor, weights: Tensor, gate: Tenso
     b, n, h, d = x.shape
     two_k, r = weights.shape[-2], weights.shape[-1]
     scale = (d * r) ** -0.25
-    w = weights * scale
-    if gate is not None:
-        w = w * torch.sqrt(1 - gate)[..., None, None]
-    feats = (x[..., None] * omega).reshape(b, n, h, d * two_k)  # (B, L, H, D·2K)
-    out = torch.einsum("blhi,hir->blhr", feats, w.reshape(h, d * two_k, r))
-    if gate is not None:
-        out = out + torch.einsum("blhd,hdr->blhr", x, torch.sqrt(gate)[..., None] * gate_noise * scale)
-    return out
+    xs = x if gate is None else x * torch.sqrt(1 - gate)
+    feats = (xs[..., None] * omega).reshape(b, n, h, d * two_k)  # (B, L, H, D·2K)
+    out = torch.einsum("blhi,hir->blhr", feats, (weights * scale).reshape(h, d * two_k, r))
+    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
+
+
+# Above this many elements of Q̄ (L·H·D·R), "auto" applies sineSPE codes fused rather than
+# materialising them (64 MiB per code tensor in float32).
+MATERIALIZE_LIMIT = 1 << 24
+IMPLS = ("auto", "fused", "materialized", "reference")
 
 
 class SPEFilter(nn.Module):
@@ -84,14 +108,20 @@ class SPEFilter(nn.Module):
         num_heads: H.
         head_dim: D.
         gated: learn a gate per (head, feature).
-        fused: apply sineSPE codes with the fused product (same numbers, less memory).
+        impl: how sineSPE codes are applied, same numbers either way: ``fused`` (never forms
+            the (L, H, D, R) code; least memory for long sequences), ``materialized`` (forms
+            the code once per forward, shared by every layer; fastest for short training
+            crops), ``reference`` (the straightforward form, for tests), or ``auto``
+            (materialised while the code has at most ``MATERIALIZE_LIMIT`` elements).
         gate_init: initial gate logit (δ = sigmoid(gate_init)).
     """
 
-    def __init__(self, num_heads: int, head_dim: int, *, gated: bool = True, fused: bool = True,
+    def __init__(self, num_heads: int, head_dim: int, *, gated: bool = True, impl: str = "auto",
                  gate_init: float = 0.0) -> None:
         super().__init__()
-        self.num_heads, self.head_dim, self.fused = num_heads, head_dim, fused
+        if impl not in IMPLS:
+            raise ValueError(f"SPEFilter: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        self.num_heads, self.head_dim, self.impl = num_heads, head_dim, impl
         self.gate_logits = nn.Parameter(torch.full((num_heads, head_dim), float(gate_init))) if gated else None
 
     @property
@@ -118,13 +148,13 @@ class SPEFilter(nn.Module):
         if isinstance(code, SineCode):
             _check(queries, "queries", code.omega_q.shape[0], self.num_heads, self.head_dim)
             _check(keys, "keys", code.omega_k.shape[0], self.num_heads, self.head_dim)
-            if self.fused:
+            if self.impl == "fused" or (self.impl == "auto" and code.num_elements > MATERIALIZE_LIMIT):
                 return (apply_sine_code_fused(queries, code.omega_q, code.weights, gate, code.gate_noise),
                         apply_sine_code_fused(keys, code.omega_k, code.weights, gate, code.gate_noise))
         qbar, kbar = code.materialize()
         _check(queries, "queries", qbar.shape[0], self.num_heads, self.head_dim)
         _check(keys, "keys", kbar.shape[0], self.num_heads, self.head_dim)
-        return (apply_code_reference(queries, qbar, gate, code.gate_noise),
-                apply_code_reference(keys, kbar, gate, code.gate_noise))
+        apply = apply_code_reference if self.impl == "reference" else apply_code
+        return apply(queries, qbar, gate, code.gate_noise), apply(keys, kbar, gate, code.gate_noise)
 
 

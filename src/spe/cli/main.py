@@ -1,0 +1,363 @@
+"""The ``spe`` command: train, evaluate, generate, and the end-to-end demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["main"]
+
+log = logging.getLogger("spe")
+
+_MODEL_FLAGS = {"positional": "positional", "attention": "attention", "num_realizations": "num_realizations",
+                "num_sines": "num_sines", "kernel_size": "kernel_size", "d_model": "d_model",
+                "num_layers": "num_layers", "num_heads": "num_heads"}
+_TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
+                "eval_every", "threads", "warmup_steps")
+
+
+class UsageError(ValueError):
+    """A command-line mistake, reported without a traceback."""
+
+
+def _default_config() -> Path:
+    return Path(str(resources.files("spe") / "configs" / "demo.toml"))
+
+
+def _train_config(args: argparse.Namespace):
+    from spe.train.config import TrainConfig, load_config_file
+
+    raw = load_config_file(args.config) if args.config else load_config_file(_default_config())
+    model = dict(raw.pop("model", {}))
+    for flag in _TRAIN_FLAGS:
+        value = getattr(args, flag, None)
+        if value is not None:
+            raw[flag] = value
+    for flag, key in _MODEL_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            model[key] = value
+    if getattr(args, "ungated", False):
+        model["gated"] = False
+    raw["model"] = model
+    return TrainConfig.from_dict(raw)
+
+
+def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> None:
+    p.add_argument("--config", help="TOML file of options (default: the packaged demo config)")
+    p.add_argument("--data", help="folder of .mid/.midi files (default: Bach chorales from music21)")
+    p.add_argument("--cache-dir", help="cache for converted MIDI and tokens (default ~/.cache/spe)")
+    if with_out:
+        p.add_argument("--out", help="run folder for checkpoint, logs and plots")
+    p.add_argument("--steps", type=int, help="optimizer steps")
+    p.add_argument("--seq-len", type=int, help="training length in tokens")
+    p.add_argument("--batch-size", type=int, help="crops per step")
+    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
+    p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
+    p.add_argument("--positional", help="ape, sinespe, convspe or none")
+    p.add_argument("--attention", help="softmax, performer, linear-relu or linear-elu")
+    p.add_argument("--ungated", action="store_true", help="SPE without gating")
+    p.add_argument("--num-realizations", type=int, help="R, SPE noise realisations")
+    p.add_argument("--num-sines", type=int, help="K, sinusoids per feature (sinespe)")
+    p.add_argument("--kernel-size", type=int, help="P, filter length (convspe)")
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--num-layers", type=int)
+    p.add_argument("--num-heads", type=int)
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--device", help="cpu or cuda")
+    p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from spe.train.loop import train
+
+    cfg = _train_config(args)
+    out = train(cfg, resume=args.resume, progress=not args.no_progress)
+    log.info("checkpoint: %s", out / "model.safetensors")
+    return 0
+
+
+def _validation_sequences(meta: dict, data: str | None, cache_dir: str | None, length: int):
+    from spe.data.dataset import prefix_batch
+    from spe.data.music import load_corpus
+
+    train_cfg = meta.get("train", {})
+    data = data if data is not None else train_cfg.get("data")
+    corpus = load_corpus(data, cache_dir=cache_dir or train_cfg.get("cache_dir"), progress=False)
+    train_idx, val_idx = corpus.split(train_cfg.get("val_fraction", 0.05), train_cfg.get("split_seed", 0))
+    val = [corpus.pieces[i] for i in val_idx]
+    seqs = prefix_batch(val, length + 1)
+    if len(seqs) == 0:
+        longest = max(len(p) for p in val)
+        raise UsageError(f"no validation piece has {length + 1} tokens (longest: {longest}); lower --max-length")
+    return seqs, [corpus.pieces[i] for i in train_idx], len(val)
+
+
+def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int | None, data: str | None,
+                         cache_dir: str | None, batch_size: int, device: str, json_path: str | None,
+                         progress: bool) -> dict:
+    """Evaluates checkpoints on the validation split; writes CSV, PNG and JSON; returns the summary."""
+    from spe.checkpoint import load, load_metadata
+    from spe.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
+
+    metas = [load_metadata(c) for c in checkpoints]
+    seq_lens = [m.get("train", {}).get("seq_len", 256) for m in metas]
+    length = max_length or 3 * max(seq_lens)
+    seqs, train_pieces, n_val = _validation_sequences(metas[0], data, cache_dir, length)
+    results = []
+    for ckpt, meta, seq_len in zip(checkpoints, metas, seq_lens):
+        model = load(ckpt, device=device)
+        ce = per_position_cross_entropy(model, seqs, batch_size=batch_size, progress=progress)
+        label = f"{model.config.positional}/{model.config.attention}" + ("" if model.config.gated else " ungated")
+        results.append({"checkpoint": str(ckpt), "label": label, "seq_len": seq_len, "step": meta.get("step"),
+                        "within": float(ce[:, :seq_len].mean()), "beyond": float(ce[:, seq_len:].mean()),
+                        "buckets": bucket_means(ce, seq_len), "per_position": ce.mean(0).tolist()})
+    uni = unigram_cross_entropy(train_pieces, seqs, model.config.vocab_size)
+    summary = {"max_length": length, "num_sequences": len(seqs), "num_validation_pieces": n_val,
+               "unigram": float(uni.mean()), "unigram_buckets": bucket_means(uni, seq_lens[0]), "models": results}
+    out.mkdir(parents=True, exist_ok=True)
+    _write_outputs(summary, out, uni.mean(0))
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(
+            {"models": [{"label": r["label"], "checkpoint": r["checkpoint"], "buckets": r["buckets"]} for r in results],
+             "unigram_buckets": summary["unigram_buckets"]}, indent=2))
+    return summary
+
+
+def _write_outputs(summary: dict, out: Path, unigram_curve) -> None:
+    from spe.checkpoint import atomic_write
+
+    models = summary["models"]
+    lines = ["position," + ",".join(f'"{m["label"]}"' for m in models) + ",unigram"]
+    for t in range(summary["max_length"]):
+        lines.append(f"{t}," + ",".join(f'{m["per_position"][t]:.5f}' for m in models) + f",{float(unigram_curve[t]):.5f}")
+    atomic_write(out / "per_position.csv", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(json.dumps(
+        {**summary, "models": [{k: v for k, v in m.items() if k != "per_position"} for m in models]}, indent=2)))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    window = 16
+    for m in models:
+        curve = _smooth(m["per_position"], window)
+        ax.plot(range(len(curve)), curve, label=m["label"])
+    ax.plot(range(summary["max_length"]), _smooth(list(map(float, unigram_curve)), window), "k:", label="unigram")
+    for seq_len in sorted({m["seq_len"] for m in models}):
+        ax.axvline(seq_len, color="grey", ls="--", lw=1)
+        ax.text(seq_len, ax.get_ylim()[1] * 0.97, " training length", va="top", fontsize=8, color="grey")
+    ax.set_xlabel("token position")
+    ax.set_ylabel(f"cross-entropy (nats/token, moving mean of {window})")
+    ax.set_title(f"Validation cross-entropy by position ({summary['num_sequences']} sequences)")
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(out / "extrapolation.png", lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    c = np.cumsum(np.insert(v, 0, 0.0))
+    out = np.empty_like(v)
+    for i in range(len(v)):
+        lo = max(0, i - window + 1)
+        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
+    return out.tolist()
+
+
+def _print_summary(summary: dict) -> None:
+    models = summary["models"]
+    buckets = models[0]["buckets"]
+    head = "| model | " + " | ".join(f"[{b['start']},{b['end']})" for b in buckets) + " | within | beyond |"
+    print(head)
+    print("|" + "---|" * (len(buckets) + 3))
+    for m in models:
+        print(f"| {m['label']} | " + " | ".join(f"{b['ce']:.3f}" for b in m["buckets"])
+              + f" | {m['within']:.3f} | {m['beyond']:.3f} |")
+    print("| unigram | " + " | ".join(f"{b['ce']:.3f}" for b in summary["unigram_buckets"])
+          + f" | {summary['unigram']:.3f} | |")
+    print(f"({summary['num_sequences']} validation sequences of {summary['max_length']} positions; nats per token)")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    summary = evaluate_checkpoints(args.checkpoint, Path(args.out), max_length=args.max_length, data=args.data,
+                                   cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
+                                   json_path=args.json, progress=not args.no_progress)
+    _print_summary(summary)
+    log.info("wrote %s", ", ".join(str(Path(args.out) / f) for f in ("per_position.csv", "extrapolation.png", "summary.json")))
+    return 0
+
+
+def generate_midi(checkpoint: str, out: str, *, length: int, prompt: str | None, prompt_bars: int, seed: int,
+                  top_p: float, temperature: float, device: str, progress: bool) -> dict:
+    """Samples a continuation and writes it as MIDI (atomically). Returns facts about it."""
+    import torch
+
+    from spe.checkpoint import atomic_write, load, load_metadata
+    from spe.data.grammar import REMIGrammar
+    from spe.data.music import tokenizer_from_json
+    from spe.generation import generate
+
+    if length < 1:
+        raise UsageError(f"--length must be a positive number of tokens, got {length}")
+    if not out.lower().endswith((".mid", ".midi")):
+        raise UsageError(f"--out must name a .mid file, got {out}")
+    model = load(checkpoint, device=device)
+    tokenizer = tokenizer_from_json(load_metadata(checkpoint)["tokenizer"])
+    grammar = REMIGrammar(tokenizer)
+    prompt_ids: list[int] = []
+    if prompt:
+        from symusic import Score
+
+        if not Path(prompt).is_file():
+            raise UsageError(f"prompt file {prompt} does not exist")
+        try:
+            prompt_ids = list(tokenizer.encode(Score(prompt)).ids)
+        except Exception as err:  # noqa: BLE001
+            raise UsageError(f"cannot read prompt MIDI {prompt}: {err}") from None
+        bar_id = tokenizer.vocab["Bar_None"]
+        bars = [i for i, t in enumerate(prompt_ids) if t == bar_id]
+        if len(bars) > prompt_bars:
+            prompt_ids = prompt_ids[:bars[prompt_bars]]
+    ids = generate(model, prompt_ids, length, top_p=top_p, temperature=temperature,
+                   allowed_next=grammar.allowed_next, generator=torch.Generator().manual_seed(seed),
+                   progress=progress)
+    score = tokenizer.decode(ids)
+    atomic_write(out, lambda tmp: score.dump_midi(tmp))
+    beats = score.end() / score.ticks_per_quarter
+    return {"out": out, "prompt_tokens": len(prompt_ids), "generated_tokens": length, "total_tokens": len(ids),
+            "notes": sum(len(t.notes) for t in score.tracks), "beats": beats,
+            "bars": sum(1 for t in ids if t == tokenizer.vocab["Bar_None"]),
+            "training_length": load_metadata(checkpoint).get("train", {}).get("seq_len")}
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    info = generate_midi(args.checkpoint, args.out, length=args.length, prompt=args.prompt,
+                         prompt_bars=args.prompt_bars, seed=args.seed, top_p=args.top_p,
+                         temperature=args.temperature, device=args.device, progress=not args.no_progress)
+    print(f"wrote {info['out']}: {info['total_tokens']} tokens ({info['prompt_tokens']} from the prompt), "
+          f"{info['notes']} notes, {info['bars']} bars, {info['beats']:.1f} beats")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """train each positional encoding -> evaluate them together -> generate with the first."""
+    from spe.checkpoint import MODEL_FILE, load_metadata
+    from spe.train.loop import train
+
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    positionals = [p.strip() for p in args.positionals.split(",") if p.strip()]
+    if not positionals:
+        raise UsageError("--positionals must name at least one encoding")
+    timings, checkpoints = {}, []
+    for positional in positionals:
+        args.positional = positional
+        args.out = None
+        cfg = _train_config(args)
+        cfg.out = str(out / positional)
+        run = Path(cfg.out)
+        t = time.perf_counter()
+        finished = (run / MODEL_FILE).exists() and load_metadata(run).get("step") == cfg.steps
+        if not finished:
+            train(cfg, resume=(run / "train_state.pt").exists(), progress=not args.no_progress)
+        timings[f"train {positional}"] = time.perf_counter() - t
+        checkpoints.append(str(run))
+    t = time.perf_counter()
+    summary = evaluate_checkpoints(checkpoints, out / "evaluation", max_length=args.max_length, data=args.data,
+                                   cache_dir=args.cache_dir, batch_size=8, device=args.device or "cpu",
+                                   json_path=None, progress=not args.no_progress)
+    timings["evaluate"] = time.perf_counter() - t
+    t = time.perf_counter()
+    info = generate_midi(checkpoints[0], str(out / "generated.mid"), length=args.length, prompt=None,
+                         prompt_bars=2, seed=args.seed or 0, top_p=0.9, temperature=1.2,
+                         device=args.device or "cpu", progress=not args.no_progress)
+    timings["generate"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - t0
+    print()
+    _print_summary(summary)
+    print(f"\ngenerated {info['out']}: {info['total_tokens']} tokens ({info['training_length']} = training length), "
+          f"{info['notes']} notes, {info['bars']} bars, {info['beats']:.1f} beats")
+    print("wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()))
+    print(f"plots: {out / 'evaluation' / 'extrapolation.png'}, {out / positionals[0] / 'loss.png'}")
+    (out / "demo.json").write_text(json.dumps({"timings_s": timings, "generated": info,
+                                               "evaluation": str(out / "evaluation" / "summary.json")}, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spe", description="Stochastic positional encoding for linear Transformers, "
+                                     "trained on symbolic music (REMI tokens).")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a decoder LM on MIDI (default: Bach chorales)")
+    _add_train_flags(p)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", help="cross-entropy per position, within and beyond the training length")
+    p.add_argument("--checkpoint", action="append", required=True, help="run folder or .safetensors (repeatable)")
+    p.add_argument("--data", help="MIDI folder (default: the checkpoint's training data)")
+    p.add_argument("--cache-dir")
+    p.add_argument("--max-length", type=int, help="positions to evaluate (default: 3 × training length)")
+    p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")
+    p.add_argument("--json", help="also write bucket means (start, end, ce, n) to this file")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("generate", help="sample new music (nucleus sampling) to a MIDI file")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--prompt", help="MIDI file whose first bars start the piece")
+    p.add_argument("--prompt-bars", type=int, default=2, help="bars of the prompt to keep")
+    p.add_argument("--length", type=int, default=1024, help="tokens to generate (may exceed the training length)")
+    p.add_argument("--out", default="generated.mid")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--temperature", type=float, default=1.2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("demo", help="the main job: train sinespe and ape, evaluate, generate")
+    _add_train_flags(p, with_out=False)
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--positionals", default="sinespe,ape", help="comma-separated encodings to train")
+    p.add_argument("--max-length", type=int, help="evaluated positions (default 3 × training length)")
+    p.add_argument("--length", type=int, default=1024, help="tokens to generate")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("spe: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, NotADirectoryError) as err:
+        print(f"spe {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

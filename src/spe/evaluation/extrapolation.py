@@ -1,0 +1,76 @@
+"""Teacher-forced cross-entropy per token position, within and beyond the training length.
+
+Letters: N = sequences, T = evaluated positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from spe.models.decoder_lm import DecoderLM
+
+__all__ = ["per_position_cross_entropy", "unigram_cross_entropy", "bucket_means"]
+
+
+@torch.no_grad()
+def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_size: int = 8,
+                               progress: bool = False) -> Tensor:
+    """Cross-entropy of each next token given all before it.
+
+    Args:
+        model: the language model (evaluated in eval mode).
+        sequences: (N, T + 1) token ids.
+        batch_size: sequences per forward pass.
+
+    Returns:
+        (N, T) nats; entry [i, t] is −log p(x[i, t+1] | x[i, :t+1]).
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    rows = []
+    batches = range(0, len(sequences), batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        batches = tqdm(batches, desc="evaluate", unit="batch")
+    for i in batches:
+        x = sequences[i:i + batch_size].to(device)
+        logits = model(x[:, :-1])
+        ce = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+        rows.append(ce.float().cpu())
+    return torch.cat(rows) if rows else torch.zeros(0, sequences.shape[1] - 1)
+
+
+def unigram_cross_entropy(train_pieces: list[np.ndarray], sequences: Tensor, vocab_size: int) -> Tensor:
+    """Cross-entropy of the targets of (N, T + 1) sequences under the training unigram.
+
+    Uses add-one smoothing over the vocabulary. Returns (N, T) nats.
+    """
+    counts = np.bincount(np.concatenate(train_pieces), minlength=vocab_size).astype(np.float64) + 1.0
+    logp = torch.from_numpy(np.log(counts / counts.sum())).float()
+    return -logp[sequences[:, 1:]]
+
+
+def bucket_means(ce: Tensor, width: int) -> list[dict]:
+    """Means over buckets of positions [k·width, (k+1)·width).
+
+    Args:
+        ce: (N, T) per-position cross-entropy.
+        width: bucket width in positions (e.g. the training length).
+
+    Returns:
+        One dict per bucket: ``start``, ``end``, ``ce`` (mean nats/token), ``std`` (standard
+        deviation of the per-sequence bucket means), ``n`` (sequences).
+    """
+    out = []
+    for start in range(0, ce.shape[1], width):
+        block = ce[:, start:start + width]
+        per_seq = block.mean(1)
+        out.append({"start": start, "end": start + block.shape[1], "ce": float(block.mean()),
+                    "std": float(per_seq.std()) if len(per_seq) > 1 else math.nan, "n": int(len(per_seq))})
+    return out

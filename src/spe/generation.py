@@ -1,0 +1,95 @@
+"""Sampling from a decoder LM: nucleus (top-p) sampling with temperature and a grammar mask.
+
+Letters: V = vocab_size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from spe.models.decoder_lm import DecoderLM
+
+__all__ = ["nucleus_filter", "sample_next", "generate"]
+
+
+def nucleus_filter(logits: Tensor, top_p: float) -> Tensor:
+    """Keeps the smallest set of tokens whose probability reaches ``top_p`` (Holtzman et al. 2020).
+
+    Args:
+        logits: (V,) or (B, V).
+        top_p: in (0, 1]; 1 keeps every token.
+
+    Returns:
+        Logits of the same shape with the excluded tokens at −inf (the most likely is always kept).
+
+    Raises:
+        ValueError: if ``top_p`` is outside (0, 1].
+    """
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+    drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p  # mass before this token
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_next(logits: Tensor, *, top_p: float, temperature: float, allowed: Tensor | None,
+                generator: torch.Generator | None) -> int:
+    """Draws one token id from (V,) logits: mask, then temperature, then nucleus.
+
+    Raises:
+        ValueError: if ``temperature`` is not positive.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    logits = logits.float().cpu()
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    logits = nucleus_filter(logits / temperature, top_p)
+    return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+
+
+@torch.no_grad()
+def generate(model: DecoderLM, prompt: list[int], num_tokens: int, *, top_p: float = 0.9,
+             temperature: float = 1.2, allowed_next: Callable[[list[int]], Tensor] | None = None,
+             generator: torch.Generator | None = None, progress: bool = False) -> list[int]:
+    """Continues ``prompt`` by ``num_tokens`` sampled tokens.
+
+    The model runs in eval mode, so its SPE code comes from its fixed seed and every prefix
+    sees the same code; each step recomputes the causal forward of the sequence so far, which
+    may run past the training length.
+
+    Args:
+        model: the language model.
+        prompt: token ids to start from (may be empty).
+        num_tokens: tokens to add.
+        top_p: nucleus mass (appendix C.1 of Liutkus et al. 2021: 0.9).
+        temperature: softmax temperature (appendix C.1: 1.2).
+        allowed_next: maps the sequence so far to a (V,) mask of allowed next tokens.
+        generator: sampling randomness.
+        progress: show a progress bar.
+
+    Returns:
+        prompt + the new tokens.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    seq = list(prompt)
+    steps = range(num_tokens)
+    if progress:
+        from tqdm import tqdm
+
+        steps = tqdm(steps, desc="generate", unit="token")
+    for _ in steps:
+        if seq:
+            logits = model(torch.tensor([seq], device=device))[0, -1]
+        else:  # no prompt: only the grammar decides the first token
+            logits = torch.zeros(model.config.vocab_size)
+        allowed = allowed_next(seq) if allowed_next is not None else None
+        seq.append(sample_next(logits, top_p=top_p, temperature=temperature, allowed=allowed,
+                               generator=generator))
+    return seq
