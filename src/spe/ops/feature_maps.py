@@ -39,8 +39,9 @@ def orthogonal_random_features(num_heads: int, num_features: int, dim: int, *,
     for _ in range(num_heads):
         blocks, rows = [], 0
         while rows < num_features:
-            q, _ = torch.linalg.qr(torch.randn(dim, dim, generator=generator))
-            blocks.append(q.T)
+            q, r = torch.linalg.qr(torch.randn(dim, dim, generator=generator))
+            # Sign-fix so q is Haar-distributed (otherwise directions are biased).
+            blocks.append((q * torch.sign(torch.diagonal(r))).T)
             rows += dim
         w = torch.cat(blocks)[:num_features]
         norms = torch.randn(num_features, dim, generator=generator).norm(dim=1)
@@ -51,26 +52,30 @@ def orthogonal_random_features(num_heads: int, num_features: int, dim: int, *,
 def favor_feature_map(x: Tensor, projection: Tensor, *, is_query: bool, eps: float = 1e-4) -> Tensor:
     """Positive random features of the softmax kernel exp(x·y / √E), FAVOR+.
 
-    φ(x) = (exp(ω x' − ‖x'‖²/2 − c) + eps) / √M with x' = x / E^{1/4}, so that
-    E[φ(x)·φ(y)] ≈ exp(x·y / √E) up to the constant factors exp(−c), which cancel in the
-    attention's ratio. The stabiliser c is a per-row maximum for queries and, for keys, one
-    maximum per (batch, head) over all positions and features (detached).
+    φ(x) = exp(ω x' − ‖x'‖²/2 − c) / √M with x' = x / E^{1/4}, so that
+    E[φ(x)·φ(y)] ∝ exp(x·y / √E). Stabilisers that keep the attention causal and identical
+    step by step (recurrent decoding):
+
+    * queries: c = the row's own maximum (detached), which cancels in each query's ratio,
+      and ``eps`` is added relative to that maximum;
+    * keys: c = 0 and no data-dependent shift (a maximum over keys would let future keys change
+      past outputs through rounding); the exponent is bounded by ‖ω‖²/2 anyway, and clamped
+      at 80 so float32 cannot overflow.
 
     Args:
         x: (B, L, H, E) queries or keys.
         projection: (H, M, E) from :func:`orthogonal_random_features`.
         is_query: choose the stabiliser (see above).
-        eps: floor added to every feature, keeps the normaliser positive.
+        eps: floor added to query features.
 
     Returns:
-        (B, L, H, M) features.
+        (B, L, H, M) features, computed in at least float32.
     """
     dim, m = x.shape[-1], projection.shape[1]
-    x = x * dim ** -0.25
-    wx = torch.einsum("blhe,hme->blhm", x, projection.to(x.dtype))
-    half_sq = 0.5 * (x * x).sum(-1, keepdim=True)
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    x = x.to(dtype) * dim ** -0.25
+    wx = torch.einsum("blhe,hme->blhm", x, projection.to(dtype))
+    logits = wx - 0.5 * (x * x).sum(-1, keepdim=True)
     if is_query:
-        c = wx.amax(dim=-1, keepdim=True).detach()
-    else:
-        c = wx.amax(dim=(1, 3), keepdim=True).detach()
-    return (torch.exp(wx - half_sq - c) + eps) / math.sqrt(m)
+        return (torch.exp(logits - logits.amax(dim=-1, keepdim=True).detach()) + eps) / math.sqrt(m)
+    return torch.exp(logits.clamp(max=80.0)) / math.sqrt(m)

@@ -71,6 +71,7 @@ class TrainConfig:
         unknown = set(self.model) - known
         if unknown:
             raise ValueError(f"unknown model option(s) {sorted(unknown)}; known: {sorted(known)}")
+        ModelConfig(vocab_size=1, **self.model)  # reject bad names before any data is read
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,32 @@
+import pytest
+import torch
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def write_midi(path, *, notes=60, seed=0, program=0):
+    """A small random monophonic MIDI file (quarter-note grid), via symusic."""
+    import random
+
+    from symusic import Note, Score, Track
+
+    rng = random.Random(seed)
+    score = Score(480)
+    track = Track(program=program)
+    for i in range(notes):
+        track.notes.append(Note(i * 240, 240, rng.randint(55, 75), 80))
+    score.tracks.append(track)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    score.dump_midi(str(path))
+    return path
+
+
+@pytest.fixture
+def midi_folder(tmp_path):
+    root = tmp_path / "midi"
+    for i in range(6):
+        write_midi(root / f"piece{i}.mid", seed=i, notes=60 + 10 * i)
+    write_midi(root / "sub" / "UPPER.MIDI", seed=9)
+    (root / "broken.mid").write_bytes(b"MThd\x00\x00\x00\x06this is not a midi file")
+    (root / "notes.txt").write_text("not music")
+    return root

@@ -1,0 +1,82 @@
+"""convSPE: exact vanishing kernel, Monte-Carlo convergence, FFT = direct, prefix consistency."""
+
+import math
+
+import pytest
+import torch
+
+from spe import ConvSPE
+
+
+def _encoding(p=7, h=4, d=64, seed=0):
+    torch.manual_seed(seed)
+    enc = ConvSPE(h, d, num_realizations=8, kernel_size=p).double()
+    with torch.no_grad():
+        enc.filters_q.normal_(0, 1 / math.sqrt(p))
+        enc.filters_k.normal_(0, 1 / math.sqrt(p))
+    return enc
+
+
+def test_kernel_matches_explicit_sum_and_vanishes_beyond_kernel_size():
+    enc = _encoding(p=5, h=1, d=2)
+    lags = torch.arange(-7, 8)
+    got = enc.kernel(lags)
+    fq, fk = enc.filters_q, enc.filters_k
+    for i, tau in enumerate(lags.tolist()):
+        expected = sum(fq[..., p] * fk[..., p - tau] for p in range(5) if 0 <= p - tau < 5) if abs(tau) < 5 else 0
+        torch.testing.assert_close(got[..., i], torch.as_tensor(expected, dtype=torch.float64).expand(1, 2))
+    assert torch.all(got[..., lags.abs() >= 5] == 0)
+
+
+def test_kernel_is_mean_of_code_products_at_rate_one_over_sqrt_r():
+    enc = _encoding()
+    lags = torch.tensor([0, 1, 3, 6, 9])
+    n = enc.num_heads * enc.head_dim  # independent (head, feature) entries per lag
+    errs = []
+    for r, seed in ((64, 1), (1024, 2)):
+        code = enc(query_positions=20 + lags, key_positions=torch.tensor([20]), num_realizations=r,
+                   generator=torch.Generator().manual_seed(seed))
+        est = (code.qbar * code.kbar).sum(-1) / r  # (T, H, D)
+        exact = enc.kernel(lags).permute(2, 0, 1)
+        # ê averages R products (a·Z)(b·Z) with ‖a‖ = ‖Φ^Q‖, ‖b‖ = ‖Φ^K‖, a·b = P: variance known.
+        aa, bb = enc.filters_q.pow(2).sum(-1), enc.filters_k.pow(2).sum(-1)
+        z = (est - exact) / torch.sqrt((aa * bb + exact**2) / r)
+        assert torch.all((z.pow(2).mean(dim=(1, 2)) - 1).abs() < 4 * math.sqrt(2 / n))
+        errs.append((est - exact).pow(2).mean().sqrt())
+    ratio = errs[0] / errs[1]
+    spread = 4 * math.sqrt(0.5 / (n * len(lags)))
+    assert 4 * (1 - spread) < ratio < 4 * (1 + spread) * 1.05
+
+
+@pytest.mark.parametrize("p", [1, 4, 33])
+def test_fft_equals_direct_convolution_forward_and_backward(p):
+    enc = _encoding(p=p, h=2, d=3)
+    outs = {}
+    for impl in ("fft", "direct"):
+        enc.impl = impl
+        enc.zero_grad()
+        code = enc(50, generator=torch.Generator().manual_seed(3))
+        w = torch.linspace(-1, 1, code.qbar.numel(), dtype=torch.float64).view_as(code.qbar)
+        ((code.qbar * w).sum() + (code.kbar * w.flip(0)).sum()).backward()
+        outs[impl] = (code.qbar, code.kbar, enc.filters_q.grad.clone(), enc.filters_k.grad.clone())
+    for a, b in zip(outs["fft"], outs["direct"]):
+        torch.testing.assert_close(a, b)
+
+
+def test_code_of_a_prefix_and_of_single_positions_agree():
+    enc = _encoding(p=6, h=2, d=3)
+    g = lambda: torch.Generator().manual_seed(11)  # noqa: E731
+    long = enc(300, generator=g())
+    short = enc(130, generator=g())
+    torch.testing.assert_close(long.qbar[:130], short.qbar)
+    single = enc(query_positions=torch.tensor([257]), key_positions=torch.tensor([4, 199]), generator=g())
+    torch.testing.assert_close(single.qbar[0], long.qbar[257])
+    torch.testing.assert_close(single.kbar, long.kbar[[4, 199]])
+
+
+def test_bad_positions_raise():
+    enc = ConvSPE(1, 2, 4, 3)
+    with pytest.raises(ValueError, match="integers"):
+        enc(positions=torch.tensor([0.5, 1.5]))
+    with pytest.raises(ValueError, match="kernel_size"):
+        ConvSPE(1, 2, 4, 0)

@@ -1,0 +1,85 @@
+"""sineSPE: exact kernel, Monte-Carlo convergence at the 1/√R rate, phase precision."""
+
+import math
+
+import pytest
+import torch
+
+from spe import SineSPE
+from spe.encodings.sine import sine_phase
+
+
+def _encoding(h=8, d=32, k=3, seed=0):
+    torch.manual_seed(seed)
+    enc = SineSPE(h, d, num_realizations=8, num_sines=k).double()
+    with torch.no_grad():  # a generic kernel: random phases and gains, spread frequencies
+        enc.phases.uniform_(-math.pi, math.pi)
+        enc.gains.normal_()
+        enc.frequency_logits.normal_(-2.0, 1.5)
+    return enc
+
+
+def _standardised_errors(enc, r, lags, seed):
+    """(ê − P) / σ for pairs (m, n) = (lag, 0), one independent entry per (head, feature).
+
+    ê = Q̄_d(m)·K̄_d(n) / R is an average of R i.i.d. products a·Z_r · b·Z_r with a·b = P(m−n);
+    for Gaussian Z its variance is exactly ((a·a)(b·b) + (a·b)²) / R.
+    """
+    code = enc(query_positions=torch.tensor(lags), key_positions=torch.tensor([0.0]), num_realizations=r,
+               generator=torch.Generator().manual_seed(seed))
+    qbar, kbar = code.materialize()  # (T, H, D, R), (1, H, D, R)
+    est = (qbar * kbar).sum(-1) / r  # (T, H, D)
+    exact = enc.kernel(torch.tensor(lags)).permute(2, 0, 1)
+    lam2 = enc.gains.repeat_interleave(2, -1).pow(2) / (2 * enc.num_sines)
+    aa = (code.omega_q.pow(2) * lam2).sum(-1)
+    bb = (code.omega_k.pow(2) * lam2).sum(-1)
+    sigma = torch.sqrt((aa * bb + exact**2) / r)
+    return (est - exact) / sigma, est - exact
+
+
+def test_kernel_is_mean_of_code_products_at_rate_one_over_sqrt_r():
+    enc = _encoding()
+    lags = [0.0, 1.0, 2.5, 37.0, 300.0]  # real-valued lags too (continuous positions)
+    z_small, err_small = _standardised_errors(enc, 64, lags, seed=1)
+    z_large, err_large = _standardised_errors(enc, 64 * 16, lags, seed=2)
+    n = z_small[0].numel()  # 256 independent (head, feature) entries per lag
+    tol = 4 * math.sqrt(2 / n)  # mean of n squared standard normals: sd √(2/n)
+    for z in (z_small, z_large):
+        msq = z.pow(2).mean(dim=(1, 2))
+        assert torch.all((msq - 1).abs() < tol), msq
+    # 16× more realisations: 4× smaller RMS error (ratio of two chi-square RMS, ±4 sd).
+    ratio = err_small.pow(2).mean().sqrt() / err_large.pow(2).mean().sqrt()
+    assert 4 * (1 - 4 * math.sqrt(0.5 / (n * len(lags)))) < ratio < 4 * (1 + 4 * math.sqrt(0.5 / (n * len(lags)))) * 1.05
+
+
+def test_kernel_formula_matches_eq_18_over_2k():
+    enc = _encoding(h=2, d=3, k=4)
+    lags = torch.tensor([-3, 0, 2, 11])
+    f, th, lam = enc.frequencies, enc.phases, enc.gains
+    expected = torch.zeros(2, 3, 4, dtype=torch.float64)
+    for i, tau in enumerate(lags.tolist()):
+        expected[..., i] = (lam**2 * torch.cos(2 * math.pi * f * tau + th)).sum(-1) / (2 * 4)
+    torch.testing.assert_close(enc.kernel(lags), expected)
+
+
+def test_phase_precise_at_large_positions_in_float32():
+    f = torch.tensor([[[0.123456789, 0.0031, 0.49]]], dtype=torch.float32)
+    pos = torch.tensor([8192, 123_457, 10**6])
+    got = sine_phase(f, pos).double()
+    exact = (2 * math.pi * torch.remainder(f.double()[None] * pos.double()[:, None, None, None], 1.0))
+    err = torch.remainder(got - exact + math.pi, 2 * math.pi) - math.pi
+    assert err.abs().max() < 1e-5
+    naive = torch.remainder(2 * math.pi * f[None] * pos.float()[:, None, None, None], 2 * math.pi).double()
+    naive_err = torch.remainder(naive - exact + math.pi, 2 * math.pi) - math.pi
+    assert naive_err.abs().max() > 100 * err.abs().max()  # what the reduction buys
+
+
+def test_realizations_may_change_at_test_time_and_bad_arguments_raise():
+    enc = SineSPE(2, 4, num_realizations=8, num_sines=2)
+    assert enc(6, num_realizations=3).weights.shape == (2, 4, 4, 3)
+    with pytest.raises(ValueError, match="exactly one"):
+        enc(4, positions=torch.arange(4))
+    with pytest.raises(ValueError, match="num_sines"):
+        SineSPE(2, 4, 8, 0)
+    with pytest.raises(ValueError, match="frequency_init"):
+        SineSPE(2, 4, 8, 2, frequency_init="nope")

@@ -1,0 +1,55 @@
+"""CLI smoke run on a tiny configuration: train -> resume -> evaluate -> generate, and clear errors."""
+
+import json
+
+import pytest
+
+from spe.checkpoint import load_metadata
+from spe.cli.main import main
+
+TINY = ["--seq-len", "32", "--batch-size", "2", "--d-model", "32", "--num-layers", "1", "--num-heads", "2",
+        "--num-realizations", "4", "--eval-every", "2", "--threads", "1"]
+
+
+def test_train_resume_evaluate_generate(midi_folder, tmp_path, capsys):
+    cache, run = str(tmp_path / "cache"), tmp_path / "run"
+    base = ["train", "--data", str(midi_folder), "--cache-dir", cache, "--out", str(run), *TINY, "--no-progress"]
+    with pytest.warns(UserWarning, match="broken.mid"):
+        assert main([*base, "--steps", "2"]) == 0
+    assert load_metadata(run)["step"] == 2
+    assert main([*base, "--steps", "4"]) == 2  # refuses to overwrite without --resume
+    assert "--resume" in capsys.readouterr().err
+    assert main([*base, "--steps", "4", "--resume"]) == 0
+    meta = load_metadata(run)
+    assert meta["step"] == 4 and meta["config"]["positional"] == "sinespe"
+    assert (run / "loss.png").stat().st_size > 0
+
+    evald = tmp_path / "eval"
+    assert main(["evaluate", "--checkpoint", str(run), "--max-length", "64", "--out", str(evald),
+                 "--json", str(evald / "buckets.json"), "--no-progress"]) == 0
+    buckets = json.loads((evald / "buckets.json").read_text())["models"][0]["buckets"]
+    assert [(b["start"], b["end"]) for b in buckets] == [(0, 32), (32, 64)]
+    assert all(b["n"] >= 1 and b["ce"] > 0 for b in buckets)
+    assert (evald / "extrapolation.png").stat().st_size > 0
+    lines = (evald / "per_position.csv").read_text().splitlines()
+    assert len(lines) == 65 and lines[0].endswith("unigram")
+    assert "unigram" in capsys.readouterr().out
+
+    out_mid = tmp_path / "gen" / "new.mid"
+    assert main(["generate", "--checkpoint", str(run), "--length", "80", "--out", str(out_mid),
+                 "--prompt", str(midi_folder / "piece1.mid"), "--no-progress"]) == 0
+    from symusic import Score
+
+    score = Score(str(out_mid))
+    assert sum(len(t.notes) for t in score.tracks) > 0
+    assert "tokens" in capsys.readouterr().out
+
+
+def test_errors_are_reported_without_traceback(tmp_path, capsys):
+    assert main(["train", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "r"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Traceback" not in err
+    assert main(["train", "--positional", "bogus", "--out", str(tmp_path / "r"), "--steps", "1"]) == 2
+    assert "bogus" in capsys.readouterr().err
+    assert main(["generate", "--checkpoint", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.mid")]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
