@@ -57,11 +57,11 @@ def sample_next(logits: Tensor, *, top_p: float, temperature: float, allowed: Te
 def generate(model: DecoderLM, prompt: list[int], num_tokens: int, *, top_p: float = 0.9,
              temperature: float = 1.2, allowed_next: Callable[[list[int]], Tensor] | None = None,
              generator: torch.Generator | None = None, progress: bool = False) -> list[int]:
-    """Continues ``prompt`` by ``num_tokens`` sampled tokens.
+    """Continues ``prompt`` by ``num_tokens`` sampled tokens, with recurrent decoding.
 
-    The model runs in eval mode, so its SPE code comes from its fixed seed and every prefix
-    sees the same code; each step recomputes the causal forward of the sequence so far, which
-    may run past the training length.
+    Uses :meth:`DecoderLM.step`: in eval mode its positional code is the one the parallel
+    forward uses, and with linear attention every token costs the same whatever its
+    position, so generation may run far past the training length.
 
     Args:
         model: the language model.
@@ -79,17 +79,20 @@ def generate(model: DecoderLM, prompt: list[int], num_tokens: int, *, top_p: flo
     model.eval()
     device = next(model.parameters()).device
     seq = list(prompt)
+    state, logits = None, torch.zeros(model.config.vocab_size)  # no prompt: the grammar picks
+    for token in seq:
+        logits, state = model.step(torch.tensor([token], device=device), state)
+        logits = logits[0]
     steps = range(num_tokens)
     if progress:
         from tqdm import tqdm
 
         steps = tqdm(steps, desc="generate", unit="token")
-    for _ in steps:
-        if seq:
-            logits = model(torch.tensor([seq], device=device))[0, -1]
-        else:  # no prompt: only the grammar decides the first token
-            logits = torch.zeros(model.config.vocab_size)
+    for i in steps:
         allowed = allowed_next(seq) if allowed_next is not None else None
         seq.append(sample_next(logits, top_p=top_p, temperature=temperature, allowed=allowed,
                                generator=generator))
+        if i + 1 < num_tokens:
+            logits, state = model.step(torch.tensor([seq[-1]], device=device), state)
+            logits = logits[0]
     return seq

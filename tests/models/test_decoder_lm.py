@@ -81,3 +81,17 @@ def test_invalid_configuration_and_input_raise():
     model = _model("ape", "softmax")
     with pytest.raises(ValueError, match=r"\[0, 50\)"):
         model(torch.tensor([[1, 50]]))
+
+
+@pytest.mark.parametrize("attention,pos", list(itertools.product(ATTENTIONS, POSITIONALS)))
+def test_recurrent_decoding_equals_parallel_forward(attention, pos):
+    model = _model(pos[0], attention, gated=pos[1])
+    x = torch.randint(0, 50, (2, 30), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        parallel = model(x)
+    state, steps = None, []
+    for t in range(x.shape[1]):
+        logits, state = model.step(x[:, t], state)
+        steps.append(logits)
+    torch.testing.assert_close(torch.stack(steps, 1), parallel, atol=1e-4, rtol=1e-4)
+    assert state.position == 30

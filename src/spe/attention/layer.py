@@ -72,6 +72,51 @@ class MultiHeadAttention(nn.Module):
             self.projection.copy_(orthogonal_random_features(
                 self.num_heads, self.num_features, self.kernel_dim, generator=generator))
 
+    def _project(self, x: Tensor, code: SPECode | None) -> tuple[Tensor, Tensor, Tensor]:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)  # (B, L, H, D)
+        if self.spe_filter is not None:
+            if code is None:
+                raise ValueError("this attention layer uses SPE: pass the code drawn for this forward")
+            q, k = self.spe_filter(q, k, code)  # (B, L, H, R)
+        return q, k, v
+
+    def _features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        if self.attention == "performer":
+            return (favor_feature_map(q, self.projection, is_query=True),
+                    favor_feature_map(k, self.projection, is_query=False))
+        fmap = _FEATURE_MAPS[self.attention]
+        return fmap(q), fmap(k)
+
+    def step(self, x: Tensor, code: SPECode | None, state: dict | None) -> tuple[Tensor, dict]:
+        """One causal decoding step with an explicit state; equals :meth:`forward` position by position.
+
+        Linear kernels keep S = Σ_n φ(k̂_n) [v_n, 1]ᵀ of shape (B, H, M, D + 1), so every step
+        costs the same whatever the position; softmax keeps all keys and values.
+
+        Args:
+            x: (B, 1, C) the new position's input.
+            code: SPE code for this single position (queries and keys).
+            state: the previous step's state, or None at position 0.
+
+        Returns:
+            (B, 1, C) output and the new state.
+        """
+        q, k, v = self._project(x, code)
+        if self.attention == "softmax":
+            keys = k if state is None else torch.cat([state["keys"], k], dim=1)
+            values = v if state is None else torch.cat([state["values"], v], dim=1)
+            y = softmax_attention(q, keys, values, causal=False)
+            new_state = {"keys": keys, "values": values}
+        else:
+            fq, fk = self._features(q, k)
+            kv = torch.einsum("blhm,blhe->bhme", fk, torch.cat([v, torch.ones_like(v[..., :1])], dim=-1))
+            s = kv if state is None else state["s"] + kv
+            out = torch.einsum("blhm,bhme->blhe", fq, s)
+            y = out[..., :-1] / (out[..., -1:] + 1e-6)
+            new_state = {"s": s}
+        return self.out(y.reshape(x.shape[0], 1, -1)), new_state
+
     def forward(self, x: Tensor, code: SPECode | None = None) -> Tensor:
         """Args:
             x: (B, L, C).
@@ -81,20 +126,11 @@ class MultiHeadAttention(nn.Module):
             (B, L, C).
         """
         b, n, _ = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)  # (B, L, H, D)
-        if self.spe_filter is not None:
-            if code is None:
-                raise ValueError("this attention layer uses SPE: pass the code drawn for this forward")
-            q, k = self.spe_filter(q, k, code)  # (B, L, H, R)
+        q, k, v = self._project(x, code)
         if self.attention == "softmax":
             y = softmax_attention(q, k, v, causal=self.causal)
         else:
-            if self.attention == "performer":
-                fq = favor_feature_map(q, self.projection, is_query=True)
-                fk = favor_feature_map(k, self.projection, is_query=False)
-            else:
-                fmap = _FEATURE_MAPS[self.attention]
-                fq, fk = fmap(q), fmap(k)
+            fq, fk = self._features(q, k)
             if self.causal:
                 y = causal_linear_attention(fq, fk, v, chunk_size=self.chunk_size)
             else:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.code import DenseCode
-from spe.encodings.positions import resolve_positions
+from spe.encodings.positions import require_positive, resolve_positions
 
 __all__ = ["ConvSPE", "NOISE_BLOCK"]
 
@@ -47,10 +47,8 @@ class ConvSPE(nn.Module):
         if impl not in ("auto", "fft", "direct"):
             raise ValueError(f"ConvSPE: impl must be 'auto', 'fft' or 'direct', got {impl!r}")
         self.impl = impl
-        for name, value in [("num_heads", num_heads), ("head_dim", head_dim),
-                            ("num_realizations", num_realizations), ("kernel_size", kernel_size)]:
-            if int(value) < 1:
-                raise ValueError(f"ConvSPE: {name} must be a positive integer, got {value!r}")
+        require_positive("ConvSPE", num_heads=num_heads, head_dim=head_dim,
+                         num_realizations=num_realizations, kernel_size=kernel_size)
         self.num_heads, self.head_dim = num_heads, head_dim
         self.num_realizations, self.kernel_size = num_realizations, kernel_size
         # A decaying envelope of unit norm: P_d(0) = 1 and the kernel decreases with |lag|;
@@ -108,9 +106,8 @@ class ConvSPE(nn.Module):
         for pos in (pos_q, pos_k):
             if pos.is_floating_point() and not torch.equal(pos, pos.round()):
                 raise ValueError("ConvSPE: positions must be integers (use SineSPE for real-valued positions)")
-        r = self.num_realizations if num_realizations is None else int(num_realizations)
-        if r < 1:
-            raise ValueError(f"ConvSPE: num_realizations must be positive, got {num_realizations!r}")
+        r = self.num_realizations if num_realizations is None else num_realizations
+        require_positive("ConvSPE", num_realizations=r)
         seed = int(torch.randint(0, 1 << 31, (1,), generator=generator))
         eps = torch.randn(self.num_heads, self.head_dim, r, generator=generator)
         eps = eps.to(device=self.filters_q.device, dtype=self.filters_q.dtype)

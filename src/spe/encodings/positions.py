@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["resolve_positions"]
+__all__ = ["resolve_positions", "require_positive"]
 
 
 def _as_positions(name: str, value: Tensor, device: torch.device) -> Tensor:
@@ -44,3 +44,10 @@ def resolve_positions(
         raise ValueError("query_positions and key_positions must be given together")
     return (_as_positions("query_positions", query_positions, device),
             _as_positions("key_positions", key_positions, device))
+
+
+def require_positive(owner: str, **values: int) -> None:
+    """Raises ValueError naming the first of ``values`` that is not a positive integer."""
+    for name, value in values.items():
+        if isinstance(value, bool) or int(value) != value or int(value) < 1:
+            raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.code import SineCode
-from spe.encodings.positions import resolve_positions
+from spe.encodings.positions import require_positive, resolve_positions
 
 __all__ = ["SineSPE", "sine_phase"]
 
@@ -69,10 +69,8 @@ class SineSPE(nn.Module):
         frequency_init: str = "low",
     ) -> None:
         super().__init__()
-        for name, value in [("num_heads", num_heads), ("head_dim", head_dim),
-                            ("num_realizations", num_realizations), ("num_sines", num_sines)]:
-            if int(value) < 1:
-                raise ValueError(f"SineSPE: {name} must be a positive integer, got {value!r}")
+        require_positive("SineSPE", num_heads=num_heads, head_dim=head_dim,
+                         num_realizations=num_realizations, num_sines=num_sines)
         self.num_heads, self.head_dim = num_heads, head_dim
         self.num_realizations, self.num_sines = num_realizations, num_sines
         shape = (num_heads, head_dim, num_sines)
@@ -128,9 +126,8 @@ class SineSPE(nn.Module):
         """
         pos_q, pos_k = resolve_positions(length, positions, query_positions, key_positions,
                                          device=self.frequency_logits.device)
-        r = self.num_realizations if num_realizations is None else int(num_realizations)
-        if r < 1:
-            raise ValueError(f"SineSPE: num_realizations must be positive, got {num_realizations!r}")
+        r = self.num_realizations if num_realizations is None else num_realizations
+        require_positive("SineSPE", num_realizations=r)
         h, d, k = self.num_heads, self.head_dim, self.num_sines
         dtype, device = self.frequency_logits.dtype, self.frequency_logits.device
         z = torch.randn(h, d, 2 * k, r, generator=generator, dtype=dtype).to(device)

@@ -1,6 +1,6 @@
 """Models."""
 
 from spe.models.config import POSITIONALS, ModelConfig
-from spe.models.decoder_lm import Block, DecoderLM
+from spe.models.decoder_lm import Block, DecoderLM, DecodingState
 
-__all__ = ["Block", "DecoderLM", "ModelConfig", "POSITIONALS"]
+__all__ = ["Block", "DecoderLM", "DecodingState", "ModelConfig", "POSITIONALS"]

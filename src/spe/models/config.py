@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from spe.attention.layer import ATTENTIONS
+from spe.encodings.positions import require_positive
 
 __all__ = ["ModelConfig", "POSITIONALS"]
 
@@ -61,10 +62,9 @@ class ModelConfig:
                              f"choose one of {', '.join(POSITIONALS)}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
-                     "num_sines", "kernel_size", "num_features", "chunk_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        require_positive("ModelConfig", **{name: getattr(self, name) for name in (
+            "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
+            "num_sines", "kernel_size", "num_features", "chunk_size")})
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:

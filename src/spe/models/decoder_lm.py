@@ -5,6 +5,8 @@ Letters: B = batch, L = length, C = d_model, V = vocab_size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -17,7 +19,21 @@ from spe.encodings.filter import SPEFilter
 from spe.encodings.sine import SineSPE
 from spe.models.config import ModelConfig
 
-__all__ = ["DecoderLM", "Block"]
+__all__ = ["DecoderLM", "Block", "DecodingState"]
+
+
+@dataclass
+class DecodingState:
+    """Explicit state of recurrent decoding.
+
+    Attributes:
+        position: index of the next position to be fed.
+        layers: per-layer attention state (linear kernels: ``{"s": (B, H, M, D + 1)}``;
+            softmax: the cached keys and values).
+    """
+
+    position: int
+    layers: list[dict]
 
 
 class Block(nn.Module):
@@ -43,6 +59,11 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.norm1(x), code))
         return x + self.drop(self.ffn(self.norm2(x)))
 
+    def step(self, x: Tensor, code: SPECode | None, state: dict | None) -> tuple[Tensor, dict]:
+        y, state = self.attn.step(self.norm1(x), code, state)
+        x = x + y
+        return x + self.ffn(self.norm2(x)), state
+
 
 class DecoderLM(nn.Module):
     """Autoregressive language model over token ids.
@@ -63,6 +84,9 @@ class DecoderLM(nn.Module):
         self.config = config
         head_dim = config.d_model // config.num_heads
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        # Token embeddings start at std 0.02 (good tied output logits); √C brings them to the
+        # scale of the unit-amplitude sinusoidal encoding they are added to (Vaswani et al.).
+        self.embed_scale = config.d_model ** 0.5
         self.ape = SinusoidalPositionalEncoding(config.d_model) if config.positional == "ape" else None
         if config.positional == "sinespe":
             self.encoding: nn.Module | None = SineSPE(config.num_heads, head_dim, config.num_realizations,
@@ -125,7 +149,7 @@ class DecoderLM(nn.Module):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
         n = tokens.shape[1]
-        x = self.embed(tokens)  # (B, L, C)
+        x = self.embed(tokens) * self.embed_scale  # (B, L, C)
         if self.ape is not None:
             x = self.ape(x, torch.arange(n, device=tokens.device))
         x = self.drop(x)
@@ -133,6 +157,39 @@ class DecoderLM(nn.Module):
         for block in self.blocks:
             x = block(x, code)
         return self.head(self.norm(x))
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, state: DecodingState | None = None) -> tuple[Tensor, DecodingState]:
+        """Recurrent decoding: logits for the next position, given one new token per sequence.
+
+        In eval mode, ``model(tokens)`` and successive ``step`` calls from a fresh state use the
+        same positional code (the noise comes from ``config.code_seed`` and does not depend on
+        the length), so their logits agree. Linear-attention layers keep a fixed-size state,
+        so each token costs the same time and memory whatever its position.
+
+        Args:
+            tokens: (B,) token ids at position ``state.position`` (0 for a fresh state).
+            state: from the previous call, or None to start.
+
+        Returns:
+            (B, V) logits and the new state.
+        """
+        if tokens.dim() != 1:
+            raise ValueError(f"step takes one token per sequence, shape (batch,), got {tuple(tokens.shape)}")
+        position = 0 if state is None else state.position
+        x = self.embed(tokens[:, None]) * self.embed_scale  # (B, 1, C)
+        pos = torch.tensor([position], device=tokens.device)
+        if self.ape is not None:
+            x = self.ape(x, pos)
+        code = None
+        if self.encoding is not None:
+            generator = torch.Generator().manual_seed(self.config.code_seed)
+            code = self.encoding(positions=pos, generator=generator)
+        layers = []
+        for i, block in enumerate(self.blocks):
+            x, layer_state = block.step(x, code, None if state is None else state.layers[i])
+            layers.append(layer_state)
+        return self.head(self.norm(x))[:, 0], DecodingState(position=position + 1, layers=layers)
 
     def loss(self, tokens: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
         """Mean next-token cross-entropy (nats) of (B, L) tokens, predicting tokens[:, 1:]."""

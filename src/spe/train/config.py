@@ -6,6 +6,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from spe.encodings.positions import require_positive
 from spe.models.config import ModelConfig
 
 __all__ = ["TrainConfig", "load_config_file"]
@@ -60,9 +61,8 @@ class TrainConfig:
     model: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "seq_len", "batch_size", "eval_every"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        require_positive("training", **{name: getattr(self, name) for name in (
+            "steps", "seq_len", "batch_size", "eval_every")})
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
