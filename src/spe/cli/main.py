@@ -101,7 +101,7 @@ def _validation_sequences(meta: dict, data: str | None, cache_dir: str | None, l
 
 def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int | None, data: str | None,
                          cache_dir: str | None, batch_size: int, device: str, json_path: str | None,
-                         progress: bool) -> dict:
+                         progress: bool, num_realizations: int | None = None) -> dict:
     """Evaluates checkpoints on the validation split; writes CSV, PNG and JSON; returns the summary."""
     from spe.checkpoint import load, load_metadata
     from spe.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
@@ -113,7 +113,8 @@ def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int |
     results = []
     for ckpt, meta, seq_len in zip(checkpoints, metas, seq_lens):
         model = load(ckpt, device=device)
-        ce = per_position_cross_entropy(model, seqs, batch_size=batch_size, progress=progress)
+        ce = per_position_cross_entropy(model, seqs, batch_size=batch_size, num_realizations=num_realizations,
+                                        progress=progress)
         label = f"{model.config.positional}/{model.config.attention}" + ("" if model.config.gated else " ungated")
         results.append({"checkpoint": str(ckpt), "label": label, "seq_len": seq_len, "step": meta.get("step"),
                         "within": float(ce[:, :seq_len].mean()), "beyond": float(ce[:, seq_len:].mean()),
@@ -195,7 +196,8 @@ def _print_summary(summary: dict) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     summary = evaluate_checkpoints(args.checkpoint, Path(args.out), max_length=args.max_length, data=args.data,
                                    cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
-                                   json_path=args.json, progress=not args.no_progress)
+                                   json_path=args.json, progress=not args.no_progress,
+                                   num_realizations=args.num_realizations)
     _print_summary(summary)
     log.info("wrote %s", ", ".join(str(Path(args.out) / f) for f in ("per_position.csv", "extrapolation.png", "summary.json")))
     return 0
@@ -318,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")
     p.add_argument("--json", help="also write bucket means (start, end, ce, n) to this file")
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--num-realizations", type=int, help="SPE realisations R at test time (default: as trained)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_evaluate)

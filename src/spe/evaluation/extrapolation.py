@@ -19,13 +19,14 @@ __all__ = ["per_position_cross_entropy", "unigram_cross_entropy", "bucket_means"
 
 @torch.no_grad()
 def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_size: int = 8,
-                               progress: bool = False) -> Tensor:
+                               num_realizations: int | None = None, progress: bool = False) -> Tensor:
     """Cross-entropy of each next token given all before it.
 
     Args:
         model: the language model (evaluated in eval mode).
         sequences: (N, T + 1) token ids.
         batch_size: sequences per forward pass.
+        num_realizations: SPE realisations R at test time (default: the model's).
 
     Returns:
         (N, T) nats; entry [i, t] is −log p(x[i, t+1] | x[i, :t+1]).
@@ -40,7 +41,7 @@ def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_siz
         batches = tqdm(batches, desc="evaluate", unit="batch")
     for i in batches:
         x = sequences[i:i + batch_size].to(device)
-        logits = model(x[:, :-1])
+        logits = model(x[:, :-1], num_realizations=num_realizations)
         ce = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
         rows.append(ce.float().cpu())
     return torch.cat(rows) if rows else torch.zeros(0, sequences.shape[1] - 1)

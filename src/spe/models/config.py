@@ -44,7 +44,7 @@ class ModelConfig:
     d_ff: int = 1024
     dropout: float = 0.1
     positional: str = "sinespe"
-    attention: str = "linear-elu"
+    attention: str = "performer"
     gated: bool = True
     num_realizations: int = 32
     num_sines: int = 5
