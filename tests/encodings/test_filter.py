@@ -84,3 +84,14 @@ def test_shape_errors_name_the_shapes():
         filt(torch.zeros(2, 5, 2, 7, dtype=torch.float64), torch.zeros(2, 5, 2, 6, dtype=torch.float64), code)
     with pytest.raises(ValueError, match="impl"):
         SPEFilter(2, 6, impl="magic")
+
+
+def test_blocked_fused_product_passes_gradcheck_with_uneven_blocks():
+    from spe.encodings.filter import _FusedSineProduct
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    omega = torch.randn(7, 2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 12, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    for block in (1, 3, 7, 100):
+        assert torch.autograd.gradcheck(lambda a, b, c: _FusedSineProduct.apply(a, b, c, block), (x, omega, w))

@@ -83,3 +83,24 @@ def test_realizations_may_change_at_test_time_and_bad_arguments_raise():
         SineSPE(2, 4, 8, 0)
     with pytest.raises(ValueError, match="frequency_init"):
         SineSPE(2, 4, 8, 2, frequency_init="nope")
+
+
+def test_orthogonal_noise_is_unbiased_and_exact_per_feature():
+    enc = _encoding(h=2, d=8, k=3)
+    enc.noise = "orthogonal"
+    lags = torch.tensor([0.0, 3.0, 40.0])
+    exact = enc.kernel(lags).permute(2, 0, 1)
+    # 2K = 6 ≤ R = 16: each feature's estimate Q̄_d K̄_dᵀ / R equals the kernel exactly.
+    code = enc(query_positions=lags, key_positions=torch.tensor([0.0]), num_realizations=16,
+               generator=torch.Generator().manual_seed(0))
+    qbar, kbar = code.materialize()
+    torch.testing.assert_close((qbar * kbar).sum(-1) / 16, exact)
+    # 2K > R = 4: no longer exact, but still unbiased: standardised mean over draws.
+    draws = []
+    for s in range(400):
+        qbar, kbar = enc(query_positions=lags, key_positions=torch.tensor([0.0]), num_realizations=4,
+                         generator=torch.Generator().manual_seed(s)).materialize()
+        draws.append((qbar * kbar).sum(-1) / 4)
+    draws = torch.stack(draws)
+    z = (draws.mean(0) - exact) / (draws.std(0) / 20 + 1e-12)
+    assert z.pow(2).mean() < 1 + 4 * (2 / z.numel()) ** 0.5

@@ -109,3 +109,18 @@ def test_orthogonal_features_are_orthogonal_within_blocks():
     w = orthogonal_random_features(2, 8, 8, generator=torch.Generator().manual_seed(0))
     gram = w[0] @ w[0].T
     torch.testing.assert_close(gram - torch.diag(torch.diagonal(gram)), torch.zeros(8, 8), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunked_kernel_keeps_float32_state_under_low_precision_inputs(dtype):
+    # Inputs rounded to low precision, then the kernel must match float32 on those same inputs,
+    # at a length where summing states in 16-bit would lose several digits.
+    phi_q, phi_k, v = (t.detach().to(dtype) for t in _inputs(3000, seed=3))
+    y = causal_linear_attention(phi_q, phi_k, v, chunk_size=64)
+    ref = causal_linear_attention_reference(phi_q.float(), phi_k.float(), v.float())
+    assert y.dtype == dtype
+    step = torch.finfo(dtype).eps  # one rounding of the output
+    torch.testing.assert_close(y.float(), ref, atol=4 * step * ref.abs().max().item(), rtol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_auto = causal_linear_attention(phi_q.float(), phi_k.float(), v.float(), chunk_size=64)
+    torch.testing.assert_close(y_auto.float(), ref, atol=1e-5, rtol=1e-5)

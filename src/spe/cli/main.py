@@ -300,6 +300,50 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} takes positive integers, got {text!r}")
+    return values
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from spe.bench.run import ATTENTIONS, SERIES, run_bench, summarize, write_outputs
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"train", "generate"}:
+        raise UsageError(f"--modes takes train and/or generate, got {args.modes!r}")
+    attentions = [a.strip() for a in args.attentions.split(",")] if args.attentions else ATTENTIONS
+    if set(attentions) - set(ATTENTIONS):
+        raise UsageError(f"--attentions takes {', '.join(ATTENTIONS)}, got {args.attentions!r}")
+    series = SERIES
+    if args.positionals:
+        wanted = [p.strip() for p in args.positionals.split(",")]
+        known = {f"{p}:{i}" if i not in ("-", "fft") else p for p, i in SERIES}
+        if set(wanted) - known:
+            raise UsageError(f"--positionals takes {', '.join(sorted(known))}, got {args.positionals!r}")
+        series = [(p, i) for p, i in SERIES if (f"{p}:{i}" if i not in ("-", "fft") else p) in wanted]
+    result = run_bench(lengths=_int_list(args.lengths, "--lengths"), modes=modes, series=series,
+                       attentions=attentions, batch=args.batch_size, num_realizations=args.num_realizations,
+                       repeats=args.repeats, budget_s=args.budget_s, device=args.device, threads=args.threads,
+                       progress=not args.no_progress)
+    if args.code_errors:
+        from spe.bench.codes import code_errors
+
+        result["code_errors"] = code_errors([4, 8, 16, 32, 64, 128])
+    out = Path(args.out)
+    json_path = Path(args.json) if args.json else out / "bench.json"
+    write_outputs(result, json_path, out)
+    print((out / "bench.md").read_text())
+    for key, value in summarize(result)["exponents"].items():
+        print(f"scaling exponent {key}: {value['exponent']:.2f} (N={value['from']}..{value['to']})")
+    log.info("wrote %s, %s and plots in %s", json_path, out / "bench.md", out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spe", description="Stochastic positional encoding for linear Transformers, "
                                      "trained on symbolic music (REMI tokens).")
@@ -337,6 +381,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("bench", help="time and peak memory of attention layers per positional encoding")
+    p.add_argument("--lengths", default="512,1024,2048,4096,8192,16384", help="comma-separated lengths")
+    p.add_argument("--modes", default="train,generate", help="train and/or generate")
+    p.add_argument("--positionals", help="subset of: ape, sinespe:fused, sinespe:reference, convspe")
+    p.add_argument("--attentions", help="subset of: softmax, performer, linear")
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--num-realizations", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
+    p.add_argument("--code-errors", action="store_true",
+                   help="also measure sineSPE estimation error vs R, Gaussian vs orthogonal noise")
+    p.add_argument("--budget-s", type=float, default=30.0, help="skip cases predicted to take longer per run")
+    p.add_argument("--json", help="records file (default OUT/bench.json)")
+    p.add_argument("--out", default="runs/bench", help="folder for JSON, Markdown table and plots")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="the main job: train sinespe and ape, evaluate, generate")
     _add_train_flags(p, with_out=False)

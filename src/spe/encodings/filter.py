@@ -64,12 +64,61 @@ def apply_code(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) 
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
+class _FusedSineProduct(torch.autograd.Function):
+    """y[b,l,h,r] = Σ_i (x[b,l,h,d(i)] · Ω[l,h,i]) W[h,i,r] over i = (d, j), in blocks of positions.
+
+    The (B, L, H, D·2K) products are formed one block of positions at a time, in forward and
+    again in backward (recomputation instead of storage), so extra memory is one block plus
+    the (B, L, H, R) output, whatever the length.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, omega: Tensor, w: Tensor, block: int) -> Tensor:
+        b, n, h, d = x.shape
+        two_k, r = omega.shape[-1], w.shape[-1]
+        out = x.new_empty(b, n, h, r)
+        for s in range(0, n, block):
+            e = min(n, s + block)
+            feats = x[:, s:e].permute(2, 0, 1, 3)[..., None] * omega[s:e].permute(1, 0, 2, 3)[:, None]
+            y = torch.bmm(feats.reshape(h, b * (e - s), d * two_k), w)  # (H, B·l, R)
+            out[:, s:e] = y.view(h, b, e - s, r).permute(1, 2, 0, 3)
+        ctx.save_for_backward(x, omega, w)
+        ctx.block = block
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, omega, w = ctx.saved_tensors
+        b, n, h, d = x.shape
+        two_k, r = omega.shape[-1], w.shape[-1]
+        need_x, need_omega, need_w = ctx.needs_input_grad[:3]
+        gx = torch.empty_like(x) if need_x else None
+        gomega = torch.empty_like(omega) if need_omega else None
+        gw = torch.zeros_like(w) if need_w else None
+        for s in range(0, n, ctx.block):
+            e = min(n, s + ctx.block)
+            xb = x[:, s:e].permute(2, 0, 1, 3)  # (H, B, l, D)
+            ob = omega[s:e].permute(1, 0, 2, 3)  # (H, l, D, 2K)
+            g = grad[:, s:e].permute(2, 0, 1, 3).reshape(h, b * (e - s), r)  # (H, B·l, R)
+            if need_w:
+                feats = (xb[..., None] * ob[:, None]).reshape(h, b * (e - s), d * two_k)
+                gw += torch.bmm(feats.transpose(1, 2), g)
+            gfeats = torch.bmm(g, w.transpose(1, 2)).view(h, b, e - s, d, two_k)
+            if need_x:
+                gx[:, s:e] = (gfeats * ob[:, None]).sum(-1).permute(1, 2, 0, 3)
+            if need_omega:
+                gomega[s:e] = (gfeats * xb[..., None]).sum(1).permute(1, 0, 2, 3)
+        return gx, gomega, gw, None
+
+
 def apply_sine_code_fused(x: Tensor, omega: Tensor, weights: Tensor, gate: Tensor | None,
-                          gate_noise: Tensor) -> Tensor:
+                          gate_noise: Tensor, *, block_elements: int = 1 << 22) -> Tensor:
     """Fused sineSPE filter: one matrix product over the (D × 2K) axis per head.
 
     Same value as :func:`apply_code_reference` on the materialised code, without forming the
-    (L, H, D, R) code: q̂[m] = Σ_{d,j} (x_d Ω[m,d,j]) · (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4}.
+    (L, H, D, R) code: q̂[m] = Σ_{d,j} (x_d Ω[m,d,j]) · (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4},
+    computed in blocks of positions with recomputation in backward, so the extra memory is
+    O(B·L·H·R) plus one block of ``block_elements`` products.
 
     Args:
         x: (B, L, H, D).
@@ -77,6 +126,7 @@ def apply_sine_code_fused(x: Tensor, omega: Tensor, weights: Tensor, gate: Tenso
         weights: (H, D, 2K, R) λ̈ Z / √(2K).
         gate: (H, D) δ, or None.
         gate_noise: (H, D, R) ε.
+        block_elements: size of one block of (x_d Ω) products.
 
     Returns:
         (B, L, H, R).
@@ -85,8 +135,8 @@ def apply_sine_code_fused(x: Tensor, omega: Tensor, weights: Tensor, gate: Tenso
     two_k, r = weights.shape[-2], weights.shape[-1]
     scale = (d * r) ** -0.25
     xs = x if gate is None else x * torch.sqrt(1 - gate)
-    feats = (xs[..., None] * omega).reshape(b, n, h, d * two_k)  # (B, L, H, D·2K)
-    out = torch.einsum("blhi,hir->blhr", feats, (weights * scale).reshape(h, d * two_k, r))
+    block = max(1, block_elements // max(1, b * h * d * two_k))
+    out = _FusedSineProduct.apply(xs, omega.to(x.dtype), (weights * scale).reshape(h, d * two_k, r), block)
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 

@@ -13,7 +13,38 @@ from torch import Tensor, nn
 from spe.encodings.code import SineCode
 from spe.encodings.positions import require_positive, resolve_positions
 
-__all__ = ["SineSPE", "sine_phase"]
+__all__ = ["SineSPE", "sine_phase", "orthogonal_noise"]
+
+
+def orthogonal_noise(num_heads: int, num_groups: int, group_size: int, num_realizations: int, *,
+                     generator: torch.Generator | None = None) -> Tensor:
+    """Variance-reduced noise with the second moments of i.i.d. N(0, 1) noise.
+
+    Per head, the num_groups·group_size rows (each of length R) are filled in blocks of
+    ⌊R / group_size⌋ whole groups; the rows of a block are orthogonal with norm exactly √R
+    (rows of a Haar-random orthogonal matrix times √R). Blocks and heads are independent.
+    Then E[z_i z_jᵀ] = R·δ_ij as for Gaussian rows, so every expected SPE kernel is
+    unchanged, while within a group Z Zᵀ = R·I exactly: a feature's kernel estimate has no
+    noise at all when group_size ≤ R (section 3.1 (i) of Liutkus et al. 2021 names this as
+    future work).
+
+    Returns:
+        (H, num_groups, group_size, R).
+    """
+    per_block = max(1, num_realizations // group_size) * group_size
+    rows = num_groups * group_size
+    heads = []
+    for _ in range(num_heads):
+        blocks, filled = [], 0
+        while filled < rows:
+            q, r = torch.linalg.qr(torch.randn(num_realizations, num_realizations, generator=generator,
+                                               dtype=torch.float64))
+            q = q * torch.sign(torch.diagonal(r))  # Haar-distributed
+            take = min(per_block, rows - filled, num_realizations)
+            blocks.append(q[:take] * num_realizations**0.5)
+            filled += take
+        heads.append(torch.cat(blocks)[:rows])
+    return torch.stack(heads).view(num_heads, num_groups, group_size, num_realizations).float()
 
 
 def sine_phase(frequencies: Tensor, positions: Tensor) -> Tensor:
@@ -54,6 +85,9 @@ class SineSPE(nn.Module):
         num_sines: K, sinusoids per feature.
         frequency_init: ``"low"`` (the original code's choice: logits N(-4, 1), periods of
             roughly 100 positions) or ``"spread"`` (log-uniform periods from 2 to 1,024).
+        noise: ``"gaussian"`` (i.i.d. N(0, 1), the paper) or ``"orthogonal"`` (variance
+            reduced, see :func:`orthogonal_noise`): same expected kernel, and each feature's
+            kernel estimate Q̄_d K̄_dᵀ / R is exact when 2K ≤ R.
 
     Raises:
         ValueError: if a size is not positive or ``frequency_init`` is unknown.
@@ -67,8 +101,12 @@ class SineSPE(nn.Module):
         num_sines: int = 5,
         *,
         frequency_init: str = "low",
+        noise: str = "gaussian",
     ) -> None:
         super().__init__()
+        if noise not in ("gaussian", "orthogonal"):
+            raise ValueError(f"SineSPE: noise must be 'gaussian' or 'orthogonal', got {noise!r}")
+        self.noise = noise
         require_positive("SineSPE", num_heads=num_heads, head_dim=head_dim,
                          num_realizations=num_realizations, num_sines=num_sines)
         self.num_heads, self.head_dim = num_heads, head_dim
@@ -130,8 +168,12 @@ class SineSPE(nn.Module):
         require_positive("SineSPE", num_realizations=r)
         h, d, k = self.num_heads, self.head_dim, self.num_sines
         dtype, device = self.frequency_logits.dtype, self.frequency_logits.device
-        z = torch.randn(h, d, 2 * k, r, generator=generator, dtype=dtype).to(device)
-        eps = torch.randn(h, d, r, generator=generator, dtype=dtype).to(device)
+        if self.noise == "orthogonal":
+            z = orthogonal_noise(h, d, 2 * k, r, generator=generator).to(device=device, dtype=dtype)
+            eps = orthogonal_noise(h, d, 1, r, generator=generator)[:, :, 0].to(device=device, dtype=dtype)
+        else:
+            z = torch.randn(h, d, 2 * k, r, generator=generator, dtype=dtype).to(device)
+            eps = torch.randn(h, d, r, generator=generator, dtype=dtype).to(device)
         gains = self.gains.repeat_interleave(2, dim=-1)  # λ̈: (H, D, 2K)
         weights = gains[..., None] * z / math.sqrt(2 * k)
         return SineCode(omega_q=self._omega(pos_q, self.phases),

@@ -30,6 +30,7 @@ class ModelConfig:
         num_sines: K for ``sinespe``.
         kernel_size: P (positions) for ``convspe``.
         frequency_init: ``low`` or ``spread`` initial sineSPE frequencies.
+        code_noise: ``gaussian`` or ``orthogonal`` (variance-reduced) sineSPE noise.
         gate_init: initial gate logit (δ = sigmoid(gate_init)).
         num_features: FAVOR+ random features M.
         chunk_size: chunk length of causal linear attention.
@@ -50,6 +51,7 @@ class ModelConfig:
     num_sines: int = 5
     kernel_size: int = 64
     frequency_init: str = "low"
+    code_noise: str = "gaussian"
     gate_init: float = 0.0
     num_features: int = 64
     chunk_size: int = 64

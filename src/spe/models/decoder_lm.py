@@ -90,7 +90,8 @@ class DecoderLM(nn.Module):
         self.ape = SinusoidalPositionalEncoding(config.d_model) if config.positional == "ape" else None
         if config.positional == "sinespe":
             self.encoding: nn.Module | None = SineSPE(config.num_heads, head_dim, config.num_realizations,
-                                                      config.num_sines, frequency_init=config.frequency_init)
+                                                      config.num_sines, frequency_init=config.frequency_init,
+                                                      noise=config.code_noise)
         elif config.positional == "convspe":
             self.encoding = ConvSPE(config.num_heads, head_dim, config.num_realizations, config.kernel_size)
         else:

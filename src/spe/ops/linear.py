@@ -11,6 +11,8 @@ chunk, a carried state S = Σ φ(k_n) v_nᵀ across chunks); its slow, obviously
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -18,11 +20,29 @@ from torch import Tensor
 __all__ = ["linear_attention", "causal_linear_attention", "causal_linear_attention_reference"]
 
 
+def _full_precision(fn):
+    """Runs a kernel in at least float32 with autocast off, returning the values' dtype.
+
+    The carried state sums up to L outer products: in bfloat16/float16 it would lose most of
+    its precision (and overflow in float16) long before L = 10⁴.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(phi_q: Tensor, phi_k: Tensor, v: Tensor, **kwargs) -> Tensor:
+        dtype = torch.promote_types(torch.promote_types(phi_q.dtype, v.dtype), torch.float32)
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            out = fn(phi_q.to(dtype), phi_k.to(dtype), v.to(dtype), **kwargs)
+        return out.to(v.dtype)
+
+    return wrapper
+
+
 def _with_ones(v: Tensor) -> Tensor:
     # A trailing column of ones makes the normaliser Σ φ(q)ᵀφ(k) come out of the same products.
     return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
 
 
+@_full_precision
 def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 1e-6) -> Tensor:
     """Non-causal linear attention.
 
@@ -40,6 +60,7 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 1e
     return out[..., :-1] / (out[..., -1:] + eps)
 
 
+@_full_precision
 def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
                                       eps: float = 1e-6) -> Tensor:
     """Causal linear attention by cumulative sums; memory O(L·M·E). Reference for tests.
@@ -51,6 +72,7 @@ def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *
     return out[..., :-1] / (out[..., -1:] + eps)
 
 
+@_full_precision
 def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
                             eps: float = 1e-6) -> Tensor:
     """Causal linear attention, chunked; never allocates anything of size L × L.

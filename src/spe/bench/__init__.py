@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks (``spe bench``)."""

@@ -1,0 +1,251 @@
+"""``spe bench``: time and peak memory of attention layers with each positional encoding.
+
+Every measurement runs in its own process (see :mod:`spe.bench.worker`); variants are
+compared as ratios within one run, because these machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["run_bench", "matmul_gflops", "layer_flops", "SERIES"]
+
+log = logging.getLogger(__name__)
+
+# (positional, impl): the sineSPE reference twin materialises the (L, H, D, R) code.
+SERIES = [("ape", "-"), ("sinespe", "fused"), ("sinespe", "reference"), ("convspe", "fft")]
+ATTENTIONS = ["softmax", "performer", "linear"]
+
+
+def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
+    """This machine's float32 matmul rate (GFLOP/s, median of ``repeats``)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * size**3 / sorted(times)[len(times) // 2] / 1e9
+
+
+def layer_flops(case: dict) -> float:
+    """Forward FLOPs of one causal attention layer (projections, SPE, features, kernel)."""
+    b, n, h, d = case["batch"], case["length"], case["num_heads"], case["head_dim"]
+    r, k, m, c = case["num_realizations"], case["num_sines"], case["num_features"], case["chunk_size"]
+    flops = 2 * b * n * (h * d) * (4 * h * d)  # q, k, v and output projections
+    e = d
+    if case["positional"] == "sinespe":
+        flops += 2 * 2 * b * n * h * d * (2 * k + 1) * r
+        e = r
+    elif case["positional"] == "convspe":
+        flops += 2 * 2 * b * n * h * d * r
+        e = r
+    if case["attention"] == "softmax":
+        return flops + 2 * b * h * n * n * (e + d) / 2
+    if case["attention"] == "performer":
+        flops += 2 * 2 * b * n * h * e * m
+        e = m
+    return flops + 2 * b * n * h * (2 * e * (d + 1) + c * e + c * (d + 1))
+
+
+def _run_case(case: dict, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "spe.bench.worker", json.dumps(case)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**case, "skipped": f"timed out after {timeout:.0f} s"}
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {**case, "skipped": f"failed: {tail}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, str]] | None = None,
+              attentions: list[str] | None = None, batch: int = 2, num_heads: int = 8, head_dim: int = 64,
+              num_realizations: int = 64, num_sines: int = 5, kernel_size: int = 128, num_features: int = 64,
+              chunk_size: int = 64, repeats: int = 5, budget_s: float = 30.0, memory_limit_mb: float = 12000,
+              device: str = "cpu", threads: int = 0, progress: bool = True) -> dict:
+    """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
+
+    A case is skipped (and recorded as such) when the previous length's time or memory,
+    extrapolated with the kernel's complexity, exceeds ``budget_s`` or ``memory_limit_mb``.
+    """
+    series = series or SERIES
+    attentions = attentions or ATTENTIONS
+    common = dict(batch=batch, num_heads=num_heads, head_dim=head_dim, num_realizations=num_realizations,
+                  num_sines=num_sines, kernel_size=kernel_size, num_features=num_features,
+                  chunk_size=chunk_size, repeats=repeats, device=device, threads=threads,
+                  max_seconds=budget_s)
+    plan = [(mode, pos, impl, att) for mode in modes for pos, impl in series for att in attentions
+            if not (mode == "generate" and impl == "reference")]
+    total = len(plan) * len(lengths)
+    records = []
+    done = 0
+    for mode, pos, impl, att in plan:
+        prev = None
+        for n in sorted(lengths):
+            done += 1
+            case = {**common, "mode": mode, "positional": pos, "impl": impl, "attention": att, "length": n}
+            why = _predicted_too_big(prev, n, att, mode, budget_s, memory_limit_mb)
+            result = {**case, "skipped": why} if why else _run_case(case, timeout=max(120.0, 8 * budget_s))
+            if "median_ms" in result:
+                result["gflops_per_s"] = (3 if mode == "train" else 1) * layer_flops(case) / (result["median_ms"] / 1000) / 1e9 \
+                    if mode == "train" else None
+                prev = result
+            records.append(result)
+            if progress:
+                state = result.get("skipped") or f"{result['median_ms']:.1f} ms, {result['peak_mb']:.0f} MB"
+                print(f"[{done}/{total}] {mode:8s} {pos:8s} {impl:9s} {att:9s} N={n:<6d} {state}", file=sys.stderr,
+                      flush=True)
+    return {"records": records, "matmul_gflops": matmul_gflops(), "config": common, "lengths": lengths}
+
+
+def _predicted_too_big(prev: dict | None, n: int, attention: str, mode: str, budget_s: float,
+                       memory_mb: float) -> str | None:
+    if prev is None:
+        return None
+    ratio = n / prev["length"]
+    time_exp = 2 if (attention == "softmax" and mode == "train") else 1
+    if mode == "generate":
+        time_exp = 1 if attention == "softmax" else 0
+    t = prev["median_ms"] / 1000 * ratio**time_exp * (prev.get("repeats", 1) + 1)
+    mem = max(prev["peak_mb"], 1.0) * ratio
+    if t > budget_s * 4:
+        return f"skipped: predicted {t:.0f} s"
+    if mem > memory_mb:
+        return f"skipped: predicted {mem:.0f} MB"
+    return None
+
+
+def _label(r: dict) -> str:
+    impl = "" if r["impl"] in ("-", "fft") else f" ({r['impl']})"
+    return f"{r['positional']}{impl} + {r['attention']}"
+
+
+def summarize(result: dict) -> dict:
+    """Scaling exponents, ratios to APE-Performer and the issue's target figures."""
+    recs = [r for r in result["records"] if "median_ms" in r]
+
+    def get(mode, pos, impl, att, n):
+        for r in recs:
+            if (r["mode"], r["positional"], r["impl"], r["attention"], r["length"]) == (mode, pos, impl, att, n):
+                return r
+        return None
+
+    out: dict = {"exponents": {}, "ratios_to_ape_performer": {}, "targets": {}}
+    for key in sorted({(r["mode"], r["positional"], r["impl"], r["attention"]) for r in recs}):
+        pts = sorted((r["length"], r["median_ms"]) for r in recs if (r["mode"], r["positional"], r["impl"], r["attention"]) == key)
+        if len(pts) >= 2:
+            (n0, t0), (n1, t1) = pts[0], pts[-1]
+            out["exponents"][" ".join(key)] = {"from": n0, "to": n1, "exponent": math.log(t1 / t0) / math.log(n1 / n0)}
+    for r in recs:
+        base = get(r["mode"], "ape", "-", "performer", r["length"])
+        if base and r is not base:
+            out["ratios_to_ape_performer"][f"{r['mode']} {_label(r)} N={r['length']}"] = {
+                "time": r["median_ms"] / base["median_ms"], "memory": r["peak_mb"] / max(base["peak_mb"], 1e-9)}
+    t = out["targets"]
+    fused, ref = get("train", "sinespe", "fused", "performer", 4096), get("train", "sinespe", "reference", "performer", 4096)
+    if fused and ref:
+        t["fused_vs_reference_sinespe_N4096"] = {"time_ratio": ref["median_ms"] / fused["median_ms"],
+                                                 "memory_ratio": ref["peak_mb"] / max(fused["peak_mb"], 1e-9)}
+    spe_p, ape_p = get("train", "sinespe", "fused", "performer", 4096), get("train", "ape", "-", "performer", 4096)
+    if spe_p and ape_p:
+        t["spe_performer_vs_ape_performer_N4096"] = {"time_ratio": spe_p["median_ms"] / ape_p["median_ms"],
+                                                    "memory_ratio": spe_p["peak_mb"] / max(ape_p["peak_mb"], 1e-9)}
+    lin, soft = get("train", "ape", "-", "linear", 8192), get("train", "ape", "-", "softmax", 8192)
+    if lin and soft:
+        t["linear_chunked_vs_sdpa_causal_N8192_speedup"] = soft["median_ms"] / lin["median_ms"]
+    a, b = get("train", "sinespe", "fused", "performer", 1024), get("train", "sinespe", "fused", "performer", 16384)
+    if a and b:
+        t["spe_performer_exponent_1024_16384"] = math.log(b["median_ms"] / a["median_ms"]) / math.log(16)
+    g0, g1 = get("generate", "sinespe", "fused", "performer", 512), get("generate", "sinespe", "fused", "performer", 8192)
+    if g0 and g1:
+        t["generation_per_token_8192_vs_512"] = g1["median_ms"] / g0["median_ms"]
+        t["generation_memory_mb_512_8192"] = [g0["peak_mb"], g1["peak_mb"]]
+    p = get("train", "sinespe", "fused", "performer", 8192)
+    if p:
+        t["spe_performer_N8192_gflops"] = p["gflops_per_s"]
+        t["fraction_of_matmul_rate"] = p["gflops_per_s"] / result["matmul_gflops"]
+    return out
+
+
+def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
+    """Writes the JSON records, a Markdown table and log-log plots."""
+    from spe.checkpoint import atomic_write
+
+    summary = summarize(result)
+    payload = {"records": result["records"], "matmul_gflops": result["matmul_gflops"], "config": result["config"],
+               "summary": summary, "code_errors": result.get("code_errors")}
+    atomic_write(json_path, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=2)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lengths = sorted(result["lengths"])
+    lines = []
+    for mode in ("train", "generate"):
+        rows = [r for r in result["records"] if r["mode"] == mode]
+        if not rows:
+            continue
+        what = "forward+backward of one causal layer" if mode == "train" else "one recurrent step at position N"
+        lines += [f"### {mode}: {what} (median ms / peak MB)", "",
+                  "| positional + attention | " + " | ".join(f"N={n}" for n in lengths) + " |",
+                  "|---|" + "---|" * len(lengths)]
+        for key in dict.fromkeys(_label(r) for r in rows):
+            cells = []
+            for n in lengths:
+                r = next((x for x in rows if _label(x) == key and x["length"] == n), None)
+                cells.append("" if r is None else ("–" if "median_ms" not in r else f"{r['median_ms']:.1f} / {r['peak_mb']:.0f}"))
+            lines.append(f"| {key} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if result.get("code_errors"):
+        lines += ["### sineSPE estimation error vs R (RMS; Gaussian vs orthogonal noise)", "",
+                  "| R | kernel, gaussian | kernel, orthogonal | logit, gaussian | logit, orthogonal |",
+                  "|---|---|---|---|---|"]
+        errs = result["code_errors"]
+        for r in dict.fromkeys(e["num_realizations"] for e in errs):
+            g = next(e for e in errs if e["num_realizations"] == r and e["noise"] == "gaussian")
+            o = next(e for e in errs if e["num_realizations"] == r and e["noise"] == "orthogonal")
+            lines.append(f"| {r} | {g['kernel_rms']:.4f} | {o['kernel_rms']:.4f} | {g['logit_rms']:.4f} | {o['logit_rms']:.4f} |")
+        lines.append("")
+    lines += [f"float32 matmul rate: {result['matmul_gflops']:.0f} GFLOP/s", "", "Targets:", "",
+              "```", json.dumps(summary["targets"], indent=2), "```", ""]
+    (out_dir / "bench.md").write_text("\n".join(lines))
+    _plot(result, out_dir)
+
+
+def _plot(result: dict, out_dir: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    for mode, field, ylabel, name in [("train", "median_ms", "forward+backward time (ms)", "bench_time.png"),
+                                      ("train", "peak_mb", "peak memory growth (MB)", "bench_memory.png"),
+                                      ("generate", "median_ms", "time per generated token (ms)", "bench_generate.png")]:
+        rows = [r for r in result["records"] if r["mode"] == mode and "median_ms" in r]
+        if not rows:
+            continue
+        fig, ax = plt.subplots(figsize=(7.5, 5))
+        for key in dict.fromkeys(_label(r) for r in rows):
+            pts = sorted((r["length"], max(r[field], 1e-3)) for r in rows if _label(r) == key)
+            ax.plot(*zip(*pts), "o-", label=key, lw=1.2, ms=3)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N (tokens)" if mode == "train" else "position of the generated token")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{ylabel}, batch {result['config']['batch']}, {result['config']['num_heads']} heads × "
+                     f"{result['config']['head_dim']}, R={result['config']['num_realizations']}")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(True, which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)

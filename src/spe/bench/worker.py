@@ -1,0 +1,127 @@
+"""One benchmark measurement, run in its own process so that peak memory can be read.
+
+Usage: ``python -m spe.bench.worker '<json case>'``; prints one JSON line.
+Peak memory on CPU is the growth of the process's maximum resident set size over the
+workload (``ru_maxrss``); on CUDA, ``torch.cuda.max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+from spe.attention.layer import MultiHeadAttention
+from spe.encodings.absolute import SinusoidalPositionalEncoding
+from spe.encodings.conv import ConvSPE
+from spe.encodings.filter import SPEFilter
+from spe.encodings.sine import SineSPE
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build(case: dict):
+    h, d, r = case["num_heads"], case["head_dim"], case["num_realizations"]
+    attention = {"linear": "linear-elu"}.get(case["attention"], case["attention"])
+    positional = case["positional"]
+    encoding, spe_filter = None, None
+    if positional == "sinespe":
+        encoding = SineSPE(h, d, r, case["num_sines"])
+    elif positional == "convspe":
+        encoding = ConvSPE(h, d, r, case["kernel_size"])
+    if encoding is not None:
+        impl = {"fused": "fused", "reference": "reference", "materialized": "materialized"}.get(case["impl"], "auto")
+        spe_filter = SPEFilter(h, d, gated=True, impl=impl)
+    layer = MultiHeadAttention(h * d, h, attention=attention, causal=True, spe_filter=spe_filter,
+                               num_realizations=r if encoding is not None else None,
+                               num_features=case["num_features"], chunk_size=case["chunk_size"])
+    ape = SinusoidalPositionalEncoding(h * d) if positional == "ape" else None
+    return layer, encoding, ape
+
+
+def measure_train(case: dict, device: torch.device) -> dict:
+    layer, encoding, ape = build(case)
+    layer.to(device)
+    if encoding is not None:
+        encoding.to(device)
+    n, b = case["length"], case["batch"]
+    x = torch.randn(b, n, case["num_heads"] * case["head_dim"], device=device, requires_grad=True)
+    g = torch.Generator().manual_seed(0)
+    params = list(layer.parameters()) + (list(encoding.parameters()) if encoding is not None else [])
+
+    def run() -> None:
+        inp = ape(x, torch.arange(n, device=device)) if ape is not None else x
+        code = encoding(n, generator=g) if encoding is not None else None
+        layer(inp, code).square().mean().backward()
+        for p in params + [x]:
+            p.grad = None
+
+    return _timed(run, case, device)
+
+
+@torch.no_grad()
+def measure_generate(case: dict, device: torch.device) -> dict:
+    """Per-token cost of one recurrent step at position ``length`` (state of that many tokens)."""
+    layer, encoding, ape = build(case)
+    layer.to(device)
+    if encoding is not None:
+        encoding.to(device)
+    n, b, h, d = case["length"], case["batch"], case["num_heads"], case["head_dim"]
+    x = torch.randn(b, 1, h * d, device=device)
+    if case["attention"] == "softmax":
+        e = case["num_realizations"] if encoding is not None else d
+        state = {"keys": torch.randn(b, n, h, e, device=device), "values": torch.randn(b, n, h, d, device=device)}
+    else:
+        m = case["num_features"] if case["attention"] == "performer" else (case["num_realizations"] if encoding else d)
+        state = {"s": torch.rand(b, h, m, d + 1, device=device)}
+    pos = torch.tensor([n], device=device)
+
+    def run() -> None:
+        inp = ape(x, pos) if ape is not None else x
+        code = encoding(positions=pos, generator=torch.Generator().manual_seed(0)) if encoding is not None else None
+        layer.step(inp, code, state)  # the state is not advanced: every call costs the same
+
+    return _timed(run, case, device)
+
+
+def _timed(run, case: dict, device: torch.device) -> dict:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss_mb()
+    run()  # warm-up
+    times = []
+    deadline = time.perf_counter() + case.get("max_seconds", 30.0)
+    for _ in range(case["repeats"]):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        if time.perf_counter() > deadline and len(times) >= 3:
+            break
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else _rss_mb() - base
+    return {"median_ms": 1000 * statistics.median(times), "peak_mb": peak, "repeats": len(times)}
+
+
+def main() -> None:
+    case = json.loads(sys.argv[1])
+    torch.set_num_threads(case.get("threads") or torch.get_num_threads())
+    device = torch.device(case.get("device", "cpu"))
+    result = measure_train(case, device) if case["mode"] == "train" else measure_generate(case, device)
+    if case["mode"] == "generate":
+        result["per_token_ms"] = result["median_ms"]
+    print(json.dumps({**case, **result}))
+
+
+if __name__ == "__main__":
+    main()
