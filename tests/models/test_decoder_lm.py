@@ -95,3 +95,19 @@ def test_recurrent_decoding_equals_parallel_forward(attention, pos):
         steps.append(logits)
     torch.testing.assert_close(torch.stack(steps, 1), parallel, atol=1e-4, rtol=1e-4)
     assert state.position == 30
+
+
+def test_model_takes_positions_real_valued_for_sinespe_integer_for_convspe():
+    model = _model("sinespe", "linear-elu")
+    x = torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(5))
+    onsets = torch.cumsum(torch.rand(12, generator=torch.Generator().manual_seed(6), dtype=torch.float64), 0)
+    with torch.no_grad():
+        a = model(x, positions=onsets)
+        torch.testing.assert_close(model(x, positions=onsets), a, atol=0, rtol=0)
+        default = model(x)
+        torch.testing.assert_close(model(x, positions=torch.arange(12)), default)
+    assert (a - default).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="integers"):
+        _model("convspe", "linear-elu")(x, positions=onsets)
+    with pytest.raises(ValueError, match=r"\(12,\)"):
+        model(x, positions=onsets[:5])

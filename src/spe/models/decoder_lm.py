@@ -118,14 +118,14 @@ class DecoderLM(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def draw_code(self, length: int, *, generator: torch.Generator | None = None,
+    def draw_code(self, positions: Tensor, *, generator: torch.Generator | None = None,
                   num_realizations: int | None = None) -> SPECode | None:
-        """Draws the shared SPE code for positions 0 … length−1 (None without SPE)."""
+        """Draws the shared SPE code for (L,) positions (None without SPE)."""
         if self.encoding is None:
             return None
         if generator is None and not self.training:
             generator = torch.Generator().manual_seed(self.config.code_seed)
-        return self.encoding(length, generator=generator, num_realizations=num_realizations)
+        return self.encoding(positions=positions, generator=generator, num_realizations=num_realizations)
 
     @torch.no_grad()
     def redraw_features(self, generator: torch.Generator | None = None) -> None:
@@ -133,10 +133,13 @@ class DecoderLM(nn.Module):
         for block in self.blocks:
             block.attn.redraw_features(generator)
 
-    def forward(self, tokens: Tensor, *, generator: torch.Generator | None = None,
-                num_realizations: int | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, *, positions: Tensor | None = None,
+                generator: torch.Generator | None = None, num_realizations: int | None = None) -> Tensor:
         """Args:
             tokens: (B, L) token ids in [0, V).
+            positions: (L,) positions shared by the batch (default 0 … L−1). With ``sinespe``
+                they may be real-valued, e.g. onset times in beats (continuous positions);
+                ``convspe`` needs integers.
             generator: source of the SPE code in training mode.
             num_realizations: R for this pass (default: the config's), e.g. a test-time R.
 
@@ -152,11 +155,15 @@ class DecoderLM(nn.Module):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
         n = tokens.shape[1]
+        if positions is None:
+            positions = torch.arange(n, device=tokens.device)
+        elif positions.shape != (n,):
+            raise ValueError(f"positions must have shape ({n},) like the tokens' length, got {tuple(positions.shape)}")
         x = self.embed(tokens) * self.embed_scale  # (B, L, C)
         if self.ape is not None:
-            x = self.ape(x, torch.arange(n, device=tokens.device))
+            x = self.ape(x, positions)
         x = self.drop(x)
-        code = self.draw_code(n, generator=generator, num_realizations=num_realizations)
+        code = self.draw_code(positions, generator=generator, num_realizations=num_realizations)
         for block in self.blocks:
             x = block(x, code)
         return self.head(self.norm(x))
