@@ -25,11 +25,12 @@ def _inputs(n, seed=0):
     return phi_q, phi_k, v
 
 
-@pytest.mark.parametrize("n,chunk", [(1, 4), (16, 4), (17, 4), (30, 7), (9, 64)])
-def test_chunked_equals_reference_forward_and_backward(n, chunk):
+@pytest.mark.parametrize("n,chunk,group", [(1, 4, 8), (16, 4, 8), (17, 4, 8), (30, 7, 14), (30, 7, 1000), (9, 64, 64), (50, 4, 1)])
+def test_chunked_equals_reference_forward_and_backward(n, chunk, group):
     args = _inputs(n)
     outs = []
-    for fn in (lambda *a: causal_linear_attention(*a, chunk_size=chunk), causal_linear_attention_reference,
+    for fn in (lambda *a: causal_linear_attention(*a, chunk_size=chunk, group_size=group),
+               causal_linear_attention_reference,
                lambda *a: _explicit(*a, causal=True)):
         for t in args:
             t.grad = None
