@@ -53,3 +53,14 @@ def test_errors_are_reported_without_traceback(tmp_path, capsys):
     assert "bogus" in capsys.readouterr().err
     assert main(["generate", "--checkpoint", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.mid")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_bad_flags_and_corrupt_checkpoints_are_one_line_errors(tmp_path, capsys):
+    assert main(["evaluate", "--checkpoint", str(tmp_path), "--device", "tpu"]) == 2
+    assert "--device" in capsys.readouterr().err
+    assert main(["generate", "--checkpoint", str(tmp_path), "--length", "0"]) == 2
+    assert "--length must be positive" in capsys.readouterr().err
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert main(["generate", "--checkpoint", str(tmp_path), "--out", str(tmp_path / "x.mid")]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable safetensors file" in err and "Traceback" not in err

@@ -73,8 +73,11 @@ def load_metadata(path: str | os.PathLike) -> dict:
     from safetensors import safe_open
 
     file = _resolve(path)
-    with safe_open(str(file), framework="pt") as f:
-        header = f.metadata() or {}
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            header = f.metadata() or {}
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+        raise ValueError(f"{file} is not a readable safetensors file: {err}") from None
     if "spe_config" not in header:
         raise ValueError(f"{file} is not an spe checkpoint (no spe_config in its header)")
     meta = json.loads(header.get("spe_metadata", "{}"))

@@ -111,3 +111,13 @@ def test_model_takes_positions_real_valued_for_sinespe_integer_for_convspe():
         _model("convspe", "linear-elu")(x, positions=onsets)
     with pytest.raises(ValueError, match=r"\(12,\)"):
         model(x, positions=onsets[:5])
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_test_time_realizations_differ_from_training(attention):
+    model = _model("sinespe", attention)  # trained R = 8
+    x = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        a = model(x, num_realizations=24)
+        torch.testing.assert_close(model(x, num_realizations=24), a, atol=0, rtol=0)
+    assert a.shape == (2, 20, 50) and torch.isfinite(a).all()

@@ -81,10 +81,20 @@ class MultiHeadAttention(nn.Module):
             q, k = self.spe_filter(q, k, code)  # (B, L, H, R)
         return q, k, v
 
+    def _projection_for(self, dim: int) -> Tensor:
+        if dim == self.projection.shape[-1]:
+            return self.projection
+        # A test-time R differs from the trained one: FAVOR+ needs projections of the new size;
+        # draw them from a fixed seed so that the same input still gives the same output.
+        generator = torch.Generator().manual_seed(dim)
+        return orthogonal_random_features(self.num_heads, self.num_features, dim,
+                                          generator=generator).to(self.projection)
+
     def _features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         if self.attention == "performer":
-            return (favor_feature_map(q, self.projection, is_query=True),
-                    favor_feature_map(k, self.projection, is_query=False))
+            projection = self._projection_for(q.shape[-1])
+            return (favor_feature_map(q, projection, is_query=True),
+                    favor_feature_map(k, projection, is_query=False))
         fmap = _FEATURE_MAPS[self.attention]
         return fmap(q), fmap(k)
 

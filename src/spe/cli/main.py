@@ -218,7 +218,10 @@ def generate_midi(checkpoint: str, out: str, *, length: int, prompt: str | None,
     if not out.lower().endswith((".mid", ".midi")):
         raise UsageError(f"--out must name a .mid file, got {out}")
     model = load(checkpoint, device=device)
-    tokenizer = tokenizer_from_json(load_metadata(checkpoint)["tokenizer"])
+    meta = load_metadata(checkpoint)
+    if "tokenizer" not in meta:
+        raise UsageError(f"{checkpoint} holds no tokenizer: it was not trained on music by `spe train`")
+    tokenizer = tokenizer_from_json(meta["tokenizer"])
     grammar = REMIGrammar(tokenizer)
     prompt_ids: list[int] = []
     if prompt:
@@ -411,15 +414,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    device = getattr(args, "device", None)
+    if device is not None:
+        if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+            raise UsageError(f"--device must be cpu or cuda, got {device!r}")
+        if device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UsageError("--device cuda was asked for but PyTorch sees no CUDA device")
+    for flag in ("batch_size", "max_length", "length", "steps", "seq_len", "repeats", "prompt_bars"):
+        value = getattr(args, flag, None)
+        if value is not None and value < (0 if flag == "prompt_bars" else 1):
+            raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     try:
+        _check_args(args)
         return args.func(args)
     except KeyboardInterrupt:
         print("spe: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, NotADirectoryError) as err:
+    except ModuleNotFoundError as err:
+        print(f"spe {args.command}: error: {err}; install the music extra: pip install 'spe[music]'",
+              file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as err:
         print(f"spe {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -134,8 +134,11 @@ def bach_chorales_midi(cache_dir: str | os.PathLike | None = None, *, workers: i
                                     desc="music21 -> MIDI", unit="piece"))
         else:
             results = [_convert_chorale(j) for j in tqdm(jobs, desc="music21 -> MIDI", unit="piece")]
-        for failure in filter(None, results):
+        failures = [f for f in results if f]
+        for failure in failures:
             warnings.warn(f"skipped chorale {failure}", stacklevel=2)
+        if failures:  # no completion marker: the next run retries the missing ones
+            return out
     done.write_text(f"{len(sources)}\n")
     return out
 

@@ -60,7 +60,7 @@ def apply_code(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) 
     d, r = bar.shape[-2], bar.shape[-1]
     scale = (d * r) ** -0.25
     xs = x if gate is None else x * torch.sqrt(1 - gate)
-    out = torch.einsum("blhd,lhdr->blhr", xs, bar * scale)
+    out = torch.einsum("blhd,lhdr->blhr", xs * scale, bar)
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 

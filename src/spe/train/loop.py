@@ -108,15 +108,28 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> P
         saved = load_metadata(out)
         if saved["config"] != model_cfg.to_dict():
             raise ValueError(f"--resume: the model configuration differs from the one in {out}")
+        before = saved.get("train", {})
+        for key in ("data", "seq_len", "val_fraction", "split_seed", "max_transpose"):
+            if key in before and before[key] != getattr(cfg, key):
+                raise ValueError(f"--resume: {key} was {before[key]!r} in {out}, now {getattr(cfg, key)!r}")
+        if saved.get("tokenizer") not in (None, corpus.tokenizer_json):
+            raise ValueError(f"--resume: the tokenizer differs from the one in {out}")
         from safetensors.torch import load_file
 
         state = load_file(str(out / MODEL_FILE))
         if model_cfg.tie_embeddings:
             state["head.weight"] = state["embed.weight"]
         model.load_state_dict(state)
-        ts = torch.load(state_file, weights_only=False)
+        try:
+            ts = torch.load(state_file, weights_only=False)
+        except Exception as err:  # noqa: BLE001 - a damaged file is a user-facing error
+            raise ValueError(f"--resume: cannot read {state_file}: {err}") from None
+        if ts["step"] != saved.get("step"):
+            raise ValueError(f"--resume: {state_file} is at step {ts['step']} but the checkpoint at step "
+                             f"{saved.get('step')}; the run was interrupted while saving")
         optimizer.load_state_dict(ts["optimizer"])
         step = ts["step"]
+        torch.set_rng_state(ts["torch_rng"])  # dropout masks continue where they were
         data_gen.set_state(ts["data_gen"])
         code_gen.set_state(ts["code_gen"])
         feature_gen.set_state(ts["feature_gen"])
@@ -126,12 +139,17 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> P
     meta = {"tokenizer": corpus.tokenizer_json, "train": cfg.to_dict(), "num_train_pieces": len(train_idx),
             "num_val_pieces": len(val_idx)}
     metrics_path = out / "metrics.jsonl"
+    if metrics_path.exists():  # keep only what the checkpoint we start from has seen
+        kept = [line for line in metrics_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= step]
+        metrics_path.write_text("".join(line + "\n" for line in kept))
 
     def checkpoint(val: float | None) -> None:
         meta.update(step=step, val_loss=val)
         save(model, out, metadata=meta)
         ts = {"optimizer": optimizer.state_dict(), "step": step, "data_gen": data_gen.get_state(),
-              "code_gen": code_gen.get_state(), "feature_gen": feature_gen.get_state()}
+              "code_gen": code_gen.get_state(), "feature_gen": feature_gen.get_state(),
+              "torch_rng": torch.get_rng_state()}
         atomic_write(state_file, lambda tmp: torch.save(ts, tmp))
 
     log.info("model: %s, %.2f M parameters; %d training / %d validation pieces",
