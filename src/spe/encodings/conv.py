@@ -9,6 +9,7 @@ Orientation (causal, so decoding needs only past noise):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -24,6 +25,12 @@ __all__ = ["ConvSPE", "NOISE_BLOCK"]
 # its own seed, so a code for positions [0, N) agrees with the code for [0, N') on their
 # common prefix on every device (needed when generation recomputes a growing prefix).
 NOISE_BLOCK = 64
+
+
+@functools.lru_cache(maxsize=4)
+def _noise_block(seed: int, shape: tuple[int, ...]) -> Tensor:
+    # Recurrent decoding asks for the same one or two blocks at every step: keep the last few.
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
 class ConvSPE(nn.Module):
@@ -69,10 +76,7 @@ class ConvSPE(nn.Module):
             raise ValueError(f"ConvSPE: positions must be ≥ 0, got {int(times.min())}")
         blocks = torch.unique(idx // NOISE_BLOCK)
         shape = (NOISE_BLOCK, self.num_heads, self.head_dim, num_realizations)
-        table = torch.stack([
-            torch.randn(shape, generator=torch.Generator().manual_seed(seed * (1 << 21) + int(b)))
-            for b in blocks
-        ])
+        table = torch.stack([_noise_block(seed * (1 << 21) + int(b), shape) for b in blocks])
         rank = torch.searchsorted(blocks, idx // NOISE_BLOCK)
         z = table[rank, idx % NOISE_BLOCK]
         return z.to(device=self.filters_q.device, dtype=self.filters_q.dtype)
