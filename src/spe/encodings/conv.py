@@ -74,11 +74,12 @@ class ConvSPE(nn.Module):
         idx = times.cpu().long() + (self.kernel_size - 1)
         if idx.numel() and int(idx.min()) < 0:
             raise ValueError(f"ConvSPE: positions must be ≥ 0, got {int(times.min())}")
-        blocks = torch.unique(idx // NOISE_BLOCK)
         shape = (NOISE_BLOCK, self.num_heads, self.head_dim, num_realizations)
-        table = torch.stack([_noise_block(seed * (1 << 21) + int(b), shape) for b in blocks])
-        rank = torch.searchsorted(blocks, idx // NOISE_BLOCK)
-        z = table[rank, idx % NOISE_BLOCK]
+        which = idx // NOISE_BLOCK
+        z = torch.empty((idx.numel(),) + shape[1:])
+        for b in torch.unique(which).tolist():
+            rows = (which == b).nonzero().flatten()
+            z[rows] = _noise_block(seed * (1 << 21) + b, shape)[idx[rows] % NOISE_BLOCK]
         return z.to(device=self.filters_q.device, dtype=self.filters_q.dtype)
 
     def forward(
@@ -125,9 +126,9 @@ class ConvSPE(nn.Module):
     def _filter(self, pos: Tensor, r: int, seed: int, *, both: bool,
                 filters: Tensor | None = None):
         p, h, d = self.kernel_size, self.num_heads, self.head_dim
-        contiguous = pos.numel() > 0 and bool((pos.diff() == 1).all())
+        contiguous = pos.numel() > 1 and bool((pos.diff() == 1).all())
         if not contiguous:
-            # Arbitrary positions (e.g. one decoding step): explicit windows of P past samples.
+            # Arbitrary positions or one decoding step: explicit windows of P past samples.
             times = pos[:, None] - torch.arange(p, device=pos.device)[None]  # (L, P)
             z = self.noise(times.flatten(), r, seed).view(pos.numel(), p, h, d, r)
             apply = lambda f: torch.einsum("lphdr,hdp->lhdr", z, f)  # noqa: E731
