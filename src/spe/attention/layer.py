@@ -120,10 +120,12 @@ class MultiHeadAttention(nn.Module):
             new_state = {"keys": keys, "values": values}
         else:
             fq, fk = self._features(q, k)
-            kv = torch.einsum("blhm,blhe->bhme", fk, torch.cat([v, torch.ones_like(v[..., :1])], dim=-1))
+            dtype = torch.promote_types(v.dtype, torch.float32)  # as the parallel kernel does
+            fq, fk, vf = fq.to(dtype), fk.to(dtype), v.to(dtype)
+            kv = torch.einsum("blhm,blhe->bhme", fk, torch.cat([vf, torch.ones_like(vf[..., :1])], dim=-1))
             s = kv if state is None else state["s"] + kv
             out = torch.einsum("blhm,bhme->blhe", fq, s)
-            y = out[..., :-1] / (out[..., -1:] + 1e-6)
+            y = (out[..., :-1] / (out[..., -1:] + 1e-6)).to(v.dtype)
             new_state = {"s": s}
         return self.out(y.reshape(x.shape[0], 1, -1)), new_state
 

@@ -90,6 +90,9 @@ def _validation_sequences(meta: dict, data: str | None, cache_dir: str | None, l
     train_cfg = meta.get("train", {})
     data = data if data is not None else train_cfg.get("data")
     corpus = load_corpus(data, cache_dir=cache_dir or train_cfg.get("cache_dir"), progress=False)
+    if meta.get("tokenizer") not in (None, corpus.tokenizer_json):
+        raise UsageError("the checkpoint's REMI tokenizer differs from this installation's (another MidiTok "
+                         "version?): token ids would not match")
     train_idx, val_idx = corpus.split(train_cfg.get("val_fraction", 0.05), train_cfg.get("split_seed", 0))
     val = [corpus.pieces[i] for i in val_idx]
     seqs = prefix_batch(val, length + 1)
@@ -276,7 +279,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         cfg.out = str(out / positional)
         run = Path(cfg.out)
         t = time.perf_counter()
-        finished = (run / MODEL_FILE).exists() and load_metadata(run).get("step") == cfg.steps
+        finished = False
+        if (run / MODEL_FILE).exists():
+            saved = load_metadata(run)
+            if saved.get("train", {}).get("model") != cfg.model or saved.get("train", {}).get("seq_len") != cfg.seq_len:
+                raise UsageError(f"{run} holds a run with another configuration; choose another --out or delete it")
+            finished = saved.get("step") == cfg.steps
         if not finished:
             train(cfg, resume=(run / "train_state.pt").exists(), progress=not args.no_progress)
         timings[f"train {positional}"] = time.perf_counter() - t

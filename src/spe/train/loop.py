@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -95,6 +96,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> P
     shifter = PitchShifter(tokenizer.vocab, cfg.max_transpose) if cfg.max_transpose > 0 else None
     sampler = CropSampler(train_pieces, cfg.seq_len, shifter)
     val_batch = prefix_batch(val_pieces, cfg.seq_len + 1)
+    if len(val_batch) == 0:
+        warnings.warn(f"no validation piece has {cfg.seq_len + 1} tokens: training runs without validation "
+                      f"(lower --seq-len or raise val_fraction)", stacklevel=2)
 
     torch.manual_seed(cfg.seed)
     model_cfg = ModelConfig(vocab_size=len(tokenizer), **cfg.model)
