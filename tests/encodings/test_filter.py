@@ -91,7 +91,12 @@ def test_blocked_fused_product_passes_gradcheck_with_uneven_blocks():
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    omega = torch.randn(7, 2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    freqs = (0.2 * torch.rand(2, 3, 2, generator=g, dtype=torch.float64)).requires_grad_()
+    phases = torch.randn(2, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    positions = torch.tensor([0.0, 1.0, 2.5, 3.0, 10.0, 11.0, 300.0], dtype=torch.float64)
     w = torch.randn(2, 12, 5, generator=g, dtype=torch.float64, requires_grad=True)
     for block in (1, 3, 7, 100):
-        assert torch.autograd.gradcheck(lambda a, b, c: _FusedSineProduct.apply(a, b, c, block), (x, omega, w))
+        assert torch.autograd.gradcheck(
+            lambda a, f, t, c: _FusedSineProduct.apply(a, f, t, positions, c, block), (x, freqs, phases, w))
+        assert torch.autograd.gradcheck(
+            lambda a, f, c: _FusedSineProduct.apply(a, f, None, positions, c, block), (x, freqs, w))

@@ -19,6 +19,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from spe.encodings.phases import sine_features
+
 __all__ = ["SineCode", "DenseCode", "SPECode"]
 
 
@@ -27,14 +29,18 @@ class SineCode:
     """Factored sineSPE code, eq. (20)-(21).
 
     Attributes:
-        omega_q: (Lq, H, D, 2K) cos/sin of 2π f n + θ at the query positions.
-        omega_k: (Lk, H, D, 2K) cos/sin of 2π f n at the key positions.
+        frequencies: (H, D, K) f in cycles per position.
+        phases: (H, D, K) θ in radians (query side only).
+        query_positions: (Lq,) positions of the queries (integer or real).
+        key_positions: (Lk,) positions of the keys.
         weights: (H, D, 2K, R) diag(λ̈) Z / √(2K).
         gate_noise: (H, D, R) the gating noise ε of eq. (23)-(25), N(0, 1).
     """
 
-    omega_q: Tensor
-    omega_k: Tensor
+    frequencies: Tensor
+    phases: Tensor
+    query_positions: Tensor
+    key_positions: Tensor
     weights: Tensor
     gate_noise: Tensor
 
@@ -45,7 +51,17 @@ class SineCode:
     @property
     def num_elements(self) -> int:
         """Elements of the materialised Q̄ (Lq·H·D·R)."""
-        return self.omega_q.shape[0] * self.weights.shape[0] * self.weights.shape[1] * self.weights.shape[-1]
+        return self.query_positions.shape[0] * self.weights.shape[0] * self.weights.shape[1] * self.weights.shape[-1]
+
+    @cached_property
+    def omega_q(self) -> Tensor:
+        """(Lq, H, D, 2K) cos/sin of 2π f n + θ at the query positions."""
+        return sine_features(self.frequencies, self.query_positions, self.phases)
+
+    @cached_property
+    def omega_k(self) -> Tensor:
+        """(Lk, H, D, 2K) cos/sin of 2π f n at the key positions."""
+        return sine_features(self.frequencies, self.key_positions, None)
 
     @cached_property
     def _materialized(self) -> tuple[Tensor, Tensor]:

@@ -7,10 +7,13 @@ H = num_heads, D = head_dim, R = num_realizations, K = num_sines.
 from __future__ import annotations
 
 
+import math
+
 import torch
 from torch import Tensor, nn
 
 from spe.encodings.code import SineCode, SPECode
+from spe.encodings.phases import sine_features, sine_phase
 
 __all__ = ["SPEFilter", "apply_code", "apply_code_reference", "apply_sine_code_fused", "IMPLS"]
 
@@ -67,62 +70,80 @@ def apply_code(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) 
 class _FusedSineProduct(torch.autograd.Function):
     """y[b,l,h,r] = Σ_i (x[b,l,h,d(i)] · Ω[l,h,i]) W[h,i,r] over i = (d, j), in blocks of positions.
 
-    The (B, L, H, D·2K) products are formed one block of positions at a time, in forward and
-    again in backward (recomputation instead of storage), so extra memory is one block plus
-    the (B, L, H, R) output, whatever the length.
+    Ω (eq. 19) is built one block of positions at a time from f, θ and the positions, in
+    forward and again in backward (recomputation instead of storage), as are the
+    (B, l, H, D·2K) products: extra memory is one block plus the (B, L, H, R) output,
+    whatever the length. Gradients flow to x, f, θ and W.
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, omega: Tensor, w: Tensor, block: int) -> Tensor:
+    def forward(ctx, x: Tensor, freqs: Tensor, phases: Tensor | None, positions: Tensor, w: Tensor,
+                block: int) -> Tensor:
         b, n, h, d = x.shape
-        two_k, r = omega.shape[-1], w.shape[-1]
+        r = w.shape[-1]
         out = x.new_empty(b, n, h, r)
         for s in range(0, n, block):
             e = min(n, s + block)
-            feats = x[:, s:e].permute(2, 0, 1, 3)[..., None] * omega[s:e].permute(1, 0, 2, 3)[:, None]
-            y = torch.bmm(feats.reshape(h, b * (e - s), d * two_k), w)  # (H, B·l, R)
+            omega = sine_features(freqs, positions[s:e], phases).to(x.dtype)  # (l, H, D, 2K)
+            feats = x[:, s:e].permute(2, 0, 1, 3)[..., None] * omega.permute(1, 0, 2, 3)[:, None]
+            y = torch.bmm(feats.reshape(h, b * (e - s), -1), w)  # (H, B·l, R)
             out[:, s:e] = y.view(h, b, e - s, r).permute(1, 2, 0, 3)
-        ctx.save_for_backward(x, omega, w)
-        ctx.block = block
+        ctx.save_for_backward(x, freqs, phases if phases is not None else freqs.new_empty(0), positions, w)
+        ctx.has_phases, ctx.block = phases is not None, block
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, omega, w = ctx.saved_tensors
+        x, freqs, phases, positions, w = ctx.saved_tensors
+        phases = phases if ctx.has_phases else None
         b, n, h, d = x.shape
-        two_k, r = omega.shape[-1], w.shape[-1]
-        need_x, need_omega, need_w = ctx.needs_input_grad[:3]
+        k, r = freqs.shape[-1], w.shape[-1]
+        need_x, need_f, need_th, _, need_w = ctx.needs_input_grad[:5]
         gx = torch.empty_like(x) if need_x else None
-        gomega = torch.empty_like(omega) if need_omega else None
+        gf = torch.zeros_like(freqs) if need_f else None
+        gth = torch.zeros_like(freqs) if (need_th and phases is not None) else None
         gw = torch.zeros_like(w) if need_w else None
         for s in range(0, n, ctx.block):
             e = min(n, s + ctx.block)
+            angle = sine_phase(freqs, positions[s:e])
+            if phases is not None:
+                angle = angle + phases
+            cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)  # (l, H, D, K)
+            ob = torch.stack([cos, sin], dim=-1).flatten(-2).permute(1, 0, 2, 3)  # (H, l, D, 2K)
             xb = x[:, s:e].permute(2, 0, 1, 3)  # (H, B, l, D)
-            ob = omega[s:e].permute(1, 0, 2, 3)  # (H, l, D, 2K)
             g = grad[:, s:e].permute(2, 0, 1, 3).reshape(h, b * (e - s), r)  # (H, B·l, R)
             if need_w:
-                feats = (xb[..., None] * ob[:, None]).reshape(h, b * (e - s), d * two_k)
+                feats = (xb[..., None] * ob[:, None]).reshape(h, b * (e - s), -1)
                 gw += torch.bmm(feats.transpose(1, 2), g)
-            gfeats = torch.bmm(g, w.transpose(1, 2)).view(h, b, e - s, d, two_k)
+            gfeats = torch.bmm(g, w.transpose(1, 2)).view(h, b, e - s, d, 2 * k)
             if need_x:
                 gx[:, s:e] = (gfeats * ob[:, None]).sum(-1).permute(1, 2, 0, 3)
-            if need_omega:
-                gomega[s:e] = (gfeats * xb[..., None]).sum(1).permute(1, 0, 2, 3)
-        return gx, gomega, gw, None
+            if need_f or gth is not None:
+                gomega = (gfeats * xb[..., None]).sum(1).view(h, e - s, d, k, 2).permute(1, 0, 2, 3, 4)
+                # d cos(a)/da = −sin(a), d sin(a)/da = cos(a); a = 2π f n + θ.
+                gangle = (gomega[..., 1] * cos - gomega[..., 0] * sin).to(freqs.dtype)  # (l, H, D, K)
+                if need_f:
+                    gf += 2 * math.pi * torch.einsum("lhdk,l->hdk", gangle, positions[s:e].to(freqs.dtype))
+                if gth is not None:
+                    gth += gangle.sum(0)
+        return gx, gf, gth, None, gw, None
 
 
-def apply_sine_code_fused(x: Tensor, omega: Tensor, weights: Tensor, gate: Tensor | None,
-                          gate_noise: Tensor, *, block_elements: int = 1 << 22) -> Tensor:
+def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None, positions: Tensor,
+                          weights: Tensor, gate: Tensor | None, gate_noise: Tensor, *,
+                          block_elements: int = 1 << 22) -> Tensor:
     """Fused sineSPE filter: one matrix product over the (D × 2K) axis per head.
 
     Same value as :func:`apply_code_reference` on the materialised code, without forming the
-    (L, H, D, R) code: q̂[m] = Σ_{d,j} (x_d Ω[m,d,j]) · (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4},
-    computed in blocks of positions with recomputation in backward, so the extra memory is
-    O(B·L·H·R) plus one block of ``block_elements`` products.
+    (L, H, D, R) code nor the (L, H, D, 2K) features Ω: q̂[m] = Σ_{d,j} (x_d Ω[m,d,j]) ·
+    (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4}, computed in blocks of positions with recomputation in
+    backward, so the extra memory is O(B·L·H·R) plus one block of ``block_elements`` products.
 
     Args:
         x: (B, L, H, D).
-        omega: (L, H, D, 2K) cos/sin features.
+        frequencies: (H, D, K) f, cycles per position.
+        phases: (H, D, K) θ (queries), or None (keys).
+        positions: (L,) positions of x.
         weights: (H, D, 2K, R) λ̈ Z / √(2K).
         gate: (H, D) δ, or None.
         gate_noise: (H, D, R) ε.
@@ -136,7 +157,8 @@ def apply_sine_code_fused(x: Tensor, omega: Tensor, weights: Tensor, gate: Tenso
     scale = (d * r) ** -0.25
     xs = x if gate is None else x * torch.sqrt(1 - gate)
     block = max(1, block_elements // max(1, b * h * d * two_k))
-    out = _FusedSineProduct.apply(xs, omega.to(x.dtype), (weights * scale).reshape(h, d * two_k, r), block)
+    out = _FusedSineProduct.apply(xs, frequencies, phases, positions, (weights * scale).reshape(h, d * two_k, r),
+                                  block)
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
@@ -196,11 +218,13 @@ class SPEFilter(nn.Module):
         """
         gate = self.gate
         if isinstance(code, SineCode):
-            _check(queries, "queries", code.omega_q.shape[0], self.num_heads, self.head_dim)
-            _check(keys, "keys", code.omega_k.shape[0], self.num_heads, self.head_dim)
+            _check(queries, "queries", code.query_positions.shape[0], self.num_heads, self.head_dim)
+            _check(keys, "keys", code.key_positions.shape[0], self.num_heads, self.head_dim)
             if self.impl == "fused" or (self.impl == "auto" and code.num_elements > MATERIALIZE_LIMIT):
-                return (apply_sine_code_fused(queries, code.omega_q, code.weights, gate, code.gate_noise),
-                        apply_sine_code_fused(keys, code.omega_k, code.weights, gate, code.gate_noise))
+                return (apply_sine_code_fused(queries, code.frequencies, code.phases, code.query_positions,
+                                              code.weights, gate, code.gate_noise),
+                        apply_sine_code_fused(keys, code.frequencies, None, code.key_positions,
+                                              code.weights, gate, code.gate_noise))
         qbar, kbar = code.materialize()
         _check(queries, "queries", qbar.shape[0], self.num_heads, self.head_dim)
         _check(keys, "keys", kbar.shape[0], self.num_heads, self.head_dim)

@@ -11,9 +11,41 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.code import SineCode
+from spe.encodings.phases import sine_phase
 from spe.encodings.positions import require_positive, resolve_positions
 
 __all__ = ["SineSPE", "sine_phase", "orthogonal_noise"]
+
+
+def orthogonal_noise(num_heads: int, num_groups: int, group_size: int, num_realizations: int, *,
+                     generator: torch.Generator | None = None) -> Tensor:
+    """Variance-reduced noise with the second moments of i.i.d. N(0, 1) noise.
+
+    Per head, the num_groups·group_size rows (each of length R) are filled in blocks of
+    ⌊R / group_size⌋ whole groups; the rows of a block are orthogonal with norm exactly √R
+    (rows of a Haar-random orthogonal matrix times √R). Blocks and heads are independent.
+    Then E[z_i z_jᵀ] = R·δ_ij as for Gaussian rows, so every expected SPE kernel is
+    unchanged, while within a group Z Zᵀ = R·I exactly: a feature's kernel estimate has no
+    noise at all when group_size ≤ R (section 3.1 (i) of Liutkus et al. 2021 names this as
+    future work).
+
+    Returns:
+        (H, num_groups, group_size, R).
+    """
+    per_block = max(1, num_realizations // group_size) * group_size
+    rows = num_groups * group_size
+    heads = []
+    for _ in range(num_heads):
+        blocks, filled = [], 0
+        while filled < rows:
+            q, r = torch.linalg.qr(torch.randn(num_realizations, num_realizations, generator=generator,
+                                               dtype=torch.float64))
+            q = q * torch.sign(torch.diagonal(r))  # Haar-distributed
+            take = min(per_block, rows - filled, num_realizations)
+            blocks.append(q[:take] * num_realizations**0.5)
+            filled += take
+        heads.append(torch.cat(blocks)[:rows])
+    return torch.stack(heads).view(num_heads, num_groups, group_size, num_realizations).float()
 
 
 def orthogonal_noise(num_heads: int, num_groups: int, group_size: int, num_realizations: int, *,
@@ -176,16 +208,8 @@ class SineSPE(nn.Module):
             eps = torch.randn(h, d, r, generator=generator, dtype=dtype).to(device)
         gains = self.gains.repeat_interleave(2, dim=-1)  # λ̈: (H, D, 2K)
         weights = gains[..., None] * z / math.sqrt(2 * k)
-        return SineCode(omega_q=self._omega(pos_q, self.phases),
-                        omega_k=self._omega(pos_k, None),
-                        weights=weights, gate_noise=eps)
-
-    def _omega(self, positions: Tensor, phases: Tensor | None) -> Tensor:
-        """(L, H, D, 2K): interleaved cos and sin of 2π f n (+ θ), eq. (19)."""
-        angle = sine_phase(self.frequencies, positions)
-        if phases is not None:
-            angle = angle + phases
-        return torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1).flatten(-2)
+        return SineCode(frequencies=self.frequencies, phases=self.phases, query_positions=pos_q,
+                        key_positions=pos_k, weights=weights, gate_noise=eps)
 
     def kernel(self, lags: Tensor) -> Tensor:
         """Exact expected kernel E[Q̄_d(m) K̄_d(n)] / R for m − n = lag, eq. (18) / (2K).
