@@ -302,7 +302,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     timings["total"] = time.perf_counter() - t0
     print()
     _print_summary(summary)
-    print(f"\ngenerated {info['out']}: {info['total_tokens']} tokens ({info['training_length']} = training length), "
+    print(f"\ngenerated {info['out']}: {info['total_tokens']} tokens (training length {info['training_length']}), "
           f"{info['notes']} notes, {info['bars']} bars, {info['beats']:.1f} beats")
     print("wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()))
     print(f"plots: {out / 'evaluation' / 'extrapolation.png'}, {out / positionals[0] / 'loss.png'}")
