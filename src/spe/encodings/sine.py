@@ -48,56 +48,6 @@ def orthogonal_noise(num_heads: int, num_groups: int, group_size: int, num_reali
     return torch.stack(heads).view(num_heads, num_groups, group_size, num_realizations).float()
 
 
-def orthogonal_noise(num_heads: int, num_groups: int, group_size: int, num_realizations: int, *,
-                     generator: torch.Generator | None = None) -> Tensor:
-    """Variance-reduced noise with the second moments of i.i.d. N(0, 1) noise.
-
-    Per head, the num_groups·group_size rows (each of length R) are filled in blocks of
-    ⌊R / group_size⌋ whole groups; the rows of a block are orthogonal with norm exactly √R
-    (rows of a Haar-random orthogonal matrix times √R). Blocks and heads are independent.
-    Then E[z_i z_jᵀ] = R·δ_ij as for Gaussian rows, so every expected SPE kernel is
-    unchanged, while within a group Z Zᵀ = R·I exactly: a feature's kernel estimate has no
-    noise at all when group_size ≤ R (section 3.1 (i) of Liutkus et al. 2021 names this as
-    future work).
-
-    Returns:
-        (H, num_groups, group_size, R).
-    """
-    per_block = max(1, num_realizations // group_size) * group_size
-    rows = num_groups * group_size
-    heads = []
-    for _ in range(num_heads):
-        blocks, filled = [], 0
-        while filled < rows:
-            q, r = torch.linalg.qr(torch.randn(num_realizations, num_realizations, generator=generator,
-                                               dtype=torch.float64))
-            q = q * torch.sign(torch.diagonal(r))  # Haar-distributed
-            take = min(per_block, rows - filled, num_realizations)
-            blocks.append(q[:take] * num_realizations**0.5)
-            filled += take
-        heads.append(torch.cat(blocks)[:rows])
-    return torch.stack(heads).view(num_heads, num_groups, group_size, num_realizations).float()
-
-
-def sine_phase(frequencies: Tensor, positions: Tensor) -> Tensor:
-    """Phases 2π·frac(f·n), accurate at large positions.
-
-    A float32 product 2π f n loses about 2e-3 rad at n = 8,192; the product is therefore
-    formed in float64 and reduced modulo 1 before the multiplication by 2π. The gradient with
-    respect to ``frequencies`` is that of 2π f n (frac has unit slope almost everywhere).
-
-    Args:
-        frequencies: (H, D, K) in cycles per position.
-        positions: (L,) integer or real positions.
-
-    Returns:
-        (L, H, D, K) phases in radians in [0, 2π), in the dtype of ``frequencies``.
-    """
-    cycles = frequencies.double()[None] * positions.double()[:, None, None, None]
-    cycles = cycles - torch.floor(cycles).detach()
-    return (2 * math.pi * cycles).to(frequencies.dtype)
-
-
 class SineSPE(nn.Module):
     """Sinusoidal stochastic positional encoding (sineSPE), eq. (18)-(21).
 
