@@ -6,13 +6,23 @@ The core (encodings, attention, models) depends on torch only.
 
 from spe.attention import ATTENTIONS, MultiHeadAttention
 from spe.checkpoint import load, save
-from spe.encodings import (ConvSPE, DenseCode, SineCode, SineSPE, SinusoidalPositionalEncoding,
-                           SPEFilter)
+from spe.encodings import ConvSPE, DenseCode, SineCode, SineSPE, SinusoidalPositionalEncoding, SPEFilter
 from spe.models import POSITIONALS, DecoderLM, ModelConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ATTENTIONS", "ConvSPE", "DecoderLM", "DenseCode", "ModelConfig", "MultiHeadAttention",
-    "POSITIONALS", "SPEFilter", "SineCode", "SineSPE", "SinusoidalPositionalEncoding", "load", "save",
+                           "ATTENTIONS",
+                           "POSITIONALS",
+                           "ConvSPE",
+                           "DecoderLM",
+                           "DenseCode",
+                           "ModelConfig",
+                           "MultiHeadAttention",
+                           "SPEFilter",
+                           "SineCode",
+                           "SineSPE",
+                           "SinusoidalPositionalEncoding",
+                           "load",
+                           "save",
 ]

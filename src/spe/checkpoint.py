@@ -16,7 +16,7 @@ import torch
 from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecoderLM
 
-__all__ = ["save", "load", "load_metadata", "atomic_write", "MODEL_FILE"]
+__all__ = ["MODEL_FILE", "atomic_write", "load", "load_metadata", "save"]
 
 MODEL_FILE = "model.safetensors"
 

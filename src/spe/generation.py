@@ -12,7 +12,7 @@ from torch import Tensor
 
 from spe.models.decoder_lm import DecoderLM
 
-__all__ = ["nucleus_filter", "sample_next", "generate"]
+__all__ = ["generate", "nucleus_filter", "sample_next"]
 
 
 def nucleus_filter(logits: Tensor, top_p: float) -> Tensor:

@@ -65,7 +65,7 @@ def test_fft_equals_direct_convolution_forward_and_backward(p):
 
 def test_code_of_a_prefix_and_of_single_positions_agree():
     enc = _encoding(p=6, h=2, d=3)
-    g = lambda: torch.Generator().manual_seed(11)  # noqa: E731
+    g = lambda: torch.Generator().manual_seed(11)
     long = enc(300, generator=g())
     short = enc(130, generator=g())
     torch.testing.assert_close(long.qbar[:130], short.qbar)

@@ -53,7 +53,7 @@ def test_score_scale_makes_exponent_an_unbiased_estimate_of_eq_8():
     q = torch.randn(1, 1, 1, 4, dtype=torch.float64)
     k = torch.randn(1, 1, 1, 4, dtype=torch.float64)
     draws = []
-    for s in range(2000):  # noqa: B007
+    for s in range(2000):
         code = enc(query_positions=torch.tensor([7]), key_positions=torch.tensor([3]),
                    generator=torch.Generator().manual_seed(s))
         with torch.no_grad():

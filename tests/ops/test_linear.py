@@ -6,8 +6,14 @@ import sys
 import pytest
 import torch
 
-from spe.ops import (causal_linear_attention, causal_linear_attention_reference, elu_feature_map,
-                     favor_feature_map, linear_attention, orthogonal_random_features)
+from spe.ops import (
+    causal_linear_attention,
+    causal_linear_attention_reference,
+    elu_feature_map,
+    favor_feature_map,
+    linear_attention,
+    orthogonal_random_features,
+)
 
 
 def _explicit(phi_q, phi_k, v, causal):

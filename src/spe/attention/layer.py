@@ -14,8 +14,12 @@ from torch import Tensor, nn
 
 from spe.encodings.code import SPECode
 from spe.encodings.filter import SPEFilter
-from spe.ops.feature_maps import (elu_feature_map, favor_feature_map, orthogonal_random_features,
-                                  relu_feature_map)
+from spe.ops.feature_maps import (
+    elu_feature_map,
+    favor_feature_map,
+    orthogonal_random_features,
+    relu_feature_map,
+)
 from spe.ops.linear import causal_linear_attention, linear_attention
 from spe.ops.softmax import softmax_attention
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["run_bench", "matmul_gflops", "layer_flops", "SERIES"]
+__all__ = ["SERIES", "layer_flops", "matmul_gflops", "run_bench"]
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["PitchShifter", "CropSampler", "prefix_batch"]
+__all__ = ["CropSampler", "PitchShifter", "prefix_batch"]
 
 
 class PitchShifter:

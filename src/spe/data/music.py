@@ -22,8 +22,17 @@ import torch
 
 from spe.checkpoint import atomic_write
 
-__all__ = ["Corpus", "make_tokenizer", "tokenizer_from_json", "tokenizer_to_json",
-           "bach_chorales_midi", "find_midi_files", "load_corpus", "default_cache_dir", "DataError"]
+__all__ = [
+    "Corpus",
+    "DataError",
+    "bach_chorales_midi",
+    "default_cache_dir",
+    "find_midi_files",
+    "load_corpus",
+    "make_tokenizer",
+    "tokenizer_from_json",
+    "tokenizer_to_json",
+]
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from spe.encodings.phases import sine_features
 
-__all__ = ["SineCode", "DenseCode", "SPECode"]
+__all__ = ["DenseCode", "SPECode", "SineCode"]
 
 
 @dataclass(frozen=True)

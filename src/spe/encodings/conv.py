@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from spe.encodings.code import DenseCode
 from spe.encodings.positions import require_positive, resolve_positions
 
-__all__ = ["ConvSPE", "NOISE_BLOCK"]
+__all__ = ["NOISE_BLOCK", "ConvSPE"]
 
 # Noise Z is indexed by absolute time and drawn in blocks of this many positions, each from
 # its own seed, so a code for positions [0, N) agrees with the code for [0, N') on their
@@ -131,7 +131,7 @@ class ConvSPE(nn.Module):
             # Arbitrary positions or one decoding step: explicit windows of P past samples.
             times = pos[:, None] - torch.arange(p, device=pos.device)[None]  # (L, P)
             z = self.noise(times.flatten(), r, seed).view(pos.numel(), p, h, d, r)
-            apply = lambda f: torch.einsum("lphdr,hdp->lhdr", z, f)  # noqa: E731
+            apply = lambda f: torch.einsum("lphdr,hdp->lhdr", z, f)
             return (apply(self.filters_q), apply(self.filters_k)) if both else apply(filters)
         start = int(pos[0])
         times = torch.arange(start - p + 1, start + pos.numel())

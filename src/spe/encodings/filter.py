@@ -6,7 +6,6 @@ H = num_heads, D = head_dim, R = num_realizations, K = num_sines.
 
 from __future__ import annotations
 
-
 import math
 
 import torch
@@ -15,7 +14,7 @@ from torch import Tensor, nn
 from spe.encodings.code import SineCode, SPECode
 from spe.encodings.phases import sine_features, sine_phase
 
-__all__ = ["SPEFilter", "apply_code", "apply_code_reference", "apply_sine_code_fused", "IMPLS"]
+__all__ = ["IMPLS", "SPEFilter", "apply_code", "apply_code_reference", "apply_sine_code_fused"]
 
 
 def _check(x: Tensor, name: str, code_length: int, num_heads: int, head_dim: int) -> None:

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["sine_phase", "sine_features"]
+__all__ = ["sine_features", "sine_phase"]
 
 
 def sine_phase(frequencies: Tensor, positions: Tensor) -> Tensor:

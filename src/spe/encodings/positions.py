@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["resolve_positions", "require_positive"]
+__all__ = ["require_positive", "resolve_positions"]
 
 
 def _as_positions(name: str, value: Tensor, device: torch.device) -> Tensor:

@@ -14,7 +14,7 @@ from spe.encodings.code import SineCode
 from spe.encodings.phases import sine_phase
 from spe.encodings.positions import require_positive, resolve_positions
 
-__all__ = ["SineSPE", "sine_phase", "orthogonal_noise"]
+__all__ = ["SineSPE", "orthogonal_noise", "sine_phase"]
 
 
 def orthogonal_noise(num_heads: int, num_groups: int, group_size: int, num_realizations: int, *,

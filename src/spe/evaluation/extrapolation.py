@@ -14,7 +14,7 @@ from torch import Tensor
 
 from spe.models.decoder_lm import DecoderLM
 
-__all__ = ["per_position_cross_entropy", "unigram_cross_entropy", "bucket_means"]
+__all__ = ["bucket_means", "per_position_cross_entropy", "unigram_cross_entropy"]
 
 
 @torch.no_grad()
@@ -73,5 +73,5 @@ def bucket_means(ce: Tensor, width: int) -> list[dict]:
         block = ce[:, start:start + width]
         per_seq = block.mean(1)
         out.append({"start": start, "end": start + block.shape[1], "ce": float(block.mean()),
-                    "std": float(per_seq.std()) if len(per_seq) > 1 else math.nan, "n": int(len(per_seq))})
+                    "std": float(per_seq.std()) if len(per_seq) > 1 else math.nan, "n": len(per_seq)})
     return out

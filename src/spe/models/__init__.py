@@ -3,4 +3,4 @@
 from spe.models.config import POSITIONALS, ModelConfig
 from spe.models.decoder_lm import Block, DecoderLM, DecodingState
 
-__all__ = ["Block", "DecoderLM", "DecodingState", "ModelConfig", "POSITIONALS"]
+__all__ = ["POSITIONALS", "Block", "DecoderLM", "DecodingState", "ModelConfig"]

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from spe.attention.layer import ATTENTIONS
 from spe.encodings.positions import require_positive
 
-__all__ = ["ModelConfig", "POSITIONALS"]
+__all__ = ["POSITIONALS", "ModelConfig"]
 
 POSITIONALS = ("ape", "sinespe", "convspe", "none")
 

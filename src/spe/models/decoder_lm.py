@@ -19,7 +19,7 @@ from spe.encodings.filter import SPEFilter
 from spe.encodings.sine import SineSPE
 from spe.models.config import ModelConfig
 
-__all__ = ["DecoderLM", "Block", "DecodingState"]
+__all__ = ["Block", "DecoderLM", "DecodingState"]
 
 
 @dataclass

@@ -1,7 +1,11 @@
 """Pure attention kernels and feature maps. Layout: (batch, length, num_heads, dim)."""
 
-from spe.ops.feature_maps import (elu_feature_map, favor_feature_map, orthogonal_random_features,
-                                  relu_feature_map)
+from spe.ops.feature_maps import (
+                                  elu_feature_map,
+                                  favor_feature_map,
+                                  orthogonal_random_features,
+                                  relu_feature_map,
+)
 from spe.ops.linear import causal_linear_attention, causal_linear_attention_reference, linear_attention
 from spe.ops.softmax import softmax_attention
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["elu_feature_map", "relu_feature_map", "favor_feature_map", "orthogonal_random_features"]
+__all__ = ["elu_feature_map", "favor_feature_map", "orthogonal_random_features", "relu_feature_map"]
 
 
 def elu_feature_map(x: Tensor) -> Tensor:

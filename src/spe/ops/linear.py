@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["linear_attention", "causal_linear_attention", "causal_linear_attention_reference"]
+__all__ = ["causal_linear_attention", "causal_linear_attention_reference", "linear_attention"]
 
 
 def _full_precision(fn):

@@ -16,7 +16,7 @@ from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecoderLM
 from spe.train.config import TrainConfig
 
-__all__ = ["train", "TRAIN_STATE_FILE"]
+__all__ = ["TRAIN_STATE_FILE", "train"]
 
 log = logging.getLogger(__name__)
 TRAIN_STATE_FILE = "train_state.pt"
