@@ -98,8 +98,9 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
             why = _predicted_too_big(prev, n, att, mode, budget_s, memory_limit_mb)
             result = {**case, "skipped": why} if why else _run_case(case, timeout=max(120.0, 8 * budget_s))
             if "median_ms" in result:
-                result["gflops_per_s"] = (3 if mode == "train" else 1) * layer_flops(case) / (result["median_ms"] / 1000) / 1e9 \
-                    if mode == "train" else None
+                # forward + backward ≈ 3 × forward FLOPs; generation steps are not rated
+                result["gflops_per_s"] = (3 * layer_flops(case) / (result["median_ms"] / 1000) / 1e9
+                                          if mode == "train" else None)
                 prev = result
             records.append(result)
             if progress:
