@@ -12,17 +12,6 @@ from spe.models import POSITIONALS, DecoderLM, ModelConfig
 __version__ = "0.1.0"
 
 __all__ = [
-                           "ATTENTIONS",
-                           "POSITIONALS",
-                           "ConvSPE",
-                           "DecoderLM",
-                           "DenseCode",
-                           "ModelConfig",
-                           "MultiHeadAttention",
-                           "SPEFilter",
-                           "SineCode",
-                           "SineSPE",
-                           "SinusoidalPositionalEncoding",
-                           "load",
-                           "save",
+    "ATTENTIONS", "POSITIONALS", "ConvSPE", "DecoderLM", "DenseCode", "ModelConfig", "MultiHeadAttention",
+    "SPEFilter", "SineCode", "SineSPE", "SinusoidalPositionalEncoding", "load", "save",
 ]

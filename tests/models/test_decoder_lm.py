@@ -7,20 +7,27 @@ import torch
 
 import spe
 from spe import ATTENTIONS, DecoderLM, ModelConfig
+from spe.attention.layer import ACCEPTS
+from spe.models.config import POSITIONALS as WHERE
 
-POSITIONALS = [("ape", True), ("none", True), ("sinespe", True), ("sinespe", False), ("convspe", True),
-               ("convspe", False)]
+POSITIONALS = [("ape", True), ("ape-learned", True), ("none", True), ("sinespe", True), ("sinespe", False),
+               ("convspe", True), ("convspe", False), ("rope", True), ("shaw", True), ("music-relative", True),
+               ("alibi", True)]
+# every allowed attention × positional pair (score terms need softmax attention)
+PAIRS = [(att, pos) for att, pos in itertools.product(ATTENTIONS, POSITIONALS)
+         if WHERE[pos[0]] is None or WHERE[pos[0]] in ACCEPTS[att]]
 
 
 def _model(positional, attention, gated=True, **kw):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=50, d_model=32, num_layers=2, num_heads=2, d_ff=64, dropout=0.0,
                       positional=positional, attention=attention, gated=gated, num_realizations=8,
-                      num_sines=2, kernel_size=6, num_features=16, chunk_size=8, **kw)
+                      num_sines=2, kernel_size=6, num_features=16, chunk_size=8, max_distance=6,
+                      max_positions=64, **kw)
     return DecoderLM(cfg).eval()
 
 
-@pytest.mark.parametrize("attention,pos", list(itertools.product(ATTENTIONS, POSITIONALS)))
+@pytest.mark.parametrize("attention,pos", PAIRS)
 def test_causal_outputs_unchanged_when_future_tokens_change(attention, pos):
     model = _model(pos[0], attention, gated=pos[1])
     x = torch.randint(0, 50, (2, 37), generator=torch.Generator().manual_seed(1))
@@ -83,7 +90,7 @@ def test_invalid_configuration_and_input_raise():
         model(torch.tensor([[1, 50]]))
 
 
-@pytest.mark.parametrize("attention,pos", list(itertools.product(ATTENTIONS, POSITIONALS)))
+@pytest.mark.parametrize("attention,pos", PAIRS)
 def test_recurrent_decoding_equals_parallel_forward(attention, pos):
     model = _model(pos[0], attention, gated=pos[1])
     x = torch.randint(0, 50, (2, 30), generator=torch.Generator().manual_seed(4))
@@ -121,3 +128,36 @@ def test_test_time_realizations_differ_from_training(attention):
         a = model(x, num_realizations=24)
         torch.testing.assert_close(model(x, num_realizations=24), a, atol=0, rtol=0)
     assert a.shape == (2, 20, 50) and torch.isfinite(a).all()
+
+
+@pytest.mark.parametrize("attention,pos", PAIRS)
+def test_every_allowed_pair_trains_one_step(attention, pos):
+    model = _model(pos[0], attention, gated=pos[1]).train()
+    x = torch.randint(0, 50, (4, 33), generator=torch.Generator().manual_seed(8))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    before = model.loss(x, generator=torch.Generator().manual_seed(0))
+    before.backward()
+    positional = [p for n, p in model.named_parameters()
+                  if any(key in n for key in ("spe", "encoding", "ape", "score_encoding"))]
+    for p in positional:  # the encoding's own parameters learn too
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().max() > 0
+    opt.step()
+    after = model.loss(x, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(after) and after < before
+
+
+def test_score_encodings_with_linear_attention_fail_at_construction():
+    for pos in ("shaw", "music-relative", "alibi"):
+        with pytest.raises(ValueError, match=f"{pos}.*attention scores.*softmax"):
+            ModelConfig(vocab_size=10, positional=pos, attention="performer")
+    ModelConfig(vocab_size=10, positional="rope", attention="performer")  # rotations work with every kernel
+
+
+def test_learned_ape_refuses_lengths_beyond_its_embeddings_and_score_encodings_refuse_positions():
+    model = _model("ape-learned", "softmax")  # max_positions = 64
+    with torch.no_grad():
+        model(torch.zeros(1, 64, dtype=torch.long))
+        with pytest.raises(ValueError, match="positions 0 … 63, got position 64"):
+            model(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match="index distances"):
+        _model("shaw", "softmax")(torch.zeros(1, 4, dtype=torch.long), positions=torch.arange(4))

@@ -5,6 +5,10 @@ R = num_realizations, M = num_features.
 
 SPE sits between the query/key projections and the feature map (Algorithm 1 of Liutkus
 et al. 2021): q, k -> (SPEFilter) -> q̂, k̂ of size R -> φ -> linear attention.
+
+Where a positional encoding acts decides which kernels accept it (``ACCEPTS``): codes and
+rotations of queries and keys work with every kernel; a term in the attention scores
+(Shaw, Music Transformer, ALiBi) needs the explicit scores of softmax attention.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from torch import Tensor, nn
 
 from spe.encodings.code import SPECode
 from spe.encodings.filter import SPEFilter
+from spe.encodings.rope import RotaryEncoding
 from spe.ops.feature_maps import (
     elu_feature_map,
     favor_feature_map,
@@ -23,9 +28,13 @@ from spe.ops.feature_maps import (
 from spe.ops.linear import causal_linear_attention, linear_attention
 from spe.ops.softmax import softmax_attention
 
-__all__ = ["ATTENTIONS", "MultiHeadAttention"]
+__all__ = ["ACCEPTS", "ATTENTIONS", "MultiHeadAttention"]
 
 ATTENTIONS = ("softmax", "performer", "linear-relu", "linear-elu")
+# Where a positional encoding may act, per kernel: "tokens" (added to embeddings),
+# "queries-keys" (SPE codes, rotations), "scores" (a term added to q·k before the softmax).
+ACCEPTS = {"softmax": ("tokens", "queries-keys", "scores"), "performer": ("tokens", "queries-keys"),
+           "linear-relu": ("tokens", "queries-keys"), "linear-elu": ("tokens", "queries-keys")}
 _FEATURE_MAPS = {"linear-relu": relu_feature_map, "linear-elu": elu_feature_map}
 
 
@@ -42,15 +51,23 @@ class MultiHeadAttention(nn.Module):
         num_realizations: R, required with ``spe_filter`` for the performer projection size.
         num_features: M, random features for ``performer``.
         chunk_size: chunk length of causal linear attention.
+        rotary: RoPE; rotates queries and keys (softmax) or their features (linear kernels,
+            RoFormer eq. (19): rotated numerator, unrotated normaliser).
+        score_encoding: a relative term in the scores (``ShawRelativePosition``,
+            ``MusicRelativePosition``, ``ALiBi``): any module with
+            ``attend(q, k, v, *, query_offset) -> y``; softmax attention only.
 
     Raises:
-        ValueError: on an unknown attention name or d_model not divisible by num_heads.
+        ValueError: on an unknown attention name, d_model not divisible by num_heads, a
+            score encoding with a linear kernel, two positional encodings at once, or RoPE
+            on an odd feature dimension.
     """
 
     def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
                  causal: bool = True, spe_filter: SPEFilter | None = None,
                  num_realizations: int | None = None, num_features: int = 64,
-                 chunk_size: int = 64) -> None:
+                 chunk_size: int = 64, rotary: RotaryEncoding | None = None,
+                 score_encoding: nn.Module | None = None) -> None:
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
@@ -68,6 +85,21 @@ class MultiHeadAttention(nn.Module):
             self.num_features = num_features
             self.register_buffer("projection", orthogonal_random_features(num_heads, num_features,
                                                                           self.kernel_dim))
+        if sum(m is not None for m in (spe_filter, rotary, score_encoding)) > 1:
+            raise ValueError("an attention layer takes one positional encoding: an SPE filter, a rotary "
+                             "encoding or a score encoding")
+        if score_encoding is not None and "scores" not in ACCEPTS[attention]:
+            raise ValueError(f"{type(score_encoding).__name__} adds a term to the attention scores, which "
+                             f"{attention} attention never forms; use softmax attention, or a positional "
+                             "encoding that acts on tokens or queries/keys (ape, sinespe, convspe, rope)")
+        if score_encoding is not None and getattr(score_encoding, "causal", causal) != causal:
+            raise ValueError(f"the score encoding is {'' if score_encoding.causal else 'non-'}causal but the layer "
+                             f"is {'' if causal else 'non-'}causal")
+        rotated_dim = num_features if attention == "performer" else self.head_dim
+        if rotary is not None and rotated_dim % 2:
+            raise ValueError(f"rotary encoding needs an even {'num_features' if attention == 'performer' else 'head_dim'}"
+                             f", got {rotated_dim}")
+        self.rotary, self.score_encoding = rotary, score_encoding
 
     @torch.no_grad()
     def redraw_features(self, generator: torch.Generator | None = None) -> None:
@@ -105,8 +137,10 @@ class MultiHeadAttention(nn.Module):
     def step(self, x: Tensor, code: SPECode | None, state: dict | None) -> tuple[Tensor, dict]:
         """One causal decoding step with an explicit state; equals :meth:`forward` position by position.
 
-        Linear kernels keep S = Σ_n φ(k̂_n) [v_n, 1]ᵀ of shape (B, H, M, D + 1), so every step
-        costs the same whatever the position; softmax keeps all keys and values.
+        Linear kernels keep S = Σ_n φ(k̂_n) [v_n, 1]ᵀ of shape (B, H, M, D + 1) (with RoPE:
+        rotated features for the values and a separate normaliser sum ``z``), so every step
+        costs the same whatever the position; softmax keeps all keys and values. The state
+        also counts the positions seen (``"position"``).
 
         Args:
             x: (B, 1, C) the new position's input.
@@ -117,38 +151,74 @@ class MultiHeadAttention(nn.Module):
             (B, 1, C) output and the new state.
         """
         q, k, v = self._project(x, code)
+        position = 0 if state is None else state.get("position", _cached_length(state))
+        pos = torch.tensor([position], device=x.device)
         if self.attention == "softmax":
+            if self.rotary is not None:
+                q, k = self.rotary(q, pos), self.rotary(k, pos)
             keys = k if state is None else torch.cat([state["keys"], k], dim=1)
             values = v if state is None else torch.cat([state["values"], v], dim=1)
-            y = softmax_attention(q, keys, values, causal=False)
+            if self.score_encoding is not None:
+                y = self.score_encoding.attend(q, keys, values, query_offset=position)
+            else:
+                y = softmax_attention(q, keys, values, causal=False)
             new_state = {"keys": keys, "values": values}
         else:
             fq, fk = self._features(q, k)
             dtype = torch.promote_types(v.dtype, torch.float32)  # as the parallel kernel does
             fq, fk, vf = fq.to(dtype), fk.to(dtype), v.to(dtype)
-            kv = torch.einsum("blhm,blhe->bhme", fk, torch.cat([vf, torch.ones_like(vf[..., :1])], dim=-1))
-            s = kv if state is None else state["s"] + kv
-            out = torch.einsum("blhm,bhme->blhe", fq, s)
-            y = (out[..., :-1] / (out[..., -1:] + 1e-6)).to(v.dtype)
-            new_state = {"s": s}
+            if self.rotary is None:
+                kv = torch.einsum("blhm,blhe->bhme", fk, torch.cat([vf, torch.ones_like(vf[..., :1])], dim=-1))
+                s = kv if state is None else state["s"] + kv
+                out = torch.einsum("blhm,bhme->blhe", fq, s)
+                y = (out[..., :-1] / (out[..., -1:] + 1e-6)).to(v.dtype)
+                new_state = {"s": s}
+            else:
+                rq, rk = self.rotary(fq, pos), self.rotary(fk, pos)
+                kv = torch.einsum("blhm,blhe->bhme", rk, vf)
+                s = kv if state is None else state["s"] + kv
+                z = fk[:, 0] if state is None else state["z"] + fk[:, 0]  # (B, H, M)
+                num = torch.einsum("blhm,bhme->blhe", rq, s)
+                den = torch.einsum("blhm,bhm->blh", fq, z)[..., None]
+                y = (num / (den + 1e-6)).to(v.dtype)
+                new_state = {"s": s, "z": z}
+        new_state["position"] = position + 1
         return self.out(y.reshape(x.shape[0], 1, -1)), new_state
 
-    def forward(self, x: Tensor, code: SPECode | None = None) -> Tensor:
+    def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None) -> Tensor:
         """Args:
             x: (B, L, C).
             code: SPE code for L positions; required iff the layer has an SPE filter.
+            positions: (L,) positions for RoPE (default 0 … L − 1); score encodings use
+                index distances.
 
         Returns:
             (B, L, C).
         """
         b, n, _ = x.shape
         q, k, v = self._project(x, code)
+        if self.rotary is not None and positions is None:
+            positions = torch.arange(n, device=x.device)
         if self.attention == "softmax":
-            y = softmax_attention(q, k, v, causal=self.causal)
+            if self.rotary is not None:
+                q, k = self.rotary(q, positions), self.rotary(k, positions)
+            if self.score_encoding is not None:
+                y = self.score_encoding.attend(q, k, v)
+            else:
+                y = softmax_attention(q, k, v, causal=self.causal)
         else:
             fq, fk = self._features(q, k)
+            extra = {}
+            if self.rotary is not None:  # RoFormer eq. (19): rotated numerator, positive normaliser
+                extra["normalizer"] = (fq, fk)
+                fq, fk = self.rotary(fq, positions), self.rotary(fk, positions)
             if self.causal:
-                y = causal_linear_attention(fq, fk, v, chunk_size=self.chunk_size)
+                y = causal_linear_attention(fq, fk, v, chunk_size=self.chunk_size, **extra)
             else:
-                y = linear_attention(fq, fk, v)
+                y = linear_attention(fq, fk, v, **extra)
         return self.out(y.reshape(b, n, -1))
+
+
+def _cached_length(state: dict) -> int:
+    # States built by hand (benchmarks) may lack the counter; softmax states know their length.
+    return state["keys"].shape[1] if "keys" in state else 0

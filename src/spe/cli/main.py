@@ -16,7 +16,10 @@ log = logging.getLogger("spe")
 
 _MODEL_FLAGS = {"positional": "positional", "attention": "attention", "num_realizations": "num_realizations",
                 "num_sines": "num_sines", "kernel_size": "kernel_size", "d_model": "d_model",
-                "num_layers": "num_layers", "num_heads": "num_heads"}
+                "num_layers": "num_layers", "num_heads": "num_heads", "max_distance": "max_distance",
+                "max_positions": "max_positions"}
+# Encodings that add a term to the attention scores need softmax attention.
+_SCORE_ENCODINGS = ("shaw", "music-relative", "alibi")
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
                 "eval_every", "threads", "warmup_steps")
 
@@ -44,6 +47,12 @@ def _train_config(args: argparse.Namespace):
             model[key] = value
     if getattr(args, "ungated", False):
         model["gated"] = False
+    if getattr(args, "positional", None) in _SCORE_ENCODINGS and getattr(args, "attention", None) is None \
+            and model.get("attention", "performer") != "softmax":
+        # The config's kernel was not chosen on the command line: pick the one this encoding needs
+        # rather than fail (an explicit --attention performer still fails with a clear error).
+        log.info("--positional %s acts on attention scores: using softmax attention", args.positional)
+        model["attention"] = "softmax"
     raw["model"] = model
     return TrainConfig.from_dict(raw)
 
@@ -60,12 +69,15 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
     p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
-    p.add_argument("--positional", help="ape, sinespe, convspe or none")
+    p.add_argument("--positional", help="ape, ape-learned, sinespe, convspe, rope, none; with softmax attention "
+                   "also shaw, music-relative, alibi (these select softmax unless --attention is given)")
     p.add_argument("--attention", help="softmax, performer, linear-relu or linear-elu")
     p.add_argument("--ungated", action="store_true", help="SPE without gating")
     p.add_argument("--num-realizations", type=int, help="R, SPE noise realisations")
     p.add_argument("--num-sines", type=int, help="K, sinusoids per feature (sinespe)")
     p.add_argument("--kernel-size", type=int, help="P, filter length (convspe)")
+    p.add_argument("--max-distance", type=int, help="clipping distance (shaw) / learned distances (music-relative)")
+    p.add_argument("--max-positions", type=int, help="number of learned position embeddings (ape-learned)")
     p.add_argument("--d-model", type=int)
     p.add_argument("--num-layers", type=int)
     p.add_argument("--num-heads", type=int)

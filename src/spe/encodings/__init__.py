@@ -1,17 +1,24 @@
 """Positional encodings, named by where they act.
 
-* Added to tokens: :class:`SinusoidalPositionalEncoding`.
+* Added to tokens: :class:`SinusoidalPositionalEncoding`, :class:`LearnedPositionalEmbedding`.
 * Transforming queries and keys: :class:`SineSPE`, :class:`ConvSPE` (codes) applied by
-  :class:`SPEFilter`.
+  :class:`SPEFilter`; :class:`RotaryEncoding` (RoPE).
+* A term in the attention scores (softmax only): :class:`ShawRelativePosition`,
+  :class:`MusicRelativePosition`, :class:`ALiBi`.
 """
 
-from spe.encodings.absolute import SinusoidalPositionalEncoding
+from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from spe.encodings.alibi import ALiBi, alibi_slopes
 from spe.encodings.code import DenseCode, SineCode, SPECode
 from spe.encodings.conv import ConvSPE
 from spe.encodings.filter import SPEFilter, apply_code_reference, apply_sine_code_fused
+from spe.encodings.music_relative import MusicRelativePosition
+from spe.encodings.rope import RotaryEncoding, rotate
+from spe.encodings.shaw import ShawRelativePosition
 from spe.encodings.sine import SineSPE, sine_phase
 
 __all__ = [
-    "ConvSPE", "DenseCode", "SPECode", "SPEFilter", "SineCode", "SineSPE",
-    "SinusoidalPositionalEncoding", "apply_code_reference", "apply_sine_code_fused", "sine_phase",
+    "ALiBi", "ConvSPE", "DenseCode", "LearnedPositionalEmbedding", "MusicRelativePosition", "RotaryEncoding",
+    "SPECode", "SPEFilter", "ShawRelativePosition", "SineCode", "SineSPE", "SinusoidalPositionalEncoding",
+    "alibi_slopes", "apply_code_reference", "apply_sine_code_fused", "rotate", "sine_phase",
 ]

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["SinusoidalPositionalEncoding"]
+__all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding"]
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -45,3 +45,46 @@ class SinusoidalPositionalEncoding(nn.Module):
         angle = positions.double()[:, None] * self.inv_freq[None]
         pe = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).flatten(-2)
         return x + pe.to(x.dtype)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Trainable absolute position embeddings added to tokens (GPT-style; the decoder-only
+    music Transformer tutorial).
+
+    Positions must be integers in [0, max_positions): a position beyond that has no
+    embedding, and the module raises instead of indexing out of range. Embeddings of
+    positions never seen in training stay at their initial values, which is why this encoding
+    does not extrapolate.
+
+    Args:
+        max_positions: number of embeddings.
+        d_model: C.
+    """
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        if max_positions < 1:
+            raise ValueError(f"max_positions must be positive, got {max_positions}")
+        self.max_positions = max_positions
+        self.weight = nn.Parameter(torch.randn(max_positions, d_model) * 0.02)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Adds the embedding of each position.
+
+        Args:
+            x: (B, L, C) token embeddings.
+            positions: (L,) integer positions.
+
+        Returns:
+            (B, L, C).
+
+        Raises:
+            ValueError: on non-integer positions or positions outside [0, max_positions).
+        """
+        if positions.is_floating_point():
+            raise ValueError("ape-learned needs integer positions")
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= self.max_positions):
+            raise ValueError(f"ape-learned has embeddings for positions 0 … {self.max_positions - 1}, got position "
+                             f"{int(positions.max()) if int(positions.min()) >= 0 else int(positions.min())}; "
+                             "use shorter sequences or a model with a larger max_positions")
+        return x + self.weight[positions]

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from spe.attention.layer import ATTENTIONS
+from spe.attention.layer import ACCEPTS, ATTENTIONS
 from spe.encodings.positions import require_positive
 
 __all__ = ["POSITIONALS", "ModelConfig"]
 
-POSITIONALS = ("ape", "sinespe", "convspe", "none")
+# Each positional encoding and where it acts (see spe.attention.layer.ACCEPTS).
+POSITIONALS = {
+    "ape": "tokens",             # sinusoidal, Vaswani et al. 2017
+    "ape-learned": "tokens",     # trainable embeddings up to max_positions
+    "sinespe": "queries-keys",   # Liutkus et al. 2021, eq. (18)-(21)
+    "convspe": "queries-keys",   # Liutkus et al. 2021, eq. (22)
+    "rope": "queries-keys",      # Su et al. 2021
+    "shaw": "scores",            # Shaw et al. 2018, O(L²D) memory
+    "music-relative": "scores",  # Huang et al. 2018, skewing, O(LD) memory
+    "alibi": "scores",           # Press et al. 2022
+    "none": None,
+}
 
 
 @dataclass
@@ -23,7 +34,9 @@ class ModelConfig:
         num_heads: H; head_dim = d_model / num_heads.
         d_ff: hidden size of the feed-forward block.
         dropout: dropout probability in residual branches.
-        positional: ``ape`` (sinusoidal, added to tokens), ``sinespe``, ``convspe`` or ``none``.
+        positional: one of ``POSITIONALS``: added to tokens ``ape`` (sinusoidal) or
+            ``ape-learned``; on queries and keys ``sinespe``, ``convspe``, ``rope``; in the
+            scores (softmax attention only) ``shaw``, ``music-relative``, ``alibi``; or ``none``.
         attention: ``softmax``, ``performer``, ``linear-relu`` or ``linear-elu``.
         gated: SPE gating (eq. 23-25), for ``sinespe``/``convspe``.
         num_realizations: R for SPE.
@@ -36,6 +49,10 @@ class ModelConfig:
         chunk_size: chunk length of causal linear attention.
         tie_embeddings: share the token embedding with the output layer.
         code_seed: seed of the SPE code in eval mode (same checkpoint + input = same logits).
+        max_positions: number of ``ape-learned`` embeddings (longer inputs raise ValueError).
+        max_distance: ``shaw`` clipping distance k; ``music-relative`` learned distances P
+            (farther ones share the last embedding).
+        rope_base: ``rope`` frequency base.
     """
 
     vocab_size: int
@@ -57,6 +74,9 @@ class ModelConfig:
     chunk_size: int = 64
     tie_embeddings: bool = True
     code_seed: int = 0
+    max_positions: int = 2048
+    max_distance: int = 256
+    rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONALS:
@@ -64,9 +84,15 @@ class ModelConfig:
                              f"choose one of {', '.join(POSITIONALS)}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
+        where = POSITIONALS[self.positional]
+        if where is not None and where not in ACCEPTS[self.attention]:
+            allowed = ", ".join(p for p, w in POSITIONALS.items() if w is None or w in ACCEPTS[self.attention])
+            raise ValueError(f"positional {self.positional!r} adds a term to the attention scores, which "
+                             f"{self.attention} attention never forms; with {self.attention} choose one of "
+                             f"{allowed}, or use attention 'softmax'")
         require_positive("ModelConfig", **{name: getattr(self, name) for name in (
             "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
-            "num_sines", "kernel_size", "num_features", "chunk_size")})
+            "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions", "max_distance")})
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:

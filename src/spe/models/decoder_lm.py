@@ -12,10 +12,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.attention.layer import MultiHeadAttention
-from spe.encodings.absolute import SinusoidalPositionalEncoding
+from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from spe.encodings.alibi import ALiBi
 from spe.encodings.code import SPECode
 from spe.encodings.conv import ConvSPE
 from spe.encodings.filter import SPEFilter
+from spe.encodings.music_relative import MusicRelativePosition
+from spe.encodings.rope import RotaryEncoding
+from spe.encodings.shaw import ShawRelativePosition
 from spe.encodings.sine import SineSPE
 from spe.models.config import ModelConfig
 
@@ -45,18 +49,25 @@ class Block(nn.Module):
         head_dim = config.d_model // config.num_heads
         spe_filter = (SPEFilter(config.num_heads, head_dim, gated=config.gated, gate_init=config.gate_init)
                       if spe else None)
+        rotary = RotaryEncoding(config.rope_base) if config.positional == "rope" else None
+        score_encoding = {
+            "shaw": lambda: ShawRelativePosition(head_dim, config.max_distance),
+            "music-relative": lambda: MusicRelativePosition(config.num_heads, head_dim, config.max_distance),
+            "alibi": lambda: ALiBi(config.num_heads),
+        }.get(config.positional, lambda: None)()
         self.norm1 = nn.LayerNorm(config.d_model)
         self.attn = MultiHeadAttention(
             config.d_model, config.num_heads, attention=config.attention, causal=True,
             spe_filter=spe_filter, num_realizations=config.num_realizations if spe else None,
-            num_features=config.num_features, chunk_size=config.chunk_size)
+            num_features=config.num_features, chunk_size=config.chunk_size, rotary=rotary,
+            score_encoding=score_encoding)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model))
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, code: SPECode | None) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), code))
+    def forward(self, x: Tensor, code: SPECode | None, positions: Tensor | None = None) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), code, positions=positions))
         return x + self.drop(self.ffn(self.norm2(x)))
 
     def step(self, x: Tensor, code: SPECode | None, state: dict | None) -> tuple[Tensor, dict]:
@@ -89,7 +100,11 @@ class DecoderLM(nn.Module):
         # al.). Without an additive encoding there is nothing to balance: on the Bach demo the
         # unscaled embedding trained SPE models better (validation 1.13 vs 1.28 nats at ~300 steps).
         self.embed_scale = config.d_model ** 0.5 if config.positional == "ape" else 1.0
-        self.ape = SinusoidalPositionalEncoding(config.d_model) if config.positional == "ape" else None
+        self.ape: nn.Module | None = None
+        if config.positional == "ape":
+            self.ape = SinusoidalPositionalEncoding(config.d_model)
+        elif config.positional == "ape-learned":
+            self.ape = LearnedPositionalEmbedding(config.max_positions, config.d_model)
         if config.positional == "sinespe":
             self.encoding: nn.Module | None = SineSPE(config.num_heads, head_dim, config.num_realizations,
                                                       config.num_sines, frequency_init=config.frequency_init,
@@ -138,8 +153,9 @@ class DecoderLM(nn.Module):
         """Args:
             tokens: (B, L) token ids in [0, V).
             positions: (L,) positions shared by the batch (default 0 … L−1). With ``sinespe``
-                they may be real-valued, e.g. onset times in beats (continuous positions);
-                ``convspe`` needs integers.
+                and ``rope`` they may be real-valued, e.g. onset times in beats (continuous
+                positions); ``convspe`` and ``ape-learned`` need integers; the score encodings
+                (``shaw``, ``music-relative``, ``alibi``) use index distances and take none.
             generator: source of the SPE code in training mode.
             num_realizations: R for this pass (default: the config's), e.g. a test-time R.
 
@@ -147,7 +163,8 @@ class DecoderLM(nn.Module):
             (B, L, V) logits of the next token at each position.
 
         Raises:
-            ValueError: on a tensor that is not (batch, length) or ids out of range.
+            ValueError: on a tensor that is not (batch, length), ids out of range, positions
+                with a score encoding, or ``ape-learned`` positions beyond ``max_positions``.
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
@@ -155,6 +172,8 @@ class DecoderLM(nn.Module):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
         n = tokens.shape[1]
+        if positions is not None and self.config.positional in ("shaw", "music-relative", "alibi"):
+            raise ValueError(f"positional {self.config.positional!r} works on index distances; it takes no positions")
         if positions is None:
             positions = torch.arange(n, device=tokens.device)
         elif positions.shape != (n,):
@@ -165,7 +184,7 @@ class DecoderLM(nn.Module):
         x = self.drop(x)
         code = self.draw_code(positions, generator=generator, num_realizations=num_realizations)
         for block in self.blocks:
-            x = block(x, code)
+            x = block(x, code, positions)
         return self.head(self.norm(x))
 
     @torch.no_grad()

@@ -42,8 +42,21 @@ def _with_ones(v: Tensor) -> Tensor:
     return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
 
 
+def _normalised(num_den: Tensor, eps: float) -> Tensor:
+    return num_den[..., :-1] / (num_den[..., -1:] + eps)
+
+
+def _check_normalizer(normalizer, phi_q: Tensor, phi_k: Tensor) -> tuple[Tensor, Tensor]:
+    nq, nk = normalizer
+    if nq.shape[:-1] != phi_q.shape[:-1] or nk.shape[:-1] != phi_k.shape[:-1]:
+        raise ValueError(f"normalizer features must match the queries' and keys' (batch, length, heads), got "
+                         f"{tuple(nq.shape)} and {tuple(nk.shape)} for {tuple(phi_q.shape)} and {tuple(phi_k.shape)}")
+    return nq.to(phi_q.dtype), nk.to(phi_q.dtype)
+
+
 @_full_precision
-def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 1e-6) -> Tensor:
+def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 1e-6,
+                     normalizer: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Non-causal linear attention.
 
     Args:
@@ -51,30 +64,43 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 1e
         phi_k: (B, Lk, H, M) feature-mapped keys.
         v: (B, Lk, H, E) values.
         eps: added to the normaliser.
+        normalizer: optional (queries, keys) features, (B, Lq, H, M') and (B, Lk, H, M'), for
+            the denominator only (RoFormer's linear form: rotated features above, positive
+            unrotated ones below); default: ``phi_q``, ``phi_k``.
 
     Returns:
         (B, Lq, H, E).
     """
-    kv = torch.einsum("blhm,blhe->bhme", phi_k, _with_ones(v))
-    out = torch.einsum("blhm,bhme->blhe", phi_q, kv)
-    return out[..., :-1] / (out[..., -1:] + eps)
+    if normalizer is None:
+        kv = torch.einsum("blhm,blhe->bhme", phi_k, _with_ones(v))
+        return _normalised(torch.einsum("blhm,bhme->blhe", phi_q, kv), eps)
+    nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
+    num = torch.einsum("blhm,bhme->blhe", phi_q, torch.einsum("blhm,blhe->bhme", phi_k, v))
+    den = torch.einsum("blhm,bhm->blh", nq, nk.sum(dim=1))[..., None]
+    return num / (den + eps)
 
 
 @_full_precision
-def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
-                                      eps: float = 1e-6) -> Tensor:
+def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 1e-6,
+                                      normalizer: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Causal linear attention by cumulative sums; memory O(L·M·E). Reference for tests.
 
     Args and returns as :func:`causal_linear_attention`.
     """
-    states = torch.cumsum(torch.einsum("blhm,blhe->blhme", phi_k, _with_ones(v)), dim=1)
-    out = torch.einsum("blhm,blhme->blhe", phi_q, states)
-    return out[..., :-1] / (out[..., -1:] + eps)
+    if normalizer is None:
+        states = torch.cumsum(torch.einsum("blhm,blhe->blhme", phi_k, _with_ones(v)), dim=1)
+        return _normalised(torch.einsum("blhm,blhme->blhe", phi_q, states), eps)
+    nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
+    states = torch.cumsum(torch.einsum("blhm,blhe->blhme", phi_k, v), dim=1)
+    num = torch.einsum("blhm,blhme->blhe", phi_q, states)
+    den = torch.einsum("blhm,blhm->blh", nq, torch.cumsum(nk, dim=1))[..., None]
+    return num / (den + eps)
 
 
 @_full_precision
 def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
-                            group_size: int | None = None, eps: float = 1e-6) -> Tensor:
+                            group_size: int | None = None, eps: float = 1e-6,
+                            normalizer: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Causal linear attention, chunked; never allocates anything of size L × L.
 
     Inside a chunk of C positions: the masked C × C product. Across chunks: the carried state
@@ -91,6 +117,8 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         chunk_size: C, positions per chunk (any positive value; L need not be a multiple).
         group_size: positions per group of chunks (rounded to a multiple of C); None: all.
         eps: added to the normaliser.
+        normalizer: optional (queries, keys) features for the denominator only, each
+            (B, L, H, M'); see :func:`linear_attention`. Costs a second, narrow pass.
 
     Returns:
         (B, L, H, E).
@@ -100,18 +128,28 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    b, n, h, m = phi_q.shape
+    n = phi_q.shape[1]
     if phi_k.shape[1] != n or v.shape[1] != n:
         raise ValueError(f"causal linear attention needs equal lengths, got queries {n}, "
                          f"keys {phi_k.shape[1]}, values {v.shape[1]}")
+    if normalizer is None:
+        return _normalised(_causal_sums(phi_q, phi_k, _with_ones(v), chunk_size, group_size), eps)
+    nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
+    num = _causal_sums(phi_q, phi_k, v, chunk_size, group_size)
+    den = _causal_sums(nq, nk, torch.ones_like(v[..., :1]), chunk_size, group_size)
+    return num / (den + eps)
+
+
+def _causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, group_size: int | None) -> Tensor:
+    """Unnormalised Σ_{n ≤ m} φ(q_m)ᵀφ(k_n) values_n, chunked; (B, L, H, E)."""
+    b, n, h, m = phi_q.shape
     c = min(chunk_size, n)
     pad = (-n) % c
-    v1 = _with_ones(v)
     if pad:  # zero keys add nothing to any state; padded queries are dropped below
-        phi_q, phi_k, v1 = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (phi_q, phi_k, v1))
-    e1 = v1.shape[-1]
+        phi_q, phi_k, values = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (phi_q, phi_k, values))
+    e1 = values.shape[-1]
     step = n + pad if group_size is None else max(1, group_size // c) * c
-    mask = torch.ones(c, c, dtype=torch.bool, device=v.device).tril()
+    mask = torch.ones(c, c, dtype=torch.bool, device=values.device).tril()
     state = phi_q.new_zeros(b, 1, h, m, e1)
     outs = []
     for start in range(0, n + pad, step):
@@ -119,8 +157,8 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         nc = (stop - start) // c
         q = phi_q[:, start:stop].reshape(b, nc, c, h, m)
         k = phi_k[:, start:stop].reshape(b, nc, c, h, m)
-        vv = v1[:, start:stop].reshape(b, nc, c, h, e1)
-        kv = torch.einsum("bnchm,bnche->bnhme", k, vv)  # (B, N, H, M, E+1) per-chunk sums
+        vv = values[:, start:stop].reshape(b, nc, c, h, e1)
+        kv = torch.einsum("bnchm,bnche->bnhme", k, vv)  # (B, N, H, M, E) per-chunk sums
         cum = torch.cumsum(kv, dim=1)
         before = torch.cat([state, state + cum[:, :-1]], dim=1)  # exclusive prefix + carried state
         out = torch.einsum("bnchm,bnhme->bnche", q, before)
@@ -128,5 +166,4 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         out = out + torch.einsum("bnhcd,bndhe->bnche", scores, vv)
         outs.append(out.reshape(b, nc * c, h, e1))
         state = state + cum[:, -1:]
-    out = torch.cat(outs, dim=1)[:, :n]
-    return out[..., :-1] / (out[..., -1:] + eps)
+    return torch.cat(outs, dim=1)[:, :n]

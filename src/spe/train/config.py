@@ -71,7 +71,10 @@ class TrainConfig:
         unknown = set(self.model) - known
         if unknown:
             raise ValueError(f"unknown model option(s) {sorted(unknown)}; known: {sorted(known)}")
-        ModelConfig(vocab_size=1, **self.model)  # reject bad names before any data is read
+        model = ModelConfig(vocab_size=1, **self.model)  # reject bad names before any data is read
+        if model.positional == "ape-learned" and self.seq_len > model.max_positions:
+            raise ValueError(f"seq_len {self.seq_len} exceeds the {model.max_positions} ape-learned embeddings; "
+                             "raise max_positions or lower seq_len")
 
     def to_dict(self) -> dict:
         return asdict(self)

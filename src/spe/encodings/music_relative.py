@@ -1,0 +1,65 @@
+"""Relative attention of Music Transformer (Huang et al. 2018), keys only, via skewing.
+
+Letters: B = batch, L = length, H = num_heads, D = head_dim, P = max_distance.
+
+Each head learns an embedding e_r per relative position r = j − i; |r| ≥ P is clipped to
+the farthest learned one (r = ±(P − 1)), so the model runs at any length. The relative
+scores come from Q Eᵀ and the skewing reshape (:func:`spe.ops.relative.skew`): memory
+O(L·D) beyond the L × L scores that softmax attention has anyway. Softmax attention only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from spe.ops.relative import music_relative_attention, music_relative_attention_reference
+
+__all__ = ["MusicRelativePosition"]
+
+
+class MusicRelativePosition(nn.Module):
+    """Per-head relative key embeddings E.
+
+    Args:
+        num_heads: H.
+        head_dim: D.
+        max_distance: P, learned relative positions |r| < P (P for causal, 2P − 1 otherwise).
+        causal: only r ≤ 0; otherwise both directions.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, max_distance: int, *, causal: bool = True) -> None:
+        super().__init__()
+        if max_distance < 1:
+            raise ValueError(f"max_distance must be positive, got {max_distance}")
+        self.max_distance, self.causal = max_distance, causal
+        size = max_distance if causal else 2 * max_distance - 1
+        self.embeddings = nn.Parameter(torch.randn(size, num_heads, head_dim) * 0.02)
+
+    def _table(self, low: int, high: int) -> Tensor:
+        """Embeddings for r = low … high (clipped), (high − low + 1, H, D)."""
+        p = self.max_distance
+        r = torch.arange(low, high + 1, device=self.embeddings.device).clamp(-(p - 1), p - 1)
+        return self.embeddings[r + p - 1]
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor:
+        """Softmax attention with relative key terms.
+
+        Args:
+            q: (B, Lq, H, D) queries at positions query_offset … query_offset + Lq − 1.
+            k: (B, Lk, H, D) keys at positions 0 … Lk − 1.
+            v: (B, Lk, H, Dv) values.
+            query_offset: position of the first query (decoding: Lq = 1, offset t).
+
+        Returns:
+            (B, Lq, H, Dv).
+        """
+        lq, lk = q.shape[1], k.shape[1]
+        low, high = -(lq + query_offset - 1), (0 if self.causal else lk - 1)
+        table = self._table(low, high)
+        if lq == lk and query_offset == 0:
+            return music_relative_attention(q, k, v, table, causal=self.causal)
+        return music_relative_attention_reference(q, k, v, table, causal=self.causal, query_offset=query_offset)
+
+    def extra_repr(self) -> str:
+        return f"max_distance={self.max_distance}, causal={self.causal}"

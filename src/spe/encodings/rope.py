@@ -1,0 +1,65 @@
+"""Rotary position embedding (RoPE; Su et al. 2021, "RoFormer", eq. (13)–(16)).
+
+Letters: B = batch, L = length, H = num_heads, E = rotated dimension (even).
+
+Each pair (x_{2i}, x_{2i+1}) of a query or key at position m is rotated by the angle
+m·θ_i, θ_i = base^(−2i/E). Then (R_m q)ᵀ(R_n k) = qᵀ R_{n−m} k depends on m − n only.
+Softmax attention rotates queries and keys; linear attention rotates the *feature-mapped*
+queries and keys in the numerator only and keeps the unrotated, positive features in the
+normaliser (RoFormer eq. (19)), so the normaliser stays positive.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["RotaryEncoding", "rotate"]
+
+
+def rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0) -> Tensor:
+    """Rotates consecutive pairs of the last dimension by position-dependent angles.
+
+    Args:
+        x: (B, L, H, E) queries or keys (or their features), E even.
+        positions: (L,) positions, integer or real-valued (angles are computed in float64,
+            so positions of 10⁶ keep full float32 precision).
+        base: θ_i = base^(−2i/E).
+
+    Returns:
+        (B, L, H, E), same dtype as ``x``.
+
+    Raises:
+        ValueError: if E is odd or ``positions`` is not (L,).
+    """
+    e = x.shape[-1]
+    if e % 2:
+        raise ValueError(f"rotary encoding needs an even dimension, got {e}")
+    if positions.shape != (x.shape[1],):
+        raise ValueError(f"positions must have shape ({x.shape[1]},), got {tuple(positions.shape)}")
+    inv = base ** (-torch.arange(0, e, 2, dtype=torch.float64, device=x.device) / e)
+    angle = positions.to(device=x.device, dtype=torch.float64)[:, None] * inv  # (L, E/2)
+    cos, sin = (t.to(x.dtype)[None, :, None, :] for t in (angle.cos(), angle.sin()))
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+class RotaryEncoding(nn.Module):
+    """RoPE as a module (no parameters); see :func:`rotate`.
+
+    Args:
+        base: the frequency base (10,000 in RoFormer).
+    """
+
+    def __init__(self, base: float = 10000.0) -> None:
+        super().__init__()
+        if base <= 1:
+            raise ValueError(f"rotary base must exceed 1, got {base}")
+        self.base = base
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x: (B, L, H, E), positions: (L,) → (B, L, H, E) rotated."""
+        return rotate(x, positions, base=self.base)
+
+    def extra_repr(self) -> str:
+        return f"base={self.base:g}"

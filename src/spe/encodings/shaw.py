@@ -1,0 +1,63 @@
+"""Relative position representations of Shaw, Uszkoreit and Vaswani (2018), on keys and values.
+
+Letters: B = batch, L = length, H = num_heads, D = head_dim, k = max_distance.
+
+Relative positions j − i are clipped to [−k, k] (eq. (5)–(6) of Shaw et al.); the 2k + 1
+(causal: k + 1) embeddings a^K, a^V are shared by all heads of a layer, as in the paper.
+The scores are computed explicitly (:func:`spe.ops.relative.shaw_attention`), which costs
+O(L²·D) memory: this is the baseline SPE is meant to replace. Softmax attention only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from spe.ops.relative import shaw_attention
+
+__all__ = ["ShawRelativePosition"]
+
+
+class ShawRelativePosition(nn.Module):
+    """Learned relative embeddings a^K, a^V with clipping distance k.
+
+    Args:
+        head_dim: D.
+        max_distance: k, the clipping distance.
+        causal: only relative positions ≤ 0 exist (k + 1 embeddings instead of 2k + 1).
+    """
+
+    def __init__(self, head_dim: int, max_distance: int, *, causal: bool = True) -> None:
+        super().__init__()
+        if max_distance < 1:
+            raise ValueError(f"max_distance must be positive, got {max_distance}")
+        self.max_distance, self.causal = max_distance, causal
+        size = max_distance + 1 if causal else 2 * max_distance + 1
+        self.rel_keys = nn.Parameter(torch.randn(size, head_dim) * 0.02)
+        self.rel_values = nn.Parameter(torch.randn(size, head_dim) * 0.02)
+
+    def _index(self, lq: int, lk: int, query_offset: int, device: torch.device) -> Tensor:
+        i = torch.arange(lq, device=device)[:, None] + query_offset
+        rel = (torch.arange(lk, device=device)[None, :] - i).clamp(-self.max_distance, self.max_distance)
+        if self.causal:  # future pairs are masked; any valid row will do
+            return rel.clamp(max=0) + self.max_distance
+        return rel + self.max_distance
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor:
+        """Softmax attention with the relative terms.
+
+        Args:
+            q: (B, Lq, H, D) queries at positions query_offset … query_offset + Lq − 1.
+            k: (B, Lk, H, D) keys at positions 0 … Lk − 1.
+            v: (B, Lk, H, D) values.
+            query_offset: position of the first query (decoding: Lq = 1, offset t).
+
+        Returns:
+            (B, Lq, H, D).
+        """
+        idx = self._index(q.shape[1], k.shape[1], query_offset, q.device)
+        return shaw_attention(q, k, v, self.rel_keys[idx], self.rel_values[idx], causal=self.causal,
+                              query_offset=query_offset)
+
+    def extra_repr(self) -> str:
+        return f"max_distance={self.max_distance}, causal={self.causal}"
