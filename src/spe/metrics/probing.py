@@ -1,0 +1,128 @@
+"""Identical word probing (Wang et al. 2021; appendix D.3 of Liutkus et al. 2021).
+
+A sequence repeating one token has no content to tell its positions apart, so any structure
+in the attention between its positions comes from the positional encoding alone. The paper
+computes the unnormalised attention of each head of the first layer on such sequences and
+scores it with :func:`~spe.metrics.translation_invariance` and :func:`~spe.metrics.monotonicity`,
+averaged over all tokens of the vocabulary.
+
+Letters: H = num_heads, L = length, E = the dimension the attention kernel sees (R with
+SPE, head_dim D otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from spe.models.decoder_lm import DecoderLM
+
+__all__ = ["identical_token_attention"]
+
+
+def _int(name: str, value) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+
+
+@torch.no_grad()
+def identical_token_attention(model: DecoderLM, token: int, length: int, *, layer: int = 0) -> Tensor:
+    """Unnormalised causal attention of one layer on a sequence repeating one token.
+
+    The model runs in eval mode (no dropout; the SPE code drawn from ``config.code_seed``,
+    as at test time) on ``[token] * length`` at positions 0 … L−1; a forward pre-hook takes
+    the input that the chosen layer's attention actually receives (after everything that
+    precedes it: embedding, APE, earlier layers, the pre-norm) together with the SPE code,
+    and the layer's own projection (and SPE filter) turns it into queries and keys q, k of
+    shape (1, L, H, E). Then, per head, in float64::
+
+        A[h, m, n] = exp(q_m · k_n / √E − c_h)   for n <= m,   0 for n > m (causal mask),
+
+    which is the paper's A = exp(Q K^T / √D) for APE/no PE and exp(Q^ K^^T / √R) for SPE
+    (the filter already carries SPE's 1/(D·R)^{1/4} scale), the kernel a Performer
+    approximates; with RoPE (softmax attention only) q and k are rotated first, as the layer
+    does. Encodings that add a term to the scores (Shaw, music-relative, ALiBi) are refused.
+
+    c_h is the largest causal logit of head h: a constant factor exp(−c_h) on the whole
+    matrix, which keeps the entries in (0, 1] and leaves both metrics unchanged (they are
+    scale-free). A row-wise maximum would not be a constant and would change the matrix, so
+    it is not used.
+
+    The model's train/eval mode is restored afterwards. Memory is H·L²·8 bytes for the result.
+
+    Args:
+        model: a :class:`~spe.models.DecoderLM`.
+        token: the repeated token id, in [0, vocab_size).
+        length: L, the number of positions.
+        layer: index of the block whose attention is probed (0 = first layer, as in Table 7).
+
+    Returns:
+        (H, L, L) float64 tensor on the CPU; [h, m, n] is query m attending to key n.
+
+    Raises:
+        ValueError: on a token out of range, a non-positive length, a layer that does not exist,
+            a score-term positional encoding, or RoPE with a linear kernel.
+        TypeError: if ``model`` has no ``blocks`` of attention layers (not a DecoderLM).
+    """
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not hasattr(model, "config"):
+        raise TypeError(f"model must be a spe.models.DecoderLM, got {type(model).__name__}")
+    token, length, layer = _int("token", token), _int("length", length), _int("layer", layer)
+    vocab_size = model.config.vocab_size
+    if not 0 <= token < vocab_size:
+        raise ValueError(f"token must lie in [0, {vocab_size}), got {token}")
+    if length < 1:
+        raise ValueError(f"length must be a positive integer, got {length}")
+    if not 0 <= layer < len(blocks):
+        raise ValueError(f"layer must lie in [0, {len(blocks)}) for this {len(blocks)}-layer model, "
+                         f"got {layer}")
+
+    attn = blocks[layer].attn
+    if getattr(attn, "score_encoding", None) is not None:
+        raise ValueError(f"{type(attn.score_encoding).__name__} adds a term to the attention scores, "
+                         "which this probe does not reconstruct; it supports encodings added to tokens "
+                         "(ape, ape-learned), sinespe, convspe, rope (softmax) and none")
+    rotary = getattr(attn, "rotary", None)
+    if rotary is not None and attn.attention != "softmax":
+        raise ValueError(f"with {attn.attention} attention RoPE rotates the kernel features, not the "
+                         "queries and keys, so exp(q·k/√D) is not what the model computes; probe a "
+                         "softmax RoPE model")
+    captured: dict = {}
+
+    def grab(module, args, kwargs):
+        captured["x"] = args[0] if args else kwargs["x"]
+        captured["code"] = args[1] if len(args) > 1 else kwargs.get("code")
+        captured["positions"] = kwargs.get("positions")
+
+    was_training = model.training
+    device = next(model.parameters()).device
+    handle = attn.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        model.eval()
+        model(torch.full((1, length), token, dtype=torch.long, device=device))
+        if "x" not in captured:
+            raise RuntimeError(f"layer {layer}'s attention was not called by the model's forward")
+        # The layer's own projection (and SPE filter), so the probe follows any change in how
+        # queries and keys are formed.
+        q, k, _ = attn._project(captured["x"], captured["code"])  # (1, L, H, E)
+        if rotary is not None:  # softmax RoPE rotates q and k after the projection, as forward does
+            positions = captured["positions"]
+            if positions is None:
+                positions = torch.arange(length, device=q.device)
+            q, k = rotary(q, positions), rotary(k, positions)
+    finally:
+        handle.remove()
+        model.train(was_training)
+    q, k = q[0].to("cpu", torch.float64), k[0].to("cpu", torch.float64)  # (L, H, E)
+    logits = torch.einsum("mhe,nhe->hmn", q, k) / math.sqrt(q.shape[-1])  # (H, L, L)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    logits = logits.masked_fill(~causal, -math.inf)
+    logits = logits - logits.amax(dim=(1, 2), keepdim=True)
+    return torch.exp(logits)  # exp(−inf) = 0 above the diagonal
