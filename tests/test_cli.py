@@ -64,3 +64,16 @@ def test_bad_flags_and_corrupt_checkpoints_are_one_line_errors(tmp_path, capsys)
     assert main(["generate", "--checkpoint", str(tmp_path), "--out", str(tmp_path / "x.mid")]) == 2
     err = capsys.readouterr().err
     assert "not a readable safetensors file" in err and "Traceback" not in err
+
+
+def test_score_encodings_pick_softmax_unless_attention_is_given(midi_folder, tmp_path, capsys):
+    cache = str(tmp_path / "cache")
+    run = tmp_path / "shaw"
+    assert main(["train", "--data", str(midi_folder), "--cache-dir", cache, "--out", str(run), *TINY,
+                 "--steps", "1", "--positional", "shaw", "--max-distance", "8", "--no-progress"]) == 0
+    config = load_metadata(run)["config"]
+    assert (config["positional"], config["attention"], config["max_distance"]) == ("shaw", "softmax", 8)
+    assert main(["train", "--data", str(midi_folder), "--cache-dir", cache, "--out", str(tmp_path / "x"), *TINY,
+                 "--steps", "1", "--positional", "alibi", "--attention", "performer"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "alibi" in err[0] and "softmax" in err[0]

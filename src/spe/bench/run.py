@@ -21,8 +21,12 @@ __all__ = ["SERIES", "layer_flops", "matmul_gflops", "run_bench"]
 log = logging.getLogger(__name__)
 
 # (positional, impl): the sineSPE reference twin materialises the (L, H, D, R) code.
-SERIES = [("ape", "-"), ("sinespe", "fused"), ("sinespe", "reference"), ("convspe", "fft")]
+SERIES = [("ape", "-"), ("sinespe", "fused"), ("sinespe", "reference"), ("convspe", "fft"), ("ape-learned", "-"),
+          ("rope", "-"), ("shaw", "-"), ("music-relative", "-"), ("alibi", "-"), ("none", "-")]
 ATTENTIONS = ["softmax", "performer", "linear"]
+# Encodings that add a term to the scores exist for softmax attention only.
+SCORE_ENCODINGS = ("shaw", "music-relative", "alibi")
+MODES = ("train", "generate", "model")
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
@@ -73,11 +77,16 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
               attentions: list[str] | None = None, batch: int = 2, num_heads: int = 8, head_dim: int = 64,
               num_realizations: int = 64, num_sines: int = 5, kernel_size: int = 128, num_features: int = 64,
               chunk_size: int = 64, repeats: int = 5, budget_s: float = 30.0, memory_limit_mb: float = 12000,
-              device: str = "cpu", threads: int = 0, progress: bool = True) -> dict:
+              device: str = "cpu", threads: int = 0, progress: bool = True, model: dict | None = None,
+              vocab_size: int = 300, model_batch: int = 8) -> dict:
     """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
 
-    A case is skipped (and recorded as such) when the previous length's time or memory,
-    extrapolated with the kernel's complexity, exceeds ``budget_s`` or ``memory_limit_mb``.
+    Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
+    step at position N), ``model`` (one AdamW step of a whole DecoderLM built from ``model``
+    options, batch ``model_batch``; records its parameter count). Pairs that cannot exist
+    (a score encoding with a linear kernel) are left out. A case is skipped (and recorded as
+    such) when the previous length's time or memory, extrapolated with the kernel's
+    complexity, exceeds ``budget_s`` or ``memory_limit_mb``.
     """
     series = series or SERIES
     attentions = attentions or ATTENTIONS
@@ -86,7 +95,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
                   chunk_size=chunk_size, repeats=repeats, device=device, threads=threads,
                   max_seconds=budget_s)
     plan = [(mode, pos, impl, att) for mode in modes for pos, impl in series for att in attentions
-            if not (mode == "generate" and impl == "reference")]
+            if not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")]
     total = len(plan) * len(lengths)
     records = []
     done = 0
@@ -95,12 +104,16 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
         for n in sorted(lengths):
             done += 1
             case = {**common, "mode": mode, "positional": pos, "impl": impl, "attention": att, "length": n}
+            if mode == "model":
+                case.update(batch=model_batch, model=model or {}, vocab_size=vocab_size)
             why = _predicted_too_big(prev, n, att, mode, budget_s, memory_limit_mb)
             result = {**case, "skipped": why} if why else _run_case(case, timeout=max(120.0, 8 * budget_s))
             if "median_ms" in result:
                 # forward + backward ≈ 3 × forward FLOPs; generation steps are not rated
                 result["gflops_per_s"] = (3 * layer_flops(case) / (result["median_ms"] / 1000) / 1e9
                                           if mode == "train" else None)
+                if mode == "model":
+                    result["tokens_per_s"] = case["batch"] * n / (result["median_ms"] / 1000)
                 prev = result
             records.append(result)
             if progress:
@@ -115,7 +128,7 @@ def _predicted_too_big(prev: dict | None, n: int, attention: str, mode: str, bud
     if prev is None:
         return None
     ratio = n / prev["length"]
-    time_exp = 2 if (attention == "softmax" and mode == "train") else 1
+    time_exp = 2 if (attention == "softmax" and mode != "generate") else 1
     if mode == "generate":
         time_exp = 1 if attention == "softmax" else 0
     t = prev["median_ms"] / 1000 * ratio**time_exp * (prev.get("repeats", 1) + 1)
@@ -190,6 +203,9 @@ def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     lengths = sorted(result["lengths"])
     lines = []
+    model_rows = [r for r in result["records"] if r["mode"] == "model"]
+    if model_rows:
+        lines += _model_table(model_rows, lengths, result["config"])
     for mode in ("train", "generate"):
         rows = [r for r in result["records"] if r["mode"] == mode]
         if not rows:
@@ -219,6 +235,25 @@ def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
               "```", json.dumps(summary["targets"], indent=2), "```", ""]
     (out_dir / "bench.md").write_text("\n".join(lines))
     _plot(result, out_dir)
+
+
+def _model_table(rows: list[dict], lengths: list[int], config: dict) -> list[str]:
+    first = rows[0]
+    opts = ", ".join(f"{k} {v}" for k, v in first["model"].items() if k not in ("positional", "attention"))
+    lines = [f"### model: one AdamW step of the whole DecoderLM (batch {first['batch']}, vocabulary "
+             f"{first['vocab_size']}; {opts})", "",
+             "| positional + attention | parameters | " + " | ".join(f"N={n}: ms / MB / tokens/s" for n in lengths)
+             + " |", "|---|---|" + "---|" * len(lengths)]
+    for key in dict.fromkeys(_label(r) for r in rows):
+        mine = [r for r in rows if _label(r) == key]
+        params = next((r["parameters"] for r in mine if "parameters" in r), None)
+        cells = []
+        for n in lengths:
+            r = next((x for x in mine if x["length"] == n), None)
+            cells.append("" if r is None else ("–" if "median_ms" not in r else
+                                               f"{r['median_ms']:.0f} / {r['peak_mb']:.0f} / {r['tokens_per_s']:,.0f}"))
+        lines.append(f"| {key} | {'' if params is None else f'{params:,}'} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _plot(result: dict, out_dir: Path) -> None:

@@ -16,9 +16,13 @@ import time
 import torch
 
 from spe.attention.layer import MultiHeadAttention
-from spe.encodings.absolute import SinusoidalPositionalEncoding
+from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from spe.encodings.alibi import ALiBi
 from spe.encodings.conv import ConvSPE
 from spe.encodings.filter import SPEFilter
+from spe.encodings.music_relative import MusicRelativePosition
+from spe.encodings.rope import RotaryEncoding
+from spe.encodings.shaw import ShawRelativePosition
 from spe.encodings.sine import SineSPE
 
 
@@ -38,11 +42,45 @@ def build(case: dict):
     if encoding is not None:
         impl = {"fused": "fused", "reference": "reference", "materialized": "materialized"}.get(case["impl"], "auto")
         spe_filter = SPEFilter(h, d, gated=True, impl=impl)
+    max_distance = case.get("max_distance", 256)
+    score_encoding = {
+        "shaw": lambda: ShawRelativePosition(d, max_distance),
+        "music-relative": lambda: MusicRelativePosition(h, d, max_distance),
+        "alibi": lambda: ALiBi(h),
+    }.get(positional, lambda: None)()
     layer = MultiHeadAttention(h * d, h, attention=attention, causal=True, spe_filter=spe_filter,
                                num_realizations=r if encoding is not None else None,
-                               num_features=case["num_features"], chunk_size=case["chunk_size"])
-    ape = SinusoidalPositionalEncoding(h * d) if positional == "ape" else None
+                               num_features=case["num_features"], chunk_size=case["chunk_size"],
+                               rotary=RotaryEncoding() if positional == "rope" else None,
+                               score_encoding=score_encoding)
+    ape = None
+    if positional == "ape":
+        ape = SinusoidalPositionalEncoding(h * d)
+    elif positional == "ape-learned":
+        ape = LearnedPositionalEmbedding(case["length"] + 1, h * d)
     return layer, encoding, ape
+
+
+def measure_model(case: dict, device: torch.device) -> dict:
+    """One optimizer step (forward, backward, AdamW) of a whole DecoderLM; reports its parameters."""
+    from spe.models import DecoderLM, ModelConfig
+
+    n, b = case["length"], case["batch"]
+    options = dict(case["model"])
+    options.update(positional=case["positional"], attention={"linear": "linear-elu"}.get(case["attention"],
+                                                                                       case["attention"]))
+    options["max_positions"] = max(options.get("max_positions", 2048), n)
+    model = DecoderLM(ModelConfig(vocab_size=case["vocab_size"], **options)).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator(device=device).manual_seed(0)
+    tokens = torch.randint(0, case["vocab_size"], (b, n + 1), generator=g, device=device)
+
+    def run() -> None:
+        model.loss(tokens).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return {**_timed(run, case, device), "parameters": model.num_parameters()}
 
 
 def measure_train(case: dict, device: torch.device) -> dict:
@@ -80,6 +118,9 @@ def measure_generate(case: dict, device: torch.device) -> dict:
     else:
         m = case["num_features"] if case["attention"] == "performer" else (case["num_realizations"] if encoding else d)
         state = {"s": torch.rand(b, h, m, d + 1, device=device)}
+        if case["positional"] == "rope":  # rotated numerator state and a separate normaliser sum
+            state = {"s": torch.rand(b, h, m, d, device=device), "z": torch.rand(b, h, m, device=device)}
+    state["position"] = n
     pos = torch.tensor([n], device=device)
 
     def run() -> None:
@@ -117,7 +158,8 @@ def main() -> None:
     case = json.loads(sys.argv[1])
     torch.set_num_threads(case.get("threads") or torch.get_num_threads())
     device = torch.device(case.get("device", "cpu"))
-    result = measure_train(case, device) if case["mode"] == "train" else measure_generate(case, device)
+    measure = {"train": measure_train, "generate": measure_generate, "model": measure_model}[case["mode"]]
+    result = measure(case, device)
     if case["mode"] == "generate":
         result["per_token_ms"] = result["median_ms"]
     print(json.dumps({**case, **result}))

@@ -334,11 +334,12 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from spe.bench.run import ATTENTIONS, SERIES, run_bench, summarize, write_outputs
+    from spe.bench.run import ATTENTIONS, MODES, SERIES, run_bench, summarize, write_outputs
+    from spe.train.config import load_config_file
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or set(modes) - {"train", "generate"}:
-        raise UsageError(f"--modes takes train and/or generate, got {args.modes!r}")
+    if not modes or set(modes) - set(MODES):
+        raise UsageError(f"--modes takes {', '.join(MODES)}, got {args.modes!r}")
     attentions = [a.strip() for a in args.attentions.split(",")] if args.attentions else ATTENTIONS
     if set(attentions) - set(ATTENTIONS):
         raise UsageError(f"--attentions takes {', '.join(ATTENTIONS)}, got {args.attentions!r}")
@@ -352,7 +353,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = run_bench(lengths=_int_list(args.lengths, "--lengths"), modes=modes, series=series,
                        attentions=attentions, batch=args.batch_size, num_realizations=args.num_realizations,
                        repeats=args.repeats, budget_s=args.budget_s, device=args.device, threads=args.threads,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress,
+                       model=load_config_file(args.config or _default_config()).get("model", {}),
+                       vocab_size=_remi_vocab_size())
     if args.code_errors:
         from spe.bench.codes import code_errors
 
@@ -365,6 +368,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"scaling exponent {key}: {value['exponent']:.2f} (N={value['from']}..{value['to']})")
     log.info("wrote %s, %s and plots in %s", json_path, out / "bench.md", out)
     return 0
+
+
+def _remi_vocab_size() -> int:
+    """Vocabulary of the REMI tokenizer used for music (300 if MidiTok is not installed)."""
+    try:
+        from spe.data.music import make_tokenizer
+    except ImportError:
+        return 300
+    return len(make_tokenizer())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -407,8 +419,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="time and peak memory of attention layers per positional encoding")
     p.add_argument("--lengths", default="512,1024,2048,4096,8192,16384", help="comma-separated lengths")
-    p.add_argument("--modes", default="train,generate", help="train and/or generate")
-    p.add_argument("--positionals", help="subset of: ape, sinespe:fused, sinespe:reference, convspe")
+    p.add_argument("--modes", default="train,generate",
+                   help="train (one layer forward+backward), generate (one recurrent step), model (one AdamW step "
+                        "of the whole model of --config, batch 8)")
+    p.add_argument("--config", help="TOML whose [model] section builds the model for --modes model "
+                   "(default: the packaged demo config)")
+    p.add_argument("--positionals", help="subset of: ape, sinespe:fused, sinespe:reference, convspe, ape-learned, "
+                   "rope, shaw, music-relative, alibi")
     p.add_argument("--attentions", help="subset of: softmax, performer, linear")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)
