@@ -59,7 +59,8 @@ def _train_config(args: argparse.Namespace):
 
 def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> None:
     p.add_argument("--config", help="TOML file of options (default: the packaged demo config)")
-    p.add_argument("--data", help="folder of .mid/.midi files (default: Bach chorales from music21)")
+    p.add_argument("--data", help="folder of .mid/.midi files, or music21:NAME for a composer of music21's "
+                   "corpus (e.g. music21:palestrina); default: the Bach chorales")
     p.add_argument("--cache-dir", help="cache for converted MIDI and tokens (default ~/.cache/spe)")
     if with_out:
         p.add_argument("--out", help="run folder for checkpoint, logs and plots")
@@ -116,7 +117,7 @@ def _validation_sequences(meta: dict, data: str | None, cache_dir: str | None, l
 
 def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int | None, data: str | None,
                          cache_dir: str | None, batch_size: int, device: str, json_path: str | None,
-                         progress: bool, num_realizations: int | None = None) -> dict:
+                         progress: bool, num_realizations: int | None = None, num_draws: int = 1) -> dict:
     """Evaluates checkpoints on the validation split; writes CSV, PNG and JSON; returns the summary."""
     from spe.checkpoint import load, load_metadata
     from spe.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
@@ -129,7 +130,7 @@ def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int |
     for ckpt, meta, seq_len in zip(checkpoints, metas, seq_lens):
         model = load(ckpt, device=device)
         ce = per_position_cross_entropy(model, seqs, batch_size=batch_size, num_realizations=num_realizations,
-                                        progress=progress)
+                                        num_draws=num_draws, progress=progress)
         label = f"{model.config.positional}/{model.config.attention}" + ("" if model.config.gated else " ungated")
         results.append({"checkpoint": str(ckpt), "label": label, "seq_len": seq_len, "step": meta.get("step"),
                         "within": float(ce[:, :seq_len].mean()), "beyond": float(ce[:, seq_len:].mean()),
@@ -212,7 +213,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     summary = evaluate_checkpoints(args.checkpoint, Path(args.out), max_length=args.max_length, data=args.data,
                                    cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
                                    json_path=args.json, progress=not args.no_progress,
-                                   num_realizations=args.num_realizations)
+                                   num_realizations=args.num_realizations, num_draws=args.num_draws)
     _print_summary(summary)
     log.info("wrote %s", ", ".join(str(Path(args.out) / f) for f in ("per_position.csv", "extrapolation.png", "summary.json")))
     return 0
@@ -323,6 +324,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from spe.cli.sweep import load_plan, run_sweep
+
+    plan = load_plan(args.plan)
+    seeds = None
+    if args.seeds:
+        try:
+            seeds = [int(v) for v in args.seeds.split(",") if v.strip()]
+        except ValueError:
+            raise UsageError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+    only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
+    out = Path(args.out)
+    run_sweep(plan, out, seeds=seeds, only=only, data=args.data, cache_dir=args.cache_dir, steps=args.steps,
+              progress=not args.no_progress)
+    print((out / "results.md").read_text())
+    return 0
+
+
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -400,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write bucket means (start, end, ce, n) to this file")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--num-realizations", type=int, help="SPE realisations R at test time (default: as trained)")
+    p.add_argument("--num-draws", type=int, default=1,
+                   help="SPE codes whose predicted probabilities are averaged (default 1)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_evaluate)
@@ -439,6 +460,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("sweep", help="train and evaluate the variants × seeds of a plan file (resumable)")
+    p.add_argument("--plan", default="ablation", help="plan TOML, or the name of a packaged plan (ablation)")
+    p.add_argument("--out", default="runs/sweep", help="sweep folder: runs, results.json, results.md")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the plan's)")
+    p.add_argument("--only", help="comma-separated variants to run (default: all)")
+    p.add_argument("--data", help="training data for every variant (folder or music21:NAME; default Bach)")
+    p.add_argument("--cache-dir")
+    p.add_argument("--steps", type=int, help="override every variant's optimizer steps")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("demo", help="the main job: train sinespe and ape, evaluate, generate")
     _add_train_flags(p, with_out=False)

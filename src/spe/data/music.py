@@ -1,7 +1,8 @@
 """Symbolic music corpora as REMI token streams (MidiTok), with an on-disk cache.
 
 * :func:`bach_chorales_midi` converts the J.S. Bach chorales shipped in ``music21``'s corpus
-  to MIDI once (cached).
+  to MIDI once (cached); :func:`music21_corpus_midi` does the same for any composer or
+  collection of that corpus (``--data music21:palestrina``).
 * :func:`load_corpus` tokenises a folder of MIDI files (recursive, ``.mid``/``.midi`` in any
   case) to REMI with one token stream for all voices; unreadable files are skipped with a
   warning naming each; the result is cached, keyed by the files and the tokenizer.
@@ -25,7 +26,9 @@ from spe.checkpoint import atomic_write
 __all__ = [
     "Corpus",
     "DataError",
+    "MUSIC21_PREFIX",
     "bach_chorales_midi",
+    "music21_corpus_midi",
     "default_cache_dir",
     "find_midi_files",
     "load_corpus",
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 # Analyses (.rntxt), Humdrum duplicates of MusicXML chorales (.krn) and the one prelude are
 # not chorales.
 _NOT_CHORALES = ("bwv846",)
+# ``data`` of the form "music21:NAME" selects a composer or collection of music21's corpus.
+MUSIC21_PREFIX = "music21:"
 
 
 class DataError(ValueError):
@@ -102,7 +107,7 @@ def tokenizer_from_json(text: str):
         return REMI(params=path)
 
 
-def _convert_chorale(args: tuple[str, str]) -> str | None:
+def _convert_score(args: tuple[str, str]) -> str | None:
     source, target = args
     from music21 import corpus
 
@@ -118,34 +123,70 @@ def bach_chorales_midi(cache_dir: str | os.PathLike | None = None, *, workers: i
     """Writes the Bach chorales of music21's corpus as MIDI files, once.
 
     Returns:
-        The folder of ``.mid`` files (``cache_dir/bach-chorales-midi``).
+        The folder of ``.mid`` files (``cache_dir/bach-chorales-midi-m21-VERSION``).
+    """
+    return music21_corpus_midi("bach", cache_dir, workers=workers)
+
+
+# Score formats of music21's corpus that convert to MIDI (.rntxt files are harmonic analyses).
+_SCORE_SUFFIXES = (".mxl", ".xml", ".musicxml", ".krn", ".abc", ".mid", ".midi")
+
+
+def music21_corpus_midi(composer: str, cache_dir: str | os.PathLike | None = None, *, workers: int = 2) -> Path:
+    """Writes the scores of one composer (or collection) of music21's corpus as MIDI, once.
+
+    ``bach`` keeps the chorales only (the Well-Tempered Clavier prelude is left out), as the
+    default corpus of the main job. Other names are those of ``music21.corpus.getComposer``,
+    e.g. ``palestrina`` (1,318 Humdrum files) or ``monteverdi``. Scores that fail to convert
+    are skipped with a warning naming each; the next call retries them.
+
+    Args:
+        composer: music21 composer or collection name.
+        cache_dir: where the MIDI folder is written (default :func:`default_cache_dir`).
+        workers: conversion processes.
+
+    Returns:
+        The folder of ``.mid`` files (``cache_dir/NAME-midi-m21-VERSION``).
+
+    Raises:
+        DataError: if music21 has no score under that name.
     """
     import music21
     from music21 import corpus
 
-    out = Path(cache_dir or default_cache_dir()) / f"bach-chorales-midi-m21-{music21.__version__}"
+    name = "bach-chorales" if composer == "bach" else composer
+    out = Path(cache_dir or default_cache_dir()) / f"{name}-midi-m21-{music21.__version__}"
     done = out / ".complete"
     if done.exists():
         return out
+    sources = [p for p in corpus.getComposer(composer) if p.suffix in _SCORE_SUFFIXES]
+    if composer == "bach":
+        sources = [p for p in sources if p.suffix in (".mxl", ".xml") and not p.stem.startswith(_NOT_CHORALES)]
+    if not sources:
+        raise DataError(f"music21's corpus has no scores for {composer!r} (try bach, palestrina, monteverdi, "
+                        "trecento, ryansMammoth)")
     out.mkdir(parents=True, exist_ok=True)
-    sources = [p for p in corpus.getComposer("bach")
-               if p.suffix in (".mxl", ".xml") and not p.stem.startswith(_NOT_CHORALES)]
-    jobs = [(str(p), str(out / f"{p.stem}.mid")) for p in sources if not (out / f"{p.stem}.mid").exists()]
+    stems = [p.stem for p in sources]
+    if len(set(stems)) < len(stems):  # stems repeat across sub-folders: use the path inside the corpus
+        common = Path(os.path.commonpath([str(p.parent) for p in sources]))
+        stems = [str(p.relative_to(common).with_suffix("")).replace(os.sep, "__") for p in sources]
+    targets = [out / f"{stem}.mid" for stem in stems]
+    jobs = [(str(p), str(t)) for p, t in zip(sources, targets) if not t.exists()]
     if jobs:
         from tqdm import tqdm
 
-        log.info("converting %d Bach chorales from music21 to MIDI (once)", len(jobs))
+        log.info("converting %d %s scores from music21 to MIDI (once)", len(jobs), composer)
         if workers > 1:
             import multiprocessing as mp
 
             with mp.get_context("spawn").Pool(workers) as pool:
-                results = list(tqdm(pool.imap_unordered(_convert_chorale, jobs), total=len(jobs),
+                results = list(tqdm(pool.imap_unordered(_convert_score, jobs), total=len(jobs),
                                     desc="music21 -> MIDI", unit="piece"))
         else:
-            results = [_convert_chorale(j) for j in tqdm(jobs, desc="music21 -> MIDI", unit="piece")]
+            results = [_convert_score(j) for j in tqdm(jobs, desc="music21 -> MIDI", unit="piece")]
         failures = [f for f in results if f]
         for failure in failures:
-            warnings.warn(f"skipped chorale {failure}", stacklevel=2)
+            warnings.warn(f"skipped score {failure}", stacklevel=2)
         if failures:  # no completion marker: the next run retries the missing ones
             return out
     done.write_text(f"{len(sources)}\n")
@@ -183,7 +224,8 @@ def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.Pa
     names each, and a final count.
 
     Args:
-        data: folder of MIDI files, or None for the Bach chorales of music21.
+        data: folder of MIDI files, ``music21:NAME`` for a composer or collection of
+            music21's corpus (e.g. ``music21:palestrina``), or None for the Bach chorales.
         cache_dir: where converted MIDI and token caches live (default :func:`default_cache_dir`).
         progress: show a progress bar.
 
@@ -197,7 +239,12 @@ def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.Pa
     from tqdm import tqdm
 
     cache = Path(cache_dir or default_cache_dir())
-    root = bach_chorales_midi(cache) if data is None else Path(data)
+    if data is None:
+        root = bach_chorales_midi(cache)
+    elif str(data).startswith(MUSIC21_PREFIX):
+        root = music21_corpus_midi(str(data)[len(MUSIC21_PREFIX):], cache)
+    else:
+        root = Path(data)
     files = find_midi_files(root)
     tokenizer = make_tokenizer()
     tok_json = tokenizer_to_json(tokenizer)

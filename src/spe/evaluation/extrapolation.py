@@ -19,7 +19,8 @@ __all__ = ["bucket_means", "per_position_cross_entropy", "unigram_cross_entropy"
 
 @torch.no_grad()
 def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_size: int = 8,
-                               num_realizations: int | None = None, progress: bool = False) -> Tensor:
+                               num_realizations: int | None = None, num_draws: int = 1,
+                               progress: bool = False) -> Tensor:
     """Cross-entropy of each next token given all before it.
 
     Args:
@@ -27,10 +28,20 @@ def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_siz
         sequences: (N, T + 1) token ids.
         batch_size: sequences per forward pass.
         num_realizations: SPE realisations R at test time (default: the model's).
+        num_draws: SPE codes to average the predicted probabilities over (codes from
+            ``code_seed``, ``code_seed + 1``, …): a Monte-Carlo average over the positional
+            noise, at ``num_draws`` times the cost. Ignored without SPE.
 
     Returns:
         (N, T) nats; entry [i, t] is −log p(x[i, t+1] | x[i, :t+1]).
+
+    Raises:
+        ValueError: if ``num_draws`` < 1.
     """
+    if num_draws < 1:
+        raise ValueError(f"num_draws must be at least 1, got {num_draws}")
+    if model.encoding is None:
+        num_draws = 1
     model.eval()
     device = next(model.parameters()).device
     rows = []
@@ -41,8 +52,16 @@ def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_siz
         batches = tqdm(batches, desc="evaluate", unit="batch")
     for i in batches:
         x = sequences[i:i + batch_size].to(device)
-        logits = model(x[:, :-1], num_realizations=num_realizations)
-        ce = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+        seed = model.config.code_seed
+        logps = []
+        try:
+            for draw in range(num_draws):
+                model.config.code_seed = seed + draw
+                logits = model(x[:, :-1], num_realizations=num_realizations)
+                logps.append(-F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none").double())
+        finally:
+            model.config.code_seed = seed
+        ce = -(torch.logsumexp(torch.stack(logps), dim=0) - math.log(num_draws))
         rows.append(ce.float().cpu())
     return torch.cat(rows) if rows else torch.zeros(0, sequences.shape[1] - 1)
 

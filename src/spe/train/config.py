@@ -17,7 +17,8 @@ class TrainConfig:
     """How to train.
 
     Attributes:
-        data: folder of MIDI files, or None for the Bach chorales of music21.
+        data: folder of MIDI files, music21:NAME (a composer of music21's corpus), or None for the
+            Bach chorales of music21.
         cache_dir: converted MIDI and token caches (None: ``$SPE_CACHE_DIR`` or ~/.cache/spe).
         out: run folder (checkpoint, logs, plots).
         steps: optimizer steps.

@@ -1,0 +1,74 @@
+"""spe sweep: variants × seeds from a plan, resumable, test-time variants reuse checkpoints."""
+
+import json
+import warnings
+
+import pytest
+
+from spe.cli.main import main
+from spe.cli.sweep import load_plan
+
+PLAN = """
+title = "tiny"
+seeds = [0, 1]
+reference = "ape"
+seq_len = 16
+batch_size = 2
+steps = 2
+eval_every = 2
+threads = 1
+[model]
+d_model = 16
+num_layers = 1
+num_heads = 2
+d_ff = 32
+num_realizations = 4
+[variants.ape]
+model = { positional = "ape" }
+[variants.spe]
+description = "sineSPE"
+model = { positional = "sinespe" }
+[variants.spe-2-draws]
+checkpoints_of = "spe"
+eval = { num_draws = 2, num_realizations = 8 }
+"""
+
+
+def test_sweep_trains_each_variant_and_seed_once_and_tabulates(midi_folder, tmp_path, capsys):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN)
+    out = tmp_path / "sweep"
+    args = ["sweep", "--plan", str(plan), "--out", str(out), "--data", str(midi_folder),
+            "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fixture's corrupt file is reported while tokenising
+        assert main(args) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert sorted(doc["runs"]) == ["ape/seed0", "ape/seed1", "spe-2-draws/seed0", "spe-2-draws/seed1",
+                                   "spe/seed0", "spe/seed1"]
+    assert not (out / "spe-2-draws").joinpath("seed0", "model.safetensors").exists()  # reuses spe's runs
+    spe0, draws0 = doc["runs"]["spe/seed0"], doc["runs"]["spe-2-draws/seed0"]
+    assert [b["start"] for b in spe0["buckets"]] == [0, 16, 32]
+    assert spe0["buckets"][0]["ce"] != draws0["buckets"][0]["ce"]  # other test-time options, other numbers
+    assert doc["runs"]["ape/seed0"]["buckets"][0]["ce"] != doc["runs"]["ape/seed1"]["buckets"][0]["ce"]
+    table = (out / "results.md").read_text()
+    assert "| spe | 2 |" in table and "±" in table and "+0.0%" in table  # ape vs itself
+    stamp = (out / "ape" / "seed0" / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(args) == 0  # everything finished: nothing is trained again
+    assert (out / "ape" / "seed0" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert "| ape | 2 |" in capsys.readouterr().out
+
+
+def test_plan_errors_name_the_file_and_variant(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[variants.x]\nmodel = { positional = "rope2" }\n')
+    with pytest.raises(ValueError, match=r"bad.toml, variant 'x'.*rope2"):
+        load_plan(str(bad))
+    bad.write_text('[variants.x]\ncheckpoints_of = "y"\n')
+    with pytest.raises(ValueError, match="checkpoints_of"):
+        load_plan(str(bad))
+    with pytest.raises(ValueError, match="neither a file"):
+        load_plan(str(tmp_path / "missing.toml"))
+    plan = load_plan("ablation")  # the packaged plan parses
+    assert plan.reference == "ape" and plan.seeds == [0, 1, 2] and "sinespe" in plan.variants
