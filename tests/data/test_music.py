@@ -82,3 +82,15 @@ def test_grammar_follows_remi_and_positions_increase_within_a_bar():
                                  v["Velocity_79"], v["Duration_1.0.8"]])
     assert not after_note[v["Position_8"]] and not after_note[v["Position_4"]] and after_note[v["Position_9"]]
     assert after_note[v["Bar_None"]] and not after_note[v["EOS_None"]] and not after_note[v["PAD_None"]]
+
+
+def test_music21_corpus_names_and_strides_are_parsed_or_refused():
+    from spe.data.music import DataError, _parse_music21, music21_corpus_midi
+
+    assert _parse_music21("music21:palestrina") == ("palestrina", 1)
+    assert _parse_music21("music21:palestrina/4") == ("palestrina", 4)
+    for bad in ("music21:palestrina/x", "music21:palestrina/0", "music21:"):
+        with pytest.raises(DataError, match="music21:NAME|stride"):
+            _parse_music21(bad)
+    with pytest.raises(DataError, match="no scores for 'no-such-composer'"):
+        music21_corpus_midi("no-such-composer", "/tmp/spe-test-never-written")
