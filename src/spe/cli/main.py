@@ -134,6 +134,8 @@ def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int |
         label = f"{model.config.positional}/{model.config.attention}" + ("" if model.config.gated else " ungated")
         results.append({"checkpoint": str(ckpt), "label": label, "seq_len": seq_len, "step": meta.get("step"),
                         "within": float(ce[:, :seq_len].mean()), "beyond": float(ce[:, seq_len:].mean()),
+                        # std over sequences of each sequence's mean (Table 6's ±), as bucket_means does
+                        "within_std": _sequence_std(ce[:, :seq_len]), "beyond_std": _sequence_std(ce[:, seq_len:]),
                         "buckets": bucket_means(ce, seq_len), "per_position": ce.mean(0).tolist()})
     uni = unigram_cross_entropy(train_pieces, seqs, model.config.vocab_size)
     summary = {"max_length": length, "num_sequences": len(seqs), "num_validation_pieces": n_val,
@@ -146,6 +148,13 @@ def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int |
             {"models": [{"label": r["label"], "checkpoint": r["checkpoint"], "buckets": r["buckets"]} for r in results],
              "unigram_buckets": summary["unigram_buckets"]}, indent=2))
     return summary
+
+
+def _sequence_std(ce) -> float:
+    """Standard deviation over sequences of the per-sequence mean of (N, T) values (NaN if N < 2 or T = 0)."""
+    if ce.shape[0] < 2 or ce.shape[1] == 0:
+        return float("nan")
+    return float(ce.mean(1).std())
 
 
 def _write_outputs(summary: dict, out: Path, unigram_curve) -> None:
@@ -271,6 +280,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
                          temperature=args.temperature, device=args.device, progress=not args.no_progress)
     print(f"wrote {info['out']}: {info['total_tokens']} tokens ({info['prompt_tokens']} from the prompt), "
           f"{info['notes']} notes, {info['bars']} bars, {info['beats']:.1f} beats")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from spe.cli.report import build_report
+
+    if args.probe_tokens < 1:
+        raise UsageError(f"--probe-tokens must be positive, got {args.probe_tokens}")
+    path = build_report(args.checkpoint, Path(args.out), data=args.data, cache_dir=args.cache_dir,
+                        max_length=args.max_length, r_test=_int_list(args.r_test, "--r-test") if args.r_test else (),
+                        generate_length=args.length, num_probe_tokens=args.probe_tokens, device=args.device,
+                        progress=not args.no_progress)
+    print(f"wrote {path}")
     return 0
 
 
@@ -424,6 +446,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("report", help="Markdown report: extrapolation, PE metrics, pictures, generations")
+    p.add_argument("--checkpoint", action="append", required=True, help="run folder or .safetensors (repeatable)")
+    p.add_argument("--out", required=True, help="folder for report.md, report.json, figures and MIDI")
+    p.add_argument("--data", help="MIDI folder (default: the first checkpoint's training data)")
+    p.add_argument("--cache-dir")
+    p.add_argument("--max-length", type=int, help="evaluated positions (default: 2 × training length)")
+    p.add_argument("--r-test", help="comma-separated test-time R for the R ablation of SPE models, e.g. 8,32,64")
+    p.add_argument("--length", type=int, default=1024, help="tokens generated after the prompt, per model")
+    p.add_argument("--probe-tokens", type=int, default=16, help="vocabulary tokens for identical-token probing")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("generate", help="sample new music (nucleus sampling) to a MIDI file")
     p.add_argument("--checkpoint", required=True)

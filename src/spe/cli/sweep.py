@@ -218,8 +218,8 @@ def write_results(doc: dict, plan: Plan, path: Path) -> None:
     edges = rows[0]["bucket_edges"]
     ref = f" vs {plan.reference}" if plan.reference else ""
     lines = [f"# {doc.get('title', 'sweep')}", "",
-             f"Data: {doc.get('data')}. Teacher-forced cross-entropy (nats/token) by position bucket, mean ± std "
-             "over seeds; growth = last bucket / first bucket − 1 (per seed, then averaged).", "",
+             (f"Data: {doc.get('data')}. Teacher-forced cross-entropy (nats/token) by position bucket, mean ± std "
+              "over seeds; growth = last bucket / first bucket − 1 (per seed, then averaged)."), "",
              "| variant | seeds | " + " | ".join(f"[{a},{b})" for a, b in edges) + f" | growth | [0,{edges[0][1]})"
              f"{ref} | train s | description |",
              "|---|---|" + "---|" * len(edges) + "---|---|---|---|"]

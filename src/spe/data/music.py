@@ -24,15 +24,15 @@ import torch
 from spe.checkpoint import atomic_write
 
 __all__ = [
+    "MUSIC21_PREFIX",
     "Corpus",
     "DataError",
-    "MUSIC21_PREFIX",
     "bach_chorales_midi",
-    "music21_corpus_midi",
     "default_cache_dir",
     "find_midi_files",
     "load_corpus",
     "make_tokenizer",
+    "music21_corpus_midi",
     "tokenizer_from_json",
     "tokenizer_to_json",
 ]

@@ -6,14 +6,19 @@
 * Musical style similarity (appendix C.2, Figure 5): :func:`onset_duration_profile`,
   :func:`time_pitch_profile`, :func:`style_similarity` and :func:`split_equal_parts`
   (the ``music`` extra: numpy, symusic).
+* Offline attention (appendix D.1, Figures 8-12): :func:`layer_queries_keys` and
+  :func:`attention_matrices` (torch only).
 """
 
+from spe.metrics.capture import attention_matrices, layer_queries_keys
 from spe.metrics.pe_properties import monotonicity, translation_invariance
 from spe.metrics.probing import identical_token_attention
 from spe.metrics.style import onset_duration_profile, split_equal_parts, style_similarity, time_pitch_profile
 
 __all__ = [
+    "attention_matrices",
     "identical_token_attention",
+    "layer_queries_keys",
     "monotonicity",
     "onset_duration_profile",
     "split_equal_parts",

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from spe.metrics.capture import layer_queries_keys
+
 if TYPE_CHECKING:
     from spe.models.decoder_lm import DecoderLM
 
@@ -89,37 +91,12 @@ def identical_token_attention(model: DecoderLM, token: int, length: int, *, laye
         raise ValueError(f"{type(attn.score_encoding).__name__} adds a term to the attention scores, "
                          "which this probe does not reconstruct; it supports encodings added to tokens "
                          "(ape, ape-learned), sinespe, convspe, rope (softmax) and none")
-    rotary = getattr(attn, "rotary", None)
-    if rotary is not None and attn.attention != "softmax":
-        raise ValueError(f"with {attn.attention} attention RoPE rotates the kernel features, not the "
-                         "queries and keys, so exp(q·k/√D) is not what the model computes; probe a "
-                         "softmax RoPE model")
-    captured: dict = {}
-
-    def grab(module, args, kwargs):
-        captured["x"] = args[0] if args else kwargs["x"]
-        captured["code"] = args[1] if len(args) > 1 else kwargs.get("code")
-        captured["positions"] = kwargs.get("positions")
-
-    was_training = model.training
+    # The shared capture runs the model in eval mode, takes the layer's input with a pre-hook and
+    # forms q, k with the layer's own projection (and SPE filter, or RoPE rotation), so the probe
+    # follows any change in how queries and keys are formed; it refuses RoPE with a linear kernel.
     device = next(model.parameters()).device
-    handle = attn.register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        model.eval()
-        model(torch.full((1, length), token, dtype=torch.long, device=device))
-        if "x" not in captured:
-            raise RuntimeError(f"layer {layer}'s attention was not called by the model's forward")
-        # The layer's own projection (and SPE filter), so the probe follows any change in how
-        # queries and keys are formed.
-        q, k, _ = attn._project(captured["x"], captured["code"])  # (1, L, H, E)
-        if rotary is not None:  # softmax RoPE rotates q and k after the projection, as forward does
-            positions = captured["positions"]
-            if positions is None:
-                positions = torch.arange(length, device=q.device)
-            q, k = rotary(q, positions), rotary(k, positions)
-    finally:
-        handle.remove()
-        model.train(was_training)
+    q, k = layer_queries_keys(model, torch.full((1, length), token, dtype=torch.long, device=device),
+                              layer=layer)  # (1, L, H, E)
     q, k = q[0].to("cpu", torch.float64), k[0].to("cpu", torch.float64)  # (L, H, E)
     logits = torch.einsum("mhe,nhe->hmn", q, k) / math.sqrt(q.shape[-1])  # (H, L, L)
     causal = torch.ones(length, length, dtype=torch.bool).tril()
