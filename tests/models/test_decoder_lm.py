@@ -13,9 +13,21 @@ from spe.models.config import POSITIONALS as WHERE
 POSITIONALS = [("ape", True), ("ape-learned", True), ("none", True), ("sinespe", True), ("sinespe", False),
                ("convspe", True), ("convspe", False), ("rope", True), ("shaw", True), ("music-relative", True),
                ("alibi", True)]
-# every allowed attention × positional pair (score terms need softmax attention)
-PAIRS = [(att, pos) for att, pos in itertools.product(ATTENTIONS, POSITIONALS)
-         if WHERE[pos[0]] is None or WHERE[pos[0]] in ACCEPTS[att]]
+
+
+def _allowed(att, pos):
+    try:
+        ModelConfig(vocab_size=2, positional=pos, attention=att)
+    except ValueError:
+        return False
+    return True
+
+
+# every allowed attention × positional pair: score terms need softmax attention, RoPE with a
+# linear kernel needs positive features
+PAIRS = [(att, pos) for att, pos in itertools.product(ATTENTIONS, POSITIONALS) if _allowed(att, pos[0])]
+assert len(PAIRS) == 4 * 11 - 3 * 3 - 1  # 4 kernels × 11 rows (ungated too), minus 9 score pairs, rope+relu
+assert all(WHERE[p[0]] is None or WHERE[p[0]] in ACCEPTS[a] for a, p in PAIRS)
 
 
 def _model(positional, attention, gated=True, **kw):

@@ -67,7 +67,7 @@ def test_music_relative_skewing_equals_explicit_form_forward_and_backward(causal
 def test_music_relative_without_embeddings_is_plain_attention_and_clips_far_distances():
     q, k, v = _qkv(9)
     with torch.no_grad():
-        module = MusicRelativePosition(3, 4, max_distance=3).double()
+        module = MusicRelativePosition(3, 4, max_distance=2).double()  # r = -2, -1, 0
         module.embeddings.zero_()
         torch.testing.assert_close(module.attend(q, k, v), softmax_attention(q, k, v, causal=True))
         module.embeddings.normal_(generator=torch.Generator().manual_seed(0))
@@ -75,6 +75,8 @@ def test_music_relative_without_embeddings_is_plain_attention_and_clips_far_dist
         # distances ≥ 2 all use e_{-2}: an explicit table with that clipping gives the same
         table = module.embeddings[torch.tensor([0] * 7 + [1, 2])]  # r = -8 … 0
         torch.testing.assert_close(out, music_relative_attention_reference(q, k, v, table, causal=True))
+        # the same k means the same clipping for Shaw: k + 1 learned distances in both
+        assert module.embeddings.shape[0] == ShawRelativePosition(4, max_distance=2).rel_keys.shape[0] == 3
 
 
 def _shaw_loop(q, k, v, rel_k, rel_v, kmax, causal):
@@ -115,10 +117,16 @@ def test_shaw_with_clipping_equals_a_loop(causal):
         torch.testing.assert_close(module.attend(q, k, v), expected, atol=1e-12, rtol=0)
 
 
-def test_shaw_rejects_mismatched_embeddings():
+def test_kernels_reject_mismatched_shapes():
     q, k, v = _qkv(4)
     with pytest.raises(ValueError, match="rel_keys"):
         shaw_attention(q, k, v, torch.zeros(4, 4, 3), torch.zeros(4, 4, 4), causal=True)
+    with pytest.raises(ValueError, match="rel_keys"):
+        music_relative_attention_reference(q, k, v, torch.zeros(3, 3, 4), causal=True)
+    with pytest.raises(ValueError, match="as many keys"):
+        music_relative_attention(q, k[:, :3], v[:, :3], torch.zeros(4, 3, 4), causal=True)
+    with pytest.raises(ValueError, match="batch, length, num_heads"):
+        shaw_attention(q, k[..., :2], v, torch.zeros(4, 4, 4), torch.zeros(4, 4, 4), causal=True)
 
 
 def test_alibi_slopes_follow_press_et_al():

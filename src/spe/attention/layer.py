@@ -95,6 +95,11 @@ class MultiHeadAttention(nn.Module):
         if score_encoding is not None and getattr(score_encoding, "causal", causal) != causal:
             raise ValueError(f"the score encoding is {'' if score_encoding.causal else 'non-'}causal but the layer "
                              f"is {'' if causal else 'non-'}causal")
+        if rotary is not None and attention == "linear-relu":
+            # ReLU features can make the unrotated normaliser exactly 0 while the rotated
+            # numerator is not (RoFormer eq. 19 needs strictly positive features).
+            raise ValueError("rotary encoding with linear attention needs strictly positive features: use "
+                             "performer or linear-elu, not linear-relu")
         rotated_dim = num_features if attention == "performer" else self.head_dim
         if rotary is not None and rotated_dim % 2:
             raise ValueError(f"rotary encoding needs an even {'num_features' if attention == 'performer' else 'head_dim'}"
@@ -151,6 +156,8 @@ class MultiHeadAttention(nn.Module):
             (B, 1, C) output and the new state.
         """
         q, k, v = self._project(x, code)
+        if state is not None and "position" not in state and self.rotary is not None and "keys" not in state:
+            raise ValueError("a linear-attention decoding state with RoPE must carry its 'position'")
         position = 0 if state is None else state.get("position", _cached_length(state))
         pos = torch.tensor([position], device=x.device)
         if self.attention == "softmax":
@@ -190,12 +197,14 @@ class MultiHeadAttention(nn.Module):
             x: (B, L, C).
             code: SPE code for L positions; required iff the layer has an SPE filter.
             positions: (L,) positions for RoPE (default 0 … L − 1); score encodings use
-                index distances.
+                index distances and refuse them.
 
         Returns:
             (B, L, C).
         """
         b, n, _ = x.shape
+        if positions is not None and self.score_encoding is not None:
+            raise ValueError(f"{type(self.score_encoding).__name__} works on index distances; it takes no positions")
         q, k, v = self._project(x, code)
         if self.rotary is not None and positions is None:
             positions = torch.arange(n, device=x.device)
@@ -210,6 +219,9 @@ class MultiHeadAttention(nn.Module):
             fq, fk = self._features(q, k)
             extra = {}
             if self.rotary is not None:  # RoFormer eq. (19): rotated numerator, positive normaliser
+                # rotate in at least float32, as the recurrent step does (bf16 cos/sin are coarse)
+                dtype = torch.promote_types(fq.dtype, torch.float32)
+                fq, fk = fq.to(dtype), fk.to(dtype)
                 extra["normalizer"] = (fq, fk)
                 fq, fk = self.rotary(fq, positions), self.rotary(fk, positions)
             if self.causal:

@@ -18,8 +18,7 @@ _MODEL_FLAGS = {"positional": "positional", "attention": "attention", "num_reali
                 "num_sines": "num_sines", "kernel_size": "kernel_size", "d_model": "d_model",
                 "num_layers": "num_layers", "num_heads": "num_heads", "max_distance": "max_distance",
                 "max_positions": "max_positions"}
-# Encodings that add a term to the attention scores need softmax attention.
-_SCORE_ENCODINGS = ("shaw", "music-relative", "alibi")
+
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
                 "eval_every", "threads", "warmup_steps")
 
@@ -33,6 +32,7 @@ def _default_config() -> Path:
 
 
 def _train_config(args: argparse.Namespace):
+    from spe.models.config import SCORE_ENCODINGS
     from spe.train.config import TrainConfig, load_config_file
 
     raw = load_config_file(args.config) if args.config else load_config_file(_default_config())
@@ -47,7 +47,7 @@ def _train_config(args: argparse.Namespace):
             model[key] = value
     if getattr(args, "ungated", False):
         model["gated"] = False
-    if getattr(args, "positional", None) in _SCORE_ENCODINGS and getattr(args, "attention", None) is None \
+    if getattr(args, "positional", None) in SCORE_ENCODINGS and getattr(args, "attention", None) is None \
             and model.get("attention", "performer") != "softmax":
         # The config's kernel was not chosen on the command line: pick the one this encoding needs
         # rather than fail (an explicit --attention performer still fails with a clear error).

@@ -1,9 +1,10 @@
 """Relative attention of Music Transformer (Huang et al. 2018), keys only, via skewing.
 
-Letters: B = batch, L = length, H = num_heads, D = head_dim, P = max_distance.
+Letters: B = batch, L = length, H = num_heads, D = head_dim, k = max_distance.
 
-Each head learns an embedding e_r per relative position r = j − i; |r| ≥ P is clipped to
-the farthest learned one (r = ±(P − 1)), so the model runs at any length. The relative
+Each head learns an embedding e_r per relative position r = j − i, |r| ≤ k; farther ones
+are clipped to r = ±k (the same meaning of k as Shaw's clipping distance), so the model
+runs at any length. The relative
 scores come from Q Eᵀ and the skewing reshape (:func:`spe.ops.relative.skew`): memory
 O(L·D) beyond the L × L scores that softmax attention has anyway. Softmax attention only.
 """
@@ -24,8 +25,12 @@ class MusicRelativePosition(nn.Module):
     Args:
         num_heads: H.
         head_dim: D.
-        max_distance: P, learned relative positions |r| < P (P for causal, 2P − 1 otherwise).
+        max_distance: k, learned relative positions |r| ≤ k (k + 1 embeddings when causal,
+            2k + 1 otherwise).
         causal: only r ≤ 0; otherwise both directions.
+
+    Raises:
+        ValueError: if ``max_distance`` < 1.
     """
 
     def __init__(self, num_heads: int, head_dim: int, max_distance: int, *, causal: bool = True) -> None:
@@ -33,14 +38,14 @@ class MusicRelativePosition(nn.Module):
         if max_distance < 1:
             raise ValueError(f"max_distance must be positive, got {max_distance}")
         self.max_distance, self.causal = max_distance, causal
-        size = max_distance if causal else 2 * max_distance - 1
+        size = max_distance + 1 if causal else 2 * max_distance + 1
         self.embeddings = nn.Parameter(torch.randn(size, num_heads, head_dim) * 0.02)
 
     def _table(self, low: int, high: int) -> Tensor:
-        """Embeddings for r = low … high (clipped), (high − low + 1, H, D)."""
-        p = self.max_distance
-        r = torch.arange(low, high + 1, device=self.embeddings.device).clamp(-(p - 1), p - 1)
-        return self.embeddings[r + p - 1]
+        """Embeddings for r = low … high (clipped to ±k), (high − low + 1, H, D)."""
+        k = self.max_distance
+        r = torch.arange(low, high + 1, device=self.embeddings.device).clamp(-k, k)
+        return self.embeddings[r + k]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor:
         """Softmax attention with relative key terms.

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from spe.attention.layer import ACCEPTS, ATTENTIONS
 from spe.encodings.positions import require_positive
 
-__all__ = ["POSITIONALS", "ModelConfig"]
+__all__ = ["POSITIONALS", "SCORE_ENCODINGS", "ModelConfig"]
 
 # Each positional encoding and where it acts (see spe.attention.layer.ACCEPTS).
 POSITIONALS = {
@@ -21,6 +21,7 @@ POSITIONALS = {
     "alibi": "scores",           # Press et al. 2022
     "none": None,
 }
+SCORE_ENCODINGS = tuple(name for name, where in POSITIONALS.items() if where == "scores")
 
 
 @dataclass
@@ -50,8 +51,8 @@ class ModelConfig:
         tie_embeddings: share the token embedding with the output layer.
         code_seed: seed of the SPE code in eval mode (same checkpoint + input = same logits).
         max_positions: number of ``ape-learned`` embeddings (longer inputs raise ValueError).
-        max_distance: ``shaw`` clipping distance k; ``music-relative`` learned distances P
-            (farther ones share the last embedding).
+        max_distance: k, the clipping distance of ``shaw`` and ``music-relative``: relative
+            positions |j − i| ≤ k have their own embedding, farther ones share the last.
         rope_base: ``rope`` frequency base.
     """
 
@@ -90,6 +91,9 @@ class ModelConfig:
             raise ValueError(f"positional {self.positional!r} adds a term to the attention scores, which "
                              f"{self.attention} attention never forms; with {self.attention} choose one of "
                              f"{allowed}, or use attention 'softmax'")
+        if self.positional == "rope" and self.attention == "linear-relu":
+            raise ValueError("positional 'rope' with linear attention needs strictly positive features: "
+                             "use attention performer or linear-elu, not linear-relu")
         require_positive("ModelConfig", **{name: getattr(self, name) for name in (
             "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
             "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions", "max_distance")})

@@ -21,7 +21,7 @@ from spe.encodings.music_relative import MusicRelativePosition
 from spe.encodings.rope import RotaryEncoding
 from spe.encodings.shaw import ShawRelativePosition
 from spe.encodings.sine import SineSPE
-from spe.models.config import ModelConfig
+from spe.models.config import SCORE_ENCODINGS, ModelConfig
 
 __all__ = ["Block", "DecoderLM", "DecodingState"]
 
@@ -172,7 +172,7 @@ class DecoderLM(nn.Module):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
         n = tokens.shape[1]
-        if positions is not None and self.config.positional in ("shaw", "music-relative", "alibi"):
+        if positions is not None and self.config.positional in SCORE_ENCODINGS:
             raise ValueError(f"positional {self.config.positional!r} works on index distances; it takes no positions")
         if positions is None:
             positions = torch.arange(n, device=tokens.device)
@@ -183,8 +183,9 @@ class DecoderLM(nn.Module):
             x = self.ape(x, positions)
         x = self.drop(x)
         code = self.draw_code(positions, generator=generator, num_realizations=num_realizations)
+        rotary_positions = positions if self.config.positional == "rope" else None  # others need none here
         for block in self.blocks:
-            x = block(x, code, positions)
+            x = block(x, code, rotary_positions)
         return self.head(self.norm(x))
 
     @torch.no_grad()

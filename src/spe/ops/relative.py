@@ -68,10 +68,12 @@ def relative_shift(rel_logits: Tensor) -> Tensor:
     return flat.reshape(*lead, n, 2 * n - 2)[..., :n]
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
-    if q.dim() != 4 or k.shape != q.shape[:1] + k.shape[1:2] + q.shape[2:] or v.shape[:3] != k.shape[:3]:
+def _check_pair(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Queries (B, Lq, H, D), keys (B, Lk, H, D), values (B, Lk, H, Dv)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] \
+            or v.shape[:3] != k.shape[:3]:
         raise ValueError(f"queries, keys, values must be (batch, length, num_heads, head_dim) with matching "
-                         f"batch, heads and key/value lengths, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"batch, heads, head_dim and key/value lengths, got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
 
 
@@ -92,8 +94,10 @@ def music_relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, 
     Raises:
         ValueError: on shapes that do not match.
     """
-    _check(q, k, v)
+    _check_pair(q, k, v)
     n, d = q.shape[1], q.shape[-1]
+    if k.shape[1] != n:
+        raise ValueError(f"skewed relative attention needs as many keys as queries, got {k.shape[1]} and {n}")
     width = n if causal else 2 * n - 1
     if rel_keys.shape != (width, q.shape[2], d):
         raise ValueError(f"rel_keys must be ({width}, {q.shape[2]}, {d}) for length {n} "
@@ -124,8 +128,13 @@ def music_relative_attention_reference(q: Tensor, k: Tensor, v: Tensor, rel_keys
     Returns:
         (B, Lq, H, Dv).
     """
+    _check_pair(q, k, v)
     lq, lk, d = q.shape[1], k.shape[1], q.shape[-1]
     lowest = -(lq + query_offset - 1)
+    width = lq + query_offset + (0 if causal else lk - 1)
+    if rel_keys.shape != (width, q.shape[2], d):
+        raise ValueError(f"rel_keys must be ({width}, {q.shape[2]}, {d}) for {lq} queries from position "
+                         f"{query_offset} and {lk} keys, got {tuple(rel_keys.shape)}")
     i = torch.arange(lq, device=q.device)[:, None] + query_offset
     j = torch.arange(lk, device=q.device)[None, :]
     rel = (j - i).clamp(max=0) if causal else j - i  # masked entries index a valid row
@@ -143,19 +152,23 @@ def shaw_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, rel_values
     Args:
         q: (B, Lq, H, D) queries at positions query_offset … query_offset + Lq − 1.
         k: (B, Lk, H, D) keys at positions 0 … Lk − 1.
-        v: (B, Lk, H, D) values.
+        v: (B, Lk, H, Dv) values.
         rel_keys: (Lq, Lk, D) a^K_ij, shared by the heads (eq. 3-4 of Shaw et al.).
-        rel_values: (Lq, Lk, D) a^V_ij.
+        rel_values: (Lq, Lk, Dv) a^V_ij.
         causal: mask keys after each query.
         query_offset: position of the first query.
 
     Returns:
-        (B, Lq, H, D).
+        (B, Lq, H, Dv).
+
+    Raises:
+        ValueError: on shapes that do not match.
     """
+    _check_pair(q, k, v)
     lq, lk, d = q.shape[1], k.shape[1], q.shape[-1]
     if rel_keys.shape != (lq, lk, d) or rel_values.shape != (lq, lk, v.shape[-1]):
-        raise ValueError(f"rel_keys/rel_values must be ({lq}, {lk}, {d}), got {tuple(rel_keys.shape)} "
-                         f"and {tuple(rel_values.shape)}")
+        raise ValueError(f"rel_keys must be ({lq}, {lk}, {d}) and rel_values ({lq}, {lk}, {v.shape[-1]}), got "
+                         f"{tuple(rel_keys.shape)} and {tuple(rel_values.shape)}")
     logits = (torch.einsum("bihd,bjhd->bhij", q, k) + torch.einsum("bihd,ijd->bhij", q, rel_keys)) * d**-0.5
     if causal:
         i = torch.arange(lq, device=q.device)[:, None] + query_offset

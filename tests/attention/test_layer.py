@@ -1,0 +1,43 @@
+"""The attention layer refuses impossible positional/kernel combinations at construction."""
+
+import pytest
+import torch
+
+from spe.attention import MultiHeadAttention
+from spe.encodings import ALiBi, RotaryEncoding, ShawRelativePosition, SPEFilter
+from spe.models import ModelConfig
+
+
+@pytest.mark.parametrize("attention", ["performer", "linear-relu", "linear-elu"])
+def test_score_encodings_need_softmax(attention):
+    with pytest.raises(ValueError, match="never forms"):
+        MultiHeadAttention(16, 2, attention=attention, score_encoding=ALiBi(2))
+
+
+def test_one_positional_encoding_per_layer_and_matching_causality():
+    with pytest.raises(ValueError, match="one positional encoding"):
+        MultiHeadAttention(16, 2, attention="softmax", rotary=RotaryEncoding(), score_encoding=ALiBi(2))
+    with pytest.raises(ValueError, match="one positional encoding"):
+        MultiHeadAttention(16, 2, attention="performer", rotary=RotaryEncoding(), spe_filter=SPEFilter(2, 8),
+                           num_realizations=4)
+    with pytest.raises(ValueError, match="non-causal"):
+        MultiHeadAttention(16, 2, attention="softmax", causal=True, score_encoding=ShawRelativePosition(8, 3,
+                                                                                                        causal=False))
+
+
+def test_rope_needs_even_dimensions_and_positive_features():
+    with pytest.raises(ValueError, match="even head_dim"):
+        MultiHeadAttention(15, 3, attention="softmax", rotary=RotaryEncoding())
+    with pytest.raises(ValueError, match="strictly positive"):
+        MultiHeadAttention(16, 2, attention="linear-relu", rotary=RotaryEncoding())
+    with pytest.raises(ValueError, match="strictly positive"):
+        ModelConfig(vocab_size=10, positional="rope", attention="linear-relu")
+
+
+def test_score_encodings_refuse_positions_and_rope_states_need_their_position():
+    layer = MultiHeadAttention(16, 2, attention="softmax", score_encoding=ALiBi(2))
+    with pytest.raises(ValueError, match="index distances"):
+        layer(torch.zeros(1, 3, 16), positions=torch.arange(3))
+    rope = MultiHeadAttention(16, 2, attention="linear-elu", rotary=RotaryEncoding())
+    with pytest.raises(ValueError, match="position"):
+        rope.step(torch.zeros(1, 1, 16), None, {"s": torch.zeros(1, 2, 8, 8), "z": torch.zeros(1, 2, 8)})
