@@ -94,3 +94,19 @@ def test_music21_corpus_names_and_strides_are_parsed_or_refused():
             _parse_music21(bad)
     with pytest.raises(DataError, match="no scores for 'no-such-composer'"):
         music21_corpus_midi("no-such-composer", "/tmp/spe-test-never-written")
+
+
+def test_stored_tokenizer_rebuilds_with_the_corpus_token_ids():
+    import json
+
+    from spe.data.music import make_tokenizer, same_tokenizer, tokenizer_from_json, tokenizer_to_json
+
+    fresh = make_tokenizer()
+    stored = tokenizer_to_json(fresh)
+    # sorting the keys (as old checkpoints did) renumbers the time-signature tokens when
+    # MidiTok rebuilds the tokenizer from the file; both forms must give the corpus ids
+    old_style = json.dumps(fresh.to_dict(), sort_keys=True, default=str)
+    for text in (stored, old_style):
+        assert same_tokenizer(text, stored)
+        assert tokenizer_from_json(text).vocab == fresh.vocab
+    assert not same_tokenizer(stored, stored.replace('"use_programs": true', '"use_programs": false'))

@@ -98,12 +98,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _validation_sequences(meta: dict, data: str | None, cache_dir: str | None, length: int):
     from spe.data.dataset import prefix_batch
-    from spe.data.music import load_corpus
+    from spe.data.music import load_corpus, same_tokenizer
 
     train_cfg = meta.get("train", {})
     data = data if data is not None else train_cfg.get("data")
     corpus = load_corpus(data, cache_dir=cache_dir or train_cfg.get("cache_dir"), progress=False)
-    if meta.get("tokenizer") not in (None, corpus.tokenizer_json):
+    if meta.get("tokenizer") is not None and not same_tokenizer(meta["tokenizer"], corpus.tokenizer_json):
         raise UsageError("the checkpoint's REMI tokenizer differs from this installation's (another MidiTok "
                          "version?): token ids would not match")
     train_idx, val_idx = corpus.split(train_cfg.get("val_fraction", 0.05), train_cfg.get("split_seed", 0))

@@ -33,6 +33,7 @@ __all__ = [
     "load_corpus",
     "make_tokenizer",
     "music21_corpus_midi",
+    "same_tokenizer",
     "tokenizer_from_json",
     "tokenizer_to_json",
 ]
@@ -92,15 +93,33 @@ def make_tokenizer():
 
 
 def tokenizer_to_json(tokenizer) -> str:
-    return json.dumps(tokenizer.to_dict(), sort_keys=True, default=str)
+    """The tokenizer's parameters as JSON text (stored in checkpoints and cache keys).
+
+    Keys keep MidiTok's order: it numbers the ``TimeSig`` tokens in the order of
+    ``time_signature_range``, so sorting the keys (as versions before this fix did) renumbers
+    them when the tokenizer is rebuilt.
+    """
+    return json.dumps(tokenizer.to_dict(), default=str)
+
+
+def same_tokenizer(a: str, b: str) -> bool:
+    """Whether two stored tokenizers have the same parameters, whatever their key order."""
+    return json.loads(a) == json.loads(b)
 
 
 def tokenizer_from_json(text: str):
-    """Rebuilds a tokenizer from :func:`tokenizer_to_json` output (stored in checkpoints)."""
+    """Rebuilds a tokenizer from :func:`tokenizer_to_json` output (stored in checkpoints).
+
+    The library's own tokenizer is rebuilt with :func:`make_tokenizer`, so its token ids are
+    exactly those of the corpus, also for checkpoints written with sorted keys.
+    """
     import tempfile
 
     from miditok import REMI
 
+    fresh = make_tokenizer()
+    if same_tokenizer(text, tokenizer_to_json(fresh)):
+        return fresh
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tokenizer.json"
         path.write_text(text)

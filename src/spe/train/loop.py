@@ -74,7 +74,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> P
     from tqdm import tqdm
 
     from spe.data.dataset import CropSampler, PitchShifter, prefix_batch
-    from spe.data.music import load_corpus, make_tokenizer
+    from spe.data.music import load_corpus, make_tokenizer, same_tokenizer
 
     out = Path(cfg.out)
     device = torch.device(cfg.device)
@@ -116,7 +116,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> P
         for key in ("data", "seq_len", "val_fraction", "split_seed", "max_transpose"):
             if key in before and before[key] != getattr(cfg, key):
                 raise ValueError(f"--resume: {key} was {before[key]!r} in {out}, now {getattr(cfg, key)!r}")
-        if saved.get("tokenizer") not in (None, corpus.tokenizer_json):
+        if saved.get("tokenizer") is not None and not same_tokenizer(saved["tokenizer"], corpus.tokenizer_json):
             raise ValueError(f"--resume: the tokenizer differs from the one in {out}")
         from safetensors.torch import load_file
 

@@ -1,0 +1,177 @@
+"""Reading a layer's queries, keys and attention matrix offline (appendix D.1 of Liutkus et al. 2021).
+
+Linear-attention models never form the L × L attention matrix, but it can be computed
+offline from the queries and keys the kernel sees: "A = exp(Q K^T / √D) (APE), or
+A = exp(Q^ K^^T / √R) (SPEs); then apply row-wise softmax operation on A as normalization"
+(appendix D.1, Figures 8-12). :func:`layer_queries_keys` captures those queries and keys
+with a forward pre-hook on the layer's attention and the layer's own projection;
+:func:`attention_matrices` turns them into softmax-normalised causal attention.
+
+Letters: B = batch, L = length, H = num_heads, D = head_dim, E = the dimension the attention
+kernel sees (R with SPE, D otherwise), W = relative positions of a score encoding.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from spe.models.decoder_lm import DecoderLM
+
+__all__ = ["attention_matrices", "layer_queries_keys"]
+
+
+def _blocks(model):
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not hasattr(model, "config"):
+        raise TypeError(f"model must be a spe.models.DecoderLM, got {type(model).__name__}")
+    return blocks
+
+
+def _layer_index(layer, num_layers: int) -> int:
+    try:
+        layer = operator.index(layer)
+    except TypeError:
+        raise TypeError(f"layer must be an integer, got {layer!r}") from None
+    if not -num_layers <= layer < num_layers:
+        raise ValueError(f"layer must lie in [0, {num_layers}) (or [-{num_layers}, -1] from the end) for this "
+                         f"{num_layers}-layer model, got {layer}")
+    return layer % num_layers
+
+
+@torch.no_grad()
+def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> tuple[Tensor, Tensor]:
+    """Queries and keys exactly as one layer's attention kernel receives them.
+
+    The model runs once in eval mode (no dropout; the SPE code drawn from
+    ``config.code_seed``, as at test time) on ``tokens`` at positions 0 … L−1. A forward
+    pre-hook takes the input that the layer's attention receives (after the embedding, APE,
+    earlier layers and the pre-norm) with the SPE code and the RoPE positions, and the layer's
+    own ``_project`` (projection and SPE filter) forms q and k, so this follows any change in
+    how the layer builds them. With softmax RoPE, q and k are then rotated as ``forward``
+    does. The model's train/eval mode is restored afterwards.
+
+    Args:
+        model: a :class:`~spe.models.DecoderLM`.
+        tokens: (B, L) token ids in [0, vocab_size).
+        layer: block index, 0-based; negative counts from the last block (−1 = last).
+
+    Returns:
+        q, k of shape (B, L, H, E), on the model's device and dtype. With SPE they carry the
+        filter's 1/(D·R)^{1/4} scale, so q·k / √E is the exponent of the kernel.
+
+    Raises:
+        TypeError: if ``model`` is not a DecoderLM or ``layer`` is not an integer.
+        ValueError: if the layer does not exist, or for RoPE with a linear kernel (which
+            rotates kernel features, not queries and keys).
+    """
+    blocks = _blocks(model)
+    layer = _layer_index(layer, len(blocks))
+    attn = blocks[layer].attn
+    rotary = getattr(attn, "rotary", None)
+    if rotary is not None and attn.attention != "softmax":
+        raise ValueError(f"with {attn.attention} attention RoPE rotates the kernel features, not the queries "
+                         "and keys, so q·k/√D is not what the model computes; only softmax RoPE models can "
+                         "be read this way")
+    captured: dict = {}
+
+    def grab(module, args, kwargs):
+        captured["x"] = args[0] if args else kwargs["x"]
+        captured["code"] = args[1] if len(args) > 1 else kwargs.get("code")
+        captured["positions"] = kwargs.get("positions")
+
+    was_training = model.training
+    handle = attn.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        model.eval()
+        model(tokens.to(next(model.parameters()).device))
+        if "x" not in captured:
+            raise RuntimeError(f"layer {layer}'s attention was not called by the model's forward")
+        q, k, _ = attn._project(captured["x"], captured["code"])  # (B, L, H, E)
+        if rotary is not None:  # softmax RoPE rotates q and k after the projection, as forward does
+            positions = captured["positions"]
+            if positions is None:
+                positions = torch.arange(q.shape[1], device=q.device)
+            q, k = rotary(q, positions), rotary(k, positions)
+    finally:
+        handle.remove()
+        model.train(was_training)
+    return q, k
+
+
+def _score_term(attn, q: Tensor) -> Tensor | None:
+    """(H, L, L) term that a score encoding adds to q·k / √D (None without one).
+
+    Uses the encoding's own index helpers so that it follows the layer's definition; only
+    the causal entries are meaningful (the caller masks the rest).
+    """
+    enc = getattr(attn, "score_encoding", None)
+    if enc is None:
+        return None
+    n, d = q.shape[0], q.shape[-1]
+    name = type(enc).__name__
+    if hasattr(enc, "slopes"):  # ALiBi: a bias added to the already scaled logits
+        return enc.bias(n, n).to("cpu", torch.float64)
+    if hasattr(enc, "rel_keys"):  # Shaw et al.: q_i · a^K_ij / √D, one (k + 1, D) table for all heads
+        idx = enc._index(n, n, 0, torch.device("cpu"))  # (L, L) rows of rel_keys
+        per_row = torch.einsum("mhd,rd->hmr", q, enc.rel_keys.detach().to("cpu", torch.float64))
+        return per_row.gather(2, idx.expand(q.shape[1], n, n)) / math.sqrt(d)
+    if hasattr(enc, "embeddings"):  # Music Transformer: q_i · e_{j−i} / √D, per head
+        table = enc._table(-(n - 1), 0).detach().to("cpu", torch.float64)  # (L, H, D), r = −(L−1) … 0
+        per_rel = torch.einsum("mhd,whd->hmw", q, table)  # (H, L, W)
+        rel = (torch.arange(n)[None, :] - torch.arange(n)[:, None]).clamp(max=0) + n - 1  # (L, L)
+        return per_rel.gather(2, rel.expand(q.shape[1], n, n)) / math.sqrt(d)
+    raise ValueError(f"{name} adds a term to the attention scores that attention_matrices does not know; "
+                     "it reconstructs ALiBi, Shaw and music-relative terms")
+
+
+@torch.no_grad()
+def attention_matrices(model: DecoderLM, tokens, *, layer: int = 0) -> Tensor:
+    """Softmax-normalised causal attention of one layer, computed offline (Figures 8-12).
+
+    Per head h, in float64::
+
+        A[h, m, n] = softmax_n(q_m · k_n / √E + s_h(m, n)) over n <= m,   0 for n > m,
+
+    with q, k from :func:`layer_queries_keys` (after the SPE filter: E = R; or RoPE: rotated),
+    and s the score encoding's term if any (ALiBi bias; Shaw's and Music Transformer's
+    q·e_{n−m} / √D). For softmax models this is the attention the layer computes. For linear
+    kernels it is the softmax attention that the kernel stands for (the paper's offline
+    A = exp(Q^ K^^T / √R), row-normalised): a Performer approximates it with random
+    features, and ReLU/ELU kernels replace it by another similarity.
+
+    Args:
+        model: a :class:`~spe.models.DecoderLM`.
+        tokens: (L,) or (1, L) token ids (tensor or sequence of ints), L >= 1.
+        layer: block index, 0-based; negative counts from the end.
+
+    Returns:
+        (H, L, L) float64 tensor on the CPU; [h, m, n] is query m attending to key n, each
+        row sums to 1 and entries above the diagonal are 0. Memory: about 3·H·L²·8 bytes.
+
+    Raises:
+        ValueError: on tokens that are not one sequence of ids in range, a layer that does not
+            exist, or RoPE with a linear kernel.
+        TypeError: if ``model`` is not a DecoderLM.
+    """
+    _blocks(model)
+    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    if tokens.dim() == 1:
+        tokens = tokens[None]
+    if tokens.dim() != 2 or tokens.shape[0] != 1 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens must be one non-empty sequence of shape (L,) or (1, L), got shape "
+                         f"{tuple(tokens.shape)}")
+    q, k = layer_queries_keys(model, tokens, layer=layer)
+    q, k = q[0].to("cpu", torch.float64), k[0].to("cpu", torch.float64)  # (L, H, E)
+    n = q.shape[0]
+    logits = torch.einsum("mhe,nhe->hmn", q, k) / math.sqrt(q.shape[-1])  # (H, L, L)
+    term = _score_term(model.blocks[_layer_index(layer, len(model.blocks))].attn, q)
+    if term is not None:
+        logits = logits + term
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    return logits.masked_fill(~causal, -math.inf).softmax(dim=-1)
