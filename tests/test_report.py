@@ -163,3 +163,19 @@ def test_audio_is_rendered_with_fluidsynth_and_a_soundfont(tmp_path, monkeypatch
     wavs, note = _render_audio([tmp_path / "other.mid"])
     assert wavs == [None] and "failed for other.mid: fluidsynth: error: bad soundfont" in note
     assert not list(tmp_path.glob(".other.wav*"))  # no temporary file left behind
+
+
+def test_publish_report_copies_images_and_drops_music_links(tmp_path):
+    from spe.cli.report import publish_report
+
+    src = tmp_path / "report"
+    (src / "figures").mkdir(parents=True)
+    (src / "figures" / "a.png").write_bytes(b"\x89PNG\r\n\x1a\nxyz")
+    (src / "report.md").write_text("# R\n\n![A plot](figures/a.png)\n\n[generated/x.mid](generated/x.mid)\n")
+    doc = publish_report(src, tmp_path / "docs" / "results.md", preamble="How.\n\n")
+    text = doc.read_text()
+    assert text.startswith("How.") and "![A plot](results/figures-a.png)" in text
+    assert (tmp_path / "docs" / "results" / "figures-a.png").read_bytes().startswith(b"\x89PNG")
+    assert "(generated/x.mid)" not in text and "not committed" in text
+    with pytest.raises(ValueError, match="no report.md"):
+        publish_report(tmp_path / "missing", tmp_path / "x.md")
