@@ -349,6 +349,7 @@ def build_report(checkpoints: list[str], out: str | os.PathLike, *, data: str | 
 
     from spe import __version__
     from spe.checkpoint import atomic_write, load, load_metadata
+    from spe.data.music import same_tokenizer
     from spe.evaluation.pictures import (
         plot_attention,
         plot_kernels,
@@ -373,7 +374,7 @@ def build_report(checkpoints: list[str], out: str | os.PathLike, *, data: str | 
     for ckpt, meta in zip(checkpoints, metas):
         if "tokenizer" not in meta:
             raise UsageError(f"{ckpt} holds no tokenizer: it was not trained on music by `spe train`")
-        if meta["tokenizer"] != metas[0]["tokenizer"]:
+        if not same_tokenizer(meta["tokenizer"], metas[0]["tokenizer"]):
             raise UsageError(f"{ckpt} was trained with another REMI tokenizer than {checkpoints[0]}: "
                              "token ids would not match")
     names = _names(checkpoints)
