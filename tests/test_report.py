@@ -179,3 +179,12 @@ def test_publish_report_copies_images_and_drops_music_links(tmp_path):
     assert "(generated/x.mid)" not in text and "not committed" in text
     with pytest.raises(ValueError, match="no report.md"):
         publish_report(tmp_path / "missing", tmp_path / "x.md")
+
+
+def test_model_names_are_the_shortest_unique_run_paths():
+    from spe.cli.report import _names
+
+    assert _names(["runs/ablation/ape/seed0", "runs/ablation/sinespe/seed0"]) == ["ape", "sinespe"]
+    assert _names(["runs/a", "runs/b"]) == ["a", "b"]
+    assert _names(["x/a/run", "y/a/run"]) == ["x-a", "y-a"]
+    assert _names(["runs/a", "runs/a"]) == ["a", "a-2"]

@@ -188,12 +188,24 @@ def _mean_std(mean, std) -> str:
 
 
 def _names(checkpoints: list[str]) -> list[str]:
-    """Short unique file-name-safe names: the run folder's name (or the file's stem)."""
-    names, seen = [], set()
+    """Short unique file-name-safe names from the run folders' paths.
+
+    The run folder's name, or, when those repeat (``ape/seed0``, ``sinespe/seed0``), as many
+    trailing folder names as make them unique, leaving out a final part they all share.
+    """
+    parts = []
     for ckpt in checkpoints:
         p = Path(ckpt)
-        base = p.name if p.is_dir() else (p.parent.name if p.stem == "model" else p.stem)
-        base = re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.") or "model"
+        run = p if p.is_dir() else (p.parent if p.stem == "model" else p.with_suffix(""))
+        parts.append([re.sub(r"[^A-Za-z0-9._-]+", "-", q).strip("-.") or "model" for q in run.parts])
+    shared_last = len(parts) > 1 and len({tuple(p[-1:]) for p in parts}) == 1
+    trimmed = [p[:-1] or p for p in parts] if shared_last else parts
+    for depth in range(1, max(len(p) for p in trimmed) + 1):
+        names = ["-".join(p[-depth:]) for p in trimmed]
+        if len(set(names)) == len(names):
+            return names
+    names, seen = [], set()
+    for base in (p[-1] for p in parts):
         name, k = base, 2
         while name in seen:
             name, k = f"{base}-{k}", k + 1
