@@ -72,3 +72,18 @@ def test_plan_errors_name_the_file_and_variant(tmp_path):
         load_plan(str(tmp_path / "missing.toml"))
     plan = load_plan("ablation")  # the packaged plan parses
     assert plan.reference == "ape" and plan.seeds == [0, 1, 2] and "sinespe" in plan.variants
+
+
+def test_sweep_refuses_to_reuse_a_run_trained_with_other_options(midi_folder, tmp_path, capsys):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN.replace("seeds = [0, 1]", "seeds = [0]"))
+    out = tmp_path / "sweep"
+    args = ["sweep", "--plan", str(plan), "--out", str(out), "--data", str(midi_folder), "--only", "ape",
+            "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(args) == 0
+    plan.write_text(PLAN.replace('model = { positional = "ape" }', 'model = { positional = "ape", d_ff = 48 }'))
+    capsys.readouterr()
+    assert main([*args, "--seeds", "0"]) == 2
+    assert "was trained with model options" in capsys.readouterr().err

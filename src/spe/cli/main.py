@@ -47,6 +47,8 @@ def _train_config(args: argparse.Namespace):
             model[key] = value
     if getattr(args, "ungated", False):
         model["gated"] = False
+    if getattr(args, "gated", False):
+        model["gated"] = True
     if getattr(args, "positional", None) in SCORE_ENCODINGS and getattr(args, "attention", None) is None \
             and model.get("attention", "performer") != "softmax":
         # The config's kernel was not chosen on the command line: pick the one this encoding needs
@@ -73,7 +75,9 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--positional", help="ape, ape-learned, sinespe, convspe, rope, none; with softmax attention "
                    "also shaw, music-relative, alibi (these select softmax unless --attention is given)")
     p.add_argument("--attention", help="softmax, performer, linear-relu or linear-elu")
-    p.add_argument("--ungated", action="store_true", help="SPE without gating")
+    gate = p.add_mutually_exclusive_group()
+    gate.add_argument("--gated", action="store_true", help="SPE with gating (eq. 23-25)")
+    gate.add_argument("--ungated", action="store_true", help="SPE without gating (the default)")
     p.add_argument("--num-realizations", type=int, help="R, SPE noise realisations")
     p.add_argument("--num-sines", type=int, help="K, sinusoids per feature (sinespe)")
     p.add_argument("--kernel-size", type=int, help="P, filter length (convspe)")
@@ -131,7 +135,8 @@ def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int |
         model = load(ckpt, device=device)
         ce = per_position_cross_entropy(model, seqs, batch_size=batch_size, num_realizations=num_realizations,
                                         num_draws=num_draws, progress=progress)
-        label = f"{model.config.positional}/{model.config.attention}" + ("" if model.config.gated else " ungated")
+        spe = model.config.positional in ("sinespe", "convspe")
+        label = f"{model.config.positional}/{model.config.attention}" + (" gated" if spe and model.config.gated else "")
         results.append({"checkpoint": str(ckpt), "label": label, "seq_len": seq_len, "step": meta.get("step"),
                         "within": float(ce[:, :seq_len].mean()), "beyond": float(ce[:, seq_len:].mean()),
                         # std over sequences of each sequence's mean (Table 6's ±), as bucket_means does

@@ -150,6 +150,11 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
                 raw["steps"] = steps
             cfg = TrainConfig.from_dict(raw)
             train_s = None
+            if (run_dir / MODEL_FILE).exists():
+                stored = load_metadata(run_dir).get("train", {}).get("model")
+                if stored is not None and {**stored, "vocab_size": None} != {**cfg.model, "vocab_size": None}:
+                    raise ValueError(f"{run_dir} was trained with model options {stored}, but variant {source!r} "
+                                     f"now asks for {cfg.model}: use another --out or delete that run")
             if spec["of"] is None:
                 finished = (run_dir / MODEL_FILE).exists() and load_metadata(run_dir).get("step") == cfg.steps
                 if not finished:

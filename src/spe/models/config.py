@@ -39,7 +39,9 @@ class ModelConfig:
             ``ape-learned``; on queries and keys ``sinespe``, ``convspe``, ``rope``; in the
             scores (softmax attention only) ``shaw``, ``music-relative``, ``alibi``; or ``none``.
         attention: ``softmax``, ``performer``, ``linear-relu`` or ``linear-elu``.
-        gated: SPE gating (eq. 23-25), for ``sinespe``/``convspe``.
+        gated: SPE gating (eq. 23-25), for ``sinespe``/``convspe``. Off by default: on the
+            Bach chorales ungated sineSPE was better than gated in every position bucket
+            (docs/ablation.md).
         num_realizations: R for SPE.
         num_sines: K for ``sinespe``.
         kernel_size: P (positions) for ``convspe``.
@@ -64,7 +66,7 @@ class ModelConfig:
     dropout: float = 0.1
     positional: str = "sinespe"
     attention: str = "performer"
-    gated: bool = True
+    gated: bool = False
     num_realizations: int = 32
     num_sines: int = 5
     kernel_size: int = 64
