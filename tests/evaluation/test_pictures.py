@@ -107,7 +107,7 @@ def test_plot_kernels_shows_the_encoding_kernel(tmp_path):
 
 
 def test_plot_kernels_applies_the_layer_gate(tmp_path):
-    model = _model("convspe", kernel_size=5)
+    model = _model("convspe", kernel_size=5, gated=True)
     with torch.no_grad():
         model.blocks[1].attn.spe_filter.gate_logits.normal_()
         gate = model.blocks[1].attn.spe_filter.gate.double().numpy()[..., None]
