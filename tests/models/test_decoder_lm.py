@@ -79,6 +79,33 @@ def test_code_is_shared_across_layers_each_with_its_own_gate():
     assert gates[0] is not gates[1]
 
 
+@pytest.mark.parametrize("positional", ["sinespe", "convspe"])
+def test_per_layer_encodings_give_each_layer_its_own_code_and_decode_recurrently(positional, tmp_path):
+    model = _model(positional, "performer", share_across_layers=False)
+    seen = []
+    for block in model.blocks:
+        block.attn.spe_filter.register_forward_hook(lambda mod, args, out: seen.append(args[2]))
+    x = torch.randint(0, 50, (2, 25), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        parallel = model(x)
+    assert len(seen) == 2 and seen[0] is not seen[1]
+    assert model.layer_encoding(0) is not model.layer_encoding(1)
+    shared = _model(positional, "performer")
+    assert model.num_parameters() - shared.num_parameters() == sum(p.numel() for p in shared.encoding.parameters())
+    state, steps = None, []
+    with torch.no_grad():
+        for t in range(x.shape[1]):
+            logits, state = model.step(x[:, t], state)
+            steps.append(logits)
+    torch.testing.assert_close(torch.stack(steps, 1), parallel, atol=1e-4, rtol=1e-4)
+    spe.save(model, tmp_path / "run")
+    with torch.no_grad():
+        torch.testing.assert_close(spe.load(tmp_path / "run")(x), parallel)
+    model.train()  # the second layer's encoding is trained through its own code
+    model.loss(torch.randint(0, 50, (2, 17)), generator=torch.Generator().manual_seed(0)).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.layer_encoding(1).parameters())
+
+
 def test_checkpoint_round_trip(tmp_path):
     model = _model("sinespe", "performer")
     path = spe.save(model, tmp_path / "run", metadata={"step": 3})

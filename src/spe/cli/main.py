@@ -121,8 +121,13 @@ def _validation_sequences(meta: dict, data: str | None, cache_dir: str | None, l
 
 def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int | None, data: str | None,
                          cache_dir: str | None, batch_size: int, device: str, json_path: str | None,
-                         progress: bool, num_realizations: int | None = None, num_draws: int = 1) -> dict:
-    """Evaluates checkpoints on the validation split; writes CSV, PNG and JSON; returns the summary."""
+                         progress: bool, num_realizations: int | None = None, num_draws: int = 1,
+                         bucket_width: int | None = None) -> dict:
+    """Evaluates checkpoints on the validation split; writes CSV, PNG and JSON; returns the summary.
+
+    Buckets are ``bucket_width`` positions wide (default: each checkpoint's training length),
+    so that models trained at different lengths can be compared bucket by bucket.
+    """
     from spe.checkpoint import load, load_metadata
     from spe.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
 
@@ -141,10 +146,10 @@ def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int |
                         "within": float(ce[:, :seq_len].mean()), "beyond": float(ce[:, seq_len:].mean()),
                         # std over sequences of each sequence's mean (Table 6's ±), as bucket_means does
                         "within_std": _sequence_std(ce[:, :seq_len]), "beyond_std": _sequence_std(ce[:, seq_len:]),
-                        "buckets": bucket_means(ce, seq_len), "per_position": ce.mean(0).tolist()})
+                        "buckets": bucket_means(ce, bucket_width or seq_len), "per_position": ce.mean(0).tolist()})
     uni = unigram_cross_entropy(train_pieces, seqs, model.config.vocab_size)
     summary = {"max_length": length, "num_sequences": len(seqs), "num_validation_pieces": n_val,
-               "unigram": float(uni.mean()), "unigram_buckets": bucket_means(uni, seq_lens[0]), "models": results}
+               "unigram": float(uni.mean()), "unigram_buckets": bucket_means(uni, bucket_width or seq_lens[0]), "models": results}
     out.mkdir(parents=True, exist_ok=True)
     _write_outputs(summary, out, uni.mean(0))
     if json_path:

@@ -69,7 +69,8 @@ def plot_kernels(model: DecoderLM, path: str | os.PathLike, *, max_lag: int | No
 
         (1 − δ_hd) · P_hd(τ) + δ_hd
 
-    P from the encoding's exact ``kernel(lags)`` (shared by all layers), δ the layer's gate
+    P from the layer's encoding's exact ``kernel(lags)`` (shared by all layers unless
+    ``share_across_layers`` is off), δ the layer's gate
     (eq. (23)-(25); δ = 0 for an ungated model). Only τ >= 0 is used by causal attention;
     negative lags are shown too, as in the paper's full templates.
 
@@ -85,7 +86,8 @@ def plot_kernels(model: DecoderLM, path: str | os.PathLike, *, max_lag: int | No
     Raises:
         ValueError: for a model without SPE, a non-positive ``max_lag`` or a missing layer.
     """
-    encoding = getattr(model, "encoding", None)
+    encoding = model.layer_encoding(_layer_index(layer, len(model.blocks))) if hasattr(model, "layer_encoding") \
+        else getattr(model, "encoding", None)
     if encoding is None or not hasattr(encoding, "kernel"):
         raise ValueError(f"plot_kernels needs an SPE model (positional sinespe or convspe), got positional "
                          f"{getattr(getattr(model, 'config', None), 'positional', type(model).__name__)!r}")

@@ -48,6 +48,9 @@ class ModelConfig:
         frequency_init: ``low`` or ``spread`` initial sineSPE frequencies.
         code_noise: ``gaussian`` or ``orthogonal`` (variance-reduced) sineSPE noise.
         gate_init: initial gate logit (δ = sigmoid(gate_init)).
+        share_across_layers: one SPE (parameters and code) for all layers, as in the paper
+            (each layer keeps its own gate); False gives every layer its own ``sinespe`` or
+            ``convspe`` module and its own noise draw.
         num_features: FAVOR+ random features M.
         chunk_size: chunk length of causal linear attention.
         tie_embeddings: share the token embedding with the output layer.
@@ -73,6 +76,7 @@ class ModelConfig:
     frequency_init: str = "low"
     code_noise: str = "gaussian"
     gate_init: float = 0.0
+    share_across_layers: bool = True
     num_features: int = 64
     chunk_size: int = 64
     tie_embeddings: bool = True

@@ -80,7 +80,8 @@ class DecoderLM(nn.Module):
     """Autoregressive language model over token ids.
 
     One SPE code is drawn per forward pass and shared by all layers and all examples of the
-    batch; each layer has its own gate (appendix A.2 of Liutkus et al. 2021). In training mode
+    batch; each layer has its own gate (appendix A.2 of Liutkus et al. 2021). With
+    ``share_across_layers=False`` every layer has its own encoding and code instead. In training mode
     the code comes from the ``generator`` passed to :meth:`forward` (or PyTorch's default
     generator); in eval mode from a generator seeded with ``config.code_seed``, so the same
     checkpoint and input give the same logits, and a prefix gets the same code whatever
@@ -105,14 +106,20 @@ class DecoderLM(nn.Module):
             self.ape = SinusoidalPositionalEncoding(config.d_model)
         elif config.positional == "ape-learned":
             self.ape = LearnedPositionalEmbedding(config.max_positions, config.d_model)
-        if config.positional == "sinespe":
-            self.encoding: nn.Module | None = SineSPE(config.num_heads, head_dim, config.num_realizations,
-                                                      config.num_sines, frequency_init=config.frequency_init,
-                                                      noise=config.code_noise)
-        elif config.positional == "convspe":
-            self.encoding = ConvSPE(config.num_heads, head_dim, config.num_realizations, config.kernel_size)
-        else:
-            self.encoding = None
+        def make_encoding() -> nn.Module | None:
+            if config.positional == "sinespe":
+                return SineSPE(config.num_heads, head_dim, config.num_realizations, config.num_sines,
+                               frequency_init=config.frequency_init, noise=config.code_noise)
+            if config.positional == "convspe":
+                return ConvSPE(config.num_heads, head_dim, config.num_realizations, config.kernel_size)
+            return None
+
+        # The first layer's encoding (the only one when shared) keeps the name ``encoding`` so
+        # that checkpoints of shared models load unchanged.
+        self.encoding: nn.Module | None = make_encoding()
+        self.layer_encodings: nn.ModuleList | None = None
+        if self.encoding is not None and not config.share_across_layers:
+            self.layer_encodings = nn.ModuleList(make_encoding() for _ in range(config.num_layers - 1))
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = nn.LayerNorm(config.d_model)
@@ -133,14 +140,37 @@ class DecoderLM(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def draw_code(self, positions: Tensor, *, generator: torch.Generator | None = None,
-                  num_realizations: int | None = None) -> SPECode | None:
-        """Draws the shared SPE code for (L,) positions (None without SPE)."""
+    def layer_encoding(self, layer: int) -> nn.Module | None:
+        """The SPE module (``SineSPE``/``ConvSPE``) of block ``layer`` (0-based; None without SPE)."""
+        if self.layer_encodings is None or layer == 0:
+            return self.encoding
+        return self.layer_encodings[layer - 1]
+
+    def draw_codes(self, positions: Tensor, *, generator: torch.Generator | None = None,
+                   num_realizations: int | None = None) -> list[SPECode | None]:
+        """Draws the SPE code of every block for (L,) positions.
+
+        Shared encodings draw once and give every block the same code; per-layer encodings
+        draw in block order from the same generator. The noise does not depend on the length,
+        so a prefix gets the same codes whatever follows it (needed by :meth:`step`).
+
+        Returns:
+            num_layers codes (all None without SPE).
+        """
         if self.encoding is None:
-            return None
+            return [None] * len(self.blocks)
         if generator is None and not self.training:
             generator = torch.Generator().manual_seed(self.config.code_seed)
-        return self.encoding(positions=positions, generator=generator, num_realizations=num_realizations)
+        if self.layer_encodings is None:
+            code = self.encoding(positions=positions, generator=generator, num_realizations=num_realizations)
+            return [code] * len(self.blocks)
+        return [self.layer_encoding(i)(positions=positions, generator=generator, num_realizations=num_realizations)
+                for i in range(len(self.blocks))]
+
+    def draw_code(self, positions: Tensor, *, generator: torch.Generator | None = None,
+                  num_realizations: int | None = None) -> SPECode | None:
+        """Draws the first block's SPE code for (L,) positions (the shared one; None without SPE)."""
+        return self.draw_codes(positions, generator=generator, num_realizations=num_realizations)[0]
 
     @torch.no_grad()
     def redraw_features(self, generator: torch.Generator | None = None) -> None:
@@ -182,9 +212,9 @@ class DecoderLM(nn.Module):
         if self.ape is not None:
             x = self.ape(x, positions)
         x = self.drop(x)
-        code = self.draw_code(positions, generator=generator, num_realizations=num_realizations)
+        codes = self.draw_codes(positions, generator=generator, num_realizations=num_realizations)
         rotary_positions = positions if self.config.positional == "rope" else None  # others need none here
-        for block in self.blocks:
+        for block, code in zip(self.blocks, codes):
             x = block(x, code, rotary_positions)
         return self.head(self.norm(x))
 
@@ -211,12 +241,9 @@ class DecoderLM(nn.Module):
         pos = torch.tensor([position], device=tokens.device)
         if self.ape is not None:
             x = self.ape(x, pos)
-        code = None
-        if self.encoding is not None:
-            generator = torch.Generator().manual_seed(self.config.code_seed)
-            code = self.encoding(positions=pos, generator=generator)
+        codes = self.draw_codes(pos, generator=torch.Generator().manual_seed(self.config.code_seed))
         layers = []
-        for i, block in enumerate(self.blocks):
+        for i, (block, code) in enumerate(zip(self.blocks, codes)):
             x, layer_state = block.step(x, code, None if state is None else state.layers[i])
             layers.append(layer_state)
         return self.head(self.norm(x))[:, 0], DecodingState(position=position + 1, layers=layers)
