@@ -34,10 +34,18 @@ def test_train_resume_evaluate_generate(midi_folder, tmp_path, capsys):
     lines = (evald / "per_position.csv").read_text().splitlines()
     assert len(lines) == 65 and lines[0].endswith("unigram")
     assert "unigram" in capsys.readouterr().out
+    # a sliding window of the training length changes nothing inside it, only beyond
+    assert main(["evaluate", "--checkpoint", str(run), "--max-length", "64", "--out", str(tmp_path / "w"),
+                 "--json", str(tmp_path / "w.json"), "--window", "32", "--no-progress"]) == 0
+    windowed = json.loads((tmp_path / "w.json").read_text())["models"][0]["buckets"]
+    assert windowed[0]["ce"] == pytest.approx(buckets[0]["ce"], rel=1e-5)
+    assert windowed[1]["ce"] != pytest.approx(buckets[1]["ce"], rel=1e-5)
+    assert main(["evaluate", "--checkpoint", str(run), "--out", str(tmp_path / "w"), "--window", "-1"]) == 2
+    assert "--window" in capsys.readouterr().err
 
     out_mid = tmp_path / "gen" / "new.mid"
     assert main(["generate", "--checkpoint", str(run), "--length", "80", "--out", str(out_mid),
-                 "--prompt", str(midi_folder / "piece1.mid"), "--no-progress"]) == 0
+                 "--prompt", str(midi_folder / "piece1.mid"), "--window", "16", "--no-progress"]) == 0
     from symusic import Score
 
     score = Score(str(out_mid))

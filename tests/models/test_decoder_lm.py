@@ -200,3 +200,46 @@ def test_learned_ape_refuses_lengths_beyond_its_embeddings_and_score_encodings_r
             model(torch.zeros(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match="index distances"):
         _model("shaw", "softmax")(torch.zeros(1, 4, dtype=torch.long), positions=torch.arange(4))
+
+
+WINDOW_PAIRS = [(att, pos) for att, pos in PAIRS if WHERE[pos[0]] != "scores"]
+
+
+@pytest.mark.parametrize("attention,pos", WINDOW_PAIRS)
+def test_sliding_window_decodes_recurrently_and_forgets_beyond_its_reach(attention, pos):
+    window, n = 7, 40
+    model = _model(pos[0], attention, gated=pos[1], attention_window=window)
+    x = torch.randint(0, 50, (2, n), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        parallel = model(x)
+        state, steps = None, []
+        for t in range(n):
+            logits, state = model.step(x[:, t], state)
+            steps.append(logits)
+        torch.testing.assert_close(torch.stack(steps, 1), parallel, atol=1e-4, rtol=1e-4)
+        # Two layers of window W reach 2(W − 1) positions back: changing tokens 0-4 leaves
+        # positions ≥ 4 + 2(W − 1) + 1 untouched, but not the ones just before.
+        y = x.clone()
+        y[:, :5] = (y[:, :5] + 1) % 50
+        changed = model(y)
+        reach = 4 + 2 * (window - 1)
+        torch.testing.assert_close(changed[:, reach + 1:], parallel[:, reach + 1:], atol=1e-5, rtol=1e-5)
+        assert (changed[:, :reach + 1] - parallel[:, :reach + 1]).abs().max() > 1e-4
+        # inside the window's reach nothing differs from full attention
+        model.set_attention_window(None)
+        torch.testing.assert_close(model(x)[:, :window], parallel[:, :window], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_window_is_validated():
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="attention_window"):
+            ModelConfig(vocab_size=10, attention_window=bad)
+    with pytest.raises(ValueError, match="alibi"):
+        ModelConfig(vocab_size=10, positional="alibi", attention="softmax", attention_window=16)
+    model = _model("sinespe", "performer")
+    with pytest.raises(ValueError, match="window"):
+        model.set_attention_window(0)
+    model.set_attention_window(16)
+    assert model.config.attention_window == 16 and all(b.attn.window == 16 for b in model.blocks)
+    with pytest.raises(ValueError, match="window"):
+        _model("shaw", "softmax").set_attention_window(8)

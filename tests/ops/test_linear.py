@@ -48,6 +48,51 @@ def test_chunked_equals_reference_forward_and_backward(n, chunk, group):
             torch.testing.assert_close(a, b)
 
 
+def _explicit_window(phi_q, phi_k, v, window):
+    lag = torch.arange(phi_q.shape[1])[:, None] - torch.arange(phi_k.shape[1])[None, :]
+    a = torch.einsum("bmhf,bnhf->bhmn", phi_q, phi_k) * ((lag >= 0) & (lag < window))
+    return torch.einsum("bhmn,bnhe->bmhe", a, v) / (a.sum(-1).transpose(1, 2)[..., None] + 1e-6)
+
+
+@pytest.mark.parametrize("n,window,chunk", [(37, 8, 4), (40, 12, 8), (70, 10, 4), (30, 1, 8), (50, 16, 64),
+                                            (129, 100, 64), (20, 30, 8), (24, 24, 8)])
+def test_sliding_window_equals_reference_and_explicit_forward_and_backward(n, window, chunk):
+    args = _inputs(n, seed=1)
+    outs = []
+    for fn in (lambda *a: causal_linear_attention(*a, chunk_size=chunk, window=window),
+               lambda *a: causal_linear_attention_reference(*a, window=window),
+               lambda *a: _explicit_window(*a, window)):
+        for t in args:
+            t.grad = None
+        y = fn(*args)
+        (y * torch.linspace(-1, 1, y.numel(), dtype=torch.float64).view_as(y)).sum().backward()
+        outs.append([y.detach()] + [t.grad.clone() for t in args])
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            torch.testing.assert_close(a, b)
+
+
+def test_sliding_window_with_a_separate_normalizer_equals_reference():
+    phi_q, phi_k, v = (t.detach() for t in _inputs(45, seed=2))
+    nq, nk = phi_q.abs() + 0.1, phi_k.abs() + 0.1
+    y = causal_linear_attention(phi_q, phi_k, v, chunk_size=8, window=20, normalizer=(nq, nk))
+    lag = torch.arange(45)[:, None] - torch.arange(45)[None, :]
+    band = (lag >= 0) & (lag < 20)
+    num = torch.einsum("bhmn,bnhe->bmhe", torch.einsum("bmhf,bnhf->bhmn", phi_q, phi_k) * band, v)
+    den = (torch.einsum("bmhf,bnhf->bhmn", nq, nk) * band).sum(-1).transpose(1, 2)[..., None]
+    torch.testing.assert_close(y, num / (den + 1e-6))
+    torch.testing.assert_close(y, causal_linear_attention_reference(phi_q, phi_k, v, window=20, normalizer=(nq, nk)))
+
+
+def test_sliding_window_rejects_bad_values():
+    args = [t.detach() for t in _inputs(10)]
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="window"):
+            causal_linear_attention(*args, window=bad)
+    with pytest.raises(ValueError, match="group_size"):
+        causal_linear_attention(*args, window=4, group_size=8)
+
+
 def test_non_causal_equals_explicit():
     args = _inputs(11)
     torch.testing.assert_close(linear_attention(*args), _explicit(*args, causal=False))

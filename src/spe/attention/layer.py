@@ -56,18 +56,23 @@ class MultiHeadAttention(nn.Module):
         score_encoding: a relative term in the scores (``ShawRelativePosition``,
             ``MusicRelativePosition``, ``ALiBi``): any module with
             ``attend(q, k, v, *, query_offset) -> y``; softmax attention only.
+        window: W, causal sliding-window attention: position m attends to n ∈ (m − W, m]
+            only, in :meth:`forward` and :meth:`step` alike (decoding then keeps the last W
+            keys, so memory stays O(W)). None: the whole past. Settable later
+            (``layer.window = W``), e.g. at test time; not with a score encoding.
 
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
-            score encoding with a linear kernel, two positional encodings at once, or RoPE
-            on an odd feature dimension.
+            score encoding with a linear kernel, two positional encodings at once, RoPE
+            on an odd feature dimension, or a window that is not positive, not causal or
+            combined with a score encoding.
     """
 
     def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
                  causal: bool = True, spe_filter: SPEFilter | None = None,
                  num_realizations: int | None = None, num_features: int = 64,
                  chunk_size: int = 64, rotary: RotaryEncoding | None = None,
-                 score_encoding: nn.Module | None = None) -> None:
+                 score_encoding: nn.Module | None = None, window: int | None = None) -> None:
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
@@ -105,6 +110,24 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"rotary encoding needs an even {'num_features' if attention == 'performer' else 'head_dim'}"
                              f", got {rotated_dim}")
         self.rotary, self.score_encoding = rotary, score_encoding
+        self.window = window
+
+    @property
+    def window(self) -> int | None:
+        """W of sliding-window attention (None: the whole past)."""
+        return self._window
+
+    @window.setter
+    def window(self, value: int | None) -> None:
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"attention window must be a positive number of positions or None, got {value!r}")
+            if not self.causal:
+                raise ValueError("an attention window needs a causal layer")
+            if self.score_encoding is not None:
+                raise ValueError(f"an attention window cannot be combined with "
+                                 f"{type(self.score_encoding).__name__}, which forms its own scores")
+        self._window = value
 
     @torch.no_grad()
     def redraw_features(self, generator: torch.Generator | None = None) -> None:
@@ -144,8 +167,9 @@ class MultiHeadAttention(nn.Module):
 
         Linear kernels keep S = Σ_n φ(k̂_n) [v_n, 1]ᵀ of shape (B, H, M, D + 1) (with RoPE:
         rotated features for the values and a separate normaliser sum ``z``), so every step
-        costs the same whatever the position; softmax keeps all keys and values. The state
-        also counts the positions seen (``"position"``).
+        costs the same whatever the position; softmax keeps all keys and values. With a
+        window, both keep the last W keys and values instead (linear kernels form the sums
+        from them, O(W) per step). The state also counts the positions seen (``"position"``).
 
         Args:
             x: (B, 1, C) the new position's input.
@@ -165,6 +189,8 @@ class MultiHeadAttention(nn.Module):
                 q, k = self.rotary(q, pos), self.rotary(k, pos)
             keys = k if state is None else torch.cat([state["keys"], k], dim=1)
             values = v if state is None else torch.cat([state["values"], v], dim=1)
+            if self.window is not None:
+                keys, values = keys[:, -self.window:], values[:, -self.window:]
             if self.score_encoding is not None:
                 y = self.score_encoding.attend(q, keys, values, query_offset=position)
             else:
@@ -174,7 +200,10 @@ class MultiHeadAttention(nn.Module):
             fq, fk = self._features(q, k)
             dtype = torch.promote_types(v.dtype, torch.float32)  # as the parallel kernel does
             fq, fk, vf = fq.to(dtype), fk.to(dtype), v.to(dtype)
-            if self.rotary is None:
+            if self.window is not None:
+                y, new_state = self._windowed_step(fq, fk, vf, pos, state)
+                y = y.to(v.dtype)
+            elif self.rotary is None:
                 kv = torch.einsum("blhm,blhe->bhme", fk, torch.cat([vf, torch.ones_like(vf[..., :1])], dim=-1))
                 s = kv if state is None else state["s"] + kv
                 out = torch.einsum("blhm,bhme->blhe", fq, s)
@@ -191,6 +220,24 @@ class MultiHeadAttention(nn.Module):
                 new_state = {"s": s, "z": z}
         new_state["position"] = position + 1
         return self.out(y.reshape(x.shape[0], 1, -1)), new_state
+
+    def _windowed_step(self, fq: Tensor, fk: Tensor, vf: Tensor, pos: Tensor, state: dict | None) -> tuple[Tensor, dict]:
+        # The state keeps the last W keys' features and values (O(W) memory) and the sums are
+        # formed afresh from them: no running subtraction, so exactly-zero ReLU features stay
+        # exactly zero, as in the parallel kernel.
+        keys = fk if self.rotary is None else torch.cat([fk, self.rotary(fk, pos)], dim=-1)
+        if state is not None and "recent_keys" in state:
+            keys = torch.cat([state["recent_keys"], keys], dim=1)[:, -self.window:]
+            vf = torch.cat([state["recent_values"], vf], dim=1)[:, -self.window:]
+        new_state = {"recent_keys": keys, "recent_values": vf}
+        if self.rotary is None:
+            s = torch.einsum("blhm,blhe->bhme", keys, torch.cat([vf, torch.ones_like(vf[..., :1])], dim=-1))
+            out = torch.einsum("blhm,bhme->blhe", fq, s)
+            return out[..., :-1] / (out[..., -1:] + 1e-6), new_state
+        m = fk.shape[-1]
+        num = torch.einsum("blhm,bhme->blhe", self.rotary(fq, pos), torch.einsum("blhm,blhe->bhme", keys[..., m:], vf))
+        den = torch.einsum("blhm,bhm->blh", fq, keys[..., :m].sum(1))[..., None]
+        return num / (den + 1e-6), new_state
 
     def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None) -> Tensor:
         """Args:
@@ -214,7 +261,7 @@ class MultiHeadAttention(nn.Module):
             if self.score_encoding is not None:
                 y = self.score_encoding.attend(q, k, v)
             else:
-                y = softmax_attention(q, k, v, causal=self.causal)
+                y = softmax_attention(q, k, v, causal=self.causal, window=self.window)
         else:
             fq, fk = self._features(q, k)
             extra = {}
@@ -225,7 +272,7 @@ class MultiHeadAttention(nn.Module):
                 extra["normalizer"] = (fq, fk)
                 fq, fk = self.rotary(fq, positions), self.rotary(fk, positions)
             if self.causal:
-                y = causal_linear_attention(fq, fk, v, chunk_size=self.chunk_size, **extra)
+                y = causal_linear_attention(fq, fk, v, chunk_size=self.chunk_size, window=self.window, **extra)
             else:
                 y = linear_attention(fq, fk, v, **extra)
         return self.out(y.reshape(b, n, -1))

@@ -45,6 +45,11 @@ def _train_config(args: argparse.Namespace):
         value = getattr(args, flag, None)
         if value is not None:
             model[key] = value
+    window = getattr(args, "attention_window", None)
+    if window is not None:
+        if window < 0:
+            raise UsageError(f"--attention-window must be 0 (whole past) or a positive number of positions, got {window}")
+        model["attention_window"] = window or None
     if getattr(args, "ungated", False):
         model["gated"] = False
     if getattr(args, "gated", False):
@@ -78,6 +83,8 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     gate = p.add_mutually_exclusive_group()
     gate.add_argument("--gated", action="store_true", help="SPE with gating (eq. 23-25)")
     gate.add_argument("--ungated", action="store_true", help="SPE without gating (the default)")
+    p.add_argument("--attention-window", type=int,
+                   help="sliding attention window W in positions, kept at test time (0: the whole past)")
     p.add_argument("--num-realizations", type=int, help="R, SPE noise realisations")
     p.add_argument("--num-sines", type=int, help="K, sinusoids per feature (sinespe)")
     p.add_argument("--kernel-size", type=int, help="P, filter length (convspe)")
@@ -119,14 +126,27 @@ def _validation_sequences(meta: dict, data: str | None, cache_dir: str | None, l
     return seqs, [corpus.pieces[i] for i in train_idx], len(val)
 
 
+def _apply_window(model, window: int | None, checkpoint) -> None:
+    """--window: None keeps the checkpoint's own, 0 means the whole past, W > 0 a window of W."""
+    if window is None:
+        return
+    if window < 0:
+        raise UsageError(f"--window must be 0 (whole past) or a positive number of positions, got {window}")
+    try:
+        model.set_attention_window(window or None)
+    except ValueError as err:
+        raise UsageError(f"{checkpoint}: {err}") from None
+
+
 def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int | None, data: str | None,
                          cache_dir: str | None, batch_size: int, device: str, json_path: str | None,
                          progress: bool, num_realizations: int | None = None, num_draws: int = 1,
-                         bucket_width: int | None = None) -> dict:
+                         bucket_width: int | None = None, window: int | None = None) -> dict:
     """Evaluates checkpoints on the validation split; writes CSV, PNG and JSON; returns the summary.
 
     Buckets are ``bucket_width`` positions wide (default: each checkpoint's training length),
-    so that models trained at different lengths can be compared bucket by bucket.
+    so that models trained at different lengths can be compared bucket by bucket. ``window``
+    sets every model's sliding attention window (0: the whole past; None: as trained).
     """
     from spe.checkpoint import load, load_metadata
     from spe.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
@@ -138,6 +158,7 @@ def evaluate_checkpoints(checkpoints: list[str], out: Path, *, max_length: int |
     results = []
     for ckpt, meta, seq_len in zip(checkpoints, metas, seq_lens):
         model = load(ckpt, device=device)
+        _apply_window(model, window, ckpt)
         ce = per_position_cross_entropy(model, seqs, batch_size=batch_size, num_realizations=num_realizations,
                                         num_draws=num_draws, progress=progress)
         spe = model.config.positional in ("sinespe", "convspe")
@@ -232,14 +253,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     summary = evaluate_checkpoints(args.checkpoint, Path(args.out), max_length=args.max_length, data=args.data,
                                    cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
                                    json_path=args.json, progress=not args.no_progress,
-                                   num_realizations=args.num_realizations, num_draws=args.num_draws)
+                                   num_realizations=args.num_realizations, num_draws=args.num_draws,
+                                   window=args.window)
     _print_summary(summary)
     log.info("wrote %s", ", ".join(str(Path(args.out) / f) for f in ("per_position.csv", "extrapolation.png", "summary.json")))
     return 0
 
 
 def generate_midi(checkpoint: str, out: str, *, length: int, prompt: str | None, prompt_bars: int, seed: int,
-                  top_p: float, temperature: float, device: str, progress: bool) -> dict:
+                  top_p: float, temperature: float, device: str, progress: bool, window: int | None = None) -> dict:
     """Samples a continuation and writes it as MIDI (atomically). Returns facts about it."""
     import torch
 
@@ -253,6 +275,7 @@ def generate_midi(checkpoint: str, out: str, *, length: int, prompt: str | None,
     if not out.lower().endswith((".mid", ".midi")):
         raise UsageError(f"--out must name a .mid file, got {out}")
     model = load(checkpoint, device=device)
+    _apply_window(model, window, checkpoint)
     meta = load_metadata(checkpoint)
     if "tokenizer" not in meta:
         raise UsageError(f"{checkpoint} holds no tokenizer: it was not trained on music by `spe train`")
@@ -287,7 +310,8 @@ def generate_midi(checkpoint: str, out: str, *, length: int, prompt: str | None,
 def cmd_generate(args: argparse.Namespace) -> int:
     info = generate_midi(args.checkpoint, args.out, length=args.length, prompt=args.prompt,
                          prompt_bars=args.prompt_bars, seed=args.seed, top_p=args.top_p,
-                         temperature=args.temperature, device=args.device, progress=not args.no_progress)
+                         temperature=args.temperature, device=args.device, progress=not args.no_progress,
+                         window=args.window)
     print(f"wrote {info['out']}: {info['total_tokens']} tokens ({info['prompt_tokens']} from the prompt), "
           f"{info['notes']} notes, {info['bars']} bars, {info['beats']:.1f} beats")
     return 0
@@ -453,6 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-realizations", type=int, help="SPE realisations R at test time (default: as trained)")
     p.add_argument("--num-draws", type=int, default=1,
                    help="SPE codes whose predicted probabilities are averaged (default 1)")
+    p.add_argument("--window", type=int,
+                   help="sliding attention window W in positions (0: the whole past; default: as trained)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_evaluate)
@@ -479,6 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--temperature", type=float, default=1.2)
+    p.add_argument("--window", type=int,
+                   help="sliding attention window W in positions (0: the whole past; default: as trained)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_generate)

@@ -4,7 +4,8 @@ A plan is a TOML file: top-level keys are training options shared by every varia
 of the packaged demo config), ``[model]`` shared model options, and one
 ``[variants.NAME]`` table per variant with its own training keys, a ``model`` table and
 optionally an ``eval`` table (``num_realizations``, ``num_draws``; ``max_length`` and
-``bucket_width``, by default 3× and 1× the variant's training length) and ``description``.
+``bucket_width``, by default 3× and 1× the variant's training length; ``window``, the sliding
+attention window at test time, 0 for the whole past) and ``description``.
 A variant with ``checkpoints_of = "OTHER"`` trains nothing and re-evaluates OTHER's
 checkpoints with its own ``eval`` options (test-time levers cost no training).
 
@@ -29,7 +30,7 @@ log = logging.getLogger("spe")
 
 __all__ = ["Plan", "load_plan", "run_sweep", "summarize", "write_results"]
 
-_EVAL_KEYS = ("num_realizations", "num_draws", "max_length", "bucket_width")
+_EVAL_KEYS = ("num_realizations", "num_draws", "max_length", "bucket_width", "window")
 
 
 @dataclass
@@ -174,7 +175,8 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
                                            batch_size=8, device=cfg.device, json_path=None, progress=False,
                                            num_realizations=spec["eval"].get("num_realizations"),
                                            num_draws=spec["eval"].get("num_draws", 1),
-                                           bucket_width=spec["eval"].get("bucket_width"))
+                                           bucket_width=spec["eval"].get("bucket_width"),
+                                           window=spec["eval"].get("window"))
             model = summary["models"][0]
             runs[key] = {"variant": name, "seed": seed, "step": step, "eval": spec["eval"],
                          "buckets": model["buckets"], "within": model["within"], "beyond": model["beyond"],

@@ -59,6 +59,12 @@ class ModelConfig:
         max_distance: k, the clipping distance of ``shaw`` and ``music-relative``: relative
             positions |j − i| ≤ k have their own embedding, farther ones share the last.
         rope_base: ``rope`` frequency base.
+        attention_window: W, causal sliding-window attention: each position attends to the
+            last W positions only (itself included); None: the whole past. Set to the
+            training length, it changes nothing inside the trained range and keeps every
+            query/key lag a relative encoding sees beyond it within the trained lags
+            (docs/ablation.md); can be changed at test time
+            (:meth:`~spe.DecoderLM.set_attention_window`). Not with score encodings.
     """
 
     vocab_size: int
@@ -84,6 +90,7 @@ class ModelConfig:
     max_positions: int = 2048
     max_distance: int = 256
     rope_base: float = 10000.0
+    attention_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONALS:
@@ -103,6 +110,14 @@ class ModelConfig:
         require_positive("ModelConfig", **{name: getattr(self, name) for name in (
             "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
             "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions", "max_distance")})
+        if self.attention_window is not None:
+            if isinstance(self.attention_window, bool) or not isinstance(self.attention_window, int) \
+                    or self.attention_window < 1:
+                raise ValueError(f"attention_window must be a positive number of positions or None, "
+                                 f"got {self.attention_window!r}")
+            if where == "scores":
+                raise ValueError(f"attention_window cannot be combined with positional {self.positional!r}, "
+                                 "which forms its own attention scores")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:

@@ -60,7 +60,7 @@ class Block(nn.Module):
             config.d_model, config.num_heads, attention=config.attention, causal=True,
             spe_filter=spe_filter, num_realizations=config.num_realizations if spe else None,
             num_features=config.num_features, chunk_size=config.chunk_size, rotary=rotary,
-            score_encoding=score_encoding)
+            score_encoding=score_encoding, window=config.attention_window)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model))
@@ -171,6 +171,19 @@ class DecoderLM(nn.Module):
                   num_realizations: int | None = None) -> SPECode | None:
         """Draws the first block's SPE code for (L,) positions (the shared one; None without SPE)."""
         return self.draw_codes(positions, generator=generator, num_realizations=num_realizations)[0]
+
+    def set_attention_window(self, window: int | None) -> None:
+        """Sets every layer's sliding attention window W (None: the whole past), e.g. at test
+        time to the training length, and records it in ``config.attention_window``.
+
+        Raises:
+            ValueError: if W is not a positive integer or the model has a score encoding.
+        """
+        if window is not None and self.config.positional in SCORE_ENCODINGS:
+            raise ValueError(f"an attention window cannot be combined with positional {self.config.positional!r}")
+        for block in self.blocks:
+            block.attn.window = window
+        self.config.attention_window = window
 
     @torch.no_grad()
     def redraw_features(self, generator: torch.Generator | None = None) -> None:

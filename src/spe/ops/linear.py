@@ -80,27 +80,46 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 1e
     return num / (den + eps)
 
 
+def _check_window(window: int | None) -> None:
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive number of positions or None, got {window!r}")
+
+
+def _window_sums(states: Tensor, window: int | None) -> Tensor:
+    # states[:, m] = Σ_{n ≤ m}; the window keeps Σ_{m−W < n ≤ m}, explicitly as a sum over the
+    # last W terms so that the reference involves no cancellation.
+    if window is None or window >= states.shape[1]:
+        return states
+    terms = torch.diff(states, dim=1, prepend=torch.zeros_like(states[:, :1]))
+    padded = torch.cat([torch.zeros_like(terms[:, :window - 1]), terms], dim=1)
+    return padded.unfold(1, window, 1).sum(-1)
+
+
 @_full_precision
 def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 1e-6,
-                                      normalizer: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """Causal linear attention by cumulative sums; memory O(L·M·E). Reference for tests.
+                                      normalizer: tuple[Tensor, Tensor] | None = None,
+                                      window: int | None = None) -> Tensor:
+    """Causal linear attention by cumulative sums; memory O(L·M·E) (O(L·W·M·E) with a window).
+    Reference for tests.
 
     Args and returns as :func:`causal_linear_attention`.
     """
+    _check_window(window)
     if normalizer is None:
         states = torch.cumsum(torch.einsum("blhm,blhe->blhme", phi_k, _with_ones(v)), dim=1)
-        return _normalised(torch.einsum("blhm,blhme->blhe", phi_q, states), eps)
+        return _normalised(torch.einsum("blhm,blhme->blhe", phi_q, _window_sums(states, window)), eps)
     nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
     states = torch.cumsum(torch.einsum("blhm,blhe->blhme", phi_k, v), dim=1)
-    num = torch.einsum("blhm,blhme->blhe", phi_q, states)
-    den = torch.einsum("blhm,blhm->blh", nq, torch.cumsum(nk, dim=1))[..., None]
+    num = torch.einsum("blhm,blhme->blhe", phi_q, _window_sums(states, window))
+    den = torch.einsum("blhm,blhm->blh", nq, _window_sums(torch.cumsum(nk, dim=1), window))[..., None]
     return num / (den + eps)
 
 
 @_full_precision
 def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
                             group_size: int | None = None, eps: float = 1e-6,
-                            normalizer: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                            normalizer: tuple[Tensor, Tensor] | None = None,
+                            window: int | None = None) -> Tensor:
     """Causal linear attention, chunked; never allocates anything of size L × L.
 
     Inside a chunk of C positions: the masked C × C product. Across chunks: the carried state
@@ -119,29 +138,48 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         eps: added to the normaliser.
         normalizer: optional (queries, keys) features for the denominator only, each
             (B, L, H, M'); see :func:`linear_attention`. Costs a second, narrow pass.
+        window: W, sliding-window attention: position m attends to n ∈ (m − W, m] only
+            (None: all n ≤ m). The chunk becomes the largest divisor of W not above
+            ``chunk_size``; the W/C − 1 whole chunks in between are summed chunk by chunk
+            (up to 32 of them), beyond that from differences of the chunk-state prefix
+            sums, so the cost stays O(L) whatever W.
 
     Returns:
         (B, L, H, E).
 
     Raises:
-        ValueError: on mismatched lengths or a non-positive chunk size.
+        ValueError: on mismatched lengths, a non-positive chunk size or window, or a window
+            with ``group_size``.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    _check_window(window)
+    if window is not None and group_size is not None:
+        raise ValueError("causal_linear_attention: a window and group_size cannot be combined")
+    if window is not None:
+        chunk_size = max(c for c in range(1, min(chunk_size, window) + 1) if window % c == 0)
     n = phi_q.shape[1]
     if phi_k.shape[1] != n or v.shape[1] != n:
         raise ValueError(f"causal linear attention needs equal lengths, got queries {n}, "
                          f"keys {phi_k.shape[1]}, values {v.shape[1]}")
+    if window is not None and window >= n:
+        window = None  # nothing is ever out of reach
     if normalizer is None:
-        return _normalised(_causal_sums(phi_q, phi_k, _with_ones(v), chunk_size, group_size), eps)
+        return _normalised(_causal_sums(phi_q, phi_k, _with_ones(v), chunk_size, group_size, window), eps)
     nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
-    num = _causal_sums(phi_q, phi_k, v, chunk_size, group_size)
-    den = _causal_sums(nq, nk, torch.ones_like(v[..., :1]), chunk_size, group_size)
+    num = _causal_sums(phi_q, phi_k, v, chunk_size, group_size, window)
+    den = _causal_sums(nq, nk, torch.ones_like(v[..., :1]), chunk_size, group_size, window)
     return num / (den + eps)
 
 
-def _causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, group_size: int | None) -> Tensor:
-    """Unnormalised Σ_{n ≤ m} φ(q_m)ᵀφ(k_n) values_n, chunked; (B, L, H, E)."""
+def _causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, group_size: int | None,
+                 window: int | None = None) -> Tensor:
+    """Unnormalised Σ_{n ≤ m} φ(q_m)ᵀφ(k_n) values_n, chunked; (B, L, H, E).
+
+    With a window (then C divides W and W < L), Σ over m − W < n ≤ m instead.
+    """
+    if window is not None:
+        return _windowed_sums(phi_q, phi_k, values, chunk_size, window)
     b, n, h, m = phi_q.shape
     c = min(chunk_size, n)
     pad = (-n) % c
@@ -167,3 +205,45 @@ def _causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, 
         outs.append(out.reshape(b, nc * c, h, e1))
         state = state + cum[:, -1:]
     return torch.cat(outs, dim=1)[:, :n]
+
+
+# Up to this many whole chunks inside a window are summed one by one; wider windows use
+# differences of prefix sums (O(1) per chunk, with rounding residues of order eps·L/W).
+_EXACT_WINDOW_CHUNKS = 32
+
+
+def _windowed_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, c: int, window: int) -> Tensor:
+    """Σ_{m − W < n ≤ m} φ(q_m)ᵀφ(k_n) values_n with C | W; (B, L, H, E).
+
+    A query in chunk i at offset j sees: chunk i up to j (causal mask), chunks i − w + 1 …
+    i − 1 whole (w = W / C), and chunk i − w after j (strictly upper mask).
+    """
+    b, n, h, m = phi_q.shape
+    pad = (-n) % c
+    if pad:
+        phi_q, phi_k, values = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (phi_q, phi_k, values))
+    nc, e1, w = (n + pad) // c, values.shape[-1], window // c
+    q = phi_q.reshape(b, nc, c, h, m)
+    k = phi_k.reshape(b, nc, c, h, m)
+    vv = values.reshape(b, nc, c, h, e1)
+    kv = torch.einsum("bnchm,bnche->bnhme", k, vv)
+    if w - 1 <= _EXACT_WINDOW_CHUNKS:
+        # a plain sum of the w − 1 previous chunk states: no cancellation, so features that
+        # can be exactly 0 (ReLU) give exactly 0, as the explicit form and decoding do
+        between = torch.zeros_like(kv)
+        for shift in range(1, min(w, nc)):
+            between[:, shift:] += kv[:, :-shift]
+    else:
+        # exclusive prefix P[i] = Σ_{chunks < i}; whole chunks in the window: P[i] − P[i − w + 1]
+        prefix = torch.cat([torch.zeros_like(kv[:, :1]), torch.cumsum(kv, dim=1)], dim=1)  # (B, N+1, …)
+        idx = torch.arange(nc, device=kv.device)
+        between = prefix[:, idx] - prefix[:, (idx - w + 1).clamp(min=0)]
+    out = torch.einsum("bnchm,bnhme->bnche", q, between)
+    mask = torch.ones(c, c, dtype=torch.bool, device=values.device).tril()
+    scores = torch.einsum("bnchm,bndhm->bnhcd", q, k).masked_fill(~mask, 0.0)
+    out = out + torch.einsum("bnhcd,bndhe->bnche", scores, vv)
+    if nc > w:  # the partial chunk i − w, for i ≥ w
+        old_k, old_v = k[:, :nc - w], vv[:, :nc - w]
+        scores = torch.einsum("bnchm,bndhm->bnhcd", q[:, w:], old_k).masked_fill(mask, 0.0)
+        out = torch.cat([out[:, :w], out[:, w:] + torch.einsum("bnhcd,bndhe->bnche", scores, old_v)], dim=1)
+    return out.reshape(b, nc * c, h, e1)[:, :n]

@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["softmax_attention"]
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None) -> Tensor:
     """softmax(q kᵀ / √E) v, with PyTorch's fused kernel.
 
     Args:
-        q: (B, L, H, E).
-        k: (B, L, H, E).
-        v: (B, L, H, Ev).
-        causal: mask keys after each query.
+        q: (B, Lq, H, E).
+        k: (B, Lk, H, E).
+        v: (B, Lk, H, Ev).
+        causal: mask keys after each query (Lq = Lk).
+        window: W, causal sliding window: query m sees keys n ∈ (m − W, m] only (then a
+            boolean L × L mask replaces the fused causal path). None: no window.
 
     Returns:
-        (B, L, H, Ev).
+        (B, Lq, H, Ev).
+
+    Raises:
+        ValueError: on a window without ``causal`` or a non-positive window.
     """
+    mask = None
+    if window is not None:
+        if not causal:
+            raise ValueError("a sliding window needs causal attention")
+        if window < 1:
+            raise ValueError(f"window must be a positive number of positions, got {window}")
+        if window < q.shape[1]:
+            i = torch.arange(q.shape[1], device=q.device)
+            lag = i[:, None] - i[None, :]
+            mask = (lag >= 0) & (lag < window)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         is_causal=causal)
+                                         attn_mask=mask, is_causal=causal and mask is None)
     return out.transpose(1, 2)
