@@ -34,9 +34,11 @@ def test_train_resume_evaluate_generate(midi_folder, tmp_path, capsys):
     lines = (evald / "per_position.csv").read_text().splitlines()
     assert len(lines) == 65 and lines[0].endswith("unigram")
     assert "unigram" in capsys.readouterr().out
-    # a sliding window of the training length changes nothing inside it, only beyond
+    # sineSPE trains with a window of the training length (32), which changes nothing inside
+    # it; the whole past (--window 0) differs only beyond
+    assert meta["config"]["attention_window"] == 32
     assert main(["evaluate", "--checkpoint", str(run), "--max-length", "64", "--out", str(tmp_path / "w"),
-                 "--json", str(tmp_path / "w.json"), "--window", "32", "--no-progress"]) == 0
+                 "--json", str(tmp_path / "w.json"), "--window", "0", "--no-progress"]) == 0
     windowed = json.loads((tmp_path / "w.json").read_text())["models"][0]["buckets"]
     assert windowed[0]["ce"] == pytest.approx(buckets[0]["ce"], rel=1e-5)
     assert windowed[1]["ce"] != pytest.approx(buckets[1]["ce"], rel=1e-5)
@@ -85,3 +87,16 @@ def test_score_encodings_pick_softmax_unless_attention_is_given(midi_folder, tmp
                  "--steps", "1", "--positional", "alibi", "--attention", "performer"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "alibi" in err[0] and "softmax" in err[0]
+
+
+def test_spe_models_get_a_window_of_the_training_length_unless_told_otherwise():
+    from spe.cli.main import _train_config, build_parser
+
+    def model_of(*flags):
+        return _train_config(build_parser().parse_args(["train", *flags])).model
+
+    assert model_of("--seq-len", "128")["attention_window"] == 128
+    assert model_of("--positional", "convspe")["attention_window"] == 256
+    assert model_of("--attention-window", "0")["attention_window"] is None
+    assert model_of("--attention-window", "64")["attention_window"] == 64
+    assert "attention_window" not in model_of("--positional", "ape")
