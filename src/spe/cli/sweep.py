@@ -28,7 +28,7 @@ from pathlib import Path
 
 log = logging.getLogger("spe")
 
-__all__ = ["Plan", "load_plan", "run_sweep", "summarize", "write_results"]
+__all__ = ["Plan", "load_plan", "results_table", "run_sweep", "summarize", "write_results"]
 
 _EVAL_KEYS = ("num_realizations", "num_draws", "max_length", "bucket_width", "window")
 
@@ -217,19 +217,14 @@ def summarize(doc: dict, plan: Plan) -> list[dict]:
     return rows
 
 
-def write_results(doc: dict, plan: Plan, path: Path) -> None:
-    """Writes the Markdown table of :func:`summarize`."""
-    from spe.checkpoint import atomic_write
-
+def results_table(doc: dict, plan: Plan) -> list[str]:
+    """The Markdown lines of :func:`summarize`'s table (and the unigram baseline); [] if no runs."""
     rows = summarize(doc, plan)
     if not rows:
-        return
+        return []
     edges = rows[0]["bucket_edges"]
     ref = f" vs {plan.reference}" if plan.reference else ""
-    lines = [f"# {doc.get('title', 'sweep')}", "",
-             (f"Data: {doc.get('data')}. Teacher-forced cross-entropy (nats/token) by position bucket, mean ± std "
-              "over seeds; growth = last bucket / first bucket − 1 (per seed, then averaged)."), "",
-             "| variant | seeds | " + " | ".join(f"[{a},{b})" for a, b in edges) + f" | growth | [0,{edges[0][1]})"
+    lines = ["| variant | seeds | " + " | ".join(f"[{a},{b})" for a, b in edges) + f" | growth | [0,{edges[0][1]})"
              f"{ref} | train s | description |",
              "|---|---|" + "---|" * len(edges) + "---|---|---|---|"]
     for r in rows:
@@ -242,4 +237,17 @@ def write_results(doc: dict, plan: Plan, path: Path) -> None:
     uni = doc.get("unigram_buckets")
     if uni:
         lines += ["", "Unigram baseline: " + ", ".join(f"[{b['start']},{b['end']}) {b['ce']:.3f}" for b in uni) + "."]
+    return lines
+
+
+def write_results(doc: dict, plan: Plan, path: Path) -> None:
+    """Writes the Markdown table of :func:`summarize`."""
+    from spe.checkpoint import atomic_write
+
+    table = results_table(doc, plan)
+    if not table:
+        return
+    lines = [f"# {doc.get('title', 'sweep')}", "",
+             (f"Data: {doc.get('data')}. Teacher-forced cross-entropy (nats/token) by position bucket, mean ± std "
+              "over seeds; growth = last bucket / first bucket − 1 (per seed, then averaged)."), "", *table]
     atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))

@@ -1,0 +1,121 @@
+"""Writes docs/ablation.md from the issue-6 sweeps' results.json files.
+
+Run after the sweeps listed in the page (see ``COMMANDS``)::
+
+    .venv/bin/python scripts/ablation_doc.py [--runs runs] [--out docs/ablation.md]
+
+Tables come from ``spe sweep``'s own summary (spe.cli.sweep.results_table); the final
+comparison pairs every variant with APE seed by seed. The prose at the end is
+``scripts/ablation_analysis.md``, written by a person after reading the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from spe.cli.sweep import load_plan, results_table
+
+CORPORA = {
+    "bach": {
+        "title": "Bach chorales (music21), the default corpus",
+        "dirs": ["ablation", "ablation-eval"],
+        "commands": [
+            "spe sweep --plan ablation --out runs/ablation --seeds 0",
+            "spe sweep --plan ablation --out runs/ablation --seeds 1,2 --only ape,sinespe-ungated",
+            "# test-time windows, on the same checkpoints (runs/ablation-eval/NAME -> ../ablation/NAME)",
+            "spe sweep --plan ablation --out runs/ablation-eval --seeds 0,1,2 --only "
+            "sinespe-ungated-w256,sinespe-ungated-w128,ape-w256",
+            "spe sweep --plan ablation --out runs/ablation-eval --seeds 0 --only sinespe-w256,convspe-ungated-w256,rope-w256",
+        ],
+    },
+    "palestrina": {
+        "title": "Second corpus: Palestrina (music21, every 4th of the 1,318 scores)",
+        "dirs": ["ablation-palestrina", "ablation-palestrina-eval"],
+        "commands": [
+            "spe sweep --plan ablation --out runs/ablation-palestrina --data music21:palestrina/4 "
+            "--only ape,sinespe-ungated --seeds 0,1,2",
+            "spe sweep --plan ablation --out runs/ablation-palestrina --data music21:palestrina/4 --only sinespe --seeds 0",
+            "spe sweep --plan ablation --out runs/ablation-palestrina-eval --data music21:palestrina/4 --seeds 0,1,2 "
+            "--only sinespe-ungated-w256,sinespe-ungated-w128,ape-w256",
+        ],
+    },
+}
+
+# (variant, label) rows of the final comparison
+FINAL = [("ape", "APE (sinusoidal)"),
+         ("sinespe-ungated", "ungated sineSPE, whole past"),
+         ("sinespe-ungated-w256", "ungated sineSPE, window 256 (**the default**)"),
+         ("sinespe-ungated-w128", "ungated sineSPE, window 128")]
+
+
+def merged(runs_dir: Path, dirs: list[str]) -> dict:
+    doc: dict = {}
+    for name in dirs:
+        path = runs_dir / name / "results.json"
+        if path.exists():
+            part = json.loads(path.read_text())
+            runs = {**doc.get("runs", {}), **part.get("runs", {})}
+            doc = {**part, **doc, "runs": runs}
+    return doc
+
+
+def _fmt(values: list[float], pct: bool = False) -> str:
+    if not values:
+        return "–"
+    scale, unit = (100.0, " %") if pct else (1.0, "")
+    mean = scale * statistics.fmean(values)
+    sign = "+" if pct else ""
+    text = f"{mean:{sign}.1f}" if pct else f"{mean:.3f}"
+    if len(values) > 1:
+        text += f" ± {scale * statistics.stdev(values):.1f}" if pct else f" ± {statistics.stdev(values):.3f}"
+    return text + unit
+
+
+def final_comparison(doc: dict) -> list[str]:
+    by = {}
+    for r in doc.get("runs", {}).values():
+        by.setdefault(r["variant"], {})[r["seed"]] = [b["ce"] for b in r["buckets"]]
+    ape = by.get("ape", {})
+    lines = ["| model | seeds | [0,256) | [256,512) | [512,768) | [0,256) vs APE, same seed | growth [512,768) / [0,256) |",
+             "|---|---|---|---|---|---|---|"]
+    for variant, label in FINAL:
+        runs = by.get(variant, {})
+        if not runs:
+            continue
+        seeds = sorted(runs)
+        cells = [_fmt([runs[s][i] for s in seeds]) for i in range(3)]
+        vs = [runs[s][0] / ape[s][0] - 1 for s in seeds if s in ape]
+        growth = [runs[s][2] / runs[s][0] - 1 for s in seeds]
+        lines.append(f"| {label} | {','.join(map(str, seeds))} | {' | '.join(cells)} | "
+                     f"{_fmt(vs, pct=True) if variant != 'ape' else '0'} | {_fmt(growth, pct=True)} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default="runs")
+    parser.add_argument("--out", default="docs/ablation.md")
+    args = parser.parse_args()
+    here = Path(__file__).parent
+    plan = load_plan("ablation")
+    out = [(here / "ablation_intro.md").read_text().rstrip(), ""]
+    finals = []
+    for key, corpus in CORPORA.items():
+        doc = merged(Path(args.runs), corpus["dirs"])
+        if not doc:
+            continue
+        finals += [f"**{corpus['title'].split(':')[0].split(' (')[0]}**", "", *final_comparison(doc), ""]
+        out += [f"## {corpus['title']}", "", "```bash", *corpus["commands"], "```", "", *results_table(doc, plan), ""]
+    out[2:2] = ["## Final comparison", "",
+                "Nats/token, mean ± std over seeds. Targets of issue 6: [0,256) within 5 % of APE; "
+                "[512,768) at most 10 % above the model's own [0,256).", "", *finals]
+    out += [(here / "ablation_analysis.md").read_text().rstrip(), ""]
+    Path(args.out).write_text("\n".join(out))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
