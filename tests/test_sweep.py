@@ -68,6 +68,9 @@ def test_plan_errors_name_the_file_and_variant(tmp_path):
     bad.write_text('[variants.x]\ncheckpoints_of = "y"\n')
     with pytest.raises(ValueError, match="checkpoints_of"):
         load_plan(str(bad))
+    bad.write_text('[variants.x]\neval = { bucket_width = 0 }\n')
+    with pytest.raises(ValueError, match=r"variant 'x'.*bucket_width"):
+        load_plan(str(bad))
     with pytest.raises(ValueError, match="neither a file"):
         load_plan(str(tmp_path / "missing.toml"))
     plan = load_plan("ablation")  # the packaged plan parses

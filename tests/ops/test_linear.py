@@ -54,8 +54,11 @@ def _explicit_window(phi_q, phi_k, v, window):
     return torch.einsum("bhmn,bnhe->bmhe", a, v) / (a.sum(-1).transpose(1, 2)[..., None] + 1e-6)
 
 
+# windows that the chunk divides or not (prime W), shorter than a chunk, W = 1, W ≥ L, and
+# (200, 68, 2): 33 whole chunks inside the window, summed by prefix differences
 @pytest.mark.parametrize("n,window,chunk", [(37, 8, 4), (40, 12, 8), (70, 10, 4), (30, 1, 8), (50, 16, 64),
-                                            (129, 100, 64), (20, 30, 8), (24, 24, 8)])
+                                            (129, 100, 64), (20, 30, 8), (24, 24, 8), (61, 13, 4), (130, 97, 16),
+                                            (45, 3, 8), (200, 68, 2)])
 def test_sliding_window_equals_reference_and_explicit_forward_and_backward(n, window, chunk):
     args = _inputs(n, seed=1)
     outs = []

@@ -179,6 +179,9 @@ class MultiHeadAttention(nn.Module):
         Returns:
             (B, 1, C) output and the new state.
         """
+        if state is not None and state.get("window") != self.window:
+            raise ValueError(f"this decoding state was built with attention window {state.get('window')}, the layer "
+                             f"now has {self.window}: start decoding again from a fresh state")
         q, k, v = self._project(x, code)
         if state is not None and "position" not in state and self.rotary is not None and "keys" not in state:
             raise ValueError("a linear-attention decoding state with RoPE must carry its 'position'")
@@ -219,6 +222,7 @@ class MultiHeadAttention(nn.Module):
                 y = (num / (den + 1e-6)).to(v.dtype)
                 new_state = {"s": s, "z": z}
         new_state["position"] = position + 1
+        new_state["window"] = self.window
         return self.out(y.reshape(x.shape[0], 1, -1)), new_state
 
     def _windowed_step(self, fq: Tensor, fk: Tensor, vf: Tensor, pos: Tensor, state: dict | None) -> tuple[Tensor, dict]:

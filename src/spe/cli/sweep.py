@@ -88,6 +88,11 @@ def load_plan(path_or_name: str) -> Plan:
         if unknown:
             raise ValueError(f"plan {path}, variant {name!r}: unknown eval option(s) {sorted(unknown)}; "
                              f"known: {', '.join(_EVAL_KEYS)}")
+        for key, value in evaluation.items():
+            low = 0 if key == "window" else 1  # window 0: the whole past
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"plan {path}, variant {name!r}: eval option {key} must be an integer ≥ {low}, "
+                                 f"got {value!r}")
         description = spec.pop("description", "")
         train = {**base, **spec, "model": {**base_model, **spec.pop("model", {})}}
         try:

@@ -173,5 +173,9 @@ def attention_matrices(model: DecoderLM, tokens, *, layer: int = 0) -> Tensor:
     term = _score_term(model.blocks[_layer_index(layer, len(model.blocks))].attn, q)
     if term is not None:
         logits = logits + term
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
-    return logits.masked_fill(~causal, -math.inf).softmax(dim=-1)
+    lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    visible = lag >= 0
+    window = getattr(model.blocks[_layer_index(layer, len(model.blocks))].attn, "window", None)
+    if window is not None:  # keys beyond a sliding window are out of the layer's reach
+        visible &= lag < window
+    return logits.masked_fill(~visible, -math.inf).softmax(dim=-1)

@@ -64,7 +64,8 @@ class ModelConfig:
             training length, it changes nothing inside the trained range and keeps every
             query/key lag a relative encoding sees beyond it within the trained lags
             (docs/ablation.md); can be changed at test time
-            (:meth:`~spe.DecoderLM.set_attention_window`). Not with score encodings.
+            (:meth:`~spe.DecoderLM.set_attention_window`). 0 means None (config files have
+            no null). Not with score encodings.
     """
 
     vocab_size: int
@@ -110,6 +111,8 @@ class ModelConfig:
         require_positive("ModelConfig", **{name: getattr(self, name) for name in (
             "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
             "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions", "max_distance")})
+        if self.attention_window == 0 and not isinstance(self.attention_window, bool):
+            self.attention_window = None  # 0 = the whole past (TOML has no null)
         if self.attention_window is not None:
             if isinstance(self.attention_window, bool) or not isinstance(self.attention_window, int) \
                     or self.attention_window < 1:

@@ -86,8 +86,8 @@ def _check_window(window: int | None) -> None:
 
 
 def _window_sums(states: Tensor, window: int | None) -> Tensor:
-    # states[:, m] = Σ_{n ≤ m}; the window keeps Σ_{m−W < n ≤ m}, explicitly as a sum over the
-    # last W terms so that the reference involves no cancellation.
+    # states[:, m] = Σ_{n ≤ m}; the window keeps Σ_{m−W < n ≤ m}, re-summed from the single
+    # terms over the last W positions (the obvious form, for tests; O(L·W) memory).
     if window is None or window >= states.shape[1]:
         return states
     terms = torch.diff(states, dim=1, prepend=torch.zeros_like(states[:, :1]))
@@ -139,10 +139,10 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         normalizer: optional (queries, keys) features for the denominator only, each
             (B, L, H, M'); see :func:`linear_attention`. Costs a second, narrow pass.
         window: W, sliding-window attention: position m attends to n ∈ (m − W, m] only
-            (None: all n ≤ m). The chunk becomes the largest divisor of W not above
-            ``chunk_size``; the W/C − 1 whole chunks in between are summed chunk by chunk
-            (up to 32 of them), beyond that from differences of the chunk-state prefix
-            sums, so the cost stays O(L) whatever W.
+            (None: all n ≤ m). Any W: the chunks wholly inside the window are summed chunk
+            by chunk (up to 32 of them; beyond that from differences of the chunk-state
+            prefix sums), the at most two chunks it cuts get a masked C × C product, so
+            the cost stays O(L) whatever W.
 
     Returns:
         (B, L, H, E).
@@ -156,8 +156,6 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
     _check_window(window)
     if window is not None and group_size is not None:
         raise ValueError("causal_linear_attention: a window and group_size cannot be combined")
-    if window is not None:
-        chunk_size = max(c for c in range(1, min(chunk_size, window) + 1) if window % c == 0)
     n = phi_q.shape[1]
     if phi_k.shape[1] != n or v.shape[1] != n:
         raise ValueError(f"causal linear attention needs equal lengths, got queries {n}, "
@@ -212,38 +210,48 @@ def _causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, 
 _EXACT_WINDOW_CHUNKS = 32
 
 
-def _windowed_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, c: int, window: int) -> Tensor:
-    """Σ_{m − W < n ≤ m} φ(q_m)ᵀφ(k_n) values_n with C | W; (B, L, H, E).
+def _windowed_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, window: int) -> Tensor:
+    """Σ_{m − W < n ≤ m} φ(q_m)ᵀφ(k_n) values_n for W < L; (B, L, H, E).
 
-    A query in chunk i at offset j sees: chunk i up to j (causal mask), chunks i − w + 1 …
-    i − 1 whole (w = W / C), and chunk i − w after j (strictly upper mask).
+    A query at offset j of chunk i and a key at offset d of chunk i − k are k·C + j − d
+    positions apart. Chunk i − k is wholly inside the window when that lag is < W for every
+    j, d (k ≥ 1); the chunks it cuts (k = 0, and at most two more) get a masked product.
     """
     b, n, h, m = phi_q.shape
+    c = min(chunk_size, n)
     pad = (-n) % c
     if pad:
         phi_q, phi_k, values = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (phi_q, phi_k, values))
-    nc, e1, w = (n + pad) // c, values.shape[-1], window // c
+    nc, e1 = (n + pad) // c, values.shape[-1]
     q = phi_q.reshape(b, nc, c, h, m)
     k = phi_k.reshape(b, nc, c, h, m)
     vv = values.reshape(b, nc, c, h, e1)
-    kv = torch.einsum("bnchm,bnche->bnhme", k, vv)
-    if w - 1 <= _EXACT_WINDOW_CHUNKS:
-        # a plain sum of the w − 1 previous chunk states: no cancellation, so features that
-        # can be exactly 0 (ReLU) give exactly 0, as the explicit form and decoding do
-        between = torch.zeros_like(kv)
-        for shift in range(1, min(w, nc)):
-            between[:, shift:] += kv[:, :-shift]
-    else:
-        # exclusive prefix P[i] = Σ_{chunks < i}; whole chunks in the window: P[i] − P[i − w + 1]
-        prefix = torch.cat([torch.zeros_like(kv[:, :1]), torch.cumsum(kv, dim=1)], dim=1)  # (B, N+1, …)
-        idx = torch.arange(nc, device=kv.device)
-        between = prefix[:, idx] - prefix[:, (idx - w + 1).clamp(min=0)]
-    out = torch.einsum("bnchm,bnhme->bnche", q, between)
-    mask = torch.ones(c, c, dtype=torch.bool, device=values.device).tril()
-    scores = torch.einsum("bnchm,bndhm->bnhcd", q, k).masked_fill(~mask, 0.0)
-    out = out + torch.einsum("bnhcd,bndhe->bnche", scores, vv)
-    if nc > w:  # the partial chunk i − w, for i ≥ w
-        old_k, old_v = k[:, :nc - w], vv[:, :nc - w]
-        scores = torch.einsum("bnchm,bndhm->bnhcd", q[:, w:], old_k).masked_fill(mask, 0.0)
-        out = torch.cat([out[:, :w], out[:, w:] + torch.einsum("bnhcd,bndhe->bnche", scores, old_v)], dim=1)
+    offsets = torch.arange(c, device=values.device)
+    lag0 = offsets[:, None] - offsets[None, :]  # j − d
+    whole, cut = 0, []
+    for shift in range((window + c - 1) // c + 1):
+        mask = (shift * c + lag0 >= 0) & (shift * c + lag0 < window)
+        if shift >= 1 and bool(mask.all()):
+            whole = shift  # whole chunks are shifts 1 … whole, contiguous
+        elif bool(mask.any()) and shift < nc:
+            cut.append((shift, mask))
+    out = torch.zeros(b, nc, c, h, e1, dtype=values.dtype, device=values.device)
+    if whole:
+        kv = torch.einsum("bnchm,bnche->bnhme", k, vv)
+        if whole <= _EXACT_WINDOW_CHUNKS:
+            # a plain sum of the previous chunk states: no cancellation, so features that can
+            # be exactly 0 (ReLU) give exactly 0, as the explicit form and decoding do
+            between = torch.zeros_like(kv)
+            for shift in range(1, min(whole + 1, nc)):
+                between[:, shift:] += kv[:, :-shift]
+        else:
+            # exclusive prefix P[i] = Σ_{chunks < i}; chunks i − whole … i − 1: P[i] − P[i − whole]
+            prefix = torch.cat([torch.zeros_like(kv[:, :1]), torch.cumsum(kv, dim=1)], dim=1)
+            idx = torch.arange(nc, device=kv.device)
+            between = prefix[:, idx] - prefix[:, (idx - whole).clamp(min=0)]
+        out = out + torch.einsum("bnchm,bnhme->bnche", q, between)
+    for shift, mask in cut:
+        scores = torch.einsum("bnchm,bndhm->bnhcd", q[:, shift:], k[:, :nc - shift]).masked_fill(~mask, 0.0)
+        part = torch.einsum("bnhcd,bndhe->bnche", scores, vv[:, :nc - shift])
+        out = torch.cat([out[:, :shift], out[:, shift:] + part], dim=1) if shift else out + part
     return out.reshape(b, nc * c, h, e1)[:, :n]

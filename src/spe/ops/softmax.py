@@ -30,8 +30,8 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
     if window is not None:
         if not causal:
             raise ValueError("a sliding window needs causal attention")
-        if window < 1:
-            raise ValueError(f"window must be a positive number of positions, got {window}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive number of positions, got {window!r}")
         if window < q.shape[1]:
             i = torch.arange(q.shape[1], device=q.device)
             lag = i[:, None] - i[None, :]

@@ -110,8 +110,14 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> P
     step = 0
     if resume:
         saved = load_metadata(out)
-        if saved["config"] != model_cfg.to_dict():
-            raise ValueError(f"--resume: the model configuration differs from the one in {out}")
+        # older checkpoints lack newer fields: compare with their defaults filled in
+        stored = ModelConfig.from_dict(saved["config"]).to_dict()
+        changed = sorted(k for k, v in model_cfg.to_dict().items() if stored.get(k) != v)
+        if changed:
+            detail = ", ".join(f"{k} {stored.get(k)!r} -> {getattr(model_cfg, k)!r}" for k in changed)
+            hint = " (pass --attention-window 0 to keep attending to the whole past)" \
+                if changed == ["attention_window"] and stored.get("attention_window") is None else ""
+            raise ValueError(f"--resume: the model configuration differs from the one in {out}: {detail}{hint}")
         before = saved.get("train", {})
         for key in ("data", "seq_len", "val_fraction", "split_seed", "max_transpose"):
             if key in before and before[key] != getattr(cfg, key):
