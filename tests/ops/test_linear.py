@@ -31,13 +31,10 @@ def _inputs(n, seed=0):
     return phi_q, phi_k, v
 
 
-@pytest.mark.parametrize("n,chunk,group", [(1, 4, 8), (16, 4, 8), (17, 4, 8), (30, 7, 14), (30, 7, 1000), (9, 64, 64), (50, 4, 1)])
-def test_chunked_equals_reference_forward_and_backward(n, chunk, group):
-    args = _inputs(n)
+def _assert_same_forward_and_backward(args, fns):
+    """Outputs and input gradients (of a fixed random-sign projection) agree across fns."""
     outs = []
-    for fn in (lambda *a: causal_linear_attention(*a, chunk_size=chunk, group_size=group),
-               causal_linear_attention_reference,
-               lambda *a: _explicit(*a, causal=True)):
+    for fn in fns:
         for t in args:
             t.grad = None
         y = fn(*args)
@@ -46,6 +43,14 @@ def test_chunked_equals_reference_forward_and_backward(n, chunk, group):
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("n,chunk,group", [(1, 4, 8), (16, 4, 8), (17, 4, 8), (30, 7, 14), (30, 7, 1000), (9, 64, 64), (50, 4, 1)])
+def test_chunked_equals_reference_forward_and_backward(n, chunk, group):
+    _assert_same_forward_and_backward(_inputs(n), (
+        lambda *a: causal_linear_attention(*a, chunk_size=chunk, group_size=group),
+        causal_linear_attention_reference,
+        lambda *a: _explicit(*a, causal=True)))
 
 
 def _explicit_window(phi_q, phi_k, v, window):
@@ -60,19 +65,10 @@ def _explicit_window(phi_q, phi_k, v, window):
                                             (129, 100, 64), (20, 30, 8), (24, 24, 8), (61, 13, 4), (130, 97, 16),
                                             (45, 3, 8), (200, 68, 2)])
 def test_sliding_window_equals_reference_and_explicit_forward_and_backward(n, window, chunk):
-    args = _inputs(n, seed=1)
-    outs = []
-    for fn in (lambda *a: causal_linear_attention(*a, chunk_size=chunk, window=window),
-               lambda *a: causal_linear_attention_reference(*a, window=window),
-               lambda *a: _explicit_window(*a, window)):
-        for t in args:
-            t.grad = None
-        y = fn(*args)
-        (y * torch.linspace(-1, 1, y.numel(), dtype=torch.float64).view_as(y)).sum().backward()
-        outs.append([y.detach()] + [t.grad.clone() for t in args])
-    for other in outs[1:]:
-        for a, b in zip(outs[0], other):
-            torch.testing.assert_close(a, b)
+    _assert_same_forward_and_backward(_inputs(n, seed=1), (
+        lambda *a: causal_linear_attention(*a, chunk_size=chunk, window=window),
+        lambda *a: causal_linear_attention_reference(*a, window=window),
+        lambda *a: _explicit_window(*a, window)))
 
 
 def test_sliding_window_with_a_separate_normalizer_equals_reference():
