@@ -32,7 +32,7 @@ def _inputs(n, seed=0):
 
 
 def _assert_same_forward_and_backward(args, fns):
-    """Outputs and input gradients (of a fixed random-sign projection) agree across fns."""
+    """Outputs and input gradients (of a fixed linear projection of the output) agree across fns."""
     outs = []
     for fn in fns:
         for t in args:
