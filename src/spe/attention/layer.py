@@ -26,7 +26,7 @@ from spe.ops.feature_maps import (
     relu_feature_map,
 )
 from spe.ops.linear import causal_linear_attention, linear_attention
-from spe.ops.softmax import softmax_attention
+from spe.ops.softmax import check_window, softmax_attention
 
 __all__ = ["ACCEPTS", "ATTENTIONS", "MultiHeadAttention"]
 
@@ -120,8 +120,7 @@ class MultiHeadAttention(nn.Module):
     @window.setter
     def window(self, value: int | None) -> None:
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"attention window must be a positive number of positions or None, got {value!r}")
+            check_window(value, "attention window")
             if not self.causal:
                 raise ValueError("an attention window needs a causal layer")
             if self.score_encoding is not None:

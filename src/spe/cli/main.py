@@ -48,11 +48,8 @@ def _train_config(args: argparse.Namespace):
         value = getattr(args, flag, None)
         if value is not None:
             model[key] = value
-    window = getattr(args, "attention_window", None)
-    if window is not None:
-        if window < 0:
-            raise UsageError(f"--attention-window must be 0 (whole past) or a positive number of positions, got {window}")
-        model["attention_window"] = window or None
+    if getattr(args, "attention_window", None) is not None:
+        model["attention_window"] = _window_flag(args.attention_window, "--attention-window")
     if getattr(args, "ungated", False):
         model["gated"] = False
     if getattr(args, "gated", False):
@@ -137,14 +134,20 @@ def _validation_sequences(meta: dict, data: str | None, cache_dir: str | None, l
     return seqs, [corpus.pieces[i] for i in train_idx], len(val)
 
 
+def _window_flag(value: int, flag: str) -> int | None:
+    """A window flag's value: 0 means the whole past (None), W > 0 a window of W."""
+    if value < 0:
+        raise UsageError(f"{flag} must be 0 (whole past) or a positive number of positions, got {value}")
+    return value or None
+
+
 def _apply_window(model, window: int | None, checkpoint) -> None:
-    """--window: None keeps the checkpoint's own, 0 means the whole past, W > 0 a window of W."""
+    """--window: None keeps the checkpoint's own, else as :func:`_window_flag`."""
     if window is None:
         return
-    if window < 0:
-        raise UsageError(f"--window must be 0 (whole past) or a positive number of positions, got {window}")
+    window = _window_flag(window, "--window")
     try:
-        model.set_attention_window(window or None)
+        model.set_attention_window(window)
     except ValueError as err:
         raise UsageError(f"{checkpoint}: {err}") from None
 

@@ -170,12 +170,13 @@ def attention_matrices(model: DecoderLM, tokens, *, layer: int = 0) -> Tensor:
     q, k = q[0].to("cpu", torch.float64), k[0].to("cpu", torch.float64)  # (L, H, E)
     n = q.shape[0]
     logits = torch.einsum("mhe,nhe->hmn", q, k) / math.sqrt(q.shape[-1])  # (H, L, L)
-    term = _score_term(model.blocks[_layer_index(layer, len(model.blocks))].attn, q)
+    attn = model.blocks[_layer_index(layer, len(model.blocks))].attn
+    term = _score_term(attn, q)
     if term is not None:
         logits = logits + term
     lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]
     visible = lag >= 0
-    window = getattr(model.blocks[_layer_index(layer, len(model.blocks))].attn, "window", None)
+    window = getattr(attn, "window", None)
     if window is not None:  # keys beyond a sliding window are out of the layer's reach
         visible &= lag < window
     return logits.masked_fill(~visible, -math.inf).softmax(dim=-1)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 
 from spe.attention.layer import ACCEPTS, ATTENTIONS
 from spe.encodings.positions import require_positive
+from spe.ops.softmax import check_window
 
 __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "ModelConfig"]
 
@@ -113,14 +114,10 @@ class ModelConfig:
             "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions", "max_distance")})
         if self.attention_window == 0 and not isinstance(self.attention_window, bool):
             self.attention_window = None  # 0 = the whole past (TOML has no null)
-        if self.attention_window is not None:
-            if isinstance(self.attention_window, bool) or not isinstance(self.attention_window, int) \
-                    or self.attention_window < 1:
-                raise ValueError(f"attention_window must be a positive number of positions or None, "
-                                 f"got {self.attention_window!r}")
-            if where == "scores":
-                raise ValueError(f"attention_window cannot be combined with positional {self.positional!r}, "
-                                 "which forms its own attention scores")
+        check_window(self.attention_window, "attention_window")
+        if self.attention_window is not None and where == "scores":
+            raise ValueError(f"attention_window cannot be combined with positional {self.positional!r}, "
+                             "which forms its own attention scores")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:

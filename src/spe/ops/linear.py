@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from spe.ops.softmax import check_window
+
 __all__ = ["causal_linear_attention", "causal_linear_attention_reference", "linear_attention"]
 
 
@@ -80,11 +82,6 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 1e
     return num / (den + eps)
 
 
-def _check_window(window: int | None) -> None:
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be a positive number of positions or None, got {window!r}")
-
-
 def _window_sums(states: Tensor, window: int | None) -> Tensor:
     # states[:, m] = Σ_{n ≤ m}; the window keeps Σ_{m−W < n ≤ m}, re-summed from the single
     # terms over the last W positions (the obvious form, for tests; O(L·W) memory).
@@ -104,7 +101,7 @@ def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *
 
     Args and returns as :func:`causal_linear_attention`.
     """
-    _check_window(window)
+    check_window(window)
     if normalizer is None:
         states = torch.cumsum(torch.einsum("blhm,blhe->blhme", phi_k, _with_ones(v)), dim=1)
         return _normalised(torch.einsum("blhm,blhme->blhe", phi_q, _window_sums(states, window)), eps)
@@ -153,7 +150,7 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    _check_window(window)
+    check_window(window)
     if window is not None and group_size is not None:
         raise ValueError("causal_linear_attention: a window and group_size cannot be combined")
     n = phi_q.shape[1]

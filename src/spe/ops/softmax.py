@@ -9,6 +9,16 @@ from torch import Tensor
 __all__ = ["softmax_attention"]
 
 
+def check_window(window: int | None, name: str = "window") -> None:
+    """Validates a sliding-window length W (positions).
+
+    Raises:
+        ValueError: naming ``name``, unless W is None or a positive int (bools refused).
+    """
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"{name} must be a positive number of positions or None, got {window!r}")
+
+
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None) -> Tensor:
     """softmax(q kᵀ / √E) v, with PyTorch's fused kernel.
 
@@ -30,8 +40,7 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
     if window is not None:
         if not causal:
             raise ValueError("a sliding window needs causal attention")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be a positive number of positions, got {window!r}")
+        check_window(window)
         if window < q.shape[1]:
             i = torch.arange(q.shape[1], device=q.device)
             lag = i[:, None] - i[None, :]
