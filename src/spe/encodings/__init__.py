@@ -13,12 +13,14 @@ from spe.encodings.code import DenseCode, SineCode, SPECode
 from spe.encodings.conv import ConvSPE
 from spe.encodings.filter import SPEFilter, apply_code_reference, apply_sine_code_fused
 from spe.encodings.music_relative import MusicRelativePosition
+from spe.encodings.registry import POSITIONAL_SPECS, PositionalSpec, positional_names, positional_spec
 from spe.encodings.rope import RotaryEncoding, rotate
 from spe.encodings.shaw import ShawRelativePosition
 from spe.encodings.sine import SineSPE, sine_phase
 
 __all__ = [
     "ALiBi", "ConvSPE", "DenseCode", "LearnedPositionalEmbedding", "MusicRelativePosition", "RotaryEncoding",
-    "SPECode", "SPEFilter", "ShawRelativePosition", "SineCode", "SineSPE", "SinusoidalPositionalEncoding",
-    "alibi_slopes", "apply_code_reference", "apply_sine_code_fused", "rotate", "sine_phase",
+    "POSITIONAL_SPECS", "PositionalSpec", "SPECode", "SPEFilter", "ShawRelativePosition", "SineCode", "SineSPE", "SinusoidalPositionalEncoding",
+    "alibi_slopes", "apply_code_reference", "apply_sine_code_fused", "positional_names", "positional_spec", "rotate",
+    "sine_phase",
 ]

@@ -6,23 +6,14 @@ from dataclasses import asdict, dataclass, fields
 
 from spe.attention.layer import ACCEPTS, ATTENTIONS
 from spe.encodings.positions import require_positive
+from spe.encodings.registry import POSITIONAL_SPECS, positional_names
 from spe.ops.softmax import check_window
 
 __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "ModelConfig"]
 
-# Each positional encoding and where it acts (see spe.attention.layer.ACCEPTS).
-POSITIONALS = {
-    "ape": "tokens",             # sinusoidal, Vaswani et al. 2017
-    "ape-learned": "tokens",     # trainable embeddings up to max_positions
-    "sinespe": "queries-keys",   # Liutkus et al. 2021, eq. (18)-(21)
-    "convspe": "queries-keys",   # Liutkus et al. 2021, eq. (22)
-    "rope": "queries-keys",      # Su et al. 2021
-    "shaw": "scores",            # Shaw et al. 2018, O(L²D) memory
-    "music-relative": "scores",  # Huang et al. 2018, skewing, O(LD) memory
-    "alibi": "scores",           # Press et al. 2022
-    "none": None,
-}
-SCORE_ENCODINGS = tuple(name for name, where in POSITIONALS.items() if where == "scores")
+# Each positional encoding and where it acts (the registry's view; see spe.attention.layer.ACCEPTS).
+POSITIONALS = {name: spec.acts_on for name, spec in POSITIONAL_SPECS.items()}
+SCORE_ENCODINGS = positional_names(acts_on="scores")
 
 
 @dataclass
