@@ -7,7 +7,10 @@ import shutil
 import pytest
 
 from spe.cli.main import main
-from spe.cli.report import _bar_start, _render_audio, probe_plan, probe_tokens, r_grids
+from spe.evaluation.audio import render_audio
+from spe.evaluation.music_prompt import bar_start
+from spe.evaluation.r_grid import r_grids
+from spe.metrics.pe_probe import probe_plan, probe_tokens
 
 TINY = ["--seq-len", "32", "--batch-size", "2", "--d-model", "32", "--num-layers", "1", "--num-heads", "2",
         "--num-realizations", "4", "--eval-every", "2", "--threads", "1", "--steps", "2", "--no-progress"]
@@ -100,12 +103,12 @@ def test_bar_start_follows_time_signatures():
     from symusic import Score, TimeSignature
 
     score = Score(8)
-    assert _bar_start(score, 2) == 2 * 32  # no signature: 4/4, 4 beats of 8 ticks
+    assert bar_start(score, 2) == 2 * 32  # no signature: 4/4, 4 beats of 8 ticks
     score.time_signatures.append(TimeSignature(0, 3, 4))
     score.time_signatures.append(TimeSignature(48, 6, 8))
-    assert [_bar_start(score, b) for b in range(4)] == [0, 24, 48, 72]  # 3/4: 24 ticks, 6/8: 24 ticks
+    assert [bar_start(score, b) for b in range(4)] == [0, 24, 48, 72]  # 3/4: 24 ticks, 6/8: 24 ticks
     score.time_signatures[1] = TimeSignature(48, 2, 2)
-    assert _bar_start(score, 4) == 48 + 2 * 32
+    assert bar_start(score, 4) == 48 + 2 * 32
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -153,20 +156,20 @@ def test_audio_is_rendered_with_fluidsynth_and_a_soundfont(tmp_path, monkeypatch
     midi.write_bytes(b"MThd")
     monkeypatch.setenv("SPE_SOUNDFONT", str(tmp_path / "missing.sf2"))
     monkeypatch.setattr(shutil, "which", lambda name: str(fake))
-    wavs, note = _render_audio([midi])
+    wavs, note = render_audio([midi])
     assert wavs == [None] and note.startswith("skipped") and "missing.sf2" in note
     (tmp_path / "gm.sf2").write_bytes(b"sf2")
     monkeypatch.setenv("SPE_SOUNDFONT", str(tmp_path / "gm.sf2"))
-    wavs, note = _render_audio([midi])
+    wavs, note = render_audio([midi])
     assert wavs == [tmp_path / "piece.wav"] and wavs[0].read_bytes() == b"RIFF" and "gm.sf2" in note
     monkeypatch.setattr(shutil, "which", lambda name: str(broken))
-    wavs, note = _render_audio([tmp_path / "other.mid"])
+    wavs, note = render_audio([tmp_path / "other.mid"])
     assert wavs == [None] and "failed for other.mid: fluidsynth: error: bad soundfont" in note
     assert not list(tmp_path.glob(".other.wav*"))  # no temporary file left behind
 
 
 def test_publish_report_copies_images_and_drops_music_links(tmp_path):
-    from spe.cli.report import publish_report
+    from spe.evaluation.publish import publish_report
 
     src = tmp_path / "report"
     (src / "figures").mkdir(parents=True)
@@ -182,9 +185,9 @@ def test_publish_report_copies_images_and_drops_music_links(tmp_path):
 
 
 def test_model_names_are_the_shortest_unique_run_paths():
-    from spe.cli.report import _names
+    from spe.evaluation.report import run_names
 
-    assert _names(["runs/ablation/ape/seed0", "runs/ablation/sinespe/seed0"]) == ["ape", "sinespe"]
-    assert _names(["runs/a", "runs/b"]) == ["a", "b"]
-    assert _names(["x/a/run", "y/a/run"]) == ["x-a", "y-a"]
-    assert _names(["runs/a", "runs/a"]) == ["a", "a-2"]
+    assert run_names(["runs/ablation/ape/seed0", "runs/ablation/sinespe/seed0"]) == ["ape", "sinespe"]
+    assert run_names(["runs/a", "runs/b"]) == ["a", "b"]
+    assert run_names(["x/a/run", "y/a/run"]) == ["x-a", "y-a"]
+    assert run_names(["runs/a", "runs/a"]) == ["a", "a-2"]

@@ -6,7 +6,7 @@ import warnings
 import pytest
 
 from spe.cli.main import main
-from spe.cli.sweep import load_plan
+from spe.experiments.sweep import load_plan
 
 PLAN = """
 title = "tiny"

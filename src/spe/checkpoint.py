@@ -1,7 +1,9 @@
 """Model checkpoints: weights in safetensors, configuration and metadata in its header.
 
 Files are written to a temporary name in the same folder and renamed, so a checkpoint is
-either the old one or the new one, never half-written.
+either the old one or the new one, never half-written. :func:`load_checkpoint` reads a
+checkpoint once into a :class:`LoadedCheckpoint` (model, configurations, tokenizer,
+metadata) that evaluation, generation, the report and the sweep pass around.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,9 +19,12 @@ import torch
 from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecoderLM
 
-__all__ = ["MODEL_FILE", "atomic_write", "load", "load_metadata", "save"]
+__all__ = ["MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write", "load", "load_checkpoint",
+           "load_metadata", "save"]
 
 MODEL_FILE = "model.safetensors"
+# Optimizer step, optimizer and random states of a run, beside MODEL_FILE (see spe.train.loop).
+TRAIN_STATE_FILE = "train_state.pt"
 
 
 def atomic_write(path: str | os.PathLike, write) -> None:
@@ -100,16 +106,105 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Deco
         FileNotFoundError: if there is no checkpoint there.
         ValueError: if the file is not an spe checkpoint or its tensors do not fit the config.
     """
+    file = _resolve(path)
+    return _load_model(file, load_metadata(file)["config"], device)
+
+
+def _load_model(file: Path, config: dict, device: str | torch.device) -> DecoderLM:
     from safetensors.torch import load_file
 
-    file = _resolve(path)
-    config = ModelConfig.from_dict(load_metadata(file)["config"])
-    model = DecoderLM(config)
+    model_config = ModelConfig.from_dict(config)
+    model = DecoderLM(model_config)
     state = load_file(str(file))
-    if config.tie_embeddings:
+    if model_config.tie_embeddings:
         state["head.weight"] = state["embed.weight"]
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
         raise ValueError(f"{file}: tensors do not match its configuration: {err}") from None
     return model.to(device).eval()
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint read once: the model and everything its run recorded.
+
+    Attributes:
+        path: what was asked for (run folder or ``.safetensors`` file), as given.
+        model: the :class:`~spe.DecoderLM`, in eval mode.
+        metadata: the header's metadata (``step``, ``val_loss``, ``tokenizer``, ``train``,
+            ``config``), as :func:`load_metadata` returns it.
+    """
+
+    path: str
+    model: DecoderLM
+    metadata: dict
+
+    @property
+    def config(self) -> ModelConfig:
+        """The model configuration (the model's own, so test-time changes show)."""
+        return self.model.config
+
+    @property
+    def train_config(self) -> dict:
+        """The training options the run recorded (empty for models saved outside ``spe train``)."""
+        return self.metadata.get("train", {})
+
+    @property
+    def seq_len(self) -> int:
+        """Training length L in tokens (256, the default, when the run recorded none)."""
+        return int(self.train_config.get("seq_len", 256))
+
+    @property
+    def step(self) -> int | None:
+        """Optimizer steps the checkpoint has seen."""
+        return self.metadata.get("step")
+
+    @property
+    def tokenizer_json(self) -> str | None:
+        """The REMI tokenizer's parameters (JSON text), or None if the run was not on music."""
+        return self.metadata.get("tokenizer")
+
+    def tokenizer(self):
+        """The MidiTok tokenizer the model was trained with (needs the ``music`` extra).
+
+        Raises:
+            ValueError: if the checkpoint holds no tokenizer.
+        """
+        if self.tokenizer_json is None:
+            raise ValueError(f"{self.path} holds no tokenizer: it was not trained on music by `spe train`")
+        from spe.data.music import tokenizer_from_json
+
+        return tokenizer_from_json(self.tokenizer_json)
+
+    def set_window(self, window: int | None) -> None:
+        """Sets the model's sliding attention window: None keeps the trained one, 0 the whole past.
+
+        Raises:
+            ValueError: if ``window`` is negative or the model cannot take a window (score
+                encodings), naming the checkpoint.
+        """
+        if window is None:
+            return
+        if window < 0:
+            raise ValueError(f"window must be 0 (whole past) or a positive number of positions, got {window}")
+        try:
+            self.model.set_attention_window(window or None)
+        except ValueError as err:
+            raise ValueError(f"{self.path}: {err}") from None
+
+
+def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> LoadedCheckpoint:
+    """Reads a checkpoint once: its header and its weights.
+
+    Args:
+        path: the ``.safetensors`` file or the folder holding ``model.safetensors``.
+        device: where to put the weights.
+
+    Raises:
+        FileNotFoundError: if there is no checkpoint there.
+        ValueError: if the file is not an spe checkpoint or its tensors do not fit the config.
+    """
+    file = _resolve(path)
+    metadata = load_metadata(file)
+    return LoadedCheckpoint(path=str(path), model=_load_model(file, metadata["config"], device), metadata=metadata)

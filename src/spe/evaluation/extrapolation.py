@@ -20,7 +20,7 @@ __all__ = ["bucket_means", "per_position_cross_entropy", "unigram_cross_entropy"
 @torch.no_grad()
 def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_size: int = 8,
                                num_realizations: int | None = None, num_draws: int = 1,
-                               progress: bool = False) -> Tensor:
+                               code_seed: int | None = None, progress: bool = False) -> Tensor:
     """Cross-entropy of each next token given all before it.
 
     Args:
@@ -31,6 +31,10 @@ def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_siz
         num_draws: SPE codes to average the predicted probabilities over (codes from
             ``code_seed``, ``code_seed + 1``, …): a Monte-Carlo average over the positional
             noise, at ``num_draws`` times the cost. Ignored without SPE.
+        code_seed: seed of the first code (default: ``model.config.code_seed``, the code
+            the model uses in eval mode). Each draw gets its own explicit generator; the
+            model is not modified.
+        progress: show a progress bar over batches.
 
     Returns:
         (N, T) nats; entry [i, t] is −log p(x[i, t+1] | x[i, :t+1]).
@@ -44,6 +48,7 @@ def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_siz
         num_draws = 1
     model.eval()
     device = next(model.parameters()).device
+    seed = model.config.code_seed if code_seed is None else code_seed
     rows = []
     batches = range(0, len(sequences), batch_size)
     if progress:
@@ -52,15 +57,12 @@ def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_siz
         batches = tqdm(batches, desc="evaluate", unit="batch")
     for i in batches:
         x = sequences[i:i + batch_size].to(device)
-        seed = model.config.code_seed
         logps = []
-        try:
-            for draw in range(num_draws):
-                model.config.code_seed = seed + draw
-                logits = model(x[:, :-1], num_realizations=num_realizations)
-                logps.append(-F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none").double())
-        finally:
-            model.config.code_seed = seed
+        for draw in range(num_draws):
+            # a fresh generator per batch and draw: every batch sees the codes of seed, seed + 1, ...
+            code_gen = torch.Generator().manual_seed(seed + draw)
+            logits = model(x[:, :-1], num_realizations=num_realizations, generator=code_gen)
+            logps.append(-F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none").double())
         ce = -(torch.logsumexp(torch.stack(logps), dim=0) - math.log(num_draws))
         rows.append(ce.float().cpu())
     return torch.cat(rows) if rows else torch.zeros(0, sequences.shape[1] - 1)

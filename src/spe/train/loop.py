@@ -7,19 +7,19 @@ import logging
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from spe.checkpoint import MODEL_FILE, atomic_write, load_metadata, save
-from spe.models.config import ModelConfig
+from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, atomic_write, save
 from spe.models.decoder_lm import DecoderLM
 from spe.train.config import TrainConfig
+from spe.train.status import RunStatus, run_status
 
-__all__ = ["TRAIN_STATE_FILE", "train"]
+__all__ = ["TRAIN_STATE_FILE", "build_model", "train", "validation_loss"]
 
 log = logging.getLogger(__name__)
-TRAIN_STATE_FILE = "train_state.pt"
 
 
 def _param_groups(model: DecoderLM, weight_decay: float) -> list[dict]:
@@ -57,6 +57,122 @@ def validation_loss(model: DecoderLM, batch: torch.Tensor, *, batch_size: int, d
     return total / max(count, 1)
 
 
+@dataclass
+class _Generators:
+    """The run's explicit random streams: crops, SPE codes, FAVOR+ feature redraws."""
+
+    data: torch.Generator
+    code: torch.Generator
+    feature: torch.Generator
+
+    @classmethod
+    def seeded(cls, seed: int) -> _Generators:
+        return cls(*(torch.Generator().manual_seed(seed + k) for k in range(3)))
+
+    def states(self) -> dict:
+        return {"data_gen": self.data.get_state(), "code_gen": self.code.get_state(),
+                "feature_gen": self.feature.get_state()}
+
+    def restore(self, states: dict) -> None:
+        self.data.set_state(states["data_gen"])
+        self.code.set_state(states["code_gen"])
+        self.feature.set_state(states["feature_gen"])
+
+
+def _check_run(cfg: TrainConfig, resume: bool) -> RunStatus:
+    """The run folder's status; refuses to overwrite a checkpoint or to resume nothing."""
+    status = run_status(cfg)
+    out = status.out
+    if resume and not status.has_train_state:
+        raise ValueError(f"--resume: no training state in {out} (expected {out / TRAIN_STATE_FILE})")
+    if resume and status.state == "new":
+        raise ValueError(f"--resume: no checkpoint in {out} (expected {out / MODEL_FILE})")
+    if not resume and status.state != "new":
+        raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, or choose another --out")
+    return status
+
+
+def _check_resume(status: RunStatus, tokenizer_json: str) -> None:
+    """Refuses to resume a run whose model, data or tokenizer differ from the configuration's."""
+    from spe.data.music import same_tokenizer
+
+    out, changed = status.out, status.model_differences
+    if changed:
+        detail = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+        hint = " (pass --attention-window 0 to keep attending to the whole past)" \
+            if list(changed) == ["attention_window"] and changed["attention_window"][0] is None else ""
+        raise ValueError(f"--resume: the model configuration differs from the one in {out}: {detail}{hint}")
+    for key, (before, now) in status.train_differences.items():
+        raise ValueError(f"--resume: {key} was {before!r} in {out}, now {now!r}")
+    stored = status.metadata.get("tokenizer")
+    if stored is not None and not same_tokenizer(stored, tokenizer_json):
+        raise ValueError(f"--resume: the tokenizer differs from the one in {out}")
+
+
+def _restore(out: Path, model: DecoderLM, optimizer: torch.optim.Optimizer, gens: _Generators,
+             saved_step: int | None) -> int:
+    """Loads weights, optimizer and random states of an interrupted run; returns its step."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(out / MODEL_FILE))
+    if model.config.tie_embeddings:
+        state["head.weight"] = state["embed.weight"]
+    model.load_state_dict(state)
+    state_file = out / TRAIN_STATE_FILE
+    try:
+        ts = torch.load(state_file, weights_only=False)
+    except Exception as err:  # noqa: BLE001 - a damaged file is a user-facing error
+        raise ValueError(f"--resume: cannot read {state_file}: {err}") from None
+    if ts["step"] != saved_step:
+        raise ValueError(f"--resume: {state_file} is at step {ts['step']} but the checkpoint at step "
+                         f"{saved_step}; the run was interrupted while saving")
+    optimizer.load_state_dict(ts["optimizer"])
+    torch.set_rng_state(ts["torch_rng"])  # dropout masks continue where they were
+    gens.restore(ts)
+    log.info("resuming %s at step %d", out, ts["step"])
+    return ts["step"]
+
+
+def _save(out: Path, model: DecoderLM, optimizer: torch.optim.Optimizer, gens: _Generators, step: int,
+          meta: dict) -> None:
+    """Checkpoint (weights + metadata), then the training state that resumes from it."""
+    save(model, out, metadata=meta)
+    ts = {"optimizer": optimizer.state_dict(), "step": step, **gens.states(), "torch_rng": torch.get_rng_state()}
+    atomic_write(out / TRAIN_STATE_FILE, lambda tmp: torch.save(ts, tmp))
+
+
+def _trim_metrics(metrics_path: Path, step: int) -> None:
+    """Keeps only the records the checkpoint we start from has seen."""
+    if metrics_path.exists():
+        kept = [line for line in metrics_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= step]
+        metrics_path.write_text("".join(line + "\n" for line in kept))
+
+
+def _data(cfg: TrainConfig, progress: bool):
+    """The split, the crop sampler and the (N, L + 1) validation prefixes."""
+    from spe.data.dataset import CropSampler, PitchShifter, prefix_batch
+    from spe.data.music import make_tokenizer
+    from spe.data.split import load_split
+
+    split = load_split(cfg.data, cache_dir=cfg.cache_dir, val_fraction=cfg.val_fraction,
+                       split_seed=cfg.split_seed, progress=progress)
+    tokenizer = make_tokenizer()
+    shifter = PitchShifter(tokenizer.vocab, cfg.max_transpose) if cfg.max_transpose > 0 else None
+    sampler = CropSampler(split.train_pieces, cfg.seq_len, shifter)
+    val_batch = prefix_batch(split.val_pieces, cfg.seq_len + 1)
+    if len(val_batch) == 0:
+        warnings.warn(f"no validation piece has {cfg.seq_len + 1} tokens: training runs without validation "
+                      f"(lower --seq-len or raise val_fraction)", stacklevel=3)
+    return split, len(tokenizer), sampler, val_batch
+
+
+def build_model(cfg: TrainConfig, vocab_size: int) -> DecoderLM:
+    """The model ``cfg`` trains, initialised from ``cfg.seed`` (the same weights for the same config)."""
+    torch.manual_seed(cfg.seed)
+    return DecoderLM(cfg.model_config(vocab_size))
+
+
 def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> Path:
     """Trains a decoder LM on REMI tokens and writes ``cfg.out/model.safetensors``.
 
@@ -71,112 +187,50 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> P
     Raises:
         ValueError: on unusable data, a bad configuration, or a resume that does not match.
     """
-    from tqdm import tqdm
-
-    from spe.data.dataset import CropSampler, PitchShifter, prefix_batch
-    from spe.data.music import load_corpus, make_tokenizer, same_tokenizer
-
-    out = Path(cfg.out)
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but PyTorch sees no CUDA device")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    state_file = out / TRAIN_STATE_FILE
-    if resume and not state_file.exists():
-        raise ValueError(f"--resume: no training state in {out} (expected {state_file})")
-    if not resume and (out / MODEL_FILE).exists():
-        raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, or choose another --out")
-
-    corpus = load_corpus(cfg.data, cache_dir=cfg.cache_dir, progress=progress)
-    tokenizer = make_tokenizer()
-    train_idx, val_idx = corpus.split(cfg.val_fraction, cfg.split_seed)
-    train_pieces = [corpus.pieces[i] for i in train_idx]
-    val_pieces = [corpus.pieces[i] for i in val_idx]
-    shifter = PitchShifter(tokenizer.vocab, cfg.max_transpose) if cfg.max_transpose > 0 else None
-    sampler = CropSampler(train_pieces, cfg.seq_len, shifter)
-    val_batch = prefix_batch(val_pieces, cfg.seq_len + 1)
-    if len(val_batch) == 0:
-        warnings.warn(f"no validation piece has {cfg.seq_len + 1} tokens: training runs without validation "
-                      f"(lower --seq-len or raise val_fraction)", stacklevel=2)
-
-    torch.manual_seed(cfg.seed)
-    model_cfg = ModelConfig(vocab_size=len(tokenizer), **cfg.model)
-    model = DecoderLM(model_cfg).to(device)
+    status = _check_run(cfg, resume)
+    split, vocab_size, sampler, val_batch = _data(cfg, progress)
+    model = build_model(cfg, vocab_size).to(device)
     optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98))
-    data_gen = torch.Generator().manual_seed(cfg.seed)
-    code_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    feature_gen = torch.Generator().manual_seed(cfg.seed + 2)
+    gens = _Generators.seeded(cfg.seed)
     step = 0
     if resume:
-        saved = load_metadata(out)
-        # older checkpoints lack newer fields: compare with their defaults filled in
-        stored = ModelConfig.from_dict(saved["config"]).to_dict()
-        changed = sorted(k for k, v in model_cfg.to_dict().items() if stored.get(k) != v)
-        if changed:
-            detail = ", ".join(f"{k} {stored.get(k)!r} -> {getattr(model_cfg, k)!r}" for k in changed)
-            hint = " (pass --attention-window 0 to keep attending to the whole past)" \
-                if changed == ["attention_window"] and stored.get("attention_window") is None else ""
-            raise ValueError(f"--resume: the model configuration differs from the one in {out}: {detail}{hint}")
-        before = saved.get("train", {})
-        for key in ("data", "seq_len", "val_fraction", "split_seed", "max_transpose"):
-            if key in before and before[key] != getattr(cfg, key):
-                raise ValueError(f"--resume: {key} was {before[key]!r} in {out}, now {getattr(cfg, key)!r}")
-        if saved.get("tokenizer") is not None and not same_tokenizer(saved["tokenizer"], corpus.tokenizer_json):
-            raise ValueError(f"--resume: the tokenizer differs from the one in {out}")
-        from safetensors.torch import load_file
-
-        state = load_file(str(out / MODEL_FILE))
-        if model_cfg.tie_embeddings:
-            state["head.weight"] = state["embed.weight"]
-        model.load_state_dict(state)
-        try:
-            ts = torch.load(state_file, weights_only=False)
-        except Exception as err:  # noqa: BLE001 - a damaged file is a user-facing error
-            raise ValueError(f"--resume: cannot read {state_file}: {err}") from None
-        if ts["step"] != saved.get("step"):
-            raise ValueError(f"--resume: {state_file} is at step {ts['step']} but the checkpoint at step "
-                             f"{saved.get('step')}; the run was interrupted while saving")
-        optimizer.load_state_dict(ts["optimizer"])
-        step = ts["step"]
-        torch.set_rng_state(ts["torch_rng"])  # dropout masks continue where they were
-        data_gen.set_state(ts["data_gen"])
-        code_gen.set_state(ts["code_gen"])
-        feature_gen.set_state(ts["feature_gen"])
-        log.info("resuming %s at step %d", out, step)
-
+        _check_resume(status, split.tokenizer_json)
+        step = _restore(status.out, model, optimizer, gens, status.step)
+    out = status.out
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"tokenizer": corpus.tokenizer_json, "train": cfg.to_dict(), "num_train_pieces": len(train_idx),
-            "num_val_pieces": len(val_idx)}
-    metrics_path = out / "metrics.jsonl"
-    if metrics_path.exists():  # keep only what the checkpoint we start from has seen
-        kept = [line for line in metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= step]
-        metrics_path.write_text("".join(line + "\n" for line in kept))
-
-    def checkpoint(val: float | None) -> None:
-        meta.update(step=step, val_loss=val)
-        save(model, out, metadata=meta)
-        ts = {"optimizer": optimizer.state_dict(), "step": step, "data_gen": data_gen.get_state(),
-              "code_gen": code_gen.get_state(), "feature_gen": feature_gen.get_state(),
-              "torch_rng": torch.get_rng_state()}
-        atomic_write(state_file, lambda tmp: torch.save(ts, tmp))
-
+    meta = {"tokenizer": split.tokenizer_json, "train": cfg.to_dict(), "num_train_pieces": len(split.train_pieces),
+            "num_val_pieces": len(split.val_pieces)}
+    _trim_metrics(out / "metrics.jsonl", step)
     log.info("model: %s, %.2f M parameters; %d training / %d validation pieces",
-             model_cfg.positional + "/" + model_cfg.attention, model.num_parameters() / 1e6,
-             len(train_idx), len(val_idx))
+             model.config.positional + "/" + model.config.attention, model.num_parameters() / 1e6,
+             len(split.train_pieces), len(split.val_pieces))
+    _loop(cfg, model, optimizer, gens, sampler, val_batch, step=step, meta=meta, progress=progress)
+    _plot_losses(out / "metrics.jsonl", out / "loss.png")
+    return out
+
+
+def _loop(cfg: TrainConfig, model: DecoderLM, optimizer, gens: _Generators, sampler, val_batch, *, step: int,
+          meta: dict, progress: bool) -> None:
+    """Optimizer steps from ``step`` to ``cfg.steps``; validates and checkpoints every ``eval_every``."""
+    from tqdm import tqdm
+
+    out, device = Path(cfg.out), next(model.parameters()).device
     model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {model_cfg.positional}", unit="step",
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {model.config.positional}", unit="step",
                disable=not progress, dynamic_ncols=True)
     tokens_seen, t0 = 0, time.perf_counter()
-    val = None
     while step < cfg.steps:
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * _lr_factor(step, cfg)
         if cfg.feature_redraw_every and step % cfg.feature_redraw_every == 0 and step:
-            model.redraw_features(feature_gen)
-        batch = sampler.sample(cfg.batch_size, data_gen).to(device)
-        loss = model.loss(batch, generator=code_gen)
+            model.redraw_features(gens.feature)
+        batch = sampler.sample(cfg.batch_size, gens.data).to(device)
+        loss = model.loss(batch, generator=gens.code)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -190,13 +244,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> P
         if step % cfg.eval_every == 0 or step == cfg.steps:
             val = validation_loss(model, val_batch, batch_size=cfg.batch_size, device=device) if len(val_batch) else None
             record["val_loss"] = val
-            checkpoint(val)
+            meta.update(step=step, val_loss=val)
+            _save(out, model, optimizer, gens, step, meta)
             bar.write(f"step {step}: train {loss.item():.3f}, validation {val if val is None else round(val, 3)} nats/token")
-        with open(metrics_path, "a") as fh:
+        with open(out / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps(record) + "\n")
     bar.close()
-    _plot_losses(metrics_path, out / "loss.png")
-    return out
 
 
 def _plot_losses(metrics_path: Path, png: Path) -> None:

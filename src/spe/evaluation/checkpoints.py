@@ -1,0 +1,205 @@
+"""Evaluation of trained checkpoints on the validation split: the numbers and files of ``spe evaluate``.
+
+:func:`evaluate_models` computes per-position cross-entropy of loaded models on validation
+sequences (and the unigram baseline); :func:`write_evaluation` writes ``per_position.csv``,
+``summary.json`` and ``extrapolation.png``; :func:`evaluate_checkpoints` does both from paths.
+
+Letters: N = validation sequences, T = evaluated positions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from torch import Tensor
+
+from spe.checkpoint import LoadedCheckpoint, atomic_write, load_checkpoint
+from spe.data.split import CorpusSplit, split_of_run, validation_sequences
+from spe.encodings.registry import positional_spec
+from spe.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
+
+__all__ = ["evaluate_checkpoints", "evaluate_models", "model_label", "stored_summary", "write_evaluation"]
+
+# Moving-mean width of the curves in extrapolation.png, in positions.
+SMOOTHING = 16
+
+
+def model_label(config) -> str:
+    """``positional/attention`` (+ `` gated`` for gated SPE, `` window W`` for a sliding window)."""
+    label = f"{config.positional}/{config.attention}"
+    if positional_spec(config.positional).stochastic and config.gated:
+        label += " gated"
+    if config.attention_window is not None:
+        label += f" window {config.attention_window}"
+    return label
+
+
+def _sequence_std(ce: Tensor) -> float:
+    """Standard deviation over sequences of the per-sequence mean of (N, T) values (NaN if N < 2 or T = 0)."""
+    if ce.shape[0] < 2 or ce.shape[1] == 0:
+        return float("nan")
+    return float(ce.mean(1).std())
+
+
+def _model_row(loaded: LoadedCheckpoint, ce: Tensor, bucket_width: int | None) -> dict:
+    seq_len = loaded.seq_len
+    return {"checkpoint": loaded.path, "label": model_label(loaded.config), "seq_len": seq_len, "step": loaded.step,
+            "within": float(ce[:, :seq_len].mean()), "beyond": float(ce[:, seq_len:].mean()),
+            # std over sequences of each sequence's mean (Table 6's ±), as bucket_means does
+            "within_std": _sequence_std(ce[:, :seq_len]), "beyond_std": _sequence_std(ce[:, seq_len:]),
+            "buckets": bucket_means(ce, bucket_width or seq_len), "per_position": ce.mean(0).tolist()}
+
+
+def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, max_length: int | None = None,
+                    batch_size: int = 8, num_realizations: int | None = None, num_draws: int = 1,
+                    bucket_width: int | None = None, progress: bool = False) -> dict:
+    """Teacher-forced cross-entropy of each model on the same validation sequences.
+
+    Args:
+        checkpoints: loaded checkpoints (:func:`~spe.checkpoint.load_checkpoint`), at least one.
+        split: the corpus split whose validation pieces are evaluated and whose training
+            pieces give the unigram baseline.
+        max_length: T, evaluated positions (default 3 × the longest training length).
+        batch_size: sequences per forward pass.
+        num_realizations: SPE realisations R at test time (default: as trained).
+        num_draws: SPE codes whose predicted probabilities are averaged.
+        bucket_width: positions per bucket (default: each model's training length, so
+            models trained at different lengths compare bucket by bucket).
+        progress: progress bars.
+
+    Returns:
+        ``max_length``, ``num_sequences``, ``num_validation_pieces``, ``unigram`` (nats/token),
+        ``unigram_buckets``, ``unigram_per_position`` (T values) and ``models``: per model
+        ``checkpoint``, ``label``, ``seq_len``, ``step``, ``within``/``beyond`` (mean nats/token
+        inside and beyond the training length) with ``within_std``/``beyond_std``,
+        ``buckets`` and ``per_position`` (T values).
+
+    Raises:
+        ValueError: if no checkpoint is given or no validation piece has T + 1 tokens.
+    """
+    if not checkpoints:
+        raise ValueError("give at least one checkpoint to evaluate")
+    length = max_length or 3 * max(c.seq_len for c in checkpoints)
+    seqs = validation_sequences(split, length)
+    results = []
+    for loaded in checkpoints:
+        ce = per_position_cross_entropy(loaded.model, seqs, batch_size=batch_size, num_realizations=num_realizations,
+                                        num_draws=num_draws, progress=progress)
+        results.append(_model_row(loaded, ce, bucket_width))
+    uni = unigram_cross_entropy(split.train_pieces, seqs, checkpoints[-1].config.vocab_size)
+    return {"max_length": length, "num_sequences": len(seqs), "num_validation_pieces": len(split.val_pieces),
+            "unigram": float(uni.mean()),
+            "unigram_buckets": bucket_means(uni, bucket_width or checkpoints[0].seq_len),
+            "unigram_per_position": uni.mean(0).tolist(), "models": results}
+
+
+def write_evaluation(summary: dict, out: str | os.PathLike, *, json_path: str | os.PathLike | None = None) -> None:
+    """Writes ``per_position.csv``, ``summary.json`` (without the per-position curves) and
+    ``extrapolation.png`` (if matplotlib is installed) into ``out``; optionally the bucket
+    means of every model to ``json_path``.
+
+    Args:
+        summary: from :func:`evaluate_models`.
+        out: output folder (created).
+        json_path: extra JSON of ``{"models": [{label, checkpoint, buckets}], "unigram_buckets"}``.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    models = summary["models"]
+    unigram = summary["unigram_per_position"]
+    lines = ["position," + ",".join(f'"{m["label"]}"' for m in models) + ",unigram"]
+    for t in range(summary["max_length"]):
+        lines.append(f"{t}," + ",".join(f'{m["per_position"][t]:.5f}' for m in models) + f",{unigram[t]:.5f}")
+    atomic_write(out / "per_position.csv", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(json.dumps(
+        stored_summary(summary), indent=2)))
+    _plot_extrapolation(summary, out / "extrapolation.png")
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(
+            {"models": [{"label": r["label"], "checkpoint": r["checkpoint"], "buckets": r["buckets"]} for r in models],
+             "unigram_buckets": summary["unigram_buckets"]}, indent=2))
+
+
+def stored_summary(summary: dict) -> dict:
+    """The summary without its per-position curves, as ``summary.json`` and the report store it."""
+    return {**{k: v for k, v in summary.items() if k != "unigram_per_position"},
+            "models": [{k: v for k, v in m.items() if k != "per_position"} for m in summary["models"]]}
+
+
+def _plot_extrapolation(summary: dict, png: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots are optional
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for m in summary["models"]:
+        curve = _smooth(m["per_position"], SMOOTHING)
+        ax.plot(range(len(curve)), curve, label=m["label"])
+    ax.plot(range(summary["max_length"]), _smooth(summary["unigram_per_position"], SMOOTHING), "k:", label="unigram")
+    for seq_len in sorted({m["seq_len"] for m in summary["models"]}):
+        ax.axvline(seq_len, color="grey", ls="--", lw=1)
+        ax.text(seq_len, ax.get_ylim()[1] * 0.97, " training length", va="top", fontsize=8, color="grey")
+    ax.set_xlabel("token position")
+    ax.set_ylabel(f"cross-entropy (nats/token, moving mean of {SMOOTHING})")
+    ax.set_title(f"Validation cross-entropy by position ({summary['num_sequences']} sequences)")
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(png, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving mean over ``window`` values (fewer at the start)."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    c = np.cumsum(np.insert(v, 0, 0.0))
+    out = np.empty_like(v)
+    for i in range(len(v)):
+        lo = max(0, i - window + 1)
+        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
+    return out.tolist()
+
+
+def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | os.PathLike, *,
+                         max_length: int | None, data: str | None, cache_dir: str | None, batch_size: int,
+                         device: str, json_path: str | None, progress: bool, num_realizations: int | None = None,
+                         num_draws: int = 1, bucket_width: int | None = None, window: int | None = None) -> dict:
+    """Evaluates checkpoints on the first one's validation split; writes CSV, PNG and JSON; returns the summary.
+
+    Args:
+        checkpoints: run folders, ``.safetensors`` files or already loaded checkpoints.
+        out: folder for ``per_position.csv``, ``summary.json``, ``extrapolation.png``.
+        max_length, batch_size, num_realizations, num_draws, bucket_width, progress: as
+            :func:`evaluate_models`.
+        data: other data to evaluate on (default: the first checkpoint's training data).
+        cache_dir: corpus cache (default: the first checkpoint's).
+        device: where paths are loaded.
+        json_path: see :func:`write_evaluation`.
+        window: every model's sliding attention window (0: the whole past; None: as trained).
+
+    Returns:
+        :func:`evaluate_models`'s summary.
+
+    Raises:
+        FileNotFoundError: if a checkpoint does not exist.
+        ValueError: on a bad checkpoint or window, another tokenizer, or data too short.
+    """
+    loaded = [c if isinstance(c, LoadedCheckpoint) else load_checkpoint(c, device=device) for c in checkpoints]
+    if not loaded:
+        raise ValueError("give at least one checkpoint to evaluate")
+    for c in loaded:
+        c.set_window(window)
+    split = split_of_run(loaded[0].train_config, data=data, cache_dir=cache_dir,
+                         tokenizer_json=loaded[0].tokenizer_json)
+    summary = evaluate_models(loaded, split, max_length=max_length, batch_size=batch_size,
+                              num_realizations=num_realizations, num_draws=num_draws, bucket_width=bucket_width,
+                              progress=progress)
+    write_evaluation(summary, out, json_path=json_path)
+    return summary

@@ -1,0 +1,82 @@
+"""Whether a run folder is new, resumable or finished, and what differs from the configuration asked for.
+
+One answer for ``spe train --resume``, ``spe demo`` and ``spe sweep``: configurations are
+compared with their defaults filled in (a checkpoint written before a model option existed
+has that option's default), and the keys that differ are named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, load_metadata
+from spe.models.config import ModelConfig
+from spe.train.config import TrainConfig
+
+__all__ = ["RESUME_KEYS", "RunStatus", "run_status"]
+
+# Training options a run cannot change midway: they decide what the model sees and is validated on.
+RESUME_KEYS = ("data", "seq_len", "val_fraction", "split_seed", "max_transpose")
+
+
+@dataclass
+class RunStatus:
+    """What a run folder holds, relative to a training configuration.
+
+    Attributes:
+        state: ``"new"`` (no checkpoint), ``"finished"`` (a checkpoint at the configured
+            number of steps) or ``"resume"`` (a checkpoint at another step).
+        out: the run folder.
+        step: the checkpoint's step (None when new).
+        model_differences: model option -> (stored, asked), defaults filled in on both sides.
+        train_differences: option of ``RESUME_KEYS`` -> (stored, asked).
+        has_train_state: the folder holds the optimizer and random states needed to resume.
+        metadata: the checkpoint's metadata (empty when new).
+    """
+
+    state: str
+    out: Path
+    step: int | None = None
+    model_differences: dict = field(default_factory=dict)
+    train_differences: dict = field(default_factory=dict)
+    has_train_state: bool = False
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def differences(self) -> dict:
+        """Every differing option (model and training), option -> (stored, asked)."""
+        return {**self.model_differences, **self.train_differences}
+
+    def describe(self) -> str:
+        """``key stored -> asked, ...`` for every differing option."""
+        return ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in self.differences.items())
+
+
+def _model_differences(stored_config: dict, cfg: TrainConfig, vocab_size: int | None) -> dict:
+    stored = ModelConfig.from_dict(stored_config).to_dict()
+    asked = ModelConfig(vocab_size=vocab_size or stored["vocab_size"], **cfg.model).to_dict()
+    return {k: (stored.get(k), v) for k, v in asked.items() if stored.get(k) != v}
+
+
+def run_status(cfg: TrainConfig, *, vocab_size: int | None = None) -> RunStatus:
+    """The status of the run folder ``cfg.out`` for training with ``cfg``.
+
+    Args:
+        cfg: the training configuration asked for (its model options already resolved).
+        vocab_size: the tokenizer's vocabulary size, compared too when given (else the
+            stored one is assumed: the tokenizer is compared separately).
+
+    Raises:
+        ValueError: if the folder holds a file that is not an spe checkpoint.
+    """
+    out = Path(cfg.out)
+    has_state = (out / TRAIN_STATE_FILE).exists()
+    if not (out / MODEL_FILE).exists():
+        return RunStatus("new", out, has_train_state=has_state)
+    saved = load_metadata(out)
+    before = saved.get("train", {})
+    train_diff = {k: (before[k], getattr(cfg, k)) for k in RESUME_KEYS if k in before and before[k] != getattr(cfg, k)}
+    step = saved.get("step")
+    return RunStatus("finished" if step == cfg.steps else "resume", out, step,
+                     _model_differences(saved["config"], cfg, vocab_size), train_diff, has_state, saved)
