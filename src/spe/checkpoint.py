@@ -165,18 +165,6 @@ class LoadedCheckpoint:
         """The REMI tokenizer's parameters (JSON text), or None if the run was not on music."""
         return self.metadata.get("tokenizer")
 
-    def tokenizer(self):
-        """The MidiTok tokenizer the model was trained with (needs the ``music`` extra).
-
-        Raises:
-            ValueError: if the checkpoint holds no tokenizer.
-        """
-        if self.tokenizer_json is None:
-            raise ValueError(f"{self.path} holds no tokenizer: it was not trained on music by `spe train`")
-        from spe.data.music import tokenizer_from_json
-
-        return tokenizer_from_json(self.tokenizer_json)
-
     def set_window(self, window: int | None) -> None:
         """Sets the model's sliding attention window: None keeps the trained one, 0 the whole past.
 

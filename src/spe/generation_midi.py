@@ -64,6 +64,7 @@ def generate_midi(checkpoint: str | os.PathLike | LoadedCheckpoint, out: str, *,
             checkpoint without tokenizer, or an unreadable prompt.
     """
     from spe.data.grammar import REMIGrammar
+    from spe.data.music import tokenizer_from_json
 
     if length < 1:
         raise ValueError(f"length must be a positive number of tokens, got {length}")
@@ -71,7 +72,9 @@ def generate_midi(checkpoint: str | os.PathLike | LoadedCheckpoint, out: str, *,
         raise ValueError(f"out must name a .mid or .midi file, got {out}")
     loaded = checkpoint if isinstance(checkpoint, LoadedCheckpoint) else load_checkpoint(checkpoint, device=device)
     loaded.set_window(window)
-    tokenizer = loaded.tokenizer()
+    if loaded.tokenizer_json is None:
+        raise ValueError(f"{loaded.path} holds no tokenizer: it was not trained on music by `spe train`")
+    tokenizer = tokenizer_from_json(loaded.tokenizer_json)
     start = prompt_ids(tokenizer, prompt, prompt_bars) if prompt else []
     ids = generate(loaded.model, start, length, top_p=top_p, temperature=temperature,
                    allowed_next=REMIGrammar(tokenizer).allowed_next, generator=torch.Generator().manual_seed(seed),

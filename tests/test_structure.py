@@ -1,0 +1,96 @@
+"""The package's layering: no import cycle, the library importable without the CLI, a thin CLI."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import spe
+
+SRC = Path(spe.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """spe module -> spe modules it imports anywhere in its source (lazy imports included)."""
+    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative import
+                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                # `from pkg import sub` imports the submodule pkg.sub when there is one
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            edges |= {t for t in targets if t in modules and t != name}
+        graph[name] = edges
+    return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_package_has_no_import_cycle():
+    graph = _import_graph()
+    assert {"spe.cli.main", "spe.evaluation.report", "spe.experiments.sweep"} <= set(graph)
+    assert _find_cycle(graph) is None, " -> ".join(_find_cycle(graph))
+
+
+def test_the_cycle_finder_finds_cycles():
+    # the check above would pass vacuously if _find_cycle never reported anything
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_only_the_cli_imports_the_cli():
+    graph = _import_graph()
+    users = {name for name, edges in graph.items() if any(e.startswith("spe.cli") for e in edges)}
+    assert users <= {n for n in graph if n.startswith("spe.cli") or n == "spe.__main__"}
+    assert "spe.cli.main" not in graph["spe.cli.report"] | graph["spe.cli.sweep"]
+
+
+def test_library_imports_without_the_cli():
+    code = ("import sys, spe.evaluation, spe.metrics, spe.experiments, spe.generation_midi; "
+            "import spe.evaluation.report; "
+            "print(sorted(m for m in sys.modules if m.startswith('spe.cli')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_python_dash_m_spe_runs_the_cli():
+    done = subprocess.run([sys.executable, "-m", "spe", "--help"], capture_output=True, text=True, check=True)
+    assert "usage: spe" in done.stdout and "report" in done.stdout
+
+
+def test_the_cli_stays_thin():
+    lines = sum(len(p.read_text().splitlines()) for p in (SRC / "cli").glob("*.py"))
+    assert lines < 700, f"cli/ has {lines} lines: move logic into the library"
