@@ -44,9 +44,24 @@ def test_report_on_two_checkpoints(runs, monkeypatch, capsys):
     root, (spe_run, ape_run) = runs
     out = root / "out"
     monkeypatch.setattr(shutil, "which", lambda name: None)
+    import spe.checkpoint
+    import spe.data.music
+
+    calls = {"weights": 0, "corpus": 0}
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(spe.checkpoint, "_load_model", counting("weights", spe.checkpoint._load_model))
+    monkeypatch.setattr(spe.data.music, "load_corpus", counting("corpus", spe.data.music.load_corpus))
     assert main(["report", "--checkpoint", spe_run, "--checkpoint", ape_run, "--out", str(out), "--length", "24",
                  "--probe-tokens", "3", "--r-test", "2,8", "--no-progress"]) == 0
     assert str(out / "report.md") in capsys.readouterr().out
+    # every checkpoint is read once, the corpus is split once, for all six sections and both R values
+    assert calls == {"weights": 2, "corpus": 1}
     text = (out / "report.md").read_text()
     report = json.loads((out / "report.json").read_text())
 
