@@ -24,12 +24,13 @@ import numpy as np
 import torch
 
 from spe.checkpoint import atomic_write
+from spe.encodings.registry import positional_names, positional_spec
 from spe.metrics.capture import _layer_index, attention_matrices
 
 if TYPE_CHECKING:
     from spe.models.decoder_lm import DecoderLM
 
-__all__ = ["attention_matrices", "plot_attention", "plot_kernels", "plot_piano_roll", "plot_r_grid",
+__all__ = ["attention_matrices", "effective_kernels", "plot_attention", "plot_kernels", "plot_piano_roll", "plot_r_grid",
            "plot_style_similarity"]
 
 _SCALES = ("power", "log", "linear")
@@ -60,6 +61,32 @@ def _grid(n: int, max_cols: int = 4) -> tuple[int, int]:
 
 
 @torch.no_grad()
+def effective_kernels(model: DecoderLM, *, max_lag: int | None = None, layer: int = 0) -> tuple[np.ndarray, bool, int]:
+    """The values :func:`plot_kernels` draws: (1 − δ_hd) · P_hd(τ) + δ_hd for τ = −max_lag … max_lag.
+
+    Returns:
+        ((H, D, 2·max_lag + 1) float64 values, whether a gate was applied, the 0-based layer).
+
+    Raises:
+        ValueError: as :func:`plot_kernels`.
+    """
+    positional = model.config.positional
+    if not positional_spec(positional).stochastic:
+        raise ValueError(f"plot_kernels needs an SPE model (positional "
+                         f"{' or '.join(positional_names(stochastic=True))}), got positional {positional!r}")
+    max_lag = 128 if max_lag is None else int(max_lag)
+    if max_lag < 1:
+        raise ValueError(f"max_lag must be a positive number of positions, got {max_lag}")
+    layer = _layer_index(layer, len(model.blocks))
+    lags = torch.arange(-max_lag, max_lag + 1, device=next(model.parameters()).device)
+    kernel = model.layer_encoding(layer).kernel(lags).double()  # (H, D, T)
+    gate = model.blocks[layer].attn.spe_filter.gate
+    if gate is not None:
+        gate = gate.double()[..., None]  # (H, D, 1)
+        kernel = (1 - gate) * kernel + gate
+    return kernel.detach().cpu().numpy(), gate is not None, layer
+
+
 def plot_kernels(model: DecoderLM, path: str | os.PathLike, *, max_lag: int | None = None,
                  layer: int = 0) -> np.ndarray:
     """Learned positional templates of an SPE model (Figure 7): one image per head.
@@ -86,22 +113,8 @@ def plot_kernels(model: DecoderLM, path: str | os.PathLike, *, max_lag: int | No
     Raises:
         ValueError: for a model without SPE, a non-positive ``max_lag`` or a missing layer.
     """
-    encoding = model.layer_encoding(_layer_index(layer, len(model.blocks))) if hasattr(model, "layer_encoding") \
-        else getattr(model, "encoding", None)
-    if encoding is None or not hasattr(encoding, "kernel"):
-        raise ValueError(f"plot_kernels needs an SPE model (positional sinespe or convspe), got positional "
-                         f"{getattr(getattr(model, 'config', None), 'positional', type(model).__name__)!r}")
-    max_lag = 128 if max_lag is None else int(max_lag)
-    if max_lag < 1:
-        raise ValueError(f"max_lag must be a positive number of positions, got {max_lag}")
-    layer = _layer_index(layer, len(model.blocks))
-    lags = torch.arange(-max_lag, max_lag + 1, device=next(model.parameters()).device)
-    kernel = encoding.kernel(lags).double()  # (H, D, T)
-    gate = model.blocks[layer].attn.spe_filter.gate
-    if gate is not None:
-        gate = gate.double()[..., None]  # (H, D, 1)
-        kernel = (1 - gate) * kernel + gate
-    values = kernel.cpu().numpy()
+    values, gated, layer = effective_kernels(model, max_lag=max_lag, layer=layer)
+    max_lag = (values.shape[-1] - 1) // 2
     num_heads, head_dim = values.shape[:2]
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -121,13 +134,27 @@ def plot_kernels(model: DecoderLM, path: str | os.PathLike, *, max_lag: int | No
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         if h % cols == 0:
             ax.set_ylabel("feature d")
-    gated = "(1 − δ)·P(τ) + δ" if gate is not None else "P(τ), ungated"
+    gated = "(1 − δ)·P(τ) + δ" if gated else "P(τ), ungated"
     fig.suptitle(f"{model.config.positional}: effective positional kernel {gated}, layer {layer + 1}",
                  fontsize=10)
     fig.tight_layout()
     fig.colorbar(image, ax=axes.ravel().tolist(), label="kernel value (expected q̂·k̂ weight)")
     _save(fig, path)
     return values
+
+
+def _attention_maps(model: DecoderLM, tokens, layers, heads) -> tuple[dict[int, np.ndarray], list[int], list[int]]:
+    """{layer: (H, L, L)} for the distinct layers asked for, those layers and the heads (0-based)."""
+    num_layers = len(model.blocks)
+    chosen = list(dict.fromkeys(_layer_index(i, num_layers) for i in layers))
+    if not chosen:
+        raise ValueError("layers must name at least one layer")
+    maps = {i: attention_matrices(model, tokens, layer=i).numpy() for i in chosen}
+    num_heads = model.config.num_heads
+    heads = list(range(num_heads)) if heads is None else list(heads)
+    if not heads or any(not 0 <= h < num_heads for h in heads):
+        raise ValueError(f"heads must be indices in [0, {num_heads}), got {heads}")
+    return maps, chosen, heads
 
 
 def plot_attention(model: DecoderLM, tokens, path: str | os.PathLike, *, layers=(0, -1),
@@ -156,15 +183,7 @@ def plot_attention(model: DecoderLM, tokens, path: str | os.PathLike, *, layers=
 
     if scale not in _SCALES:
         raise ValueError(f"scale must be one of {', '.join(_SCALES)}, got {scale!r}")
-    num_layers = len(model.blocks)
-    chosen = list(dict.fromkeys(_layer_index(i, num_layers) for i in layers))
-    if not chosen:
-        raise ValueError("layers must name at least one layer")
-    maps = {i: attention_matrices(model, tokens, layer=i).numpy() for i in chosen}
-    num_heads = model.config.num_heads
-    heads = list(range(num_heads)) if heads is None else list(heads)
-    if not heads or any(not 0 <= h < num_heads for h in heads):
-        raise ValueError(f"heads must be indices in [0, {num_heads}), got {heads}")
+    maps, chosen, heads = _attention_maps(model, tokens, layers, heads)
     norm = {"power": lambda: PowerNorm(gamma=0.4, vmin=0.0, vmax=0.02, clip=True),
             "log": lambda: LogNorm(vmin=1e-4, vmax=1.0, clip=True),
             "linear": lambda: Normalize(vmin=0.0, vmax=1.0)}[scale]
