@@ -90,3 +90,16 @@ def test_sweep_refuses_to_reuse_a_run_trained_with_other_options(midi_folder, tm
     capsys.readouterr()
     assert main([*args, "--seeds", "0"]) == 2
     assert "was trained with model options" in capsys.readouterr().err
+
+
+def test_the_packaged_ablation_keeps_its_runs_whole_past():
+    # Its runs were trained before SPE models got a window of the training length by default:
+    # unless a variant sets one, the resolved model attends to the whole past, so finished
+    # runs still match their plan.
+    from spe.train.config import TrainConfig
+
+    plan = load_plan("ablation")
+    windows = {name: TrainConfig.from_dict(v["train"]).model_config(300).attention_window
+               for name, v in plan.variants.items()}
+    assert {name: w for name, w in windows.items() if w is not None} == {
+        "sinespe-ungated-trained-w128": 128, "ape-trained-w128": 128}
