@@ -102,7 +102,8 @@ def _check_resume(status: RunStatus, tokenizer_json: str) -> None:
         hint = " (pass --attention-window 0 to keep attending to the whole past)" \
             if list(changed) == ["attention_window"] and changed["attention_window"][0] is None else ""
         raise ValueError(f"--resume: the model configuration differs from the one in {out}: {detail}{hint}")
-    for key, (before, now) in status.train_differences.items():
+    if status.train_differences:
+        key, (before, now) = next(iter(status.train_differences.items()))
         raise ValueError(f"--resume: {key} was {before!r} in {out}, now {now!r}")
     stored = status.metadata.get("tokenizer")
     if stored is not None and not same_tokenizer(stored, tokenizer_json):
