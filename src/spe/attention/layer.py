@@ -229,7 +229,7 @@ class MultiHeadAttention(nn.Module):
             y = self.score_encoding.attend(q, state.keys, state.values, query_offset=position)
         else:
             if self.rotary is not None:
-                q, k = self.rotary(q, pos), self.rotary(k, pos)
+                q, k = self.rotary(q.to(kernel_dtype(q)), pos), self.rotary(k.to(kernel_dtype(k)), pos)
             y, state = softmax_attention_step(q, k, v, state, window=self.window)
         return self.out(y.reshape(x.shape[0], 1, -1)), state
 
@@ -250,8 +250,8 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None and positions is None:
             positions = torch.arange(n, device=x.device)
         if self.attention == "softmax":
-            if self.rotary is not None:
-                q, k = self.rotary(q, positions), self.rotary(k, positions)
+            if self.rotary is not None:  # in at least float32, as for linear kernels
+                q, k = self.rotary(q.to(kernel_dtype(q)), positions), self.rotary(k.to(kernel_dtype(k)), positions)
             if self.score_encoding is not None:
                 y = self.score_encoding.attend(q, k, v)
             else:
