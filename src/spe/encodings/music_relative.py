@@ -59,11 +59,12 @@ class MusicRelativePosition(nn.Module):
             (B, H, Lq, Lk); entries for future keys (causal) are meaningless (callers mask).
         """
         lq = q.shape[1]
-        low, high = -(lq + query_offset - 1), num_keys - 1 - query_offset
+        low = -(lq + query_offset - 1)
+        high = 0 if self.causal else max(num_keys - 1 - query_offset, 0)  # causal: future pairs are masked
         table = self._table(low, high).to(q)  # (W, H, D), r = low … high
         per_rel = torch.einsum("bmhd,whd->bhmw", q, table)
         i = torch.arange(lq, device=q.device)[:, None] + query_offset
-        rel = torch.arange(num_keys, device=q.device)[None, :] - i - low  # (Lq, Lk) column of r
+        rel = (torch.arange(num_keys, device=q.device)[None, :] - i).clamp(low, high) - low  # (Lq, Lk) columns
         return per_rel.gather(3, rel.expand(*per_rel.shape[:2], lq, num_keys)) / q.shape[-1] ** 0.5
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor:
