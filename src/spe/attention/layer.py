@@ -60,7 +60,9 @@ class MultiHeadAttention(nn.Module):
             RoFormer eq. (19): rotated numerator, unrotated normaliser).
         score_encoding: a relative term in the scores (``ShawRelativePosition``,
             ``MusicRelativePosition``, ``ALiBi``): any module with
-            ``attend(q, k, v, *, query_offset) -> y``; softmax attention only.
+            ``attend(q, k, v, *, query_offset) -> y`` and ``score_bias(q, num_keys, *,
+            query_offset) -> (B, H, Lq, Lk)`` (the term it adds to q·k/√D, read by
+            :mod:`spe.metrics.capture`); softmax attention only.
         window: W, causal sliding-window attention: position m attends to n ∈ (m − W, m]
             only, in :meth:`forward` and :meth:`step` alike (decoding then keeps the last W
             keys, so memory stays O(W)). None: the whole past. Settable later

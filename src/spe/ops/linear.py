@@ -6,7 +6,12 @@ Letters: B = batch, L = length, H = num_heads, M = feature dimension of φ, E = 
 
 :func:`causal_linear_attention` is the chunked algorithm (masked C × C products inside a
 chunk, a carried state S = Σ φ(k_n) v_nᵀ across chunks); its slow, obviously correct twin
-:func:`causal_linear_attention_reference` uses cumulative sums of (M × E) outer products.
+:func:`causal_linear_attention_reference` uses cumulative sums of (M × E) outer products, and
+its recurrent twin :func:`spe.ops.recurrent.linear_attention_step` continues from the
+:class:`~spe.ops.state.LinearAttentionState` it returns with ``output_final_state=True``.
+
+The normaliser has no fixed ε (:func:`normalise`); all sums run in at least float32 with
+autocast off.
 """
 
 from __future__ import annotations
