@@ -17,7 +17,9 @@ from spe.ops import (
 )
 
 
-def _inputs(n, seed=0, normalizer=False):
+def _inputs(n, seed=0, normalizer=False, scaled=False):
+    """φ(q), φ(k), v (and normaliser features); with ``scaled``, a key log scale spread over
+    ±60 nats as well (FAVOR+ keys at a large R), last: float64 references stay exact."""
     g = torch.Generator().manual_seed(seed)
     tensors = [elu_feature_map(torch.randn(2, n, 3, 4, generator=g, dtype=torch.float64)),
                elu_feature_map(torch.randn(2, n, 3, 4, generator=g, dtype=torch.float64)),
@@ -25,18 +27,36 @@ def _inputs(n, seed=0, normalizer=False):
     if normalizer:  # RoPE's form: signed numerator features, positive normaliser features
         tensors[:2] = [torch.randn(2, n, 3, 4, generator=g, dtype=torch.float64) for _ in range(2)]
         tensors += [elu_feature_map(torch.randn(2, n, 3, 6, generator=g, dtype=torch.float64)) for _ in range(2)]
-    return [t.requires_grad_() for t in tensors]
+    tensors = [t.requires_grad_() for t in tensors]
+    if scaled:
+        tensors.append(30 * torch.randn(2, n, 3, generator=g, dtype=torch.float64))
+    return tensors
 
 
 def _split(args):
-    return args[:3], ({"normalizer": tuple(args[3:])} if len(args) > 3 else {})
+    """(φq, φk, v) and the keyword arguments: normalizer, key_log_scale."""
+    extra = {}
+    if args[-1].dim() == 3:
+        extra["key_log_scale"], args = args[-1], args[:-1]
+    if len(args) > 3:
+        extra["normalizer"] = tuple(args[3:])
+    return args[:3], extra
+
+
+def _at(extra, t):
+    out = {}
+    if "normalizer" in extra:
+        out["normalizer"] = tuple(x[:, t:t + 1] for x in extra["normalizer"])
+    if "key_log_scale" in extra:
+        out["key_log_scale"] = extra["key_log_scale"][:, t:t + 1]
+    return out
 
 
 def _stepwise(args, window, state=None, start=0):
     (fq, fk, v), extra = _split(args)
     outs = []
     for t in range(start, fq.shape[1]):
-        one = {"normalizer": tuple(x[:, t:t + 1] for x in extra["normalizer"])} if extra else {}
+        one = _at(extra, t)
         y, state = linear_attention_step(fq[:, t:t + 1], fk[:, t:t + 1], v[:, t:t + 1], state, window=window, **one)
         outs.append(y)
     return torch.cat(outs, dim=1), state
@@ -49,6 +69,7 @@ def _state_tensors(state):
 
 
 def _grads(args, y, extra_terms=()):
+    args = [t for t in args if t.requires_grad]
     for t in args:
         t.grad = None
     loss = (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum()
@@ -58,12 +79,14 @@ def _grads(args, y, extra_terms=()):
     return [t.grad.clone() for t in args]
 
 
-CASES = [(None, False), (None, True), (3, False), (5, True), (12, False), (40, False)]
+CASES = [(None, False, False), (None, True, False), (3, False, False), (5, True, False), (12, False, False),
+         (40, False, False), (None, False, True), (None, True, True), (3, False, True), (9, True, True),
+         (40, False, True)]
 
 
-@pytest.mark.parametrize("window,normalizer", CASES)
-def test_chunked_equals_steps_equals_reference_with_final_state(window, normalizer):
-    args = _inputs(17, seed=1, normalizer=normalizer)
+@pytest.mark.parametrize("window,normalizer,scaled", CASES)
+def test_chunked_equals_steps_equals_reference_with_final_state(window, normalizer, scaled):
+    args = _inputs(17, seed=1, normalizer=normalizer, scaled=scaled)
     (fq, fk, v), extra = _split(args)
     y_chunk, s_chunk = causal_linear_attention(fq, fk, v, chunk_size=4, window=window, output_final_state=True,
                                                **extra)
@@ -78,15 +101,15 @@ def test_chunked_equals_steps_equals_reference_with_final_state(window, normaliz
         torch.testing.assert_close(a, b)
     for a, b in zip(g_chunk, g_step):
         torch.testing.assert_close(a, b)
-    if window is None:  # the final state is the plain sum over all keys
-        kv = torch.einsum("blhm,blhe->bhme", fk, v)
-        torch.testing.assert_close(s_chunk.kv, kv)
+    if window is None:  # the final state is the plain sum over all keys (relative to e^{max a})
+        weights = 1.0 if not scaled else torch.exp(extra["key_log_scale"] - s_chunk.log_scale[:, None])[..., None]
+        torch.testing.assert_close(s_chunk.kv, torch.einsum("blhm,blhe->bhme", fk * weights, v))
 
 
-@pytest.mark.parametrize("window,normalizer", CASES)
+@pytest.mark.parametrize("window,normalizer,scaled", CASES)
 @pytest.mark.parametrize("split", [1, 6, 13])
-def test_prefill_then_decode_or_continue_equals_one_pass(window, normalizer, split):
-    args = [t.detach() for t in _inputs(19, seed=2, normalizer=normalizer)]
+def test_prefill_then_decode_or_continue_equals_one_pass(window, normalizer, scaled, split):
+    args = [t.detach() for t in _inputs(19, seed=2, normalizer=normalizer, scaled=scaled)]
     (fq, fk, v), extra = _split(args)
     full = causal_linear_attention(fq, fk, v, chunk_size=4, window=window, **extra)
     head = [t[:, :split] for t in args]

@@ -25,6 +25,7 @@ from spe.encodings.rope import RotaryEncoding
 from spe.ops.feature_maps import (
     elu_feature_map,
     favor_feature_map,
+    favor_key_features,
     orthogonal_random_features,
     relu_feature_map,
 )
@@ -173,24 +174,24 @@ class MultiHeadAttention(nn.Module):
         return orthogonal_random_features(self.num_heads, self.num_features, dim,
                                           generator=generator).to(self.projection)
 
-    def _features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        if self.attention == "performer":
+    def _features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict]:
+        if self.attention == "performer":  # key features with their scale apart (no clamp, no overflow)
             projection = self._projection_for(q.shape[-1])
-            return (favor_feature_map(q, projection, is_query=True),
-                    favor_feature_map(k, projection, is_query=False))
+            fk, log_scale = favor_key_features(k, projection)
+            return favor_feature_map(q, projection, is_query=True), fk, {"key_log_scale": log_scale}
         fmap = _FEATURE_MAPS[self.attention]
-        return fmap(q), fmap(k)
+        return fmap(q), fmap(k), {}
 
     def _linear_inputs(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor, dict]:
-        """Feature maps, and RoFormer eq. (19) with RoPE: rotated features for the numerator, the
-        positive unrotated ones as a separate normaliser."""
-        fq, fk = self._features(q, k)
+        """Feature maps (and FAVOR+ key scales), and RoFormer eq. (19) with RoPE: rotated
+        features for the numerator, the positive unrotated ones as a separate normaliser."""
+        fq, fk, extra = self._features(q, k)
         if self.rotary is None:
-            return fq, fk, {}
+            return fq, fk, extra
         # rotate in at least float32 (bf16 cos/sin are coarse), as the kernels then compute
         dtype = kernel_dtype(fq)
         fq, fk = fq.to(dtype), fk.to(dtype)
-        return self.rotary(fq, positions), self.rotary(fk, positions), {"normalizer": (fq, fk)}
+        return self.rotary(fq, positions), self.rotary(fk, positions), {**extra, "normalizer": (fq, fk)}
 
     def step(self, x: Tensor, code: SPECode | None,
              state: KVCache | LinearAttentionState | None) -> tuple[Tensor, KVCache | LinearAttentionState]:
@@ -216,7 +217,7 @@ class MultiHeadAttention(nn.Module):
         """
         kind = KVCache if self.attention == "softmax" else LinearAttentionState
         if isinstance(state, dict):
-            state = legacy_state(state, kind)
+            state = legacy_state(state, kind, scaled=self.attention == "performer")
         if state is not None and not isinstance(state, kind):
             raise TypeError(f"{self.attention} attention decodes with a {kind.__name__}, got {type(state).__name__}")
         check_state_window(state, self.window)
@@ -268,10 +269,11 @@ class MultiHeadAttention(nn.Module):
 
 
 
-def legacy_state(state: dict, kind: type) -> KVCache | LinearAttentionState:
+def legacy_state(state: dict, kind: type, *, scaled: bool = False) -> KVCache | LinearAttentionState:
     """Converts the string-keyed state dicts of earlier versions (``keys``/``values``; ``s`` with a
     trailing normaliser column, or ``s`` and ``z``; ``recent_keys``/``recent_values``) to the typed
-    states, with a DeprecationWarning.
+    states, with a DeprecationWarning. ``scaled``: the kernel now carries FAVOR+ key scales, and
+    the old sums were in absolute scale (log scale 0).
 
     Raises:
         ValueError: if the dict does not say its ``position``.
@@ -284,7 +286,10 @@ def legacy_state(state: dict, kind: type) -> KVCache | LinearAttentionState:
     if kind is KVCache:
         return KVCache(keys=state["keys"], values=state["values"], **common)
     if "recent_keys" in state:
-        return LinearAttentionState(recent_keys=state["recent_keys"], recent_values=state["recent_values"], **common)
-    if "z" in state:
-        return LinearAttentionState(kv=state["s"], normalizer=state["z"], **common)
-    return LinearAttentionState(kv=state["s"][..., :-1], normalizer=state["s"][..., -1], **common)
+        keys = state["recent_keys"]
+        zeros = keys.new_zeros(keys.shape[:3]) if scaled else None
+        return LinearAttentionState(recent_keys=keys, recent_values=state["recent_values"], recent_log_scales=zeros,
+                                    log_scale=None if zeros is None else zeros[:, -1], **common)
+    kv, z = (state["s"], state["z"]) if "z" in state else (state["s"][..., :-1], state["s"][..., -1])
+    return LinearAttentionState(kv=kv, normalizer=z, log_scale=kv.new_zeros(kv.shape[:2]) if scaled else None,
+                                **common)

@@ -3,6 +3,7 @@
 from spe.ops.feature_maps import (
     elu_feature_map,
     favor_feature_map,
+    favor_key_features,
     orthogonal_random_features,
     relu_feature_map,
 )
@@ -27,7 +28,7 @@ from spe.ops.state import KVCache, LinearAttentionState
 __all__ = [
     "KVCache", "LinearAttentionState", "append_to_cache", "kernel_dtype", "linear_attention_step", "normalise",
     "softmax_attention_step", "causal_linear_attention", "causal_linear_attention_reference", "elu_feature_map",
-    "favor_feature_map", "linear_attention", "music_relative_attention", "music_relative_attention_reference",
+    "favor_feature_map", "favor_key_features", "linear_attention", "music_relative_attention", "music_relative_attention_reference",
     "orthogonal_random_features", "relative_shift", "relu_feature_map", "shaw_attention", "skew",
     "softmax_attention",
 ]

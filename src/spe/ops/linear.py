@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from spe.ops.scaled import running_max, scaled_causal_sums, scaled_window_sums
 from spe.ops.softmax import check_window
 from spe.ops.state import LinearAttentionState, check_state_window
 
@@ -42,8 +43,9 @@ def _full_precision(fn):
         dtype = kernel_dtype(phi_q, v)
         if kwargs.get("normalizer") is not None:
             kwargs["normalizer"] = tuple(t.to(dtype) for t in kwargs["normalizer"])
-        if kwargs.get("initial_state") is not None:
-            kwargs["initial_state"] = kwargs["initial_state"].to(dtype)
+        for name in ("initial_state", "key_log_scale"):
+            if kwargs.get(name) is not None:
+                kwargs[name] = kwargs[name].to(dtype)
         with torch.autocast(device_type=v.device.type, enabled=False):
             out = fn(phi_q.to(dtype), phi_k.to(dtype), v.to(dtype), **kwargs)
         if isinstance(out, tuple):
@@ -89,6 +91,14 @@ def _normalised(num_den: Tensor, eps: float) -> Tensor:
     return normalise(num_den[..., :-1], num_den[..., -1:], eps)
 
 
+def _rescale_keys(phi_k: Tensor, normalizer, key_log_scale: Tensor | None):
+    """Keys brought to one common scale, e^{a_n − max a} (for non-causal use and references)."""
+    if key_log_scale is None:
+        return phi_k, normalizer
+    factor = torch.exp(key_log_scale - key_log_scale.amax(dim=1, keepdim=True))[..., None]
+    return phi_k * factor, None if normalizer is None else (normalizer[0], normalizer[1] * factor)
+
+
 def _check_normalizer(normalizer, phi_q: Tensor, phi_k: Tensor) -> tuple[Tensor, Tensor]:
     nq, nk = normalizer
     if nq.shape[:-1] != phi_q.shape[:-1] or nk.shape[:-1] != phi_k.shape[:-1]:
@@ -99,7 +109,7 @@ def _check_normalizer(normalizer, phi_q: Tensor, phi_k: Tensor) -> tuple[Tensor,
 
 @_full_precision
 def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.0,
-                     normalizer: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                     normalizer: tuple[Tensor, Tensor] | None = None, key_log_scale: Tensor | None = None) -> Tensor:
     """Non-causal linear attention.
 
     Args:
@@ -110,10 +120,13 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
         normalizer: optional (queries, keys) features, (B, Lq, H, M') and (B, Lk, H, M'), for
             the denominator only (RoFormer's linear form: rotated features above, positive
             unrotated ones below); default: ``phi_q``, ``phi_k``.
+        key_log_scale: (B, Lk, H) a_n, keys' features being φ(k_n) = phi_k_n · e^{a_n} (and
+            the normaliser's likewise), from :func:`~spe.ops.feature_maps.favor_key_features`.
 
     Returns:
         (B, Lq, H, E).
     """
+    phi_k, normalizer = _rescale_keys(phi_k, normalizer, key_log_scale)
     if normalizer is None:
         kv = torch.einsum("blhm,blhe->bhme", phi_k, _with_ones(v))
         return _normalised(torch.einsum("blhm,bhme->blhe", phi_q, kv), eps)
@@ -123,12 +136,11 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
     return normalise(num, den, eps)
 
 
-def _window_sums(states: Tensor, window: int | None) -> Tensor:
-    # states[:, m] = Σ_{n ≤ m}; the window keeps Σ_{m−W < n ≤ m}, re-summed from the single
+def _prefix_sums(terms: Tensor, window: int | None) -> Tensor:
+    # Σ_{n ≤ m} terms_n along dim 1, or with a window Σ_{m−W < n ≤ m} summed from the single
     # terms over the last W positions (the obvious form, for tests; O(L·W) memory).
-    if window is None or window >= states.shape[1]:
-        return states
-    terms = torch.diff(states, dim=1, prepend=torch.zeros_like(states[:, :1]))
+    if window is None or window >= terms.shape[1]:
+        return torch.cumsum(terms, dim=1)
     padded = torch.cat([torch.zeros_like(terms[:, :window - 1]), terms], dim=1)
     return padded.unfold(1, window, 1).sum(-1)
 
@@ -136,20 +148,20 @@ def _window_sums(states: Tensor, window: int | None) -> Tensor:
 @_full_precision
 def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.0,
                                       normalizer: tuple[Tensor, Tensor] | None = None,
-                                      window: int | None = None) -> Tensor:
+                                      window: int | None = None, key_log_scale: Tensor | None = None) -> Tensor:
     """Causal linear attention by cumulative sums; memory O(L·M·E) (O(L·W·M·E) with a window).
-    Reference for tests.
+    Reference for tests (key scales relative to their overall maximum: use float64).
 
     Args and returns as :func:`causal_linear_attention`.
     """
     check_window(window)
+    phi_k, normalizer = _rescale_keys(phi_k, normalizer, key_log_scale)
     if normalizer is None:
-        states = torch.cumsum(torch.einsum("blhm,blhe->blhme", phi_k, _with_ones(v)), dim=1)
-        return _normalised(torch.einsum("blhm,blhme->blhe", phi_q, _window_sums(states, window)), eps)
+        states = _prefix_sums(torch.einsum("blhm,blhe->blhme", phi_k, _with_ones(v)), window)
+        return _normalised(torch.einsum("blhm,blhme->blhe", phi_q, states), eps)
     nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
-    states = torch.cumsum(torch.einsum("blhm,blhe->blhme", phi_k, v), dim=1)
-    num = torch.einsum("blhm,blhme->blhe", phi_q, _window_sums(states, window))
-    den = torch.einsum("blhm,blhm->blh", nq, _window_sums(torch.cumsum(nk, dim=1), window))[..., None]
+    num = torch.einsum("blhm,blhme->blhe", phi_q, _prefix_sums(torch.einsum("blhm,blhe->blhme", phi_k, v), window))
+    den = torch.einsum("blhm,blhm->blh", nq, _prefix_sums(nk, window))[..., None]
     return normalise(num, den, eps)
 
 
@@ -158,7 +170,7 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
                             group_size: int | None = None, eps: float = 0.0,
                             normalizer: tuple[Tensor, Tensor] | None = None,
                             window: int | None = None, initial_state: LinearAttentionState | None = None,
-                            output_final_state: bool = False) -> Tensor | tuple[Tensor, LinearAttentionState]:
+                            output_final_state: bool = False, key_log_scale: Tensor | None = None) -> Tensor | tuple[Tensor, LinearAttentionState]:
     """Causal linear attention, chunked; never allocates anything of size L × L.
 
     Inside a chunk of C positions: the masked C × C product. Across chunks: the carried state
@@ -187,6 +199,10 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
             call), as returned with ``output_final_state``; None: start at position 0.
         output_final_state: also return the state after these L positions, from which
             :func:`~spe.ops.recurrent.linear_attention_step` or another call continues.
+        key_log_scale: (B, L, H) a_n, keys' features being φ(k_n) = phi_k_n · e^{a_n} (and the
+            normaliser's likewise), from :func:`~spe.ops.feature_maps.favor_key_features`:
+            sums are then kept relative to the causal running maximum of a (:mod:`spe.ops.scaled`;
+            chunk by chunk, so slower), so that no key scale can overflow float32.
 
     Returns:
         (B, L, H, E), and the :class:`~spe.ops.state.LinearAttentionState` if asked for.
@@ -207,26 +223,38 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
                          f"keys {phi_k.shape[1]}, values {v.shape[1]}")
     nq, nk = (None, None) if normalizer is None else _check_normalizer(normalizer, phi_q, phi_k)
     start = 0 if initial_state is None else initial_state.position
+    scale, s_scale = None, None
+    if (initial_state is not None) and ((initial_state.log_scale is None) != (key_log_scale is None)):
+        raise ValueError("the initial state and this call disagree on key_log_scale")
+    if key_log_scale is not None and window is not None:
+        scale = key_log_scale  # each key relative to its own scale (spe.ops.scaled.scaled_window_sums)
+    elif key_log_scale is not None:  # keys relative to the running maximum c_n (spe.ops.scaled)
+        s_scale = None if initial_state is None else initial_state.log_scale
+        scale = running_max(key_log_scale, s_scale)
+        factor = torch.exp(key_log_scale - scale)[..., None]
+        phi_k, nk = phi_k * factor, None if nk is None else nk * factor
     if window is not None:
-        y, final = _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps)
+        y, final = _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps, scale)
     elif nq is None:
         s0 = None if initial_state is None else torch.cat([initial_state.kv, initial_state.normalizer[..., None]], -1)
-        out, s = _causal_sums(phi_q, phi_k, _with_ones(v), chunk_size, group_size, s0)
+        out, s, c = _causal_sums(phi_q, phi_k, _with_ones(v), chunk_size, group_size, s0, scale=scale,
+                                 state_scale=s_scale)
         y = _normalised(out, eps)
-        final = LinearAttentionState(kv=s[..., :-1], normalizer=s[..., -1])
+        final = LinearAttentionState(kv=s[..., :-1], normalizer=s[..., -1], log_scale=c)
     else:
         s0, z0 = (None, None) if initial_state is None else (initial_state.kv, initial_state.normalizer[..., None])
-        num, s = _causal_sums(phi_q, phi_k, v, chunk_size, group_size, s0)
-        den, z = _causal_sums(nq, nk, torch.ones_like(v[..., :1]), chunk_size, group_size, z0)
+        num, s, c = _causal_sums(phi_q, phi_k, v, chunk_size, group_size, s0, scale=scale, state_scale=s_scale)
+        den, z, _ = _causal_sums(nq, nk, torch.ones_like(v[..., :1]), chunk_size, group_size, z0, scale=scale,
+                                 state_scale=s_scale)
         y = normalise(num, den, eps)
-        final = LinearAttentionState(kv=s, normalizer=z[..., 0])
+        final = LinearAttentionState(kv=s, normalizer=z[..., 0], log_scale=c)
     if not output_final_state:
         return y
     final.position, final.window = start + n, window
     return y, final
 
 
-def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps):
+def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, scale):
     """The windowed case: earlier keys of ``state`` are prepended (with queries that are then
     dropped), so the first positions see them; the final state keeps the last W keys."""
     r = 0
@@ -240,27 +268,44 @@ def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps)
         if nq is not None:
             nq = torch.cat([torch.zeros_like(state.recent_normalizer_keys), nq], dim=1)
             nk = torch.cat([state.recent_normalizer_keys, nk], dim=1)
+        if scale is not None:
+            scale = torch.cat([state.recent_log_scales.to(scale), scale], dim=1)
     total = phi_q.shape[1]
     reach = None if window >= total else window  # nothing is ever out of reach
+    sk, snk, sums_scale = phi_k, nk, scale
+    if scale is not None and reach is None:  # the whole-past sums work relative to the running maximum
+        sums_scale = running_max(scale)
+        factor = torch.exp(scale - sums_scale)[..., None]
+        sk, snk = phi_k * factor, None if nk is None else nk * factor
     if nq is None:
-        y = _normalised(_causal_sums(phi_q, phi_k, _with_ones(v), chunk_size, None, window=reach)[0], eps)
+        y = _normalised(_causal_sums(phi_q, sk, _with_ones(v), chunk_size, None, window=reach, scale=sums_scale)[0],
+                        eps)
     else:
-        num = _causal_sums(phi_q, phi_k, v, chunk_size, None, window=reach)[0]
-        y = normalise(num, _causal_sums(nq, nk, torch.ones_like(v[..., :1]), chunk_size, None, window=reach)[0], eps)
+        num = _causal_sums(phi_q, sk, v, chunk_size, None, window=reach, scale=sums_scale)[0]
+        den = _causal_sums(nq, snk, torch.ones_like(v[..., :1]), chunk_size, None, window=reach, scale=sums_scale)[0]
+        y = normalise(num, den, eps)
     final = LinearAttentionState(recent_keys=phi_k[:, -window:], recent_values=v[:, -window:],
-                                 recent_normalizer_keys=None if nk is None else nk[:, -window:])
+                                 recent_normalizer_keys=None if nk is None else nk[:, -window:],
+                                 log_scale=None if scale is None else scale[:, -window:].amax(dim=1),
+                                 recent_log_scales=None if scale is None else scale[:, -window:])
     return y[:, r:], final
 
 
 def _causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, group_size: int | None,
-                 state: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor | None]:
-    """Unnormalised Σ_{n ≤ m} φ(q_m)ᵀφ(k_n) values_n, chunked; (B, L, H, E), and the final
-    state Σ_n φ(k_n) values_nᵀ (B, H, M, E) (added to ``state``, the sum of earlier keys).
+                 state: Tensor | None = None, window: int | None = None, scale: Tensor | None = None,
+                 state_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Unnormalised Σ_{n ≤ m} φ(q_m)ᵀφ(k_n) values_n, chunked; (B, L, H, E), the final
+    state Σ_n φ(k_n) values_nᵀ (B, H, M, E) (added to ``state``, the sum of earlier keys) and
+    its scale (None without ``scale``, the running maximum of :mod:`spe.ops.scaled`).
 
     With a window (W < L), Σ over m − W < n ≤ m instead, and no state.
     """
     if window is not None:
-        return _windowed_sums(phi_q, phi_k, values, chunk_size, window), None
+        if scale is not None:
+            return scaled_window_sums(phi_q, phi_k, values, scale, chunk_size, window), None, None
+        return _windowed_sums(phi_q, phi_k, values, chunk_size, window), None, None
+    if scale is not None:
+        return scaled_causal_sums(phi_q, phi_k, values, scale, chunk_size, state, state_scale)
     b, n, h, m = phi_q.shape
     c = max(1, min(chunk_size, n))
     pad = (-n) % c
@@ -285,7 +330,7 @@ def _causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, 
         out = out + torch.einsum("bnhcd,bndhe->bnche", scores, vv)
         outs.append(out.reshape(b, nc * c, h, e1))
         state = state + cum[:, -1:]
-    return torch.cat(outs, dim=1)[:, :n], state[:, 0]
+    return torch.cat(outs, dim=1)[:, :n], state[:, 0], None
 
 
 def _chunk_window_sums(kv: Tensor, whole: int) -> Tensor:

@@ -42,6 +42,11 @@ class LinearAttentionState:
         recent_normalizer_keys: (B, T, H, M') with a window and a separate normaliser, else None.
         position: positions seen so far (RoPE and SPE need the next one's index).
         window: W the state was built with (None: the whole past).
+        log_scale: (B, H) running maximum c of the keys' log scales when the kernel was given
+            ``key_log_scale`` (FAVOR+, :mod:`spe.ops.scaled`): ``kv`` and ``normalizer`` are
+            then relative to e^c; None otherwise.
+        recent_log_scales: (B, T, H) the running maxima at the recent keys (window and
+            ``key_log_scale``), to which those keys' features are relative; else None.
     """
 
     kv: Tensor | None = None
@@ -51,6 +56,8 @@ class LinearAttentionState:
     recent_normalizer_keys: Tensor | None = None
     position: int = 0
     window: int | None = None
+    log_scale: Tensor | None = None
+    recent_log_scales: Tensor | None = None
 
     def to(self, dtype: torch.dtype) -> LinearAttentionState:
         """A copy with floating tensors cast to ``dtype``."""
