@@ -54,7 +54,11 @@ def _intra(q: Tensor, k: Tensor, vv: Tensor, cq: Tensor, ck: Tensor, mask: Tenso
 
 def scaled_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, scale: Tensor, chunk_size: int,
                        state: Tensor | None, state_scale: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Σ_{n ≤ m} φ(q_m)ᵀ f̃_n e^{c_n − c_m} values_n, chunk by chunk with a carried state.
+    """Σ_{n ≤ m} φ(q_m)ᵀ f̃_n e^{c_n − c_m} values_n, chunked, all chunks at once.
+
+    Chunk j's state is relative to its last scale; the prefix over chunks is a log-depth
+    scan (Hillis–Steele) whose merges x e^{r_x − r_y} + y have factors ≤ 1, since the running
+    maximum does not decrease. O(L/C · log(L/C)) state updates, no sequential loop.
 
     Args:
         phi_q, phi_k: (B, L, H, M); values: (B, L, H, E); scale: c, (B, L, H), non-decreasing.
@@ -66,22 +70,26 @@ def scaled_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, scale: Tens
     b, n, h, m = phi_q.shape
     c = max(1, min(chunk_size, n))
     phi_q, phi_k, values, scale = _pad_chunks(c, phi_q, phi_k, values, scale)
-    e = values.shape[-1]
-    mask = torch.ones(c, c, dtype=torch.bool, device=values.device).tril()
+    nc, e = phi_q.shape[1] // c, values.shape[-1]
+    q, k = phi_q.reshape(b, nc, c, h, m), phi_k.reshape(b, nc, c, h, m)
+    vv, cs = values.reshape(b, nc, c, h, e), scale.reshape(b, nc, c, h)
+    ends = cs[:, :, -1]  # (B, N, H)
+    sums = torch.einsum("bnchm,bnche->bnhme", k * torch.exp(cs - ends[:, :, None])[..., None], vv)
+    d = 1
+    while d < nc:  # inclusive prefix over chunks, each relative to its own end scale
+        factor = torch.exp(ends[:, :-d] - ends[:, d:])[..., None, None]
+        sums = torch.cat([sums[:, :d], sums[:, :-d] * factor + sums[:, d:]], dim=1)
+        d *= 2
     if state is None:
-        state, state_scale = phi_q.new_zeros(b, h, m, e), scale[:, 0]
-    outs = []
-    for start in range(0, phi_q.shape[1], c):
-        q, k, vv = (t[:, start:start + c, None].transpose(1, 2) for t in (phi_q, phi_k, values))  # (B, 1, C, H, ·)
-        cs = scale[:, None, start:start + c]  # (B, 1, C, H)
-        before = torch.einsum("bnchm,bhme->bnche", q, state) * torch.exp(state_scale[:, None, None] - cs)[..., None]
-        outs.append((before + _intra(q, k, vv, cs, cs, mask))[:, 0])
-        end = cs[:, 0, -1]  # (B, H)
-        weights = torch.exp(cs[:, 0] - end[:, None])[..., None]  # (B, C, H, 1)
-        state = state * torch.exp(state_scale - end)[..., None, None] + torch.einsum(
-            "bchm,bche->bhme", k[:, 0] * weights, vv[:, 0])
-        state_scale = end
-    return torch.cat(outs, dim=1)[:, :n], state, state_scale
+        state, state_scale = phi_q.new_zeros(b, h, m, e), cs[:, 0, 0]
+    else:
+        sums = sums + state[:, None] * torch.exp(state_scale[:, None] - ends)[..., None, None]
+    before = torch.cat([state[:, None], sums[:, :-1]], dim=1)  # exclusive prefix (B, N, H, M, E)
+    before_scale = torch.cat([state_scale[:, None], ends[:, :-1]], dim=1)  # (B, N, H)
+    mask = torch.ones(c, c, dtype=torch.bool, device=values.device).tril()
+    out = torch.einsum("bnchm,bnhme->bnche", q, before) * torch.exp(before_scale[:, :, None] - cs)[..., None]
+    out = out + _intra(q, k, vv, cs, cs, mask)
+    return out.reshape(b, nc * c, h, e)[:, :n], sums[:, -1], ends[:, -1]
 
 
 _FAR = -1e4  # log scale of empty (padding) blocks: e^{_FAR − c} is 0, e^{_FAR − _FAR} a harmless 1
