@@ -60,7 +60,7 @@ def _explicit_window(phi_q, phi_k, v, window):
 
 
 # windows that the chunk divides or not (prime W), shorter than a chunk, W = 1, W ≥ L, and
-# (200, 68, 2): 33 whole chunks inside the window, summed by prefix differences
+# (200, 68, 2): 33 whole chunks inside the window (doubling sums of 1, 32 chunks)
 @pytest.mark.parametrize("n,window,chunk", [(37, 8, 4), (40, 12, 8), (70, 10, 4), (30, 1, 8), (50, 16, 64),
                                             (129, 100, 64), (20, 30, 8), (24, 24, 8), (61, 13, 4), (130, 97, 16),
                                             (45, 3, 8), (200, 68, 2)])
