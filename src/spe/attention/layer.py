@@ -163,8 +163,6 @@ class MultiHeadAttention(nn.Module):
             q, k = self.spe_filter(q, k, code)  # (B, L, H, R)
         return q, k, v
 
-    _project = project  # the name metrics used before it became public
-
     def _projection_for(self, dim: int) -> Tensor:
         if dim == self.projection.shape[-1]:
             return self.projection

@@ -186,6 +186,7 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         v: (B, L, H, E) values.
         chunk_size: C, positions per chunk (any positive value; L need not be a multiple).
         group_size: positions per group of chunks (rounded to a multiple of C); None: all.
+            Ignored with ``key_log_scale`` (all chunks at once, by a log-depth scan).
         eps: added to the normaliser (default none: see :func:`normalise`).
         normalizer: optional (queries, keys) features for the denominator only, each
             (B, L, H, M'); see :func:`linear_attention`. Costs a second, narrow pass.
