@@ -222,7 +222,6 @@ def test_a_hand_written_fixture_file_reads(tmp_path):
     ("Src\tTgt\n1\t1\n", r"basic_val.tsv:1: expected the header"),
     ("Source\tTarget\n( ( [MAX 1 ) ] )\t1\n( ( [MAX 1 ) ] )\n", r"basic_val.tsv:3: expected 'expression<TAB>digit'"),
     ("Source\tTarget\n( ( [MAX 1 ) ] )\t12\n", r"basic_val.tsv:2: expected"),
-    ("Source\tTarget\n( ( [MAX 1 ) ] )\t1\n( ( MAX 1 ) ] )\t1\n", r"basic_val.tsv:3: evaluate: unknown symbol 'MAX'"),
     ("Source\tTarget\n", "no examples"),
 ])
 def test_malformed_files_name_the_file_and_line(tmp_path, content, match):
@@ -230,6 +229,29 @@ def test_malformed_files_name_the_file_and_line(tmp_path, content, match):
     path.write_text(content)
     with pytest.raises(ValueError, match=match):
         read_tsv(path)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("( ( MAX 1 ) ] )\t1", r"basic_val.tsv:3: ListOpsTokenizer: unknown symbol 'MAX'"),
+    ("( ( [MAX 12 ) ] )\t1", r"basic_val.tsv:3: ListOpsTokenizer: unknown symbol '12'"),
+    ("( ( [MAX 1 ) ] ) A\t1", r"basic_val.tsv:3: ListOpsTokenizer: unknown symbol 'A'"),
+    ("( ( [MAX 1 ) ] )\t2", r"basic_val.tsv:3: label 2 but the expression evaluates to 1"),
+    ("( ( [MAX ) ] )\t1", r"basic_val.tsv:3: evaluate: .*empty list"),
+])
+def test_bad_expressions_name_the_file_and_line(tmp_path, bad, match):
+    for name in SPLIT_FILES.values():
+        write_tsv(tmp_path / name, [("( ( ( [SM 4 ) 5 ) ] )", 9)])
+    (tmp_path / "basic_val.tsv").write_text(f"Source\tTarget\n( ( [SM 4 ) ] )\t4\n{bad}\n")
+    with pytest.raises(ValueError, match=match):
+        load_listops(tmp_path, verify=True)
+
+
+def test_fast_and_slow_encoding_agree():
+    tok, short = ListOpsTokenizer(), ListOpsTokenizer(drop_parentheses=True)
+    for source, _ in generate(20, seed=4, max_depth=6, min_length=10, max_length=300):
+        slow = [tok.ids[s] for s in source.split()]
+        assert tok.encode(source) == slow and tok._encode_fast(source) is not None  # fast path taken
+        assert short.encode(source) == [i for i, s in zip(slow, source.split()) if s not in "()"]
 
 
 def test_missing_folder_or_split_names_the_layout(tmp_path):
@@ -248,3 +270,15 @@ def test_cached_folder_is_generated_once(tmp_path):
     assert (folder / "basic_train.tsv").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # no temporary folder left
     assert len(load_listops(folder)["train"]) == 5
+
+
+def test_many_at_once_equals_one_by_one():
+    sources = [s for s, _ in generate(15, seed=6, max_depth=6, min_length=5, max_length=200)] + ["7"]
+    for tok in (ListOpsTokenizer(), ListOpsTokenizer(drop_parentheses=True)):
+        flat, sizes = tok.encode_many(sources)
+        assert sizes.tolist() == [len(tok.encode(s)) for s in sources]
+        assert flat.tolist() == [i for s in sources for i in tok.encode(s)]
+    flat, sizes = ListOpsTokenizer().encode_many(["( ( [SM\t1 ) ] )", "  5 "])  # odd spacing: same ids
+    assert sizes.tolist() == [7, 1]
+    with pytest.raises(ValueError, match="unknown symbol '12'"):
+        ListOpsTokenizer().encode_many(["5", "( ( [SM 12 ) ] )"])

@@ -26,9 +26,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from spe.data.lra.dataset import CONTENT_OFFSET, SequenceDataset, pad_sequences
+from spe.data.lra.dataset import CONTENT_OFFSET, SequenceDataset, pack
 
 __all__ = [
     "OPERATORS",
@@ -51,6 +52,10 @@ SPLIT_FILES = {"train": "basic_train.tsv", "val": "basic_val.tsv", "test": "basi
 _HEADER = ["Source", "Target"]
 _LAYOUT = ("a folder with basic_train.tsv, basic_val.tsv, basic_test.tsv, each a tab-separated "
            "'Source<TAB>Target' header then one 'expression<TAB>digit' row per example")
+_LETTERS = {"[MAX": "a", "[MIN": "b", "[MED": "c", "[SM": "d"}  # one byte per operator (tokenizer)
+_BYTE_KIND = np.full(128, 2, dtype=np.uint8)  # ASCII byte -> 0 whitespace, 1 newline, 2 part of a symbol
+_BYTE_KIND[[ord(c) for c in " \t\r\x0b\x0c"]] = 0
+_BYTE_KIND[ord("\n")] = 1
 _VALUE_P = 0.25  # probability that a node above the maximum depth is an operator
 
 
@@ -191,6 +196,10 @@ class ListOpsTokenizer:
         self.drop_parentheses = drop_parentheses
         self.ids = {s: i + CONTENT_OFFSET for i, s in enumerate(self.SYMBOLS)}
         self.vocab_size = CONTENT_OFFSET + len(self.SYMBOLS)
+        self._table = np.full(128, -1, dtype=np.int16)
+        for sym, i in self.ids.items():
+            self._table[ord(_LETTERS.get(sym, sym))] = i
+        self._first_kept = self.ids[END]  # "(" and ")" come first in SYMBOLS
 
     def encode(self, source: str) -> list[int]:
         """Ids of the symbols of ``source`` (split on whitespace).
@@ -198,11 +207,66 @@ class ListOpsTokenizer:
         Raises:
             ValueError: naming the first symbol that is not in the vocabulary.
         """
+        return self.encode_array(source).tolist()
+
+    def encode_array(self, source: str) -> np.ndarray:
+        """As :meth:`encode`, as an int64 array."""
+        fast = self._encode_fast(source) if "\n" not in source else None
+        if fast is not None:
+            return fast[0][fast[0] >= 0].astype(np.int64)
         try:
-            return [self.ids[s] for s in source.split() if not (self.drop_parentheses and s in "()")]
+            ids = [self.ids[s] for s in source.split() if not (self.drop_parentheses and s in "()")]
         except KeyError as err:
             raise ValueError(f"ListOpsTokenizer: unknown symbol {err.args[0]!r}; "
                              f"known: {' '.join(self.SYMBOLS)}") from None
+        return np.asarray(ids, dtype=np.int64)
+
+    def encode_many(self, sources: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Encodes many expressions at once (vectorised over the whole list).
+
+        Returns:
+            all ids concatenated (int16) and the (N,) number of ids of each source (int64).
+
+        Raises:
+            ValueError: as :meth:`encode`, for the first source that fails.
+        """
+        parts = [self._encode_chunk(sources[i:i + 1024]) for i in range(0, len(sources), 1024)]
+        if not parts:
+            return np.zeros(0, np.int16), np.zeros(0, np.int64)
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def _encode_chunk(self, sources: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        fast = self._encode_fast("\n".join(sources)) if all("\n" not in s for s in sources) else None
+        if fast is None:
+            arrays = [self.encode_array(s) for s in sources]
+            return np.concatenate(arrays), np.array([a.size for a in arrays], dtype=np.int64)
+        ids, newline = fast
+        # A source's ids end at its newline: count the kept ids before each newline.
+        ends = np.cumsum(ids >= 0)[newline]
+        bounds = np.concatenate([[0], ends, [int((ids >= 0).sum())]])
+        return ids[ids >= 0], np.diff(bounds)
+
+    def _encode_fast(self, text: str) -> tuple[np.ndarray, np.ndarray] | None:
+        # Operators become one letter each, so every symbol is one byte and a lookup table maps
+        # the bytes; anything unusual (those letters already present, a symbol of several
+        # characters left, a byte outside the table) returns None for the slow path to name it.
+        # Returns ids with −1 at the newlines (and at dropped parentheses) and the newline indices.
+        if any(letter in text for letter in _LETTERS.values()) or not text.isascii():
+            return None
+        for op, letter in _LETTERS.items():
+            text = text.replace(op, letter)
+        raw = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        kind = _BYTE_KIND[raw]
+        newline, symbol = kind == 1, kind == 2
+        if (symbol[1:] & symbol[:-1]).any():
+            return None
+        ids = self._table[raw[symbol]]
+        if (ids < 0).any():
+            return None
+        out = np.full(int(symbol.sum() + newline.sum()), -1, dtype=np.int16)
+        keep = symbol[symbol | newline]
+        out[keep] = np.where(ids >= self._first_kept, ids, -1) if self.drop_parentheses else ids
+        return out, np.flatnonzero(~keep)
 
     def decode(self, ids) -> str:
         """Text of the ids, single-spaced; padding and CLS are skipped."""
@@ -285,8 +349,8 @@ def read_tsv(path: str | os.PathLike) -> list[tuple[str, int]]:
 
     Raises:
         FileNotFoundError: if the file does not exist.
-        ValueError: naming the file and line of a wrong header, a row without two columns, a
-            label that is not a digit, or an expression that does not parse.
+        ValueError: naming the file and line of a wrong header, a row without two columns or a
+            label that is not a digit (the expressions are checked by :func:`load_listops`).
     """
     path = Path(path)
     if not path.is_file():
@@ -300,18 +364,33 @@ def read_tsv(path: str | os.PathLike) -> list[tuple[str, int]]:
                 continue
             if len(row) != 2 or not (row[1].strip().isdigit() and len(row[1].strip()) == 1):
                 raise ValueError(f"{path}:{line}: expected 'expression<TAB>digit', got {row!r:.120}")
-            try:
-                evaluate(row[0])
-            except ValueError as err:
-                raise ValueError(f"{path}:{line}: {err}") from None
             rows.append((row[0], int(row[1])))
     if not rows:
         raise ValueError(f"{path}: no examples after the header; expected {_LAYOUT}")
     return rows
 
 
+def _encode_rows(path: Path, rows: list[tuple[str, int]], tok: ListOpsTokenizer,
+                 verify: bool) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        flat, sizes = tok.encode_many([source for source, _ in rows])
+    except ValueError:
+        flat, sizes = None, None
+    if flat is None or verify or sizes.min() == 0:
+        # Slow path, row by row, to name the line (line 1 is the header).
+        for line, (source, label) in enumerate(rows, start=2):
+            try:
+                tok.encode_array(source)
+                value = evaluate(source)  # also rejects an empty or unbalanced expression
+            except ValueError as err:
+                raise ValueError(f"{path}:{line}: {err}") from None
+            if verify and value != label:
+                raise ValueError(f"{path}:{line}: label {label} but the expression evaluates to {value}")
+    return flat, sizes
+
+
 def load_listops(folder: str | os.PathLike, *, max_length: int | None = None,
-                 drop_parentheses: bool = False) -> dict[str, SequenceDataset]:
+                 drop_parentheses: bool = False, verify: bool = False) -> dict[str, SequenceDataset]:
     """Reads the three ListOps splits of ``folder`` as token ids.
 
     Args:
@@ -319,13 +398,16 @@ def load_listops(folder: str | os.PathLike, *, max_length: int | None = None,
         max_length: L, pad/truncate every split to L symbols (a truncated expression loses its
             meaning: choose L ≥ the longest); None pads each split to its longest example.
         drop_parentheses: see :class:`ListOpsTokenizer`.
+        verify: also evaluate every expression and check it against its label (slower: about a
+            minute for LRA's 100,000 examples).
 
     Returns:
         ``{"train", "val", "test"}`` → :class:`SequenceDataset` (vocab_size 19, num_classes 10).
 
     Raises:
         FileNotFoundError: if the folder or a split file is missing (naming the layout).
-        ValueError: as :func:`read_tsv`.
+        ValueError: as :func:`read_tsv`, and naming the file and line of an unknown symbol (or,
+            with ``verify``, a malformed expression or a wrong label).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -334,6 +416,7 @@ def load_listops(folder: str | os.PathLike, *, max_length: int | None = None,
     out = {}
     for split, name in SPLIT_FILES.items():
         rows = read_tsv(folder / name)
-        tokens, lengths = pad_sequences([tok.encode(s) for s, _ in rows], max_length, what=f"ListOps {split}")
+        flat, sizes = _encode_rows(folder / name, rows, tok, verify)
+        tokens, lengths = pack(flat, sizes, max_length, tok.vocab_size, what=f"ListOps {split}")
         out[split] = SequenceDataset(tokens, lengths, torch.tensor([y for _, y in rows]), tok.vocab_size, 10)
     return out

@@ -5,6 +5,9 @@ Letters: N = examples, L = padded length (tokens).
 Every LRA loader of :mod:`spe.data` returns one of the two containers below, so a training
 loop consumes any task the same way. Token ids share one convention: 0 = padding,
 1 = CLS (reserved, never in the data; prepend it for CLS pooling), content from 2 on.
+Tokens are stored in the smallest integer type that holds the vocabulary (LRA's 96,000 ListOps
+expressions of up to 6,000 symbols would take 4.6 GB as int64); :meth:`SequenceDataset.batch`
+returns int64.
 """
 
 from __future__ import annotations
@@ -13,10 +16,20 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CLS_ID", "CONTENT_OFFSET", "PAD_ID", "PairDataset", "SequenceDataset", "pad_sequences"]
+__all__ = [
+    "CLS_ID",
+    "CONTENT_OFFSET",
+    "PAD_ID",
+    "PairDataset",
+    "SequenceDataset",
+    "compact_dtype",
+    "pack",
+    "pad_sequences",
+]
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +43,8 @@ class SequenceDataset:
     """One sequence per example (ListOps, Text, Image).
 
     Attributes:
-        tokens: (N, L) int64 ids, :data:`PAD_ID` after each example's end.
+        tokens: (N, L) integer ids (uint8/int16/int32, see :func:`compact_dtype`), :data:`PAD_ID`
+            after each example's end.
         lengths: (N,) int64 true lengths (tokens before the padding), ≥ 1.
         labels: (N,) int64 classes in [0, num_classes).
         vocab_size: ids are in [0, vocab_size), padding and CLS included.
@@ -53,6 +67,11 @@ class SequenceDataset:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    def batch(self, index: Tensor | Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens (B, L) int64, lengths (B,), labels (B,) of the examples at ``index``."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        return self.tokens[index].long(), self.lengths[index], self.labels[index]
+
     def subset(self, index: Tensor | Sequence[int]) -> SequenceDataset:
         """The examples at ``index`` (a 1-D index tensor or list), same vocabulary and classes."""
         index = torch.as_tensor(index, dtype=torch.long)
@@ -65,7 +84,8 @@ class PairDataset:
     """Two sequences per example (Retrieval: does document 1 relate to document 2?).
 
     Attributes:
-        tokens1, tokens2: (N, L) int64 ids of the first and second documents, padded with :data:`PAD_ID`.
+        tokens1, tokens2: (N, L) integer ids of the first and second documents (compact type, as
+            :class:`SequenceDataset`), padded with :data:`PAD_ID`.
         lengths1, lengths2: (N,) int64 true lengths.
         labels: (N,) int64 classes in [0, num_classes) (Retrieval: 1 = related, 0 = not).
         vocab_size: ids are in [0, vocab_size).
@@ -93,6 +113,12 @@ class PairDataset:
     def __len__(self) -> int:
         return self.tokens1.shape[0]
 
+    def batch(self, index: Tensor | Sequence[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """tokens1 (B, L) int64, lengths1, tokens2 (B, L) int64, lengths2, labels of the pairs at ``index``."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        return (self.tokens1[index].long(), self.lengths1[index], self.tokens2[index].long(),
+                self.lengths2[index], self.labels[index])
+
     def subset(self, index: Tensor | Sequence[int]) -> PairDataset:
         """The pairs at ``index``."""
         index = torch.as_tensor(index, dtype=torch.long)
@@ -100,33 +126,55 @@ class PairDataset:
                            self.lengths2[index], self.labels[index], self.vocab_size, self.num_classes)
 
 
-def pad_sequences(sequences: Sequence[Sequence[int]], length: int | None = None, *,
-                  what: str = "sequences") -> tuple[Tensor, Tensor]:
-    """Right-pads (and, beyond ``length``, truncates) id sequences.
+def compact_dtype(vocab_size: int) -> torch.dtype:
+    """The smallest of uint8, int16, int32 that holds ids in [0, vocab_size)."""
+    for dtype in (torch.uint8, torch.int16, torch.int32):
+        if vocab_size - 1 <= torch.iinfo(dtype).max:
+            return dtype
+    return torch.int64
+
+
+def pack(flat: np.ndarray, lengths: np.ndarray, length: int | None, vocab_size: int, *,
+         what: str = "sequences") -> tuple[Tensor, Tensor]:
+    """Pads concatenated sequences into rows (truncating beyond ``length``), vectorised.
 
     Args:
-        sequences: N sequences of ids (lists, bytes or 1-D arrays).
+        flat: all ids, sequence after sequence.
+        lengths: (N,) sizes of the sequences in ``flat``, each ≥ 1.
         length: L, the padded length; None pads to the longest sequence.
-        what: a name for the log message about truncation.
+        vocab_size: chooses the storage type (:func:`compact_dtype`).
+        what: a name for error and log messages.
 
     Returns:
-        tokens (N, L) int64 padded with :data:`PAD_ID`, lengths (N,) int64 (after truncation).
+        tokens (N, L) padded with :data:`PAD_ID`, lengths (N,) int64 after truncation.
 
     Raises:
-        ValueError: if ``length`` is not positive, or a sequence is empty.
+        ValueError: if ``length`` is not a positive integer or a sequence is empty.
     """
     if length is not None and (isinstance(length, bool) or int(length) != length or length < 1):
         raise ValueError(f"length must be a positive integer or None, got {length!r}")
-    sizes = [len(s) for s in sequences]
-    if 0 in sizes:
-        raise ValueError(f"{what}: example {sizes.index(0)} is empty")
-    width = length if length is not None else max(sizes, default=1)
-    tokens = torch.full((len(sizes), width), PAD_ID, dtype=torch.long)
-    for i, seq in enumerate(sequences):
-        row = torch.as_tensor(list(seq[:width]) if isinstance(seq, (bytes, bytearray)) else seq[:width],
-                              dtype=torch.long)
-        tokens[i, : row.numel()] = row
-    cut = sum(size > width for size in sizes)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size and lengths.min() < 1:
+        raise ValueError(f"{what}: example {int(np.argmin(lengths))} is empty")
+    width = int(length) if length is not None else int(lengths.max(initial=1))
+    kept = np.minimum(lengths, width)
+    flat = np.asarray(flat)
+    if (kept < lengths).any():  # drop the truncated tails
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        flat = flat[np.arange(flat.size) - starts < width]
+    tokens = np.zeros((lengths.size, width), dtype=torch.empty(0, dtype=compact_dtype(vocab_size)).numpy().dtype)
+    # Row-major boolean assignment fills row after row, i.e. in the order of ``flat``.
+    tokens[np.arange(width)[None, :] < kept[:, None]] = flat
+    tokens = torch.from_numpy(tokens)
+    cut = int((lengths > width).sum())
     if cut:
-        log.info("%s: truncated %d of %d examples to %d tokens", what, cut, len(sizes), width)
-    return tokens, torch.tensor([min(size, width) for size in sizes], dtype=torch.long)
+        log.info("%s: truncated %d of %d examples to %d tokens", what, cut, lengths.size, width)
+    return tokens, torch.from_numpy(kept)
+
+
+def pad_sequences(sequences: Sequence[Sequence[int]], length: int | None, vocab_size: int, *,
+                  what: str = "sequences") -> tuple[Tensor, Tensor]:
+    """:func:`pack` for a list of id sequences (lists or 1-D arrays)."""
+    arrays = [np.asarray(s) for s in sequences]
+    flat = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, dtype=np.int64)
+    return pack(flat, np.array([a.size for a in arrays], dtype=np.int64), length, vocab_size, what=what)
