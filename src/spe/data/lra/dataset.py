@@ -26,7 +26,10 @@ __all__ = [
     "PAD_ID",
     "PairDataset",
     "SequenceDataset",
+    "BYTE_VOCAB",
+    "byte_tokens",
     "compact_dtype",
+    "split_off",
     "pack",
     "pad_sequences",
 ]
@@ -178,3 +181,47 @@ def pad_sequences(sequences: Sequence[Sequence[int]], length: int | None, vocab_
     arrays = [np.asarray(s) for s in sequences]
     flat = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, dtype=np.int64)
     return pack(flat, np.array([a.size for a in arrays], dtype=np.int64), length, vocab_size, what=what)
+
+
+BYTE_VOCAB = CONTENT_OFFSET + 256  # byte b has id b + CONTENT_OFFSET
+
+
+def byte_tokens(documents: Sequence[bytes], length: int | None, *, what: str = "documents") -> tuple[Tensor, Tensor]:
+    """Byte-level ids (byte b → b + 2, vocabulary 258), padded or truncated to ``length``.
+
+    Returns:
+        tokens (N, L) int16, lengths (N,) int64.
+
+    Raises:
+        ValueError: if a document is empty or ``length`` is not positive.
+    """
+    flat = np.frombuffer(b"".join(documents), dtype=np.uint8).astype(np.int16) + CONTENT_OFFSET
+    return pack(flat, np.array([len(d) for d in documents], dtype=np.int64), length, BYTE_VOCAB, what=what)
+
+
+def split_off(dataset: SequenceDataset | PairDataset, fraction: float, *, seed: int = 0):
+    """Splits a dataset in two at random, per class (for a validation split where a task has none).
+
+    Args:
+        dataset: N examples.
+        fraction: share of each class that goes to the second part, in (0, 1).
+        seed: seeds the permutation.
+
+    Returns:
+        (rest, held_out), same type as ``dataset``.
+
+    Raises:
+        ValueError: if ``fraction`` is outside (0, 1).
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"split_off: fraction must be in (0, 1), got {fraction!r}")
+    g = torch.Generator().manual_seed(seed)
+    held = []
+    for c in torch.unique(dataset.labels).tolist():
+        members = torch.nonzero(dataset.labels == c).flatten()
+        members = members[torch.randperm(members.numel(), generator=g)]
+        held.append(members[: round(fraction * members.numel())])
+    held = torch.cat(held).sort().values
+    rest = torch.ones(len(dataset), dtype=torch.bool)
+    rest[held] = False
+    return dataset.subset(torch.nonzero(rest).flatten()), dataset.subset(held)
