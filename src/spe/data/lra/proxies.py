@@ -5,7 +5,7 @@ the benchmark's input formats and lengths, not the benchmark: their numbers are 
 Letters: N = examples, L = tokens per example.
 
 * Text (:func:`text_proxy`): byte-level classification of a Palestrina mass movement (Humdrum
-  ``**kern`` files of music21's corpus, 1,318 files) into its section of the Ordinary — Kyrie,
+  ``**kern`` files of music21's corpus, 1,297 distinct documents) into its section of the Ordinary — Kyrie,
   Gloria, Credo, Sanctus, Benedictus, Agnus Dei — from the notes alone: reference records and
   comments (``!`` lines, which name the movement) are removed. Six balanced classes.
 * Retrieval (:func:`retrieval_proxy`): pairs of such movements, label 1 when both come from the
@@ -43,8 +43,8 @@ def palestrina_movements() -> list[tuple[bytes, int, str]]:
     """The Palestrina movements of music21's corpus, without ``!`` lines.
 
     Returns:
-        (document bytes, section index into :data:`MASS_SECTIONS`, mass title) per file, in
-        file-name order; files whose name starts with no section are left out.
+        (document bytes, section index into :data:`MASS_SECTIONS`, mass title) per distinct
+        document (1,297 of the 1,318 files), in file-name order.
 
     Raises:
         ImportError: if music21 (the ``music`` extra) is not installed.
@@ -59,7 +59,7 @@ def palestrina_movements() -> list[tuple[bytes, int, str]]:
     files = sorted(folder.glob("*.krn"))
     if not files:
         raise FileNotFoundError(f"no Palestrina .krn files in {folder} (music21 {music21.__version__})")
-    out = []
+    out, seen = [], set()
     for f in files:
         section = f.stem.split("_")[0]
         if section not in MASS_SECTIONS:
@@ -67,7 +67,9 @@ def palestrina_movements() -> list[tuple[bytes, int, str]]:
         lines = f.read_bytes().splitlines()
         title = next((ln[7:].strip().decode("utf-8", "replace") for ln in lines if ln.startswith(b"!!!OPR:")), "")
         body = b"\n".join(ln for ln in lines if not ln.startswith(b"!"))
-        out.append((body, MASS_SECTIONS.index(section), title or f.stem))
+        if body not in seen:  # 21 files repeat another's notes (a da capo section): keep the first
+            seen.add(body)
+            out.append((body, MASS_SECTIONS.index(section), title or f.stem))
     return out
 
 
@@ -96,7 +98,7 @@ def text_proxy(*, max_length: int = 1000, seed: int = 0) -> dict[str, SequenceDa
 
     Returns:
         ``train``, ``val``, ``test`` → :class:`SequenceDataset` (vocab_size 258, num_classes 6),
-        158 movements per class (the smallest section) split 126 / 16 / 16 per class.
+        157 movements per class (the smallest section, Kyrie) split 126 / 16 / 15 per class.
     """
     movements = palestrina_movements()
     labels = torch.tensor([m[1] for m in movements])
