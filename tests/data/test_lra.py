@@ -177,3 +177,24 @@ def test_cifar_reads_the_python2_module_name_of_the_official_files(tmp_path):
     (tmp_path / "test_batch").write_bytes(blob.replace(b"numpy._core.multiarray", b"numpy.core.multiarray"))
     data, labels = read_cifar_batch(tmp_path / "test_batch")
     assert data.shape == (1, 3072) and labels.tolist() == [3]
+
+
+def test_load_task_gives_three_splits_for_every_task(tmp_path, imdb):
+    from spe.data.listops import write_splits
+    from spe.data.lra import TASKS, load_task
+
+    write_splits(tmp_path / "listops", num_train=6, num_val=2, num_test=2, max_depth=4, min_length=5, max_length=40)
+    rng = np.random.default_rng(1)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        _cifar_batch(tmp_path / name, rng, 10)
+    _write_aan(tmp_path / "aan", {f"new_aan_pairs.{s}.tsv": [(b"1", b"a", b"b", b"c", b"d")] for s in ("train", "eval", "test")})
+    folders = {"listops": tmp_path / "listops", "text": imdb[0], "retrieval": tmp_path / "aan", "image": tmp_path}
+    for task in TASKS:
+        data = load_task(task, folders[task], val_fraction=0.5)
+        assert sorted(data) == ["test", "train", "val"] and all(len(d) for d in data.values())
+    image = load_task("image", tmp_path, val_fraction=0.2, seed=3)
+    assert len(image["train"]) + len(image["val"]) == 50 and image["val"].grid == (32, 32)
+    assert load_task("text", imdb[0], max_length=5, val_fraction=0.5)["test"].tokens.shape == (3, 5)
+    assert load_task("image", None)["train"].grid == (32, 32)  # embedded proxy
+    with pytest.raises(ValueError, match="unknown LRA task 'cifar'"):
+        load_task("cifar")
