@@ -176,7 +176,8 @@ def test_generate_with_lra_defaults_is_deterministic_by_seed():
 
 def test_tokenizer_round_trips_every_symbol_of_the_layout():
     tok = ListOpsTokenizer()
-    text = "( ( ( ( ( [MAX 2 ) 9 ) ( ( ( [MIN 0 ) 1 ) ] ) ) ( ( ( ( [MED 3 ) 4 ) 5 ) ] ) ) ( ( [SM 6 ) ] ) 7 8 ] )"
+    text = render(("[MAX", [2, 9, ("[MIN", [0, 1]), ("[MED", [3, 4, 5]), ("[SM", [6, 7, 8])]))
+    assert text.startswith("( ( ( ( ( ( [MAX 2 ) 9 ) ( ( ( [MIN 0 ) 1 ) ] ) )") and pair_value(text) == 9
     ids = tok.encode(text)
     assert tok.decode(ids) == text and len(ids) == len(text.split())
     assert set(ids) == set(range(2, tok.vocab_size))  # every symbol used, none merged
@@ -220,7 +221,8 @@ def test_a_hand_written_fixture_file_reads(tmp_path):
 
 @pytest.mark.parametrize("content,match", [
     ("Src\tTgt\n1\t1\n", r"basic_val.tsv:1: expected the header"),
-    ("Source\tTarget\n( ( [MAX 1 ) ] )\t1\n( ( [MAX 1 ) ] )\n", r"basic_val.tsv:3: expected 'expression<TAB>digit'"),
+    ("Source\tTarget\n( ( [MAX 1 ) ] )\t1\n( ( [MAX 1 ) ] )\n",
+     r"basic_val.tsv:3: expected 'expression<TAB>digit'"),
     ("Source\tTarget\n( ( [MAX 1 ) ] )\t12\n", r"basic_val.tsv:2: expected"),
     ("Source\tTarget\n", "no examples"),
 ])
@@ -255,10 +257,10 @@ def test_fast_and_slow_encoding_agree():
 
 
 def test_missing_folder_or_split_names_the_layout(tmp_path):
-    with pytest.raises(FileNotFoundError, match="basic_train.tsv, basic_val.tsv, basic_test.tsv"):
+    with pytest.raises(FileNotFoundError, match=r"basic_train\.tsv, basic_val\.tsv, basic_test\.tsv"):
         load_listops(tmp_path / "nope")
     write_tsv(tmp_path / "basic_train.tsv", [("1", 1)])
-    with pytest.raises(FileNotFoundError, match="basic_val.tsv"):
+    with pytest.raises(FileNotFoundError, match=r"basic_val\.tsv"):
         load_listops(tmp_path)
 
 

@@ -19,7 +19,8 @@ def _decode(tokens, length):
 
 @pytest.fixture
 def imdb(tmp_path):
-    reviews = {("train", "pos"): ["Great film!", "Loved it \u00e9\u00e9"], ("train", "neg"): ["Dull.\nVery dull."],
+    reviews = {("train", "pos"): ["Great film!", "Loved it \u00e9\u00e9"],
+               ("train", "neg"): ["Dull.\nVery dull."],
                ("test", "pos"): ["A" * 30], ("test", "neg"): ["bad", "worse"]}
     for (split, label), texts in reviews.items():
         folder = tmp_path / "aclImdb" / split / label
@@ -145,7 +146,7 @@ def test_cifar_errors(tmp_path):
 
     with open(path, "wb") as f:
         pickle.dump({b"data": Evil(), b"labels": []}, f)
-    with pytest.raises(ValueError, match="refusing to load builtins.print"):
+    with pytest.raises(ValueError, match=r"refusing to load builtins\.print"):
         read_cifar_batch(path)
 
 
@@ -183,12 +184,15 @@ def test_load_task_gives_three_splits_for_every_task(tmp_path, imdb):
     from spe.data.listops import write_splits
     from spe.data.lra import TASKS, load_task
 
-    write_splits(tmp_path / "listops", num_train=6, num_val=2, num_test=2, max_depth=4, min_length=5, max_length=40)
+    write_splits(tmp_path / "listops", num_train=6, num_val=2, num_test=2, max_depth=4, min_length=5,
+                 max_length=40)
     rng = np.random.default_rng(1)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         _cifar_batch(tmp_path / name, rng, 10)
-    _write_aan(tmp_path / "aan", {f"new_aan_pairs.{s}.tsv": [(b"1", b"a", b"b", b"c", b"d")] for s in ("train", "eval", "test")})
-    folders = {"listops": tmp_path / "listops", "text": imdb[0], "retrieval": tmp_path / "aan", "image": tmp_path}
+    row = (b"1", b"a", b"b", b"c", b"d")
+    _write_aan(tmp_path / "aan", {f"new_aan_pairs.{s}.tsv": [row] for s in ("train", "eval", "test")})
+    folders = {"listops": tmp_path / "listops", "text": imdb[0], "retrieval": tmp_path / "aan",
+               "image": tmp_path}
     for task in TASKS:
         data = load_task(task, folders[task], val_fraction=0.5)
         assert sorted(data) == ["test", "train", "val"] and all(len(d) for d in data.values())

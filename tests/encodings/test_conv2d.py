@@ -57,7 +57,8 @@ def test_expected_code_product_is_the_kernel_of_the_offset_exactly():
     z = eye.expand(-1, -1, 1, 2, -1)
     qbar, kbar = filter_noise_2d(z, enc.filters_q), filter_noise_2d(z, enc.filters_k)
     expected = torch.einsum("mhdu,nhdu->hdmn", qbar, kbar)  # (H, D, L, L)
-    pos = torch.stack(torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij"), -1).view(-1, 2)
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    pos = torch.stack([rows, cols], -1).view(-1, 2)  # (L, 2), row-major
     offsets = (pos[:, None] - pos[None]).view(-1, 2)
     exact = enc.kernel(offsets).view(1, 2, pos.shape[0], pos.shape[0])
     torch.testing.assert_close(expected.detach(), exact.detach())

@@ -151,7 +151,8 @@ def evaluate(source: str) -> int:
     result, depth = None, 0
     for i, sym in enumerate(source.split()):
         if result is not None and sym != ")":
-            raise ValueError(f"evaluate: symbol {i} {sym!r} after the end of the expression in {source[:80]!r}")
+            raise ValueError(f"evaluate: symbol {i} {sym!r} after the end of the expression "
+                             f"in {source[:80]!r}")
         if sym in ("(", ")"):
             depth += 1 if sym == "(" else -1
             if depth < 0:
@@ -162,19 +163,22 @@ def evaluate(source: str) -> int:
             continue
         if sym == END:
             if not stack or not stack[-1][1]:
-                raise ValueError(f"evaluate: ']' at symbol {i} closes {'no operator' if not stack else 'an empty list'}")
+                what = "no operator" if not stack else "an empty list"
+                raise ValueError(f"evaluate: ']' at symbol {i} closes {what}")
             op, args = stack.pop()
             value = _apply(op, args)
         elif len(sym) == 1 and sym.isdigit():
             value = int(sym)
         else:
-            raise ValueError(f"evaluate: unknown symbol {sym!r} at {i}; allowed: {', '.join(OPERATORS)}, ], (, ), 0-9")
+            raise ValueError(f"evaluate: unknown symbol {sym!r} at {i}; "
+                             f"allowed: {', '.join(OPERATORS)}, ], (, ), 0-9")
         if stack:
             stack[-1][1].append(value)
         else:
             result = value
     if result is None or depth:
-        raise ValueError(f"evaluate: incomplete expression ({len(stack)} open operators, {depth} open parentheses)")
+        raise ValueError(f"evaluate: incomplete expression ({len(stack)} open operators, "
+                         f"{depth} open parentheses)")
     return result
 
 

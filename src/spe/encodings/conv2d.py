@@ -25,11 +25,13 @@ __all__ = ["ConvSPE2d", "filter_noise_2d", "filter_noise_2d_direct"]
 
 def _check(z: Tensor, filters: Tensor) -> tuple[int, int]:
     if z.dim() != 5 or filters.dim() != 4 or z.shape[2:4] != filters.shape[:2]:
-        raise ValueError(f"filter_noise_2d: expected noise (Y+P1−1, X+P2−1, H, D, R) and filters (H, D, P1, P2) "
-                         f"with the same H, D; got {tuple(z.shape)} and {tuple(filters.shape)}")
+        raise ValueError(f"filter_noise_2d: expected noise (Y+P1−1, X+P2−1, H, D, R) and filters "
+                         f"(H, D, P1, P2) with the same H, D; got {tuple(z.shape)} and "
+                         f"{tuple(filters.shape)}")
     height, width = z.shape[0] - filters.shape[2] + 1, z.shape[1] - filters.shape[3] + 1
     if height < 1 or width < 1:
-        raise ValueError(f"filter_noise_2d: noise {tuple(z.shape[:2])} is smaller than the filter {tuple(filters.shape[2:])}")
+        raise ValueError(f"filter_noise_2d: noise {tuple(z.shape[:2])} is smaller than the filter "
+                         f"{tuple(filters.shape[2:])}")
     return height, width
 
 

@@ -5,4 +5,13 @@ layouts, embedded proxies, and :func:`load_task` for all four tasks (ListOps liv
 from spe.data.lra.dataset import CLS_ID, PAD_ID, PairDataset, SequenceDataset, split_off
 from spe.data.lra.tasks import DEFAULT_LENGTHS, TASKS, load_task
 
-__all__ = ["CLS_ID", "DEFAULT_LENGTHS", "PAD_ID", "TASKS", "PairDataset", "SequenceDataset", "load_task", "split_off"]
+__all__ = [
+    "CLS_ID",
+    "DEFAULT_LENGTHS",
+    "PAD_ID",
+    "TASKS",
+    "PairDataset",
+    "SequenceDataset",
+    "load_task",
+    "split_off",
+]

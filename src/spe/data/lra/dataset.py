@@ -21,17 +21,17 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "BYTE_VOCAB",
     "CLS_ID",
     "CONTENT_OFFSET",
     "PAD_ID",
     "PairDataset",
     "SequenceDataset",
-    "BYTE_VOCAB",
     "byte_tokens",
     "compact_dtype",
-    "split_off",
     "pack",
     "pad_sequences",
+    "split_off",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class PairDataset:
         return self.tokens1.shape[0]
 
     def batch(self, index: Tensor | Sequence[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """tokens1 (B, L) int64, lengths1, tokens2 (B, L) int64, lengths2, labels of the pairs at ``index``."""
+        """tokens1 (B, L) int64, lengths1, tokens2 (B, L) int64, lengths2, labels at ``index``."""
         index = torch.as_tensor(index, dtype=torch.long)
         return (self.tokens1[index].long(), self.lengths1[index], self.tokens2[index].long(),
                 self.lengths2[index], self.labels[index])
@@ -165,7 +165,8 @@ def pack(flat: np.ndarray, lengths: np.ndarray, length: int | None, vocab_size: 
     if (kept < lengths).any():  # drop the truncated tails
         starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
         flat = flat[np.arange(flat.size) - starts < width]
-    tokens = np.zeros((lengths.size, width), dtype=torch.empty(0, dtype=compact_dtype(vocab_size)).numpy().dtype)
+    dtype = torch.empty(0, dtype=compact_dtype(vocab_size)).numpy().dtype
+    tokens = np.zeros((lengths.size, width), dtype=dtype)
     # Row-major boolean assignment fills row after row, i.e. in the order of ``flat``.
     tokens[np.arange(width)[None, :] < kept[:, None]] = flat
     tokens = torch.from_numpy(tokens)
@@ -186,7 +187,8 @@ def pad_sequences(sequences: Sequence[Sequence[int]], length: int | None, vocab_
 BYTE_VOCAB = CONTENT_OFFSET + 256  # byte b has id b + CONTENT_OFFSET
 
 
-def byte_tokens(documents: Sequence[bytes], length: int | None, *, what: str = "documents") -> tuple[Tensor, Tensor]:
+def byte_tokens(documents: Sequence[bytes], length: int | None, *,
+                what: str = "documents") -> tuple[Tensor, Tensor]:
     """Byte-level ids (byte b → b + 2, vocabulary 258), padded or truncated to ``length``.
 
     Returns:

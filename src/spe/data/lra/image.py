@@ -78,7 +78,8 @@ def grey_levels(rgb: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(grey), 0, 255).astype(np.uint8)
 
 
-def load_cifar10(folder: str | os.PathLike, *, splits: tuple[str, ...] = ("train", "test")) -> dict[str, SequenceDataset]:
+def load_cifar10(folder: str | os.PathLike, *,
+                 splits: tuple[str, ...] = ("train", "test")) -> dict[str, SequenceDataset]:
     """Reads CIFAR-10 as grey-level pixel sequences.
 
     Args:
@@ -104,7 +105,8 @@ def load_cifar10(folder: str | os.PathLike, *, splits: tuple[str, ...] = ("train
     return out
 
 
-def image_dataset(levels: np.ndarray, labels: torch.Tensor, grid: tuple[int, int], num_classes: int) -> SequenceDataset:
+def image_dataset(levels: np.ndarray, labels: torch.Tensor, grid: tuple[int, int],
+                  num_classes: int) -> SequenceDataset:
     """(N, Y·X) grey levels 0–255 → a :class:`SequenceDataset` of ids level + 2 (vocab 258), full lengths."""
     vocab = CONTENT_OFFSET + 256
     tokens = torch.from_numpy(levels.astype(np.int64) + CONTENT_OFFSET).to(compact_dtype(vocab))

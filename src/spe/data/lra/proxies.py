@@ -21,7 +21,6 @@ Splits are seeded and stratified (80 / 10 / 10 %). Building each takes about a s
 from __future__ import annotations
 
 import itertools
-import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -65,7 +64,8 @@ def palestrina_movements() -> list[tuple[bytes, int, str]]:
         if section not in MASS_SECTIONS:
             continue
         lines = f.read_bytes().splitlines()
-        title = next((ln[7:].strip().decode("utf-8", "replace") for ln in lines if ln.startswith(b"!!!OPR:")), "")
+        title = next((ln[7:].strip().decode("utf-8", "replace")
+                      for ln in lines if ln.startswith(b"!!!OPR:")), "")
         body = b"\n".join(ln for ln in lines if not ln.startswith(b"!"))
         if body not in seen:  # 21 files repeat another's notes (a da capo section): keep the first
             seen.add(body)
@@ -83,7 +83,7 @@ def _balanced_splits(labels: Tensor, seed: int, fractions=_FRACTIONS) -> dict[st
     for c in torch.unique(labels).tolist():
         members = torch.nonzero(labels == c).flatten()
         members = members[torch.randperm(members.numel(), generator=g)][:size]
-        for s, a, b in zip(SPLITS, cuts[:-1], cuts[1:]):
+        for s, a, b in zip(SPLITS, cuts[:-1], cuts[1:], strict=True):
             parts[s].append(members[a:b])
     return {s: torch.cat(p)[torch.randperm(sum(x.numel() for x in p), generator=g)] for s, p in parts.items()}
 
@@ -153,10 +153,11 @@ def retrieval_proxy(*, max_length: int = 4000, seed: int = 0, per_mass: int = 40
     cuts = np.cumsum([0] + [round(f * len(masses)) for f in _FRACTIONS[:-1]] + [len(masses)])
     cuts[-1] = len(masses)
     out = {}
-    for split, a, b in zip(SPLITS, cuts[:-1], cuts[1:]):
+    for split, a, b in zip(SPLITS, cuts[:-1], cuts[1:], strict=True):
         pairs = _mass_pairs(by_mass, masses[a:b], per_mass, rng)
-        t1, n1 = byte_tokens([movements[i][0] for i, _, _ in pairs], max_length, what=f"retrieval proxy {split}")
-        t2, n2 = byte_tokens([movements[j][0] for _, j, _ in pairs], max_length, what=f"retrieval proxy {split}")
+        what = f"retrieval proxy {split}"
+        t1, n1 = byte_tokens([movements[i][0] for i, _, _ in pairs], max_length, what=what)
+        t2, n2 = byte_tokens([movements[j][0] for _, j, _ in pairs], max_length, what=what)
         out[split] = PairDataset(t1, n1, t2, n2, torch.tensor([y for _, _, y in pairs]), BYTE_VOCAB, 2)
     return out
 

@@ -19,7 +19,8 @@ from spe.data.lra.dataset import BYTE_VOCAB, PairDataset, byte_tokens
 
 __all__ = ["AAN_FILES", "load_aan", "read_aan_tsv"]
 
-AAN_FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
+AAN_FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv",
+             "test": "new_aan_pairs.test.tsv"}
 _LAYOUT = ("a folder with new_aan_pairs.{train,eval,test}.tsv, each line 'label<TAB>id1<TAB>id2<TAB>"
            "text1<TAB>text2' without header, label 0 or 1")
 
@@ -45,8 +46,8 @@ def read_aan_tsv(path: str | os.PathLike) -> tuple[list[int], list[bytes], list[
             continue
         fields = raw.split(b"\t")
         if len(fields) != 5:
-            raise ValueError(f"{path}:{line}: expected 5 tab-separated fields (label, id1, id2, text1, text2), "
-                             f"got {len(fields)}")
+            raise ValueError(f"{path}:{line}: expected 5 tab-separated fields "
+                             f"(label, id1, id2, text1, text2), got {len(fields)}")
         try:
             label = float(fields[0])
         except ValueError:

@@ -34,7 +34,8 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
         seed: seeds the embedded data (ListOps generation, proxy splits) and the validation split.
         val_fraction: share of the training set held out per class where the task has no
             validation split (IMDB, CIFAR-10).
-        cache_dir: where the generated ListOps splits are cached (see :func:`spe.data.listops.listops_folder`).
+        cache_dir: where the generated ListOps splits are cached
+            (see :func:`spe.data.listops.listops_folder`).
         drop_parentheses: ListOps only, see :class:`spe.data.listops.ListOpsTokenizer`.
         listops_sizes: train / val / test sizes of the generated ListOps (LRA's by default).
 
@@ -54,7 +55,8 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
 
         if data is None:
             num_train, num_val, num_test = listops_sizes
-            data = listops_folder(cache_dir, num_train=num_train, num_val=num_val, num_test=num_test, seed=seed)
+            data = listops_folder(cache_dir, num_train=num_train, num_val=num_val, num_test=num_test,
+                                  seed=seed)
         return load_listops(data, max_length=length, drop_parentheses=drop_parentheses)
     from spe.data.lra import proxies
 
