@@ -114,6 +114,8 @@ class ConvSPE2d(nn.Module):
 
         Returns:
             A :class:`DenseCode` with qbar, kbar (Y·X, H, D, R), row-major, and gate_noise (H, D, R).
+            The noise alone holds (Y + P1 − 1)(X + P2 − 1)·H·D·R values (100 MB in float32 for
+            32 × 32 pixels, P = 8, H·D = 256, R = 64).
 
         Raises:
             ValueError: if the grid or R is not positive.
