@@ -284,3 +284,10 @@ def test_many_at_once_equals_one_by_one():
     assert sizes.tolist() == [7, 1]
     with pytest.raises(ValueError, match="unknown symbol '12'"):
         ListOpsTokenizer().encode_many(["5", "( ( [SM 12 ) ] )"])
+
+
+def test_length_bounds_are_strict():
+    # 3 < length < 6 leaves lengths 4 and 5 only: e.g. "[SM 1 2 ]" (4) and "[MIN 1 2 3 ]" (5).
+    examples = generate(40, seed=0, max_depth=3, max_args=3, min_length=3, max_length=6)
+    assert {symbol_length(s) for s, _ in examples} == {4, 5}
+    assert all(y == pair_value(s) for s, y in examples)
