@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
+from spe.models.classifier_config import ClassifierConfig
 from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecoderLM
+from spe.models.encoder_classifier import EncoderClassifier
 
 __all__ = ["MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write", "load", "load_checkpoint",
            "load_metadata", "save"]
@@ -25,6 +27,10 @@ __all__ = ["MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write",
 MODEL_FILE = "model.safetensors"
 # Optimizer step, optimizer and random states of a run, beside MODEL_FILE (see spe.train.loop).
 TRAIN_STATE_FILE = "train_state.pt"
+# The header's ``spe_model_kind`` names the model class (files without one hold decoders).
+DEFAULT_MODEL_KIND = "decoder-lm"
+MODEL_KINDS = {DEFAULT_MODEL_KIND: (ModelConfig, DecoderLM),
+               EncoderClassifier.MODEL_KIND: (ClassifierConfig, EncoderClassifier)}
 
 
 def atomic_write(path: str | os.PathLike, write) -> None:
@@ -69,7 +75,8 @@ def save(model: DecoderLM, path: str | os.PathLike, *, metadata: dict | None = N
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
         state.pop("head.weight", None)  # the same tensor as embed.weight
-    header = {"spe_config": json.dumps(model.config.to_dict()), "spe_metadata": json.dumps(metadata or {})}
+    header = {"spe_config": json.dumps(model.config.to_dict()), "spe_metadata": json.dumps(metadata or {}),
+              "spe_model_kind": getattr(model, "MODEL_KIND", DEFAULT_MODEL_KIND)}
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata=header))
     return path
 
@@ -88,10 +95,11 @@ def load_metadata(path: str | os.PathLike) -> dict:
         raise ValueError(f"{file} is not an spe checkpoint (no spe_config in its header)")
     meta = json.loads(header.get("spe_metadata", "{}"))
     meta["config"] = json.loads(header["spe_config"])
+    meta["model_kind"] = header.get("spe_model_kind", DEFAULT_MODEL_KIND)  # older files: decoders
     return meta
 
 
-def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> DecoderLM:
+def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> DecoderLM | EncoderClassifier:
     """Loads a model saved by :func:`save`, in eval mode.
 
     Args:
@@ -99,22 +107,28 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Deco
         device: where to put the weights.
 
     Returns:
-        A :class:`~spe.DecoderLM`; ``model(tokens)`` maps (batch, length) ids to
-        (batch, length, vocab_size) logits.
+        A :class:`~spe.DecoderLM` (``model(tokens)`` maps (batch, length) ids to
+        (batch, length, vocab_size) logits), or the class the header's ``spe_model_kind`` names
+        (an :class:`~spe.models.EncoderClassifier` for ``spe lra`` checkpoints).
 
     Raises:
         FileNotFoundError: if there is no checkpoint there.
         ValueError: if the file is not an spe checkpoint or its tensors do not fit the config.
     """
     file = _resolve(path)
-    return _load_model(file, load_metadata(file)["config"], device)
+    metadata = load_metadata(file)
+    return _load_model(file, metadata["config"], device, metadata["model_kind"])
 
 
-def _load_model(file: Path, config: dict, device: str | torch.device) -> DecoderLM:
+def _load_model(file: Path, config: dict, device: str | torch.device,
+                kind: str = "decoder-lm") -> DecoderLM | EncoderClassifier:
     from safetensors.torch import load_file
 
-    model_config = ModelConfig.from_dict(config)
-    model = DecoderLM(model_config)
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"{file}: unknown model kind {kind!r} (this version reads {', '.join(MODEL_KINDS)})")
+    config_class, model_class = MODEL_KINDS[kind]
+    model_config = config_class.from_dict(config)
+    model = model_class(model_config)
     state = load_file(str(file))
     if model_config.tie_embeddings:
         state["head.weight"] = state["embed.weight"]
@@ -195,4 +209,5 @@ def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cp
     """
     file = _resolve(path)
     metadata = load_metadata(file)
-    return LoadedCheckpoint(path=str(path), model=_load_model(file, metadata["config"], device), metadata=metadata)
+    return LoadedCheckpoint(path=str(path), model=_load_model(file, metadata["config"], device, metadata["model_kind"]),
+                            metadata=metadata)

@@ -234,19 +234,32 @@ class MultiHeadAttention(nn.Module):
             y, state = softmax_attention_step(q, k, v, state, window=self.window)
         return self.out(y.reshape(x.shape[0], 1, -1)), state
 
-    def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
+                key_padding_mask: Tensor | None = None) -> Tensor:
         """Args:
             x: (B, L, C).
             code: SPE code for L positions; required iff the layer has an SPE filter.
             positions: (L,) positions for RoPE (default 0 … L − 1); score encodings use
                 index distances and refuse them.
+            key_padding_mask: (B, L) bool, True at padding (PyTorch's convention): those
+                keys get no weight in any query's output (softmax: masked scores; linear
+                kernels: zero features, values and normaliser terms), so what a padded
+                position holds never reaches a real one. Non-causal layers only; not with
+                a score encoding.
 
         Returns:
-            (B, L, C).
+            (B, L, C). Outputs at padded positions are computed but meaningless.
+
+        Raises:
+            ValueError: on a padding mask with a causal layer, a score encoding or the
+                wrong shape; positions with a score encoding.
         """
         b, n, _ = x.shape
         if positions is not None and self.score_encoding is not None:
             raise ValueError(f"{type(self.score_encoding).__name__} works on index distances; it takes no positions")
+        if key_padding_mask is not None and (self.causal or self.score_encoding is not None):
+            raise ValueError("key_padding_mask needs a non-causal layer without a score encoding, got "
+                             f"causal={self.causal}, score encoding {type(self.score_encoding).__name__}")
         q, k, v = self.project(x, code)
         if self.rotary is not None and positions is None:
             positions = torch.arange(n, device=x.device)
@@ -256,13 +269,14 @@ class MultiHeadAttention(nn.Module):
             if self.score_encoding is not None:
                 y = self.score_encoding.attend(q, k, v)
             else:
-                y = softmax_attention(q, k, v, causal=self.causal, window=self.window)
+                y = softmax_attention(q, k, v, causal=self.causal, window=self.window,
+                                      key_padding_mask=key_padding_mask)
         else:
             fq, fk, extra = self._linear_inputs(q, k, positions)
             if self.causal:
                 y = causal_linear_attention(fq, fk, v, chunk_size=self.chunk_size, window=self.window, **extra)
             else:
-                y = linear_attention(fq, fk, v, **extra)
+                y = linear_attention(fq, fk, v, key_padding_mask=key_padding_mask, **extra)
         return self.out(y.reshape(b, n, -1))
 
 

@@ -21,6 +21,7 @@ score terms once per attention layer.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import EllipsisType
@@ -31,6 +32,7 @@ from torch import nn
 from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from spe.encodings.alibi import ALiBi
 from spe.encodings.conv import ConvSPE
+from spe.encodings.conv2d import ConvSPE2d
 from spe.encodings.filter import SPEFilter
 from spe.encodings.music_relative import MusicRelativePosition
 from spe.encodings.rope import RotaryEncoding
@@ -63,6 +65,9 @@ class PositionalSpec:
             unrotated normaliser, RoFormer eq. 19, could be 0 with ReLU features).
         scale_embeddings: token embeddings are multiplied by √C to match the scale of the
             encoding added to them (sinusoidal APE, Vaswani et al.).
+        needs_grid: encodes positions on a 2-D grid (``convspe-2d``): its code generator is
+            called with ``grid=(Y, X)`` instead of positions, so only models that know their
+            grid (the encoder classifier on images) take it.
     """
 
     name: str
@@ -74,6 +79,7 @@ class PositionalSpec:
     layer_module: Callable[[Any, bool], nn.Module] | None = None
     scale_embeddings: bool = False
     positive_features: bool = False
+    needs_grid: bool = False
 
     def build_model_module(self, config: Any) -> nn.Module | None:
         """The per-model module (token encoding or SPE code generator), or None."""
@@ -104,7 +110,15 @@ def _sine(config: Any) -> nn.Module:
 
 
 def _conv(config: Any) -> nn.Module:
-    return ConvSPE(config.num_heads, _head_dim(config), config.num_realizations, config.kernel_size)
+    # An encoder (config.causal False) takes the centred filter where ConvSPE offers one; the
+    # causal orientation's kernel also covers both signs of the lag, so it works there too.
+    centred = not getattr(config, "causal", True) and "causal" in inspect.signature(ConvSPE).parameters
+    return ConvSPE(config.num_heads, _head_dim(config), config.num_realizations, config.kernel_size,
+                   **({"causal": False} if centred else {}))
+
+
+def _conv2d(config: Any) -> nn.Module:
+    return ConvSPE2d(config.num_heads, _head_dim(config), config.num_realizations, config.kernel_size)
 
 
 def _spe_filter(config: Any, causal: bool) -> nn.Module:
@@ -120,6 +134,9 @@ POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
                    source="Liutkus et al. 2021, eq. (18)-(21)", model_module=_sine, layer_module=_spe_filter),
     PositionalSpec("convspe", "queries-keys", stochastic=True, windowed_by_default=True,
                    source="Liutkus et al. 2021, eq. (22)", model_module=_conv, layer_module=_spe_filter),
+    PositionalSpec("convspe-2d", "queries-keys", stochastic=True, needs_grid=True,
+                   source="Liutkus et al. 2021, eq. (22) with a 2-D filter (images)", model_module=_conv2d,
+                   layer_module=_spe_filter),
     PositionalSpec("rope", "queries-keys", source="Su et al. 2021", positive_features=True,
                    layer_module=lambda c, causal: RotaryEncoding(c.rope_base)),
     PositionalSpec("shaw", "scores", source="Shaw et al. 2018, O(L²D) memory",

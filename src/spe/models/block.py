@@ -49,10 +49,12 @@ class Block(nn.Module):
                                  nn.Linear(config.d_ff, config.d_model))
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, code: SPECode | None, positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, code: SPECode | None, positions: Tensor | None = None, *,
+                key_padding_mask: Tensor | None = None) -> Tensor:
         """x: (B, L, C); code: the SPE code of these L positions (SPE only); positions: (L,)
-        for RoPE (default 0 … L − 1). Returns (B, L, C)."""
-        x = x + self.drop(self.attn(self.norm1(x), code, positions=positions))
+        for RoPE (default 0 … L − 1); key_padding_mask: (B, L) bool, True at padding (non-causal
+        blocks, see :meth:`~spe.attention.MultiHeadAttention.forward`). Returns (B, L, C)."""
+        x = x + self.drop(self.attn(self.norm1(x), code, positions=positions, key_padding_mask=key_padding_mask))
         return x + self.drop(self.ffn(self.norm2(x)))
 
     def step(self, x: Tensor, code: SPECode | None,

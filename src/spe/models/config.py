@@ -97,6 +97,9 @@ class ModelConfig:
             raise ValueError(f"positional {self.positional!r} adds a term to the attention scores, which "
                              f"{self.attention} attention never forms; with {self.attention} choose one of "
                              f"{allowed}, or use attention 'softmax'")
+        if POSITIONAL_SPECS[self.positional].needs_grid and getattr(self, "grid", None) is None:
+            raise ValueError(f"positional {self.positional!r} encodes positions on a 2-D grid: use it with the "
+                             "encoder classifier on images (spe.models.ClassifierConfig with a grid)")
         if POSITIONAL_SPECS[self.positional].positive_features and self.attention == "linear-relu":
             raise ValueError(f"positional {self.positional!r} with linear attention needs strictly positive features: "
                              "use attention performer or linear-elu, not linear-relu")

@@ -99,6 +99,23 @@ def _rescale_keys(phi_k: Tensor, normalizer, key_log_scale: Tensor | None):
     return phi_k * factor, None if normalizer is None else (normalizer[0], normalizer[1] * factor)
 
 
+_PADDING_LOG_SCALE = -1e4  # below any real key's log scale: e^{−1e4 − max} is 0
+
+
+def _mask_keys(mask: Tensor, phi_k: Tensor, v: Tensor, normalizer, key_log_scale: Tensor | None):
+    """Zeroes padding keys (mask (B, Lk), True at padding) in every sum a key enters."""
+    if mask.shape != phi_k.shape[:2] or mask.dtype != torch.bool:
+        raise ValueError(f"key_padding_mask must be a (batch, keys) = {tuple(phi_k.shape[:2])} bool tensor, got "
+                         f"{mask.dtype} {tuple(mask.shape)}")
+    keep = (~mask)[..., None, None]  # (B, Lk, 1, 1)
+    phi_k, v = phi_k * keep, v * keep
+    if normalizer is not None:
+        normalizer = (normalizer[0], normalizer[1] * keep)
+    if key_log_scale is not None:
+        key_log_scale = key_log_scale.masked_fill(mask[..., None], _PADDING_LOG_SCALE)
+    return phi_k, v, normalizer, key_log_scale
+
+
 def _check_normalizer(normalizer, phi_q: Tensor, phi_k: Tensor) -> tuple[Tensor, Tensor]:
     nq, nk = normalizer
     if nq.shape[:-1] != phi_q.shape[:-1] or nk.shape[:-1] != phi_k.shape[:-1]:
@@ -109,7 +126,8 @@ def _check_normalizer(normalizer, phi_q: Tensor, phi_k: Tensor) -> tuple[Tensor,
 
 @_full_precision
 def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.0,
-                     normalizer: tuple[Tensor, Tensor] | None = None, key_log_scale: Tensor | None = None) -> Tensor:
+                     normalizer: tuple[Tensor, Tensor] | None = None, key_log_scale: Tensor | None = None,
+                     key_padding_mask: Tensor | None = None) -> Tensor:
     """Non-causal linear attention.
 
     Args:
@@ -122,10 +140,15 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
             unrotated ones below); default: ``phi_q``, ``phi_k``.
         key_log_scale: (B, Lk, H) a_n, keys' features being φ(k_n) = phi_k_n · e^{a_n} (and
             the normaliser's likewise), from :func:`~spe.ops.feature_maps.favor_key_features`.
+        key_padding_mask: (B, Lk) bool, True at padding keys (PyTorch's convention): their
+            features, values and normaliser features are zeroed, so they add nothing to
+            Σ φ(k_n) v_nᵀ or Σ φ(k_n), and their log scale cannot raise the common scale.
 
     Returns:
         (B, Lq, H, E).
     """
+    if key_padding_mask is not None:
+        phi_k, v, normalizer, key_log_scale = _mask_keys(key_padding_mask, phi_k, v, normalizer, key_log_scale)
     phi_k, normalizer = _rescale_keys(phi_k, normalizer, key_log_scale)
     if normalizer is None:
         kv = torch.einsum("blhm,blhe->bhme", phi_k, _with_ones(v))

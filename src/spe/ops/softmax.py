@@ -19,7 +19,8 @@ def check_window(window: int | None, name: str = "window") -> None:
         raise ValueError(f"{name} must be a positive number of positions or None, got {window!r}")
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None) -> Tensor:
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None,
+                      key_padding_mask: Tensor | None = None) -> Tensor:
     """softmax(q kᵀ / √E) v, with PyTorch's fused kernel.
 
     Args:
@@ -29,12 +30,15 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
         causal: mask keys after each query (Lq = Lk).
         window: W, causal sliding window: query m sees keys n ∈ (m − W, m] only (then a
             boolean L × L mask replaces the fused causal path). None: no window.
+        key_padding_mask: (B, Lk) bool, True at padding keys (PyTorch's convention), which
+            get no weight; non-causal only; every query needs one real key.
 
     Returns:
         (B, Lq, H, Ev), in ``v``'s dtype.
 
     Raises:
-        ValueError: on a window without ``causal`` or a non-positive window.
+        ValueError: on a window without ``causal`` or a non-positive window, or a padding
+            mask with ``causal`` or of the wrong shape.
 
     Precision: autocast is switched off here; on the CPU the scores and their sums are formed
     in at least float32 (inputs promoted), on CUDA half-precision inputs go to the fused
@@ -49,6 +53,8 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
             i = torch.arange(q.shape[1], device=q.device)
             lag = i[:, None] - i[None, :]
             mask = (lag >= 0) & (lag < window)
+    if key_padding_mask is not None:
+        mask = _padding_mask(key_padding_mask, k, causal)
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     if q.device.type != "cuda":
         dtype = torch.promote_types(dtype, torch.float32)
@@ -57,3 +63,14 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
                                              v.to(dtype).transpose(1, 2), attn_mask=mask,
                                              is_causal=causal and mask is None)
     return out.transpose(1, 2).to(v.dtype)
+
+
+def _padding_mask(key_padding_mask: Tensor, k: Tensor, causal: bool) -> Tensor:
+    """(B, 1, 1, Lk) bool, True where attention is allowed (scaled_dot_product_attention's convention)."""
+    if causal:
+        raise ValueError("key_padding_mask is for non-causal attention (a causal model has no padding before "
+                         "its last real token)")
+    if key_padding_mask.shape != k.shape[:2] or key_padding_mask.dtype != torch.bool:
+        raise ValueError(f"key_padding_mask must be a (batch, keys) = {tuple(k.shape[:2])} bool tensor, got "
+                         f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+    return ~key_padding_mask[:, None, None, :]
