@@ -382,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_train_parser, _add_evaluate_parser, _add_report_parser, _add_generate_parser,
                 _add_bench_parser, _add_sweep_parser, _add_demo_parser):
         add(sub)
+    from spe.cli.lra import add_lra_parser  # LRA: its own module (parsing only)
+
+    add_lra_parser(sub)
     return parser
 
 

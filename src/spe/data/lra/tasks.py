@@ -23,6 +23,7 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
               seed: int = 0, val_fraction: float = 0.1, cache_dir: str | os.PathLike | None = None,
               drop_parentheses: bool = False,
               listops_sizes: tuple[int, int, int] = (96_000, 2_000, 2_000),
+              listops_options: dict | None = None,
               ) -> dict[str, SequenceDataset | PairDataset]:
     """Loads one LRA task's train, val and test splits.
 
@@ -38,6 +39,9 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
             (see :func:`spe.data.listops.listops_folder`).
         drop_parentheses: ListOps only, see :class:`spe.data.listops.ListOpsTokenizer`.
         listops_sizes: train / val / test sizes of the generated ListOps (LRA's by default).
+        listops_options: generator options of the embedded ListOps (``max_depth``,
+            ``max_args``, ``min_length``, ``max_length``; see :func:`spe.data.listops.generate`),
+            e.g. shorter expressions for a CPU-sized run; they name the cache folder.
 
     Returns:
         ``{"train", "val", "test"}`` → :class:`SequenceDataset` (ListOps, Text, Image) or
@@ -56,7 +60,7 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
         if data is None:
             num_train, num_val, num_test = listops_sizes
             data = listops_folder(cache_dir, num_train=num_train, num_val=num_val, num_test=num_test,
-                                  seed=seed)
+                                  seed=seed, **(listops_options or {}))
         return load_listops(data, max_length=length, drop_parentheses=drop_parentheses)
     from spe.data.lra import proxies
 

@@ -1,0 +1,60 @@
+"""``spe lra``: parsing and printing only; the work is :func:`spe.lra.run_lra`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_lra_parser", "cmd_lra"]
+
+_TASKS = ("listops", "text", "retrieval", "image")
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers, e.g. 0,1,2; got {text!r}") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds takes distinct integers ≥ 0, got {text!r}")
+    return seeds
+
+
+def cmd_lra(args: argparse.Namespace) -> int:
+    from spe.lra import preset_config, run_lra
+
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be positive, got {args.threads}")
+    if args.num_realizations is not None and args.num_realizations < 1:
+        raise ValueError(f"--num-realizations must be positive, got {args.num_realizations}")
+    cfg = preset_config(args.task, args.positional, args.attention, preset=args.preset, data=args.data,
+                        steps=args.steps, max_length=args.max_length, device=args.device,
+                        num_realizations=args.num_realizations, batch_size=args.batch_size,
+                        eval_every=args.eval_every)
+    out = Path(args.out or f"runs/lra/{args.preset}/{args.task}-{args.attention}-{args.positional}")
+    summary = run_lra(cfg, _seeds(args.seeds), out, threads=args.threads, progress=not args.no_progress)
+    print((out / "results.md").read_text(), end="")
+    print(f"results: {out / 'results.json'} (mean {summary['mean']:.2f} ± {summary['std']:.2f} %)")
+    return 0
+
+
+def add_lra_parser(sub) -> None:
+    p = sub.add_parser("lra", help="Long Range Arena: train encoder classifiers over seeds, test the best checkpoints")
+    p.add_argument("--task", required=True, choices=_TASKS)
+    p.add_argument("--data", help="the task's folder in its official layout (default: the embedded data: "
+                                  "generated ListOps, Text/Retrieval/Image proxies)")
+    p.add_argument("--positional", default="sinespe",
+                   help="ape, ape-learned, sinespe, convspe, convspe-2d (image), rope, none (default sinespe)")
+    p.add_argument("--attention", default="performer", help="performer, linear-relu, linear-elu, softmax")
+    p.add_argument("--preset", default="cpu-small", help="paper or cpu-small (default)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, one run each (default 0)")
+    p.add_argument("--steps", type=int, help="optimizer steps per seed (default: the preset's)")
+    p.add_argument("--batch-size", type=int, help="examples per step (default: the preset's)")
+    p.add_argument("--eval-every", type=int, help="steps between validations (default: the preset's)")
+    p.add_argument("--max-length", type=int, help="tokens per sequence / document (default: the preset's)")
+    p.add_argument("--num-realizations", type=int, help="R for SPE (default: the preset's)")
+    p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_lra)

@@ -1,0 +1,145 @@
+"""Long Range Arena run configuration and the packaged presets (``src/spe/configs/lra/*.toml``).
+
+A preset file holds ``[defaults]`` (training options) with ``[defaults.model]``
+(:class:`~spe.models.ClassifierConfig` options), one table per task with its own ``model`` and
+``data`` tables, and ``[positional.NAME.model]`` overrides applied to every task (e.g. sineSPE
+per layer, convSPE shared). Later tables win: defaults < task < positional < explicit options.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+
+from spe.data.lra.tasks import TASKS
+
+__all__ = ["PRESETS", "SCHEDULES", "LRAConfig", "load_preset", "preset_config"]
+
+PRESETS = ("paper", "cpu-small")
+SCHEDULES = ("cosine", "rsqrt")
+_DATA_KEYS = ("num_train", "num_val", "num_test", "max_depth", "max_args", "min_length", "max_length",
+              "drop_parentheses")
+
+
+@dataclass
+class LRAConfig:
+    """One LRA experiment: a task, a model and how to train it (each seed is one run).
+
+    Attributes:
+        task: ``listops``, ``text``, ``retrieval`` or ``image``.
+        positional, attention: the encoder's positional encoding and kernel (registry names).
+        preset: the preset it came from (recorded only).
+        data: the task's folder in its official layout, or None for the embedded data.
+        steps: optimizer steps per seed.
+        batch_size: examples (pairs for Retrieval) per step.
+        lr: peak learning rate of AdamW.
+        schedule: ``cosine`` (linear warmup, cosine decay to 0) or ``rsqrt`` (LRA's linear
+            warmup then lr·sqrt(warmup / step)).
+        warmup_steps: linear warmup length.
+        weight_decay: AdamW decay of weight matrices (not of embeddings, norms, biases and
+            positional parameters).
+        grad_clip: gradient-norm clip (0: none).
+        eval_every: steps between validations (and resumable checkpoints).
+        eval_examples: validation examples used during training (0: the whole split); the
+            best checkpoint is the one of highest validation accuracy on them.
+        eval_batch_size: examples per evaluation batch.
+        max_length: L, tokens per sequence (per document for Retrieval); None: the task's default.
+        data_options: embedded-ListOps sizes and generator options (``num_train``, ``num_val``,
+            ``num_test``, ``max_depth``, ``max_args``, ``min_length``, ``max_length``) and
+            ``drop_parentheses``.
+        model: :class:`~spe.models.ClassifierConfig` options (vocabulary, classes, grid and
+            maximum positions come from the data).
+        device: torch device of the runs.
+        num_realizations: overrides the preset's R (SPE).
+    """
+
+    task: str
+    positional: str
+    attention: str
+    preset: str = "cpu-small"
+    data: str | None = None
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-3
+    schedule: str = "cosine"
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_examples: int = 0
+    eval_batch_size: int = 64
+    max_length: int | None = None
+    data_options: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+    device: str = "cpu"
+    num_realizations: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"unknown LRA task {self.task!r}; choose from {', '.join(TASKS)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        for name in ("steps", "batch_size", "eval_every", "eval_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.warmup_steps < 0 or self.eval_examples < 0 or self.grad_clip < 0 or self.lr <= 0:
+            raise ValueError("warmup_steps, eval_examples and grad_clip must be ≥ 0 and lr > 0, got "
+                             f"{self.warmup_steps}, {self.eval_examples}, {self.grad_clip}, {self.lr}")
+        unknown = set(self.data_options) - set(_DATA_KEYS)
+        if unknown:
+            raise ValueError(f"unknown data options {sorted(unknown)}; allowed: {', '.join(_DATA_KEYS)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> LRAConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def load_preset(preset: str) -> dict:
+    """The parsed TOML of a packaged preset.
+
+    Raises:
+        ValueError: if ``preset`` is not one of ``PRESETS``.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown LRA preset {preset!r}; choose from {', '.join(PRESETS)}")
+    text = (resources.files("spe") / "configs" / "lra" / f"{preset}.toml").read_text()
+    return tomllib.loads(text)
+
+
+def preset_config(task: str, positional: str, attention: str, *, preset: str = "cpu-small",
+                  **overrides) -> LRAConfig:
+    """The :class:`LRAConfig` of a preset for one task, encoding and kernel.
+
+    Args:
+        task, positional, attention: as :class:`LRAConfig`.
+        preset: ``paper`` or ``cpu-small``.
+        overrides: :class:`LRAConfig` fields that win over the preset (None values are
+            ignored, so command-line options that were not given change nothing); ``model``
+            and ``data_options`` are merged key by key.
+
+    Raises:
+        ValueError: on an unknown task or preset, or an unknown override.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown LRA task {task!r}; choose from {', '.join(TASKS)}")
+    table = load_preset(preset)
+    defaults, task_table = dict(table.get("defaults", {})), dict(table.get(task, {}))
+    model = {**defaults.pop("model", {}), **task_table.pop("model", {}),
+             **table.get("positional", {}).get(positional, {}).get("model", {})}
+    data_options = task_table.pop("data", {})
+    values = {**defaults, **task_table}
+    known = {f.name for f in fields(LRAConfig)}
+    unknown = set(overrides) - known
+    if unknown:
+        raise ValueError(f"unknown LRA options {sorted(unknown)}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    model.update(given.pop("model", {}))
+    data_options = {**data_options, **given.pop("data_options", {})}
+    return LRAConfig(task=task, positional=positional, attention=attention, preset=preset,
+                     **{**values, **given, "model": model, "data_options": data_options})

@@ -1,0 +1,66 @@
+"""Accuracy of an encoder classifier on an LRA split, and batches cut to their longest sequence.
+
+Letters: B = batch, L = length, K = classes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from spe.data.lra.dataset import PairDataset, SequenceDataset
+from spe.models.encoder_classifier import EncoderClassifier
+
+__all__ = ["accuracy", "model_inputs"]
+
+
+def model_inputs(dataset: SequenceDataset | PairDataset, index: Tensor, device) -> tuple[tuple, Tensor]:
+    """The model's positional inputs and the (B,) labels of examples ``index``.
+
+    Each batch is cut to its longest sequence (the rest is padding, which the model masks
+    anyway), so short ListOps expressions cost what they hold, not the split's maximum.
+
+    Returns:
+        ``(tokens, lengths)`` or ``(tokens1, lengths1, tokens2, lengths2)`` on ``device``, and labels.
+    """
+    parts = dataset.batch(index)
+    labels = parts[-1].to(device)
+    inputs = []
+    for tokens, lengths in zip(parts[:-1:2], parts[1:-1:2]):
+        inputs += [tokens[:, :max(int(lengths.max()), 1)].to(device), lengths.to(device)]
+    return tuple(inputs), labels
+
+
+def _lengths(dataset: SequenceDataset | PairDataset) -> Tensor:
+    if isinstance(dataset, PairDataset):
+        return torch.maximum(dataset.lengths1, dataset.lengths2)
+    return dataset.lengths
+
+
+@torch.no_grad()
+def accuracy(model: EncoderClassifier, dataset: SequenceDataset | PairDataset, *, batch_size: int = 64,
+             limit: int = 0, device: str | torch.device = "cpu") -> float:
+    """Share of correctly classified examples, in eval mode (the model's mode is restored).
+
+    Args:
+        model: the classifier.
+        dataset: a split from :func:`spe.data.lra.load_task`.
+        batch_size: examples per forward pass; they are grouped by length (least padding).
+        limit: use the first ``limit`` examples only (0: all), always the same ones.
+        device: where the batches go.
+
+    Returns:
+        Accuracy in [0, 1] (0 for an empty split).
+    """
+    n = len(dataset) if not limit else min(limit, len(dataset))
+    if n == 0:
+        return 0.0
+    was_training = model.training
+    model.eval()
+    order = torch.argsort(_lengths(dataset)[:n], stable=True)
+    correct = 0
+    for start in range(0, n, batch_size):
+        inputs, labels = model_inputs(dataset, order[start:start + batch_size], device)
+        correct += int((model(*inputs).argmax(-1) == labels).sum())
+    model.train(was_training)
+    return correct / n

@@ -1,0 +1,122 @@
+"""An LRA experiment: one configuration over several seeds, summarised as mean ± std.
+
+``out/`` holds ``config.json`` (the experiment), ``seed<k>/`` per seed (see
+:mod:`spe.lra.train`), ``results.json`` and ``results.md`` (test accuracy per seed, mean and
+standard deviation over the finished seeds), and for images ``attention_seed<k>.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from pathlib import Path
+
+import torch
+
+from spe.checkpoint import atomic_write
+from spe.lra.config import LRAConfig
+from spe.lra.train import train_seed
+
+__all__ = ["load_splits", "run_lra", "summarize"]
+
+log = logging.getLogger(__name__)
+
+
+def load_splits(cfg: LRAConfig) -> dict:
+    """The task's splits as the configuration asks (embedded data when ``cfg.data`` is None).
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`spe.data.lra.load_task`.
+    """
+    from spe.data.lra.tasks import load_task
+
+    options = dict(cfg.data_options)
+    sizes = tuple(options.pop(k, d) for k, d in (("num_train", 96_000), ("num_val", 2_000), ("num_test", 2_000)))
+    drop = bool(options.pop("drop_parentheses", False))
+    return load_task(cfg.task, cfg.data, max_length=cfg.max_length, drop_parentheses=drop, listops_sizes=sizes,
+                     listops_options=options)
+
+
+def summarize(results: list[dict]) -> dict:
+    """Mean and standard deviation (population, ddof 0, as 0 for one seed) of test accuracy in %."""
+    accs = [100 * r["test_accuracy"] for r in results]
+    return {"seeds": [r["seed"] for r in results], "test_accuracy": accs,
+            "mean": statistics.fmean(accs) if accs else None,
+            "std": statistics.pstdev(accs) if accs else None,
+            "seconds": [r["seconds"] for r in results]}
+
+
+def _markdown(cfg: LRAConfig, summary: dict, results: list[dict]) -> str:
+    lines = [f"# LRA {cfg.task}: {cfg.attention} + {cfg.positional} ({cfg.preset})", "",
+             f"Test accuracy {summary['mean']:.2f} ± {summary['std']:.2f} % over {len(results)} seed(s).", "",
+             "| seed | test accuracy (%) | best val accuracy (%) | best step | steps | wall time (s) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['seed']} | {100 * r['test_accuracy']:.2f} | {100 * r['val_accuracy']:.2f} | {r['best_step']} "
+              f"| {r['steps']} | {r['seconds']:.0f} |" for r in results]
+    return "\n".join(lines) + "\n"
+
+
+def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int | None = None,
+            progress: bool = True) -> dict:
+    """Trains and tests ``cfg`` once per seed (resumable), then writes the summary.
+
+    Args:
+        cfg: the experiment.
+        seeds: one run per seed; finished seeds are read back, not rerun.
+        out: the experiment folder; it must not hold a different configuration.
+        threads: torch CPU threads (None: torch's default).
+        progress: tqdm bars.
+
+    Returns:
+        The summary (``results.json``'s content).
+
+    Raises:
+        ValueError: if ``out`` holds another configuration, or as :func:`load_splits`.
+        FileNotFoundError: as :func:`load_splits`.
+    """
+    if not seeds:
+        raise ValueError("give at least one seed")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    out = Path(out)
+    _check_config(out, cfg)
+    splits = load_splits(cfg)
+    results = []
+    for seed in seeds:
+        results.append(train_seed(cfg, splits, seed, out / f"seed{seed}", progress=progress))
+        log.info("%s seed %d: test accuracy %.4f", out, seed, results[-1]["test_accuracy"])
+        if getattr(splits["test"], "grid", None) is not None and cfg.model.get("pooling", "cls") == "cls":
+            _attention_map(out, seed, splits["test"], cfg)
+    summary = {"config": cfg.to_dict(), "results": results, **summarize(results)}
+    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
+    atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(_markdown(cfg, summary, results)))
+    return summary
+
+
+def _check_config(out: Path, cfg: LRAConfig) -> None:
+    """Writes ``config.json``, or refuses a folder that holds another experiment."""
+    file = out / "config.json"
+    current = cfg.to_dict()
+    if file.is_file():
+        stored = json.loads(file.read_text())
+        changed = {k: (stored.get(k), v) for k, v in current.items() if k != "device" and stored.get(k) != v}
+        if changed:
+            detail = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
+            raise ValueError(f"{out} holds another LRA experiment ({detail}); choose another --out")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(file, lambda tmp: Path(tmp).write_text(json.dumps(current, indent=2)))
+
+
+def _attention_map(out: Path, seed: int, test, cfg: LRAConfig) -> None:
+    from spe.checkpoint import load
+    from spe.lra.attention import cls_attention, plot_cls_attention
+
+    png = out / f"attention_seed{seed}.png"
+    if png.exists():
+        return
+    model = load(out / f"seed{seed}" / "best", device=cfg.device)
+    tokens, lengths, labels = test.batch(torch.arange(min(4, len(test))))
+    weights = cls_attention(model, tokens.to(cfg.device), lengths.to(cfg.device), layer=-1)
+    plot_cls_attention(weights, test.grid, png, images=tokens, title=f"{cfg.attention} + {cfg.positional}")
