@@ -90,6 +90,16 @@ class LRAConfig:
         unknown = set(self.data_options) - set(_DATA_KEYS)
         if unknown:
             raise ValueError(f"unknown data options {sorted(unknown)}; allowed: {', '.join(_DATA_KEYS)}")
+        self._check_model()
+
+    def _check_model(self) -> None:
+        """Refuses an impossible model before any data is loaded (sizes come from the data later)."""
+        from spe.models.classifier_config import ClassifierConfig
+
+        options = {k: v for k, v in self.model.items()
+                   if k not in ("vocab_size", "num_classes", "grid", "positional", "attention")}
+        ClassifierConfig(vocab_size=512, num_classes=2, positional=self.positional, attention=self.attention,
+                         grid=(1, 1), **options)
 
     def to_dict(self) -> dict:
         return asdict(self)

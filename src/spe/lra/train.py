@@ -29,7 +29,7 @@ from spe.lra.evaluate import accuracy, model_inputs
 from spe.models.classifier_config import ClassifierConfig
 from spe.models.encoder_classifier import EncoderClassifier
 
-__all__ = ["RESULT_FILE", "build_classifier", "learning_rate_factor", "train_seed"]
+__all__ = ["RESULT_FILE", "build_classifier", "learning_rate_factor", "make_optimizer", "train_seed", "training_step"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,25 @@ def learning_rate_factor(step: int, cfg: LRAConfig) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _optimizer(model: EncoderClassifier, cfg: LRAConfig) -> torch.optim.Optimizer:
+def training_step(model: EncoderClassifier, optimizer: torch.optim.Optimizer, train: SequenceDataset | PairDataset,
+                  index: torch.Tensor, cfg: LRAConfig, *, generator: torch.Generator | None = None) -> float:
+    """One AdamW step on examples ``index`` (cross-entropy, gradient clipped at ``cfg.grad_clip``).
+
+    Returns:
+        The batch's mean cross-entropy (nats) before the step.
+    """
+    inputs, labels = model_inputs(train, index, cfg.device)
+    loss = F.cross_entropy(model(*inputs, generator=generator), labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    return float(loss.detach())
+
+
+def make_optimizer(model: EncoderClassifier, cfg: LRAConfig) -> torch.optim.Optimizer:
+    """AdamW (β = 0.9, 0.98) with ``cfg.weight_decay`` on weight matrices only."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         # weight matrices of the attention, feed-forward and head decay; embeddings, norms,
@@ -143,7 +161,7 @@ def train_seed(cfg: LRAConfig, splits: dict, seed: int, folder: str | Path, *, p
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = build_classifier(cfg, splits["train"]).to(cfg.device)
-    optimizer = _optimizer(model, cfg)
+    optimizer = make_optimizer(model, cfg)
     gens = {"data": torch.Generator().manual_seed(seed), "code": torch.Generator().manual_seed(seed + 1)}
     step, best = _resume(folder, model, optimizer, gens)
     elapsed = best.get("seconds", 0.0)
@@ -170,15 +188,8 @@ def _loop(cfg, model, optimizer, gens, splits, folder: Path, step: int, best: di
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * learning_rate_factor(step, cfg)
         index = torch.randint(len(train), (cfg.batch_size,), generator=gens["data"])
-        inputs, labels = model_inputs(train, index, cfg.device)
-        loss = F.cross_entropy(model(*inputs, generator=gens["code"]), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+        value = training_step(model, optimizer, train, index, cfg, generator=gens["code"])
         step += 1
-        value = float(loss.detach())
         running = value if running is None else 0.95 * running + 0.05 * value
         bar.update(1)
         bar.set_postfix(loss=f"{running:.3f}", best=f"{best.get('val_accuracy', 0):.3f}")

@@ -1,0 +1,186 @@
+"""spe.lra: one training step per task × kernel × encoding, the schedule, best checkpoints,
+results over seeds, resumption, and the ``spe lra`` command."""
+
+import json
+
+import pytest
+import torch
+
+from spe.cli.main import main
+from spe.data.lra.dataset import PairDataset, SequenceDataset
+from spe.lra import LRAConfig, build_classifier, preset_config, run_lra
+from spe.lra.train import learning_rate_factor, make_optimizer, train_seed, training_step
+
+TINY_MODEL = {"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 16, "num_realizations": 8, "num_sines": 2,
+              "kernel_size": 3, "num_features": 8, "gated": True, "dropout": 0.0}
+
+
+def _sequences(n, length, vocab, classes, seed, grid=None):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.full((n,), length) if grid else torch.randint(2, length + 1, (n,), generator=g)
+    tokens = torch.randint(2, vocab, (n, length), generator=g)
+    tokens[torch.arange(length)[None] >= lengths[:, None]] = 0
+    return tokens, lengths, torch.randint(0, classes, (n,), generator=g)
+
+
+def _dataset(task, n=12, seed=0):
+    if task == "retrieval":
+        t1, l1, y = _sequences(n, 9, 258, 2, seed)
+        t2, l2, _ = _sequences(n, 7, 258, 2, seed + 1)
+        return PairDataset(t1, l1, t2, l2, y, vocab_size=258, num_classes=2)
+    if task == "image":
+        return SequenceDataset(*_sequences(n, 16, 258, 10, seed, grid=(4, 4)), vocab_size=258, num_classes=10,
+                               grid=(4, 4))
+    vocab, classes = (19, 10) if task == "listops" else (258, 2)
+    return SequenceDataset(*_sequences(n, 10, vocab, classes, seed), vocab_size=vocab, num_classes=classes)
+
+
+STEP_CASES = [(task, attention, positional)
+              for task in ("listops", "text", "retrieval", "image")
+              for attention in ("performer", "linear-relu", "softmax")
+              for positional in (("ape-learned", "sinespe", "convspe-2d", "none") if task == "image"
+                                 else ("ape", "sinespe", "convspe", "none"))]
+
+
+@pytest.mark.parametrize("task,attention,positional", STEP_CASES)
+def test_one_training_step_per_task_kernel_and_encoding(task, attention, positional):
+    torch.manual_seed(0)
+    train = _dataset(task)
+    cfg = LRAConfig(task=task, positional=positional, attention=attention, model=TINY_MODEL, batch_size=4)
+    model = build_classifier(cfg, train)
+    assert (model.config.interaction == "nli") == (task == "retrieval")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss = training_step(model, make_optimizer(model, cfg), train, torch.arange(4), cfg,
+                         generator=torch.Generator().manual_seed(1))
+    assert torch.isfinite(torch.tensor(loss)) and loss > 0
+    moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert any(k.startswith("blocks.0.attn.qkv") for k in moved) and any(k.startswith("head") for k in moved)
+    if positional in ("sinespe", "convspe", "convspe-2d"):  # the encoding's own parameters learn too
+        assert any(k.startswith("encoding") for k in moved) and "blocks.0.attn.spe_filter.gate_logits" in moved
+
+
+def test_learning_rate_schedules():
+    cosine = LRAConfig(task="listops", positional="ape", attention="performer", steps=110, warmup_steps=10)
+    assert learning_rate_factor(0, cosine) == pytest.approx(0.1)
+    assert learning_rate_factor(9, cosine) == pytest.approx(1.0)
+    assert learning_rate_factor(60, cosine) == pytest.approx(0.5)  # halfway through the cosine
+    assert learning_rate_factor(110, cosine) == pytest.approx(0.0, abs=1e-12)
+    rsqrt = LRAConfig(task="listops", positional="ape", attention="performer", schedule="rsqrt", warmup_steps=10)
+    assert learning_rate_factor(39, rsqrt) == pytest.approx(0.5)  # sqrt(10 / 40), LRA's rsqrt_decay
+
+
+def _tiny_config(**kw):
+    values = dict(task="text", positional="sinespe", attention="performer", steps=4, batch_size=4, eval_every=2,
+                  eval_batch_size=8, model=TINY_MODEL)
+    return LRAConfig(**{**values, **kw})
+
+
+def _splits():
+    return {"train": _dataset("text", 16, 0), "val": _dataset("text", 8, 1), "test": _dataset("text", 8, 2)}
+
+
+def test_a_seed_keeps_its_best_validation_checkpoint_and_tests_it(tmp_path):
+    from spe.checkpoint import load, load_metadata
+    from spe.lra import accuracy
+
+    splits = _splits()
+    result = train_seed(_tiny_config(), splits, 0, tmp_path / "seed0", progress=False)
+    records = [json.loads(line) for line in (tmp_path / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4]
+    best = max(records, key=lambda r: (r["val_accuracy"], -r["step"]))  # the first of the highest
+    meta = load_metadata(tmp_path / "seed0" / "best")
+    assert (meta["step"], meta["val_accuracy"]) == (best["step"], best["val_accuracy"]) == \
+        (result["best_step"], result["val_accuracy"])
+    assert result["test_accuracy"] == accuracy(load(tmp_path / "seed0" / "best"), splits["test"])
+
+
+def test_an_interrupted_seed_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    import spe.lra.train as train_module
+
+    splits = _splits()
+    train_seed(_tiny_config(), splits, 0, tmp_path / "whole", progress=False)
+    calls = {"n": 0}
+    original = train_module.training_step
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # after the validation at step 2
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "training_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_seed(_tiny_config(), splits, 0, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(train_module, "training_step", original)
+    train_seed(_tiny_config(), splits, 0, tmp_path / "cut", progress=False)
+    whole, cut = (load_file(str(tmp_path / f / "last" / "model.safetensors")) for f in ("whole", "cut"))
+    for name, value in whole.items():
+        torch.testing.assert_close(cut[name], value, rtol=0, atol=0)
+
+
+def test_results_over_seeds_and_finished_seeds_are_not_rerun(tmp_path, monkeypatch):
+    import spe.data.lra.tasks as tasks
+    import spe.lra.run as run_module
+
+    monkeypatch.setattr(tasks, "load_task", lambda *a, **k: _splits())
+    summary = run_lra(_tiny_config(), [0, 1], tmp_path, progress=False)
+    accs = [100 * r["test_accuracy"] for r in summary["results"]]
+    assert summary["seeds"] == [0, 1] and summary["mean"] == pytest.approx(sum(accs) / 2)
+    assert summary["std"] == pytest.approx(abs(accs[0] - accs[1]) / 2)  # population std of two values
+    assert "± " in (tmp_path / "results.md").read_text()
+    monkeypatch.setattr(run_module, "train_seed", lambda cfg, splits, seed, folder, **k:
+                        json.loads((folder / "result.json").read_text()) if (folder / "result.json").exists()
+                        else pytest.fail(f"seed {seed} was trained again"))
+    again = run_lra(_tiny_config(), [0, 1], tmp_path, progress=False)
+    assert again["results"] == summary["results"]
+    with pytest.raises(ValueError, match="another LRA experiment"):
+        run_lra(_tiny_config(steps=6), [0], tmp_path, progress=False)
+
+
+def test_presets_merge_task_positional_and_explicit_options():
+    paper = preset_config("listops", "sinespe", "performer", preset="paper")
+    assert (paper.model["d_model"], paper.model["num_layers"], paper.model["num_sines"]) == (512, 6, 10)
+    assert paper.model["share_across_layers"] is False and paper.model["gated"] is True
+    conv = preset_config("listops", "convspe", "performer", preset="paper", steps=7, model={"d_model": 64})
+    assert conv.model["share_across_layers"] is True and conv.steps == 7 and conv.model["d_model"] == 64
+    small = preset_config("listops", "ape", "performer")
+    assert small.data_options["drop_parentheses"] is True and small.steps < paper.steps
+
+
+def test_the_command_end_to_end_on_the_embedded_image_proxy(tmp_path, capsys, monkeypatch):
+    # cpu-small image preset cut to 2 steps: trains, picks the best checkpoint, tests it,
+    # writes results and the CLS attention map. The proxy's splits are cut to 24 images each
+    # (evaluating 350 images of 1,025 tokens would dominate the test's time).
+    from spe.data.lra import proxies
+
+    full = proxies.image_proxy
+    monkeypatch.setattr(proxies, "image_proxy", lambda **k: {name: split.subset(range(24))
+                                                             for name, split in full(**k).items()})
+    code = main(["-q", "lra", "--task", "image", "--positional", "convspe-2d", "--attention", "linear-relu",
+                 "--steps", "2", "--eval-every", "1", "--out", str(tmp_path), "--no-progress", "--threads", "1"])
+    assert code == 0
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["seeds"] == [0] and 0 <= summary["mean"] <= 100
+    assert (tmp_path / "seed0" / "best" / "model.safetensors").is_file()
+    assert (tmp_path / "attention_seed0.png").stat().st_size > 1000
+    assert "Test accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--task", "image", "--preset", "huge"], "unknown LRA preset 'huge'"),
+    (["--task", "listops", "--positional", "fourier"], "unknown positional encoding 'fourier'"),
+    (["--task", "text", "--positional", "shaw", "--attention", "softmax"], "score encodings"),
+    (["--task", "text", "--seeds", "0,x"], "--seeds"),
+])
+def test_the_command_reports_bad_choices_in_one_line(argv, message, capsys, tmp_path):
+    assert main(["lra", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_an_unknown_task_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["lra", "--task", "pathfinder"])
+    assert exit_info.value.code == 2 and "pathfinder" in capsys.readouterr().err
