@@ -184,3 +184,22 @@ def test_an_unknown_task_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["lra", "--task", "pathfinder"])
     assert exit_info.value.code == 2 and "pathfinder" in capsys.readouterr().err
+
+
+def test_results_tables_put_each_run_beside_the_papers_value_for_its_kernel_and_encoding(tmp_path):
+    from spe.lra.report import results_tables
+
+    def write(name, task, attention, positional, accs):
+        results = [{"seed": i, "test_accuracy": a / 100, "best_step": 10, "seconds": 120.0} for i, a in enumerate(accs)]
+        summary = {"config": {"task": task, "attention": attention, "positional": positional, "steps": 20},
+                   "results": results, "test_accuracy": accs, "mean": sum(accs) / len(accs), "std": 1.0}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(summary))
+
+    write("a", "image", "performer", "convspe-2d", [30.0, 32.0])
+    write("b", "listops", "linear-relu", "convspe", [20.0])
+    text = results_tables(tmp_path)
+    assert text.index("### ListOps") < text.index("### Image")  # the paper's task order
+    assert "| performer | convspe-2d | **31.00 ± 1.00** | 2 | 30.0, 32.0 | 10, 10 / 20 | 2.0 | 40.06 |" in text
+    assert "| linear-relu | convspe | **20.00 ± 1.00** | 1 | 20.0 | 10 / 20 | 2.0 | 9.50 ± 1.17 |" in text
+    assert "Transformer 36.37" in text

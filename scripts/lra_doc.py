@@ -1,0 +1,30 @@
+"""Renders the results tables of docs/lra.md from `spe lra` runs.
+
+Usage: python scripts/lra_doc.py [RUNS_FOLDER] [DOC]
+(default runs/lra/cpu-small and docs/lra.md). Replaces the text between the markers
+<!-- lra-results:begin --> and <!-- lra-results:end --> in DOC; prints the tables otherwise.
+"""
+
+import sys
+from pathlib import Path
+
+from spe.lra.report import results_tables
+
+BEGIN, END = "<!-- lra-results:begin -->", "<!-- lra-results:end -->"
+
+
+def main() -> int:
+    runs = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/lra/cpu-small")
+    doc = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/lra.md")
+    tables = results_tables(runs)
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        print(tables)
+        return 0
+    head, rest = text.split(BEGIN, 1)
+    doc.write_text(f"{head}{BEGIN}\n{tables}\n{END}{rest.split(END, 1)[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
