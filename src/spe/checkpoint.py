@@ -159,11 +159,27 @@ def _load_model(file: Path, config: dict, device: str | torch.device) -> Decoder
     state = load_file(str(file))
     if model_config.tie_embeddings:
         state["head.weight"] = state["embed.weight"]
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        raise ValueError(f"{file}: tensors do not match its configuration: {err}") from None
+    mismatch = _state_mismatch(model.state_dict(), state)
+    if mismatch:
+        raise ValueError(f"{file}: its tensors do not match its configuration ({mismatch}): the weights come from "
+                         "another model")
+    model.load_state_dict(state)
     return model.to(device).eval()
+
+
+def _state_mismatch(expected: dict, given: dict) -> str:
+    """The first difference between two state dicts' names and shapes, in words ("" if none)."""
+    missing = sorted(set(expected) - set(given))
+    unexpected = sorted(set(given) - set(expected))
+    shapes = [k for k in sorted(set(expected) & set(given)) if expected[k].shape != given[k].shape]
+    if missing:
+        return f"{len(missing)} tensor(s) missing, e.g. {missing[0]}"
+    if unexpected:
+        return f"{len(unexpected)} unexpected tensor(s), e.g. {unexpected[0]}"
+    if shapes:
+        k = shapes[0]
+        return f"{k} has shape {tuple(given[k].shape)}, the configuration gives {tuple(expected[k].shape)}"
+    return ""
 
 
 @dataclass
@@ -205,6 +221,19 @@ class LoadedCheckpoint:
     def tokenizer_json(self) -> str | None:
         """The REMI tokenizer's parameters (JSON text), or None if the run was not on music."""
         return self.metadata.get("tokenizer")
+
+    @property
+    def max_length(self) -> int | None:
+        """The most positions the model's positional encoding supports (``ape-learned``: its
+        ``max_positions``), or None when any length works."""
+        config = self.model.config
+        return config.max_positions if config.positional == "ape-learned" else None
+
+    def check_length(self, length: int, what: str) -> None:
+        """Raises ValueError naming ``what`` if ``length`` positions exceed :attr:`max_length`."""
+        if self.max_length is not None and length > self.max_length:
+            raise ValueError(f"{what} needs {length} positions but {self.path} has {self.max_length} learned "
+                             f"position embeddings (ape-learned max_positions)")
 
     def set_window(self, window: int | None) -> None:
         """Sets the model's sliding attention window: None keeps the trained one, 0 the whole past.

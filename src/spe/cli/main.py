@@ -139,7 +139,8 @@ def _print_summary(summary: dict) -> None:
               + f" | {m['within']:.3f} | {m['beyond']:.3f} |")
     print("| unigram | " + " | ".join(f"{b['ce']:.3f}" for b in summary["unigram_buckets"])
           + f" | {summary['unigram']:.3f} | |")
-    print(f"({summary['num_sequences']} validation sequences of {summary['max_length']} positions; nats per token)")
+    print(f"({summary['num_sequences']} sequences of {summary['max_length']} positions from the "
+          f"{summary.get('split', 'validation')} pieces; nats per token)")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -149,7 +150,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                    cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
                                    json_path=args.json, progress=not args.no_progress,
                                    num_realizations=args.num_realizations, num_draws=args.num_draws,
-                                   window=args.window)
+                                   window=args.window, split=args.split)
     _print_summary(summary)
     log.info("wrote %s", ", ".join(str(Path(args.out) / f) for f in ("per_position.csv", "extrapolation.png", "summary.json")))
     return 0
@@ -294,6 +295,9 @@ def _add_evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="cross-entropy per position, within and beyond the training length")
     p.add_argument("--checkpoint", action="append", required=True, help="run folder or .safetensors (repeatable)")
     p.add_argument("--data", help="MIDI folder (default: the checkpoint's training data)")
+    p.add_argument("--split", choices=("validation", "train", "all"),
+                   help="pieces of the data to evaluate (default: validation for the checkpoint's own training "
+                   "data, all for any other --data)")
     p.add_argument("--cache-dir")
     p.add_argument("--max-length", type=int, help="positions to evaluate (default: 3 × training length)")
     p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")

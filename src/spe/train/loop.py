@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from spe import strict_json
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, atomic_write, load_metadata
 from spe.models.decoder_lm import DecoderLM
 from spe.train import distributed as dist_
@@ -447,7 +448,7 @@ def _loop(run: _Run, step: int, progress: bool) -> None:
                           f"{val if val is None else round(val, 3)} nats/token")
         if run.ctx.is_main:
             with open(run.out / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+                fh.write(strict_json.dumps(record) + "\n")
             if run.tb is not None:
                 run.tb.write(record)
     bar.close()
