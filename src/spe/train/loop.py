@@ -437,20 +437,23 @@ def _loop(run: _Run, step: int, progress: bool) -> None:
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
         bar.update(1)
         record = {"step": step, "loss": loss, "lr": run.optimizer.param_groups[0]["lr"], "tokens_per_s": rate}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
+        checkpoint = step % cfg.eval_every == 0 or step == cfg.steps
+        if checkpoint:
             val, beyond = _validate(run)
             record.update(val_loss=val, val_loss_beyond=beyond)
             run.meta.update(step=step, val_loss=val)
-            run.check_generators()
-            _save(run, step)
             if run.ctx.is_main:
                 bar.write(f"step {step}: train {loss:.3f}, validation "
                           f"{val if val is None else round(val, 3)} nats/token")
+        # the record goes first: a kill before the checkpoint leaves a record that resuming trims
         if run.ctx.is_main:
             with open(run.out / "metrics.jsonl", "a") as fh:
                 fh.write(strict_json.dumps(record) + "\n")
             if run.tb is not None:
                 run.tb.write(record)
+        if checkpoint:
+            run.check_generators()
+            _save(run, step)
     bar.close()
 
 
