@@ -21,7 +21,7 @@ from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecoderLM
 
 __all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write", "fsync_dir",
-           "load", "load_checkpoint", "load_metadata", "save"]
+           "load", "load_checkpoint", "load_metadata", "max_positions", "save"]
 
 MODEL_FILE = "model.safetensors"
 # Optimizer step, optimizer and random states of a run, beside MODEL_FILE (see spe.train.loop).
@@ -72,6 +72,11 @@ def atomic_write(path: str | os.PathLike, write) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def max_positions(config: ModelConfig) -> int | None:
+    """The most positions a model of ``config`` takes (``ape-learned``: ``max_positions``); None: any number."""
+    return config.max_positions if config.positional == "ape-learned" else None
 
 
 def _resolve(path: str | os.PathLike) -> Path:
@@ -226,8 +231,7 @@ class LoadedCheckpoint:
     def max_length(self) -> int | None:
         """The most positions the model's positional encoding supports (``ape-learned``: its
         ``max_positions``), or None when any length works."""
-        config = self.model.config
-        return config.max_positions if config.positional == "ape-learned" else None
+        return max_positions(self.model.config)
 
     def check_length(self, length: int, what: str) -> None:
         """Raises ValueError naming ``what`` if ``length`` positions exceed :attr:`max_length`."""

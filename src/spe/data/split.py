@@ -55,8 +55,13 @@ def load_split(data: str | None, *, cache_dir: str | None, val_fraction: float =
     """
     from spe.data.music import load_corpus
 
+    from spe.data.music import DataError
+
     corpus = load_corpus(data, cache_dir=cache_dir, progress=progress)
-    train_idx, val_idx = corpus.split(val_fraction, split_seed)
+    try:
+        train_idx, val_idx = corpus.split(val_fraction, split_seed)
+    except DataError as err:
+        raise DataError(f"{data or 'the Bach chorales'}: {err}") from None
     return CorpusSplit([corpus.pieces[i] for i in train_idx], [corpus.pieces[i] for i in val_idx],
                        corpus.tokenizer_json)
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from spe import strict_json
-from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, atomic_write, load_metadata
+from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, atomic_write, load_metadata, max_positions
 from spe.models.decoder_lm import DecoderLM
 from spe.train import distributed as dist_
 from spe.train.config import TrainConfig
@@ -326,6 +326,9 @@ def _train(cfg: TrainConfig, ctx: dist_.Distributed, *, resume: bool, progress: 
     if ctx.is_main:
         _barrier(ctx)
     model = build_model(cfg, vocab_size).to(device)
+    limit = max_positions(model.config)
+    if limit is not None and 2 * cfg.seq_len > limit:  # no room for the beyond-range validation
+        val_long = val_long[:0]
     if ctx.rank:  # dropout masks differ between processes, as they would between slices of one batch
         torch.manual_seed(cfg.seed + 1_000_003 * ctx.rank)
     step_model = model
