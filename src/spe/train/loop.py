@@ -28,7 +28,8 @@ from spe.train.config import TrainConfig
 from spe.train.precision import autocast, grad_scaler
 from spe.train.state import (CHECKPOINTS_DIR, global_rng_states, latest_checkpoint, load_train_state,
                              repair_run_folder, restore_global_rng, save_checkpoint)
-from spe.train.status import RunStatus, run_status
+from spe.train.status import check_resume, check_run
+from spe.train.validation import plot_losses, validation_loss, validation_sums
 
 __all__ = ["TRAIN_STATE_FILE", "TrainingDiverged", "build_model", "train", "validation_loss"]
 
@@ -60,31 +61,6 @@ def _lr_factor(step: int, cfg: TrainConfig) -> float:
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
-
-
-def _validation_sums(model: DecoderLM, batch: torch.Tensor, *, batch_size: int, device, precision: str = "fp32",
-                     start: int = 0) -> tuple[float, int]:
-    """(sum of next-token cross-entropies in nats, count) over positions >= ``start`` of (N, T + 1) sequences."""
-    total, count = 0.0, 0
-    for i in range(0, len(batch), batch_size):
-        x = batch[i:i + batch_size].to(device)
-        with autocast(precision, torch.device(device).type):
-            logits = model(x[:, :-1])
-        targets = x[:, 1 + start:]
-        total += float(F.cross_entropy(logits[:, start:].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                       reduction="sum"))
-        count += targets.numel()
-    return total, count
-
-
-@torch.no_grad()
-def validation_loss(model: DecoderLM, batch: torch.Tensor, *, batch_size: int, device) -> float:
-    """Mean next-token cross-entropy (nats) over (N, L + 1) sequences, in eval mode."""
-    was_training = model.training
-    model.eval()
-    total, count = _validation_sums(model, batch, batch_size=batch_size, device=torch.device(device))
-    model.train(was_training)
-    return total / max(count, 1)
 
 
 @dataclass
@@ -136,43 +112,6 @@ class _Run:
         for name, gen in (("the crop generator", self.gens.data), ("the SPE code generator", self.gens.code),
                           ("the feature generator", self.gens.feature)):
             dist_.check_same(gen.get_state(), name, self.ctx, self.device)
-
-
-def _check_run(cfg: TrainConfig, resume: bool, overwrite: bool) -> RunStatus:
-    """The run folder's status; refuses to overwrite a run or to resume nothing."""
-    if resume and overwrite:
-        raise ValueError("--resume continues the run in --out and --overwrite replaces it: pass one of them")
-    status = run_status(cfg)
-    out = status.out
-    if resume and not status.has_train_state:
-        raise ValueError(f"--resume: no training state in {out} (expected {out / TRAIN_STATE_FILE})")
-    if resume and status.state == "new":
-        raise ValueError(f"--resume: no checkpoint in {out} (expected {out / MODEL_FILE})")
-    if not resume and not overwrite and status.state != "new":
-        if status.differences:
-            raise ValueError(f"{out} holds a run of another configuration ({status.describe()}): choose another "
-                             "--out, or pass --overwrite to replace it")
-        raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, --overwrite to start "
-                         "again, or choose another --out")
-    return status
-
-
-def _check_resume(status: RunStatus, tokenizer_json: str) -> None:
-    """Refuses to resume a run whose model, data or tokenizer differ from the configuration's."""
-    from spe.data.music import same_tokenizer
-
-    out, changed = status.out, status.model_differences
-    if changed:
-        detail = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
-        hint = " (pass --attention-window 0 to keep attending to the whole past)" \
-            if list(changed) == ["attention_window"] and changed["attention_window"][0] is None else ""
-        raise ValueError(f"--resume: the model configuration differs from the one in {out}: {detail}{hint}")
-    if status.train_differences:
-        key, (before, now) = next(iter(status.train_differences.items()))
-        raise ValueError(f"--resume: {key} was {before!r} in {out}, now {now!r}")
-    stored = status.metadata.get("tokenizer")
-    if stored is not None and not same_tokenizer(stored, tokenizer_json):
-        raise ValueError(f"--resume: the tokenizer differs from the one in {out}")
 
 
 def _restore(run: _Run) -> int:
@@ -319,7 +258,7 @@ def _train(cfg: TrainConfig, ctx: dist_.Distributed, *, resume: bool, progress: 
     if ctx.is_main and Path(cfg.out).is_dir():
         repair_run_folder(cfg.out)  # a crash between two renames leaves a mismatched pair
     _barrier(ctx)
-    status = _check_run(cfg, resume, overwrite)
+    status = check_run(cfg, resume, overwrite)
     if not ctx.is_main:
         _barrier(ctx)  # rank 0 tokenises and caches the corpus first
     split, vocab_size, sampler, val_batch, val_long = _data(cfg, progress)
@@ -344,7 +283,7 @@ def _train(cfg: TrainConfig, ctx: dist_.Distributed, *, resume: bool, progress: 
                meta, device, Path(cfg.out))
     step = 0
     if resume:
-        _check_resume(status, split.tokenizer_json)
+        check_resume(status, split.tokenizer_json)
         step = _restore(run)
         run.last_saved = step
     run.check_generators()
@@ -359,7 +298,7 @@ def _train(cfg: TrainConfig, ctx: dist_.Distributed, *, resume: bool, progress: 
         if run.tb is not None:
             run.tb.close()
     if ctx.is_main:
-        _plot_losses(run.out / "metrics.jsonl", run.out / "loss.png")
+        plot_losses(run.out / "metrics.jsonl", run.out / "loss.png")
     return run.out
 
 
@@ -415,7 +354,7 @@ def _validate(run: _Run) -> tuple[float | None, float | None]:
     results = []
     for batch, start in ((run.val_batch, 0), (run.val_long, run.cfg.seq_len)):
         mine = batch[run.ctx.rank::run.ctx.world_size]
-        total, count = _validation_sums(run.model, mine, batch_size=run.cfg.batch_size, device=run.device,
+        total, count = validation_sums(run.model, mine, batch_size=run.cfg.batch_size, device=run.device,
                                         precision=run.cfg.precision, start=start) if len(mine) else (0.0, 0)
         total, count = dist_.all_sum([total, float(count)], run.ctx, run.device)
         results.append(total / count if count else None)
@@ -458,26 +397,3 @@ def _loop(run: _Run, step: int, progress: bool) -> None:
             run.check_generators()
             _save(run, step)
     bar.close()
-
-
-def _plot_losses(metrics_path: Path, png: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # plots are optional
-        return
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], lw=0.6, alpha=0.6, label="training crops")
-    val = [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
-    if val:
-        ax.plot(*zip(*val), "o-", label="validation")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title("Training")
-    ax.legend()
-    fig.tight_layout()
-    atomic_write(png, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
