@@ -1,4 +1,4 @@
-"""A tiny corpus and a tiny training configuration for the training, CLI and evaluation tests (seconds per run)."""
+"""A tiny corpus and a tiny training configuration for training, CLI and evaluation tests (seconds a run)."""
 
 import os
 import sys
@@ -17,7 +17,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def clean_midi(root: Path, pieces: int = 6) -> Path:
-    """``pieces`` readable MIDI files of 240-440 REMI tokens in ``root`` (one in 20 is held out, at least one)."""
+    """``pieces`` readable MIDI files of 240-440 REMI tokens in ``root`` (5 % held out, at least one)."""
     for i in range(pieces):
         write_midi(root / f"piece{i}.mid", seed=i, notes=60 + 10 * i)
     return root

@@ -20,8 +20,8 @@ import torch
 from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecoderLM
 
-__all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write", "fsync_dir",
-           "load", "load_checkpoint", "load_metadata", "max_positions", "save"]
+__all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write",
+           "fsync_dir", "load", "load_checkpoint", "load_metadata", "max_positions", "save"]
 
 MODEL_FILE = "model.safetensors"
 # Optimizer step, optimizer and random states of a run, beside MODEL_FILE (see spe.train.loop).
@@ -75,7 +75,7 @@ def atomic_write(path: str | os.PathLike, write) -> None:
 
 
 def max_positions(config: ModelConfig) -> int | None:
-    """The most positions a model of ``config`` takes (``ape-learned``: ``max_positions``); None: any number."""
+    """The most positions a model of ``config`` takes (``ape-learned``: ``max_positions``); None: any."""
     return config.max_positions if config.positional == "ape-learned" else None
 
 
@@ -84,8 +84,8 @@ def _resolve(path: str | os.PathLike) -> Path:
     if path.is_dir():
         path = path / MODEL_FILE
     elif path.name == TRAIN_STATE_FILE or path.suffix == ".pt":
-        raise ValueError(f"{path} is a training state (optimizer and random states), not a model: pass the run "
-                         f"folder {path.parent} or its {MODEL_FILE}")
+        raise ValueError(f"{path} is a training state (optimizer and random states), not a model: pass "
+                         f"the run folder {path.parent} or its {MODEL_FILE}")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path} (expected a {MODEL_FILE} file or a folder holding one)")
     return path
@@ -130,8 +130,8 @@ def load_metadata(path: str | os.PathLike) -> dict:
         raise ValueError(f"{file} is not an spe checkpoint (no spe_config in its header)")
     version = header.get("spe_format_version", "1")
     if not version.isdigit() or int(version) > FORMAT_VERSION:
-        raise ValueError(f"{file} has checkpoint format version {version}, newer than the {FORMAT_VERSION} this "
-                         "spe reads: upgrade spe to load it")
+        raise ValueError(f"{file} has checkpoint format version {version}, newer than the {FORMAT_VERSION} "
+                         "this spe reads: upgrade spe to load it")
     meta = json.loads(header.get("spe_metadata", "{}"))
     meta["config"] = json.loads(header["spe_config"])
     return meta
@@ -166,8 +166,8 @@ def _load_model(file: Path, config: dict, device: str | torch.device) -> Decoder
         state["head.weight"] = state["embed.weight"]
     mismatch = _state_mismatch(model.state_dict(), state)
     if mismatch:
-        raise ValueError(f"{file}: its tensors do not match its configuration ({mismatch}): the weights come from "
-                         "another model")
+        raise ValueError(f"{file}: its tensors do not match its configuration ({mismatch}): the weights "
+                         "come from another model")
     model.load_state_dict(state)
     return model.to(device).eval()
 

@@ -1,4 +1,4 @@
-"""Hostile inputs: each is a one-line error naming the file or value, exit status 2, and nothing overwritten."""
+"""Hostile inputs: a one-line error naming the file or value, exit status 2, nothing overwritten."""
 
 import json
 import re
@@ -64,71 +64,81 @@ def world(tmp_path_factory):
     return root, cfg
 
 
-def _train(cfg, *flags):
-    return ["train", "--data", cfg.data, "--cache-dir", cfg.cache_dir, "--no-progress", *flags]
+def _train(root, cfg, toml="run", *flags):
+    """spe train with the config file ``root/TOML.toml`` on the tiny corpus."""
+    return ["train", "--config", f"{root}/{toml}.toml", "--data", cfg.data, "--cache-dir", cfg.cache_dir,
+            "--no-progress", *flags]
+
+
+def _run(root, *flags):
+    return ["--out", f"{root}/run", *flags]
+
+
+def _new(root, *flags):
+    return ["--out", f"{root}/new", *flags]
 
 
 # (id, argv from (root, cfg), the message as a regex, files allowed to change)
 CASES = [
-    ("unknown config key", lambda r, c: _train(c, "--config", f"{r}/unknown.toml", "--out", f"{r}/run"),
+    ("unknown config key", lambda r, c: _train(r, c, "unknown", *_run(r)),
      r"config file .*unknown\.toml: unknown training option\(s\) \['bogus'\]; known: \[.*'batch_size'", ()),
-    ("unknown model key", lambda r, c: _train(c, "--config", f"{r}/unknown_model.toml", "--out", f"{r}/run"),
+    ("unknown model key", lambda r, c: _train(r, c, "unknown_model", *_run(r)),
      r"unknown_model\.toml: unknown model option\(s\) \['d_modle'\]; known: \[.*'d_model'", ()),
-    ("wrong type (string steps)", lambda r, c: _train(c, "--config", f"{r}/steps_str.toml", "--out", f"{r}/run"),
+    ("wrong type (string steps)", lambda r, c: _train(r, c, "steps_str", *_run(r)),
      r"steps_str\.toml: training option steps must be int, got 'ten' \(str\)", ()),
-    ("wrong type (list lr)", lambda r, c: _train(c, "--config", f"{r}/lr_list.toml", "--out", f"{r}/run"),
+    ("wrong type (list lr)", lambda r, c: _train(r, c, "lr_list", *_run(r)),
      r"lr_list\.toml: training option lr must be float, got \[1\] \(list\)", ()),
-    ("train_state.pt as checkpoint", lambda r, c: ["evaluate", "--checkpoint", f"{r}/run/train_state.pt",
-                                                    "--out", f"{r}/run"],
-     r"train_state\.pt is a training state .*not a model: pass the run folder .*/run or its model\.safetensors", ()),
-    ("newer checkpoint format", lambda r, c: ["evaluate", "--checkpoint", f"{r}/future", "--out", f"{r}/run"],
-     r"future/model\.safetensors has checkpoint format version 99, newer than the 1 this spe reads", ()),
-    ("checkpoint of another configuration", lambda r, c: ["generate", "--checkpoint", f"{r}/other",
-                                                          "--out", f"{r}/run/x.mid"],
-     r"other/model\.safetensors: its tensors do not match its configuration \(.* has shape", ()),
-    ("resume with another configuration", lambda r, c: _train(c, "--config", f"{r}/run.toml", "--out", f"{r}/run",
-                                                              "--resume", "--d-model", "64"),
-     r"--resume: the model configuration differs from the one in .*run: d_model 32 -> 64", ()),
-    ("--out holds another configuration", lambda r, c: _train(c, "--config", f"{r}/run.toml", "--out", f"{r}/run",
-                                                              "--d-model", "64"),
-     r".*/run holds a run of another configuration \(d_model 32 -> 64\): choose another --out, or pass --overwrite",
+    ("train_state.pt as checkpoint",
+     lambda r, c: ["evaluate", "--checkpoint", f"{r}/run/train_state.pt", *_run(r)],
+     r"train_state\.pt is a training state .*not a model: pass the run folder .*/run "
+     r"or its model\.safetensors",
      ()),
-    ("--out holds the same configuration", lambda r, c: _train(c, "--config", f"{r}/run.toml", "--out", f"{r}/run"),
+    ("newer checkpoint format", lambda r, c: ["evaluate", "--checkpoint", f"{r}/future", *_run(r)],
+     r"future/model\.safetensors has checkpoint format version 99, newer than the 1 this spe reads", ()),
+    ("checkpoint of another configuration",
+     lambda r, c: ["generate", "--checkpoint", f"{r}/other", "--out", f"{r}/run/x.mid"],
+     r"other/model\.safetensors: its tensors do not match its configuration \(.* has shape", ()),
+    ("resume with another configuration",
+     lambda r, c: _train(r, c, "run", *_run(r, "--resume", "--d-model", "64")),
+     r"--resume: the model configuration differs from the one in .*run: d_model 32 -> 64", ()),
+    ("--out holds another configuration", lambda r, c: _train(r, c, "run", *_run(r, "--d-model", "64")),
+     r".*/run holds a run of another configuration \(d_model 32 -> 64\): choose another --out, "
+     r"or pass --overwrite", ()),
+    ("--out holds the same configuration", lambda r, c: _train(r, c, "run", *_run(r)),
      r".*/run already holds a checkpoint: pass --resume to continue it, --overwrite", ()),
     ("unreadable prompt", lambda r, c: ["generate", "--checkpoint", f"{r}/run", "--prompt", f"{r}/broken.mid",
                                         "--length", "4", "--out", f"{r}/run/x.mid"],
      r"cannot read prompt MIDI .*broken\.mid", ()),
-    ("prompt longer than allowed", lambda r, c: ["generate", "--checkpoint", f"{r}/run", "--prompt",
-                                                 f"{r}/long_prompt.mid", "--prompt-bars", "100", "--length", "4",
-                                                 "--out", f"{r}/run/x.mid"],
-     r"the prompt .*long_prompt\.mid \(\d+ tokens\) plus --length 4 needs \d+ positions but .*run has 40 learned", ()),
-    ("every data file corrupt", lambda r, c: _train(c, "--config", f"{r}/run.toml", "--out", f"{r}/new",
-                                                    "--data", f"{r}/corrupt"),
+    ("prompt longer than allowed",
+     lambda r, c: ["generate", "--checkpoint", f"{r}/run", "--prompt", f"{r}/long_prompt.mid",
+                   "--prompt-bars", "100", "--length", "4", "--out", f"{r}/run/x.mid"],
+     r"the prompt .*long_prompt\.mid \(\d+ tokens\) plus --length 4 needs \d+ positions "
+     r"but .*run has 40 learned",
+     ()),
+    ("every data file corrupt", lambda r, c: _train(r, c, "run", *_new(r, "--data", f"{r}/corrupt")),
      r"no readable MIDI file with notes in .*corrupt \(2 tried\)", ()),
-    ("zero-length pieces", lambda r, c: _train(c, "--config", f"{r}/run.toml", "--out", f"{r}/new",
-                                               "--data", f"{r}/empty"),
+    ("zero-length pieces", lambda r, c: _train(r, c, "run", *_new(r, "--data", f"{r}/empty")),
      r"no readable MIDI file with notes in .*empty \(2 tried\)", ()),
     ("length above the positional encoding (evaluate)",
      lambda r, c: ["evaluate", "--checkpoint", f"{r}/run", "--data", f"{r}/user", "--cache-dir", c.cache_dir,
-                   "--out", f"{r}/run"],
+                   *_run(r)],
      r"the default length 96 needs 96 positions but .*run has 40 learned position embeddings", ()),
     ("length above the positional encoding (generate)",
      lambda r, c: ["generate", "--checkpoint", f"{r}/run", "--length", "50", "--out", f"{r}/run/x.mid"],
      r"--length 50 needs 50 positions but .*run has 40 learned position embeddings", ()),
-    ("fp16 on CPU", lambda r, c: _train(c, "--config", f"{r}/run.toml", "--out", f"{r}/new", "--precision", "fp16"),
+    ("fp16 on CPU", lambda r, c: _train(r, c, "run", *_new(r, "--precision", "fp16")),
      r"precision fp16 needs a CUDA device", ()),
-    ("keep no checkpoint", lambda r, c: _train(c, "--config", f"{r}/run.toml", "--out", f"{r}/new",
-                                               "--keep-checkpoints", "0"),
+    ("keep no checkpoint", lambda r, c: _train(r, c, "run", *_new(r, "--keep-checkpoints", "0")),
      r"keep_checkpoints must be a positive integer, got 0", ()),
-    ("NaN loss", lambda r, c: _train(c, "--config", f"{r}/run.toml", "--out", f"{r}/run", "--resume", "--steps", "12",
-                                     "--lr", "1e30"),
-     r"training stopped: the loss is (nan|inf) at step \d+ .*; the last good checkpoint is .*run/model\.safetensors "
-     r"\(step 6\), left as it was", ("run/metrics.jsonl",)),
+    ("NaN loss", lambda r, c: _train(r, c, "run", *_run(r, "--resume", "--steps", "12", "--lr", "1e30")),
+     r"training stopped: the loss is (nan|inf) at step \d+ .*; the last good checkpoint is "
+     r".*run/model\.safetensors \(step 6\), left as it was", ("run/metrics.jsonl",)),
 ]
 
 
 @pytest.mark.parametrize(("argv", "message", "may_change"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_hostile_input_is_one_line_exit_2_and_nothing_is_overwritten(world, argv, message, may_change, capsys):
+def test_hostile_input_is_one_line_exit_2_and_nothing_is_overwritten(world, argv, message, may_change,
+                                                                      capsys):
     root, cfg = world
     shutil.rmtree(root / "new", ignore_errors=True)
     before = _snapshot(root)

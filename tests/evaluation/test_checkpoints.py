@@ -40,7 +40,8 @@ def test_which_pieces_are_evaluated(trained, which, split, expected, pieces, tmp
             "--max-length", "48", "--out", str(out), "--json", str(out / "buckets.json"), "--no-progress"]
     assert main(argv + (["--split", split] if split else [])) == 0
     summary = _strict(out / "summary.json")
-    assert (summary["split"], summary["num_validation_pieces"], summary["num_sequences"]) == (expected, pieces, pieces)
+    counts = (summary["split"], summary["num_validation_pieces"], summary["num_sequences"])
+    assert counts == (expected, pieces, pieces)
     assert f"from the {expected} pieces" in capsys.readouterr().out
     _strict(out / "buckets.json")
     if pieces == 1:  # the spread over one sequence does not exist: null, not NaN

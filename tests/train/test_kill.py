@@ -39,7 +39,8 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         before = _metrics_lines(run) if resume else 0
         deadline = time.monotonic() + 60
-        while _metrics_lines(run) < before + steps_after and proc.poll() is None and time.monotonic() < deadline:
+        while (_metrics_lines(run) < before + steps_after and proc.poll() is None
+               and time.monotonic() < deadline):
             time.sleep(0.005)
         time.sleep(delay_s)
         proc.send_signal(signal.SIGKILL)
@@ -50,11 +51,13 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
         loaded = load_checkpoint(newest)  # loads, weights and header intact
         steps_at_kill.append(loaded.step)
         assert loaded.step % 3 == 0 and load_metadata(run)["step"] in (loaded.step, loaded.step - 3)
-    done = subprocess.run(command + ["--resume"], env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command + ["--resume"], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert load_metadata(run)["step"] == 90
     assert steps_at_kill == sorted(steps_at_kill) and steps_at_kill[-1] < 90
     # five kills later, the same weights as one uninterrupted run (in this process)
-    straight = train(tiny_config(tmp_path, "straight", steps=90, eval_every=3, warmup_steps=10), progress=False)
+    straight = train(tiny_config(tmp_path, "straight", steps=90, eval_every=3, warmup_steps=10),
+                     progress=False)
     a, b = load_file(str(straight / MODEL_FILE)), load_file(str(run / MODEL_FILE))
     assert all(torch.equal(a[k], b[k]) for k in a)

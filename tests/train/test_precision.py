@@ -1,4 +1,4 @@
-"""--precision: bf16 autocast on CPU trains close to fp32; weights and checkpoints stay float32; fp16 needs CUDA."""
+"""--precision: bf16 autocast on CPU trains close to fp32; checkpoints stay float32; fp16 needs CUDA."""
 
 import pytest
 import torch
@@ -14,7 +14,8 @@ from spe.train.precision import autocast, check_precision, grad_scaler
 def _loss(model, batch, precision):
     with autocast(precision, "cpu"):
         logits = model(batch[:, :-1], generator=torch.Generator().manual_seed(3))
-    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    flat = logits.float().reshape(-1, logits.shape[-1])
+    return torch.nn.functional.cross_entropy(flat, batch[:, 1:].reshape(-1))
 
 
 def test_a_bf16_step_is_close_to_fp32_on_the_same_batch(tmp_path):

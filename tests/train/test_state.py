@@ -1,4 +1,4 @@
-"""Crash-safe runs: the last K checkpoints, every random state, and a resume that continues the same trajectory."""
+"""Crash-safe runs: the last K checkpoints, every random state, a resume on the same trajectory."""
 
 import json
 import os

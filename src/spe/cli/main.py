@@ -77,8 +77,13 @@ def _train_config(args: argparse.Namespace, **overrides):
     raw["model"] = model
     try:
         return TrainConfig.from_dict(raw)
-    except (ValueError, TypeError) as err:
-        raise UsageError(f"config file {args.config}: {err}" if args.config else str(err)) from None
+    except TypeError as err:  # flags are typed by argparse: a wrong type comes from the file
+        raise UsageError(f"config file {args.config}: {err}") from None
+    except ValueError as err:
+        if not args.config:
+            raise
+        where = "" if str(err).startswith("unknown") else " (options of that file and the command line)"
+        raise UsageError(f"config file {args.config}: {err}{where}") from None
 
 
 def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> None:
@@ -115,7 +120,8 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--device", help="cpu or cuda")
     p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
-                   help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient scaler (CUDA)")
+                   help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient "
+                   "scaler (CUDA)")
     p.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install 'spe[log]')")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints (default 2)")
@@ -124,7 +130,8 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
 def cmd_train(args: argparse.Namespace) -> int:
     from spe.train.loop import train
 
-    out = train(_train_config(args), resume=args.resume, progress=not args.no_progress, overwrite=args.overwrite)
+    out = train(_train_config(args), resume=args.resume, progress=not args.no_progress,
+                overwrite=args.overwrite)
     log.info("checkpoint: %s", out / "model.safetensors")
     return 0
 
@@ -296,8 +303,8 @@ def _add_evaluate_parser(sub) -> None:
     p.add_argument("--checkpoint", action="append", required=True, help="run folder or .safetensors (repeatable)")
     p.add_argument("--data", help="MIDI folder (default: the checkpoint's training data)")
     p.add_argument("--split", choices=("validation", "train", "all"),
-                   help="pieces of the data to evaluate (default: validation for the checkpoint's own training "
-                   "data, all for any other --data)")
+                   help="pieces of the data to evaluate (default: validation for the checkpoint's own "
+                   "training data, all for any other --data)")
     p.add_argument("--cache-dir")
     p.add_argument("--max-length", type=int, help="positions to evaluate (default: 3 × training length)")
     p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")

@@ -128,6 +128,6 @@ def validation_sequences(split: CorpusSplit, length: int) -> Tensor:
     seqs = prefix_batch(split.val_pieces, length + 1)
     if len(seqs) == 0:
         longest = max((len(p) for p in split.val_pieces), default=0)
-        raise ValueError(f"no piece of the {split.evaluated} split has {length + 1} tokens (longest: {longest}); "
-                         "lower --max-length")
+        raise ValueError(f"no piece of the {split.evaluated} split has {length + 1} tokens "
+                         f"(longest: {longest}); lower --max-length")
     return seqs

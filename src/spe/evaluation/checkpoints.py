@@ -86,7 +86,8 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
         raise ValueError("give at least one checkpoint to evaluate")
     length = max_length or 3 * max(c.seq_len for c in checkpoints)
     for loaded in checkpoints:
-        loaded.check_length(length, f"--max-length {length}" if max_length else f"the default length {length}")
+        loaded.check_length(length, f"--max-length {length}" if max_length
+                            else f"the default length {length}")
     seqs = validation_sequences(split, length)
     results = []
     for loaded in checkpoints:

@@ -115,7 +115,7 @@ class _Run:
 
 
 def _restore(run: _Run) -> int:
-    """Loads weights, optimizer, scaler and random states of the newest complete checkpoint; returns its step."""
+    """Loads weights, optimizer, scaler and random states of the newest complete checkpoint; its step."""
     from safetensors.torch import load_file
 
     source = latest_checkpoint(run.out)
@@ -126,13 +126,13 @@ def _restore(run: _Run) -> int:
     run.model.load_state_dict(state)
     ts = load_train_state(source)
     if ts["step"] != saved_step:
-        raise ValueError(f"--resume: {source / TRAIN_STATE_FILE} is at step {ts['step']} but the checkpoint at step "
-                         f"{saved_step}; the run was interrupted while saving")
+        raise ValueError(f"--resume: {source / TRAIN_STATE_FILE} is at step {ts['step']} but the checkpoint "
+                         f"at step {saved_step}; the run was interrupted while saving")
     world = ts.get("world_size", 1)
     if world != run.ctx.world_size:
-        raise ValueError(f"--resume: {run.out} was trained by {world} process(es), now {run.ctx.world_size}: resume "
-                         f"with the same number (torchrun --nproc-per-node {world}); crop slices and random states "
-                         "are per process")
+        raise ValueError(f"--resume: {run.out} was trained by {world} process(es), now {run.ctx.world_size}: "
+                         f"resume with the same number (torchrun --nproc-per-node {world}); crop slices and "
+                         "random states are per process")
     run.optimizer.load_state_dict(ts["optimizer"])
     if ts.get("scaler"):
         run.scaler.load_state_dict(ts["scaler"])
@@ -153,7 +153,8 @@ def _save(run: _Run, step: int) -> None:
     if run.ctx.is_main:
         state = {"optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict(),
                  "world_size": run.ctx.world_size, "rng": rng, **run.gens.states()}
-        save_checkpoint(run.out, run.model, state, step=step, metadata=run.meta, keep=run.cfg.keep_checkpoints)
+        save_checkpoint(run.out, run.model, state, step=step, metadata=run.meta,
+                        keep=run.cfg.keep_checkpoints)
     run.last_saved = step
     _barrier(run.ctx)
 
@@ -250,7 +251,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool = True, over
         dist_.teardown(ctx)
 
 
-def _train(cfg: TrainConfig, ctx: dist_.Distributed, *, resume: bool, progress: bool, overwrite: bool) -> Path:
+def _train(cfg: TrainConfig, ctx: dist_.Distributed, *, resume: bool, progress: bool,
+           overwrite: bool) -> Path:
     if cfg.batch_size % ctx.world_size:
         raise ValueError(f"batch_size {cfg.batch_size} (the global batch) is not divisible by the "
                          f"{ctx.world_size} processes")
@@ -274,13 +276,15 @@ def _train(cfg: TrainConfig, ctx: dist_.Distributed, *, resume: bool, progress: 
     if ctx.enabled:
         from torch.nn.parallel import DistributedDataParallel
 
-        step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    meta = {"tokenizer": split.tokenizer_json, "train": cfg.to_dict(), "num_train_pieces": len(split.train_pieces),
-            "num_val_pieces": len(split.val_pieces), "world_size": ctx.world_size}
+        step_model = DistributedDataParallel(model,
+                                             device_ids=[device.index] if device.type == "cuda" else None)
+    meta = {"tokenizer": split.tokenizer_json, "train": cfg.to_dict(),
+            "num_train_pieces": len(split.train_pieces), "num_val_pieces": len(split.val_pieces),
+            "world_size": ctx.world_size}
     run = _Run(cfg, ctx, model, step_model,
                torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98)),
-               grad_scaler(cfg.precision, device.type), _Generators.seeded(cfg.seed), sampler, val_batch, val_long,
-               meta, device, Path(cfg.out))
+               grad_scaler(cfg.precision, device.type), _Generators.seeded(cfg.seed), sampler, val_batch,
+               val_long, meta, device, Path(cfg.out))
     step = 0
     if resume:
         check_resume(status, split.tokenizer_json)
@@ -303,7 +307,7 @@ def _train(cfg: TrainConfig, ctx: dist_.Distributed, *, resume: bool, progress: 
 
 
 def _start_files(run: _Run, step: int, overwrite: bool) -> None:
-    """Rank 0: clears a run replaced by --overwrite, trims the metrics to the checkpoint, opens TensorBoard."""
+    """Rank 0: clears a run replaced by --overwrite, trims the metrics, opens TensorBoard."""
     run.out.mkdir(parents=True, exist_ok=True)
     if overwrite:
         _clear_run(run.out)
@@ -340,8 +344,8 @@ def _train_step(run: _Run, step: int) -> float:
 
 def _diverged_message(run: _Run, step: int, loss: float) -> str:
     lr = run.optimizer.param_groups[0]["lr"]
-    kept = (f"the last good checkpoint is {run.out / MODEL_FILE} (step {run.last_saved}), left as it was; resume it "
-            "with --resume after lowering --lr" if run.last_saved else
+    kept = (f"the last good checkpoint is {run.out / MODEL_FILE} (step {run.last_saved}), left as it was; "
+            "resume it with --resume after lowering --lr" if run.last_saved else
             "no checkpoint had been written yet")
     return f"training stopped: the loss is {loss} at step {step} (lr {lr:.3g}); {kept}"
 

@@ -32,8 +32,8 @@ import torch
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, atomic_write, fsync_dir, load_metadata, save
 
-__all__ = ["CHECKPOINTS_DIR", "STATE_FORMAT_VERSION", "global_rng_states", "latest_checkpoint", "load_train_state",
-           "repair_run_folder", "restore_global_rng", "save_checkpoint"]
+__all__ = ["CHECKPOINTS_DIR", "STATE_FORMAT_VERSION", "global_rng_states", "latest_checkpoint",
+           "load_train_state", "repair_run_folder", "restore_global_rng", "save_checkpoint"]
 
 CHECKPOINTS_DIR = "checkpoints"
 # Version of train_state.pt's layout; states without one were written before it (version 0).
@@ -119,7 +119,7 @@ def repair_run_folder(out: str | os.PathLike) -> int | None:
 
 
 def save_checkpoint(out: Path, model, state: dict, *, step: int, metadata: dict, keep: int) -> Path:
-    """Writes ``checkpoints/step-SSSSSSS/`` (state, then model), links the run folder to it, prunes to ``keep``.
+    """Writes ``checkpoints/step-SSSSSSS/`` (state, then model), links the run folder to it, keeps ``keep``.
 
     Args:
         out: the run folder.
@@ -135,8 +135,8 @@ def save_checkpoint(out: Path, model, state: dict, *, step: int, metadata: dict,
     folder = out / CHECKPOINTS_DIR / f"step-{step:07d}"
     folder.mkdir(parents=True, exist_ok=True)
     fsync_dir(folder.parent)
-    atomic_write(folder / TRAIN_STATE_FILE, lambda tmp: torch.save({**state, "step": step,
-                                                                    "format_version": STATE_FORMAT_VERSION}, tmp))
+    stamped = {**state, "step": step, "format_version": STATE_FORMAT_VERSION}
+    atomic_write(folder / TRAIN_STATE_FILE, lambda tmp: torch.save(stamped, tmp))
     save(model, folder, metadata=metadata)
     _link(folder / TRAIN_STATE_FILE, out / TRAIN_STATE_FILE)
     _link(folder / MODEL_FILE, out / MODEL_FILE)

@@ -94,10 +94,10 @@ def check_run(cfg: TrainConfig, resume: bool, overwrite: bool) -> RunStatus:
         raise ValueError(f"--resume: no checkpoint in {out} (expected {out / MODEL_FILE})")
     if not resume and not overwrite and status.state != "new":
         if status.differences:
-            raise ValueError(f"{out} holds a run of another configuration ({status.describe()}): choose another "
-                             "--out, or pass --overwrite to replace it")
-        raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, --overwrite to start "
-                         "again, or choose another --out")
+            raise ValueError(f"{out} holds a run of another configuration ({status.describe()}): choose "
+                             "another --out, or pass --overwrite to replace it")
+        raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, --overwrite to "
+                         "start again, or choose another --out")
     return status
 
 

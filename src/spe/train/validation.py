@@ -15,8 +15,8 @@ from spe.train.precision import autocast
 __all__ = ["plot_losses", "validation_loss", "validation_sums"]
 
 
-def validation_sums(model: DecoderLM, batch: torch.Tensor, *, batch_size: int, device, precision: str = "fp32",
-                     start: int = 0) -> tuple[float, int]:
+def validation_sums(model: DecoderLM, batch: torch.Tensor, *, batch_size: int, device,
+                    precision: str = "fp32", start: int = 0) -> tuple[float, int]:
     """(sum of next-token cross-entropies in nats, count) over positions >= ``start`` of (N, T + 1) sequences.
 
     The model is called as it is (train or eval mode), under ``precision``'s autocast.
@@ -27,8 +27,8 @@ def validation_sums(model: DecoderLM, batch: torch.Tensor, *, batch_size: int, d
         with autocast(precision, torch.device(device).type):
             logits = model(x[:, :-1])
         targets = x[:, 1 + start:]
-        total += float(F.cross_entropy(logits[:, start:].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                       reduction="sum"))
+        flat = logits[:, start:].float().reshape(-1, logits.shape[-1])
+        total += float(F.cross_entropy(flat, targets.reshape(-1), reduction="sum"))
         count += targets.numel()
     return total, count
 
@@ -44,7 +44,7 @@ def validation_loss(model: DecoderLM, batch: torch.Tensor, *, batch_size: int, d
 
 
 def plot_losses(metrics_path: Path, png: Path) -> None:
-    """Training and validation cross-entropy against the step, from metrics.jsonl to a PNG (if matplotlib is installed)."""
+    """Training and validation cross-entropy against the step, metrics.jsonl -> PNG (needs matplotlib)."""
     try:
         import matplotlib
 
