@@ -81,3 +81,17 @@ def test_a_crash_between_the_two_renames_is_repaired_to_a_matching_pair(tmp_path
     partial.mkdir()
     (partial / TRAIN_STATE_FILE).write_bytes((run / TRAIN_STATE_FILE).read_bytes())
     assert latest_checkpoint(run) == run / CHECKPOINTS_DIR / "step-0000004"
+
+
+def test_overwrite_replaces_a_run_and_only_its_files(tmp_path):
+    run = train(tiny_config(tmp_path, "run", steps=6, keep_checkpoints=3), progress=False)
+    (run / "notes.txt").write_text("the user's own file")
+    with pytest.raises(ValueError, match="holds a run of another configuration .*d_model 32 -> 16.*--overwrite"):
+        train(tiny_config(tmp_path, "run", steps=2, model={"d_model": 16}), progress=False)
+    with pytest.raises(ValueError, match="pass one of them"):
+        train(tiny_config(tmp_path, "run"), resume=True, overwrite=True, progress=False)
+    train(tiny_config(tmp_path, "run", steps=2, model={"d_model": 16}), overwrite=True, progress=False)
+    assert load_metadata(run)["config"]["d_model"] == 16 and load_metadata(run)["step"] == 2
+    assert sorted(p.name for p in (run / CHECKPOINTS_DIR).iterdir()) == ["step-0000002"]
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (run / "notes.txt").read_text() == "the user's own file"

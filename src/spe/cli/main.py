@@ -95,7 +95,8 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
         p.add_argument("--out", help="run folder for checkpoint, logs and plots")
     p.add_argument("--steps", type=int, help="optimizer steps")
     p.add_argument("--seq-len", type=int, help="training length in tokens")
-    p.add_argument("--batch-size", type=int, help="crops per step")
+    p.add_argument("--batch-size", type=int,
+                   help="crops per step over all processes (under torchrun each takes its share)")
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
     p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")

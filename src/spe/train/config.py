@@ -70,7 +70,9 @@ class TrainConfig:
         out: run folder (checkpoint, logs, plots).
         steps: optimizer steps.
         seq_len: training length L in tokens (random crops).
-        batch_size: crops per step.
+        batch_size: crops per optimizer step, over all processes: under ``torchrun`` with N
+            processes each trains on ``batch_size / N`` of the same crops (N must divide it), so
+            the same config trains the same model on 1 or N processes.
         lr: peak learning rate (AdamW).
         warmup_steps: linear warmup; then cosine decay to ``lr * min_lr_ratio``.
         min_lr_ratio: final learning rate as a fraction of ``lr``.
