@@ -256,7 +256,9 @@ def _train(cfg: TrainConfig, ctx: dist_.Distributed, *, resume: bool, progress: 
     if cfg.batch_size % ctx.world_size:
         raise ValueError(f"batch_size {cfg.batch_size} (the global batch) is not divisible by the "
                          f"{ctx.world_size} processes")
-    device = torch.device(f"cuda:{ctx.local_rank}" if ctx.enabled and cfg.device == "cuda" else cfg.device)
+    # under torchrun each process takes the GPU of its local rank, whatever index --device names
+    device = torch.device(f"cuda:{ctx.local_rank}" if ctx.enabled and str(cfg.device).startswith("cuda")
+                          else cfg.device)
     if ctx.is_main and Path(cfg.out).is_dir():
         repair_run_folder(cfg.out)  # a crash between two renames leaves a mismatched pair
     _barrier(ctx)
