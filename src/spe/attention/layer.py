@@ -13,20 +13,26 @@ rotations of queries and keys work with every kernel; a term in the attention sc
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
 
 from spe.encodings.code import SPECode
 from spe.encodings.filter import SPEFilter
+from spe.encodings.registry import positional_names
 from spe.encodings.rope import RotaryEncoding
 from spe.ops.feature_maps import (
     elu_feature_map,
     favor_feature_map,
+    favor_key_features,
     orthogonal_random_features,
     relu_feature_map,
 )
-from spe.ops.linear import causal_linear_attention, linear_attention
+from spe.ops.linear import causal_linear_attention, kernel_dtype, linear_attention
+from spe.ops.recurrent import append_to_cache, linear_attention_step, softmax_attention_step
 from spe.ops.softmax import check_window, softmax_attention
+from spe.ops.state import KVCache, LinearAttentionState, check_state_window
 
 __all__ = ["ACCEPTS", "ATTENTIONS", "MultiHeadAttention"]
 
@@ -55,7 +61,9 @@ class MultiHeadAttention(nn.Module):
             RoFormer eq. (19): rotated numerator, unrotated normaliser).
         score_encoding: a relative term in the scores (``ShawRelativePosition``,
             ``MusicRelativePosition``, ``ALiBi``): any module with
-            ``attend(q, k, v, *, query_offset) -> y``; softmax attention only.
+            ``attend(q, k, v, *, query_offset) -> y`` and ``score_bias(q, num_keys, *,
+            query_offset) -> (B, H, Lq, Lk)`` (the term it adds to q·k/√D, read by
+            :mod:`spe.metrics.capture`); softmax attention only.
         window: W, causal sliding-window attention: position m attends to n ∈ (m − W, m]
             only, in :meth:`forward` and :meth:`step` alike (decoding then keeps the last W
             keys, so memory stays O(W)). None: the whole past. Settable later
@@ -96,7 +104,8 @@ class MultiHeadAttention(nn.Module):
         if score_encoding is not None and "scores" not in ACCEPTS[attention]:
             raise ValueError(f"{type(score_encoding).__name__} adds a term to the attention scores, which "
                              f"{attention} attention never forms; use softmax attention, or a positional "
-                             "encoding that acts on tokens or queries/keys (ape, sinespe, convspe, rope)")
+                             f"encoding that acts on tokens or queries/keys "
+                             f"({', '.join(positional_names(acts_on='tokens') + positional_names(acts_on='queries-keys'))})")
         if score_encoding is not None and getattr(score_encoding, "causal", causal) != causal:
             raise ValueError(f"the score encoding is {'' if score_encoding.causal else 'non-'}causal but the layer "
                              f"is {'' if causal else 'non-'}causal")
@@ -135,7 +144,17 @@ class MultiHeadAttention(nn.Module):
             self.projection.copy_(orthogonal_random_features(
                 self.num_heads, self.num_features, self.kernel_dim, generator=generator))
 
-    def _project(self, x: Tensor, code: SPECode | None) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, code: SPECode | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values as the kernel receives them (before RoPE and feature maps).
+
+        Args:
+            x: (B, L, C) the layer's input.
+            code: the SPE code for these L positions (required iff the layer has an SPE filter).
+
+        Returns:
+            q, k of shape (B, L, H, E) (E = R with SPE, carrying the filter's 1/(D·R)^{1/4}
+            scale; E = D otherwise) and v of shape (B, L, H, D).
+        """
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)  # (B, L, H, D)
         if self.spe_filter is not None:
@@ -153,22 +172,34 @@ class MultiHeadAttention(nn.Module):
         return orthogonal_random_features(self.num_heads, self.num_features, dim,
                                           generator=generator).to(self.projection)
 
-    def _features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        if self.attention == "performer":
+    def _features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict]:
+        if self.attention == "performer":  # key features with their scale apart (no clamp, no overflow)
             projection = self._projection_for(q.shape[-1])
-            return (favor_feature_map(q, projection, is_query=True),
-                    favor_feature_map(k, projection, is_query=False))
+            fk, log_scale = favor_key_features(k, projection)
+            return favor_feature_map(q, projection, is_query=True), fk, {"key_log_scale": log_scale}
         fmap = _FEATURE_MAPS[self.attention]
-        return fmap(q), fmap(k)
+        return fmap(q), fmap(k), {}
 
-    def step(self, x: Tensor, code: SPECode | None, state: dict | None) -> tuple[Tensor, dict]:
+    def _linear_inputs(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor, dict]:
+        """Feature maps (and FAVOR+ key scales), and RoFormer eq. (19) with RoPE: rotated
+        features for the numerator, the positive unrotated ones as a separate normaliser."""
+        fq, fk, extra = self._features(q, k)
+        if self.rotary is None:
+            return fq, fk, extra
+        # rotate in at least float32 (bf16 cos/sin are coarse), as the kernels then compute
+        dtype = kernel_dtype(fq)
+        fq, fk = fq.to(dtype), fk.to(dtype)
+        return self.rotary(fq, positions), self.rotary(fk, positions), {**extra, "normalizer": (fq, fk)}
+
+    def step(self, x: Tensor, code: SPECode | None,
+             state: KVCache | LinearAttentionState | None) -> tuple[Tensor, KVCache | LinearAttentionState]:
         """One causal decoding step with an explicit state; equals :meth:`forward` position by position.
 
-        Linear kernels keep S = Σ_n φ(k̂_n) [v_n, 1]ᵀ of shape (B, H, M, D + 1) (with RoPE:
-        rotated features for the values and a separate normaliser sum ``z``), so every step
-        costs the same whatever the position; softmax keeps all keys and values. With a
-        window, both keep the last W keys and values instead (linear kernels form the sums
-        from them, O(W) per step). The state also counts the positions seen (``"position"``).
+        The kernels' recurrent twins do the work (:mod:`spe.ops.recurrent`): linear kernels keep
+        a :class:`~spe.ops.LinearAttentionState` (S = Σ φ(k̂_n) v_nᵀ and z = Σ φ(k̂_n), so every
+        step costs the same; with a window the last W keys and values instead), softmax keeps a
+        :class:`~spe.ops.KVCache`. States count the positions seen (RoPE and score encodings
+        need the index of the new one) and record their window.
 
         Args:
             x: (B, 1, C) the new position's input.
@@ -177,70 +208,31 @@ class MultiHeadAttention(nn.Module):
 
         Returns:
             (B, 1, C) output and the new state.
-        """
-        if state is not None and state.get("window") != self.window:
-            raise ValueError(f"this decoding state was built with attention window {state.get('window')}, the layer "
-                             f"now has {self.window}: start decoding again from a fresh state")
-        q, k, v = self._project(x, code)
-        if state is not None and "position" not in state and self.rotary is not None and "keys" not in state:
-            raise ValueError("a linear-attention decoding state with RoPE must carry its 'position'")
-        position = 0 if state is None else state.get("position", _cached_length(state))
-        pos = torch.tensor([position], device=x.device)
-        if self.attention == "softmax":
-            if self.rotary is not None:
-                q, k = self.rotary(q, pos), self.rotary(k, pos)
-            keys = k if state is None else torch.cat([state["keys"], k], dim=1)
-            values = v if state is None else torch.cat([state["values"], v], dim=1)
-            if self.window is not None:
-                keys, values = keys[:, -self.window:], values[:, -self.window:]
-            if self.score_encoding is not None:
-                y = self.score_encoding.attend(q, keys, values, query_offset=position)
-            else:
-                y = softmax_attention(q, keys, values, causal=False)
-            new_state = {"keys": keys, "values": values}
-        else:
-            fq, fk = self._features(q, k)
-            dtype = torch.promote_types(v.dtype, torch.float32)  # as the parallel kernel does
-            fq, fk, vf = fq.to(dtype), fk.to(dtype), v.to(dtype)
-            if self.window is not None:
-                y, new_state = self._windowed_step(fq, fk, vf, pos, state)
-                y = y.to(v.dtype)
-            elif self.rotary is None:
-                kv = torch.einsum("blhm,blhe->bhme", fk, torch.cat([vf, torch.ones_like(vf[..., :1])], dim=-1))
-                s = kv if state is None else state["s"] + kv
-                out = torch.einsum("blhm,bhme->blhe", fq, s)
-                y = (out[..., :-1] / (out[..., -1:] + 1e-6)).to(v.dtype)
-                new_state = {"s": s}
-            else:
-                rq, rk = self.rotary(fq, pos), self.rotary(fk, pos)
-                kv = torch.einsum("blhm,blhe->bhme", rk, vf)
-                s = kv if state is None else state["s"] + kv
-                z = fk[:, 0] if state is None else state["z"] + fk[:, 0]  # (B, H, M)
-                num = torch.einsum("blhm,bhme->blhe", rq, s)
-                den = torch.einsum("blhm,bhm->blh", fq, z)[..., None]
-                y = (num / (den + 1e-6)).to(v.dtype)
-                new_state = {"s": s, "z": z}
-        new_state["position"] = position + 1
-        new_state["window"] = self.window
-        return self.out(y.reshape(x.shape[0], 1, -1)), new_state
 
-    def _windowed_step(self, fq: Tensor, fk: Tensor, vf: Tensor, pos: Tensor, state: dict | None) -> tuple[Tensor, dict]:
-        # The state keeps the last W keys' features and values (O(W) memory) and the sums are
-        # formed afresh from them: no running subtraction, so exactly-zero ReLU features stay
-        # exactly zero, as in the parallel kernel.
-        keys = fk if self.rotary is None else torch.cat([fk, self.rotary(fk, pos)], dim=-1)
-        if state is not None and "recent_keys" in state:
-            keys = torch.cat([state["recent_keys"], keys], dim=1)[:, -self.window:]
-            vf = torch.cat([state["recent_values"], vf], dim=1)[:, -self.window:]
-        new_state = {"recent_keys": keys, "recent_values": vf}
-        if self.rotary is None:
-            s = torch.einsum("blhm,blhe->bhme", keys, torch.cat([vf, torch.ones_like(vf[..., :1])], dim=-1))
-            out = torch.einsum("blhm,bhme->blhe", fq, s)
-            return out[..., :-1] / (out[..., -1:] + 1e-6), new_state
-        m = fk.shape[-1]
-        num = torch.einsum("blhm,bhme->blhe", self.rotary(fq, pos), torch.einsum("blhm,blhe->bhme", keys[..., m:], vf))
-        den = torch.einsum("blhm,bhm->blh", fq, keys[..., :m].sum(1))[..., None]
-        return num / (den + 1e-6), new_state
+        Raises:
+            ValueError: on a state built with another window.
+            TypeError: on a state of the wrong kind for this kernel.
+        """
+        kind = KVCache if self.attention == "softmax" else LinearAttentionState
+        if isinstance(state, dict):
+            state = legacy_state(state, kind, scaled=self.attention == "performer")
+        if state is not None and not isinstance(state, kind):
+            raise TypeError(f"{self.attention} attention decodes with a {kind.__name__}, got {type(state).__name__}")
+        check_state_window(state, self.window)
+        q, k, v = self.project(x, code)
+        position = 0 if state is None else state.position
+        pos = torch.tensor([position], device=x.device)
+        if self.attention != "softmax":
+            fq, fk, extra = self._linear_inputs(q, k, pos)
+            y, state = linear_attention_step(fq, fk, v, state, window=self.window, **extra)
+        elif self.score_encoding is not None:
+            state = append_to_cache(state, k, v, window=self.window)
+            y = self.score_encoding.attend(q, state.keys, state.values, query_offset=position)
+        else:
+            if self.rotary is not None:
+                q, k = self.rotary(q.to(kernel_dtype(q)), pos), self.rotary(k.to(kernel_dtype(k)), pos)
+            y, state = softmax_attention_step(q, k, v, state, window=self.window)
+        return self.out(y.reshape(x.shape[0], 1, -1)), state
 
     def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None) -> Tensor:
         """Args:
@@ -255,25 +247,18 @@ class MultiHeadAttention(nn.Module):
         b, n, _ = x.shape
         if positions is not None and self.score_encoding is not None:
             raise ValueError(f"{type(self.score_encoding).__name__} works on index distances; it takes no positions")
-        q, k, v = self._project(x, code)
+        q, k, v = self.project(x, code)
         if self.rotary is not None and positions is None:
             positions = torch.arange(n, device=x.device)
         if self.attention == "softmax":
-            if self.rotary is not None:
-                q, k = self.rotary(q, positions), self.rotary(k, positions)
+            if self.rotary is not None:  # in at least float32, as for linear kernels
+                q, k = self.rotary(q.to(kernel_dtype(q)), positions), self.rotary(k.to(kernel_dtype(k)), positions)
             if self.score_encoding is not None:
                 y = self.score_encoding.attend(q, k, v)
             else:
                 y = softmax_attention(q, k, v, causal=self.causal, window=self.window)
         else:
-            fq, fk = self._features(q, k)
-            extra = {}
-            if self.rotary is not None:  # RoFormer eq. (19): rotated numerator, positive normaliser
-                # rotate in at least float32, as the recurrent step does (bf16 cos/sin are coarse)
-                dtype = torch.promote_types(fq.dtype, torch.float32)
-                fq, fk = fq.to(dtype), fk.to(dtype)
-                extra["normalizer"] = (fq, fk)
-                fq, fk = self.rotary(fq, positions), self.rotary(fk, positions)
+            fq, fk, extra = self._linear_inputs(q, k, positions)
             if self.causal:
                 y = causal_linear_attention(fq, fk, v, chunk_size=self.chunk_size, window=self.window, **extra)
             else:
@@ -281,6 +266,28 @@ class MultiHeadAttention(nn.Module):
         return self.out(y.reshape(b, n, -1))
 
 
-def _cached_length(state: dict) -> int:
-    # States built by hand (benchmarks) may lack the counter; softmax states know their length.
-    return state["keys"].shape[1] if "keys" in state else 0
+
+def legacy_state(state: dict, kind: type, *, scaled: bool = False) -> KVCache | LinearAttentionState:
+    """Converts the string-keyed state dicts of earlier versions (``keys``/``values``; ``s`` with a
+    trailing normaliser column, or ``s`` and ``z``; ``recent_keys``/``recent_values``) to the typed
+    states, with a DeprecationWarning. ``scaled``: the kernel now carries FAVOR+ key scales, and
+    the old sums were in absolute scale (log scale 0).
+
+    Raises:
+        ValueError: if the dict does not say its ``position``.
+    """
+    warnings.warn("decoding states are typed now (spe.ops.KVCache, spe.ops.LinearAttentionState); "
+                  "string-keyed dicts will stop working", DeprecationWarning, stacklevel=3)
+    if "position" not in state:
+        raise ValueError("a decoding state given as a dict must carry its 'position' (the next position's index)")
+    common = {"position": state["position"], "window": state.get("window")}
+    if kind is KVCache:
+        return KVCache(keys=state["keys"], values=state["values"], **common)
+    if "recent_keys" in state:
+        keys = state["recent_keys"]
+        zeros = keys.new_zeros(keys.shape[:3]) if scaled else None
+        return LinearAttentionState(recent_keys=keys, recent_values=state["recent_values"], recent_log_scales=zeros,
+                                    log_scale=None if zeros is None else zeros[:, -1], **common)
+    kv, z = (state["s"], state["z"]) if "z" in state else (state["s"][..., :-1], state["s"][..., -1])
+    return LinearAttentionState(kv=kv, normalizer=z, log_scale=kv.new_zeros(kv.shape[:2]) if scaled else None,
+                                **common)

@@ -50,6 +50,12 @@ class ALiBi(nn.Module):
         out = -self.slopes[:, None, None] * rel.abs()
         return out.masked_fill(rel > 0, float("-inf")) if self.causal else out
 
+    def score_bias(self, q: Tensor, num_keys: int, *, query_offset: int = 0) -> Tensor:
+        """The term added to the scaled scores, −m_h·|i − j| (−inf on future keys when causal),
+        as (B, H, Lq, Lk) like the other score encodings' (it does not depend on q's values)."""
+        bias = self.bias(q.shape[1], num_keys, query_offset=query_offset).to(q.device, q.dtype)
+        return bias.expand(q.shape[0], *bias.shape)
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor:
         """Args: q (B, Lq, H, D) at positions query_offset …; k, v (B, Lk, H, D). Returns (B, Lq, H, D)."""
         bias = self.bias(q.shape[1], k.shape[1], query_offset=query_offset).to(q.dtype)

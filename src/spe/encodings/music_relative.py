@@ -47,6 +47,26 @@ class MusicRelativePosition(nn.Module):
         r = torch.arange(low, high + 1, device=self.embeddings.device).clamp(-k, k)
         return self.embeddings[r + k]
 
+    def score_bias(self, q: Tensor, num_keys: int, *, query_offset: int = 0) -> Tensor:
+        """The term this encoding adds to the scaled scores q·k/√D: q_i·e_{clip(j−i)}/√D (per head).
+
+        Args:
+            q: (B, Lq, H, D) queries at positions query_offset … query_offset + Lq − 1.
+            num_keys: Lk, keys at positions 0 … Lk − 1.
+            query_offset: position of the first query.
+
+        Returns:
+            (B, H, Lq, Lk); entries for future keys (causal) are meaningless (callers mask).
+        """
+        lq = q.shape[1]
+        low = -(lq + query_offset - 1)
+        high = 0 if self.causal else max(num_keys - 1 - query_offset, 0)  # causal: future pairs are masked
+        table = self._table(low, high).to(q)  # (W, H, D), r = low … high
+        per_rel = torch.einsum("bmhd,whd->bhmw", q, table)
+        i = torch.arange(lq, device=q.device)[:, None] + query_offset
+        rel = (torch.arange(num_keys, device=q.device)[None, :] - i).clamp(low, high) - low  # (Lq, Lk) columns
+        return per_rel.gather(3, rel.expand(*per_rel.shape[:2], lq, num_keys)) / q.shape[-1] ** 0.5
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor:
         """Softmax attention with relative key terms.
 

@@ -11,14 +11,34 @@ Places an encoding acts (STYLE.md rule 2):
 * ``"queries-keys"``: transforms queries and keys (SPE codes, rotations);
 * ``"scores"``: a relative term added to q·k before the softmax (needs explicit scores);
 * ``None``: no positional encoding.
+
+Each entry also builds its modules (``PositionalSpec.build_model_module`` /
+``build_layer_module``) from any configuration object with the fields of
+:class:`spe.models.ModelConfig` it reads (duck-typed: this module sits below ``models``):
+token encodings and SPE code generators live once per model, rotations, SPE filters and
+score terms once per attention layer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import EllipsisType
+from typing import Any
 
-__all__ = ["PLACES", "POSITIONAL_SPECS", "PositionalSpec", "positional_names", "positional_spec"]
+from torch import nn
+
+from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from spe.encodings.alibi import ALiBi
+from spe.encodings.conv import ConvSPE
+from spe.encodings.filter import SPEFilter
+from spe.encodings.music_relative import MusicRelativePosition
+from spe.encodings.rope import RotaryEncoding
+from spe.encodings.shaw import ShawRelativePosition
+from spe.encodings.sine import SineSPE
+
+__all__ = ["LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec", "positional_names",
+           "positional_spec"]
 
 PLACES = ("tokens", "queries-keys", "scores")
 
@@ -35,6 +55,14 @@ class PositionalSpec:
         windowed_by_default: training gives it a sliding attention window of the training
             length unless told otherwise (docs/ablation.md).
         source: the reference, for tables and docs.
+        model_module: ``(config) -> nn.Module``, the part built once per model: the token
+            encoding (``x + pe``) or the SPE code generator; None if there is none.
+        layer_module: ``(config, causal) -> nn.Module``, the part each attention layer takes
+            (see ``LAYER_KEYWORDS``); None if there is none.
+        positive_features: with a linear kernel it needs strictly positive features (RoPE's
+            unrotated normaliser, RoFormer eq. 19, could be 0 with ReLU features).
+        scale_embeddings: token embeddings are multiplied by √C to match the scale of the
+            encoding added to them (sinusoidal APE, Vaswani et al.).
     """
 
     name: str
@@ -42,19 +70,65 @@ class PositionalSpec:
     stochastic: bool = False
     windowed_by_default: bool = False
     source: str = ""
+    model_module: Callable[[Any], nn.Module] | None = None
+    layer_module: Callable[[Any, bool], nn.Module] | None = None
+    scale_embeddings: bool = False
+    positive_features: bool = False
+
+    def build_model_module(self, config: Any) -> nn.Module | None:
+        """The per-model module (token encoding or SPE code generator), or None."""
+        return None if self.model_module is None else self.model_module(config)
+
+    def build_layer_module(self, config: Any, *, causal: bool = True) -> nn.Module | None:
+        """The per-layer module (SPE filter, rotation or score term), or None."""
+        return None if self.layer_module is None else self.layer_module(config, causal)
+
+    @property
+    def layer_keyword(self) -> str | None:
+        """The :class:`~spe.attention.MultiHeadAttention` argument the layer module goes to."""
+        return LAYER_KEYWORDS.get((self.acts_on, self.stochastic))
+
+
+# Which MultiHeadAttention argument takes a layer module, by (where it acts, stochastic).
+LAYER_KEYWORDS = {("queries-keys", True): "spe_filter", ("queries-keys", False): "rotary",
+                  ("scores", False): "score_encoding"}
+
+
+def _head_dim(config: Any) -> int:
+    return config.d_model // config.num_heads
+
+
+def _sine(config: Any) -> nn.Module:
+    return SineSPE(config.num_heads, _head_dim(config), config.num_realizations, config.num_sines,
+                   frequency_init=config.frequency_init, noise=config.code_noise)
+
+
+def _conv(config: Any) -> nn.Module:
+    return ConvSPE(config.num_heads, _head_dim(config), config.num_realizations, config.kernel_size)
+
+
+def _spe_filter(config: Any, causal: bool) -> nn.Module:
+    return SPEFilter(config.num_heads, _head_dim(config), gated=config.gated, gate_init=config.gate_init)
 
 
 POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
-    PositionalSpec("ape", "tokens", source="sinusoidal, Vaswani et al. 2017"),
-    PositionalSpec("ape-learned", "tokens", source="trainable embeddings (GPT-style)"),
+    PositionalSpec("ape", "tokens", source="sinusoidal, Vaswani et al. 2017", scale_embeddings=True,
+                   model_module=lambda c: SinusoidalPositionalEncoding(c.d_model)),
+    PositionalSpec("ape-learned", "tokens", source="trainable embeddings (GPT-style)",
+                   model_module=lambda c: LearnedPositionalEmbedding(c.max_positions, c.d_model)),
     PositionalSpec("sinespe", "queries-keys", stochastic=True, windowed_by_default=True,
-                   source="Liutkus et al. 2021, eq. (18)-(21)"),
+                   source="Liutkus et al. 2021, eq. (18)-(21)", model_module=_sine, layer_module=_spe_filter),
     PositionalSpec("convspe", "queries-keys", stochastic=True, windowed_by_default=True,
-                   source="Liutkus et al. 2021, eq. (22)"),
-    PositionalSpec("rope", "queries-keys", source="Su et al. 2021"),
-    PositionalSpec("shaw", "scores", source="Shaw et al. 2018, O(L²D) memory"),
-    PositionalSpec("music-relative", "scores", source="Huang et al. 2018, skewing, O(LD) memory"),
-    PositionalSpec("alibi", "scores", source="Press et al. 2022"),
+                   source="Liutkus et al. 2021, eq. (22)", model_module=_conv, layer_module=_spe_filter),
+    PositionalSpec("rope", "queries-keys", source="Su et al. 2021", positive_features=True,
+                   layer_module=lambda c, causal: RotaryEncoding(c.rope_base)),
+    PositionalSpec("shaw", "scores", source="Shaw et al. 2018, O(L²D) memory",
+                   layer_module=lambda c, causal: ShawRelativePosition(_head_dim(c), c.max_distance, causal=causal)),
+    PositionalSpec("music-relative", "scores", source="Huang et al. 2018, skewing, O(LD) memory",
+                   layer_module=lambda c, causal: MusicRelativePosition(c.num_heads, _head_dim(c), c.max_distance,
+                                                                        causal=causal)),
+    PositionalSpec("alibi", "scores", source="Press et al. 2022",
+                   layer_module=lambda c, causal: ALiBi(c.num_heads, causal=causal)),
     PositionalSpec("none", None, source="no positional encoding"),
 )}
 

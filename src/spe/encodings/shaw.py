@@ -43,6 +43,21 @@ class ShawRelativePosition(nn.Module):
             return rel.clamp(max=0) + self.max_distance
         return rel + self.max_distance
 
+    def score_bias(self, q: Tensor, num_keys: int, *, query_offset: int = 0) -> Tensor:
+        """The term this encoding adds to the scaled scores q·k/√D: q_i·a^K_{clip(j−i)}/√D.
+
+        Args:
+            q: (B, Lq, H, D) queries at positions query_offset … query_offset + Lq − 1.
+            num_keys: Lk, keys at positions 0 … Lk − 1.
+            query_offset: position of the first query.
+
+        Returns:
+            (B, H, Lq, Lk); entries for future keys (causal) are meaningless (callers mask).
+        """
+        idx = self._index(q.shape[1], num_keys, query_offset, q.device)  # (Lq, Lk) rows of rel_keys
+        per_row = torch.einsum("bmhd,rd->bhmr", q, self.rel_keys.to(q))
+        return per_row.gather(3, idx.expand(*per_row.shape[:2], *idx.shape)) / q.shape[-1] ** 0.5
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor:
         """Softmax attention with the relative terms.
 

@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from spe.models.decoder_lm import DecoderLM
+from spe.models.decoder_lm import DecoderLM
 
 __all__ = ["attention_matrices", "layer_queries_keys"]
 
 
 def _blocks(model):
-    blocks = getattr(model, "blocks", None)
-    if blocks is None or not hasattr(model, "config"):
+    if not isinstance(model, DecoderLM):
         raise TypeError(f"model must be a spe.models.DecoderLM, got {type(model).__name__}")
-    return blocks
+    return model.blocks
 
 
 def _layer_index(layer, num_layers: int) -> int:
@@ -52,7 +49,7 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
     ``config.code_seed``, as at test time) on ``tokens`` at positions 0 … L−1. A forward
     pre-hook takes the input that the layer's attention receives (after the embedding, APE,
     earlier layers and the pre-norm) with the SPE code and the RoPE positions, and the layer's
-    own ``_project`` (projection and SPE filter) forms q and k, so this follows any change in
+    own :meth:`~spe.attention.MultiHeadAttention.project` (projection and SPE filter) forms q and k, so this follows any change in
     how the layer builds them. With softmax RoPE, q and k are then rotated as ``forward``
     does. The model's train/eval mode is restored afterwards.
 
@@ -73,7 +70,7 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
     blocks = _blocks(model)
     layer = _layer_index(layer, len(blocks))
     attn = blocks[layer].attn
-    rotary = getattr(attn, "rotary", None)
+    rotary = attn.rotary
     if rotary is not None and attn.attention != "softmax":
         raise ValueError(f"with {attn.attention} attention RoPE rotates the kernel features, not the queries "
                          "and keys, so q·k/√D is not what the model computes; only softmax RoPE models can "
@@ -92,7 +89,7 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
         model(tokens.to(next(model.parameters()).device))
         if "x" not in captured:
             raise RuntimeError(f"layer {layer}'s attention was not called by the model's forward")
-        q, k, _ = attn._project(captured["x"], captured["code"])  # (B, L, H, E)
+        q, k, _ = attn.project(captured["x"], captured["code"])  # (B, L, H, E)
         if rotary is not None:  # softmax RoPE rotates q and k after the projection, as forward does
             positions = captured["positions"]
             if positions is None:
@@ -105,29 +102,11 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
 
 
 def _score_term(attn, q: Tensor) -> Tensor | None:
-    """(H, L, L) term that a score encoding adds to q·k / √D (None without one).
-
-    Uses the encoding's own index helpers so that it follows the layer's definition; only
-    the causal entries are meaningful (the caller masks the rest).
-    """
-    enc = getattr(attn, "score_encoding", None)
-    if enc is None:
+    """(H, L, L) term that the layer's score encoding adds to q·k / √D (None without one);
+    only the causal entries are meaningful (the caller masks the rest)."""
+    if attn.score_encoding is None:
         return None
-    n, d = q.shape[0], q.shape[-1]
-    name = type(enc).__name__
-    if hasattr(enc, "slopes"):  # ALiBi: a bias added to the already scaled logits
-        return enc.bias(n, n).to("cpu", torch.float64)
-    if hasattr(enc, "rel_keys"):  # Shaw et al.: q_i · a^K_ij / √D, one (k + 1, D) table for all heads
-        idx = enc._index(n, n, 0, torch.device("cpu"))  # (L, L) rows of rel_keys
-        per_row = torch.einsum("mhd,rd->hmr", q, enc.rel_keys.detach().to("cpu", torch.float64))
-        return per_row.gather(2, idx.expand(q.shape[1], n, n)) / math.sqrt(d)
-    if hasattr(enc, "embeddings"):  # Music Transformer: q_i · e_{j−i} / √D, per head
-        table = enc._table(-(n - 1), 0).detach().to("cpu", torch.float64)  # (L, H, D), r = −(L−1) … 0
-        per_rel = torch.einsum("mhd,whd->hmw", q, table)  # (H, L, W)
-        rel = (torch.arange(n)[None, :] - torch.arange(n)[:, None]).clamp(max=0) + n - 1  # (L, L)
-        return per_rel.gather(2, rel.expand(q.shape[1], n, n)) / math.sqrt(d)
-    raise ValueError(f"{name} adds a term to the attention scores that attention_matrices does not know; "
-                     "it reconstructs ALiBi, Shaw and music-relative terms")
+    return attn.score_encoding.score_bias(q[None], q.shape[0])[0]
 
 
 @torch.no_grad()
@@ -176,7 +155,7 @@ def attention_matrices(model: DecoderLM, tokens, *, layer: int = 0) -> Tensor:
         logits = logits + term
     lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]
     visible = lag >= 0
-    window = getattr(attn, "window", None)
+    window = attn.window
     if window is not None:  # keys beyond a sliding window are out of the layer's reach
         visible &= lag < window
     return logits.masked_fill(~visible, -math.inf).softmax(dim=-1)

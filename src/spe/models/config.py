@@ -97,8 +97,8 @@ class ModelConfig:
             raise ValueError(f"positional {self.positional!r} adds a term to the attention scores, which "
                              f"{self.attention} attention never forms; with {self.attention} choose one of "
                              f"{allowed}, or use attention 'softmax'")
-        if self.positional == "rope" and self.attention == "linear-relu":
-            raise ValueError("positional 'rope' with linear attention needs strictly positive features: "
+        if POSITIONAL_SPECS[self.positional].positive_features and self.attention == "linear-relu":
+            raise ValueError(f"positional {self.positional!r} with linear attention needs strictly positive features: "
                              "use attention performer or linear-elu, not linear-relu")
         require_positive("ModelConfig", **{name: getattr(self, name) for name in (
             "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",

@@ -11,69 +11,29 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spe.attention.layer import MultiHeadAttention
-from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from spe.encodings.alibi import ALiBi
 from spe.encodings.code import SPECode
-from spe.encodings.conv import ConvSPE
-from spe.encodings.filter import SPEFilter
-from spe.encodings.music_relative import MusicRelativePosition
-from spe.encodings.rope import RotaryEncoding
-from spe.encodings.shaw import ShawRelativePosition
-from spe.encodings.sine import SineSPE
-from spe.models.config import SCORE_ENCODINGS, ModelConfig
+from spe.encodings.registry import positional_spec
+from spe.models.block import Block
+from spe.models.config import ModelConfig
+from spe.ops.state import KVCache, LinearAttentionState
 
 __all__ = ["Block", "DecoderLM", "DecodingState"]
 
 
 @dataclass
 class DecodingState:
-    """Explicit state of recurrent decoding.
+    """Explicit state of recurrent decoding (:meth:`DecoderLM.step`).
 
     Attributes:
         position: index of the next position to be fed.
-        layers: per-layer attention state (linear kernels: ``{"s": (B, H, M, D + 1)}``;
-            softmax: the cached keys and values).
+        layers: one attention state per block: a :class:`~spe.ops.LinearAttentionState` for
+            linear kernels (running sums S (B, H, M, D) and z (B, H, M), or the last W keys'
+            features and values with a window), a :class:`~spe.ops.KVCache` for softmax (the
+            keys and values seen, the last W with a window).
     """
 
     position: int
-    layers: list[dict]
-
-
-class Block(nn.Module):
-    """Pre-norm Transformer block: x + attn(norm(x)), then x + ffn(norm(x))."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        spe = config.positional in ("sinespe", "convspe")
-        head_dim = config.d_model // config.num_heads
-        spe_filter = (SPEFilter(config.num_heads, head_dim, gated=config.gated, gate_init=config.gate_init)
-                      if spe else None)
-        rotary = RotaryEncoding(config.rope_base) if config.positional == "rope" else None
-        score_encoding = {
-            "shaw": lambda: ShawRelativePosition(head_dim, config.max_distance),
-            "music-relative": lambda: MusicRelativePosition(config.num_heads, head_dim, config.max_distance),
-            "alibi": lambda: ALiBi(config.num_heads),
-        }.get(config.positional, lambda: None)()
-        self.norm1 = nn.LayerNorm(config.d_model)
-        self.attn = MultiHeadAttention(
-            config.d_model, config.num_heads, attention=config.attention, causal=True,
-            spe_filter=spe_filter, num_realizations=config.num_realizations if spe else None,
-            num_features=config.num_features, chunk_size=config.chunk_size, rotary=rotary,
-            score_encoding=score_encoding, window=config.attention_window)
-        self.norm2 = nn.LayerNorm(config.d_model)
-        self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
-                                 nn.Linear(config.d_ff, config.d_model))
-        self.drop = nn.Dropout(config.dropout)
-
-    def forward(self, x: Tensor, code: SPECode | None, positions: Tensor | None = None) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), code, positions=positions))
-        return x + self.drop(self.ffn(self.norm2(x)))
-
-    def step(self, x: Tensor, code: SPECode | None, state: dict | None) -> tuple[Tensor, dict]:
-        y, state = self.attn.step(self.norm1(x), code, state)
-        x = x + y
-        return x + self.ffn(self.norm2(x)), state
+    layers: list[KVCache | LinearAttentionState]
 
 
 class DecoderLM(nn.Module):
@@ -94,32 +54,21 @@ class DecoderLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        head_dim = config.d_model // config.num_heads
+        spec = positional_spec(config.positional)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         # Token embeddings start at std 0.02 (good tied output logits); with APE, √C brings them
         # to the scale of the unit-amplitude sinusoidal encoding they are added to (Vaswani et
         # al.). Without an additive encoding there is nothing to balance: on the Bach demo the
         # unscaled embedding trained SPE models better (validation 1.13 vs 1.28 nats at ~300 steps).
-        self.embed_scale = config.d_model ** 0.5 if config.positional == "ape" else 1.0
-        self.ape: nn.Module | None = None
-        if config.positional == "ape":
-            self.ape = SinusoidalPositionalEncoding(config.d_model)
-        elif config.positional == "ape-learned":
-            self.ape = LearnedPositionalEmbedding(config.max_positions, config.d_model)
-        def make_encoding() -> nn.Module | None:
-            if config.positional == "sinespe":
-                return SineSPE(config.num_heads, head_dim, config.num_realizations, config.num_sines,
-                               frequency_init=config.frequency_init, noise=config.code_noise)
-            if config.positional == "convspe":
-                return ConvSPE(config.num_heads, head_dim, config.num_realizations, config.kernel_size)
-            return None
-
+        self.embed_scale = config.d_model ** 0.5 if spec.scale_embeddings else 1.0
+        self.ape: nn.Module | None = spec.build_model_module(config) if spec.acts_on == "tokens" else None
         # The first layer's encoding (the only one when shared) keeps the name ``encoding`` so
         # that checkpoints of shared models load unchanged.
-        self.encoding: nn.Module | None = make_encoding()
+        self.encoding: nn.Module | None = spec.build_model_module(config) if spec.stochastic else None
         self.layer_encodings: nn.ModuleList | None = None
         if self.encoding is not None and not config.share_across_layers:
-            self.layer_encodings = nn.ModuleList(make_encoding() for _ in range(config.num_layers - 1))
+            self.layer_encodings = nn.ModuleList(spec.build_model_module(config)
+                                                 for _ in range(config.num_layers - 1))
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = nn.LayerNorm(config.d_model)
@@ -167,11 +116,6 @@ class DecoderLM(nn.Module):
         return [self.layer_encoding(i)(positions=positions, generator=generator, num_realizations=num_realizations)
                 for i in range(len(self.blocks))]
 
-    def draw_code(self, positions: Tensor, *, generator: torch.Generator | None = None,
-                  num_realizations: int | None = None) -> SPECode | None:
-        """Draws the first block's SPE code for (L,) positions (the shared one; None without SPE)."""
-        return self.draw_codes(positions, generator=generator, num_realizations=num_realizations)[0]
-
     def set_attention_window(self, window: int | None) -> None:
         """Sets every layer's sliding attention window W (None: the whole past), e.g. at test
         time to the training length, and records it in ``config.attention_window``.
@@ -179,7 +123,7 @@ class DecoderLM(nn.Module):
         Raises:
             ValueError: if W is not a positive integer or the model has a score encoding.
         """
-        if window is not None and self.config.positional in SCORE_ENCODINGS:
+        if window is not None and positional_spec(self.config.positional).acts_on == "scores":
             raise ValueError(f"an attention window cannot be combined with positional {self.config.positional!r}")
         for block in self.blocks:
             block.attn.window = window
@@ -215,7 +159,8 @@ class DecoderLM(nn.Module):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
         n = tokens.shape[1]
-        if positions is not None and self.config.positional in SCORE_ENCODINGS:
+        scores = positional_spec(self.config.positional).acts_on == "scores"
+        if positions is not None and scores:
             raise ValueError(f"positional {self.config.positional!r} works on index distances; it takes no positions")
         if positions is None:
             positions = torch.arange(n, device=tokens.device)
@@ -226,9 +171,8 @@ class DecoderLM(nn.Module):
             x = self.ape(x, positions)
         x = self.drop(x)
         codes = self.draw_codes(positions, generator=generator, num_realizations=num_realizations)
-        rotary_positions = positions if self.config.positional == "rope" else None  # others need none here
-        for block, code in zip(self.blocks, codes):
-            x = block(x, code, rotary_positions)
+        for block, code in zip(self.blocks, codes):  # score encodings use index distances, take none
+            x = block(x, code, None if scores else positions)
         return self.head(self.norm(x))
 
     @torch.no_grad()

@@ -3,10 +3,18 @@
 from spe.ops.feature_maps import (
     elu_feature_map,
     favor_feature_map,
+    favor_key_features,
     orthogonal_random_features,
     relu_feature_map,
 )
-from spe.ops.linear import causal_linear_attention, causal_linear_attention_reference, linear_attention
+from spe.ops.linear import (
+    causal_linear_attention,
+    causal_linear_attention_reference,
+    kernel_dtype,
+    linear_attention,
+    normalise,
+)
+from spe.ops.recurrent import append_to_cache, linear_attention_step, softmax_attention_step
 from spe.ops.relative import (
     music_relative_attention,
     music_relative_attention_reference,
@@ -15,10 +23,12 @@ from spe.ops.relative import (
     skew,
 )
 from spe.ops.softmax import softmax_attention
+from spe.ops.state import KVCache, LinearAttentionState
 
 __all__ = [
-    "causal_linear_attention", "causal_linear_attention_reference", "elu_feature_map",
-    "favor_feature_map", "linear_attention", "music_relative_attention", "music_relative_attention_reference",
+    "KVCache", "LinearAttentionState", "append_to_cache", "kernel_dtype", "linear_attention_step", "normalise",
+    "softmax_attention_step", "causal_linear_attention", "causal_linear_attention_reference", "elu_feature_map",
+    "favor_feature_map", "favor_key_features", "linear_attention", "music_relative_attention", "music_relative_attention_reference",
     "orthogonal_random_features", "relative_shift", "relu_feature_map", "shaw_attention", "skew",
     "softmax_attention",
 ]

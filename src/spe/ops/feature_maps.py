@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["elu_feature_map", "favor_feature_map", "orthogonal_random_features", "relu_feature_map"]
+__all__ = ["elu_feature_map", "favor_feature_map", "favor_key_features", "orthogonal_random_features",
+           "relu_feature_map"]
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
@@ -49,6 +50,17 @@ def orthogonal_random_features(num_heads: int, num_features: int, dim: int, *,
     return torch.stack(heads)
 
 
+def _favor_logits(x: Tensor, projection: Tensor) -> Tensor:
+    """ω x' − ‖x'‖²/2 with x' = x / E^{1/4}, in at least float32 with autocast off (under bf16
+    autocast the projection would run in bf16 and each feature lose up to ~4 %, relative)."""
+    dim = x.shape[-1]
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x = x.to(dtype) * dim ** -0.25
+        wx = torch.einsum("blhe,hme->blhm", x, projection.to(dtype))
+        return wx - 0.5 * (x * x).sum(-1, keepdim=True)
+
+
 def favor_feature_map(x: Tensor, projection: Tensor, *, is_query: bool, eps: float = 1e-4) -> Tensor:
     """Positive random features of the softmax kernel exp(x·y / √E), FAVOR+.
 
@@ -58,9 +70,10 @@ def favor_feature_map(x: Tensor, projection: Tensor, *, is_query: bool, eps: flo
 
     * queries: c = the row's own maximum (detached), which cancels in each query's ratio,
       and ``eps`` is added relative to that maximum;
-    * keys: c = 0 and no data-dependent shift (a maximum over keys would let future keys change
-      past outputs through rounding); the exponent is bounded by ‖ω‖²/2 anyway, and clamped
-      at 80 so float32 cannot overflow.
+    * keys: c = 0, the exponent clamped at 80 so that float32 cannot overflow. The clamp
+      changes the kernel of keys whose exponent exceeds 80 (possible at a large test-time R:
+      the exponent is bounded by ‖ω_j‖²/2 ≈ R/2): the attention layer uses
+      :func:`favor_key_features` instead, whose scale the kernels carry exactly.
 
     Args:
         x: (B, L, H, E) queries or keys.
@@ -69,13 +82,30 @@ def favor_feature_map(x: Tensor, projection: Tensor, *, is_query: bool, eps: flo
         eps: floor added to query features.
 
     Returns:
-        (B, L, H, M) features, computed in at least float32.
+        (B, L, H, M) features, in at least float32 (also under autocast).
     """
-    dim, m = x.shape[-1], projection.shape[1]
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    x = x.to(dtype) * dim ** -0.25
-    wx = torch.einsum("blhe,hme->blhm", x, projection.to(dtype))
-    logits = wx - 0.5 * (x * x).sum(-1, keepdim=True)
+    m = projection.shape[1]
+    logits = _favor_logits(x, projection)
     if is_query:
         return (torch.exp(logits - logits.amax(dim=-1, keepdim=True).detach()) + eps) / math.sqrt(m)
     return torch.exp(logits.clamp(max=80.0)) / math.sqrt(m)
+
+
+def favor_key_features(x: Tensor, projection: Tensor) -> tuple[Tensor, Tensor]:
+    """FAVOR+ key features with their scale apart: φ(k_n) = features_n · exp(log_scale_n).
+
+    Each key is divided by its own largest feature (detached), so features lie in (0, 1/√M]
+    whatever R and the keys' norms; the kernels take ``key_log_scale`` and bring keys to a
+    common scale with a causal running maximum (:func:`spe.ops.linear.causal_linear_attention`),
+    so nothing overflows and no key's weight is clipped (issue 12, defect 6).
+
+    Args:
+        x: (B, L, H, E) keys.
+        projection: (H, M, E).
+
+    Returns:
+        features (B, L, H, M) and log_scale (B, L, H), in at least float32.
+    """
+    logits = _favor_logits(x, projection)
+    log_scale = logits.amax(dim=-1).detach()
+    return torch.exp(logits - log_scale[..., None]) / math.sqrt(projection.shape[1]), log_scale

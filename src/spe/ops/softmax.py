@@ -31,10 +31,14 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
             boolean L × L mask replaces the fused causal path). None: no window.
 
     Returns:
-        (B, Lq, H, Ev).
+        (B, Lq, H, Ev), in ``v``'s dtype.
 
     Raises:
         ValueError: on a window without ``causal`` or a non-positive window.
+
+    Precision: autocast is switched off here; on the CPU the scores and their sums are formed
+    in at least float32 (inputs promoted), on CUDA half-precision inputs go to the fused
+    kernels, which accumulate in float32 themselves.
     """
     mask = None
     if window is not None:
@@ -45,6 +49,11 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
             i = torch.arange(q.shape[1], device=q.device)
             lag = i[:, None] - i[None, :]
             mask = (lag >= 0) & (lag < window)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=mask, is_causal=causal and mask is None)
-    return out.transpose(1, 2)
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    if q.device.type != "cuda":
+        dtype = torch.promote_types(dtype, torch.float32)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        out = F.scaled_dot_product_attention(q.to(dtype).transpose(1, 2), k.to(dtype).transpose(1, 2),
+                                             v.to(dtype).transpose(1, 2), attn_mask=mask,
+                                             is_causal=causal and mask is None)
+    return out.transpose(1, 2).to(v.dtype)

@@ -1,0 +1,63 @@
+"""Pre-norm Transformer block, causal (decoder) or not (encoder).
+
+Letters: B = batch, L = length, C = d_model.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from spe.attention.layer import MultiHeadAttention
+from spe.encodings.code import SPECode
+from spe.encodings.registry import positional_spec
+from spe.ops.state import KVCache, LinearAttentionState
+
+__all__ = ["Block"]
+
+
+class Block(nn.Module):
+    """x + attn(norm(x)), then x + ffn(norm(x)).
+
+    The positional module the attention layer takes (SPE filter, rotation or score term) comes
+    from the registry entry of ``config.positional`` (:mod:`spe.encodings.registry`); token
+    encodings and SPE code generators live in the model, not here.
+
+    Args:
+        config: a :class:`~spe.models.ModelConfig` (or any object with its fields).
+        causal: mask the future (decoder); False for an encoder (e.g. a Long Range Arena
+            classifier), where every position sees the whole sequence; then
+            ``config.attention_window`` must be None.
+
+    Raises:
+        ValueError: as :class:`~spe.attention.MultiHeadAttention` (e.g. a window without
+            ``causal``).
+    """
+
+    def __init__(self, config, *, causal: bool = True) -> None:
+        super().__init__()
+        spec = positional_spec(config.positional)
+        module = spec.build_layer_module(config, causal=causal)
+        positional = {} if module is None else {spec.layer_keyword: module}
+        self.norm1 = nn.LayerNorm(config.d_model)
+        self.attn = MultiHeadAttention(
+            config.d_model, config.num_heads, attention=config.attention, causal=causal,
+            num_realizations=config.num_realizations if spec.stochastic else None,
+            num_features=config.num_features, chunk_size=config.chunk_size,
+            window=config.attention_window, **positional)
+        self.norm2 = nn.LayerNorm(config.d_model)
+        self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
+                                 nn.Linear(config.d_ff, config.d_model))
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, code: SPECode | None, positions: Tensor | None = None) -> Tensor:
+        """x: (B, L, C); code: the SPE code of these L positions (SPE only); positions: (L,)
+        for RoPE (default 0 … L − 1). Returns (B, L, C)."""
+        x = x + self.drop(self.attn(self.norm1(x), code, positions=positions))
+        return x + self.drop(self.ffn(self.norm2(x)))
+
+    def step(self, x: Tensor, code: SPECode | None,
+             state: KVCache | LinearAttentionState | None) -> tuple[Tensor, KVCache | LinearAttentionState]:
+        """One causal decoding step: x (B, 1, C) -> (B, 1, C) and the attention's new state."""
+        y, state = self.attn.step(self.norm1(x), code, state)
+        x = x + y
+        return x + self.ffn(self.norm2(x)), state

@@ -1,0 +1,173 @@
+"""Causal linear-attention sums for keys given with a log scale: φ(k_n) = f_n · exp(a_n).
+
+Letters: B = batch, L = length, H = num_heads, M = features, E = value dimension, C = chunk.
+
+FAVOR+ key features exp(ω_j k' − ‖k'‖²/2) have no absolute scale (their exponent reaches
+‖ω_j‖²/2 ≈ R/2, beyond float32 at a large test-time R). Keys therefore come as features
+f_n ≤ 1 and a log scale a_n (:func:`spe.ops.feature_maps.favor_key_features`), and the sums
+are kept relative to the causal running maximum c_m = max_{n ≤ m} a_n: query m uses
+Σ_{n ≤ m} φ(q_m)ᵀ f̃_n e^{c_n − c_m} v_n with f̃_n = f_n e^{a_n − c_n}. Every factor is ≤ 1, so
+nothing overflows; the common e^{c_m} cancels in each query's ratio; c depends on past keys
+only, so outputs stay causal and the recurrent step (which keeps c in its state) matches.
+The caller passes f̃ (``phi_k``) and c (``scale``). Sliding windows instead take each key
+relative to its own scale and c_m = the largest a_n inside the window
+(:func:`scaled_window_sums`), so that a window forgets what left it, bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["running_max", "scaled_causal_sums", "scaled_window_sums"]
+
+
+def running_max(a: Tensor, previous: Tensor | None = None) -> Tensor:
+    """c_m = max(previous, a_0 … a_m) along dim 1; a (B, L, H), previous (B, H) or None."""
+    if previous is not None:
+        a = torch.cat([previous[:, None].to(a), a], dim=1)
+    c = torch.cummax(a, dim=1).values
+    return c if previous is None else c[:, 1:]
+
+
+def _pad_chunks(c: int, *tensors: Tensor) -> list[Tensor]:
+    n = tensors[0].shape[1]
+    pad = (-n) % c
+    if not pad:
+        return list(tensors)
+    out = []
+    for t in tensors:  # zero keys add nothing; scales repeat the last one (still monotone)
+        if t.dim() == 3:
+            out.append(torch.cat([t, t[:, -1:].expand(-1, pad, -1)], dim=1))
+        else:
+            out.append(F.pad(t, (0, 0, 0, 0, 0, pad)))
+    return out
+
+
+def _intra(q: Tensor, k: Tensor, vv: Tensor, cq: Tensor, ck: Tensor, mask: Tensor) -> Tensor:
+    """Σ over one chunk's keys (or a shifted one) of (q·k) e^{c_n − c_m} v_n, masked; q (…, C, H, M)."""
+    scores = torch.einsum("bnchm,bndhm->bnhcd", q, k)
+    factor = torch.exp((ck[:, :, None, :, :] - cq[:, :, :, None, :]).clamp(max=0.0)).permute(0, 1, 4, 2, 3)
+    return torch.einsum("bnhcd,bndhe->bnche", (scores * factor).masked_fill(~mask, 0.0), vv)
+
+
+def scaled_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, scale: Tensor, chunk_size: int,
+                       state: Tensor | None, state_scale: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Σ_{n ≤ m} φ(q_m)ᵀ f̃_n e^{c_n − c_m} values_n, chunked, all chunks at once.
+
+    Chunk j's state is relative to its last scale; the prefix over chunks is a log-depth
+    scan (Hillis–Steele) whose merges x e^{r_x − r_y} + y have factors ≤ 1, since the running
+    maximum does not decrease. O(L/C · log(L/C)) state updates, no sequential loop.
+
+    Args:
+        phi_q, phi_k: (B, L, H, M); values: (B, L, H, E); scale: c, (B, L, H), non-decreasing.
+        state: (B, H, M, E) Σ of earlier keys relative to ``state_scale`` (B, H), or None.
+
+    Returns:
+        (B, L, H, E) sums, the final state (B, H, M, E) relative to the final scale (B, H).
+    """
+    b, n, h, m = phi_q.shape
+    c = max(1, min(chunk_size, n))
+    phi_q, phi_k, values, scale = _pad_chunks(c, phi_q, phi_k, values, scale)
+    nc, e = phi_q.shape[1] // c, values.shape[-1]
+    q, k = phi_q.reshape(b, nc, c, h, m), phi_k.reshape(b, nc, c, h, m)
+    vv, cs = values.reshape(b, nc, c, h, e), scale.reshape(b, nc, c, h)
+    ends = cs[:, :, -1]  # (B, N, H)
+    sums = torch.einsum("bnchm,bnche->bnhme", k * torch.exp(cs - ends[:, :, None])[..., None], vv)
+    d = 1
+    while d < nc:  # inclusive prefix over chunks, each relative to its own end scale
+        factor = torch.exp(ends[:, :-d] - ends[:, d:])[..., None, None]
+        sums = torch.cat([sums[:, :d], sums[:, :-d] * factor + sums[:, d:]], dim=1)
+        d *= 2
+    if state is None:
+        state, state_scale = phi_q.new_zeros(b, h, m, e), cs[:, 0, 0]
+    else:
+        sums = sums + state[:, None] * torch.exp(state_scale[:, None] - ends)[..., None, None]
+    before = torch.cat([state[:, None], sums[:, :-1]], dim=1)  # exclusive prefix (B, N, H, M, E)
+    before_scale = torch.cat([state_scale[:, None], ends[:, :-1]], dim=1)  # (B, N, H)
+    mask = torch.ones(c, c, dtype=torch.bool, device=values.device).tril()
+    out = torch.einsum("bnchm,bnhme->bnche", q, before) * torch.exp(before_scale[:, :, None] - cs)[..., None]
+    out = out + _intra(q, k, vv, cs, cs, mask)
+    return out.reshape(b, nc * c, h, e)[:, :n], sums[:, -1], ends[:, -1]
+
+
+_FAR = -1e4  # log scale of empty (padding) blocks: e^{_FAR − c} is 0, e^{_FAR − _FAR} a harmless 1
+
+
+def _merge(x: Tensor, rx: Tensor, y: Tensor, ry: Tensor) -> tuple[Tensor, Tensor]:
+    """x e^{rx} + y e^{ry} as (sum, scale) relative to the larger scale; x, y (B, N, H, M, E)."""
+    r = torch.maximum(rx, ry)
+    return x * torch.exp(rx - r)[..., None, None] + y * torch.exp(ry - r)[..., None, None], r
+
+
+def _scaled_chunk_window_sums(kv: Tensor, ref: Tensor, whole: int) -> tuple[Tensor, Tensor]:
+    """Σ_{i − whole ≤ j < i} kv[:, j] e^{ref_j} as (sum, scale) for each chunk i, by doubling.
+
+    kv (B, N, H, M, E) relative to ref (B, N, H). Blocks of 2^p chunks and the running result
+    are merged relative to their larger scale (every factor ≤ 1), from the window's own
+    chunks only: nothing outside the window can change the result, not even by rounding.
+    """
+    nc = kv.shape[1]
+    block = torch.cat([torch.zeros_like(kv[:, :whole]), kv], dim=1)
+    bref = torch.cat([torch.full_like(ref[:, :1], _FAR).expand(-1, whole, -1), ref], dim=1)
+    between, between_ref = torch.zeros_like(kv), torch.full_like(ref, _FAR)
+    covered, size = 0, 1
+    while size <= whole:
+        if whole & size:
+            covered += size
+            lo = whole - covered
+            between, between_ref = _merge(between, between_ref, block[:, lo:lo + nc], bref[:, lo:lo + nc])
+        if 2 * size <= whole:
+            block, bref = _merge(block[:, :-size], bref[:, :-size], block[:, size:], bref[:, size:])
+        size *= 2
+    return between, between_ref
+
+
+def scaled_window_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, log_scale: Tensor, chunk_size: int,
+                       window: int) -> Tensor:
+    """Σ_{m − W < n ≤ m} φ(q_m)ᵀ f_n e^{a_n − c_m} values_n for W < L; (B, L, H, E).
+
+    Here f_n is relative to the key's own scale a_n (``log_scale``, not a running maximum) and
+    c_m is the largest a_n inside query m's window, so the result depends on the window's keys
+    only. Whole chunks inside the window: doubling sums (no subtraction); the chunks the
+    window cuts: masked C × C products.
+    """
+    b, n, h, m = phi_q.shape
+    c = max(1, min(chunk_size, n))
+    phi_q, phi_k, values, log_scale = _pad_chunks(c, phi_q, phi_k, values, log_scale)
+    nc, e = phi_q.shape[1] // c, values.shape[-1]
+    q, k = phi_q.reshape(b, nc, c, h, m), phi_k.reshape(b, nc, c, h, m)
+    vv, ak = values.reshape(b, nc, c, h, e), log_scale.reshape(b, nc, c, h)
+    offsets = torch.arange(c, device=values.device)
+    lag0 = offsets[:, None] - offsets[None, :]
+    whole, cuts = 0, []
+    for shift in range((window + c - 1) // c + 1):
+        mask = (shift * c + lag0 >= 0) & (shift * c + lag0 < window)
+        if shift >= 1 and bool(mask.all()):
+            whole = shift
+        elif bool(mask.any()) and shift < nc:
+            cuts.append((shift, mask))
+    # c_m: the largest key scale in the window (the query's own key is always in it)
+    top = torch.full_like(ak, _FAR)
+    for shift, mask in cuts:
+        keys = ak[:, :nc - shift, None, :, :].expand(-1, -1, c, -1, -1)  # (B, N', Cq, Ck, H)
+        seen = keys.masked_fill(~mask[None, None, :, :, None], _FAR).amax(dim=3)
+        top = torch.cat([top[:, :shift], torch.maximum(top[:, shift:], seen)], dim=1)
+    between = None
+    if whole:
+        ref = ak.amax(dim=2)  # (B, N, H): each chunk relative to its largest key
+        kv = torch.einsum("bnchm,bnche->bnhme", k * torch.exp(ak - ref[:, :, None])[..., None], vv)
+        between, between_ref = _scaled_chunk_window_sums(kv, ref, min(whole, nc))
+        top = torch.maximum(top, between_ref[:, :, None])
+    out = torch.zeros(b, nc, c, h, e, dtype=values.dtype, device=values.device)
+    for shift, mask in cuts:
+        scores = torch.einsum("bnchm,bndhm->bnhcd", q[:, shift:], k[:, :nc - shift])
+        factor = torch.exp((ak[:, :nc - shift, None, :, :] - top[:, shift:, :, None, :]).clamp(max=0.0))
+        scores = (scores * factor.permute(0, 1, 4, 2, 3)).masked_fill(~mask, 0.0)
+        part = torch.einsum("bnhcd,bndhe->bnche", scores, vv[:, :nc - shift])
+        out = torch.cat([out[:, :shift], out[:, shift:] + part], dim=1)
+    if between is not None:
+        factor = torch.exp((between_ref[:, :, None] - top).clamp(max=0.0))[..., None]
+        out = out + torch.einsum("bnchm,bnhme->bnche", q, between) * factor
+    return out.reshape(b, nc * c, h, e)[:, :n]
