@@ -107,3 +107,30 @@ def test_shard_takes_this_ranks_rows():
     parts = [shard(batch, Distributed(rank, 3, rank)) for rank in range(3)]
     assert torch.equal(torch.cat(parts), batch) and all(len(p) == 2 for p in parts)
     assert shard(batch, Distributed()) is batch
+
+
+def _group_worker(rank: int, init_file: str, results: str) -> None:
+    from spe.train.distributed import Distributed, all_sum, check_same
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    ctx, cpu = Distributed(rank, 2, rank), torch.device("cpu")
+    found = {"sum": all_sum([1.0 + rank, 0.1], ctx, cpu)}
+    check_same(torch.Generator().manual_seed(5).get_state(), "a shared generator", ctx, cpu)  # equal: passes
+    try:
+        check_same(torch.Generator().manual_seed(rank).get_state(), "the SPE code generator", ctx, cpu)
+        found["raised"] = None
+    except RuntimeError as err:
+        found["raised"] = str(err)
+    dist.destroy_process_group()
+    with open(f"{results}/{rank}.json", "w") as fh:
+        json.dump(found, fh)
+
+
+def test_generators_that_differ_between_processes_are_caught_and_sums_are_exact(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_group_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        found = json.loads((tmp_path / f"{rank}.json").read_text())
+        assert found["sum"] == [3.0, 0.2]  # float64 on the wire: 0.1 + 0.1 exactly as in float64
+        assert found["raised"].startswith("the SPE code generator differs between the 2 processes")
