@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.code import DenseCode
-from spe.encodings.positions import require_positive, resolve_positions
+from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
 
 __all__ = ["NOISE_BLOCK", "ConvSPE"]
 
@@ -30,7 +30,7 @@ NOISE_BLOCK = 64
 @functools.lru_cache(maxsize=4)
 def _noise_block(seed: int, shape: tuple[int, ...]) -> Tensor:
     # Recurrent decoding asks for the same one or two blocks at every step: keep the last few.
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=NOISE_DTYPE)
 
 
 class ConvSPE(nn.Module):
@@ -114,7 +114,7 @@ class ConvSPE(nn.Module):
         r = self.num_realizations if num_realizations is None else num_realizations
         require_positive("ConvSPE", num_realizations=r)
         seed = int(torch.randint(0, 1 << 31, (1,), generator=generator))
-        eps = torch.randn(self.num_heads, self.head_dim, r, generator=generator)
+        eps = torch.randn(self.num_heads, self.head_dim, r, generator=generator, dtype=NOISE_DTYPE)
         eps = eps.to(device=self.filters_q.device, dtype=self.filters_q.dtype)
         if torch.equal(pos_q, pos_k):
             qbar, kbar = self._filter(pos_q.long(), r, seed, both=True)
