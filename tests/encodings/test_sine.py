@@ -39,7 +39,9 @@ def _standardised_errors(enc, r, lags, seed):
 
 def test_kernel_is_mean_of_code_products_at_rate_one_over_sqrt_r():
     enc = _encoding()
-    lags = [0.0, 1.0, 2.5, 37.0, 300.0]  # real-valued lags too (continuous positions)
+    # Real-valued lags too (continuous positions), and both signs (non-causal use: keys after
+    # the query, where P(−τ) = (1/2K) Σ λ² cos(−2π f τ + θ) ≠ P(τ) once θ ≠ 0).
+    lags = [0.0, 1.0, 2.5, 37.0, 300.0, -1.0, -37.0, -2.5]
     z_small, err_small = _standardised_errors(enc, 64, lags, seed=1)
     z_large, err_large = _standardised_errors(enc, 64 * 16, lags, seed=2)
     n = z_small[0].numel()  # 256 independent (head, feature) entries per lag
@@ -120,3 +122,14 @@ def test_float32_and_float64_modules_draw_the_same_code_from_the_same_seed(noise
     assert c64.weights.dtype == torch.float64
     for a, b in [(c32.weights, c64.weights), (c32.gate_noise, c64.gate_noise), *zip(c32.materialize(), c64.materialize())]:
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_at_negative_lags_is_the_mirrored_phase():
+    # P(−τ; θ) = P(τ; −θ): what an encoder (keys on both sides) sees is the same family.
+    enc = _encoding(h=2, d=3, k=4)
+    lags = torch.tensor([0.5, 3.0, 40.0])
+    mirrored = _encoding(h=2, d=3, k=4)
+    with torch.no_grad():
+        mirrored.phases.neg_()
+    torch.testing.assert_close(enc.kernel(-lags), mirrored.kernel(lags))
+    assert (enc.kernel(-lags) - enc.kernel(lags)).abs().max() > 1e-2  # not symmetric once θ ≠ 0
