@@ -5,6 +5,15 @@ Letters: L = length, H = num_heads, D = head_dim, R = num_realizations, P = kern
 Orientation (causal, so decoding needs only past noise):
     Q̄_d(t) = Σ_{p<P} Φ^Q_d(p) Z_d(t − p),   K̄_d(t) = Σ_{p<P} Φ^K_d(p) Z_d(t − p),
     P_d(τ) = E[Q̄_d(m) K̄_d(n)] / R = Σ_p Φ^Q_d(p) Φ^K_d(p − τ),  zero for |τ| ≥ P.
+With ``causal=False`` both codes read Z_d(t − p + c), c = ⌊(P − 1)/2⌋ (a centred filter);
+the common shift leaves P_d(τ) unchanged.
+
+Cost of a length-L code: (L + P − 1)·H·D·R Gaussian samples (the least any sampler of this
+distribution needs, up to the P − 1 warm-up samples), drawn in time-last blocks and
+concatenated; one real FFT of them, shared by Q̄ and K̄, and one inverse FFT per code, at a
+5-smooth length. The codes are time-last views: applying them (eq. 16-17) transposes them
+once. (Transforming a cache-sized chunk of features at a time, with the noise time-first,
+was measured 2× slower on CPU: it transposes the noise twice, in forward and in backward.)
 """
 
 from __future__ import annotations
