@@ -160,3 +160,21 @@ def test_gated_kernel_monte_carlo_mean_is_mixture_at_rate_one_over_sqrt_r(kind, 
         z = _gated_kernel_z_scores(enc, filt, lags, 20, r, seed)
         msq = z.pow(2).mean(dim=(0, 1))
         assert torch.all((msq - 1).abs() < 4 * math.sqrt(2 / n)), (r, msq)
+
+
+def test_auto_choice_follows_the_cost_model():
+    from spe.encodings.filter import MATERIALIZE_LIMIT, choose_sine_impl, sine_costs
+
+    h, d, k, r = 8, 64, 5, 64
+    small = MATERIALIZE_LIMIT // (h * d * r)  # a code of exactly the limit
+    assert choose_sine_impl(8, small, h, d, k, r) == "materialized"
+    # Beyond it, batch 1: blocked forms the code twice and applies it, more work than fused.
+    costs = sine_costs(1, 4096, h, d, k, r)
+    assert costs["blocked"][0] > costs["fused"][0] and choose_sine_impl(1, 4096, h, d, k, r) == "fused"
+    # A large batch shares the code: blocked needs (8K + 3B)/(6BK) of the work, under a fifth at B = 16.
+    costs = sine_costs(16, 4096, h, d, k, r)
+    assert costs["blocked"][0] < costs["fused"][0] / 5 and choose_sine_impl(16, 4096, h, d, k, r) == "blocked"
+    assert costs["materialized"][1] == 2 * 4096 * h * d * r and costs["blocked"][1] == 0
+    filt = SPEFilter(h, d)
+    code = SineSPE(h, d, r, k)(4096)
+    assert filt.resolve_impl(16, code) == "blocked" and SPEFilter(h, d, impl="fused").resolve_impl(16, code) == "fused"

@@ -126,8 +126,10 @@ def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | Non
 MATERIALIZE_LIMIT = 1 << 24
 IMPLS = ("auto", "fused", "materialized", "blocked", "reference")
 # Relative speed per multiply-add of the batch-shared products against the fused GEMM
-# (inner size D·2K), measured by `spe bench` on the development CPU (see ``choose_sine_impl``).
-BLOCKED_EFFICIENCY = 0.5
+# (inner size D·2K), from forward+backward timings on the development CPU (2 shared cores;
+# H = 8, D = 64, K = 5, R = 64): equal times at B = 2, N = 4,096 (fused/blocked 0.94 for
+# 1.30× the multiply-adds: 0.72) and 2.4× faster blocked at B = 8, N = 2,048 (3.75×: 0.65).
+BLOCKED_EFFICIENCY = 0.65
 
 
 def sine_costs(batch: int, length: int, num_heads: int, head_dim: int, num_sines: int,
@@ -158,6 +160,9 @@ def choose_sine_impl(batch: int, length: int, num_heads: int, head_dim: int, num
     has the smaller multiply-add count of :func:`sine_costs` after dividing the blocked
     count's rate by ``BLOCKED_EFFICIENCY`` (its products have inner sizes 2K and D instead of
     one D·2K GEMM). Both hold only one block, so memory does not decide between them.
+
+    With K = 5 this gives the fused form for B ≤ 2 and the blocked one from B = 3 (the
+    blocked form has more multiply-adds than the fused one at B = 1 for any K).
     """
     costs = sine_costs(batch, length, num_heads, head_dim, num_sines, num_realizations)
     if costs["materialized"][1] / 2 <= MATERIALIZE_LIMIT:
