@@ -127,8 +127,9 @@ MATERIALIZE_LIMIT = 1 << 24
 IMPLS = ("auto", "fused", "materialized", "blocked", "reference")
 # Relative speed per multiply-add of the batch-shared products against the fused GEMM
 # (inner size D·2K), from forward+backward timings on the development CPU (2 shared cores;
-# H = 8, D = 64, K = 5, R = 64): equal times at B = 2, N = 4,096 (fused/blocked 0.94 for
-# 1.30× the multiply-adds: 0.72) and 2.4× faster blocked at B = 8, N = 2,048 (3.75×: 0.65).
+# H = 8, D = 64, K = 5, R = 64): equal times at B = 2, N = 4,096 (fused/blocked 0.94, twice,
+# for 1.30× the multiply-adds: 0.72) and 1.8-2.4× faster blocked at B = 8, N = 2,048
+# (3.75× the multiply-adds: 0.47-0.65). Timings on that loaded machine vary by ±30 %.
 BLOCKED_EFFICIENCY = 0.65
 
 
