@@ -1,7 +1,8 @@
 """Model checkpoints: weights in safetensors, configuration and metadata in its header.
 
-Files are written to a temporary name in the same folder and renamed, so a checkpoint is
-either the old one or the new one, never half-written. :func:`load_checkpoint` reads a
+Files are written to a temporary name in the same folder, flushed to disk (``fsync`` of the
+file, then of the folder after the rename), and renamed, so after a crash or a power cut a
+checkpoint is either the old one or the new one, never half-written. :func:`load_checkpoint` reads a
 checkpoint once into a :class:`LoadedCheckpoint` (model, configurations, tokenizer,
 metadata) that evaluation, generation, the report and the sweep pass around.
 """
@@ -21,8 +22,8 @@ from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
 
-__all__ = ["MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write", "load", "load_checkpoint",
-           "load_metadata", "save"]
+__all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write",
+           "fsync_dir", "load", "load_checkpoint", "load_metadata", "max_positions", "save"]
 
 MODEL_FILE = "model.safetensors"
 # Optimizer step, optimizer and random states of a run, beside MODEL_FILE (see spe.train.loop).
@@ -31,26 +32,66 @@ TRAIN_STATE_FILE = "train_state.pt"
 DEFAULT_MODEL_KIND = "decoder-lm"
 MODEL_KINDS = {DEFAULT_MODEL_KIND: (ModelConfig, DecoderLM),
                EncoderClassifier.MODEL_KIND: (ClassifierConfig, EncoderClassifier)}
+# Version of the checkpoint layout (header keys, tensor names). 1: the first versioned one;
+# headers without a version were written before and read as version 1. A newer version is
+# refused with a message rather than misread.
+FORMAT_VERSION = 1
+# mkstemp creates files readable by their owner only; written files get the usual permissions.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Flushes a folder's entries (renames, new files) to disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: str | os.PathLike, write) -> None:
-    """Calls ``write(tmp_path)`` then renames tmp_path to ``path`` (same folder, atomic)."""
+    """Calls ``write(tmp_path)``, flushes tmp_path to disk, renames it to ``path`` and flushes the folder.
+
+    The temporary file lives in the same folder (so the rename is atomic); it is removed if
+    ``write`` fails. After a crash at any moment ``path`` holds the old or the new content.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
+
+
+def max_positions(config: ModelConfig) -> int | None:
+    """The most positions a model of ``config`` takes (``ape-learned``: ``max_positions``); None: any."""
+    return config.max_positions if config.positional == "ape-learned" else None
 
 
 def _resolve(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir():
         path = path / MODEL_FILE
+    elif path.name == TRAIN_STATE_FILE or path.suffix == ".pt":
+        raise ValueError(f"{path} is a training state (optimizer and random states), not a model: pass "
+                         f"the run folder {path.parent} or its {MODEL_FILE}")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path} (expected a {MODEL_FILE} file or a folder holding one)")
     return path
@@ -76,6 +117,7 @@ def save(model: DecoderLM, path: str | os.PathLike, *, metadata: dict | None = N
     if model.config.tie_embeddings:
         state.pop("head.weight", None)  # the same tensor as embed.weight
     header = {"spe_config": json.dumps(model.config.to_dict()), "spe_metadata": json.dumps(metadata or {}),
+              "spe_format_version": str(FORMAT_VERSION),
               "spe_model_kind": getattr(model, "MODEL_KIND", DEFAULT_MODEL_KIND)}
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata=header))
     return path
@@ -93,6 +135,10 @@ def load_metadata(path: str | os.PathLike) -> dict:
         raise ValueError(f"{file} is not a readable safetensors file: {err}") from None
     if "spe_config" not in header:
         raise ValueError(f"{file} is not an spe checkpoint (no spe_config in its header)")
+    version = header.get("spe_format_version", "1")
+    if not version.isdigit() or int(version) > FORMAT_VERSION:
+        raise ValueError(f"{file} has checkpoint format version {version}, newer than the {FORMAT_VERSION} "
+                         "this spe reads: upgrade spe to load it")
     meta = json.loads(header.get("spe_metadata", "{}"))
     meta["config"] = json.loads(header["spe_config"])
     meta["model_kind"] = header.get("spe_model_kind", DEFAULT_MODEL_KIND)  # older files: decoders
@@ -132,11 +178,27 @@ def _load_model(file: Path, config: dict, device: str | torch.device,
     state = load_file(str(file))
     if model_config.tie_embeddings:
         state["head.weight"] = state["embed.weight"]
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        raise ValueError(f"{file}: tensors do not match its configuration: {err}") from None
+    mismatch = _state_mismatch(model.state_dict(), state)
+    if mismatch:
+        raise ValueError(f"{file}: its tensors do not match its configuration ({mismatch}): the weights "
+                         "come from another model")
+    model.load_state_dict(state)
     return model.to(device).eval()
+
+
+def _state_mismatch(expected: dict, given: dict) -> str:
+    """The first difference between two state dicts' names and shapes, in words ("" if none)."""
+    missing = sorted(set(expected) - set(given))
+    unexpected = sorted(set(given) - set(expected))
+    shapes = [k for k in sorted(set(expected) & set(given)) if expected[k].shape != given[k].shape]
+    if missing:
+        return f"{len(missing)} tensor(s) missing, e.g. {missing[0]}"
+    if unexpected:
+        return f"{len(unexpected)} unexpected tensor(s), e.g. {unexpected[0]}"
+    if shapes:
+        k = shapes[0]
+        return f"{k} has shape {tuple(given[k].shape)}, the configuration gives {tuple(expected[k].shape)}"
+    return ""
 
 
 @dataclass
@@ -178,6 +240,18 @@ class LoadedCheckpoint:
     def tokenizer_json(self) -> str | None:
         """The REMI tokenizer's parameters (JSON text), or None if the run was not on music."""
         return self.metadata.get("tokenizer")
+
+    @property
+    def max_length(self) -> int | None:
+        """The most positions the model's positional encoding supports (``ape-learned``: its
+        ``max_positions``), or None when any length works."""
+        return max_positions(self.model.config)
+
+    def check_length(self, length: int, what: str) -> None:
+        """Raises ValueError naming ``what`` if ``length`` positions exceed :attr:`max_length`."""
+        if self.max_length is not None and length > self.max_length:
+            raise ValueError(f"{what} needs {length} positions but {self.path} has {self.max_length} learned "
+                             f"position embeddings (ape-learned max_positions)")
 
     def set_window(self, window: int | None) -> None:
         """Sets the model's sliding attention window: None keeps the trained one, 0 the whole past.

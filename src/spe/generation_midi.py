@@ -75,7 +75,11 @@ def generate_midi(checkpoint: str | os.PathLike | LoadedCheckpoint, out: str, *,
     if loaded.tokenizer_json is None:
         raise ValueError(f"{loaded.path} holds no tokenizer: it was not trained on music by `spe train`")
     tokenizer = tokenizer_from_json(loaded.tokenizer_json)
+    loaded.check_length(length, f"--length {length}")
     start = prompt_ids(tokenizer, prompt, prompt_bars) if prompt else []
+    if start:
+        loaded.check_length(len(start) + length,
+                            f"the prompt {prompt} ({len(start)} tokens) plus --length {length}")
     ids = generate(loaded.model, start, length, top_p=top_p, temperature=temperature,
                    allowed_next=REMIGrammar(tokenizer).allowed_next, generator=torch.Generator().manual_seed(seed),
                    progress=progress)

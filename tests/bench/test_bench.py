@@ -30,3 +30,36 @@ def test_layer_flops_grow_linearly_for_linear_kernels_and_quadratically_for_soft
     assert layer_flops({**case, "length": 2000}) == 2 * layer_flops(case)
     soft = {**case, "attention": "softmax"}
     assert layer_flops({**soft, "length": 2000}) > 3.5 * layer_flops(soft)
+
+
+def test_positional_names_select_implementations_and_aliases():
+    import pytest
+
+    from spe.bench.run import SERIES, parse_series, series_name
+
+    assert parse_series("sinespe,sinespe:reference,sinespe:blocked") == [
+        ("sinespe", "-"), ("sinespe", "reference"), ("sinespe", "blocked")]
+    assert parse_series("sinespe:auto,convspe:fft,convspe,convspe:direct") == [
+        ("sinespe", "-"), ("convspe", "fft"), ("convspe", "direct")]
+    assert parse_series(None) == SERIES
+    # Every series round-trips through its name (the CLI's --positionals vocabulary).
+    assert [parse_series(series_name(*s))[0] for s in SERIES] == SERIES
+    with pytest.raises(ValueError, match=r"sinespe:fused.*got .sinespe:magic"):
+        parse_series("sinespe:magic")
+
+
+def test_bench_measures_each_spe_implementation_and_records_the_automatic_choice(tmp_path):
+    out = tmp_path / "bench"
+    assert main(["bench", "--lengths", "24", "--modes", "train,generate", "--attentions", "performer",
+                 "--positionals", "sinespe,sinespe:blocked,convspe:direct", "--repeats", "1",
+                 "--json", str(out / "b.json"), "--out", str(out), "--threads", "1", "--no-progress"]) == 0
+    records = json.loads((out / "b.json").read_text())["records"]
+    got = {(r["mode"], r["positional"], r["impl"]) for r in records}
+    assert got == {(m, p, i) for m in ("train", "generate")
+                   for p, i in [("sinespe", "-"), ("sinespe", "blocked"), ("convspe", "direct")]}
+    auto = [r for r in records if r["impl"] == "-"]
+    assert {r["resolved_impl"] for r in auto} == {"materialized"}  # 24·8·64·64 elements: small code
+    assert all("resolved_impl" not in r for r in records if r["impl"] != "-")
+    table = (out / "bench.md").read_text()
+    assert "| sinespe (auto) + performer |" in table and "| sinespe (blocked) + performer |" in table
+    assert "| convspe (direct) + performer |" in table

@@ -8,9 +8,9 @@ import torch
 from spe import ConvSPE
 
 
-def _encoding(p=7, h=4, d=64, seed=0):
+def _encoding(p=7, h=4, d=64, seed=0, causal=True):
     torch.manual_seed(seed)
-    enc = ConvSPE(h, d, num_realizations=8, kernel_size=p).double()
+    enc = ConvSPE(h, d, num_realizations=8, kernel_size=p, causal=causal).double()
     with torch.no_grad():
         enc.filters_q.normal_(0, 1 / math.sqrt(p))
         enc.filters_k.normal_(0, 1 / math.sqrt(p))
@@ -28,9 +28,11 @@ def test_kernel_matches_explicit_sum_and_vanishes_beyond_kernel_size():
     assert torch.all(got[..., lags.abs() >= 5] == 0)
 
 
-def test_kernel_is_mean_of_code_products_at_rate_one_over_sqrt_r():
-    enc = _encoding()
-    lags = torch.tensor([0, 1, 3, 6, 9])
+@pytest.mark.parametrize("causal", [True, False])
+def test_kernel_is_mean_of_code_products_at_rate_one_over_sqrt_r(causal):
+    # Both lag signs: a centred (non-causal) filter shifts Q̄ and K̄ alike, so kernel() holds.
+    enc = _encoding(causal=causal)
+    lags = torch.tensor([0, 1, 3, 6, 9, -1, -4])
     n = enc.num_heads * enc.head_dim  # independent (head, feature) entries per lag
     errs = []
     for r, seed in ((64, 1), (1024, 2)):
@@ -43,14 +45,15 @@ def test_kernel_is_mean_of_code_products_at_rate_one_over_sqrt_r():
         z = (est - exact) / torch.sqrt((aa * bb + exact**2) / r)
         assert torch.all((z.pow(2).mean(dim=(1, 2)) - 1).abs() < 4 * math.sqrt(2 / n))
         errs.append((est - exact).pow(2).mean().sqrt())
+    # The lags of one feature share its noise: n independent entries, ratio sd √(1/n), ±4 sd.
     ratio = errs[0] / errs[1]
-    spread = 4 * math.sqrt(0.5 / (n * len(lags)))
-    assert 4 * (1 - spread) < ratio < 4 * (1 + spread) * 1.05
+    assert 4 * (1 - 4 / math.sqrt(n)) < ratio < 4 * (1 + 4 / math.sqrt(n))
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("p", [1, 4, 33])
-def test_fft_equals_direct_convolution_forward_and_backward(p):
-    enc = _encoding(p=p, h=2, d=3)
+def test_fft_equals_direct_convolution_forward_and_backward(p, causal):
+    enc = _encoding(p=p, h=2, d=3, causal=causal)
     outs = {}
     for impl in ("fft", "direct"):
         enc.impl = impl
@@ -63,8 +66,9 @@ def test_fft_equals_direct_convolution_forward_and_backward(p):
         torch.testing.assert_close(a, b)
 
 
-def test_code_of_a_prefix_and_of_single_positions_agree():
-    enc = _encoding(p=6, h=2, d=3)
+@pytest.mark.parametrize("causal", [True, False])
+def test_code_of_a_prefix_and_of_single_positions_agree(causal):
+    enc = _encoding(p=6, h=2, d=3, causal=causal)
     g = lambda: torch.Generator().manual_seed(11)
     long = enc(300, generator=g())
     short = enc(130, generator=g())
@@ -80,3 +84,47 @@ def test_bad_positions_raise():
         enc(positions=torch.tensor([0.5, 1.5]))
     with pytest.raises(ValueError, match="kernel_size"):
         ConvSPE(1, 2, 4, 0)
+    with pytest.raises(ValueError, match="≥ 0, got -2"):
+        enc(query_positions=torch.tensor([-2, 0]), key_positions=torch.tensor([0, 1]))
+    with pytest.raises(TypeError, match="causal"):
+        ConvSPE(1, 2, 4, 3, causal="no")
+
+
+def test_float32_and_float64_modules_draw_the_same_code_from_the_same_seed():
+    enc32 = ConvSPE(2, 3, num_realizations=4, kernel_size=5)
+    enc64 = ConvSPE(2, 3, num_realizations=4, kernel_size=5)
+    enc64.load_state_dict(enc32.state_dict())
+    enc64.double()
+    c32, c64 = (e(30, generator=torch.Generator().manual_seed(5)) for e in (enc32, enc64))
+    for a, b in [(c32.qbar, c64.qbar), (c32.kbar, c64.kbar), (c32.gate_noise, c64.gate_noise)]:
+        assert b.dtype == torch.float64
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
+def test_fft_path_equals_explicit_sum_over_the_documented_noise():
+    # The FFT path reads noise_span (time-last blocks); the explicit sum reads noise(times):
+    # both must see the same Z(t) and apply Q̄(t) = Σ_p Φ(p) Z(t − p + c).
+    for causal in (True, False):
+        enc = _encoding(p=5, h=2, d=3, causal=causal)
+        code = enc(40, num_realizations=4, generator=torch.Generator().manual_seed(7))
+        seed = int(torch.randint(0, 1 << 31, (1,), generator=torch.Generator().manual_seed(7)))
+        t = torch.arange(40)[:, None] + enc.shift - torch.arange(5)[None]  # (L, P)
+        z = enc.noise(t.flatten(), 4, seed).view(40, 5, 2, 3, 4)
+        torch.testing.assert_close(code.qbar, torch.einsum("lphdr,hdp->lhdr", z, enc.filters_q))
+        span = enc.noise_span(-4, 44, 4, seed)
+        torch.testing.assert_close(span, enc.noise(torch.arange(-4, 40), 4, seed).permute(1, 2, 3, 0))
+
+
+def test_fft_size_is_the_smallest_5_smooth_length():
+    from spe.encodings.conv import fft_size
+
+    def smooth(m):
+        for q in (2, 3, 5):
+            while m % q == 0:
+                m //= q
+        return m == 1
+
+    for n in [*range(1, 200), 4223, 8319]:
+        f = fft_size(n)
+        assert f >= n and smooth(f) and not any(smooth(m) for m in range(n, f)), (n, f)
+    assert fft_size(4223) == 4320

@@ -27,7 +27,7 @@ def test_fused_and_materialized_equal_reference_forward_and_backward(gated):
     q = torch.randn(3, 9, 2, 6, dtype=torch.float64, requires_grad=True)
     k = torch.randn(3, 4, 2, 6, dtype=torch.float64, requires_grad=True)  # different key length
     results = {}
-    for impl in ("reference", "materialized", "fused"):
+    for impl in ("reference", "materialized", "fused", "blocked"):
         filt.impl = impl
         enc.zero_grad()
         filt.zero_grad()
@@ -42,7 +42,7 @@ def test_fused_and_materialized_equal_reference_forward_and_backward(gated):
         if gated:
             grads.append(filt.gate_logits.grad)
         results[impl] = [qh, kh] + [g.clone() for g in grads]
-    for impl in ("materialized", "fused"):
+    for impl in ("materialized", "fused", "blocked"):
         for a, b in zip(results[impl], results["reference"]):
             torch.testing.assert_close(a, b)
 
@@ -86,8 +86,9 @@ def test_shape_errors_name_the_shapes():
         SPEFilter(2, 6, impl="magic")
 
 
-def test_blocked_fused_product_passes_gradcheck_with_uneven_blocks():
-    from spe.encodings.filter import _FusedSineProduct
+@pytest.mark.parametrize("product", ["fused", "shared"])
+def test_blocked_products_pass_gradcheck_with_uneven_blocks(product):
+    from spe.encodings.sine_products import FusedSineProduct, SharedSineProduct
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
@@ -95,8 +96,85 @@ def test_blocked_fused_product_passes_gradcheck_with_uneven_blocks():
     phases = torch.randn(2, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
     positions = torch.tensor([0.0, 1.0, 2.5, 3.0, 10.0, 11.0, 300.0], dtype=torch.float64)
     w = torch.randn(2, 12, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    if product == "shared":
+        fn, w = SharedSineProduct.apply, w.detach().view(2, 3, 4, 5).requires_grad_()
+    else:
+        fn = FusedSineProduct.apply
     for block in (1, 3, 7, 100):
-        assert torch.autograd.gradcheck(
-            lambda a, f, t, c: _FusedSineProduct.apply(a, f, t, positions, c, block), (x, freqs, phases, w))
-        assert torch.autograd.gradcheck(
-            lambda a, f, c: _FusedSineProduct.apply(a, f, None, positions, c, block), (x, freqs, w))
+        assert torch.autograd.gradcheck(lambda a, f, t, c: fn(a, f, t, positions, c, block), (x, freqs, phases, w))
+        assert torch.autograd.gradcheck(lambda a, f, c: fn(a, f, None, positions, c, block), (x, freqs, w))
+
+
+def _gated_kernel_z_scores(enc, filt, lags, key_position, r, seed):
+    """Standardised errors of the gated code's kernel estimate, read through the filter.
+
+    With one-hot queries/keys x = e_d, q̂ = Q̃_d / (DR)^{1/4} where Q̃_d = √(1−δ_d) Q̄_d + √δ_d ε_d
+    (eq. 23-25), so ê_d = Σ_r q̂ k̂ · √D / √R = (1/R) Σ_r Q̃_d(m, r) K̃_d(n, r). Each product is
+    (u·W_r)(v·W_r) for i.i.d. standard W_r = (Z_r, ε_r), with u·v = (1−δ)P(m−n) + δ: ê is
+    unbiased for that and has variance ((u·u)(v·v) + (u·v)²) / R, where u·u = (1−δ)A + δ and
+    v·v = (1−δ)B + δ with A = E[Q̄_d²]/R, B = E[K̄_d²]/R.
+    """
+    h, d = enc.num_heads, enc.head_dim
+    eye = torch.eye(d, dtype=torch.float64)  # batch b holds feature b
+    q = eye[:, None, None, :].expand(d, len(lags), h, d)
+    k = eye[:, None, None, :].expand(d, 1, h, d)
+    code = enc(query_positions=key_position + torch.tensor(lags), key_positions=torch.tensor([key_position]),
+               num_realizations=r, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        qh, kh = filt(q, k, code)  # (D, T, H, R), (D, 1, H, R)
+    est = torch.einsum("dthr,dhr->hdt", qh, kh[:, 0]) * math.sqrt(d / r)  # (H, D, T)
+    delta = filt.gate.detach()[..., None]
+    mean = (1 - delta) * enc.kernel(torch.tensor(lags)).detach() + delta
+    if isinstance(enc, SineSPE):
+        a = b = (enc.gains.detach() ** 2).sum(-1) / (2 * enc.num_sines)  # Σ_k λ² (cos² + sin²) / 2K
+    else:
+        a, b = enc.filters_q.detach().pow(2).sum(-1), enc.filters_k.detach().pow(2).sum(-1)
+    uu, vv = (1 - delta) * a[..., None] + delta, (1 - delta) * b[..., None] + delta
+    return (est - mean) / torch.sqrt((uu * vv + mean**2) / r)
+
+
+@pytest.mark.parametrize(("kind", "impl"), [("sine", "reference"), ("sine", "materialized"), ("sine", "fused"),
+                                            ("sine", "blocked"), ("conv", "reference"), ("conv", "materialized")])
+def test_gated_kernel_monte_carlo_mean_is_mixture_at_rate_one_over_sqrt_r(kind, impl):
+    # Issue 12, defect 5: replacing √(1−δ), √δ by (1−δ), δ in any path shifts the mean to
+    # (1−δ)²P + δ² (≈ 0.5 away at δ = ½), i.e. z ≈ 3 at R = 64 and 11 at R = 1,024: red.
+    torch.manual_seed(0)
+    h, d = 4, 32
+    if kind == "sine":
+        enc = SineSPE(h, d, num_sines=3).double()
+        with torch.no_grad():
+            enc.phases.uniform_(-math.pi, math.pi)
+            enc.gains.normal_()
+            enc.frequency_logits.normal_(-2.0, 1.5)
+    else:
+        enc = ConvSPE(h, d, kernel_size=7).double()
+        with torch.no_grad():
+            enc.filters_q.normal_(0, 1 / math.sqrt(7))
+            enc.filters_k.normal_(0, 1 / math.sqrt(7))
+    filt = SPEFilter(h, d, gated=True, impl=impl).double()
+    with torch.no_grad():
+        filt.gate_logits.normal_()  # δ spread over (0, 1)
+    lags = [0, 1, 3, -2, 6]
+    n = h * d  # independent (head, feature) entries per lag: mean of n squared N(0, 1) has sd √(2/n)
+    for r, seed in ((64, 1), (1024, 2)):  # the same standardisation at R and 16 R: error ∝ 1/√R
+        z = _gated_kernel_z_scores(enc, filt, lags, 20, r, seed)
+        msq = z.pow(2).mean(dim=(0, 1))
+        assert torch.all((msq - 1).abs() < 4 * math.sqrt(2 / n)), (r, msq)
+
+
+def test_auto_choice_follows_the_cost_model():
+    from spe.encodings.filter import MATERIALIZE_LIMIT, choose_sine_impl, sine_costs
+
+    h, d, k, r = 8, 64, 5, 64
+    small = MATERIALIZE_LIMIT // (h * d * r)  # a code of exactly the limit
+    assert choose_sine_impl(8, small, h, d, k, r) == "materialized"
+    # Beyond it, batch 1: blocked forms the code twice and applies it, more work than fused.
+    costs = sine_costs(1, 4096, h, d, k, r)
+    assert costs["blocked"][0] > costs["fused"][0] and choose_sine_impl(1, 4096, h, d, k, r) == "fused"
+    # A large batch shares the code: blocked needs (8K + 3B)/(6BK) of the work, under a fifth at B = 16.
+    costs = sine_costs(16, 4096, h, d, k, r)
+    assert costs["blocked"][0] < costs["fused"][0] / 5 and choose_sine_impl(16, 4096, h, d, k, r) == "blocked"
+    assert costs["materialized"][1] == 2 * 4096 * h * d * r and costs["blocked"][1] == 0
+    filt = SPEFilter(h, d)
+    code = SineSPE(h, d, r, k)(4096)
+    assert filt.resolve_impl(16, code) == "blocked" and SPEFilter(h, d, impl="fused").resolve_impl(16, code) == "fused"

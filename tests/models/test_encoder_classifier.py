@@ -133,13 +133,13 @@ def test_per_layer_codes_differ_and_shared_codes_do_not():
     assert own.layer_encodings is not None and shared.layer_encodings is None
 
 
-@pytest.mark.parametrize("kind", ["sinespe", "convspe"])
+@pytest.mark.parametrize("kind", ["sinespe", "convspe", "convspe-centred"])
 def test_non_causal_spe_scores_depend_on_the_lag_only(kind):
     # Same content at every position: q̂_m·k̂_n / √R has expectation Σ_d q_d k_d P_d(m − n) / √D
     # (SPE-NOTES, eq. 16-17), whatever m and n are. Mean over N = 300 codes; the tolerance is
     # 5 standard errors of that mean, estimated from the draws themselves.
     torch.manual_seed(0)
-    encoding = SineSPE(1, 3, 64, 3) if kind == "sinespe" else ConvSPE(1, 3, 64, 6)
+    encoding = SineSPE(1, 3, 64, 3) if kind == "sinespe" else ConvSPE(1, 3, 64, 6, causal=kind == "convspe")
     with torch.no_grad():  # an asymmetric kernel, P(2) ≠ P(−2): phases of ~π/2, or Φ^Q ≠ Φ^K
         if kind == "sinespe":
             encoding.phases.fill_(1.5)

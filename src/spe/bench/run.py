@@ -16,17 +16,51 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SERIES", "layer_flops", "matmul_gflops", "run_bench"]
+from spe.encodings.registry import positional_names
+
+__all__ = ["SERIES", "SPE_IMPLS", "layer_flops", "matmul_gflops", "parse_series", "run_bench", "series_name"]
 
 log = logging.getLogger(__name__)
 
-# (positional, impl): the sineSPE reference twin materialises the (L, H, D, R) code.
-SERIES = [("ape", "-"), ("sinespe", "fused"), ("sinespe", "reference"), ("convspe", "fft"), ("ape-learned", "-"),
-          ("rope", "-"), ("shaw", "-"), ("music-relative", "-"), ("alibi", "-"), ("none", "-")]
+# How each stochastic encoding can be applied. The first entry is the default, measured when
+# the name has no suffix: "-" is sineSPE's automatic choice (``SPEFilter(impl="auto")``, the
+# record's ``resolved_impl`` says what it picked); "reference" is the straightforward twin.
+SPE_IMPLS = {"sinespe": ("-", "fused", "blocked", "materialized", "reference"), "convspe": ("fft", "direct")}
+# Suffixes accepted as aliases of the default: ``sinespe:auto``, ``convspe:fft``.
+DEFAULT_ALIASES = {"sinespe": "auto", "convspe": "fft"}
+# (positional, impl) pairs ``spe bench`` can measure, in table order.
+SERIES = [("ape", "-"), *[(name, impl) for name in positional_names(stochastic=True) for impl in SPE_IMPLS[name]],
+          *[(name, "-") for name in positional_names(stochastic=False) if name != "ape"]]
 ATTENTIONS = ["softmax", "performer", "linear"]
 # Encodings that add a term to the scores exist for softmax attention only.
-SCORE_ENCODINGS = ("shaw", "music-relative", "alibi")
+SCORE_ENCODINGS = positional_names(acts_on="scores")
 MODES = ("train", "generate", "model")
+
+
+def series_name(positional: str, impl: str) -> str:
+    """The command-line name of a series: ``sinespe`` (automatic choice), ``sinespe:blocked``…"""
+    return positional if impl in ("-", SPE_IMPLS.get(positional, ("-",))[0]) else f"{positional}:{impl}"
+
+
+def parse_series(text: str | None) -> list[tuple[str, str]]:
+    """``--positionals`` → (positional, impl) pairs; None or "" gives every series.
+
+    ``sinespe`` measures ``SPEFilter``'s automatic choice, ``sinespe:reference`` the
+    straightforward twin, ``sinespe:fused|blocked|materialized`` one implementation;
+    ``convspe`` (= ``convspe:fft``) the FFT path and ``convspe:direct`` its conv1d twin.
+
+    Raises:
+        ValueError: naming the unknown entries and the accepted names.
+    """
+    if not text:
+        return list(SERIES)
+    by_name = {series_name(p, i): (p, i) for p, i in SERIES}
+    by_name.update({f"{p}:{alias}": (p, SPE_IMPLS[p][0]) for p, alias in DEFAULT_ALIASES.items()})
+    wanted = [w.strip() for w in text.split(",") if w.strip()]
+    unknown = [w for w in wanted if w not in by_name]
+    if unknown or not wanted:
+        raise ValueError(f"--positionals takes a comma-separated subset of {', '.join(by_name)}, got {text!r}")
+    return list(dict.fromkeys(by_name[w] for w in wanted))
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
@@ -141,7 +175,10 @@ def _predicted_too_big(prev: dict | None, n: int, attention: str, mode: str, bud
 
 
 def _label(r: dict) -> str:
-    impl = "" if r["impl"] in ("-", "fft") else f" ({r['impl']})"
+    if r["impl"] == "-" and r["positional"] in SPE_IMPLS:
+        impl = " (auto)"  # what it picked per length: the record's resolved_impl
+    else:
+        impl = "" if r["impl"] in ("-", "fft") else f" ({r['impl']})"
     return f"{r['positional']}{impl} + {r['attention']}"
 
 
@@ -167,25 +204,38 @@ def summarize(result: dict) -> dict:
             out["ratios_to_ape_performer"][f"{r['mode']} {_label(r)} N={r['length']}"] = {
                 "time": r["median_ms"] / base["median_ms"], "memory": r["peak_mb"] / max(base["peak_mb"], 1e-9)}
     t = out["targets"]
-    fused, ref = get("train", "sinespe", "fused", "performer", 4096), get("train", "sinespe", "reference", "performer", 4096)
-    if fused and ref:
-        t["fused_vs_reference_sinespe_N4096"] = {"time_ratio": ref["median_ms"] / fused["median_ms"],
-                                                 "memory_ratio": ref["peak_mb"] / max(fused["peak_mb"], 1e-9)}
-    spe_p, ape_p = get("train", "sinespe", "fused", "performer", 4096), get("train", "ape", "-", "performer", 4096)
-    if spe_p and ape_p:
-        t["spe_performer_vs_ape_performer_N4096"] = {"time_ratio": spe_p["median_ms"] / ape_p["median_ms"],
-                                                    "memory_ratio": spe_p["peak_mb"] / max(ape_p["peak_mb"], 1e-9)}
+
+    def sine(mode, att, n):  # the default (automatic) sineSPE, or the fused form in older runs
+        return get(mode, "sinespe", "-", att, n) or get(mode, "sinespe", "fused", att, n)
+
+    ref = get("train", "sinespe", "reference", "performer", 4096)
+    for impl in ("-", "fused", "blocked"):
+        fast = get("train", "sinespe", impl, "performer", 4096)
+        if fast and ref:
+            t[f"reference_vs_{'auto' if impl == '-' else impl}_sinespe_N4096"] = {
+                "time_ratio": ref["median_ms"] / fast["median_ms"],
+                "memory_ratio": ref["peak_mb"] / max(fast["peak_mb"], 1e-9)}
+    if ref and get("train", "sinespe", "fused", "performer", 4096):  # the name earlier runs used
+        t["fused_vs_reference_sinespe_N4096"] = t["reference_vs_fused_sinespe_N4096"]
+    ape_p = get("train", "ape", "-", "performer", 4096)
+    for key, rec in [("spe_performer_vs_ape_performer_N4096", sine("train", "performer", 4096)),
+                     ("convspe_performer_vs_ape_performer_N4096", get("train", "convspe", "fft", "performer", 4096)),
+                     ("convspe_direct_performer_vs_ape_performer_N4096",
+                      get("train", "convspe", "direct", "performer", 4096))]:
+        if rec and ape_p:
+            t[key] = {"time_ratio": rec["median_ms"] / ape_p["median_ms"],
+                      "memory_ratio": rec["peak_mb"] / max(ape_p["peak_mb"], 1e-9)}
     lin, soft = get("train", "ape", "-", "linear", 8192), get("train", "ape", "-", "softmax", 8192)
     if lin and soft:
         t["linear_chunked_vs_sdpa_causal_N8192_speedup"] = soft["median_ms"] / lin["median_ms"]
-    a, b = get("train", "sinespe", "fused", "performer", 1024), get("train", "sinespe", "fused", "performer", 16384)
+    a, b = sine("train", "performer", 1024), sine("train", "performer", 16384)
     if a and b:
         t["spe_performer_exponent_1024_16384"] = math.log(b["median_ms"] / a["median_ms"]) / math.log(16)
-    g0, g1 = get("generate", "sinespe", "fused", "performer", 512), get("generate", "sinespe", "fused", "performer", 8192)
+    g0, g1 = sine("generate", "performer", 512), sine("generate", "performer", 8192)
     if g0 and g1:
         t["generation_per_token_8192_vs_512"] = g1["median_ms"] / g0["median_ms"]
         t["generation_memory_mb_512_8192"] = [g0["peak_mb"], g1["peak_mb"]]
-    p = get("train", "sinespe", "fused", "performer", 8192)
+    p = sine("train", "performer", 8192)
     if p:
         t["spe_performer_N8192_gflops"] = p["gflops_per_s"]
         t["fraction_of_matmul_rate"] = p["gflops_per_s"] / result["matmul_gflops"]
@@ -220,6 +270,7 @@ def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
                 r = next((x for x in rows if _label(x) == key and x["length"] == n), None)
                 cells.append("" if r is None else ("–" if "median_ms" not in r else f"{r['median_ms']:.1f} / {r['peak_mb']:.0f}"))
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
+        lines += _auto_choices(rows)
         lines.append("")
     if result.get("code_errors"):
         lines += ["### sineSPE estimation error vs R (RMS; Gaussian vs orthogonal noise)", "",
@@ -235,6 +286,12 @@ def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
               "```", json.dumps(summary["targets"], indent=2), "```", ""]
     (out_dir / "bench.md").write_text("\n".join(lines))
     _plot(result, out_dir)
+
+
+def _auto_choices(rows: list[dict]) -> list[str]:
+    picked = [f"{r['positional']} + {r['attention']} N={r['length']}: {r['resolved_impl']}"
+              for r in rows if r.get("resolved_impl")]
+    return ["", "auto chose: " + "; ".join(picked)] if picked else []
 
 
 def _model_table(rows: list[dict], lengths: list[int], config: dict) -> list[str]:

@@ -19,7 +19,7 @@ from spe.attention.layer import MultiHeadAttention
 from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from spe.encodings.alibi import ALiBi
 from spe.encodings.conv import ConvSPE
-from spe.encodings.filter import SPEFilter
+from spe.encodings.filter import IMPLS, SPEFilter, choose_sine_impl
 from spe.encodings.music_relative import MusicRelativePosition
 from spe.encodings.rope import RotaryEncoding
 from spe.encodings.shaw import ShawRelativePosition
@@ -38,9 +38,10 @@ def build(case: dict):
     if positional == "sinespe":
         encoding = SineSPE(h, d, r, case["num_sines"])
     elif positional == "convspe":
-        encoding = ConvSPE(h, d, r, case["kernel_size"])
+        encoding = ConvSPE(h, d, r, case["kernel_size"], impl="direct" if case["impl"] == "direct" else "fft")
     if encoding is not None:
-        impl = {"fused": "fused", "reference": "reference", "materialized": "materialized"}.get(case["impl"], "auto")
+        # "-" (and convSPE's "fft"/"direct", which concern the code, not its application): auto.
+        impl = case["impl"] if positional == "sinespe" and case["impl"] in IMPLS else "auto"
         spe_filter = SPEFilter(h, d, gated=True, impl=impl)
     max_distance = case.get("max_distance", 256)
     score_encoding = {
@@ -162,6 +163,10 @@ def main() -> None:
     result = measure(case, device)
     if case["mode"] == "generate":
         result["per_token_ms"] = result["median_ms"]
+    if case["positional"] == "sinespe" and case["impl"] == "-" and case["mode"] != "model":
+        length = case["length"] if case["mode"] == "train" else 1
+        result["resolved_impl"] = choose_sine_impl(case["batch"], length, case["num_heads"], case["head_dim"],
+                                                   case["num_sines"], case["num_realizations"])
     print(json.dumps({**case, **result}))
 
 

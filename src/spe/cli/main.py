@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ log = logging.getLogger("spe")
 _MODEL_FLAGS = ("positional", "attention", "num_realizations", "num_sines", "kernel_size", "d_model", "num_layers",
                 "num_heads", "max_distance", "max_positions")
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
-                "eval_every", "threads", "warmup_steps")
+                "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints")
 
 
 class UsageError(ValueError):
@@ -56,7 +57,10 @@ def _train_config(args: argparse.Namespace, **overrides):
     from spe.train.config import TrainConfig, load_config_file, packaged_config
 
     raw = load_config_file(args.config or packaged_config("demo"))
-    model = dict(raw.pop("model", {}))
+    model = raw.pop("model", {})
+    if not isinstance(model, dict):
+        raise UsageError(f"config file {args.config}: model must be a [model] table, got {model!r}")
+    model = dict(model)
     for flag in _TRAIN_FLAGS:
         if getattr(args, flag, None) is not None:
             raw[flag] = getattr(args, flag)
@@ -67,9 +71,19 @@ def _train_config(args: argparse.Namespace, **overrides):
         model["attention_window"] = _window_flag(args.attention_window, "--attention-window")
     if getattr(args, "ungated", False) or getattr(args, "gated", False):
         model["gated"] = bool(args.gated)
+    if getattr(args, "tensorboard", False):
+        raw["tensorboard"] = True
     raw.update(overrides)
     raw["model"] = model
-    return TrainConfig.from_dict(raw)
+    try:
+        return TrainConfig.from_dict(raw)
+    except TypeError as err:  # flags are typed by argparse: a wrong type comes from the file
+        raise UsageError(f"config file {args.config}: {err}") from None
+    except ValueError as err:
+        if not args.config:
+            raise
+        where = "" if str(err).startswith("unknown") else " (options of that file and the command line)"
+        raise UsageError(f"config file {args.config}: {err}{where}") from None
 
 
 def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> None:
@@ -81,7 +95,8 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
         p.add_argument("--out", help="run folder for checkpoint, logs and plots")
     p.add_argument("--steps", type=int, help="optimizer steps")
     p.add_argument("--seq-len", type=int, help="training length in tokens")
-    p.add_argument("--batch-size", type=int, help="crops per step")
+    p.add_argument("--batch-size", type=int,
+                   help="crops per step over all processes (under torchrun each takes its share)")
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
     p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
@@ -105,12 +120,19 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--device", help="cpu or cuda")
     p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                   help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient "
+                   "scaler (CUDA)")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install 'spe[log]')")
+    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints (default 2)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from spe.train.loop import train
 
-    out = train(_train_config(args), resume=args.resume, progress=not args.no_progress)
+    out = train(_train_config(args), resume=args.resume, progress=not args.no_progress,
+                overwrite=args.overwrite)
     log.info("checkpoint: %s", out / "model.safetensors")
     return 0
 
@@ -125,7 +147,8 @@ def _print_summary(summary: dict) -> None:
               + f" | {m['within']:.3f} | {m['beyond']:.3f} |")
     print("| unigram | " + " | ".join(f"{b['ce']:.3f}" for b in summary["unigram_buckets"])
           + f" | {summary['unigram']:.3f} | |")
-    print(f"({summary['num_sequences']} validation sequences of {summary['max_length']} positions; nats per token)")
+    print(f"({summary['num_sequences']} sequences of {summary['max_length']} positions from the "
+          f"{summary.get('split', 'validation')} pieces; nats per token)")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -135,7 +158,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                    cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
                                    json_path=args.json, progress=not args.no_progress,
                                    num_realizations=args.num_realizations, num_draws=args.num_draws,
-                                   window=args.window)
+                                   window=args.window, split=args.split)
     _print_summary(summary)
     log.info("wrote %s", ", ".join(str(Path(args.out) / f) for f in ("per_position.csv", "extrapolation.png", "summary.json")))
     return 0
@@ -270,6 +293,8 @@ def _add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a decoder LM on MIDI (default: Bach chorales)")
     _add_train_flags(p)
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out (its checkpoints, metrics and plots) instead of refusing")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
 
@@ -278,6 +303,9 @@ def _add_evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="cross-entropy per position, within and beyond the training length")
     p.add_argument("--checkpoint", action="append", required=True, help="run folder or .safetensors (repeatable)")
     p.add_argument("--data", help="MIDI folder (default: the checkpoint's training data)")
+    p.add_argument("--split", choices=("validation", "train", "all"),
+                   help="pieces of the data to evaluate (default: validation for the checkpoint's own "
+                   "training data, all for any other --data)")
     p.add_argument("--cache-dir")
     p.add_argument("--max-length", type=int, help="positions to evaluate (default: 3 × training length)")
     p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")
@@ -407,9 +435,16 @@ def _check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
 
 
+def _one_line(err: BaseException) -> str:
+    """The error's message on one line (library messages are; wrapped third-party ones may not be)."""
+    return " ".join(str(err).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+    # Under torchrun only rank 0 reports progress; the others report warnings and errors.
+    quiet = args.quiet or os.environ.get("RANK", "0") != "0"
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s")
     try:
         _check_args(args)
         return args.func(args)
@@ -421,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     except (ValueError, OSError) as err:
-        print(f"spe {args.command}: error: {err}", file=sys.stderr)
+        print(f"spe {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
 

@@ -303,12 +303,13 @@ def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.Pa
     for f in tqdm(files, desc="REMI tokens", unit="file", disable=not progress):
         rel = str(f.relative_to(root))
         try:
-            ids = np.asarray(tokenizer.encode(Score(str(f))).ids, dtype=np.int64)
+            score = Score(str(f))
+            ids = np.asarray(tokenizer.encode(score).ids, dtype=np.int64)
         except Exception as err:  # noqa: BLE001 - corrupt files are skipped, named, counted
-            warnings.warn(f"skipped unreadable MIDI file {f}: {err}", stacklevel=2)
+            warnings.warn(f"skipped unreadable MIDI file {f}: {' '.join(str(err).split())}", stacklevel=2)
             skipped.append(rel)
             continue
-        if ids.size < 2:
+        if ids.size < 2 or not any(len(t.notes) for t in score.tracks):  # zero-length piece
             warnings.warn(f"skipped MIDI file {f}: it has no notes", stacklevel=2)
             skipped.append(rel)
             continue

@@ -6,13 +6,17 @@ Letters: N = validation sequences, T = tokens per sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from torch import Tensor
 
 from spe.data.dataset import prefix_batch
 
-__all__ = ["CorpusSplit", "load_split", "split_of_run", "validation_sequences"]
+__all__ = ["SPLITS", "CorpusSplit", "load_split", "same_data", "split_of_run", "validation_sequences"]
+
+# What ``spe evaluate --split`` evaluates: the held-out pieces, the training pieces, or every piece.
+SPLITS = ("validation", "train", "all")
 
 
 @dataclass
@@ -23,11 +27,15 @@ class CorpusSplit:
         train_pieces: token id arrays of the training pieces.
         val_pieces: token id arrays of the validation pieces.
         tokenizer_json: parameters of the tokenizer that produced the ids (JSON text).
+        evaluated: which pieces ``val_pieces`` holds for evaluation: ``validation`` (the
+            held-out split), ``train`` (the training pieces) or ``all`` (every piece; then
+            ``train_pieces`` holds every piece too, for the unigram baseline).
     """
 
     train_pieces: list[np.ndarray]
     val_pieces: list[np.ndarray]
     tokenizer_json: str
+    evaluated: str = "validation"
 
 
 def load_split(data: str | None, *, cache_dir: str | None, val_fraction: float = 0.05, split_seed: int = 0,
@@ -47,15 +55,33 @@ def load_split(data: str | None, *, cache_dir: str | None, val_fraction: float =
     """
     from spe.data.music import load_corpus
 
+    from spe.data.music import DataError
+
     corpus = load_corpus(data, cache_dir=cache_dir, progress=progress)
-    train_idx, val_idx = corpus.split(val_fraction, split_seed)
+    try:
+        train_idx, val_idx = corpus.split(val_fraction, split_seed)
+    except DataError as err:
+        raise DataError(f"{data or 'the Bach chorales'}: {err}") from None
     return CorpusSplit([corpus.pieces[i] for i in train_idx], [corpus.pieces[i] for i in val_idx],
                        corpus.tokenizer_json)
 
 
+def same_data(a: str | None, b: str | None) -> bool:
+    """Whether two ``data`` options name the same corpus (folders compared by their resolved paths)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if str(a).startswith("music21:") or str(b).startswith("music21:"):
+        return str(a) == str(b)
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
 def split_of_run(train_config: dict, *, data: str | None = None, cache_dir: str | None = None,
-                 tokenizer_json: str | None = None) -> CorpusSplit:
-    """The split a run was validated on: its data, fraction and seed, unless ``data``/``cache_dir`` are given.
+                 tokenizer_json: str | None = None, split: str | None = None) -> CorpusSplit:
+    """The pieces to evaluate a run on.
+
+    By default (``split`` None) the run's own validation split when ``data`` is the run's
+    training data (or not given), and every piece of ``data`` otherwise: a folder of the
+    user's is evaluated whole.
 
     Args:
         train_config: the run's recorded training options (``LoadedCheckpoint.train_config``).
@@ -63,30 +89,45 @@ def split_of_run(train_config: dict, *, data: str | None = None, cache_dir: str 
         cache_dir: other cache folder (default: the run's).
         tokenizer_json: the run's tokenizer; when given, the corpus must have been tokenised
             the same way.
+        split: ``validation`` (held-out pieces, with the run's fraction and seed), ``train``,
+            ``all``, or None for the default above.
 
     Raises:
-        ValueError: if the corpus's tokenizer differs from ``tokenizer_json``, or from :func:`load_split`.
+        ValueError: on an unknown split, if the corpus's tokenizer differs from
+            ``tokenizer_json``, or from :func:`load_split`.
     """
-    from spe.data.music import same_tokenizer
+    from spe.data.music import load_corpus, same_tokenizer
 
-    split = load_split(data if data is not None else train_config.get("data"),
-                       cache_dir=cache_dir or train_config.get("cache_dir"),
-                       val_fraction=train_config.get("val_fraction", 0.05),
-                       split_seed=train_config.get("split_seed", 0))
-    if tokenizer_json is not None and not same_tokenizer(tokenizer_json, split.tokenizer_json):
+    run_data = train_config.get("data")
+    if split is None:
+        split = "validation" if data is None or same_data(data, run_data) else "all"
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    source = data if data is not None else run_data
+    cache = cache_dir or train_config.get("cache_dir")
+    if split == "all":
+        corpus = load_corpus(source, cache_dir=cache, progress=False)
+        result = CorpusSplit(corpus.pieces, corpus.pieces, corpus.tokenizer_json, "all")
+    else:
+        result = load_split(source, cache_dir=cache, val_fraction=train_config.get("val_fraction", 0.05),
+                            split_seed=train_config.get("split_seed", 0))
+        if split == "train":
+            result = CorpusSplit(result.train_pieces, result.train_pieces, result.tokenizer_json, "train")
+    if tokenizer_json is not None and not same_tokenizer(tokenizer_json, result.tokenizer_json):
         raise ValueError("the checkpoint's REMI tokenizer differs from this installation's (another MidiTok "
                          "version?): token ids would not match")
-    return split
+    return result
 
 
 def validation_sequences(split: CorpusSplit, length: int) -> Tensor:
-    """The first ``length + 1`` tokens of every validation piece that long: (N, length + 1) int64.
+    """The first ``length + 1`` tokens of every evaluated piece that long: (N, length + 1) int64.
 
     Raises:
         ValueError: if no validation piece is that long (names the longest).
     """
     seqs = prefix_batch(split.val_pieces, length + 1)
     if len(seqs) == 0:
-        longest = max(len(p) for p in split.val_pieces)
-        raise ValueError(f"no validation piece has {length + 1} tokens (longest: {longest}); lower --max-length")
+        longest = max((len(p) for p in split.val_pieces), default=0)
+        raise ValueError(f"no piece of the {split.evaluated} split has {length + 1} tokens "
+                         f"(longest: {longest}); lower --max-length")
     return seqs

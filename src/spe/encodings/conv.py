@@ -5,6 +5,15 @@ Letters: L = length, H = num_heads, D = head_dim, R = num_realizations, P = kern
 Orientation (causal, so decoding needs only past noise):
     Q̄_d(t) = Σ_{p<P} Φ^Q_d(p) Z_d(t − p),   K̄_d(t) = Σ_{p<P} Φ^K_d(p) Z_d(t − p),
     P_d(τ) = E[Q̄_d(m) K̄_d(n)] / R = Σ_p Φ^Q_d(p) Φ^K_d(p − τ),  zero for |τ| ≥ P.
+With ``causal=False`` both codes read Z_d(t − p + c), c = ⌊(P − 1)/2⌋ (a centred filter);
+the common shift leaves P_d(τ) unchanged.
+
+Cost of a length-L code: (L + P − 1)·H·D·R Gaussian samples (the least any sampler of this
+distribution needs, up to the P − 1 warm-up samples), drawn in time-last blocks and
+concatenated; one real FFT of them, shared by Q̄ and K̄, and one inverse FFT per code, at a
+5-smooth length. The codes are time-last views: applying them (eq. 16-17) transposes them
+once. (Transforming a cache-sized chunk of features at a time, with the noise time-first,
+was measured 2× slower on CPU: it transposes the noise twice, in forward and in backward.)
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.code import DenseCode
-from spe.encodings.positions import require_positive, resolve_positions
+from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
 
 __all__ = ["NOISE_BLOCK", "ConvSPE"]
 
@@ -30,7 +39,8 @@ NOISE_BLOCK = 64
 @functools.lru_cache(maxsize=4)
 def _noise_block(seed: int, shape: tuple[int, ...]) -> Tensor:
     # Recurrent decoding asks for the same one or two blocks at every step: keep the last few.
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    # Stored time-last, (H, D, R, NOISE_BLOCK): contiguous spans feed the FFT without a transpose.
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=NOISE_DTYPE)
 
 
 class ConvSPE(nn.Module):
@@ -41,46 +51,77 @@ class ConvSPE(nn.Module):
         head_dim: D.
         num_realizations: R, default noise realisations per draw.
         kernel_size: P, filter length in positions; the kernel vanishes for |lag| ≥ P.
-        impl: ``fft`` (frequency domain, O(N log N), appendix A.2), ``direct`` (``conv1d``,
-            O(N·P)) or ``auto`` (fft when P ≥ 16). Same numbers either way.
+        impl: ``fft`` (one real FFT of the noise shared by Q̄ and K̄, O(N log N), appendix
+            A.2), ``direct`` (``conv1d``, O(N·P), the twin) or ``auto`` (fft when P ≥ 16).
+            Same numbers either way.
+        causal: True (default): the code at position t filters the noise at t − P + 1 … t,
+            so decoding needs only past noise. False: a centred filter, noise at
+            t − P + 1 + c … t + c with c = ⌊(P − 1)/2⌋, and an envelope centred on p = c
+            (for encoders, e.g. Long Range Arena). Either way E[Q̄_d(m) K̄_d(n)] / R =
+            Σ_p Φ^Q_d(p) Φ^K_d(p − (m − n)) (the shift is common to Q̄ and K̄), so
+            :meth:`kernel` is the same formula; only the initial filters differ.
 
     Raises:
         ValueError: if a size is not positive or ``impl`` is unknown.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_realizations: int = 64,
-                 kernel_size: int = 128, *, impl: str = "auto") -> None:
+                 kernel_size: int = 128, *, impl: str = "auto", causal: bool = True) -> None:
         super().__init__()
         if impl not in ("auto", "fft", "direct"):
             raise ValueError(f"ConvSPE: impl must be 'auto', 'fft' or 'direct', got {impl!r}")
-        self.impl = impl
+        if not isinstance(causal, bool):
+            raise TypeError(f"ConvSPE: causal must be True or False, got {causal!r}")
+        self.impl, self.causal = impl, causal
         require_positive("ConvSPE", num_heads=num_heads, head_dim=head_dim,
                          num_realizations=num_realizations, kernel_size=kernel_size)
         self.num_heads, self.head_dim = num_heads, head_dim
         self.num_realizations, self.kernel_size = num_realizations, kernel_size
         # A decaying envelope of unit norm: P_d(0) = 1 and the kernel decreases with |lag|;
         # a little noise breaks the symmetry between Φ^Q and Φ^K.
-        envelope = torch.exp(-torch.arange(kernel_size, dtype=torch.float32) / max(kernel_size / 4, 1))
+        taps = (torch.arange(kernel_size, dtype=torch.float32) - self.shift).abs()
+        envelope = torch.exp(-taps / max(kernel_size / 4, 1))
         envelope = envelope / envelope.norm()
         base = envelope.expand(num_heads, head_dim, kernel_size)
         self.filters_q = nn.Parameter(base + 0.01 * torch.randn(base.shape) / math.sqrt(kernel_size))
         self.filters_k = nn.Parameter(base + 0.01 * torch.randn(base.shape) / math.sqrt(kernel_size))
 
+    @property
+    def shift(self) -> int:
+        """c: the code at t filters the noise at t − p + c (0 when causal, ⌊(P − 1)/2⌋ when centred)."""
+        return 0 if self.causal else (self.kernel_size - 1) // 2
+
     def noise(self, times: Tensor, num_realizations: int, seed: int) -> Tensor:
-        """Z at integer absolute times ≥ −(P − 1), shape (N, H, D, R), N(0, 1).
+        """Z at integer absolute times ≥ −(P − 1), shape (N, H, D, R), N(0, 1) (float32, then cast).
 
         The same (seed, time) always gives the same values, whatever else is asked for.
         """
-        idx = times.cpu().long() + (self.kernel_size - 1)
-        if idx.numel() and int(idx.min()) < 0:
-            raise ValueError(f"ConvSPE: positions must be ≥ 0, got {int(times.min())}")
-        shape = (NOISE_BLOCK, self.num_heads, self.head_dim, num_realizations)
+        idx = self._noise_index(times)
+        shape = (self.num_heads, self.head_dim, num_realizations, NOISE_BLOCK)
         which = idx // NOISE_BLOCK
-        z = torch.empty((idx.numel(),) + shape[1:])
+        z = torch.empty((idx.numel(),) + shape[:-1], dtype=NOISE_DTYPE)
         for b in torch.unique(which).tolist():
             rows = (which == b).nonzero().flatten()
-            z[rows] = _noise_block(seed * (1 << 21) + b, shape)[idx[rows] % NOISE_BLOCK]
+            z[rows] = _noise_block(seed * (1 << 21) + b, shape)[..., idx[rows] % NOISE_BLOCK].permute(3, 0, 1, 2)
         return z.to(device=self.filters_q.device, dtype=self.filters_q.dtype)
+
+    def noise_span(self, start: int, count: int, num_realizations: int, seed: int) -> Tensor:
+        """Z at the times start … start + count − 1, time last: (H, D, R, count); equals
+        ``noise(arange(start, start + count), ...)`` permuted, without a gather or a transpose
+        (the noise blocks are stored time-last for the FFT)."""
+        first = int(self._noise_index(torch.tensor([start]))[0])
+        shape = (self.num_heads, self.head_dim, num_realizations, NOISE_BLOCK)
+        blocks = [_noise_block(seed * (1 << 21) + b, shape)
+                  for b in range(first // NOISE_BLOCK, (first + count - 1) // NOISE_BLOCK + 1)]
+        z = torch.cat(blocks, dim=-1)[..., first % NOISE_BLOCK:first % NOISE_BLOCK + count]
+        return z.to(device=self.filters_q.device, dtype=self.filters_q.dtype)
+
+    def _noise_index(self, times: Tensor) -> Tensor:
+        idx = times.cpu().long() + (self.kernel_size - 1)
+        if idx.numel() and int(idx.min()) < 0:
+            raise ValueError(f"ConvSPE: noise times must be ≥ −(P − 1) = {1 - self.kernel_size}, "
+                             f"got {int(times.min())} (positions must be ≥ 0)")
+        return idx
 
     def forward(
         self,
@@ -111,10 +152,12 @@ class ConvSPE(nn.Module):
         for pos in (pos_q, pos_k):
             if pos.is_floating_point() and not torch.equal(pos, pos.round()):
                 raise ValueError("ConvSPE: positions must be integers (use SineSPE for real-valued positions)")
+            if pos.numel() and int(pos.min()) < 0:
+                raise ValueError(f"ConvSPE: positions must be ≥ 0, got {int(pos.min())}")
         r = self.num_realizations if num_realizations is None else num_realizations
         require_positive("ConvSPE", num_realizations=r)
         seed = int(torch.randint(0, 1 << 31, (1,), generator=generator))
-        eps = torch.randn(self.num_heads, self.head_dim, r, generator=generator)
+        eps = torch.randn(self.num_heads, self.head_dim, r, generator=generator, dtype=NOISE_DTYPE)
         eps = eps.to(device=self.filters_q.device, dtype=self.filters_q.dtype)
         if torch.equal(pos_q, pos_k):
             qbar, kbar = self._filter(pos_q.long(), r, seed, both=True)
@@ -125,32 +168,20 @@ class ConvSPE(nn.Module):
 
     def _filter(self, pos: Tensor, r: int, seed: int, *, both: bool,
                 filters: Tensor | None = None):
-        p, h, d = self.kernel_size, self.num_heads, self.head_dim
+        p, h, d, c = self.kernel_size, self.num_heads, self.head_dim, self.shift
+        stacked = [self.filters_q, self.filters_k] if both else [filters]
         contiguous = pos.numel() > 1 and bool((pos.diff() == 1).all())
         if not contiguous:
-            # Arbitrary positions or one decoding step: explicit windows of P past samples.
-            times = pos[:, None] - torch.arange(p, device=pos.device)[None]  # (L, P)
+            # Arbitrary positions or one decoding step: explicit windows of P samples.
+            times = pos[:, None] + c - torch.arange(p, device=pos.device)[None]  # (L, P)
             z = self.noise(times.flatten(), r, seed).view(pos.numel(), p, h, d, r)
-            apply = lambda f: torch.einsum("lphdr,hdp->lhdr", z, f)
-            return (apply(self.filters_q), apply(self.filters_k)) if both else apply(filters)
-        start = int(pos[0])
-        times = torch.arange(start - p + 1, start + pos.numel())
-        z = self.noise(times, r, seed)  # (L + P − 1, H, D, R)
-        stacked = [self.filters_q, self.filters_k] if both else [filters]
-        if self.impl == "fft" or (self.impl == "auto" and p >= 16):
-            # Circular convolution of length L + P − 1: wrap-around only touches the first P − 1
-            # outputs, which are dropped.
-            t = z.shape[0]
-            zf = torch.fft.rfft(z.permute(1, 2, 3, 0), n=t)  # (H, D, R, F)
-            ys = [torch.fft.irfft(zf * torch.fft.rfft(f, n=t)[:, :, None], n=t)[..., p - 1:]
-                  .permute(3, 0, 1, 2).contiguous() for f in stacked]  # (L, H, D, R)
-            return (ys[0], ys[1]) if both else ys[0]
-        x = z.permute(3, 1, 2, 0).reshape(r, h * d, -1)  # (R, H·D, L + P − 1)
-        # conv1d is a cross-correlation: flipping the filters gives Σ_p Φ(p) Z(t − p).
-        weight = torch.stack(stacked, dim=2).reshape(h * d * len(stacked), 1, p).flip(-1)
-        y = F.conv1d(x, weight, groups=h * d)  # (R, H·D·c, L)
-        y = y.view(r, h, d, len(stacked), -1).permute(3, 4, 1, 2, 0)  # (c, L, H, D, R)
-        return (y[0], y[1]) if both else y[0]
+            ys = [torch.einsum("lphdr,hdp->lhdr", z, f) for f in stacked]
+        else:
+            start = int(pos[0]) + c
+            z = self.noise_span(start - p + 1, pos.numel() + p - 1, r, seed)  # (H, D, R, L + P − 1)
+            conv = _fft_filter if self.impl == "fft" or (self.impl == "auto" and p >= 16) else _direct_filter
+            ys = conv(z, stacked)
+        return (ys[0], ys[1]) if both else ys[0]
 
     def kernel(self, lags: Tensor) -> Tensor:
         """Exact expected kernel E[Q̄_d(m) K̄_d(n)] / R for m − n = lag (appendix A.1).
@@ -167,3 +198,44 @@ class ConvSPE(nn.Module):
         valid = (idx >= 0) & (idx < self.kernel_size)
         fk = self.filters_k[:, :, idx.clamp(0, self.kernel_size - 1)] * valid  # (H, D, T, P)
         return (self.filters_q[:, :, None, :] * fk).sum(-1)
+
+
+def fft_size(n: int) -> int:
+    """The smallest 5-smooth integer ≥ n (2^a 3^b 5^c: lengths the real FFT handles fastest)."""
+    best = 1 << max(0, (n - 1).bit_length())
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            m = p35 * (1 << max(0, (-(-n // p35) - 1).bit_length()))
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
+def _fft_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
+    """Σ_p Φ(p) Z(t − p) for t ∈ [P − 1, T) by real FFTs, one noise spectrum for every filter.
+
+    z: (H, D, R, T) time-last, T = L + P − 1; filters: (H, D, P) each. Returns (L, H, D, R)
+    views. Zero-padding to ``fft_size(T)`` ≥ T makes the circular convolution linear on the
+    kept outputs. The transforms run on time-last signals: along a strided axis, or after a
+    transposing copy, the same work is 3-4× slower on CPU.
+    """
+    t, p = z.shape[-1], filters[0].shape[-1]
+    n = fft_size(t)
+    zf = torch.fft.rfft(z, n=n)  # (H, D, R, F), shared by Q̄ and K̄
+    return [torch.fft.irfft(zf * torch.fft.rfft(f, n=n)[:, :, None], n=n)[..., p - 1:t].permute(3, 0, 1, 2)
+            for f in filters]
+
+
+def _direct_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
+    """The direct twin of :func:`_fft_filter` (``conv1d``, O(L·P) per feature and realisation)."""
+    h, d, r, t = z.shape
+    p = filters[0].shape[-1]
+    x = z.permute(2, 0, 1, 3).reshape(r, h * d, t)  # (R, H·D, L + P − 1)
+    # conv1d is a cross-correlation: flipping the filters gives Σ_p Φ(p) Z(t − p).
+    weight = torch.stack(filters, dim=2).reshape(h * d * len(filters), 1, p).flip(-1)
+    y = F.conv1d(x, weight, groups=h * d)  # (R, H·D·c, L)
+    y = y.view(r, h, d, len(filters), -1).permute(3, 4, 1, 2, 0)  # (c, L, H, D, R)
+    return list(y)

@@ -6,15 +6,14 @@ H = num_heads, D = head_dim, R = num_realizations, K = num_sines.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
 from spe.encodings.code import SineCode, SPECode
-from spe.encodings.phases import sine_features, sine_phase
+from spe.encodings.sine_products import FusedSineProduct, SharedSineProduct
 
-__all__ = ["IMPLS", "SPEFilter", "apply_code", "apply_code_reference", "apply_sine_code_fused"]
+__all__ = ["IMPLS", "SPEFilter", "apply_code", "apply_code_reference", "apply_sine_code_blocked",
+           "apply_sine_code_fused", "choose_sine_impl", "sine_costs"]
 
 
 def _check(x: Tensor, name: str, code_length: int, num_heads: int, head_dim: int) -> None:
@@ -66,68 +65,6 @@ def apply_code(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) 
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
-class _FusedSineProduct(torch.autograd.Function):
-    """y[b,l,h,r] = Σ_i (x[b,l,h,d(i)] · Ω[l,h,i]) W[h,i,r] over i = (d, j), in blocks of positions.
-
-    Ω (eq. 19) is built one block of positions at a time from f, θ and the positions, in
-    forward and again in backward (recomputation instead of storage), as are the
-    (B, l, H, D·2K) products: extra memory is one block plus the (B, L, H, R) output,
-    whatever the length. Gradients flow to x, f, θ and W.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, freqs: Tensor, phases: Tensor | None, positions: Tensor, w: Tensor,
-                block: int) -> Tensor:
-        b, n, h, d = x.shape
-        r = w.shape[-1]
-        out = x.new_empty(b, n, h, r)
-        for s in range(0, n, block):
-            e = min(n, s + block)
-            omega = sine_features(freqs, positions[s:e], phases).to(x.dtype)  # (l, H, D, 2K)
-            feats = x[:, s:e].permute(2, 0, 1, 3)[..., None] * omega.permute(1, 0, 2, 3)[:, None]
-            y = torch.bmm(feats.reshape(h, b * (e - s), -1), w)  # (H, B·l, R)
-            out[:, s:e] = y.view(h, b, e - s, r).permute(1, 2, 0, 3)
-        ctx.save_for_backward(x, freqs, phases if phases is not None else freqs.new_empty(0), positions, w)
-        ctx.has_phases, ctx.block = phases is not None, block
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x, freqs, phases, positions, w = ctx.saved_tensors
-        phases = phases if ctx.has_phases else None
-        b, n, h, d = x.shape
-        k, r = freqs.shape[-1], w.shape[-1]
-        need_x, need_f, need_th, _, need_w = ctx.needs_input_grad[:5]
-        gx = torch.empty_like(x) if need_x else None
-        gf = torch.zeros_like(freqs) if need_f else None
-        gth = torch.zeros_like(freqs) if (need_th and phases is not None) else None
-        gw = torch.zeros_like(w) if need_w else None
-        for s in range(0, n, ctx.block):
-            e = min(n, s + ctx.block)
-            angle = sine_phase(freqs, positions[s:e])
-            if phases is not None:
-                angle = angle + phases
-            cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)  # (l, H, D, K)
-            ob = torch.stack([cos, sin], dim=-1).flatten(-2).permute(1, 0, 2, 3)  # (H, l, D, 2K)
-            xb = x[:, s:e].permute(2, 0, 1, 3)  # (H, B, l, D)
-            g = grad[:, s:e].permute(2, 0, 1, 3).reshape(h, b * (e - s), r)  # (H, B·l, R)
-            if need_w:
-                feats = (xb[..., None] * ob[:, None]).reshape(h, b * (e - s), -1)
-                gw += torch.bmm(feats.transpose(1, 2), g)
-            gfeats = torch.bmm(g, w.transpose(1, 2)).view(h, b, e - s, d, 2 * k)
-            if need_x:
-                gx[:, s:e] = (gfeats * ob[:, None]).sum(-1).permute(1, 2, 0, 3)
-            if need_f or gth is not None:
-                gomega = (gfeats * xb[..., None]).sum(1).view(h, e - s, d, k, 2).permute(1, 0, 2, 3, 4)
-                # d cos(a)/da = −sin(a), d sin(a)/da = cos(a); a = 2π f n + θ.
-                gangle = (gomega[..., 1] * cos - gomega[..., 0] * sin).to(freqs.dtype)  # (l, H, D, K)
-                if need_f:
-                    gf += 2 * math.pi * torch.einsum("lhdk,l->hdk", gangle, positions[s:e].to(freqs.dtype))
-                if gth is not None:
-                    gth += gangle.sum(0)
-        return gx, gf, gth, None, gw, None
-
-
 def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None, positions: Tensor,
                           weights: Tensor, gate: Tensor | None, gate_noise: Tensor, *,
                           block_elements: int = 1 << 22) -> Tensor:
@@ -137,6 +74,7 @@ def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None,
     (L, H, D, R) code nor the (L, H, D, 2K) features Ω: q̂[m] = Σ_{d,j} (x_d Ω[m,d,j]) ·
     (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4}, computed in blocks of positions with recomputation in
     backward, so the extra memory is O(B·L·H·R) plus one block of ``block_elements`` products.
+    Costs B·L·H·D·2K·R multiply-adds (the code is recomputed for every example).
 
     Args:
         x: (B, L, H, D).
@@ -156,15 +94,81 @@ def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None,
     scale = (d * r) ** -0.25
     xs = x if gate is None else x * torch.sqrt(1 - gate)
     block = max(1, block_elements // max(1, b * h * d * two_k))
-    out = _FusedSineProduct.apply(xs, frequencies, phases, positions, (weights * scale).reshape(h, d * two_k, r),
-                                  block)
+    out = FusedSineProduct.apply(xs, frequencies, phases, positions, (weights * scale).reshape(h, d * two_k, r),
+                                 block)
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
-# Above this many elements of Q̄ (L·H·D·R), "auto" applies sineSPE codes fused rather than
-# materialising them (64 MiB per code tensor in float32).
+def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | None, positions: Tensor,
+                            weights: Tensor, gate: Tensor | None, gate_noise: Tensor, *,
+                            block_elements: int = 1 << 21) -> Tensor:
+    """Batch-shared blocked sineSPE filter (issue 13): each block's code is formed once for the batch.
+
+    Same value as :func:`apply_code_reference`. Per block of positions, the (l, H, D, R) code
+    Q̄ = Ω diag(λ̈) Z / √(2K) of eq. (20)-(21) is formed once, applied to every example
+    (eq. 16-17) and freed; backward forms it again. Costs L·H·D·2K·R + B·L·H·D·R multiply-adds
+    (instead of the fused form's B·L·H·D·2K·R) and, beyond the (B, L, H, R) output, one block
+    code of at most ``block_elements`` elements.
+
+    Args and returns as :func:`apply_sine_code_fused`; ``block_elements`` bounds l·H·D·R.
+    """
+    b, n, h, d = x.shape
+    r = weights.shape[-1]
+    scale = (d * r) ** -0.25
+    xs = x if gate is None else x * torch.sqrt(1 - gate)
+    block = max(1, block_elements // max(1, h * d * r))
+    out = SharedSineProduct.apply(xs, frequencies, phases, positions, weights * scale, block)
+    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
+
+
+# Above this many elements of Q̄ (L·H·D·R), "auto" does not materialise sineSPE codes
+# (64 MiB per code tensor in float32).
 MATERIALIZE_LIMIT = 1 << 24
-IMPLS = ("auto", "fused", "materialized", "reference")
+IMPLS = ("auto", "fused", "materialized", "blocked", "reference")
+# Relative speed per multiply-add of the batch-shared products against the fused GEMM
+# (inner size D·2K), from forward+backward timings on the development CPU (2 shared cores;
+# H = 8, D = 64, K = 5, R = 64): equal times at B = 2, N = 4,096 (fused/blocked 0.94, twice,
+# for 1.30× the multiply-adds: 0.72) and 1.8-2.4× faster blocked at B = 8, N = 2,048
+# (3.75× the multiply-adds: 0.47-0.65). Timings on that loaded machine vary by ±30 %.
+BLOCKED_EFFICIENCY = 0.65
+
+
+def sine_costs(batch: int, length: int, num_heads: int, head_dim: int, num_sines: int,
+               num_realizations: int) -> dict[str, tuple[float, float]]:
+    """Cost model of applying one sineSPE code to queries or keys, forward+backward.
+
+    Returns, per implementation, (multiply-adds, extra elements held) with U = L·H·D·R:
+
+    * ``materialized``: code 2K·U, applied B·U forward and 2·B·U backward, gradient of W 2K·U;
+      holds the code and its gradient, 2·U (shared by every layer that shares the code).
+    * ``fused``: 3·B·2K·U (forward, gradients of W and of x·Ω); holds one block.
+    * ``blocked``: code formed twice (forward, backward) 2·2K·U, gradients of W and Ω 2·2K·U,
+      applied 3·B·U; holds one block.
+    """
+    u = float(length) * num_heads * head_dim * num_realizations
+    j = 2 * num_sines
+    return {"materialized": ((2 * j + 3 * batch) * u, 2 * u),
+            "fused": (3 * batch * j * u, 0.0),
+            "blocked": ((4 * j + 3 * batch) * u, 0.0)}
+
+
+def choose_sine_impl(batch: int, length: int, num_heads: int, head_dim: int, num_sines: int,
+                     num_realizations: int) -> str:
+    """What ``impl="auto"`` applies: ``materialized``, ``fused`` or ``blocked``.
+
+    Materialised while the code has at most ``MATERIALIZE_LIMIT`` elements (cheapest in time:
+    formed once and shared by the layers); beyond that, the blocked or fused form, whichever
+    has the smaller multiply-add count of :func:`sine_costs` after dividing the blocked
+    count's rate by ``BLOCKED_EFFICIENCY`` (its products have inner sizes 2K and D instead of
+    one D·2K GEMM). Both hold only one block, so memory does not decide between them.
+
+    With K = 5 this gives the fused form for B ≤ 2 and the blocked one from B = 3 (the
+    blocked form has more multiply-adds than the fused one at B = 1 for any K).
+    """
+    costs = sine_costs(batch, length, num_heads, head_dim, num_sines, num_realizations)
+    if costs["materialized"][1] / 2 <= MATERIALIZE_LIMIT:
+        return "materialized"
+    return "blocked" if costs["blocked"][0] / BLOCKED_EFFICIENCY < costs["fused"][0] else "fused"
 
 
 class SPEFilter(nn.Module):
@@ -180,10 +184,12 @@ class SPEFilter(nn.Module):
         head_dim: D.
         gated: learn a gate per (head, feature).
         impl: how sineSPE codes are applied, same numbers either way: ``fused`` (never forms
-            the (L, H, D, R) code; least memory for long sequences), ``materialized`` (forms
-            the code once per forward, shared by every layer; fastest for short training
-            crops), ``reference`` (the straightforward form, for tests), or ``auto``
-            (materialised while the code has at most ``MATERIALIZE_LIMIT`` elements).
+            the (L, H, D, R) code; recomputes it per example), ``blocked`` (forms each block
+            of positions' code once for the batch, never the whole code; fewer FLOPs than
+            fused from batch 2), ``materialized`` (forms the code once per forward, shared by
+            every layer; fastest for short training crops), ``reference`` (the straightforward
+            form, for tests), or ``auto`` (:func:`choose_sine_impl`). convSPE codes are
+            always materialised.
         gate_init: initial gate logit (δ = sigmoid(gate_init)).
     """
 
@@ -194,6 +200,18 @@ class SPEFilter(nn.Module):
             raise ValueError(f"SPEFilter: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
         self.num_heads, self.head_dim, self.impl = num_heads, head_dim, impl
         self.gate_logits = nn.Parameter(torch.full((num_heads, head_dim), float(gate_init))) if gated else None
+
+    def resolve_impl(self, batch: int, code: SPECode) -> str:
+        """The implementation this filter applies ``code`` with for a batch of ``batch``
+        (``impl``, or :func:`choose_sine_impl`'s choice under ``auto``; dense codes are
+        always materialised)."""
+        if not isinstance(code, SineCode):
+            return "reference" if self.impl == "reference" else "materialized"
+        if self.impl != "auto":
+            return self.impl
+        h, d, two_k, r = code.weights.shape
+        length = max(code.query_positions.shape[0], code.key_positions.shape[0])
+        return choose_sine_impl(batch, length, h, d, two_k // 2, r)
 
     @property
     def gate(self) -> Tensor | None:
@@ -219,11 +237,12 @@ class SPEFilter(nn.Module):
         if isinstance(code, SineCode):
             _check(queries, "queries", code.query_positions.shape[0], self.num_heads, self.head_dim)
             _check(keys, "keys", code.key_positions.shape[0], self.num_heads, self.head_dim)
-            if self.impl == "fused" or (self.impl == "auto" and code.num_elements > MATERIALIZE_LIMIT):
-                return (apply_sine_code_fused(queries, code.frequencies, code.phases, code.query_positions,
-                                              code.weights, gate, code.gate_noise),
-                        apply_sine_code_fused(keys, code.frequencies, None, code.key_positions,
-                                              code.weights, gate, code.gate_noise))
+            impl = self.resolve_impl(queries.shape[0], code)
+            if impl in ("fused", "blocked"):
+                apply = apply_sine_code_fused if impl == "fused" else apply_sine_code_blocked
+                return (apply(queries, code.frequencies, code.phases, code.query_positions, code.weights, gate,
+                              code.gate_noise),
+                        apply(keys, code.frequencies, None, code.key_positions, code.weights, gate, code.gate_noise))
         qbar, kbar = code.materialize()
         _check(queries, "queries", qbar.shape[0], self.num_heads, self.head_dim)
         _check(keys, "keys", kbar.shape[0], self.num_heads, self.head_dim)

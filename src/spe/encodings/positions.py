@@ -5,7 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["require_positive", "resolve_positions"]
+__all__ = ["NOISE_DTYPE", "require_positive", "resolve_positions"]
+
+# SPE noise (Z, ε) is drawn in this dtype whatever the module dtype, then cast, so that a
+# float64 copy of a module draws the same code from the same seed (to float32 rounding).
+NOISE_DTYPE = torch.float32
 
 
 def _as_positions(name: str, value: Tensor, device: torch.device) -> Tensor:

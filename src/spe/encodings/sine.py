@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from spe.encodings.code import SineCode
 from spe.encodings.phases import sine_phase
-from spe.encodings.positions import require_positive, resolve_positions
+from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
 
 __all__ = ["SineSPE", "orthogonal_noise", "sine_phase"]
 
@@ -154,8 +154,10 @@ class SineSPE(nn.Module):
             z = orthogonal_noise(h, d, 2 * k, r, generator=generator).to(device=device, dtype=dtype)
             eps = orthogonal_noise(h, d, 1, r, generator=generator)[:, :, 0].to(device=device, dtype=dtype)
         else:
-            z = torch.randn(h, d, 2 * k, r, generator=generator, dtype=dtype).to(device)
-            eps = torch.randn(h, d, r, generator=generator, dtype=dtype).to(device)
+            # Drawn in float32 whatever the module's dtype, then cast: a float64 copy of a
+            # checkpoint draws the same code from the same seed (to float32 rounding).
+            z = torch.randn(h, d, 2 * k, r, generator=generator, dtype=NOISE_DTYPE).to(device=device, dtype=dtype)
+            eps = torch.randn(h, d, r, generator=generator, dtype=NOISE_DTYPE).to(device=device, dtype=dtype)
         gains = self.gains.repeat_interleave(2, dim=-1)  # λ̈: (H, D, 2K)
         weights = gains[..., None] * z / math.sqrt(2 * k)
         return SineCode(frequencies=self.frequencies, phases=self.phases, query_positions=pos_q,

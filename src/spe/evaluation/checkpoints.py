@@ -9,12 +9,12 @@ Letters: N = validation sequences, T = evaluated positions.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from torch import Tensor
 
+from spe import strict_json
 from spe.checkpoint import LoadedCheckpoint, atomic_write, load_checkpoint
 from spe.data.split import CorpusSplit, split_of_run, validation_sequences
 from spe.encodings.registry import positional_spec
@@ -70,10 +70,13 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
         progress: progress bars.
 
     Returns:
-        ``max_length``, ``num_sequences``, ``num_validation_pieces``, ``unigram`` (nats/token),
-        ``unigram_buckets``, ``unigram_per_position`` (T values) and ``models``: per model
+        ``max_length``, ``split`` (which pieces were evaluated: ``validation``, ``train``,
+        ``all``), ``num_sequences``, ``num_validation_pieces`` (evaluated pieces),
+        ``unigram`` (nats/token; fitted on ``split.train_pieces``, so in-sample for ``train``
+        and ``all``), ``unigram_buckets``, ``unigram_per_position`` (T values) and ``models``: per model
         ``checkpoint``, ``label``, ``seq_len``, ``step``, ``within``/``beyond`` (mean nats/token
-        inside and beyond the training length) with ``within_std``/``beyond_std``,
+        inside and beyond the training length) with ``within_std``/``beyond_std`` (NaN,
+        written as null, for fewer than two sequences),
         ``buckets`` and ``per_position`` (T values).
 
     Raises:
@@ -82,6 +85,9 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
     if not checkpoints:
         raise ValueError("give at least one checkpoint to evaluate")
     length = max_length or 3 * max(c.seq_len for c in checkpoints)
+    for loaded in checkpoints:
+        loaded.check_length(length, f"--max-length {length}" if max_length
+                            else f"the default length {length}")
     seqs = validation_sequences(split, length)
     results = []
     for loaded in checkpoints:
@@ -89,7 +95,8 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
                                         num_draws=num_draws, progress=progress)
         results.append(_model_row(loaded, ce, bucket_width))
     uni = unigram_cross_entropy(split.train_pieces, seqs, checkpoints[-1].config.vocab_size)
-    return {"max_length": length, "num_sequences": len(seqs), "num_validation_pieces": len(split.val_pieces),
+    return {"max_length": length, "split": split.evaluated, "num_sequences": len(seqs),
+            "num_validation_pieces": len(split.val_pieces),
             "unigram": float(uni.mean()),
             "unigram_buckets": bucket_means(uni, bucket_width or checkpoints[0].seq_len),
             "unigram_per_position": uni.mean(0).tolist(), "models": results}
@@ -113,12 +120,12 @@ def write_evaluation(summary: dict, out: str | os.PathLike, *, json_path: str | 
     for t in range(summary["max_length"]):
         lines.append(f"{t}," + ",".join(f'{m["per_position"][t]:.5f}' for m in models) + f",{unigram[t]:.5f}")
     atomic_write(out / "per_position.csv", lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
-    atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(json.dumps(
+    atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(
         stored_summary(summary), indent=2)))
     _plot_extrapolation(summary, out / "extrapolation.png")
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(
+        Path(json_path).write_text(strict_json.dumps(
             {"models": [{"label": r["label"], "checkpoint": r["checkpoint"], "buckets": r["buckets"]} for r in models],
              "unigram_buckets": summary["unigram_buckets"]}, indent=2))
 
@@ -170,8 +177,9 @@ def _smooth(values: list[float], window: int) -> list[float]:
 def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | os.PathLike, *,
                          max_length: int | None, data: str | None, cache_dir: str | None, batch_size: int,
                          device: str, json_path: str | None, progress: bool, num_realizations: int | None = None,
-                         num_draws: int = 1, bucket_width: int | None = None, window: int | None = None) -> dict:
-    """Evaluates checkpoints on the first one's validation split; writes CSV, PNG and JSON; returns the summary.
+                         num_draws: int = 1, bucket_width: int | None = None, window: int | None = None,
+                         split: str | None = None) -> dict:
+    """Evaluates checkpoints on the first one's validation split (or ``data``); writes CSV, PNG and JSON.
 
     Args:
         checkpoints: run folders, ``.safetensors`` files or already loaded checkpoints.
@@ -179,6 +187,9 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
         max_length, batch_size, num_realizations, num_draws, bucket_width, progress: as
             :func:`evaluate_models`.
         data: other data to evaluate on (default: the first checkpoint's training data).
+        split: ``validation``, ``train`` or ``all`` pieces of the data; default ``validation``
+            for the first checkpoint's own training data, ``all`` for other data
+            (:func:`spe.data.split.split_of_run`).
         cache_dir: corpus cache (default: the first checkpoint's).
         device: where paths are loaded.
         json_path: see :func:`write_evaluation`.
@@ -196,9 +207,9 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
         raise ValueError("give at least one checkpoint to evaluate")
     for c in loaded:
         c.set_window(window)
-    split = split_of_run(loaded[0].train_config, data=data, cache_dir=cache_dir,
-                         tokenizer_json=loaded[0].tokenizer_json)
-    summary = evaluate_models(loaded, split, max_length=max_length, batch_size=batch_size,
+    pieces = split_of_run(loaded[0].train_config, data=data, cache_dir=cache_dir,
+                          tokenizer_json=loaded[0].tokenizer_json, split=split)
+    summary = evaluate_models(loaded, pieces, max_length=max_length, batch_size=batch_size,
                               num_realizations=num_realizations, num_draws=num_draws, bucket_width=bucket_width,
                               progress=progress)
     write_evaluation(summary, out, json_path=json_path)

@@ -25,7 +25,7 @@ import torch
 
 from spe.checkpoint import atomic_write
 from spe.encodings.registry import positional_names, positional_spec
-from spe.metrics.capture import _layer_index, attention_matrices
+from spe.metrics.capture import layer_index, attention_matrices
 
 if TYPE_CHECKING:
     from spe.models.decoder_lm import DecoderLM
@@ -77,7 +77,7 @@ def effective_kernels(model: DecoderLM, *, max_lag: int | None = None, layer: in
     max_lag = 128 if max_lag is None else int(max_lag)
     if max_lag < 1:
         raise ValueError(f"max_lag must be a positive number of positions, got {max_lag}")
-    layer = _layer_index(layer, len(model.blocks))
+    layer = layer_index(layer, len(model.blocks))
     lags = torch.arange(-max_lag, max_lag + 1, device=next(model.parameters()).device)
     kernel = model.layer_encoding(layer).kernel(lags).double()  # (H, D, T)
     gate = model.blocks[layer].attn.spe_filter.gate
@@ -146,7 +146,7 @@ def plot_kernels(model: DecoderLM, path: str | os.PathLike, *, max_lag: int | No
 def _attention_maps(model: DecoderLM, tokens, layers, heads) -> tuple[dict[int, np.ndarray], list[int], list[int]]:
     """{layer: (H, L, L)} for the distinct layers asked for, those layers and the heads (0-based)."""
     num_layers = len(model.blocks)
-    chosen = list(dict.fromkeys(_layer_index(i, num_layers) for i in layers))
+    chosen = list(dict.fromkeys(layer_index(i, num_layers) for i in layers))
     if not chosen:
         raise ValueError("layers must name at least one layer")
     maps = {i: attention_matrices(model, tokens, layer=i).numpy() for i in chosen}

@@ -14,7 +14,6 @@ checkpoint is loaded once and the corpus is split once; all sections share them.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import re
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spe import strict_json
 from spe.checkpoint import LoadedCheckpoint, atomic_write, load_checkpoint
 from spe.data.split import CorpusSplit, split_of_run
 from spe.encodings.registry import positional_names, positional_spec
@@ -255,6 +255,7 @@ def build_report(checkpoints: list[str], out: str | os.PathLike, *, data: str | 
     report["r_grid"] = r_grid_section(loaded, split, out, length=length, r_test=r_test, batch_size=batch_size,
                                       progress=progress)
     text = "\n".join(render_report(report)) + "\n"
-    atomic_write(out / "report.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=2, default=str)))
+    atomic_write(out / "report.json",
+                 lambda tmp: Path(tmp).write_text(strict_json.dumps(report, indent=2, default=str)))
     atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(text))
     return out / "report.md"

@@ -3,10 +3,10 @@ generate a piece with the first."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
+from spe import strict_json
 from spe.checkpoint import load_checkpoint
 from spe.evaluation.checkpoints import evaluate_checkpoints
 from spe.generation_midi import generate_midi
@@ -69,6 +69,7 @@ def run_demo(configs: list[TrainConfig], out: str | Path, *, max_length: int | N
                          seed=seed, top_p=0.9, temperature=1.2, progress=progress)
     timings["generate"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
-    (out / "demo.json").write_text(json.dumps({"timings_s": timings, "generated": info,
-                                               "evaluation": str(out / "evaluation" / "summary.json")}, indent=2))
+    (out / "demo.json").write_text(strict_json.dumps({"timings_s": timings, "generated": info,
+                                                      "evaluation": str(out / "evaluation" / "summary.json")},
+                                                     indent=2))
     return {"timings_s": timings, "generated": info, "summary": summary}

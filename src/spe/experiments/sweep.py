@@ -28,6 +28,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spe import strict_json
 from spe.checkpoint import atomic_write, load_checkpoint
 from spe.evaluation.checkpoints import evaluate_checkpoints
 from spe.train.config import TrainConfig, load_config_file, packaged_config
@@ -182,7 +183,7 @@ def _evaluate_run(spec: dict, cfg: TrainConfig, out: Path) -> dict:
 
 
 def _save_results(doc: dict, plan: Plan, out: Path) -> None:
-    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=2)))
+    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(doc, indent=2)))
     write_results(doc, plan, out / "results.md")
 
 

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from spe.models.decoder_lm import DecoderLM
 
-__all__ = ["attention_matrices", "layer_queries_keys"]
+__all__ = ["attention_matrices", "layer_index", "layer_queries_keys"]
 
 
 def _blocks(model):
@@ -30,7 +30,13 @@ def _blocks(model):
     return model.blocks
 
 
-def _layer_index(layer, num_layers: int) -> int:
+def layer_index(layer, num_layers: int) -> int:
+    """A layer number in [0, num_layers), counting negative ones from the end (Python style).
+
+    Raises:
+        TypeError: if ``layer`` is not an integer.
+        ValueError: if it lies outside [-num_layers, num_layers).
+    """
     try:
         layer = operator.index(layer)
     except TypeError:
@@ -68,7 +74,7 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
             rotates kernel features, not queries and keys).
     """
     blocks = _blocks(model)
-    layer = _layer_index(layer, len(blocks))
+    layer = layer_index(layer, len(blocks))
     attn = blocks[layer].attn
     rotary = attn.rotary
     if rotary is not None and attn.attention != "softmax":
@@ -149,7 +155,7 @@ def attention_matrices(model: DecoderLM, tokens, *, layer: int = 0) -> Tensor:
     q, k = q[0].to("cpu", torch.float64), k[0].to("cpu", torch.float64)  # (L, H, E)
     n = q.shape[0]
     logits = torch.einsum("mhe,nhe->hmn", q, k) / math.sqrt(q.shape[-1])  # (H, L, L)
-    attn = model.blocks[_layer_index(layer, len(model.blocks))].attn
+    attn = model.blocks[layer_index(layer, len(model.blocks))].attn
     term = _score_term(attn, q)
     if term is not None:
         logits = logits + term

@@ -16,6 +16,7 @@ from pathlib import Path
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS
 from spe.models.config import ModelConfig
+from spe.train.precision import check_precision
 
 __all__ = ["TrainConfig", "load_config_file", "packaged_config", "resolve_model_options"]
 
@@ -69,7 +70,9 @@ class TrainConfig:
         out: run folder (checkpoint, logs, plots).
         steps: optimizer steps.
         seq_len: training length L in tokens (random crops).
-        batch_size: crops per step.
+        batch_size: crops per optimizer step, over all processes: under ``torchrun`` with N
+            processes each trains on ``batch_size / N`` of the same crops (N must divide it), so
+            the same config trains the same model on 1 or N processes.
         lr: peak learning rate (AdamW).
         warmup_steps: linear warmup; then cosine decay to ``lr * min_lr_ratio``.
         min_lr_ratio: final learning rate as a fraction of ``lr``.
@@ -81,8 +84,13 @@ class TrainConfig:
         max_transpose: transposition augmentation in ±semitones (0 disables).
         feature_redraw_every: steps between FAVOR+ redraws (0: never).
         seed: seed of initialisation, crops and SPE codes.
-        device: ``cpu`` or ``cuda``.
+        device: ``cpu`` or ``cuda`` (under ``torchrun``: each process takes the GPU of its local rank).
         threads: CPU threads (0: PyTorch's default).
+        precision: ``fp32``, ``bf16`` (autocast, CPU or CUDA) or ``fp16`` (autocast with a
+            gradient scaler, CUDA only); weights and checkpoints stay float32.
+        tensorboard: also write TensorBoard scalars to ``out/tensorboard`` (the ``log`` extra).
+        keep_checkpoints: how many checkpoints ``out/checkpoints/step-SSSSSSS/`` to keep (the
+            newest; ``out/model.safetensors`` is always the latest).
         model: overrides of :class:`~spe.ModelConfig` fields (vocab_size comes from the data);
             completed by :func:`resolve_model_options` when the config is made.
     """
@@ -106,11 +114,19 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     threads: int = 0
+    precision: str = "fp32"
+    tensorboard: bool = False
+    keep_checkpoints: int = 2
     model: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check_types(self.__dict__, fields(self), "training option")
+        if not isinstance(self.model, dict):
+            raise TypeError(f"model must be a table of model options, got {self.model!r}")
+        _check_types(self.model, fields(ModelConfig), "model option")
         require_positive("training", **{name: getattr(self, name) for name in (
-            "steps", "seq_len", "batch_size", "eval_every")})
+            "steps", "seq_len", "batch_size", "eval_every", "keep_checkpoints")})
+        check_precision(self.precision, "cuda" if str(self.device).startswith("cuda") else "cpu")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
@@ -139,6 +155,23 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training option(s) {sorted(unknown)}; known: {sorted(known)}")
         return cls(**values)
+
+
+# Annotation (as written, postponed) -> the Python types a value of it may have; bool is not an int here.
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,),
+          "str | None": (str, type(None)), "int | None": (int, type(None))}
+
+
+def _check_types(values: dict, declared, kind: str) -> None:
+    """Raises TypeError naming the option, the value and the type expected, for a value of another type."""
+    annotations = {f.name: str(f.type) for f in declared}
+    for name, value in values.items():
+        allowed = _TYPES.get(annotations.get(name, ""))
+        if allowed is None:
+            continue
+        if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+            raise TypeError(f"{kind} {name} must be {annotations[name].replace('None', 'unset')}, "
+                            f"got {value!r} ({type(value).__name__})")
 
 
 def load_config_file(path: str | Path) -> dict:

@@ -14,7 +14,7 @@ from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, load_metadata
 from spe.models.config import ModelConfig
 from spe.train.config import TrainConfig
 
-__all__ = ["RESUME_KEYS", "RunStatus", "run_status"]
+__all__ = ["RESUME_KEYS", "RunStatus", "check_resume", "check_run", "run_status"]
 
 # Training options a run cannot change midway: they decide what the model sees and is validated on.
 RESUME_KEYS = ("data", "seq_len", "val_fraction", "split_seed", "max_transpose")
@@ -80,3 +80,40 @@ def run_status(cfg: TrainConfig, *, vocab_size: int | None = None) -> RunStatus:
     step = saved.get("step")
     return RunStatus("finished" if step == cfg.steps else "resume", out, step,
                      _model_differences(saved["config"], cfg, vocab_size), train_diff, has_state, saved)
+
+
+def check_run(cfg: TrainConfig, resume: bool, overwrite: bool) -> RunStatus:
+    """The run folder's status; refuses to overwrite a run or to resume nothing."""
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it: pass one of them")
+    status = run_status(cfg)
+    out = status.out
+    if resume and not status.has_train_state:
+        raise ValueError(f"--resume: no training state in {out} (expected {out / TRAIN_STATE_FILE})")
+    if resume and status.state == "new":
+        raise ValueError(f"--resume: no checkpoint in {out} (expected {out / MODEL_FILE})")
+    if not resume and not overwrite and status.state != "new":
+        if status.differences:
+            raise ValueError(f"{out} holds a run of another configuration ({status.describe()}): choose "
+                             "another --out, or pass --overwrite to replace it")
+        raise ValueError(f"{out} already holds a checkpoint: pass --resume to continue it, --overwrite to "
+                         "start again, or choose another --out")
+    return status
+
+
+def check_resume(status: RunStatus, tokenizer_json: str) -> None:
+    """Refuses to resume a run whose model, data or tokenizer differ from the configuration's."""
+    from spe.data.music import same_tokenizer
+
+    out, changed = status.out, status.model_differences
+    if changed:
+        detail = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+        hint = " (pass --attention-window 0 to keep attending to the whole past)" \
+            if list(changed) == ["attention_window"] and changed["attention_window"][0] is None else ""
+        raise ValueError(f"--resume: the model configuration differs from the one in {out}: {detail}{hint}")
+    if status.train_differences:
+        key, (before, now) = next(iter(status.train_differences.items()))
+        raise ValueError(f"--resume: {key} was {before!r} in {out}, now {now!r}")
+    stored = status.metadata.get("tokenizer")
+    if stored is not None and not same_tokenizer(stored, tokenizer_json):
+        raise ValueError(f"--resume: the tokenizer differs from the one in {out}")

@@ -1,0 +1,155 @@
+"""Hostile inputs: a one-line error naming the file or value, exit status 2, nothing overwritten."""
+
+import json
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+from conftest import write_midi
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from tiny_run import clean_midi, tiny_config, toml_text
+
+from spe.cli.main import main
+from spe.train.loop import train
+
+# The existing run: ape-learned with 40 position embeddings, trained at length 32.
+MODEL = {"positional": "ape-learned", "attention": "softmax", "max_positions": 40, "dropout": 0.0}
+
+
+def _snapshot(root: Path) -> dict:
+    """path -> (bytes, mtime) of every file below root, the token cache left out."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file() and "cache" not in p.parts}
+
+
+def _rewrite_header(source: Path, target: Path, **changes) -> Path:
+    """A copy of a checkpoint with header entries replaced (spe_config given as a dict of changes)."""
+    with safe_open(str(source), framework="pt") as f:
+        header = dict(f.metadata())
+    if "config" in changes:
+        header["spe_config"] = json.dumps({**json.loads(header["spe_config"]), **changes.pop("config")})
+    header.update(changes)
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(load_file(str(source)), str(target / "model.safetensors"), metadata=header)
+    return target
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A trained run, config files, checkpoints, prompts and data folders of every hostile kind."""
+    root = tmp_path_factory.mktemp("hostile")
+    cfg = tiny_config(root, "run", model=MODEL)
+    train(cfg, progress=False)
+    (root / "run.toml").write_text(toml_text(cfg))
+    good = toml_text(cfg)
+    (root / "unknown.toml").write_text("bogus = 1\n" + good)
+    (root / "unknown_model.toml").write_text(good + "d_modle = 32\n")
+    (root / "steps_str.toml").write_text(good.replace("steps = 6", 'steps = "ten"'))
+    (root / "lr_list.toml").write_text(good.replace("lr = 0.003", "lr = [1]"))
+    checkpoint = root / "run" / "model.safetensors"
+    _rewrite_header(checkpoint, root / "future", spe_format_version="99")
+    _rewrite_header(checkpoint, root / "other", config={"d_model": 64})
+    (root / "broken.mid").write_bytes(b"MThd\x00\x00\x00\x06not a midi file at all")
+    write_midi(root / "long_prompt.mid", notes=60)
+    for i in range(2):
+        (root / "corrupt" / f"bad{i}.mid").parent.mkdir(exist_ok=True)
+        (root / "corrupt" / f"bad{i}.mid").write_bytes(b"MThd garbage" * (i + 1))
+    (root / "empty").mkdir()
+    (root / "empty" / "zero_bytes.mid").write_bytes(b"")
+    write_midi(root / "empty" / "no_notes.mid", notes=0)
+    clean_midi(root / "user")
+    return root, cfg
+
+
+def _train(root, cfg, toml="run", *flags):
+    """spe train with the config file ``root/TOML.toml`` on the tiny corpus."""
+    return ["train", "--config", f"{root}/{toml}.toml", "--data", cfg.data, "--cache-dir", cfg.cache_dir,
+            "--no-progress", *flags]
+
+
+def _run(root, *flags):
+    return ["--out", f"{root}/run", *flags]
+
+
+def _new(root, *flags):
+    return ["--out", f"{root}/new", *flags]
+
+
+# (id, argv from (root, cfg), the message as a regex, files allowed to change)
+CASES = [
+    ("unknown config key", lambda r, c: _train(r, c, "unknown", *_run(r)),
+     r"config file .*unknown\.toml: unknown training option\(s\) \['bogus'\]; known: \[.*'batch_size'", ()),
+    ("unknown model key", lambda r, c: _train(r, c, "unknown_model", *_run(r)),
+     r"unknown_model\.toml: unknown model option\(s\) \['d_modle'\]; known: \[.*'d_model'", ()),
+    ("wrong type (string steps)", lambda r, c: _train(r, c, "steps_str", *_run(r)),
+     r"steps_str\.toml: training option steps must be int, got 'ten' \(str\)", ()),
+    ("wrong type (list lr)", lambda r, c: _train(r, c, "lr_list", *_run(r)),
+     r"lr_list\.toml: training option lr must be float, got \[1\] \(list\)", ()),
+    ("train_state.pt as checkpoint",
+     lambda r, c: ["evaluate", "--checkpoint", f"{r}/run/train_state.pt", *_run(r)],
+     r"train_state\.pt is a training state .*not a model: pass the run folder .*/run "
+     r"or its model\.safetensors",
+     ()),
+    ("newer checkpoint format", lambda r, c: ["evaluate", "--checkpoint", f"{r}/future", *_run(r)],
+     r"future/model\.safetensors has checkpoint format version 99, newer than the 1 this spe reads", ()),
+    ("checkpoint of another configuration",
+     lambda r, c: ["generate", "--checkpoint", f"{r}/other", "--out", f"{r}/run/x.mid"],
+     r"other/model\.safetensors: its tensors do not match its configuration \(.* has shape", ()),
+    ("resume with another configuration",
+     lambda r, c: _train(r, c, "run", *_run(r, "--resume", "--d-model", "64")),
+     r"--resume: the model configuration differs from the one in .*run: d_model 32 -> 64", ()),
+    ("--out holds another configuration", lambda r, c: _train(r, c, "run", *_run(r, "--d-model", "64")),
+     r".*/run holds a run of another configuration \(d_model 32 -> 64\): choose another --out, "
+     r"or pass --overwrite", ()),
+    ("--out holds the same configuration", lambda r, c: _train(r, c, "run", *_run(r)),
+     r".*/run already holds a checkpoint: pass --resume to continue it, --overwrite", ()),
+    ("unreadable prompt", lambda r, c: ["generate", "--checkpoint", f"{r}/run", "--prompt", f"{r}/broken.mid",
+                                        "--length", "4", "--out", f"{r}/run/x.mid"],
+     r"cannot read prompt MIDI .*broken\.mid", ()),
+    ("prompt longer than allowed",
+     lambda r, c: ["generate", "--checkpoint", f"{r}/run", "--prompt", f"{r}/long_prompt.mid",
+                   "--prompt-bars", "100", "--length", "4", "--out", f"{r}/run/x.mid"],
+     r"the prompt .*long_prompt\.mid \(\d+ tokens\) plus --length 4 needs \d+ positions "
+     r"but .*run has 40 learned",
+     ()),
+    ("every data file corrupt", lambda r, c: _train(r, c, "run", *_new(r, "--data", f"{r}/corrupt")),
+     r"no readable MIDI file with notes in .*corrupt \(2 tried\)", ()),
+    ("zero-length pieces", lambda r, c: _train(r, c, "run", *_new(r, "--data", f"{r}/empty")),
+     r"no readable MIDI file with notes in .*empty \(2 tried\)", ()),
+    ("length above the positional encoding (evaluate)",
+     lambda r, c: ["evaluate", "--checkpoint", f"{r}/run", "--data", f"{r}/user", "--cache-dir", c.cache_dir,
+                   *_run(r)],
+     r"the default length 96 needs 96 positions but .*run has 40 learned position embeddings", ()),
+    ("length above the positional encoding (generate)",
+     lambda r, c: ["generate", "--checkpoint", f"{r}/run", "--length", "50", "--out", f"{r}/run/x.mid"],
+     r"--length 50 needs 50 positions but .*run has 40 learned position embeddings", ()),
+    ("fp16 on CPU", lambda r, c: _train(r, c, "run", *_new(r, "--precision", "fp16")),
+     r"precision fp16 needs a CUDA device", ()),
+    ("keep no checkpoint", lambda r, c: _train(r, c, "run", *_new(r, "--keep-checkpoints", "0")),
+     r"keep_checkpoints must be a positive integer, got 0", ()),
+    ("NaN loss", lambda r, c: _train(r, c, "run", *_run(r, "--resume", "--steps", "12", "--lr", "1e30")),
+     r"training stopped: the loss is (nan|inf) at step \d+ .*; the last good checkpoint is "
+     r".*run/model\.safetensors \(step 6\), left as it was", ("run/metrics.jsonl",)),
+]
+
+
+@pytest.mark.parametrize(("argv", "message", "may_change"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_hostile_input_is_one_line_exit_2_and_nothing_is_overwritten(world, argv, message, may_change,
+                                                                      capsys):
+    root, cfg = world
+    shutil.rmtree(root / "new", ignore_errors=True)
+    before = _snapshot(root)
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # skipped files are warned about, before the error
+        assert main(argv(root, cfg)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"spe {argv(root, cfg)[0]}: error: "), err
+    assert re.search(message, err[0]), err[0]
+    after = _snapshot(root)
+    for name in may_change:
+        before.pop(name, None), after.pop(name, None)
+    assert after == before
