@@ -29,7 +29,7 @@ SPE_IMPLS = {"sinespe": ("-", "fused", "blocked", "materialized", "reference"), 
 # Suffixes accepted as aliases of the default: ``sinespe:auto``, ``convspe:fft``.
 DEFAULT_ALIASES = {"sinespe": "auto", "convspe": "fft"}
 # (positional, impl) pairs ``spe bench`` can measure, in table order.
-SERIES = [("ape", "-"), *[(name, impl) for name in positional_names(stochastic=True) for impl in SPE_IMPLS[name]],
+SERIES = [("ape", "-"), *[(name, impl) for name in positional_names(stochastic=True, needs_grid=False) for impl in SPE_IMPLS[name]],
           *[(name, "-") for name in positional_names(stochastic=False) if name != "ape"]]
 ATTENTIONS = ["softmax", "performer", "linear"]
 # Encodings that add a term to the scores exist for softmax attention only.

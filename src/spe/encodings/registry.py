@@ -163,14 +163,18 @@ def positional_spec(name: str) -> PositionalSpec:
                          f"{', '.join(POSITIONAL_SPECS)}") from None
 
 
-def positional_names(*, acts_on: str | None | EllipsisType = ..., stochastic: bool | None = None) -> tuple[str, ...]:
-    """Registered names, optionally filtered by where they act and whether they draw a code.
+def positional_names(*, acts_on: str | None | EllipsisType = ..., stochastic: bool | None = None,
+                     needs_grid: bool | None = None) -> tuple[str, ...]:
+    """Registered names, optionally filtered by where they act, whether they draw a code and
+    whether they need a 2-D grid.
 
     ``positional_names(acts_on="scores")`` gives the score encodings;
-    ``positional_names(stochastic=True)`` the SPE variants. ``acts_on=None`` selects ``none``.
+    ``positional_names(stochastic=True)`` the SPE variants (``needs_grid=False``: those of 1-D
+    sequences). ``acts_on=None`` selects ``none``.
     """
     if acts_on is not ... and acts_on is not None and acts_on not in PLACES:
         raise ValueError(f"acts_on must be one of {', '.join(PLACES)} or None, got {acts_on!r}")
     return tuple(spec.name for spec in POSITIONAL_SPECS.values()
                  if (acts_on is ... or spec.acts_on == acts_on)
-                 and (stochastic is None or spec.stochastic == stochastic))
+                 and (stochastic is None or spec.stochastic == stochastic)
+                 and (needs_grid is None or spec.needs_grid == needs_grid))

@@ -73,7 +73,7 @@ def effective_kernels(model: DecoderLM, *, max_lag: int | None = None, layer: in
     positional = model.config.positional
     if not positional_spec(positional).stochastic:
         raise ValueError(f"plot_kernels needs an SPE model (positional "
-                         f"{' or '.join(positional_names(stochastic=True))}), got positional {positional!r}")
+                         f"{' or '.join(positional_names(stochastic=True, needs_grid=False))}), got positional {positional!r}")
     max_lag = 128 if max_lag is None else int(max_lag)
     if max_lag < 1:
         raise ValueError(f"max_lag must be a positive number of positions, got {max_lag}")
