@@ -198,7 +198,12 @@ def test_results_tables_put_each_run_beside_the_papers_value_for_its_kernel_and_
 
     write("a", "image", "performer", "convspe-2d", [30.0, 32.0])
     write("b", "listops", "linear-relu", "convspe", [20.0])
+    write("c", "listops", "performer", "sinespe", [19.0])
+    write("d", "listops", "performer", "none", [18.0])
     text = results_tables(tmp_path)
+    rows = [line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| performer") or
+            line.startswith("| linear")]
+    assert rows[:3] == [["| performer", "sinespe"], ["| performer", "none"], ["| linear-relu", "convspe"]]
     assert text.index("### ListOps") < text.index("### Image")  # the paper's task order
     assert "| performer | convspe-2d | **31.00 ± 1.00** | 2 | 30.0, 32.0 | 10, 10 / 20 | 2.0 | 40.06 |" in text
     assert "| linear-relu | convspe | **20.00 ± 1.00** | 1 | 20.0 | 10 / 20 | 2.0 | 9.50 ± 1.17 |" in text

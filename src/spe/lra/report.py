@@ -28,14 +28,21 @@ LRA_BASELINES = {"Transformer": {"listops": "36.37"},
                  "Performer": {"listops": "18.01", "text": "65.40", "retrieval": "53.82", "image": "42.77"},
                  "Linear Transformer": {"listops": "16.13", "text": "65.90", "retrieval": "53.09", "image": "42.34"}}
 _FAMILY = {"ape-learned": "ape", "convspe-2d": "convspe"}
+_ATTENTION_ORDER = ("performer", "linear-relu")
+_POSITIONAL_ORDER = ("ape", "ape-learned", "sinespe", "convspe", "convspe-2d")
 
 
 def collect_results(folder: str | Path) -> list[dict]:
-    """Every ``results.json`` under ``folder`` (one per experiment), sorted by task, kernel, encoding."""
+    """Every ``results.json`` under ``folder`` (one per experiment), in the paper's order of tasks,
+    kernels and encodings."""
     found = [json.loads(p.read_text()) for p in sorted(Path(folder).rglob("results.json"))]
-    order = list(TASK_TITLES)
-    return sorted(found, key=lambda r: (order.index(r["config"]["task"]), r["config"]["attention"],
-                                        r["config"]["positional"]))
+
+    def rank(values: tuple, value: str) -> tuple:  # the paper's order, others after it by name
+        return (values.index(value), "") if value in values else (len(values), value)
+
+    return sorted(found, key=lambda r: (rank(tuple(TASK_TITLES), r["config"]["task"]),
+                                        rank(_ATTENTION_ORDER, r["config"]["attention"]),
+                                        rank(_POSITIONAL_ORDER, r["config"]["positional"])))
 
 
 def _row(summary: dict) -> str:
