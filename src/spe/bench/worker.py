@@ -63,15 +63,28 @@ def build(case: dict):
 
 
 def measure_model(case: dict, device: torch.device) -> dict:
-    """One optimizer step (forward, backward, AdamW) of a whole DecoderLM; reports its parameters."""
+    """One optimizer step (forward, backward, AdamW) of a whole DecoderLM; reports its parameters.
+
+    The model is the one ``spe train --seq-len N`` builds from ``case["model"]``: the config
+    layer's defaults apply (:func:`spe.train.config.resolve_model_options`), so SPE gets a
+    sliding window of N positions, which at length N reaches the whole past (the kernels then
+    take their whole-past path). A sineSPE ``impl`` other than "-" is set on every SPEFilter.
+    """
     from spe.models import DecoderLM, ModelConfig
+    from spe.train.config import resolve_model_options
 
     n, b = case["length"], case["batch"]
     options = dict(case["model"])
     options.update(positional=case["positional"], attention={"linear": "linear-elu"}.get(case["attention"],
                                                                                        case["attention"]))
+    options = resolve_model_options(options, seq_len=n)
     options["max_positions"] = max(options.get("max_positions", 2048), n)
-    model = DecoderLM(ModelConfig(vocab_size=case["vocab_size"], **options)).to(device).train()
+    config = ModelConfig(vocab_size=case["vocab_size"], **options)
+    model = DecoderLM(config).to(device).train()
+    if case["positional"] == "sinespe" and case["impl"] in IMPLS:
+        for module in model.modules():
+            if isinstance(module, SPEFilter):
+                module.impl = case["impl"]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, case["vocab_size"], (b, n + 1), generator=g, device=device)
@@ -81,7 +94,11 @@ def measure_model(case: dict, device: torch.device) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return {**_timed(run, case, device), "parameters": model.num_parameters()}
+    extra = {"parameters": model.num_parameters(), "attention_window": config.attention_window}
+    if case["positional"] == "sinespe" and case["impl"] == "-":
+        extra["resolved_impl"] = choose_sine_impl(b, n, config.num_heads, config.d_model // config.num_heads,
+                                                  config.num_sines, config.num_realizations)
+    return {**_timed(run, case, device), **extra}
 
 
 def measure_train(case: dict, device: torch.device) -> dict:
@@ -152,7 +169,8 @@ def _timed(run, case: dict, device: torch.device) -> dict:
         if time.perf_counter() > deadline and len(times) >= 3:
             break
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else _rss_mb() - base
-    return {"median_ms": 1000 * statistics.median(times), "peak_mb": peak, "repeats": len(times)}
+    return {"median_ms": 1000 * statistics.median(times), "peak_mb": peak, "repeats": len(times),
+            "times_ms": [1000 * t for t in times], "base_mb": base if device.type != "cuda" else base / 2**20}
 
 
 def main() -> None:

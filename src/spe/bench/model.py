@@ -1,0 +1,186 @@
+"""Whole-model benchmark: one AdamW step of the main job's DecoderLM per positional encoding,
+and the longest length whose training step fits in a memory budget.
+
+Letters: B = batch, N = sequence length (tokens), MB = 2^20 bytes.
+
+Each measurement runs in its own process (:mod:`spe.bench.worker`). Variants are measured
+in rounds that cycle through them (ape, sinespe, convspe, ape, sinespe, …), so a change in
+the machine's load hits every variant alike; times are compared as ratios to APE.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+
+from spe.bench.run import parse_series, run_case, series_name
+
+__all__ = ["longest_length", "merge_rounds", "parse_longest", "parse_shapes", "run_model_rounds"]
+
+log = logging.getLogger(__name__)
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``"8x2048,2x8192"`` → [(8, 2048), (2, 8192)] (batch × length).
+
+    Raises:
+        ValueError: on an entry that is not two positive integers joined by ``x``.
+    """
+    shapes = []
+    for entry in (e.strip() for e in text.split(",")):
+        parts = entry.split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--model-shapes takes BATCHxLENGTH entries such as 8x2048,2x8192, got {text!r}")
+        shapes.append((int(parts[0]), int(parts[1])))
+    return shapes
+
+
+def parse_longest(text: str, default_attention: str) -> list[tuple[str, str, str]]:
+    """``"ape,sinespe,ape+softmax"`` → (positional, impl, attention) triples; an entry without
+    ``+ATTENTION`` uses ``default_attention`` (the model config's).
+
+    Raises:
+        ValueError: on an unknown encoding name (as :func:`spe.bench.run.parse_series`) or attention.
+    """
+    out = []
+    for entry in (e.strip() for e in text.split(",") if e.strip()):
+        name, _, attention = entry.partition("+")
+        if attention and attention not in ("softmax", "performer", "linear"):
+            raise ValueError(f"--longest: attention after '+' must be softmax, performer or linear, got {entry!r}")
+        (pos, impl), = parse_series(name)
+        out.append((pos, impl, attention or default_attention))
+    if not out:
+        raise ValueError(f"--longest takes a comma-separated list such as ape,sinespe,ape+softmax, got {text!r}")
+    return out
+
+
+def _model_case(common: dict, pos: str, impl: str, attention: str, batch: int, length: int) -> dict:
+    return {**common, "mode": "model", "positional": pos, "impl": impl, "attention": attention, "batch": batch,
+            "length": length}
+
+
+def run_model_rounds(common: dict, series: list[tuple[str, str, str]], shapes: list[tuple[int, int]],
+                     rounds: int, timeout: float, progress: bool = True) -> list[dict]:
+    """One record per (shape, round, series), the series cycled within each round.
+
+    ``common`` holds the worker's case fields (model options, vocab_size, repeats, threads,
+    device, max_seconds). Returns the raw records; :func:`merge_rounds` pools them.
+    """
+    records = []
+    total, done = len(shapes) * rounds * len(series), 0
+    for batch, length in shapes:
+        for rnd in range(rounds):
+            for pos, impl, attention in series:
+                done += 1
+                rec = run_case({**_model_case(common, pos, impl, attention, batch, length), "round": rnd},
+                               timeout=timeout)
+                records.append(rec)
+                if progress:
+                    state = rec.get("skipped") or f"{rec['median_ms']:.0f} ms, {rec['peak_mb']:.0f} MB"
+                    print(f"[{done}/{total}] model {series_name(pos, impl):16s} {attention:9s} B={batch} N={length} "
+                          f"round {rnd}: {state}", file=sys.stderr, flush=True)
+    return records
+
+
+def merge_rounds(records: list[dict]) -> list[dict]:
+    """Pools the rounds of each (series, attention, batch, length): the median of every timed
+    step, the largest peak memory, and the ratios to APE with the same attention and shape."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["positional"], r["impl"], r["attention"], r["batch"], r["length"]), []).append(r)
+    merged = []
+    for key, recs in groups.items():
+        ok = [r for r in recs if "median_ms" in r]
+        if not ok:
+            merged.append({**recs[0], "rounds": 0})
+            continue
+        times = [t for r in ok for t in r.get("times_ms", [r["median_ms"]])]
+        merged.append({**ok[0], "median_ms": statistics.median(times), "times_ms": times,
+                       "peak_mb": max(r["peak_mb"] for r in ok), "rounds": len(ok),
+                       "tokens_per_s": key[3] * key[4] / (statistics.median(times) / 1000)})
+    for r in merged:
+        base = next((a for a in merged if (a["positional"], a["attention"], a["batch"], a["length"])
+                     == ("ape", r["attention"], r["batch"], r["length"]) and a.get("rounds")), None)
+        if base and r.get("rounds"):
+            r["time_vs_ape"] = r["median_ms"] / base["median_ms"]
+            r["memory_vs_ape"] = r["peak_mb"] / max(base["peak_mb"], 1e-9)
+    return merged
+
+
+def _linear_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares a + b·N through (N, MB) points (a line through one point and the origin)."""
+    if len(points) == 1:
+        return 0.0, points[0][1] / points[0][0]
+    xs, ys = zip(*points)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_mb: float, measure_limit_mb: float,
+                   start: int = 4096, max_step_s: float = 60.0, timeout: float = 600.0, measure=None) -> dict:
+    """The longest N at batch 1 whose AdamW step fits in ``budget_mb`` (the process's whole
+    resident set: its base plus the step's growth).
+
+    Doubles N from ``start`` while the next point's predicted memory stays under
+    ``measure_limit_mb`` and its predicted step time under ``max_step_s`` (time ∝ N, N² for
+    softmax), then bisects between the last point that fit and the first that did not when
+    both were measured. When the budget lies beyond what may be measured, N is extrapolated
+    from a least-squares line a + b·N through the measured points of the upper half of the
+    range (peak memory is about linear in N for these kernels), and the record says so.
+
+    Args:
+        measure: ``case -> record`` (default :func:`spe.bench.run.run_case`); tests pass a model.
+
+    Returns:
+        {"positional", "impl", "attention", "points": [(N, total MB, step ms)], "longest",
+        "extrapolated", "fit": {"a_mb", "mb_per_token", "points"} or None, "why"}.
+    """
+    measure = measure or (lambda case: run_case(case, timeout=timeout))
+    points: list[tuple[int, float, float]] = []
+    n, too_big = start, None
+    while True:
+        rec = measure({**_model_case(common, pos, impl, attention, 1, n), "repeats": 1})
+        if "median_ms" not in rec:
+            why = f"N={n}: {rec.get('skipped', 'failed')}"
+            break
+        total = rec["base_mb"] + rec["peak_mb"]
+        points.append((n, total, rec["median_ms"]))
+        if total > budget_mb:
+            too_big = n
+            why = "measured"
+            break
+        grow = 4 if attention == "softmax" else 2
+        a, b = _linear_fit([(x, m) for x, m, _ in points[-3:]])
+        if a + b * 2 * n > measure_limit_mb:
+            why = f"N={2 * n} predicted {a + b * 2 * n:.0f} MB > {measure_limit_mb:.0f} MB measurable here"
+            break
+        if 2 * rec["median_ms"] * grow / 1000 > max_step_s:  # warm-up + 1 timed step
+            why = f"N={2 * n} predicted {2 * rec['median_ms'] * grow / 1000:.0f} s > {max_step_s:.0f} s"
+            break
+        n *= 2
+    result = {"positional": pos, "impl": impl, "attention": attention, "points": points, "fit": None,
+              "extrapolated": False, "why": why}
+    fits = [x for x, m, _ in points if m <= budget_mb]
+    if too_big is not None and fits:
+        lo, hi = fits[-1], too_big
+        while hi - lo > max(lo // 16, 1):  # to 1/16 of the length: finer than the 10 % target needs
+            mid = (lo + hi) // 2
+            rec = measure({**_model_case(common, pos, impl, attention, 1, mid), "repeats": 1})
+            ok = "median_ms" in rec and rec["base_mb"] + rec["peak_mb"] <= budget_mb
+            if "median_ms" in rec:
+                points.append((mid, rec["base_mb"] + rec["peak_mb"], rec["median_ms"]))
+            lo, hi = (mid, hi) if ok else (lo, mid)
+        result["longest"] = lo
+        return result
+    if not points:
+        result["longest"] = None
+        return result
+    upper = [(x, m) for x, m, _ in points if x * 4 > points[-1][0]] or [(x, m) for x, m, _ in points]
+    a, b = _linear_fit(upper)
+    result["fit"] = {"a_mb": a, "mb_per_token": b, "points": [x for x, _ in upper]}
+    result["longest"] = int((budget_mb - a) / b) if b > 0 else None
+    result["extrapolated"] = True
+    log.info("%s: longest N extrapolated to %s from %s", series_name(pos, impl), result["longest"], upper)
+    return result
