@@ -11,8 +11,11 @@ the machine's load hits every variant alike; times are compared as ratios to APE
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import sys
+
+import torch
 
 from spe.bench.run import parse_series, run_case, series_name
 
@@ -108,18 +111,37 @@ def merge_rounds(records: list[dict]) -> list[dict]:
     return merged
 
 
-def _linear_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares a + b·N through (N, MB) points (a line through one point and the origin)."""
+def _poly_fit(points: list[tuple[int, float]], degree: int) -> list[float]:
+    """Least-squares coefficients [a, b(, c)] of a + b·N (+ c·N²) through (N, MB) points; with
+    fewer points than coefficients, the highest terms are dropped (one point: a line through 0)."""
     if len(points) == 1:
-        return 0.0, points[0][1] / points[0][0]
-    xs, ys = zip(*points)
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
+        return [0.0, points[0][1] / points[0][0]]
+    degree = min(degree, len(points) - 1)
+    xs = torch.tensor([float(x) for x, _ in points], dtype=torch.float64)
+    design = torch.stack([xs**k for k in range(degree + 1)], dim=1)
+    ys = torch.tensor([float(y) for _, y in points], dtype=torch.float64)[:, None]
+    return torch.linalg.lstsq(design, ys).solution[:, 0].tolist()
+
+
+def _solve_budget(coef: list[float], budget_mb: float) -> int | None:
+    """The largest N ≥ 0 with a + b·N (+ c·N²) = budget, or None when memory does not grow."""
+    a, b, c = (coef + [0.0])[:3]
+    if abs(c) < 1e-18:
+        root = (budget_mb - a) / b if b > 0 else None
+    else:
+        disc = b * b - 4 * c * (a - budget_mb)
+        root = (-b + math.sqrt(disc)) / (2 * c) if disc >= 0 and c > 0 else None
+    return None if root is None else math.floor(root + 1e-6)  # a least-squares root lands a hair off integers
+
+
+def _predict(points: list[tuple[int, float, float]], n: int, degree: int) -> float:
+    coef = _poly_fit([(x, m) for x, m, _ in points[-3:]], degree)
+    return sum(c * n**k for k, c in enumerate(coef))
 
 
 def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_mb: float, measure_limit_mb: float,
-                   start: int = 4096, max_step_s: float = 60.0, timeout: float = 600.0, measure=None) -> dict:
+                   start: int = 4096, max_step_s: float = 60.0, timeout: float = 600.0, measure=None,
+                   progress: bool = False) -> dict:
     """The longest N at batch 1 whose AdamW step fits in ``budget_mb`` (the process's whole
     resident set: its base plus the step's growth).
 
@@ -128,7 +150,8 @@ def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_
     softmax), then bisects between the last point that fit and the first that did not when
     both were measured. When the budget lies beyond what may be measured, N is extrapolated
     from a least-squares line a + b·N through the measured points of the upper half of the
-    range (peak memory is about linear in N for these kernels), and the record says so.
+    range (peak memory is about linear in N for linear attention; a + b·N + c·N² through the
+    last three points for softmax, whose scores may be formed), and the record says so.
 
     Args:
         measure: ``case -> record`` (default :func:`spe.bench.run.run_case`); tests pass a model.
@@ -137,7 +160,16 @@ def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_
         {"positional", "impl", "attention", "points": [(N, total MB, step ms)], "longest",
         "extrapolated", "fit": {"a_mb", "mb_per_token", "points"} or None, "why"}.
     """
-    measure = measure or (lambda case: run_case(case, timeout=timeout))
+    run = measure or (lambda case: run_case(case, timeout=timeout))
+
+    def measure(case: dict) -> dict:
+        rec = run(case)
+        if progress:
+            state = rec.get("skipped") or f"{rec['base_mb'] + rec['peak_mb']:.0f} MB, {rec['median_ms']:.0f} ms"
+            print(f"longest {series_name(pos, impl)} + {attention} N={case['length']}: {state}", file=sys.stderr,
+                  flush=True)
+        return rec
+
     points: list[tuple[int, float, float]] = []
     n, too_big = start, None
     while True:
@@ -152,9 +184,10 @@ def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_
             why = "measured"
             break
         grow = 4 if attention == "softmax" else 2
-        a, b = _linear_fit([(x, m) for x, m, _ in points[-3:]])
-        if a + b * 2 * n > measure_limit_mb:
-            why = f"N={2 * n} predicted {a + b * 2 * n:.0f} MB > {measure_limit_mb:.0f} MB measurable here"
+        degree = 2 if attention == "softmax" else 1
+        if _predict(points, 2 * n, degree) > measure_limit_mb:
+            why = (f"N={2 * n} predicted {_predict(points, 2 * n, degree):.0f} MB > {measure_limit_mb:.0f} MB "
+                   "measurable here")
             break
         if 2 * rec["median_ms"] * grow / 1000 > max_step_s:  # warm-up + 1 timed step
             why = f"N={2 * n} predicted {2 * rec['median_ms'] * grow / 1000:.0f} s > {max_step_s:.0f} s"
@@ -177,10 +210,11 @@ def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_
     if not points:
         result["longest"] = None
         return result
-    upper = [(x, m) for x, m, _ in points if x * 4 > points[-1][0]] or [(x, m) for x, m, _ in points]
-    a, b = _linear_fit(upper)
-    result["fit"] = {"a_mb": a, "mb_per_token": b, "points": [x for x, _ in upper]}
-    result["longest"] = int((budget_mb - a) / b) if b > 0 else None
+    degree = 2 if attention == "softmax" else 1  # softmax's scores can grow as N²
+    upper = [(x, m) for x, m, _ in points if x * 2 ** (degree + 1) > points[-1][0]]
+    coef = _poly_fit(upper, degree)
+    result["fit"] = {"coefficients_mb": coef, "points": [x for x, _ in upper]}
+    result["longest"] = _solve_budget(coef, budget_mb)
     result["extrapolated"] = True
     log.info("%s: longest N extrapolated to %s from %s", series_name(pos, impl), result["longest"], upper)
     return result

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from spe import strict_json
+from spe.bench.peers import PEER_ATTENTIONS
 from spe.bench.tables import longest_lines, model_lines
 from spe.encodings.registry import positional_names
 
@@ -93,7 +94,7 @@ def layer_flops(case: dict) -> float:
         e = r
     if case["attention"] == "softmax":
         return flops + 2 * b * h * n * n * (e + d) / 2
-    if case["attention"] == "performer":
+    if case["attention"] in ("performer", *PEER_ATTENTIONS):
         flops += 2 * 2 * b * n * h * e * m
         e = m
     return flops + 2 * b * n * h * (2 * e * (d + 1) + c * e + c * (d + 1))
@@ -123,7 +124,9 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
     step at position N), ``model`` (one AdamW step of a whole DecoderLM built from ``model``
     options, batch ``model_batch``; records its parameter count). Pairs that cannot exist
-    (a score encoding with a linear kernel) are left out. A case is skipped (and recorded as
+    (a score encoding with a linear kernel) are left out; another package's layer
+    (``attentions`` may name those of :data:`spe.bench.peers.PEER_ATTENTIONS`) is measured in
+    train mode with ``ape`` or ``none`` only, and recorded as skipped when not installed. A case is skipped (and recorded as
     such) when the previous length's time or memory, extrapolated with the kernel's
     complexity, exceeds ``budget_s`` or ``memory_limit_mb``.
     """
@@ -134,7 +137,8 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
                   chunk_size=chunk_size, repeats=repeats, device=device, threads=threads,
                   max_seconds=budget_s)
     plan = [(mode, pos, impl, att) for mode in modes for pos, impl in series for att in attentions
-            if not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")]
+            if not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")
+            and not (att in PEER_ATTENTIONS and (mode != "train" or pos not in ("ape", "none")))]
     total = len(plan) * len(lengths)
     records = []
     done = 0

@@ -38,6 +38,14 @@ def model_lines(merged: list[dict]) -> list[str]:
     return lines
 
 
+def _fit_text(fit: dict) -> str:
+    coef = fit["coefficients_mb"]
+    text = f"{coef[0]:,.0f} MB + {coef[1] * 1024:,.1f} MB per 1,024 tokens"
+    if len(coef) > 2:
+        text += f" + {coef[2] * 2**20:,.3f} MB per (1,024 tokens)²"
+    return f"{text} (least squares through N = {', '.join(f'{n:,}' for n in fit['points'])})"
+
+
 def longest_lines(results: list[dict], budget_mb: float | None) -> list[str]:
     """The longest-length search: measured points, the answer, and whether it is extrapolated."""
     if not results:
@@ -49,9 +57,7 @@ def longest_lines(results: list[dict], budget_mb: float | None) -> list[str]:
         if r["longest"] is None:
             how = r["why"]
         elif r["extrapolated"]:
-            fit = r["fit"]
-            how = (f"extrapolated: {fit['a_mb']:,.0f} MB + {fit['mb_per_token'] * 1024:,.1f} MB per 1,024 tokens "
-                   f"(least squares through N = {', '.join(f'{n:,}' for n in fit['points'])}); stopped: {r['why']}")
+            how = f"extrapolated: {_fit_text(r['fit'])}; stopped: {r['why']}"
         else:
             how = "measured (bisection)"
         longest = "–" if r["longest"] is None else f"{r['longest']:,}"

@@ -243,15 +243,19 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from spe.bench.peers import PEER_ATTENTIONS
     from spe.bench.run import BENCH_ATTENTIONS, MODES, parse_series, run_bench, summarize_bench, write_outputs
     from spe.train.config import load_config_file, packaged_config
 
+    if args.modes is None:  # --longest alone runs only the search
+        args.modes = "" if args.longest else "train,generate"
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or set(modes) - set(MODES):
+    if (not modes and not args.longest) or set(modes) - set(MODES):
         raise UsageError(f"--modes takes {', '.join(MODES)}, got {args.modes!r}")
     attentions = [a.strip() for a in args.attentions.split(",")] if args.attentions else None
-    if attentions and set(attentions) - set(BENCH_ATTENTIONS):
-        raise UsageError(f"--attentions takes {', '.join(BENCH_ATTENTIONS)}, got {args.attentions!r}")
+    if attentions and set(attentions) - {*BENCH_ATTENTIONS, *PEER_ATTENTIONS}:
+        raise UsageError(f"--attentions takes {', '.join([*BENCH_ATTENTIONS, *PEER_ATTENTIONS])}, "
+                         f"got {args.attentions!r}")
     try:
         series = parse_series(args.positionals)
     except ValueError as e:
@@ -300,12 +304,16 @@ def _bench_model(args: argparse.Namespace, model: dict, series, attentions) -> d
     except ValueError as e:
         raise UsageError(str(e)) from None
     if "model" in [m.strip() for m in args.modes.split(",")]:
-        triples = [(p, i, a) for a in (attentions or [default_attention]) for p, i in series]
+        from spe.bench.peers import PEER_ATTENTIONS
+
+        model_attentions = [a for a in attentions or [default_attention] if a not in PEER_ATTENTIONS]
+        triples = [(p, i, a) for a in model_attentions or [default_attention] for p, i in series]
         raw = run_model_rounds(common, triples, shapes, args.rounds, timeout, progress=not args.no_progress)
         out.update(model_rounds=raw, model=merge_rounds(raw))
     out["longest"] = [longest_length(common, p, i, a, budget_mb=args.memory_budget_mb,
                                      measure_limit_mb=args.measure_limit_mb, start=args.longest_start,
-                                     max_step_s=args.budget_s, timeout=timeout) for p, i, a in longest]
+                                     max_step_s=args.budget_s, timeout=timeout, progress=not args.no_progress)
+                     for p, i, a in longest]
     return out
 
 
@@ -385,8 +393,8 @@ def _add_generate_parser(sub) -> None:
 def _add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="time and peak memory of attention layers per positional encoding")
     p.add_argument("--lengths", default="512,1024,2048,4096,8192,16384", help="comma-separated lengths")
-    p.add_argument("--modes", default="train,generate",
-                   help="train (one layer forward+backward), generate (one recurrent step), model (one AdamW step "
+    p.add_argument("--modes",
+                   help="default train,generate (nothing else with --longest): train (one layer forward+backward), generate (one recurrent step), model (one AdamW step "
                         "of the whole model of --config at each --model-shapes, in --rounds interleaved rounds)")
     p.add_argument("--config", help="TOML whose [model] section builds the model for --modes model and --longest "
                    "(default: the packaged demo config)")
@@ -404,7 +412,8 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--measure-limit-mb", type=float, default=12000.0,
                    help="--longest: measure no point predicted above this; extrapolate beyond (default 12000)")
     p.add_argument("--longest-start", type=int, default=4096, help="--longest: first length (default 4096)")
-    p.add_argument("--attentions", help="subset of: softmax, performer, linear")
+    p.add_argument("--attentions", help="subset of: softmax, performer, linear (default: those three), and "
+                   "performer-pytorch (lucidrains' layer, train mode with ape/none, if installed)")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
