@@ -145,7 +145,7 @@ def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_
     """The longest N at batch 1 whose AdamW step fits in ``budget_mb`` (the process's whole
     resident set: its base plus the step's growth).
 
-    Doubles N from ``start`` while the next point's predicted memory stays under
+    Each point is one (first) AdamW step in a fresh process. Doubles N from ``start`` while the next point's predicted memory stays under
     ``measure_limit_mb`` and its predicted step time under ``max_step_s`` (time ∝ N, N² for
     softmax), then bisects between the last point that fit and the first that did not when
     both were measured. When the budget lies beyond what may be measured, N is extrapolated
@@ -173,7 +173,7 @@ def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_
     points: list[tuple[int, float, float]] = []
     n, too_big = start, None
     while True:
-        rec = measure({**_model_case(common, pos, impl, attention, 1, n), "repeats": 1})
+        rec = measure({**_model_case(common, pos, impl, attention, 1, n), "repeats": 0})
         if "median_ms" not in rec:
             why = f"N={n}: {rec.get('skipped', 'failed')}"
             break
@@ -189,8 +189,8 @@ def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_
             why = (f"N={2 * n} predicted {_predict(points, 2 * n, degree):.0f} MB > {measure_limit_mb:.0f} MB "
                    "measurable here")
             break
-        if 2 * rec["median_ms"] * grow / 1000 > max_step_s:  # warm-up + 1 timed step
-            why = f"N={2 * n} predicted {2 * rec['median_ms'] * grow / 1000:.0f} s > {max_step_s:.0f} s"
+        if rec["median_ms"] * grow / 1000 > max_step_s:  # one (first) step per point
+            why = f"N={2 * n} predicted {rec['median_ms'] * grow / 1000:.0f} s > {max_step_s:.0f} s"
             break
         n *= 2
     result = {"positional": pos, "impl": impl, "attention": attention, "points": points, "fit": None,
@@ -200,7 +200,7 @@ def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_
         lo, hi = fits[-1], too_big
         while hi - lo > max(lo // 16, 1):  # to 1/16 of the length: finer than the 10 % target needs
             mid = (lo + hi) // 2
-            rec = measure({**_model_case(common, pos, impl, attention, 1, mid), "repeats": 1})
+            rec = measure({**_model_case(common, pos, impl, attention, 1, mid), "repeats": 0})
             ok = "median_ms" in rec and rec["base_mb"] + rec["peak_mb"] <= budget_mb
             if "median_ms" in rec:
                 points.append((mid, rec["base_mb"] + rec["peak_mb"], rec["median_ms"]))

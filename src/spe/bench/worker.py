@@ -72,7 +72,15 @@ def build(case: dict):
 
 
 def measure_model(case: dict, device: torch.device) -> dict:
-    """One optimizer step (forward, backward, AdamW) of a whole DecoderLM; reports its parameters.
+    """One optimizer step (forward, backward, AdamW) of a whole DecoderLM; reports its parameters
+    (see :func:`model_step`)."""
+    run, extra = model_step(case, device)
+    return {**_timed(run, case, device), **extra}
+
+
+def model_step(case: dict, device: torch.device):
+    """(a function doing one AdamW step of a whole DecoderLM, {"parameters", "attention_window"(,
+    "resolved_impl")}).
 
     The model is the one ``spe train --seq-len N`` builds from ``case["model"]``: the config
     layer's defaults apply (:func:`spe.train.config.resolve_model_options`), so SPE gets a
@@ -107,7 +115,7 @@ def measure_model(case: dict, device: torch.device) -> dict:
     if case["positional"] == "sinespe" and case["impl"] == "-":
         extra["resolved_impl"] = choose_sine_impl(b, n, config.num_heads, config.d_model // config.num_heads,
                                                   config.num_sines, config.num_realizations)
-    return {**_timed(run, case, device), **extra}
+    return run, extra
 
 
 def measure_train(case: dict, device: torch.device) -> dict:
@@ -160,13 +168,17 @@ def measure_generate(case: dict, device: torch.device) -> dict:
 
 
 def _timed(run, case: dict, device: torch.device) -> dict:
+    """Median time of ``repeats`` calls after a warm-up call, and the peak memory over all;
+    ``repeats`` 0 times the warm-up call itself (a memory probe: the first step already holds
+    everything a later one does, e.g. AdamW's moments)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_mb()
+    t = time.perf_counter()
     run()  # warm-up
-    times = []
+    times = [] if case["repeats"] else [time.perf_counter() - t]
     deadline = time.perf_counter() + case.get("max_seconds", 30.0)
     for _ in range(case["repeats"]):
         if device.type == "cuda":
