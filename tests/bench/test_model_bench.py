@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from spe.bench import model as model_bench
-from spe.bench.model import longest_length, merge_rounds, parse_longest, parse_shapes
+from spe.bench.model import extrapolate_longest, longest_length, merge_rounds, parse_longest, parse_shapes
 from spe.bench.worker import measure_model
 from spe.cli.main import main
 
@@ -72,6 +72,15 @@ def test_longest_length_fits_a_quadratic_for_softmax():
     # 300 + 0.1 N + 1e-4 N² = 16,384: the positive root of the quadratic (a line would say ~5,000)
     root = (-0.1 + math.sqrt(0.1**2 + 4e-4 * (16384 - 300))) / 2e-4
     assert r["extrapolated"] and r["longest"] == int(root)
+
+
+def test_a_softmax_fit_without_a_positive_square_term_falls_back_to_a_line():
+    # memory per token falling with N (a kernel that never forms the scores): no real root of a
+    # concave quadratic would say "unbounded" or nothing; the line through the last doubling does
+    points = [(4096, 676.0, 1.0), (8192, 1130.0, 1.0), (16384, 1889.0, 1.0)]
+    longest, fit = extrapolate_longest(points, "softmax", 16384)
+    slope = (1889 - 1130) / 8192
+    assert fit["points"] == [8192, 16384] and longest == int((16384 - (1130 - slope * 8192)) / slope)
 
 
 def test_longest_length_bisects_when_the_budget_is_measurable():

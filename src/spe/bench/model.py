@@ -19,7 +19,7 @@ import torch
 
 from spe.bench.run import parse_series, run_case, series_name
 
-__all__ = ["longest_length", "merge_rounds", "parse_longest", "parse_shapes", "run_model_rounds"]
+__all__ = ["extrapolate_longest", "longest_length", "merge_rounds", "parse_longest", "parse_shapes", "run_model_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,22 @@ def _predict(points: list[tuple[int, float, float]], n: int, degree: int) -> flo
     return sum(c * n**k for k, c in enumerate(coef))
 
 
+def extrapolate_longest(points: list[tuple[int, float, float]], attention: str,
+                        budget_mb: float) -> tuple[int | None, dict]:
+    """(longest N, fit) from measured (N, total MB, step ms) points: a least-squares line
+    a + b·N through the upper half of the range (the last two doublings), or for softmax,
+    whose scores may be formed, a + b·N + c·N² through the last three; when that fit has no
+    positive N² term (e.g. a kernel that never forms the scores), the line instead."""
+    degree = 2 if attention == "softmax" else 1
+    last = points[-1][0]
+    upper = [(x, m) for x, m, _ in points if x * 2 ** (degree + 1) > last]
+    coef = _poly_fit(upper, degree)
+    if len(coef) > 2 and coef[2] <= 0:
+        upper = [(x, m) for x, m, _ in points if x * 4 > last]
+        coef = _poly_fit(upper, 1)
+    return _solve_budget(coef, budget_mb), {"coefficients_mb": coef, "points": [x for x, _ in upper]}
+
+
 def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_mb: float, measure_limit_mb: float,
                    start: int = 4096, max_step_s: float = 60.0, timeout: float = 600.0, measure=None,
                    progress: bool = False) -> dict:
@@ -210,11 +226,7 @@ def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_
     if not points:
         result["longest"] = None
         return result
-    degree = 2 if attention == "softmax" else 1  # softmax's scores can grow as N²
-    upper = [(x, m) for x, m, _ in points if x * 2 ** (degree + 1) > points[-1][0]]
-    coef = _poly_fit(upper, degree)
-    result["fit"] = {"coefficients_mb": coef, "points": [x for x, _ in upper]}
-    result["longest"] = _solve_budget(coef, budget_mb)
+    result["longest"], result["fit"] = extrapolate_longest(points, attention, budget_mb)
     result["extrapolated"] = True
-    log.info("%s: longest N extrapolated to %s from %s", series_name(pos, impl), result["longest"], upper)
+    log.info("%s: longest N extrapolated to %s (%s)", series_name(pos, impl), result["longest"], result["fit"])
     return result
