@@ -155,6 +155,19 @@ def extrapolate_longest(points: list[tuple[int, float, float]], attention: str,
     return _solve_budget(coef, budget_mb), {"coefficients_mb": coef, "points": [x for x, _ in upper]}
 
 
+def _bisect(measure, lo: int, hi: int, budget_mb: float, points: list) -> int:
+    """The longest N in [lo, hi) found fitting ``budget_mb``, to 1/16 of ``lo`` (finer than
+    the 10 % target needs); measured points are appended to ``points``."""
+    while hi - lo > max(lo // 16, 1):
+        mid = (lo + hi) // 2
+        rec = measure(mid)
+        ok = "median_ms" in rec and rec["base_mb"] + rec["peak_mb"] <= budget_mb
+        if "median_ms" in rec:
+            points.append((mid, rec["base_mb"] + rec["peak_mb"], rec["median_ms"]))
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo
+
+
 def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_mb: float, measure_limit_mb: float,
                    start: int = 4096, max_step_s: float = 60.0, timeout: float = 600.0, measure=None,
                    progress: bool = False) -> dict:
@@ -213,15 +226,8 @@ def longest_length(common: dict, pos: str, impl: str, attention: str, *, budget_
               "extrapolated": False, "why": why}
     fits = [x for x, m, _ in points if m <= budget_mb]
     if too_big is not None and fits:
-        lo, hi = fits[-1], too_big
-        while hi - lo > max(lo // 16, 1):  # to 1/16 of the length: finer than the 10 % target needs
-            mid = (lo + hi) // 2
-            rec = measure({**_model_case(common, pos, impl, attention, 1, mid), "repeats": 0})
-            ok = "median_ms" in rec and rec["base_mb"] + rec["peak_mb"] <= budget_mb
-            if "median_ms" in rec:
-                points.append((mid, rec["base_mb"] + rec["peak_mb"], rec["median_ms"]))
-            lo, hi = (mid, hi) if ok else (lo, mid)
-        result["longest"] = lo
+        result["longest"] = _bisect(lambda n: measure({**_model_case(common, pos, impl, attention, 1, n),
+                                                      "repeats": 0}), fits[-1], too_big, budget_mb, points)
         return result
     if not points:
         result["longest"] = None
