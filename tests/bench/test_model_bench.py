@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from spe.bench import model as model_bench
+from spe.bench import run
 from spe.bench.model import extrapolate_longest, longest_length, merge_rounds, parse_longest, parse_shapes
 from spe.bench.worker import measure_model
 from spe.cli.main import main
@@ -105,6 +106,7 @@ def test_model_worker_sets_the_impl_and_the_training_window():
 
 def test_cli_model_mode_and_longest_write_tables_and_strict_json(tmp_path, monkeypatch):
     monkeypatch.setattr(model_bench, "run_case", _in_process)
+    monkeypatch.setattr(run, "matmul_gflops", lambda: 100.0)  # the real one takes seconds on a loaded machine
     config = tmp_path / "tiny.toml"
     config.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in TINY.items()))
     out = tmp_path / "bench"
@@ -120,3 +122,4 @@ def test_cli_model_mode_and_longest_write_tables_and_strict_json(tmp_path, monke
     table = (out / "bench.md").read_text()
     assert "| sinespe (fused) + performer |" in table and "Batch 2, N = 8:" in table
     assert "| ape + softmax |" in table and "extrapolated" in table
+    assert data["matmul_gflops"] == 100.0

@@ -295,9 +295,11 @@ def _bench_model(args: argparse.Namespace, model: dict, series, attentions) -> d
 
     default_attention = model.get("attention", ModelConfig.attention)
     common = dict(model=model, vocab_size=_remi_vocab_size(), repeats=args.repeats, device=args.device,
-                  threads=args.threads, max_seconds=args.budget_s, num_heads=0, head_dim=0)
+                  threads=args.threads, max_seconds=args.budget_s)
     timeout = max(120.0, 8 * args.budget_s)
     out: dict = {"memory_budget_mb": args.memory_budget_mb}
+    if args.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
     try:
         shapes = parse_shapes(args.model_shapes)
         longest = parse_longest(args.longest, default_attention) if args.longest else []
@@ -394,8 +396,9 @@ def _add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="time and peak memory of attention layers per positional encoding")
     p.add_argument("--lengths", default="512,1024,2048,4096,8192,16384", help="comma-separated lengths")
     p.add_argument("--modes",
-                   help="default train,generate (nothing else with --longest): train (one layer forward+backward), generate (one recurrent step), model (one AdamW step "
-                        "of the whole model of --config at each --model-shapes, in --rounds interleaved rounds)")
+                   help="train (one layer forward+backward), generate (one recurrent step), model (one AdamW "
+                        "step of the whole model of --config at each --model-shapes, in --rounds interleaved "
+                        "rounds); default train,generate, or nothing but the search with --longest")
     p.add_argument("--config", help="TOML whose [model] section builds the model for --modes model and --longest "
                    "(default: the packaged demo config)")
     p.add_argument("--positionals", help="comma-separated subset of: ape, sinespe (the automatic choice), "
