@@ -128,3 +128,13 @@ def test_fft_size_is_the_smallest_5_smooth_length():
         f = fft_size(n)
         assert f >= n and smooth(f) and not any(smooth(m) for m in range(n, f)), (n, f)
     assert fft_size(4223) == 4320
+
+
+@pytest.mark.parametrize("impl", ["fft", "direct"])
+def test_codes_are_contiguous_so_layers_sharing_them_copy_nothing(impl):
+    # A model shares one code across its layers; a strided (time-last) view made every
+    # layer's code product copy (and keep for backward) its own transposed code.
+    enc = ConvSPE(2, 8, num_realizations=4, kernel_size=5, impl=impl)
+    code = enc(16, generator=torch.Generator().manual_seed(0))
+    for bar in (code.qbar, code.kbar):
+        assert bar.shape == (16, 2, 8, 4) and bar.is_contiguous()

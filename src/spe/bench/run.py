@@ -16,9 +16,13 @@ from pathlib import Path
 
 import torch
 
+from spe import strict_json
+from spe.bench.peers import PEER_ATTENTIONS
+from spe.bench.tables import longest_lines, model_lines
 from spe.encodings.registry import positional_names
 
-__all__ = ["SERIES", "SPE_IMPLS", "layer_flops", "matmul_gflops", "parse_series", "run_bench", "series_name"]
+__all__ = ["BENCH_ATTENTIONS", "SERIES", "SPE_IMPLS", "layer_flops", "matmul_gflops", "parse_series", "run_bench",
+           "run_case", "series_name", "summarize_bench", "write_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +35,8 @@ DEFAULT_ALIASES = {"sinespe": "auto", "convspe": "fft"}
 # (positional, impl) pairs ``spe bench`` can measure, in table order.
 SERIES = [("ape", "-"), *[(name, impl) for name in positional_names(stochastic=True, needs_grid=False) for impl in SPE_IMPLS[name]],
           *[(name, "-") for name in positional_names(stochastic=False) if name != "ape"]]
-ATTENTIONS = ["softmax", "performer", "linear"]
+BENCH_ATTENTIONS = ["softmax", "performer", "linear"]
+ATTENTIONS = BENCH_ATTENTIONS  # the earlier name (spe.attention has its own ATTENTIONS)
 # Encodings that add a term to the scores exist for softmax attention only.
 SCORE_ENCODINGS = positional_names(acts_on="scores")
 MODES = ("train", "generate", "model")
@@ -89,13 +94,14 @@ def layer_flops(case: dict) -> float:
         e = r
     if case["attention"] == "softmax":
         return flops + 2 * b * h * n * n * (e + d) / 2
-    if case["attention"] == "performer":
+    if case["attention"] in ("performer", *PEER_ATTENTIONS):
         flops += 2 * 2 * b * n * h * e * m
         e = m
     return flops + 2 * b * n * h * (2 * e * (d + 1) + c * e + c * (d + 1))
 
 
-def _run_case(case: dict, timeout: float) -> dict:
+def run_case(case: dict, timeout: float) -> dict:
+    """Runs one case in a fresh worker process; a timeout or failure gives a record with ``skipped``."""
     cmd = [sys.executable, "-m", "spe.bench.worker", json.dumps(case)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -118,18 +124,21 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
     step at position N), ``model`` (one AdamW step of a whole DecoderLM built from ``model``
     options, batch ``model_batch``; records its parameter count). Pairs that cannot exist
-    (a score encoding with a linear kernel) are left out. A case is skipped (and recorded as
+    (a score encoding with a linear kernel) are left out; another package's layer
+    (``attentions`` may name those of :data:`spe.bench.peers.PEER_ATTENTIONS`) is measured in
+    train mode with ``ape`` or ``none`` only, and recorded as skipped when not installed. A case is skipped (and recorded as
     such) when the previous length's time or memory, extrapolated with the kernel's
     complexity, exceeds ``budget_s`` or ``memory_limit_mb``.
     """
     series = series or SERIES
-    attentions = attentions or ATTENTIONS
+    attentions = attentions or BENCH_ATTENTIONS
     common = dict(batch=batch, num_heads=num_heads, head_dim=head_dim, num_realizations=num_realizations,
                   num_sines=num_sines, kernel_size=kernel_size, num_features=num_features,
                   chunk_size=chunk_size, repeats=repeats, device=device, threads=threads,
                   max_seconds=budget_s)
     plan = [(mode, pos, impl, att) for mode in modes for pos, impl in series for att in attentions
-            if not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")]
+            if not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")
+            and not (att in PEER_ATTENTIONS and (mode != "train" or pos not in ("ape", "none")))]
     total = len(plan) * len(lengths)
     records = []
     done = 0
@@ -141,7 +150,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
             if mode == "model":
                 case.update(batch=model_batch, model=model or {}, vocab_size=vocab_size)
             why = _predicted_too_big(prev, n, att, mode, budget_s, memory_limit_mb)
-            result = {**case, "skipped": why} if why else _run_case(case, timeout=max(120.0, 8 * budget_s))
+            result = {**case, "skipped": why} if why else run_case(case, timeout=max(120.0, 8 * budget_s))
             if "median_ms" in result:
                 # forward + backward ≈ 3 × forward FLOPs; generation steps are not rated
                 result["gflops_per_s"] = (3 * layer_flops(case) / (result["median_ms"] / 1000) / 1e9
@@ -182,7 +191,7 @@ def _label(r: dict) -> str:
     return f"{r['positional']}{impl} + {r['attention']}"
 
 
-def summarize(result: dict) -> dict:
+def summarize_bench(result: dict) -> dict:
     """Scaling exponents, ratios to APE-Performer and the issue's target figures."""
     recs = [r for r in result["records"] if "median_ms" in r]
 
@@ -242,17 +251,24 @@ def summarize(result: dict) -> dict:
     return out
 
 
+summarize = summarize_bench  # the earlier name (spe.evaluation has its own summarize)
+
+
 def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
     """Writes the JSON records, a Markdown table and log-log plots."""
     from spe.checkpoint import atomic_write
 
-    summary = summarize(result)
+    summary = summarize_bench(result)
     payload = {"records": result["records"], "matmul_gflops": result["matmul_gflops"], "config": result["config"],
                "summary": summary, "code_errors": result.get("code_errors")}
-    atomic_write(json_path, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=2)))
+    for key in ("model", "model_rounds", "longest", "load"):
+        if result.get(key) is not None:
+            payload[key] = result[key]
+    atomic_write(json_path, lambda tmp: Path(tmp).write_text(strict_json.dumps(payload, indent=2)))
     out_dir.mkdir(parents=True, exist_ok=True)
     lengths = sorted(result["lengths"])
-    lines = []
+    lines = model_lines(result.get("model") or []) + longest_lines(result.get("longest") or [],
+                                                                    result.get("memory_budget_mb"))
     model_rows = [r for r in result["records"] if r["mode"] == "model"]
     if model_rows:
         lines += _model_table(model_rows, lengths, result["config"])

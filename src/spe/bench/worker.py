@@ -16,62 +16,92 @@ import time
 import torch
 
 from spe.attention.layer import MultiHeadAttention
-from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from spe.encodings.alibi import ALiBi
+from spe.bench.peers import PEER_ATTENTIONS, build_peer_layer
 from spe.encodings.conv import ConvSPE
 from spe.encodings.filter import IMPLS, SPEFilter, choose_sine_impl
-from spe.encodings.music_relative import MusicRelativePosition
-from spe.encodings.rope import RotaryEncoding
-from spe.encodings.shaw import ShawRelativePosition
-from spe.encodings.sine import SineSPE
+from spe.encodings.registry import positional_spec
+from spe.ops.state import KVCache, LinearAttentionState
 
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _head_dim(config) -> int:
+    return config.d_model // config.num_heads
+
+
+def _layer_config(case: dict):
+    """The ModelConfig whose fields the registry's builders read, for one bench layer."""
+    from spe.models import ModelConfig
+
+    h, d = case["num_heads"], case["head_dim"]
+    return ModelConfig(vocab_size=1, d_model=h * d, num_heads=h, positional=case["positional"],
+                       attention={"linear": "linear-elu"}.get(case["attention"], case["attention"]),
+                       num_realizations=case["num_realizations"], num_sines=case["num_sines"],
+                       kernel_size=case["kernel_size"], max_distance=case.get("max_distance", 256),
+                       max_positions=case["length"] + 1, gated=True, num_features=case["num_features"],
+                       chunk_size=case["chunk_size"])
+
+
 def build(case: dict):
-    h, d, r = case["num_heads"], case["head_dim"], case["num_realizations"]
-    attention = {"linear": "linear-elu"}.get(case["attention"], case["attention"])
-    positional = case["positional"]
-    encoding, spe_filter = None, None
-    if positional == "sinespe":
-        encoding = SineSPE(h, d, r, case["num_sines"])
-    elif positional == "convspe":
-        encoding = ConvSPE(h, d, r, case["kernel_size"], impl="direct" if case["impl"] == "direct" else "fft")
-    if encoding is not None:
+    """(attention layer, SPE code generator or None, token encoding or None) from the registry.
+
+    The registry builds what a DecoderLM layer would get; the case's ``impl`` then picks how
+    sineSPE codes are applied (SPEFilter) or how convSPE filters its noise (ConvSPE).
+    """
+    peer = case["attention"] in PEER_ATTENTIONS
+    config = _layer_config({**case, "attention": "performer"} if peer else case)
+    spec = positional_spec(case["positional"])
+    per_model = spec.build_model_module(config)
+    layer_module = spec.build_layer_module(config, causal=True)
+    encoding = per_model if spec.stochastic else None
+    ape = per_model if spec.acts_on == "tokens" else None
+    if isinstance(encoding, ConvSPE):
+        encoding.impl = "direct" if case["impl"] == "direct" else "fft"
+    if isinstance(layer_module, SPEFilter):
         # "-" (and convSPE's "fft"/"direct", which concern the code, not its application): auto.
-        impl = case["impl"] if positional == "sinespe" and case["impl"] in IMPLS else "auto"
-        spe_filter = SPEFilter(h, d, gated=True, impl=impl)
-    max_distance = case.get("max_distance", 256)
-    score_encoding = {
-        "shaw": lambda: ShawRelativePosition(d, max_distance),
-        "music-relative": lambda: MusicRelativePosition(h, d, max_distance),
-        "alibi": lambda: ALiBi(h),
-    }.get(positional, lambda: None)()
-    layer = MultiHeadAttention(h * d, h, attention=attention, causal=True, spe_filter=spe_filter,
-                               num_realizations=r if encoding is not None else None,
-                               num_features=case["num_features"], chunk_size=case["chunk_size"],
-                               rotary=RotaryEncoding() if positional == "rope" else None,
-                               score_encoding=score_encoding)
-    ape = None
-    if positional == "ape":
-        ape = SinusoidalPositionalEncoding(h * d)
-    elif positional == "ape-learned":
-        ape = LearnedPositionalEmbedding(case["length"] + 1, h * d)
+        layer_module.impl = case["impl"] if spec.name == "sinespe" and case["impl"] in IMPLS else "auto"
+    if peer:  # another package's layer, with APE or nothing (spe.bench.peers)
+        return build_peer_layer(case["attention"], config.num_heads, _head_dim(config), config.num_features), None, ape
+    keyword = {spec.layer_keyword: layer_module} if layer_module is not None else {}
+    layer = MultiHeadAttention(config.d_model, config.num_heads, attention=config.attention, causal=True,
+                               num_realizations=config.num_realizations if spec.stochastic else None,
+                               num_features=config.num_features, chunk_size=config.chunk_size, **keyword)
     return layer, encoding, ape
 
 
 def measure_model(case: dict, device: torch.device) -> dict:
-    """One optimizer step (forward, backward, AdamW) of a whole DecoderLM; reports its parameters."""
+    """One optimizer step (forward, backward, AdamW) of a whole DecoderLM; reports its parameters
+    (see :func:`model_step`)."""
+    run, extra = model_step(case, device)
+    return {**_timed(run, case, device), **extra}
+
+
+def model_step(case: dict, device: torch.device):
+    """(a function doing one AdamW step of a whole DecoderLM, {"parameters", "attention_window"(,
+    "resolved_impl")}).
+
+    The model is the one ``spe train --seq-len N`` builds from ``case["model"]``: the config
+    layer's defaults apply (:func:`spe.train.config.resolve_model_options`), so SPE gets a
+    sliding window of N positions, which at length N reaches the whole past (the kernels then
+    take their whole-past path). A sineSPE ``impl`` other than "-" is set on every SPEFilter.
+    """
     from spe.models import DecoderLM, ModelConfig
+    from spe.train.config import resolve_model_options
 
     n, b = case["length"], case["batch"]
     options = dict(case["model"])
     options.update(positional=case["positional"], attention={"linear": "linear-elu"}.get(case["attention"],
                                                                                        case["attention"]))
+    options = resolve_model_options(options, seq_len=n)
     options["max_positions"] = max(options.get("max_positions", 2048), n)
-    model = DecoderLM(ModelConfig(vocab_size=case["vocab_size"], **options)).to(device).train()
+    config = ModelConfig(vocab_size=case["vocab_size"], **options)
+    model = DecoderLM(config).to(device).train()
+    if case["positional"] == "sinespe" and case["impl"] in IMPLS:
+        for module in model.modules():
+            if isinstance(module, SPEFilter):
+                module.impl = case["impl"]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, case["vocab_size"], (b, n + 1), generator=g, device=device)
@@ -81,7 +111,11 @@ def measure_model(case: dict, device: torch.device) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return {**_timed(run, case, device), "parameters": model.num_parameters()}
+    extra = {"parameters": model.num_parameters(), "attention_window": config.attention_window}
+    if case["positional"] == "sinespe" and case["impl"] == "-":
+        extra["resolved_impl"] = choose_sine_impl(b, n, config.num_heads, config.d_model // config.num_heads,
+                                                  config.num_sines, config.num_realizations)
+    return run, extra
 
 
 def measure_train(case: dict, device: torch.device) -> dict:
@@ -115,13 +149,14 @@ def measure_generate(case: dict, device: torch.device) -> dict:
     x = torch.randn(b, 1, h * d, device=device)
     if case["attention"] == "softmax":
         e = case["num_realizations"] if encoding is not None else d
-        state = {"keys": torch.randn(b, n, h, e, device=device), "values": torch.randn(b, n, h, d, device=device)}
+        state = KVCache(keys=torch.randn(b, n, h, e, device=device), values=torch.randn(b, n, h, d, device=device),
+                        position=n)
     else:
         m = case["num_features"] if case["attention"] == "performer" else (case["num_realizations"] if encoding else d)
-        state = {"s": torch.rand(b, h, m, d + 1, device=device)}
-        if case["positional"] == "rope":  # rotated numerator state and a separate normaliser sum
-            state = {"s": torch.rand(b, h, m, d, device=device), "z": torch.rand(b, h, m, device=device)}
-    state["position"] = n
+        # FAVOR+ sums are kept relative to a running log scale (spe.ops.scaled); 0 = absolute
+        scale = torch.zeros(b, h, device=device) if case["attention"] == "performer" else None
+        state = LinearAttentionState(kv=torch.rand(b, h, m, d, device=device),
+                                     normalizer=torch.rand(b, h, m, device=device), position=n, log_scale=scale)
     pos = torch.tensor([n], device=device)
 
     def run() -> None:
@@ -133,13 +168,17 @@ def measure_generate(case: dict, device: torch.device) -> dict:
 
 
 def _timed(run, case: dict, device: torch.device) -> dict:
+    """Median time of ``repeats`` calls after a warm-up call, and the peak memory over all;
+    ``repeats`` 0 times the warm-up call itself (a memory probe: the first step already holds
+    everything a later one does, e.g. AdamW's moments)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_mb()
+    t = time.perf_counter()
     run()  # warm-up
-    times = []
+    times = [] if case["repeats"] else [time.perf_counter() - t]
     deadline = time.perf_counter() + case.get("max_seconds", 30.0)
     for _ in range(case["repeats"]):
         if device.type == "cuda":
@@ -152,7 +191,8 @@ def _timed(run, case: dict, device: torch.device) -> dict:
         if time.perf_counter() > deadline and len(times) >= 3:
             break
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else _rss_mb() - base
-    return {"median_ms": 1000 * statistics.median(times), "peak_mb": peak, "repeats": len(times)}
+    return {"median_ms": 1000 * statistics.median(times), "peak_mb": peak, "repeats": len(times),
+            "times_ms": [1000 * t for t in times], "base_mb": base if device.type != "cuda" else base / 2**20}
 
 
 def main() -> None:
@@ -160,7 +200,13 @@ def main() -> None:
     torch.set_num_threads(case.get("threads") or torch.get_num_threads())
     device = torch.device(case.get("device", "cpu"))
     measure = {"train": measure_train, "generate": measure_generate, "model": measure_model}[case["mode"]]
-    result = measure(case, device)
+    try:
+        result = measure(case, device)
+    except ImportError as e:  # an optional peer package (spe.bench.peers) is not installed
+        if case["attention"] not in PEER_ATTENTIONS:
+            raise
+        print(json.dumps({**case, "skipped": f"{PEER_ATTENTIONS[case['attention']]} not installed ({e})"}))
+        return
     if case["mode"] == "generate":
         result["per_token_ms"] = result["median_ms"]
     if case["positional"] == "sinespe" and case["impl"] == "-" and case["mode"] != "model":

@@ -243,29 +243,37 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from spe.bench.run import ATTENTIONS, MODES, SERIES, run_bench, write_outputs
-    from spe.bench.run import summarize as summarize_bench
+    from spe.bench.peers import PEER_ATTENTIONS
+    from spe.bench.run import BENCH_ATTENTIONS, MODES, parse_series, run_bench, summarize_bench, write_outputs
     from spe.train.config import load_config_file, packaged_config
 
+    if args.modes is None:  # --longest alone runs only the search
+        args.modes = "" if args.longest else "train,generate"
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or set(modes) - set(MODES):
+    if (not modes and not args.longest) or set(modes) - set(MODES):
         raise UsageError(f"--modes takes {', '.join(MODES)}, got {args.modes!r}")
-    attentions = [a.strip() for a in args.attentions.split(",")] if args.attentions else ATTENTIONS
-    if set(attentions) - set(ATTENTIONS):
-        raise UsageError(f"--attentions takes {', '.join(ATTENTIONS)}, got {args.attentions!r}")
-    series = SERIES
-    if args.positionals:
-        wanted = [p.strip() for p in args.positionals.split(",")]
-        known = {f"{p}:{i}" if i not in ("-", "fft") else p for p, i in SERIES}
-        if set(wanted) - known:
-            raise UsageError(f"--positionals takes {', '.join(sorted(known))}, got {args.positionals!r}")
-        series = [(p, i) for p, i in SERIES if (f"{p}:{i}" if i not in ("-", "fft") else p) in wanted]
-    result = run_bench(lengths=_int_list(args.lengths, "--lengths"), modes=modes, series=series,
-                       attentions=attentions, batch=args.batch_size, num_realizations=args.num_realizations,
-                       repeats=args.repeats, budget_s=args.budget_s, device=args.device, threads=args.threads,
-                       progress=not args.no_progress,
-                       model=load_config_file(args.config or packaged_config("demo")).get("model", {}),
-                       vocab_size=_remi_vocab_size())
+    attentions = [a.strip() for a in args.attentions.split(",")] if args.attentions else None
+    if attentions and set(attentions) - {*BENCH_ATTENTIONS, *PEER_ATTENTIONS}:
+        raise UsageError(f"--attentions takes {', '.join([*BENCH_ATTENTIONS, *PEER_ATTENTIONS])}, "
+                         f"got {args.attentions!r}")
+    try:
+        series = parse_series(args.positionals)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    model = load_config_file(args.config or packaged_config("demo")).get("model", {})
+    layer_modes = [m for m in modes if m != "model"]
+    result = {"records": [], "matmul_gflops": None, "config": {}, "lengths": []}
+    if layer_modes:
+        result = run_bench(lengths=_int_list(args.lengths, "--lengths"), modes=layer_modes, series=series,
+                           attentions=attentions or BENCH_ATTENTIONS, batch=args.batch_size,
+                           num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
+                           device=args.device, threads=args.threads, progress=not args.no_progress)
+    if "model" in modes or args.longest:
+        result.update(_bench_model(args, model, series, attentions))
+    if result["matmul_gflops"] is None:
+        from spe.bench.run import matmul_gflops
+
+        result["matmul_gflops"] = matmul_gflops()
     if args.code_errors:
         from spe.bench.codes import code_errors
 
@@ -278,6 +286,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"scaling exponent {key}: {value['exponent']:.2f} (N={value['from']}..{value['to']})")
     log.info("wrote %s, %s and plots in %s", json_path, out / "bench.md", out)
     return 0
+
+
+def _bench_model(args: argparse.Namespace, model: dict, series, attentions) -> dict:
+    """``--modes model`` (interleaved rounds of one AdamW step per encoding) and ``--longest``."""
+    from spe.bench.model import longest_length, merge_rounds, parse_longest, parse_shapes, run_model_rounds
+    from spe.models import ModelConfig
+
+    default_attention = model.get("attention", ModelConfig.attention)
+    common = dict(model=model, vocab_size=_remi_vocab_size(), repeats=args.repeats, device=args.device,
+                  threads=args.threads, max_seconds=args.budget_s)
+    timeout = max(120.0, 8 * args.budget_s)
+    out: dict = {"memory_budget_mb": args.memory_budget_mb}
+    if args.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
+    try:
+        shapes = parse_shapes(args.model_shapes)
+        longest = parse_longest(args.longest, default_attention) if args.longest else []
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if "model" in [m.strip() for m in args.modes.split(",")]:
+        from spe.bench.peers import PEER_ATTENTIONS
+
+        model_attentions = [a for a in attentions or [default_attention] if a not in PEER_ATTENTIONS]
+        triples = [(p, i, a) for a in model_attentions or [default_attention] for p, i in series]
+        raw = run_model_rounds(common, triples, shapes, args.rounds, timeout, progress=not args.no_progress)
+        out.update(model_rounds=raw, model=merge_rounds(raw))
+    out["longest"] = [longest_length(common, p, i, a, budget_mb=args.memory_budget_mb,
+                                     measure_limit_mb=args.measure_limit_mb, start=args.longest_start,
+                                     max_step_s=args.budget_s, timeout=timeout, progress=not args.no_progress)
+                     for p, i, a in longest]
+    return out
 
 
 def _remi_vocab_size() -> int:
@@ -356,14 +395,28 @@ def _add_generate_parser(sub) -> None:
 def _add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="time and peak memory of attention layers per positional encoding")
     p.add_argument("--lengths", default="512,1024,2048,4096,8192,16384", help="comma-separated lengths")
-    p.add_argument("--modes", default="train,generate",
-                   help="train (one layer forward+backward), generate (one recurrent step), model (one AdamW step "
-                        "of the whole model of --config, batch 8)")
-    p.add_argument("--config", help="TOML whose [model] section builds the model for --modes model "
+    p.add_argument("--modes",
+                   help="train (one layer forward+backward), generate (one recurrent step), model (one AdamW "
+                        "step of the whole model of --config at each --model-shapes, in --rounds interleaved "
+                        "rounds); default train,generate, or nothing but the search with --longest")
+    p.add_argument("--config", help="TOML whose [model] section builds the model for --modes model and --longest "
                    "(default: the packaged demo config)")
-    p.add_argument("--positionals", help="subset of: ape, sinespe:fused, sinespe:reference, convspe, ape-learned, "
-                   "rope, shaw, music-relative, alibi")
-    p.add_argument("--attentions", help="subset of: softmax, performer, linear")
+    p.add_argument("--positionals", help="comma-separated subset of: ape, sinespe (the automatic choice), "
+                   "sinespe:auto, sinespe:fused, sinespe:blocked, sinespe:materialized, sinespe:reference "
+                   "(the straightforward twin), convspe (= convspe:fft), convspe:direct, ape-learned, rope, shaw, "
+                   "music-relative, alibi, none (default: all)")
+    p.add_argument("--model-shapes", default="8x2048,2x8192",
+                   help="BATCHxLENGTH pairs for --modes model (default 8x2048,2x8192)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="--modes model: rounds, each cycling through the encodings (default 2)")
+    p.add_argument("--longest", help="search the longest length at batch 1 within --memory-budget-mb for these "
+                   "encodings, e.g. ape,sinespe,convspe,ape+softmax (+ATTENTION overrides the config's)")
+    p.add_argument("--memory-budget-mb", type=float, default=16384.0, help="--longest: budget (default 16384)")
+    p.add_argument("--measure-limit-mb", type=float, default=12000.0,
+                   help="--longest: measure no point predicted above this; extrapolate beyond (default 12000)")
+    p.add_argument("--longest-start", type=int, default=4096, help="--longest: first length (default 4096)")
+    p.add_argument("--attentions", help="subset of: softmax, performer, linear (default: those three), and "
+                   "performer-pytorch (lucidrains' layer, train mode with ape/none, if installed)")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")

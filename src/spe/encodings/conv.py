@@ -217,16 +217,18 @@ def fft_size(n: int) -> int:
 def _fft_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
     """Σ_p Φ(p) Z(t − p) for t ∈ [P − 1, T) by real FFTs, one noise spectrum for every filter.
 
-    z: (H, D, R, T) time-last, T = L + P − 1; filters: (H, D, P) each. Returns (L, H, D, R)
-    views. Zero-padding to ``fft_size(T)`` ≥ T makes the circular convolution linear on the
-    kept outputs. The transforms run on time-last signals: along a strided axis, or after a
+    z: (H, D, R, T) time-last, T = L + P − 1; filters: (H, D, P) each. Returns contiguous
+    (L, H, D, R) codes. Zero-padding to ``fft_size(T)`` ≥ T makes the circular convolution
+    linear on the kept outputs. The transforms run on time-last signals: along a strided axis, or after a
     transposing copy, the same work is 3-4× slower on CPU.
     """
     t, p = z.shape[-1], filters[0].shape[-1]
     n = fft_size(t)
     zf = torch.fft.rfft(z, n=n)  # (H, D, R, F), shared by Q̄ and K̄
+    # contiguous (L, H, D, R): every layer's code product then reads it as it is, where a
+    # time-last view made each layer copy (and save for backward) its own transposed code
     return [torch.fft.irfft(zf * torch.fft.rfft(f, n=n)[:, :, None], n=n)[..., p - 1:t].permute(3, 0, 1, 2)
-            for f in filters]
+            .contiguous() for f in filters]
 
 
 def _direct_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
@@ -238,4 +240,4 @@ def _direct_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
     weight = torch.stack(filters, dim=2).reshape(h * d * len(filters), 1, p).flip(-1)
     y = F.conv1d(x, weight, groups=h * d)  # (R, H·D·c, L)
     y = y.view(r, h, d, len(filters), -1).permute(3, 4, 1, 2, 0)  # (c, L, H, D, R)
-    return list(y)
+    return [code.contiguous() for code in y]

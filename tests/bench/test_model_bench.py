@@ -1,0 +1,125 @@
+"""Whole-model bench: rounds pooled into ratios to APE, the longest-length search, the worker's model."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from spe.bench import model as model_bench
+from spe.bench import run
+from spe.bench.model import extrapolate_longest, longest_length, merge_rounds, parse_longest, parse_shapes
+from spe.bench.worker import measure_model
+from spe.cli.main import main
+
+TINY = {"d_model": 16, "num_layers": 1, "num_heads": 2, "d_ff": 32, "num_realizations": 4, "num_sines": 2}
+
+
+def _in_process(case, timeout):
+    """run_case without a subprocess (peak memory then is not the case's own; fine for wiring)."""
+    return {**case, **measure_model(case, torch.device("cpu"))}
+
+
+def test_parsers_accept_the_documented_forms_and_name_bad_input():
+    assert parse_shapes("8x2048, 2x8192") == [(8, 2048), (2, 8192)]
+    with pytest.raises(ValueError, match="got '8x'"):
+        parse_shapes("8x")
+    assert parse_longest("ape,sinespe:blocked,ape+softmax", "performer") == [
+        ("ape", "-", "performer"), ("sinespe", "blocked", "performer"), ("ape", "-", "softmax")]
+    with pytest.raises(ValueError, match="ape\\+flash"):
+        parse_longest("ape+flash", "performer")
+    with pytest.raises(ValueError, match="sinespe:magic"):
+        parse_longest("sinespe:magic", "performer")
+
+
+def test_merge_rounds_pools_every_step_and_divides_by_ape_of_the_same_shape():
+    def rec(pos, batch, times, mb):
+        return {"positional": pos, "impl": "-", "attention": "performer", "batch": batch, "length": 8,
+                "median_ms": 0.0, "times_ms": times, "peak_mb": mb}
+
+    raw = [rec("ape", 2, [10.0], 100), rec("sinespe", 2, [30.0], 120), rec("ape", 2, [20.0, 40.0], 90),
+           rec("sinespe", 2, [36.0], 150), rec("ape", 1, [5.0], 50), rec("sinespe", 1, [10.0], 40)]
+    merged = {(r["positional"], r["batch"]): r for r in merge_rounds(raw)}
+    ape, spe = merged["ape", 2], merged["sinespe", 2]
+    assert ape["median_ms"] == 20.0 and ape["rounds"] == 2  # median of 10, 20, 40 across both rounds
+    assert spe["median_ms"] == 33.0 and spe["peak_mb"] == 150  # largest peak of the rounds
+    assert spe["time_vs_ape"] == pytest.approx(33 / 20) and spe["memory_vs_ape"] == pytest.approx(150 / 100)
+    assert merged["sinespe", 1]["time_vs_ape"] == 2.0  # APE of batch 1, not of batch 2
+    assert ape["tokens_per_s"] == pytest.approx(2 * 8 / 0.020)
+
+
+def _fake_measure(base, per_token, quadratic=0.0, seen=None):
+    def measure(case):
+        n = case["length"]
+        if seen is not None:
+            seen.append(n)
+        return {**case, "median_ms": n / 100, "base_mb": base, "peak_mb": per_token * n + quadratic * n * n}
+    return measure
+
+
+def test_longest_length_extrapolates_a_linear_memory_growth_beyond_what_may_be_measured():
+    seen = []
+    r = longest_length({}, "ape", "-", "performer", budget_mb=16384, measure_limit_mb=2000, start=1024,
+                       measure=_fake_measure(300, 0.25, seen=seen))
+    # 300 + N/4 MB: 2,000 MB is passed at N = 6,800, so 1,024..4,096 are measured and 8,192 is not
+    assert seen == [1024, 2048, 4096]
+    assert r["extrapolated"] and r["longest"] == (16384 - 300) * 4
+    assert r["fit"]["coefficients_mb"] == pytest.approx([300, 0.25])
+
+
+def test_longest_length_fits_a_quadratic_for_softmax():
+    r = longest_length({}, "ape", "-", "softmax", budget_mb=16384, measure_limit_mb=2000, start=256,
+                       measure=_fake_measure(300, 0.1, quadratic=1e-4))
+    # 300 + 0.1 N + 1e-4 N² = 16,384: the positive root of the quadratic (a line would say ~5,000)
+    root = (-0.1 + math.sqrt(0.1**2 + 4e-4 * (16384 - 300))) / 2e-4
+    assert r["extrapolated"] and r["longest"] == int(root)
+
+
+def test_a_softmax_fit_without_a_positive_square_term_falls_back_to_a_line():
+    # memory per token falling with N (a kernel that never forms the scores): no real root of a
+    # concave quadratic would say "unbounded" or nothing; the line through the last doubling does
+    points = [(4096, 676.0, 1.0), (8192, 1130.0, 1.0), (16384, 1889.0, 1.0)]
+    longest, fit = extrapolate_longest(points, "softmax", 16384)
+    slope = (1889 - 1130) / 8192
+    assert fit["points"] == [8192, 16384] and longest == int((16384 - (1130 - slope * 8192)) / slope)
+
+
+def test_longest_length_bisects_when_the_budget_is_measurable():
+    seen = []
+    r = longest_length({}, "ape", "-", "performer", budget_mb=1300, measure_limit_mb=10**6, start=1024,
+                       measure=_fake_measure(300, 0.25, seen=seen))
+    # fits at 4,000 tokens exactly: 4,096 is over, bisection between 2,048 and 4,096 to 1/16 of 2,048
+    assert not r["extrapolated"] and seen[:3] == [1024, 2048, 4096]
+    assert 4000 - 2048 // 16 <= r["longest"] <= 4000
+
+
+def test_model_worker_sets_the_impl_and_the_training_window():
+    case = {"model": TINY, "vocab_size": 11, "positional": "sinespe", "impl": "blocked", "attention": "performer",
+            "batch": 1, "length": 12, "repeats": 1, "max_seconds": 5}
+    rec = measure_model(case, torch.device("cpu"))
+    assert rec["attention_window"] == 12  # what `spe train --seq-len 12` gives sineSPE
+    assert "resolved_impl" not in rec and rec["median_ms"] > 0 and len(rec["times_ms"]) == 1
+    auto = measure_model({**case, "impl": "-", "positional": "sinespe"}, torch.device("cpu"))
+    assert auto["resolved_impl"] == "materialized"  # a tiny code
+    assert measure_model({**case, "positional": "ape"}, torch.device("cpu"))["attention_window"] is None
+
+
+def test_cli_model_mode_and_longest_write_tables_and_strict_json(tmp_path, monkeypatch):
+    monkeypatch.setattr(model_bench, "run_case", _in_process)
+    monkeypatch.setattr(run, "matmul_gflops", lambda: 100.0)  # the real one takes seconds on a loaded machine
+    config = tmp_path / "tiny.toml"
+    config.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in TINY.items()))
+    out = tmp_path / "bench"
+    assert main(["bench", "--modes", "model", "--model-shapes", "2x8", "--positionals", "ape,sinespe:fused",
+                 "--rounds", "2", "--repeats", "1", "--config", str(config), "--longest", "ape+softmax",
+                 "--longest-start", "8", "--measure-limit-mb", "1", "--out", str(out), "--no-progress"]) == 0
+    text = (out / "bench.json").read_text()
+    assert "NaN" not in text
+    data = json.loads(text)
+    assert [r["round"] for r in data["model_rounds"]] == [0, 0, 1, 1]  # cycled, not one series then the other
+    assert {(r["positional"], r["impl"], r["rounds"]) for r in data["model"]} == {("ape", "-", 2), ("sinespe", "fused", 2)}
+    assert data["longest"][0]["attention"] == "softmax" and data["longest"][0]["extrapolated"]
+    table = (out / "bench.md").read_text()
+    assert "| sinespe (fused) + performer |" in table and "Batch 2, N = 8:" in table
+    assert "| ape + softmax |" in table and "extrapolated" in table
+    assert data["matmul_gflops"] == 100.0
