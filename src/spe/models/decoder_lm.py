@@ -15,6 +15,7 @@ from spe.encodings.code import SPECode
 from spe.encodings.registry import positional_spec
 from spe.models.block import Block
 from spe.models.config import ModelConfig
+from spe.models.positional import positional_modules
 from spe.ops.state import KVCache, LinearAttentionState
 
 __all__ = ["Block", "DecoderLM", "DecodingState"]
@@ -60,15 +61,13 @@ class DecoderLM(nn.Module):
         # to the scale of the unit-amplitude sinusoidal encoding they are added to (Vaswani et
         # al.). Without an additive encoding there is nothing to balance: on the Bach demo the
         # unscaled embedding trained SPE models better (validation 1.13 vs 1.28 nats at ~300 steps).
-        self.embed_scale = config.d_model ** 0.5 if spec.scale_embeddings else 1.0
-        self.ape: nn.Module | None = spec.build_model_module(config) if spec.acts_on == "tokens" else None
+        pe = positional_modules(config, spec)
+        self.embed_scale = pe.embed_scale
+        self.ape: nn.Module | None = pe.ape
         # The first layer's encoding (the only one when shared) keeps the name ``encoding`` so
         # that checkpoints of shared models load unchanged.
-        self.encoding: nn.Module | None = spec.build_model_module(config) if spec.stochastic else None
-        self.layer_encodings: nn.ModuleList | None = None
-        if self.encoding is not None and not config.share_across_layers:
-            self.layer_encodings = nn.ModuleList(spec.build_model_module(config)
-                                                 for _ in range(config.num_layers - 1))
+        self.encoding: nn.Module | None = pe.encoding
+        self.layer_encodings: nn.ModuleList | None = pe.layer_encodings
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = nn.LayerNorm(config.d_model)

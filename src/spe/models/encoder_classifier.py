@@ -22,6 +22,7 @@ from spe.encodings.registry import positional_spec
 from spe.models.block import Block
 from spe.models.classifier_config import ClassifierConfig
 from spe.models.decoder_lm import DecoderLM
+from spe.models.positional import positional_modules
 
 __all__ = ["EncoderClassifier", "interaction_features"]
 
@@ -65,13 +66,11 @@ class EncoderClassifier(nn.Module):
         self.config = config
         spec = self.spec = positional_spec(config.positional)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.embed_scale = config.d_model ** 0.5 if spec.scale_embeddings else 1.0  # as DecoderLM
-        self.ape: nn.Module | None = spec.build_model_module(config) if spec.acts_on == "tokens" else None
-        self.encoding: nn.Module | None = spec.build_model_module(config) if spec.stochastic else None
-        self.layer_encodings: nn.ModuleList | None = None
-        if self.encoding is not None and not config.share_across_layers:
-            self.layer_encodings = nn.ModuleList(spec.build_model_module(config)
-                                                 for _ in range(config.num_layers - 1))
+        pe = positional_modules(config, spec)
+        self.embed_scale = pe.embed_scale
+        self.ape: nn.Module | None = pe.ape
+        self.encoding: nn.Module | None = pe.encoding
+        self.layer_encodings: nn.ModuleList | None = pe.layer_encodings
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, causal=False) for _ in range(config.num_layers))
         self.norm = nn.LayerNorm(config.d_model)
