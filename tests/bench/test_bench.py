@@ -63,3 +63,26 @@ def test_bench_measures_each_spe_implementation_and_records_the_automatic_choice
     table = (out / "bench.md").read_text()
     assert "| sinespe (auto) + performer |" in table and "| sinespe (blocked) + performer |" in table
     assert "| convspe (direct) + performer |" in table
+
+
+def test_pairs_measure_exactly_the_named_cases_and_reject_unknown_ones(tmp_path):
+    import pytest
+
+    from spe.bench.run import parse_pairs
+
+    assert parse_pairs("ape+softmax,sinespe:blocked+performer,ape+softmax") == [
+        ("ape", "-", "softmax"), ("sinespe", "blocked", "performer")]
+    with pytest.raises(ValueError, match="SERIES\\+ATTENTION"):
+        parse_pairs("ape+favor")
+    with pytest.raises(ValueError, match="sinespe:magic"):
+        parse_pairs("sinespe:magic+performer")
+    out = tmp_path / "bench"
+    assert main(["bench", "--lengths", "24", "--modes", "train,generate", "--pairs",
+                 "ape+softmax,sinespe:reference+performer", "--repeats", "1", "--out", str(out),
+                 "--threads", "1", "--no-progress"]) == 0
+    records = json.loads((out / "bench.json").read_text())["records"]
+    # The reference twin has no generation step, so it is measured in train mode only.
+    assert sorted((r["mode"], r["positional"], r["impl"], r["attention"]) for r in records) == [
+        ("generate", "ape", "-", "softmax"), ("train", "ape", "-", "softmax"),
+        ("train", "sinespe", "reference", "performer")]
+    assert main(["bench", "--pairs", "ape+favor", "--out", str(out)]) == 2

@@ -123,3 +123,18 @@ def test_cli_model_mode_and_longest_write_tables_and_strict_json(tmp_path, monke
     assert "| sinespe (fused) + performer |" in table and "Batch 2, N = 8:" in table
     assert "| ape + softmax |" in table and "extrapolated" in table
     assert data["matmul_gflops"] == 100.0
+
+
+def test_one_run_can_measure_layer_pairs_and_other_model_encodings(tmp_path, monkeypatch):
+    monkeypatch.setattr(model_bench, "run_case", _in_process)
+    monkeypatch.setattr(run, "matmul_gflops", lambda: 100.0)
+    config = tmp_path / "tiny.toml"
+    config.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in TINY.items()))
+    out = tmp_path / "bench"
+    assert main(["bench", "--modes", "train,model", "--lengths", "16", "--pairs", "ape+linear",
+                 "--model-positionals", "ape,sinespe:blocked", "--model-shapes", "2x8", "--rounds", "1",
+                 "--repeats", "1", "--config", str(config), "--out", str(out), "--threads", "1",
+                 "--no-progress"]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert [(r["mode"], r["positional"], r["attention"]) for r in data["records"]] == [("train", "ape", "linear")]
+    assert [(r["positional"], r["impl"]) for r in data["model"]] == [("ape", "-"), ("sinespe", "blocked")]

@@ -21,7 +21,7 @@ from spe.bench.peers import PEER_ATTENTIONS
 from spe.bench.tables import longest_lines, model_lines
 from spe.encodings.registry import positional_names
 
-__all__ = ["BENCH_ATTENTIONS", "SERIES", "SPE_IMPLS", "layer_flops", "matmul_gflops", "parse_series", "run_bench",
+__all__ = ["BENCH_ATTENTIONS", "SERIES", "SPE_IMPLS", "layer_flops", "matmul_gflops", "parse_pairs", "parse_series", "run_bench",
            "run_case", "series_name", "summarize_bench", "write_outputs"]
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,28 @@ def parse_series(text: str | None) -> list[tuple[str, str]]:
     if unknown or not wanted:
         raise ValueError(f"--positionals takes a comma-separated subset of {', '.join(by_name)}, got {text!r}")
     return list(dict.fromkeys(by_name[w] for w in wanted))
+
+
+def parse_pairs(text: str) -> list[tuple[str, str, str]]:
+    """``--pairs`` → (positional, impl, attention) triples, e.g. ``"ape+softmax,sinespe:blocked+performer"``.
+
+    Raises:
+        ValueError: naming the entry that is not ``SERIES+ATTENTION`` with a known series
+            (:func:`parse_series`) and attention (:data:`BENCH_ATTENTIONS` or a peer's).
+    """
+    out = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        name, _, attention = entry.partition("+")
+        if attention not in (*BENCH_ATTENTIONS, *PEER_ATTENTIONS):
+            raise ValueError(f"--pairs entry {entry!r} must be SERIES+ATTENTION with ATTENTION one of "
+                             f"{', '.join([*BENCH_ATTENTIONS, *PEER_ATTENTIONS])}")
+        (pos, impl), = parse_series(name)
+        out.append((pos, impl, attention))
+    if not out:
+        raise ValueError(f"--pairs names no case: {text!r}")
+    return list(dict.fromkeys(out))
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
@@ -118,7 +140,8 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
               num_realizations: int = 64, num_sines: int = 5, kernel_size: int = 128, num_features: int = 64,
               chunk_size: int = 64, repeats: int = 5, budget_s: float = 30.0, memory_limit_mb: float = 12000,
               device: str = "cpu", threads: int = 0, progress: bool = True, model: dict | None = None,
-              vocab_size: int = 300, model_batch: int = 8) -> dict:
+              vocab_size: int = 300, model_batch: int = 8,
+              pairs: list[tuple[str, str, str]] | None = None) -> dict:
     """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
 
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
@@ -128,7 +151,9 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     (``attentions`` may name those of :data:`spe.bench.peers.PEER_ATTENTIONS`) is measured in
     train mode with ``ape`` or ``none`` only, and recorded as skipped when not installed. A case is skipped (and recorded as
     such) when the previous length's time or memory, extrapolated with the kernel's
-    complexity, exceeds ``budget_s`` or ``memory_limit_mb``.
+    complexity, exceeds ``budget_s`` or ``memory_limit_mb``. ``pairs`` ((positional, impl,
+    attention) triples, :func:`parse_pairs`) replaces the product of ``series`` and
+    ``attentions`` when given, so that one run measures exactly the cases a report needs.
     """
     series = series or SERIES
     attentions = attentions or BENCH_ATTENTIONS
@@ -136,7 +161,8 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
                   num_sines=num_sines, kernel_size=kernel_size, num_features=num_features,
                   chunk_size=chunk_size, repeats=repeats, device=device, threads=threads,
                   max_seconds=budget_s)
-    plan = [(mode, pos, impl, att) for mode in modes for pos, impl in series for att in attentions
+    triples = pairs or [(pos, impl, att) for pos, impl in series for att in attentions]
+    plan = [(mode, pos, impl, att) for mode in modes for pos, impl, att in triples
             if not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")
             and not (att in PEER_ATTENTIONS and (mode != "train" or pos not in ("ape", "none")))]
     total = len(plan) * len(lengths)

@@ -244,7 +244,8 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from spe.bench.peers import PEER_ATTENTIONS
-    from spe.bench.run import BENCH_ATTENTIONS, MODES, parse_series, run_bench, summarize_bench, write_outputs
+    from spe.bench.run import (BENCH_ATTENTIONS, MODES, parse_pairs, parse_series, run_bench, summarize_bench,
+                               write_outputs)
     from spe.train.config import load_config_file, packaged_config
 
     if args.modes is None:  # --longest alone runs only the search
@@ -258,6 +259,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          f"got {args.attentions!r}")
     try:
         series = parse_series(args.positionals)
+        pairs = parse_pairs(args.pairs) if args.pairs else None
+        model_series = parse_series(args.model_positionals) if args.model_positionals else series
     except ValueError as e:
         raise UsageError(str(e)) from None
     model = load_config_file(args.config or packaged_config("demo")).get("model", {})
@@ -267,9 +270,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = run_bench(lengths=_int_list(args.lengths, "--lengths"), modes=layer_modes, series=series,
                            attentions=attentions or BENCH_ATTENTIONS, batch=args.batch_size,
                            num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
-                           device=args.device, threads=args.threads, progress=not args.no_progress)
+                           device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs)
     if "model" in modes or args.longest:
-        result.update(_bench_model(args, model, series, attentions))
+        result.update(_bench_model(args, model, model_series, attentions))
     if result["matmul_gflops"] is None:
         from spe.bench.run import matmul_gflops
 
@@ -405,6 +408,10 @@ def _add_bench_parser(sub) -> None:
                    "sinespe:auto, sinespe:fused, sinespe:blocked, sinespe:materialized, sinespe:reference "
                    "(the straightforward twin), convspe (= convspe:fft), convspe:direct, ape-learned, rope, shaw, "
                    "music-relative, alibi, none (default: all)")
+    p.add_argument("--pairs", help="train/generate modes: exactly these POSITIONAL+ATTENTION cases, e.g. "
+                   "ape+softmax,ape+performer,sinespe:blocked+performer (instead of every --positionals × "
+                   "--attentions pair)")
+    p.add_argument("--model-positionals", help="--modes model: the encodings to step (default: --positionals)")
     p.add_argument("--model-shapes", default="8x2048,2x8192",
                    help="BATCHxLENGTH pairs for --modes model (default 8x2048,2x8192)")
     p.add_argument("--rounds", type=int, default=2,
