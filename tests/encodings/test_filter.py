@@ -178,3 +178,28 @@ def test_auto_choice_follows_the_cost_model():
     filt = SPEFilter(h, d)
     code = SineSPE(h, d, r, k)(4096)
     assert filt.resolve_impl(16, code) == "blocked" and SPEFilter(h, d, impl="fused").resolve_impl(16, code) == "fused"
+
+
+@pytest.mark.parametrize("encoding", ["sine", "conv"])
+def test_layers_sharing_a_materialised_code_save_no_copy_of_it_for_backward(encoding):
+    # A model applies one code in every layer. If the code is a strided view, each layer's
+    # product copies it and keeps the copy for backward (4 layers: 4 extra codes held).
+    h, d, r, n = 2, 8, 4, 32
+    enc = SineSPE(h, d, num_realizations=r, num_sines=3) if encoding == "sine" else ConvSPE(h, d, num_realizations=r,
+                                                                                              kernel_size=5)
+    code = enc(n, generator=torch.Generator().manual_seed(0))
+    qbar, kbar = code.materialize()
+    code_bytes = qbar.numel() * qbar.element_size()
+    filters = [SPEFilter(h, d, gated=False, impl="materialized") for _ in range(3)]
+    saved = []
+
+    def pack(t):
+        saved.append((t.untyped_storage().data_ptr(), t.numel() * t.element_size()))
+        return t
+
+    x = torch.randn(2, n, h, d, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for f in filters:
+            f(x, x, code)
+    big = {ptr for ptr, nbytes in saved if nbytes >= code_bytes}
+    assert big == {qbar.untyped_storage().data_ptr(), kbar.untyped_storage().data_ptr()}

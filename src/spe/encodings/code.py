@@ -65,8 +65,10 @@ class SineCode:
 
     @cached_property
     def _materialized(self) -> tuple[Tensor, Tensor]:
-        qbar = torch.einsum("lhdj,hdjr->lhdr", self.omega_q, self.weights)
-        kbar = torch.einsum("lhdj,hdjr->lhdr", self.omega_k, self.weights)
+        # einsum returns a permuted view of its (H, D, L, R) product; without one contiguous
+        # copy here, every layer's code product would make (and keep for backward) its own.
+        qbar = torch.einsum("lhdj,hdjr->lhdr", self.omega_q, self.weights).contiguous()
+        kbar = torch.einsum("lhdj,hdjr->lhdr", self.omega_k, self.weights).contiguous()
         return qbar, kbar
 
     def materialize(self) -> tuple[Tensor, Tensor]:
