@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from spe.bench.tables import longest_lines, model_lines
 from spe.encodings.registry import positional_names
 
 __all__ = ["BENCH_ATTENTIONS", "SERIES", "SPE_IMPLS", "layer_flops", "matmul_gflops", "parse_pairs", "parse_series", "run_bench",
-           "run_case", "series_name", "summarize_bench", "write_outputs"]
+           "bench_markdown", "run_case", "series_name", "summarize_bench", "write_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,12 @@ def layer_flops(case: dict) -> float:
 
 
 def run_case(case: dict, timeout: float) -> dict:
-    """Runs one case in a fresh worker process; a timeout or failure gives a record with ``skipped``."""
+    """Runs one case in a fresh worker process; a timeout or failure gives a record with ``skipped``.
+
+    The record carries ``load_1min``, the machine's 1-minute load average when the case
+    started, so that a report can say how busy the cores were during each measurement.
+    """
+    case = {**case, "load_1min": os.getloadavg()[0]}
     cmd = [sys.executable, "-m", "spe.bench.worker", json.dumps(case)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -286,20 +292,30 @@ def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
 
     summary = summarize_bench(result)
     payload = {"records": result["records"], "matmul_gflops": result["matmul_gflops"], "config": result["config"],
-               "summary": summary, "code_errors": result.get("code_errors")}
-    for key in ("model", "model_rounds", "longest", "load"):
+               "lengths": sorted(result["lengths"]), "summary": summary, "code_errors": result.get("code_errors")}
+    for key in ("model", "model_rounds", "longest", "load", "memory_budget_mb", "command"):
         if result.get(key) is not None:
             payload[key] = result[key]
     atomic_write(json_path, lambda tmp: Path(tmp).write_text(strict_json.dumps(payload, indent=2)))
     out_dir.mkdir(parents=True, exist_ok=True)
-    lengths = sorted(result["lengths"])
-    lines = model_lines(result.get("model") or []) + longest_lines(result.get("longest") or [],
-                                                                    result.get("memory_budget_mb"))
-    model_rows = [r for r in result["records"] if r["mode"] == "model"]
+    (out_dir / "bench.md").write_text(bench_markdown(payload))
+    _plot(result, out_dir)
+
+
+def bench_markdown(payload: dict) -> str:
+    """The Markdown report of one run, from its JSON payload (what ``write_outputs`` writes):
+    the issue-13 targets, the whole-model and longest-length tables, the one-layer tables."""
+    from spe.bench.targets import targets_markdown
+
+    lengths = payload.get("lengths") or sorted({r["length"] for r in payload["records"]})
+    lines = targets_markdown(payload)
+    lines += model_lines(payload.get("model") or []) + longest_lines(payload.get("longest") or [],
+                                                                     payload.get("memory_budget_mb"))
+    model_rows = [r for r in payload["records"] if r["mode"] == "model"]
     if model_rows:
-        lines += _model_table(model_rows, lengths, result["config"])
+        lines += _model_table(model_rows, lengths, payload["config"])
     for mode in ("train", "generate"):
-        rows = [r for r in result["records"] if r["mode"] == mode]
+        rows = [r for r in payload["records"] if r["mode"] == mode]
         if not rows:
             continue
         what = "forward+backward of one causal layer" if mode == "train" else "one recurrent step at position N"
@@ -314,20 +330,20 @@ def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
         lines += _auto_choices(rows)
         lines.append("")
-    if result.get("code_errors"):
+    if payload.get("code_errors"):
         lines += ["### sineSPE estimation error vs R (RMS; Gaussian vs orthogonal noise)", "",
                   "| R | kernel, gaussian | kernel, orthogonal | logit, gaussian | logit, orthogonal |",
                   "|---|---|---|---|---|"]
-        errs = result["code_errors"]
+        errs = payload["code_errors"]
         for r in dict.fromkeys(e["num_realizations"] for e in errs):
             g = next(e for e in errs if e["num_realizations"] == r and e["noise"] == "gaussian")
             o = next(e for e in errs if e["num_realizations"] == r and e["noise"] == "orthogonal")
             lines.append(f"| {r} | {g['kernel_rms']:.4f} | {o['kernel_rms']:.4f} | {g['logit_rms']:.4f} | {o['logit_rms']:.4f} |")
         lines.append("")
-    lines += [f"float32 matmul rate: {result['matmul_gflops']:.0f} GFLOP/s", "", "Targets:", "",
+    summary = payload.get("summary") or summarize_bench(payload)
+    lines += [f"float32 matmul rate: {payload['matmul_gflops']:.0f} GFLOP/s", "", "Targets:", "",
               "```", json.dumps(summary["targets"], indent=2), "```", ""]
-    (out_dir / "bench.md").write_text("\n".join(lines))
-    _plot(result, out_dir)
+    return "\n".join(lines)
 
 
 def _auto_choices(rows: list[dict]) -> list[str]:

@@ -281,6 +281,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from spe.bench.codes import code_errors
 
         result["code_errors"] = code_errors([4, 8, 16, 32, 64, 128])
+    result["command"] = "spe " + " ".join(getattr(args, "argv", ["bench"]))
     out = Path(args.out)
     json_path = Path(args.json) if args.json else out / "bench.json"
     write_outputs(result, json_path, out)
@@ -502,6 +503,7 @@ def _one_line(err: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     # Under torchrun only rank 0 reports progress; the others report warnings and errors.
     quiet = args.quiet or os.environ.get("RANK", "0") != "0"
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s")
