@@ -1,0 +1,45 @@
+"""Renders the results part of docs/bench.md from one `spe bench` run's JSON.
+
+Usage: python scripts/bench_doc.py [BENCH_JSON] [DOC]
+(default runs/bench_final/bench.json and docs/bench.md). Replaces the text between the
+markers <!-- bench-results:begin --> and <!-- bench-results:end --> in DOC with the run's
+command, the load it ran under and its report (spe.bench.run.bench_markdown); prints it
+otherwise.
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from spe.bench.run import bench_markdown
+
+BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
+
+
+def header(payload: dict) -> str:
+    loads = [r["load_1min"] for r in payload["records"] + (payload.get("model_rounds") or []) if "load_1min" in r]
+    load = (f"1-minute load average when each case started: median {statistics.median(loads):.2f}, "
+            f"range {min(loads):.2f}-{max(loads):.2f} over {len(loads)} cases"
+            if loads else "load not recorded")
+    return "\n".join(["```bash", payload.get("command", "(command not recorded)"), "```", "",
+                      f"float32 matmul rate at the end of the run: {payload['matmul_gflops']:.0f} GFLOP/s; {load}.",
+                      ""])
+
+
+def main() -> int:
+    run = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/bench_final/bench.json")
+    doc = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/bench.md")
+    payload = json.loads(run.read_text())
+    body = header(payload) + "\n" + bench_markdown(payload)
+    text = doc.read_text() if doc.exists() else ""
+    if BEGIN not in text or END not in text:
+        print(body)
+        return 0
+    head, rest = text.split(BEGIN, 1)
+    doc.write_text(f"{head}{BEGIN}\n{body}\n{END}{rest.split(END, 1)[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
