@@ -52,8 +52,13 @@ def test_each_target_compares_the_right_records_against_its_limit():
     assert rows[next(t for t in rows if "2 × 8,192: convSPE" in t)][1] == "not measured"
     assert rows[next(t for t in rows if "sinespe within" in t)] == ("120,000 vs APE 130,000 (-8%; extrapolated)", "met")
     assert rows[next(t for t in rows if "convspe within" in t)][1] == "missed"
-    assert rows[next(t for t in rows if "fused sineSPE" in t)] == ("11.4× (4,000 vs 350 MB)", "met")
-    assert rows[next(t for t in rows if "blocked sineSPE" in t)][1] == "missed"
+    # judged on what the SPE step adds over the same layer with APE (300 MB): 3,700 vs 50 MB
+    assert rows[next(t for t in rows if "fused sineSPE" in t)] == (
+        "whole layer 11.4× (4,000 vs 350 MB); SPE's own memory (over APE + Performer's 300 MB) 74.0× less", "met")
+    assert rows[next(t for t in rows if "blocked sineSPE" in t)][1] == "met"  # 3,700 vs 200 MB: 18.5×
+    no_ape = _verdicts(_payload(records=[r for r in _payload()["records"] if r["positional"] != "ape"]))
+    assert no_ape[next(t for t in no_ape if "blocked sineSPE" in t)] == ("whole layer 8.0× (4,000 vs 500 MB)",
+                                                                        "missed")
     assert rows[next(t for t in rows if "convSPE + Performer ≤" in t)] == ("4.50×", "missed")
     assert rows[next(t for t in rows if "SDPA" in t)] == ("3.50×", "met")
     assert rows[next(t for t in rows if "exponent" in t)] == ("1.05", "met")
