@@ -250,3 +250,26 @@ def test_attention_window_is_validated():
     assert model.config.attention_window == 16 and all(b.attn.window == 16 for b in model.blocks)
     with pytest.raises(ValueError, match="window"):
         _model("shaw", "softmax").set_attention_window(8)
+
+
+def test_spe_impl_chooses_how_every_layer_applies_sinespe_codes_with_the_same_numbers():
+    from spe.encodings.filter import SPEFilter
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 50, (2, 17))
+    losses, grads = {}, {}
+    for impl in ("reference", "materialized", "fused", "blocked"):
+        torch.manual_seed(0)
+        model = DecoderLM(ModelConfig(vocab_size=50, d_model=16, num_layers=2, num_heads=2, d_ff=16, dropout=0.0,
+                                      num_realizations=4, num_sines=2, spe_impl=impl)).double()
+        assert {m.impl for m in model.modules() if isinstance(m, SPEFilter)} == {impl}
+        loss = model.loss(tokens)
+        loss.backward()
+        losses[impl] = loss.detach()
+        grads[impl] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    for impl in ("materialized", "fused", "blocked"):
+        torch.testing.assert_close(losses[impl], losses["reference"])
+        torch.testing.assert_close(grads[impl], grads["reference"])
+    with pytest.raises(ValueError, match="spe_impl must be one of auto, fused, materialized, blocked, reference, "
+                                         "got 'fast'"):
+        ModelConfig(vocab_size=50, spe_impl="fast")

@@ -85,7 +85,7 @@ def model_step(case: dict, device: torch.device):
     The model is the one ``spe train --seq-len N`` builds from ``case["model"]``: the config
     layer's defaults apply (:func:`spe.train.config.resolve_model_options`), so SPE gets a
     sliding window of N positions, which at length N reaches the whole past (the kernels then
-    take their whole-past path). A sineSPE ``impl`` other than "-" is set on every SPEFilter.
+    take their whole-past path). A sineSPE ``impl`` other than "-" becomes ``ModelConfig.spe_impl``.
     """
     from spe.models import DecoderLM, ModelConfig
     from spe.train.config import resolve_model_options
@@ -96,12 +96,10 @@ def model_step(case: dict, device: torch.device):
                                                                                        case["attention"]))
     options = resolve_model_options(options, seq_len=n)
     options["max_positions"] = max(options.get("max_positions", 2048), n)
+    if case["positional"] == "sinespe" and case["impl"] in IMPLS:
+        options["spe_impl"] = case["impl"]
     config = ModelConfig(vocab_size=case["vocab_size"], **options)
     model = DecoderLM(config).to(device).train()
-    if case["positional"] == "sinespe" and case["impl"] in IMPLS:
-        for module in model.modules():
-            if isinstance(module, SPEFilter):
-                module.impl = case["impl"]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, case["vocab_size"], (b, n + 1), generator=g, device=device)

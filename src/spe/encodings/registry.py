@@ -122,7 +122,8 @@ def _conv2d(config: Any) -> nn.Module:
 
 
 def _spe_filter(config: Any, causal: bool) -> nn.Module:
-    return SPEFilter(config.num_heads, _head_dim(config), gated=config.gated, gate_init=config.gate_init)
+    return SPEFilter(config.num_heads, _head_dim(config), gated=config.gated, gate_init=config.gate_init,
+                     impl=getattr(config, "spe_impl", "auto"))
 
 
 POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from spe.attention.layer import ACCEPTS, ATTENTIONS
+from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
 from spe.ops.softmax import check_window
@@ -58,6 +59,12 @@ class ModelConfig:
             (docs/ablation.md); can be changed at test time
             (:meth:`~spe.DecoderLM.set_attention_window`). 0 means None (config files have
             no null). Not with score encodings.
+        spe_impl: how ``sinespe`` codes are applied (same numbers either way; see
+            :class:`~spe.SPEFilter` and docs/bench.md): ``auto`` (default: materialised while
+            the (L, H, D, R) code has at most 2^24 elements, else fused or blocked by a cost
+            model), ``materialized`` (fastest at short lengths, holds the code and its
+            gradient), ``blocked`` (the batch-shared code formed per block of positions, in
+            forward and again in backward: the least memory), ``fused`` or ``reference``.
     """
 
     vocab_size: int
@@ -84,6 +91,7 @@ class ModelConfig:
     max_distance: int = 256
     rope_base: float = 10000.0
     attention_window: int | None = None
+    spe_impl: str = "auto"
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONALS:
@@ -112,6 +120,8 @@ class ModelConfig:
         if self.attention_window is not None and where == "scores":
             raise ValueError(f"attention_window cannot be combined with positional {self.positional!r}, "
                              "which forms its own attention scores")
+        if self.spe_impl not in SPE_IMPLS:
+            raise ValueError(f"spe_impl must be one of {', '.join(SPE_IMPLS)}, got {self.spe_impl!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:
