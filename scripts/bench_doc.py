@@ -12,6 +12,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from doc_block import replace_block
+
 from spe.bench.run import bench_markdown
 
 BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
@@ -32,12 +34,8 @@ def main() -> int:
     doc = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/bench.md")
     payload = json.loads(run.read_text())
     body = header(payload) + "\n" + bench_markdown(payload)
-    text = doc.read_text() if doc.exists() else ""
-    if BEGIN not in text or END not in text:
+    if not replace_block(doc, BEGIN, END, body):
         print(body)
-        return 0
-    head, rest = text.split(BEGIN, 1)
-    doc.write_text(f"{head}{BEGIN}\n{body}\n{END}{rest.split(END, 1)[1]}")
     return 0
 
 

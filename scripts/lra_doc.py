@@ -8,6 +8,8 @@ Usage: python scripts/lra_doc.py [RUNS_FOLDER] [DOC]
 import sys
 from pathlib import Path
 
+from doc_block import replace_block
+
 from spe.lra.report import results_tables
 
 BEGIN, END = "<!-- lra-results:begin -->", "<!-- lra-results:end -->"
@@ -17,12 +19,8 @@ def main() -> int:
     runs = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/lra/cpu-small")
     doc = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/lra.md")
     tables = results_tables(runs)
-    text = doc.read_text()
-    if BEGIN not in text or END not in text:
+    if not replace_block(doc, BEGIN, END, tables):
         print(tables)
-        return 0
-    head, rest = text.split(BEGIN, 1)
-    doc.write_text(f"{head}{BEGIN}\n{tables}\n{END}{rest.split(END, 1)[1]}")
     return 0
 
 

@@ -103,6 +103,10 @@ def test_blocked_products_pass_gradcheck_with_uneven_blocks(product):
     for block in (1, 3, 7, 100):
         assert torch.autograd.gradcheck(lambda a, f, t, c: fn(a, f, t, positions, c, block), (x, freqs, phases, w))
         assert torch.autograd.gradcheck(lambda a, f, c: fn(a, f, None, positions, c, block), (x, freqs, w))
+        # only some inputs need a gradient (frozen codes, or frozen queries): the others' are skipped
+        assert torch.autograd.gradcheck(lambda a: fn(a, freqs.detach(), phases.detach(), positions, w.detach(), block),
+                                        (x,))
+        assert torch.autograd.gradcheck(lambda f, c: fn(x.detach(), f, None, positions, c, block), (freqs, w))
 
 
 def _gated_kernel_z_scores(enc, filt, lags, key_position, r, seed):

@@ -20,10 +20,11 @@ import torch
 from spe import strict_json
 from spe.bench.peers import PEER_ATTENTIONS
 from spe.bench.tables import longest_lines, model_lines
+from spe.bench.targets import find_record, targets_markdown
 from spe.encodings.registry import positional_names
 
-__all__ = ["BENCH_ATTENTIONS", "SERIES", "SPE_IMPLS", "layer_flops", "matmul_gflops", "parse_pairs", "parse_series", "run_bench",
-           "bench_markdown", "run_case", "series_name", "summarize_bench", "write_outputs"]
+__all__ = ["BENCH_ATTENTIONS", "SERIES", "SPE_IMPLS", "bench_markdown", "layer_flops", "matmul_gflops", "parse_pairs",
+           "parse_series", "run_bench", "run_case", "series_name", "summarize_bench", "write_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -228,10 +229,7 @@ def summarize_bench(result: dict) -> dict:
     recs = [r for r in result["records"] if "median_ms" in r]
 
     def get(mode, pos, impl, att, n):
-        for r in recs:
-            if (r["mode"], r["positional"], r["impl"], r["attention"], r["length"]) == (mode, pos, impl, att, n):
-                return r
-        return None
+        return find_record(recs, mode, pos, impl, att, n)
 
     out: dict = {"exponents": {}, "ratios_to_ape_performer": {}, "targets": {}}
     for key in sorted({(r["mode"], r["positional"], r["impl"], r["attention"]) for r in recs}):
@@ -305,8 +303,6 @@ def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
 def bench_markdown(payload: dict) -> str:
     """The Markdown report of one run, from its JSON payload (what ``write_outputs`` writes):
     the issue-13 targets, the whole-model and longest-length tables, the one-layer tables."""
-    from spe.bench.targets import targets_markdown
-
     lengths = payload.get("lengths") or sorted({r["length"] for r in payload["records"]})
     lines = targets_markdown(payload)
     lines += model_lines(payload.get("model") or []) + longest_lines(payload.get("longest") or [],
@@ -340,9 +336,7 @@ def bench_markdown(payload: dict) -> str:
             o = next(e for e in errs if e["num_realizations"] == r and e["noise"] == "orthogonal")
             lines.append(f"| {r} | {g['kernel_rms']:.4f} | {o['kernel_rms']:.4f} | {g['logit_rms']:.4f} | {o['logit_rms']:.4f} |")
         lines.append("")
-    summary = payload.get("summary") or summarize_bench(payload)
-    lines += [f"float32 matmul rate: {payload['matmul_gflops']:.0f} GFLOP/s", "", "Targets:", "",
-              "```", json.dumps(summary["targets"], indent=2), "```", ""]
+    lines += [f"float32 matmul rate: {payload['matmul_gflops']:.0f} GFLOP/s", ""]
     return "\n".join(lines)
 
 

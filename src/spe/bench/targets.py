@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["TARGETS", "target_rows", "targets_markdown"]
+__all__ = ["TARGETS", "find_record", "target_rows", "targets_markdown"]
 
 # (name, limit) of every target; "≤" limits for ratios, "≥" for the others (see target_rows).
 TARGETS = {
@@ -26,7 +26,8 @@ def _verdict(ok: bool | None) -> str:
     return "not measured" if ok is None else ("met" if ok else "missed")
 
 
-def _record(records: list[dict], mode: str, pos: str, impl: str, att: str, n: int) -> dict | None:
+def find_record(records: list[dict], mode: str, pos: str, impl: str, att: str, n: int) -> dict | None:
+    """The measured record of (mode, positional, impl, attention, length), or None (absent or skipped)."""
     for r in records:
         if (r["mode"], r["positional"], r["impl"], r["attention"], r["length"]) == (mode, pos, impl, att, n) \
                 and "median_ms" in r:
@@ -81,10 +82,10 @@ def _longest_rows(longest: list[dict]) -> list[tuple[str, str, str]]:
 
 def _layer_rows(records: list[dict]) -> list[tuple[str, str, str]]:
     rows = []
-    ref = _record(records, "train", "sinespe", "reference", "performer", 4096)
-    ape = _record(records, "train", "ape", "-", "performer", 4096)
+    ref = find_record(records, "train", "sinespe", "reference", "performer", 4096)
+    ape = find_record(records, "train", "ape", "-", "performer", 4096)
     for impl in ("fused", "blocked"):
-        fast = _record(records, "train", "sinespe", impl, "performer", 4096)
+        fast = find_record(records, "train", "sinespe", impl, "performer", 4096)
         target = (f"one layer, B = 2, N = 4,096: {impl} sineSPE ≥ {TARGETS['layer_reference_memory']:.0f}× less "
                   "memory than the reference (the straightforward form)")
         if ref is None or fast is None:
@@ -99,17 +100,17 @@ def _layer_rows(records: list[dict]) -> list[tuple[str, str, str]]:
                          f"{added:.1f}× less")
             ok = added >= TARGETS["layer_reference_memory"]
         rows.append((target, measured, _verdict(ok)))
-    conv = _record(records, "train", "convspe", "fft", "performer", 4096)
+    conv = find_record(records, "train", "convspe", "fft", "performer", 4096)
     target = f"one layer, N = 4,096: convSPE + Performer ≤ {TARGETS['layer_conv_time']:.0f}× APE + Performer time"
     rows.append((target, "–", _verdict(None)) if conv is None or ape is None else
                 (target, f"{conv['median_ms'] / ape['median_ms']:.2f}×",
                  _verdict(conv["median_ms"] / ape["median_ms"] <= TARGETS["layer_conv_time"])))
-    lin, soft = _record(records, "train", "ape", "-", "linear", 8192), _record(records, "train", "ape", "-", "softmax", 8192)
+    lin, soft = (find_record(records, "train", "ape", "-", att, 8192) for att in ("linear", "softmax"))
     target = f"one layer, N = 8,192: chunked causal linear attention ≥ {TARGETS['linear_vs_sdpa']:.0f}× faster than SDPA causal softmax"
     rows.append((target, "–", _verdict(None)) if lin is None or soft is None else
                 (target, f"{soft['median_ms'] / lin['median_ms']:.2f}×",
                  _verdict(soft["median_ms"] / lin["median_ms"] >= TARGETS["linear_vs_sdpa"])))
-    a, b = (_record(records, "train", "sinespe", "-", "performer", n) for n in (1024, 16384))
+    a, b = (find_record(records, "train", "sinespe", "-", "performer", n) for n in (1024, 16384))
     target = f"one layer: causal sineSPE + Performer time exponent ≤ {TARGETS['exponent']} from N = 1,024 to 16,384"
     if a is None or b is None:
         rows.append((target, "–", _verdict(None)))
@@ -117,7 +118,7 @@ def _layer_rows(records: list[dict]) -> list[tuple[str, str, str]]:
         exp = math.log(b["median_ms"] / a["median_ms"]) / math.log(16384 / 1024)
         rows.append((target, f"{exp:.2f}", _verdict(exp <= TARGETS["exponent"])))
     for pos, impl in [("sinespe", "-"), ("convspe", "fft")]:
-        g0, g1 = (_record(records, "generate", pos, impl, "performer", n) for n in (512, 16384))
+        g0, g1 = (find_record(records, "generate", pos, impl, "performer", n) for n in (512, 16384))
         target = f"generation per token flat: {pos} + Performer at N = 16,384 ≤ {TARGETS['generation_flat']}× N = 512"
         rows.append((target, "–", _verdict(None)) if g0 is None or g1 is None else
                     (target, f"{g1['median_ms'] / g0['median_ms']:.2f}× ({g0['median_ms']:.1f} → {g1['median_ms']:.1f} ms)",

@@ -18,7 +18,7 @@ import torch
 from spe.attention.layer import MultiHeadAttention
 from spe.bench.peers import PEER_ATTENTIONS, build_peer_layer
 from spe.encodings.conv import ConvSPE
-from spe.encodings.filter import IMPLS, SPEFilter, choose_sine_impl
+from spe.encodings.filter import IMPLS, choose_sine_impl
 from spe.encodings.registry import positional_spec
 from spe.ops.state import KVCache, LinearAttentionState
 
@@ -31,6 +31,12 @@ def _head_dim(config) -> int:
     return config.d_model // config.num_heads
 
 
+def _spe_impl(case: dict) -> str:
+    """``ModelConfig.spe_impl`` of a case: its sineSPE ``impl``, or ``auto`` ("-", and convSPE's
+    "fft"/"direct", which concern the code, not its application)."""
+    return case["impl"] if case["positional"] == "sinespe" and case["impl"] in IMPLS else "auto"
+
+
 def _layer_config(case: dict):
     """The ModelConfig whose fields the registry's builders read, for one bench layer."""
     from spe.models import ModelConfig
@@ -41,14 +47,14 @@ def _layer_config(case: dict):
                        num_realizations=case["num_realizations"], num_sines=case["num_sines"],
                        kernel_size=case["kernel_size"], max_distance=case.get("max_distance", 256),
                        max_positions=case["length"] + 1, gated=True, num_features=case["num_features"],
-                       chunk_size=case["chunk_size"])
+                       chunk_size=case["chunk_size"], spe_impl=_spe_impl(case))
 
 
 def build(case: dict):
     """(attention layer, SPE code generator or None, token encoding or None) from the registry.
 
-    The registry builds what a DecoderLM layer would get; the case's ``impl`` then picks how
-    sineSPE codes are applied (SPEFilter) or how convSPE filters its noise (ConvSPE).
+    The registry builds what a DecoderLM layer would get, with the case's sineSPE ``impl`` as
+    ``ModelConfig.spe_impl``; a convSPE ``impl`` then picks how ConvSPE filters its noise.
     """
     peer = case["attention"] in PEER_ATTENTIONS
     config = _layer_config({**case, "attention": "performer"} if peer else case)
@@ -59,9 +65,6 @@ def build(case: dict):
     ape = per_model if spec.acts_on == "tokens" else None
     if isinstance(encoding, ConvSPE):
         encoding.impl = "direct" if case["impl"] == "direct" else "fft"
-    if isinstance(layer_module, SPEFilter):
-        # "-" (and convSPE's "fft"/"direct", which concern the code, not its application): auto.
-        layer_module.impl = case["impl"] if spec.name == "sinespe" and case["impl"] in IMPLS else "auto"
     if peer:  # another package's layer, with APE or nothing (spe.bench.peers)
         return build_peer_layer(case["attention"], config.num_heads, _head_dim(config), config.num_features), None, ape
     keyword = {spec.layer_keyword: layer_module} if layer_module is not None else {}
@@ -96,9 +99,7 @@ def model_step(case: dict, device: torch.device):
                                                                                        case["attention"]))
     options = resolve_model_options(options, seq_len=n)
     options["max_positions"] = max(options.get("max_positions", 2048), n)
-    if case["positional"] == "sinespe" and case["impl"] in IMPLS:
-        options["spe_impl"] = case["impl"]
-    config = ModelConfig(vocab_size=case["vocab_size"], **options)
+    config = ModelConfig(vocab_size=case["vocab_size"], **{**options, "spe_impl": _spe_impl(case)})
     model = DecoderLM(config).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator(device=device).manual_seed(0)

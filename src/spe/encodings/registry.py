@@ -123,7 +123,7 @@ def _conv2d(config: Any) -> nn.Module:
 
 def _spe_filter(config: Any, causal: bool) -> nn.Module:
     return SPEFilter(config.num_heads, _head_dim(config), gated=config.gated, gate_init=config.gate_init,
-                     impl=getattr(config, "spe_impl", "auto"))
+                     impl=config.spe_impl)
 
 
 POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (

@@ -71,36 +71,30 @@ class FusedSineProduct(torch.autograd.Function):
             feats = x[:, s:e].permute(2, 0, 1, 3)[..., None] * omega.permute(1, 0, 2, 3)[:, None]
             y = torch.bmm(feats.reshape(h, b * (e - s), -1), w)  # (H, B·l, R)
             out[:, s:e] = y.view(h, b, e - s, r).permute(1, 2, 0, 3)
-        ctx.save_for_backward(x, freqs, phases if phases is not None else freqs.new_empty(0), positions, w)
-        ctx.has_phases, ctx.block = phases is not None, block
+        _save(ctx, x, freqs, phases, positions, w, block)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, freqs, phases, positions, w = ctx.saved_tensors
-        phases = phases if ctx.has_phases else None
+        x, freqs, phases, positions, w = _saved(ctx)
         b, n, h, d = x.shape
         k, r = freqs.shape[-1], w.shape[-1]
-        need_x, need_f, need_th, _, need_w = ctx.needs_input_grad[:5]
-        gx = torch.empty_like(x) if need_x else None
-        gf = torch.zeros_like(freqs) if need_f else None
-        gth = torch.zeros_like(freqs) if (need_th and phases is not None) else None
-        gw = torch.zeros_like(w) if need_w else None
+        gx, gf, gth, gw = _grad_buffers(ctx, x, freqs, phases, w)
         for s in range(0, n, ctx.block):
             e = min(n, s + ctx.block)
             cos, sin = _cos_sin(freqs, phases, positions[s:e], x.dtype)  # (l, H, D, K)
             ob = torch.stack([cos, sin], dim=-1).flatten(-2).permute(1, 0, 2, 3)  # (H, l, D, 2K)
             xb = x[:, s:e].permute(2, 0, 1, 3)  # (H, B, l, D)
             g = grad[:, s:e].permute(2, 0, 1, 3).reshape(h, b * (e - s), r)  # (H, B·l, R)
-            if need_w:
+            if gw is not None:
                 feats = (xb[..., None] * ob[:, None]).reshape(h, b * (e - s), -1)
                 gw += torch.bmm(feats.transpose(1, 2), g)
             gfeats = torch.bmm(g, w.transpose(1, 2)).view(h, b, e - s, d, 2 * k)
-            if need_x:
+            if gx is not None:
                 gx[:, s:e] = (gfeats * ob[:, None]).sum(-1).permute(1, 2, 0, 3)
-            if need_f or gth is not None:
+            if gf is not None or gth is not None:
                 gomega = (gfeats * xb[..., None]).sum(1).view(h, e - s, d, k, 2).permute(1, 0, 2, 3, 4)
-                _angle_grads(gomega, cos, sin, positions[s:e], gf if need_f else None, gth)
+                _angle_grads(gomega, cos, sin, positions[s:e], gf, gth)
         return gx, gf, gth, None, gw, None
 
 
@@ -127,39 +121,52 @@ class SharedSineProduct(torch.autograd.Function):
             code = _block_code(freqs, phases, positions[s:e], w2, x.dtype)[0]  # (H·l, D, R)
             xb = x[:, s:e].permute(2, 1, 0, 3).reshape(h * (e - s), b, d)  # (H·l, B, D)
             out[:, s:e] = torch.bmm(xb, code).view(h, e - s, b, r).permute(2, 1, 0, 3)
-        ctx.save_for_backward(x, freqs, phases if phases is not None else freqs.new_empty(0), positions, w)
-        ctx.has_phases, ctx.block = phases is not None, block
+        _save(ctx, x, freqs, phases, positions, w, block)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, freqs, phases, positions, w = ctx.saved_tensors
-        phases = phases if ctx.has_phases else None
+        x, freqs, phases, positions, w = _saved(ctx)
         b, n, h, d = x.shape
         k, r = freqs.shape[-1], w.shape[-1]
         w2 = w.reshape(h * d, 2 * k, r)
-        need_x, need_f, need_th, _, need_w = ctx.needs_input_grad[:5]
-        gx = torch.empty_like(x) if need_x else None
-        gf = torch.zeros_like(freqs) if need_f else None
-        gth = torch.zeros_like(freqs) if (need_th and phases is not None) else None
-        gw = torch.zeros_like(w2) if need_w else None
+        gx, gf, gth, gw = _grad_buffers(ctx, x, freqs, phases, w2)
         for s in range(0, n, ctx.block):
             e = min(n, s + ctx.block)
             l = e - s
             code, omega, cos, sin = _block_code(freqs, phases, positions[s:e], w2, x.dtype)
             g = grad[:, s:e].permute(2, 1, 0, 3).reshape(h * l, b, r)  # (H·l, B, R)
-            if need_x:
+            if gx is not None:
                 gx[:, s:e] = torch.bmm(g, code.transpose(1, 2)).view(h, l, b, d).permute(2, 1, 0, 3)
-            if not (need_w or need_f or gth is not None):
+            if gw is None and gf is None and gth is None:
                 continue
             xb = x[:, s:e].permute(2, 1, 3, 0).reshape(h * l, d, b)  # (H·l, D, B)
             gcode = torch.bmm(xb, g).view(h, l, d, r).transpose(1, 2).reshape(h * d, l, r)  # (H·D, l, R)
-            if need_w:
+            if gw is not None:
                 gw += torch.bmm(omega.transpose(1, 2), gcode)
-            if need_f or gth is not None:
+            if gf is not None or gth is not None:
                 gomega = torch.bmm(gcode, w2.transpose(1, 2)).view(h, d, l, k, 2).permute(2, 0, 1, 3, 4)
-                _angle_grads(gomega, cos, sin, positions[s:e], gf if need_f else None, gth)
+                _angle_grads(gomega, cos, sin, positions[s:e], gf, gth)
         return gx, gf, gth, None, None if gw is None else gw.view_as(w), None
+
+
+def _save(ctx, x: Tensor, freqs: Tensor, phases: Tensor | None, positions: Tensor, w: Tensor, block: int) -> None:
+    ctx.save_for_backward(x, freqs, phases if phases is not None else freqs.new_empty(0), positions, w)
+    ctx.has_phases, ctx.block = phases is not None, block
+
+
+def _saved(ctx) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor]:
+    x, freqs, phases, positions, w = ctx.saved_tensors
+    return x, freqs, phases if ctx.has_phases else None, positions, w
+
+
+def _grad_buffers(ctx, x: Tensor, freqs: Tensor, phases: Tensor | None, w: Tensor):
+    """Gradients to fill, None where autograd needs none: x (written per block), f, θ and W
+    (accumulated over blocks; W in the layout of ``w``)."""
+    need_x, need_f, need_th, _, need_w = ctx.needs_input_grad[:5]
+    return (torch.empty_like(x) if need_x else None, torch.zeros_like(freqs) if need_f else None,
+            torch.zeros_like(freqs) if (need_th and phases is not None) else None,
+            torch.zeros_like(w) if need_w else None)
 
 
 def _block_code(freqs: Tensor, phases: Tensor | None, positions: Tensor, w2: Tensor, dtype: torch.dtype):
