@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from spe.models.decoder_lm import DecoderLM
+from spe.models.loss import cross_entropy
 
 __all__ = ["bucket_means", "per_position_cross_entropy", "unigram_cross_entropy"]
 
@@ -62,7 +62,7 @@ def per_position_cross_entropy(model: DecoderLM, sequences: Tensor, *, batch_siz
             # a fresh generator per batch and draw: every batch sees the codes of seed, seed + 1, ...
             code_gen = torch.Generator().manual_seed(seed + draw)
             logits = model(x[:, :-1], num_realizations=num_realizations, generator=code_gen)
-            logps.append(-F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none").double())
+            logps.append(-cross_entropy(logits, x[:, 1:], reduction="none").double())
         ce = -(torch.logsumexp(torch.stack(logps), dim=0) - math.log(num_draws))
         rows.append(ce.float().cpu())
     return torch.cat(rows) if rows else torch.zeros(0, sequences.shape[1] - 1)

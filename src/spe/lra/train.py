@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, atomic_write, load, save
 from spe.data.lra.dataset import PairDataset, SequenceDataset
@@ -28,6 +27,7 @@ from spe.lra.config import LRAConfig
 from spe.lra.evaluate import accuracy, model_inputs
 from spe.models.classifier_config import ClassifierConfig
 from spe.models.encoder_classifier import EncoderClassifier
+from spe.models.loss import cross_entropy
 
 __all__ = ["RESULT_FILE", "build_classifier", "learning_rate_factor", "make_optimizer", "train_seed", "training_step"]
 
@@ -76,7 +76,7 @@ def training_step(model: EncoderClassifier, optimizer: torch.optim.Optimizer, tr
         The batch's mean cross-entropy (nats) before the step.
     """
     inputs, labels = model_inputs(train, index, cfg.device)
-    loss = F.cross_entropy(model(*inputs, generator=generator), labels)
+    loss = cross_entropy(model(*inputs, generator=generator), labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if cfg.grad_clip:

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from spe.attention.layer import MultiHeadAttention
 from spe.encodings.code import SPECode
 from spe.encodings.registry import positional_spec
-from spe.ops.state import KVCache, LinearAttentionState
+from spe.ops.state import AttentionState
 
 __all__ = ["Block"]
 
@@ -58,7 +58,7 @@ class Block(nn.Module):
         return x + self.drop(self.ffn(self.norm2(x)))
 
     def step(self, x: Tensor, code: SPECode | None,
-             state: KVCache | LinearAttentionState | None) -> tuple[Tensor, KVCache | LinearAttentionState]:
+             state: AttentionState | None) -> tuple[Tensor, AttentionState]:
         """One causal decoding step: x (B, 1, C) -> (B, 1, C) and the attention's new state."""
         y, state = self.attn.step(self.norm1(x), code, state)
         x = x + y

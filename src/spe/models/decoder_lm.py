@@ -8,15 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.code import SPECode
 from spe.encodings.registry import positional_spec
 from spe.models.block import Block
 from spe.models.config import ModelConfig
+from spe.models.loss import cross_entropy
 from spe.models.positional import positional_modules
-from spe.ops.state import KVCache, LinearAttentionState
+from spe.ops.state import AttentionState
 
 __all__ = ["Block", "DecoderLM", "DecodingState"]
 
@@ -34,7 +34,7 @@ class DecodingState:
     """
 
     position: int
-    layers: list[KVCache | LinearAttentionState]
+    layers: list[AttentionState]
 
 
 class DecoderLM(nn.Module):
@@ -207,4 +207,4 @@ class DecoderLM(nn.Module):
     def loss(self, tokens: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
         """Mean next-token cross-entropy (nats) of (B, L) tokens, predicting tokens[:, 1:]."""
         logits = self(tokens[:, :-1], generator=generator)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        return cross_entropy(logits, tokens[:, 1:])

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
-__all__ = ["KVCache", "LinearAttentionState"]
+__all__ = ["AttentionState", "KVCache", "LinearAttentionState"]
 
 
 def _cast(state, dtype: torch.dtype):
@@ -90,3 +90,8 @@ def check_state_window(state, window: int | None) -> None:
     if state is not None and state.window != window:
         raise ValueError(f"this decoding state was built with attention window {state.window}, the kernel now "
                          f"has {window}: start decoding again from a fresh state")
+
+
+# What a decoding step hands from one position to the next, whatever the kernel: callers above
+# ops/ (blocks, models, generation) hold it without looking inside.
+AttentionState = KVCache | LinearAttentionState

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from spe import strict_json
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, atomic_write, load_metadata, max_positions
 from spe.models.decoder_lm import DecoderLM
+from spe.models.loss import cross_entropy
 from spe.train import distributed as dist_
 from spe.train.config import TrainConfig
 from spe.train.precision import autocast, grad_scaler
@@ -330,7 +330,7 @@ def _train_step(run: _Run, step: int) -> float:
     batch = dist_.shard(run.sampler.sample(cfg.batch_size, run.gens.data), run.ctx).to(run.device)
     with autocast(cfg.precision, run.device.type):
         logits = run.step_model(batch[:, :-1], generator=run.gens.code)
-    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    loss = cross_entropy(logits, batch[:, 1:])
     run.optimizer.zero_grad(set_to_none=True)
     run.scaler.scale(loss).backward()
     (total,) = dist_.all_sum([loss.item()], run.ctx, run.device)

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from spe.checkpoint import atomic_write
 from spe.models.decoder_lm import DecoderLM
+from spe.models.loss import cross_entropy
 from spe.train.precision import autocast
 
 __all__ = ["plot_losses", "validation_loss", "validation_sums"]
@@ -27,8 +27,7 @@ def validation_sums(model: DecoderLM, batch: torch.Tensor, *, batch_size: int, d
         with autocast(precision, torch.device(device).type):
             logits = model(x[:, :-1])
         targets = x[:, 1 + start:]
-        flat = logits[:, start:].float().reshape(-1, logits.shape[-1])
-        total += float(F.cross_entropy(flat, targets.reshape(-1), reduction="sum"))
+        total += float(cross_entropy(logits[:, start:], targets, reduction="sum"))
         count += targets.numel()
     return total, count
 
