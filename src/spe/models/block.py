@@ -23,10 +23,11 @@ class Block(nn.Module):
     encodings and SPE code generators live in the model, not here.
 
     Args:
-        config: a :class:`~spe.models.ModelConfig` (or any object with its fields).
+        config: a :class:`~spe.models.ModelConfig` or :class:`~spe.models.ClassifierConfig`
+            (or any object with the trunk's fields and ``attention_window``).
         causal: mask the future (decoder); False for an encoder (e.g. a Long Range Arena
             classifier), where every position sees the whole sequence; then
-            ``config.attention_window`` must be None.
+            ``config.attention_window`` must be None (a ClassifierConfig's always is).
 
     Raises:
         ValueError: as :class:`~spe.attention.MultiHeadAttention` (e.g. a window without

@@ -1,4 +1,4 @@
-"""Configuration of the encoder classifier (Long Range Arena): ModelConfig's fields and a head."""
+"""Configuration of the encoder classifier (Long Range Arena): the trunk's options and a head."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from spe.encodings.registry import positional_spec
-from spe.models.config import ModelConfig
+from spe.models.trunk_config import TrunkConfig
 
 __all__ = ["INTERACTIONS", "POOLINGS", "ClassifierConfig"]
 
@@ -16,14 +16,15 @@ INTERACTIONS = (None, "nli", "concat")
 
 
 @dataclass
-class ClassifierConfig(ModelConfig):
+class ClassifierConfig(TrunkConfig):
     """Bidirectional encoder + pooling + MLP head (:class:`~spe.models.EncoderClassifier`).
 
-    Every field of :class:`~spe.models.ModelConfig` keeps its meaning (``vocab_size``,
+    Every option of :class:`~spe.models.TrunkConfig` keeps its meaning (``vocab_size``,
     ``d_model``, ``positional``, ``attention``, ``gated``, ``num_realizations``,
-    ``share_across_layers`` …); ``attention_window`` must stay None (an encoder sees the whole
-    sequence) and ``tie_embeddings`` is unused. Score encodings (``shaw``, ``music-relative``,
-    ``alibi``) are refused: the padding mask is not threaded through their own attention.
+    ``share_across_layers`` …). The positional encoding acts on tokens or on queries and keys
+    (``ape``, ``ape-learned``, ``sinespe``, ``convspe``, ``convspe-2d`` with a ``grid``,
+    ``rope``) or is ``none``: score encodings (``shaw``, ``music-relative``, ``alibi``) are
+    refused, as the padding mask is not threaded through their own attention.
 
     Attributes:
         num_classes: output classes (≥ 2).
@@ -34,15 +35,24 @@ class ClassifierConfig(ModelConfig):
             are the pooled encodings of the two documents by the same encoder. ``"none"`` is
             read as None (TOML has no null).
         grid: (Y, X) for images read row-major (L = Y·X, plus the CLS token): required by
-            ``convspe-2d``, which encodes the 2-D offset; None for sequences.
+            ``convspe-2d``, which encodes the 2-D offset; None for sequences. JSON and TOML
+            lists are read as tuples.
         cls_id: the CLS token id (:data:`spe.data.lra.CLS_ID`, reserved, never in the data).
         head_hidden: hidden units of the MLP head (LRA's ``mlp_dim``); 0 means ``d_ff``.
+
+    Class attributes (facts about an encoder classifier, not options): ``causal`` False
+    (every position sees the whole sequence), ``attention_window`` None (hence),
+    ``tie_embeddings`` False (the head outputs classes, not tokens).
+
+    Raises:
+        ValueError: as :class:`~spe.models.TrunkConfig`; for a score encoding, ``convspe-2d``
+            without a grid, and any bad value of the attributes above.
     """
 
-    # the registry builds encoder variants (e.g. convSPE's centred filter) from this
     causal: ClassVar[bool] = False
+    attention_window: ClassVar[None] = None
+    tie_embeddings: ClassVar[bool] = False
 
-    tie_embeddings: bool = False
     num_classes: int = 2
     pooling: str = "cls"
     interaction: str | None = None
@@ -56,12 +66,13 @@ class ClassifierConfig(ModelConfig):
         if self.interaction == "none":
             self.interaction = None
         super().__post_init__()
-        if positional_spec(self.positional).acts_on == "scores":
+        spec = positional_spec(self.positional)
+        if spec.acts_on == "scores":
             raise ValueError(f"the encoder classifier does not take score encodings (got {self.positional!r}): "
                              "choose ape, ape-learned, sinespe, convspe, convspe-2d, rope or none")
-        if self.attention_window is not None:
-            raise ValueError(f"an encoder sees the whole sequence: attention_window must be None, got "
-                             f"{self.attention_window}")
+        if spec.needs_grid and self.grid is None:
+            raise ValueError(f"positional {self.positional!r} encodes positions on a 2-D grid: give the "
+                             "classifier the images' grid (height, width)")
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.interaction not in INTERACTIONS:
@@ -74,4 +85,3 @@ class ClassifierConfig(ModelConfig):
             raise ValueError(f"cls_id must lie in [0, vocab_size={self.vocab_size}), got {self.cls_id}")
         if self.head_hidden < 0:
             raise ValueError(f"head_hidden must be ≥ 0 (0: d_ff), got {self.head_hidden}")
-

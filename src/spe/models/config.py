@@ -1,57 +1,29 @@
-"""Model configuration: every component is chosen by a string."""
+"""The language model's configuration: the trunk's options and the decoder's own."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+from typing import ClassVar
 
-from spe.attention.layer import ACCEPTS, ATTENTIONS
-from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.positions import require_positive
-from spe.encodings.registry import POSITIONAL_SPECS, positional_names
+from spe.encodings.registry import POSITIONAL_SPECS
+from spe.models.trunk_config import POSITIONALS, SCORE_ENCODINGS, TrunkConfig
 from spe.ops.softmax import check_window
 
 __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "ModelConfig"]
 
-# Each positional encoding and where it acts (the registry's view; see spe.attention.layer.ACCEPTS).
-POSITIONALS = {name: spec.acts_on for name, spec in POSITIONAL_SPECS.items()}
-SCORE_ENCODINGS = positional_names(acts_on="scores")
-
 
 @dataclass
-class ModelConfig:
-    """Decoder-only language model configuration.
+class ModelConfig(TrunkConfig):
+    """Decoder-only language model configuration (:class:`~spe.models.DecoderLM`).
+
+    Every option of :class:`~spe.models.TrunkConfig` (sizes, ``positional``, ``attention``,
+    SPE options …), and:
 
     Attributes:
-        vocab_size: number of token ids.
-        d_model: embedding size C.
-        num_layers: Transformer blocks.
-        num_heads: H; head_dim = d_model / num_heads.
-        d_ff: hidden size of the feed-forward block.
-        dropout: dropout probability in residual branches.
-        positional: one of ``POSITIONALS``: added to tokens ``ape`` (sinusoidal) or
-            ``ape-learned``; on queries and keys ``sinespe``, ``convspe``, ``rope``; in the
-            scores (softmax attention only) ``shaw``, ``music-relative``, ``alibi``; or ``none``.
-        attention: ``softmax``, ``performer``, ``linear-relu`` or ``linear-elu``.
-        gated: SPE gating (eq. 23-25), for ``sinespe``/``convspe``. Off by default: on the
-            Bach chorales ungated sineSPE was better than gated in every position bucket
-            (docs/ablation.md).
-        num_realizations: R for SPE.
-        num_sines: K for ``sinespe``.
-        kernel_size: P (positions) for ``convspe``.
-        frequency_init: ``low`` or ``spread`` initial sineSPE frequencies.
-        code_noise: ``gaussian`` or ``orthogonal`` (variance-reduced) sineSPE noise.
-        gate_init: initial gate logit (δ = sigmoid(gate_init)).
-        share_across_layers: one SPE (parameters and code) for all layers, as in the paper
-            (each layer keeps its own gate); False gives every layer its own ``sinespe`` or
-            ``convspe`` module and its own noise draw.
-        num_features: FAVOR+ random features M.
-        chunk_size: chunk length of causal linear attention.
         tie_embeddings: share the token embedding with the output layer.
-        code_seed: seed of the SPE code in eval mode (same checkpoint + input = same logits).
-        max_positions: number of ``ape-learned`` embeddings (longer inputs raise ValueError).
         max_distance: k, the clipping distance of ``shaw`` and ``music-relative``: relative
             positions |j − i| ≤ k have their own embedding, farther ones share the last.
-        rope_base: ``rope`` frequency base.
         attention_window: W, causal sliding-window attention: each position attends to the
             last W positions only (itself included); None: the whole past. Set to the
             training length, it changes nothing inside the trained range and keeps every
@@ -59,79 +31,29 @@ class ModelConfig:
             (docs/ablation.md); can be changed at test time
             (:meth:`~spe.DecoderLM.set_attention_window`). 0 means None (config files have
             no null). Not with score encodings.
-        spe_impl: how ``sinespe`` codes are applied (same numbers either way; see
-            :class:`~spe.SPEFilter` and docs/bench.md): ``auto`` (default: materialised while
-            the (L, H, D, R) code has at most 2^24 elements, else fused or blocked by a cost
-            model), ``materialized`` (fastest at short lengths, holds the code and its
-            gradient), ``blocked`` (the batch-shared code formed per block of positions, in
-            forward and again in backward: the least memory), ``fused`` or ``reference``.
+
+    Raises:
+        ValueError: as :class:`~spe.models.TrunkConfig`; for ``convspe-2d`` (it needs an
+            image grid, which a language model has not), a ``max_distance`` that is not a
+            positive integer, or a bad ``attention_window`` (not a positive integer, or with
+            a score encoding).
     """
 
-    vocab_size: int
-    d_model: int = 256
-    num_layers: int = 4
-    num_heads: int = 4
-    d_ff: int = 1024
-    dropout: float = 0.1
-    positional: str = "sinespe"
-    attention: str = "performer"
-    gated: bool = False
-    num_realizations: int = 32
-    num_sines: int = 5
-    kernel_size: int = 64
-    frequency_init: str = "low"
-    code_noise: str = "gaussian"
-    gate_init: float = 0.0
-    share_across_layers: bool = True
-    num_features: int = 64
-    chunk_size: int = 64
+    causal: ClassVar[bool] = True
+
     tie_embeddings: bool = True
-    code_seed: int = 0
-    max_positions: int = 2048
     max_distance: int = 256
-    rope_base: float = 10000.0
     attention_window: int | None = None
-    spe_impl: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.positional not in POSITIONALS:
-            raise ValueError(f"unknown positional encoding {self.positional!r}; "
-                             f"choose one of {', '.join(POSITIONALS)}")
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
-        where = POSITIONALS[self.positional]
-        if where is not None and where not in ACCEPTS[self.attention]:
-            allowed = ", ".join(p for p, w in POSITIONALS.items() if w is None or w in ACCEPTS[self.attention])
-            raise ValueError(f"positional {self.positional!r} adds a term to the attention scores, which "
-                             f"{self.attention} attention never forms; with {self.attention} choose one of "
-                             f"{allowed}, or use attention 'softmax'")
-        if POSITIONAL_SPECS[self.positional].needs_grid and getattr(self, "grid", None) is None:
+        super().__post_init__()
+        if POSITIONAL_SPECS[self.positional].needs_grid:
             raise ValueError(f"positional {self.positional!r} encodes positions on a 2-D grid: use it with the "
                              "encoder classifier on images (spe.models.ClassifierConfig with a grid)")
-        if POSITIONAL_SPECS[self.positional].positive_features and self.attention == "linear-relu":
-            raise ValueError(f"positional {self.positional!r} with linear attention needs strictly positive features: "
-                             "use attention performer or linear-elu, not linear-relu")
-        require_positive("ModelConfig", **{name: getattr(self, name) for name in (
-            "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
-            "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions", "max_distance")})
+        require_positive(type(self).__name__, max_distance=self.max_distance)
         if self.attention_window == 0 and not isinstance(self.attention_window, bool):
             self.attention_window = None  # 0 = the whole past (TOML has no null)
         check_window(self.attention_window, "attention_window")
-        if self.attention_window is not None and where == "scores":
+        if self.attention_window is not None and POSITIONALS[self.positional] == "scores":
             raise ValueError(f"attention_window cannot be combined with positional {self.positional!r}, "
                              "which forms its own attention scores")
-        if self.spe_impl not in SPE_IMPLS:
-            raise ValueError(f"spe_impl must be one of {', '.join(SPE_IMPLS)}, got {self.spe_impl!r}")
-        if self.d_model % self.num_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> ModelConfig:
-        """Builds a config, ignoring unknown keys (checkpoints from newer versions)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})

@@ -17,14 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spe.encodings.code import DenseCode, SPECode
-from spe.encodings.registry import positional_spec
-from spe.models.block import Block
 from spe.models.classifier_config import ClassifierConfig
-from spe.models.decoder_lm import DecoderLM
-from spe.models.positional import positional_modules
+from spe.models.trunk import Trunk, check_in_range
 
 __all__ = ["EncoderClassifier", "interaction_features"]
+
+# Input width of the MLP head, in units of C, per two-tower interaction.
+_WIDTH = {None: 1, "concat": 2, "nli": 4}
 
 
 def interaction_features(u: Tensor, v: Tensor, interaction: str) -> Tensor:
@@ -37,15 +36,15 @@ def interaction_features(u: Tensor, v: Tensor, interaction: str) -> Tensor:
     raise ValueError(f"interaction must be 'nli' or 'concat', got {interaction!r}")
 
 
-class EncoderClassifier(nn.Module):
+class EncoderClassifier(Trunk):
     """Sequence (or sequence-pair) classifier over token ids.
 
-    The positional encoding comes from the registry (:mod:`spe.encodings.registry`): added to
-    tokens (``ape``, ``ape-learned``), a code on queries and keys (``sinespe``, ``convspe``,
-    ``convspe-2d``), a rotation (``rope``) or ``none``. As in :class:`~spe.DecoderLM`, one SPE
-    code is drawn per forward pass and shared by every example (and, with
-    ``share_across_layers``, every layer; each layer keeps its own gate); in eval mode the
-    code comes from ``config.code_seed``, so a checkpoint gives the same predictions twice.
+    The trunk (:class:`~spe.models.trunk.Trunk`) with bidirectional blocks, pooling and an MLP
+    head. The positional encoding comes from the registry (:mod:`spe.encodings.registry`):
+    added to tokens (``ape``, ``ape-learned``), a code on queries and keys (``sinespe``,
+    ``convspe``, ``convspe-2d``), a rotation (``rope``) or ``none``. Codes are drawn as the
+    trunk says (in eval mode from ``config.code_seed``, so a checkpoint gives the same
+    predictions twice).
 
     With ``pooling="cls"`` the CLS token is prepended at position 0. ``convspe-2d`` encodes
     the 2-D offset between pixels of the ``config.grid``; the CLS token has no place on the
@@ -55,79 +54,54 @@ class EncoderClassifier(nn.Module):
 
     Args:
         config: a :class:`~spe.models.ClassifierConfig`.
+
+    Raises:
+        TypeError: if ``config`` is not a :class:`~spe.models.ClassifierConfig`.
     """
 
     MODEL_KIND = "encoder-classifier"
 
     def __init__(self, config: ClassifierConfig) -> None:
-        super().__init__()
         if not isinstance(config, ClassifierConfig):
             raise TypeError(f"config must be a ClassifierConfig, got {type(config).__name__}")
-        self.config = config
-        spec = self.spec = positional_spec(config.positional)
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        pe = positional_modules(config, spec)
-        self.embed_scale = pe.embed_scale
-        self.ape: nn.Module | None = pe.ape
-        self.encoding: nn.Module | None = pe.encoding
-        self.layer_encodings: nn.ModuleList | None = pe.layer_encodings
-        self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, causal=False) for _ in range(config.num_layers))
-        self.norm = nn.LayerNorm(config.d_model)
-        width = config.d_model * {None: 1, "concat": 2, "nli": 4}[config.interaction]
+        super().__init__(config, causal=False, grid=config.grid, prefix=int(config.pooling == "cls"))
+
+    def build_head(self) -> nn.Module:
+        config = self.config
         hidden = config.head_hidden or config.d_ff
-        self.head = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, config.num_classes))
-        self.apply(DecoderLM._init_weights)
+        return nn.Sequential(nn.Linear(config.d_model * _WIDTH[config.interaction], hidden), nn.GELU(),
+                             nn.Linear(hidden, config.num_classes))
 
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def draw_codes(self, length: int, *, generator: torch.Generator | None = None,
-                   num_realizations: int | None = None) -> list[SPECode | None]:
-        """The SPE code of every block for positions 0 … length − 1 (CLS included).
-
-        Returns:
-            num_layers codes (all None without SPE); shared encodings give every block the
-            same code. The noise does not depend on the length, so a real position's code is
-            the same however much padding follows.
-        """
-        if self.encoding is None:
-            return [None] * len(self.blocks)
-        if generator is None and not self.training:
-            generator = torch.Generator().manual_seed(self.config.code_seed)
-        encodings = [self.encoding] + list(self.layer_encodings or [])
-        codes = [self._code(e, length, generator, num_realizations) for e in encodings]
-        return codes * len(self.blocks) if self.layer_encodings is None else codes
-
-    def _code(self, encoding: nn.Module, length: int, generator, num_realizations) -> SPECode:
-        if not self.spec.needs_grid:
-            positions = torch.arange(length, device=self.embed.weight.device)
-            return encoding(positions=positions, generator=generator, num_realizations=num_realizations)
-        extra = int(self.config.pooling == "cls")
-        (rows, cols) = self.config.grid
-        if length - extra != rows * cols:
-            raise ValueError(f"positional {self.config.positional!r} encodes a {rows} × {cols} grid: sequences "
-                             f"must hold {rows * cols} tokens, got {length - extra}")
-        code = encoding(grid=(rows, cols), generator=generator, num_realizations=num_realizations)
-        if not extra:
-            return code
-        # The CLS token has no grid position: a zero code row (see the class docstring).
-        pad = (0, 0, 0, 0, 0, 0, extra, 0)
-        return DenseCode(qbar=F.pad(code.qbar, pad), kbar=F.pad(code.kbar, pad), gate_noise=code.gate_noise)
-
-    def _check_tokens(self, tokens: Tensor, lengths: Tensor | None) -> Tensor:
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+    def _check(self, tokens: Tensor, lengths: Tensor | None) -> Tensor:
+        """Checks (B, L) tokens and returns their (B,) lengths as int64 (default: L)."""
+        self.check_tokens(tokens)
         b, n = tokens.shape
         if lengths is None:
             return torch.full((b,), n, dtype=torch.long, device=tokens.device)
         lengths = torch.as_tensor(lengths, device=tokens.device)
-        if lengths.shape != (b,) or (b and (int(lengths.min()) < 1 or int(lengths.max()) > n)):
-            raise ValueError(f"lengths must be ({b},) integers in [1, {n}], got {lengths.tolist()}")
+
+        def describe(lo: int, hi: int) -> str:
+            return f"lengths must be ({b},) integers in [1, {n}], got {lengths.tolist()}"
+
+        if lengths.shape != (b,):
+            raise ValueError(describe(0, 0))
+        check_in_range(lengths, 1, n, describe)
         return lengths.long()
+
+    def _pool(self, tokens: Tensor, lengths: Tensor, generator: torch.Generator | None,
+              num_realizations: int | None) -> Tensor:
+        """(B, L) checked tokens and (B,) lengths → (B, C) pooled encodings."""
+        if self.config.pooling == "cls":
+            cls = torch.full_like(tokens[:, :1], self.config.cls_id)
+            tokens, lengths = torch.cat([cls, tokens], dim=1), lengths + 1
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        padding = positions[None, :] >= lengths[:, None]  # (B, L), True at padding
+        x = self.hidden(tokens, positions, key_padding_mask=padding, generator=generator,
+                        num_realizations=num_realizations)
+        if self.config.pooling == "cls":
+            return x[:, 0]
+        keep = (~padding)[..., None].to(x.dtype)
+        return (x * keep).sum(1) / lengths[:, None].to(x.dtype)
 
     def encode(self, tokens: Tensor, lengths: Tensor | None = None, *, generator: torch.Generator | None = None,
                num_realizations: int | None = None) -> Tensor:
@@ -144,28 +118,11 @@ class EncoderClassifier(nn.Module):
 
         Raises:
             ValueError: on a tensor that is not (batch, length), ids out of range, bad
-                lengths, a grid length mismatch (``convspe-2d``) or positions beyond
-                ``max_positions`` (``ape-learned``).
+                lengths (on CUDA both are device-side assertions, see
+                :func:`~spe.models.trunk.check_in_range`), a grid length mismatch
+                (``convspe-2d``) or positions beyond ``max_positions`` (``ape-learned``).
         """
-        lengths = self._check_tokens(tokens, lengths)
-        if self.config.pooling == "cls":
-            cls = torch.full_like(tokens[:, :1], self.config.cls_id)
-            tokens, lengths = torch.cat([cls, tokens], dim=1), lengths + 1
-        n = tokens.shape[1]
-        positions = torch.arange(n, device=tokens.device)
-        padding = positions[None, :] >= lengths[:, None]  # (B, L), True at padding
-        x = self.embed(tokens) * self.embed_scale  # (B, L, C)
-        if self.ape is not None:
-            x = self.ape(x, positions)
-        x = self.drop(x)
-        codes = self.draw_codes(n, generator=generator, num_realizations=num_realizations)
-        for block, code in zip(self.blocks, codes):
-            x = block(x, code, positions, key_padding_mask=padding)
-        x = self.norm(x)
-        if self.config.pooling == "cls":
-            return x[:, 0]
-        keep = (~padding)[..., None].to(x.dtype)
-        return (x * keep).sum(1) / lengths[:, None].to(x.dtype)
+        return self._pool(tokens, self._check(tokens, lengths), generator, num_realizations)
 
     def forward(self, tokens: Tensor, lengths: Tensor | None = None, tokens2: Tensor | None = None,
                 lengths2: Tensor | None = None, *, generator: torch.Generator | None = None,
@@ -181,6 +138,10 @@ class EncoderClassifier(nn.Module):
 
         Returns:
             (B, K) logits.
+
+        Raises:
+            ValueError: as :meth:`encode`; for a second document without a two-tower
+                interaction or none with one, or documents of different batch sizes.
         """
         pair = self.config.interaction is not None
         if pair != (tokens2 is not None):
@@ -188,13 +149,10 @@ class EncoderClassifier(nn.Module):
                              else "tokens2 given, but the classifier has no two-tower interaction")
         if not pair:
             return self.head(self.encode(tokens, lengths, generator=generator, num_realizations=num_realizations))
-        lengths = self._check_tokens(tokens, lengths)
-        lengths2 = self._check_tokens(tokens2, lengths2)
+        lengths, lengths2 = self._check(tokens, lengths), self._check(tokens2, lengths2)
         if tokens2.shape[0] != tokens.shape[0]:
             raise ValueError(f"both documents need the same batch size, got {tokens.shape[0]} and {tokens2.shape[0]}")
         n = max(tokens.shape[1], tokens2.shape[1])
         both = torch.cat([F.pad(tokens, (0, n - tokens.shape[1])), F.pad(tokens2, (0, n - tokens2.shape[1]))])
-        pooled = self.encode(both, torch.cat([lengths, lengths2]), generator=generator,
-                             num_realizations=num_realizations)
-        u, v = pooled.chunk(2)
+        u, v = self._pool(both, torch.cat([lengths, lengths2]), generator, num_realizations).chunk(2)
         return self.head(interaction_features(u, v, self.config.interaction))

@@ -1,4 +1,4 @@
-"""The model-level positional modules both models build from the registry.
+"""The model-level positional modules the trunk (:class:`~spe.models.Trunk`) builds from the registry.
 
 A token encoding (``ape``, ``ape-learned``) is added to the embeddings once per model; an
 SPE code generator (``sinespe``, ``convspe``, ``convspe-2d``) is built once per model, or
@@ -37,7 +37,7 @@ class PositionalModules:
 
 
 def positional_modules(config, spec: PositionalSpec) -> PositionalModules:
-    """Builds the model-level modules of ``spec`` for ``config`` (a ModelConfig or subclass)."""
+    """Builds the model-level modules of ``spec`` for ``config`` (a :class:`~spe.models.TrunkConfig`)."""
     encoding = spec.build_model_module(config) if spec.stochastic else None
     layer_encodings = None
     if encoding is not None and not config.share_across_layers:

@@ -1,0 +1,135 @@
+"""The options every model trunk shares, validated once (:class:`TrunkConfig`).
+
+The language model's :class:`~spe.models.ModelConfig` and the classifier's
+:class:`~spe.models.ClassifierConfig` extend :class:`TrunkConfig` with their own options and
+checks; neither refuses an option of the base, and the base never reads a subclass's fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import ClassVar, Self
+
+from spe.attention.layer import ACCEPTS, ATTENTIONS
+from spe.encodings.filter import IMPLS as SPE_IMPLS
+from spe.encodings.positions import require_positive
+from spe.encodings.registry import POSITIONAL_SPECS, positional_names
+
+__all__ = ["POSITIONALS", "SCORE_ENCODINGS", "TrunkConfig"]
+
+# Each positional encoding and where it acts (the registry's view; see spe.attention.layer.ACCEPTS).
+POSITIONALS = {name: spec.acts_on for name, spec in POSITIONAL_SPECS.items()}
+SCORE_ENCODINGS = positional_names(acts_on="scores")
+
+
+@dataclass
+class TrunkConfig:
+    """Embedding, positional encoding and Transformer blocks: what every model is made of.
+
+    Attributes:
+        vocab_size: number of token ids.
+        d_model: embedding size C.
+        num_layers: Transformer blocks.
+        num_heads: H; head_dim = d_model / num_heads.
+        d_ff: hidden size of the feed-forward block.
+        dropout: dropout probability in residual branches, in [0, 1).
+        positional: one of ``POSITIONALS``: added to tokens ``ape`` (sinusoidal) or
+            ``ape-learned``; on queries and keys ``sinespe``, ``convspe``, ``convspe-2d``,
+            ``rope``; in the scores (softmax attention only) ``shaw``, ``music-relative``,
+            ``alibi``; or ``none``. Which of them a model takes is its own config's rule.
+        attention: ``softmax``, ``performer``, ``linear-relu`` or ``linear-elu``.
+        gated: SPE gating (eq. 23-25), for ``sinespe``/``convspe``. Off by default: on the
+            Bach chorales ungated sineSPE was better than gated in every position bucket
+            (docs/ablation.md).
+        num_realizations: R for SPE.
+        num_sines: K for ``sinespe``.
+        kernel_size: P (positions) for ``convspe``.
+        frequency_init: ``low`` or ``spread`` initial sineSPE frequencies.
+        code_noise: ``gaussian`` or ``orthogonal`` (variance-reduced) sineSPE noise.
+        gate_init: initial gate logit (δ = sigmoid(gate_init)).
+        share_across_layers: one SPE (parameters and code) for all layers, as in the paper
+            (each layer keeps its own gate); False gives every layer its own ``sinespe`` or
+            ``convspe`` module and its own noise draw.
+        num_features: FAVOR+ random features M.
+        chunk_size: chunk length of causal linear attention.
+        code_seed: seed of the SPE code in eval mode (same checkpoint + input = same outputs).
+        max_positions: number of ``ape-learned`` embeddings (longer inputs raise ValueError).
+        rope_base: ``rope`` frequency base.
+        spe_impl: how ``sinespe`` codes are applied (same numbers either way; see
+            :class:`~spe.SPEFilter` and docs/bench.md): ``auto`` (default: materialised while
+            the (L, H, D, R) code has at most 2^24 elements, else fused or blocked by a cost
+            model), ``materialized`` (fastest at short lengths, holds the code and its
+            gradient), ``blocked`` (the batch-shared code formed per block of positions, in
+            forward and again in backward: the least memory), ``fused`` or ``reference``.
+
+    Class attributes:
+        causal: whether the trunk's blocks mask the future (the registry builds encoder
+            variants, e.g. convSPE's centred filter, when False). Set by each model's config.
+
+    Raises:
+        ValueError: naming the option and the value received, for an unknown encoding or
+            kernel, an encoding the kernel cannot take, a size that is not a positive
+            integer, ``d_model`` not divisible by ``num_heads``, or a dropout outside [0, 1).
+    """
+
+    causal: ClassVar[bool] = True
+
+    vocab_size: int
+    d_model: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    d_ff: int = 1024
+    dropout: float = 0.1
+    positional: str = "sinespe"
+    attention: str = "performer"
+    gated: bool = False
+    num_realizations: int = 32
+    num_sines: int = 5
+    kernel_size: int = 64
+    frequency_init: str = "low"
+    code_noise: str = "gaussian"
+    gate_init: float = 0.0
+    share_across_layers: bool = True
+    num_features: int = 64
+    chunk_size: int = 64
+    code_seed: int = 0
+    max_positions: int = 2048
+    rope_base: float = 10000.0
+    spe_impl: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"unknown positional encoding {self.positional!r}; "
+                             f"choose one of {', '.join(POSITIONALS)}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
+        where = POSITIONALS[self.positional]
+        if where is not None and where not in ACCEPTS[self.attention]:
+            allowed = ", ".join(p for p, w in POSITIONALS.items() if w is None or w in ACCEPTS[self.attention])
+            raise ValueError(f"positional {self.positional!r} adds a term to the attention scores, which "
+                             f"{self.attention} attention never forms; with {self.attention} choose one of "
+                             f"{allowed}, or use attention 'softmax'")
+        if POSITIONAL_SPECS[self.positional].positive_features and self.attention == "linear-relu":
+            raise ValueError(f"positional {self.positional!r} with linear attention needs strictly positive features: "
+                             "use attention performer or linear-elu, not linear-relu")
+        require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
+            "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
+            "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions")})
+        if self.spe_impl not in SPE_IMPLS:
+            raise ValueError(f"spe_impl must be one of {', '.join(SPE_IMPLS)}, got {self.spe_impl!r}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    def to_dict(self) -> dict:
+        """The options as a JSON-serialisable dict (what checkpoint headers store)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Self:
+        """Builds a config, ignoring unknown keys (checkpoints from newer versions, or options
+        another model's config has: e.g. a classifier header written with the language
+        model's ``attention_window``)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
