@@ -88,7 +88,7 @@ def test_shape_errors_name_the_shapes():
 
 @pytest.mark.parametrize("product", ["fused", "shared"])
 def test_blocked_products_pass_gradcheck_with_uneven_blocks(product):
-    from spe.encodings.sine_products import FusedSineProduct, SharedSineProduct
+    from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)

@@ -17,6 +17,7 @@ from spe.attention import MultiHeadAttention
 from spe.encodings import RotaryEncoding
 from spe.ops import (
     causal_linear_attention,
+    causal_linear_attention_with_state,
     favor_feature_map,
     favor_key_features,
     linear_attention,
@@ -68,8 +69,8 @@ def test_wide_windows_in_float32_match_float64_despite_a_huge_early_key(window):
     v = torch.randn(1, n, 1, 2, generator=g, dtype=torch.float64)
     fk[0, 3] = 1e9
     exact = causal_linear_attention(fq, fk, v, window=window, chunk_size=c)
-    single, state = causal_linear_attention(fq[:, :-2].float(), fk[:, :-2].float(), v[:, :-2].float(),
-                                            window=window, chunk_size=c, output_final_state=True)
+    single, state = causal_linear_attention_with_state(fq[:, :-2].float(), fk[:, :-2].float(), v[:, :-2].float(),
+                                                       window=window, chunk_size=c)
     scale = exact.abs().max()
     assert ((single.double() - exact[:, :-2]).abs().max() / scale) < 1e-4
     for t in (n - 2, n - 1):  # the recurrent step (sums of the last W keys) agrees there too
