@@ -261,10 +261,10 @@ def _check_positional(kernel, causal: bool, spe_filter, rotary, score_encoding) 
         raise ValueError("an attention layer takes one positional encoding: an SPE filter, a rotary "
                          "encoding or a score encoding")
     if score_encoding is not None and not kernel.score_terms:
+        others = positional_names(acts_on="tokens") + positional_names(acts_on="queries-keys")
         raise ValueError(f"{type(score_encoding).__name__} adds a term to the attention scores, which "
                          f"{kernel.name} attention never forms; use softmax attention, or a positional "
-                         f"encoding that acts on tokens or queries/keys "
-                         f"({', '.join(positional_names(acts_on='tokens') + positional_names(acts_on='queries-keys'))})")
+                         f"encoding that acts on tokens or queries/keys ({', '.join(others)})")
     if score_encoding is not None and getattr(score_encoding, "causal", causal) != causal:
         raise ValueError(f"the score encoding is {'' if score_encoding.causal else 'non-'}causal but the layer "
                          f"is {'' if causal else 'non-'}causal")

@@ -22,7 +22,6 @@ import functools
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from spe.ops.chunked import causal_sums
