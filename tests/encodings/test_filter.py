@@ -86,29 +86,6 @@ def test_shape_errors_name_the_shapes():
         SPEFilter(2, 6, impl="magic")
 
 
-@pytest.mark.parametrize("product", ["fused", "shared"])
-def test_blocked_products_pass_gradcheck_with_uneven_blocks(product):
-    from spe.encodings.sine_products import FusedSineProduct, SharedSineProduct
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 7, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    freqs = (0.2 * torch.rand(2, 3, 2, generator=g, dtype=torch.float64)).requires_grad_()
-    phases = torch.randn(2, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
-    positions = torch.tensor([0.0, 1.0, 2.5, 3.0, 10.0, 11.0, 300.0], dtype=torch.float64)
-    w = torch.randn(2, 12, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    if product == "shared":
-        fn, w = SharedSineProduct.apply, w.detach().view(2, 3, 4, 5).requires_grad_()
-    else:
-        fn = FusedSineProduct.apply
-    for block in (1, 3, 7, 100):
-        assert torch.autograd.gradcheck(lambda a, f, t, c: fn(a, f, t, positions, c, block), (x, freqs, phases, w))
-        assert torch.autograd.gradcheck(lambda a, f, c: fn(a, f, None, positions, c, block), (x, freqs, w))
-        # only some inputs need a gradient (frozen codes, or frozen queries): the others' are skipped
-        assert torch.autograd.gradcheck(lambda a: fn(a, freqs.detach(), phases.detach(), positions, w.detach(), block),
-                                        (x,))
-        assert torch.autograd.gradcheck(lambda f, c: fn(x.detach(), f, None, positions, c, block), (freqs, w))
-
-
 def _gated_kernel_z_scores(enc, filt, lags, key_position, r, seed):
     """Standardised errors of the gated code's kernel estimate, read through the filter.
 

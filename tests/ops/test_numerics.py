@@ -17,6 +17,8 @@ from spe.attention import MultiHeadAttention
 from spe.encodings import RotaryEncoding
 from spe.ops import (
     causal_linear_attention,
+    causal_linear_attention_reference,
+    causal_linear_attention_with_state,
     favor_feature_map,
     favor_key_features,
     linear_attention,
@@ -68,8 +70,8 @@ def test_wide_windows_in_float32_match_float64_despite_a_huge_early_key(window):
     v = torch.randn(1, n, 1, 2, generator=g, dtype=torch.float64)
     fk[0, 3] = 1e9
     exact = causal_linear_attention(fq, fk, v, window=window, chunk_size=c)
-    single, state = causal_linear_attention(fq[:, :-2].float(), fk[:, :-2].float(), v[:, :-2].float(),
-                                            window=window, chunk_size=c, output_final_state=True)
+    single, state = causal_linear_attention_with_state(fq[:, :-2].float(), fk[:, :-2].float(), v[:, :-2].float(),
+                                                       window=window, chunk_size=c)
     scale = exact.abs().max()
     assert ((single.double() - exact[:, :-2]).abs().max() / scale) < 1e-4
     for t in (n - 2, n - 1):  # the recurrent step (sums of the last W keys) agrees there too
@@ -165,3 +167,22 @@ def test_attention_layer_keeps_float32_sums_under_bf16_autocast(attention, rotar
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = layer(x)
     assert ((low.float() - ref).abs() / ref.abs().amax(-1, keepdim=True)).max() < 2 * 2 ** -8
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 7, 40])
+def test_windows_of_keys_whose_log_scales_all_lie_below_the_old_sentinel(window):
+    # Issue 18: empty blocks and keys outside a window had log scale −10⁴; with every real key's
+    # below it, that became the window's scale and every weight underflowed (outputs 0).
+    g = torch.Generator().manual_seed(6)
+    fq, fk = (torch.rand(2, 17, 3, 4, generator=g, dtype=torch.float64) + 0.1 for _ in range(2))
+    v = torch.randn(2, 17, 3, 5, generator=g, dtype=torch.float64)
+    log_scale = 30 * torch.randn(2, 17, 3, generator=g, dtype=torch.float64) - 2e4
+    y = causal_linear_attention(fq, fk, v, chunk_size=2, window=window, key_log_scale=log_scale)
+    reference = causal_linear_attention_reference(fq, fk, v, window=window, key_log_scale=log_scale)
+    torch.testing.assert_close(y, reference)
+    state, steps = None, []
+    for t in range(17):
+        out, state = linear_attention_step(fq[:, t:t + 1], fk[:, t:t + 1], v[:, t:t + 1], state, window=window,
+                                           key_log_scale=log_scale[:, t:t + 1])
+        steps.append(out)
+    torch.testing.assert_close(torch.cat(steps, 1), reference)

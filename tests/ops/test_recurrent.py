@@ -10,6 +10,7 @@ from spe.ops import (
     LinearAttentionState,
     causal_linear_attention,
     causal_linear_attention_reference,
+    causal_linear_attention_with_state,
     elu_feature_map,
     linear_attention_step,
     softmax_attention,
@@ -65,7 +66,7 @@ def _stepwise(args, window, state=None, start=0):
 def _state_tensors(state):
     if state.window is None:
         return [state.kv, state.normalizer]
-    return [x for x in (state.recent_keys, state.recent_values, state.recent_normalizer_keys) if x is not None]
+    return [x for x in (state.keys, state.values, state.normalizer_keys) if x is not None]
 
 
 def _grads(args, y, extra_terms=()):
@@ -88,8 +89,7 @@ CASES = [(None, False, False), (None, True, False), (3, False, False), (5, True,
 def test_chunked_equals_steps_equals_reference_with_final_state(window, normalizer, scaled):
     args = _inputs(17, seed=1, normalizer=normalizer, scaled=scaled)
     (fq, fk, v), extra = _split(args)
-    y_chunk, s_chunk = causal_linear_attention(fq, fk, v, chunk_size=4, window=window, output_final_state=True,
-                                               **extra)
+    y_chunk, s_chunk = causal_linear_attention_with_state(fq, fk, v, chunk_size=4, window=window, **extra)
     g_chunk = _grads(args, y_chunk, _state_tensors(s_chunk))
     y_step, s_step = _stepwise(args, window)
     g_step = _grads(args, y_step, _state_tensors(s_step))
@@ -115,8 +115,7 @@ def test_prefill_then_decode_or_continue_equals_one_pass(window, normalizer, sca
     head = [t[:, :split] for t in args]
     tail = [t[:, split:] for t in args]
     (hq, hk, hv), hextra = _split(head)
-    y_head, state = causal_linear_attention(hq, hk, hv, chunk_size=4, window=window, output_final_state=True,
-                                            **hextra)
+    y_head, state = causal_linear_attention_with_state(hq, hk, hv, chunk_size=4, window=window, **hextra)
     y_steps, _ = _stepwise(args, window, state=state, start=split)
     torch.testing.assert_close(torch.cat([y_head, y_steps], 1), full)
     (tq, tk, tv), textra = _split(tail)
@@ -151,7 +150,8 @@ def test_steps_refuse_a_state_of_another_window_and_several_positions():
     with pytest.raises(ValueError, match="one position"):
         linear_attention_step(fq, fk, v)
     with pytest.raises(ValueError, match="window None"):
-        causal_linear_attention(fq, fk, v, window=2, initial_state=LinearAttentionState(kv=None))
+        causal_linear_attention(fq, fk, v, window=2, initial_state=LinearAttentionState(
+            kv=fk.new_zeros(2, 3, 4, 5), normalizer=fk.new_zeros(2, 3, 4)))
 
 
 @pytest.mark.parametrize("window", [None, 6])
@@ -167,5 +167,5 @@ def test_steps_keep_float32_states_under_bf16_autocast(window):
             y16, state16 = linear_attention_step(*one, state16, window=window)
         assert y16.dtype == torch.bfloat16
         torch.testing.assert_close(y16.float(), y32, rtol=2 ** -8, atol=0)
-    for a in (state16.kv, state16.recent_keys):
-        assert a is None or a.dtype == torch.float32
+    for a in ((state16.kv,) if window is None else (state16.keys, state16.values)):
+        assert a.dtype == torch.float32

@@ -13,35 +13,32 @@ rotations of queries and keys work with every kernel; a term in the attention sc
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor, nn
 
+from spe.attention.kernels import (
+    KERNELS,
+    FeatureTransform,
+    KernelFeatures,
+    KernelOptions,
+    kernel_features,
+    kernel_spec,
+)
 from spe.encodings.code import SPECode
 from spe.encodings.filter import SPEFilter
 from spe.encodings.registry import positional_names
 from spe.encodings.rope import RotaryEncoding
-from spe.ops.feature_maps import (
-    elu_feature_map,
-    favor_feature_map,
-    favor_key_features,
-    orthogonal_random_features,
-    relu_feature_map,
-)
-from spe.ops.linear import causal_linear_attention, kernel_dtype, linear_attention
-from spe.ops.recurrent import append_to_cache, linear_attention_step, softmax_attention_step
-from spe.ops.softmax import check_window, softmax_attention
-from spe.ops.state import KVCache, LinearAttentionState, check_state_window
+from spe.ops.feature_maps import orthogonal_random_features
+from spe.ops.softmax import check_window
+from spe.ops.state import AttentionState, check_state_window, legacy_state
 
-__all__ = ["ACCEPTS", "ATTENTIONS", "MultiHeadAttention"]
+__all__ = ["ACCEPTS", "ATTENTIONS", "MultiHeadAttention", "legacy_state"]
 
-ATTENTIONS = ("softmax", "performer", "linear-relu", "linear-elu")
-# Where a positional encoding may act, per kernel: "tokens" (added to embeddings),
-# "queries-keys" (SPE codes, rotations), "scores" (a term added to q·k before the softmax).
-ACCEPTS = {"softmax": ("tokens", "queries-keys", "scores"), "performer": ("tokens", "queries-keys"),
-           "linear-relu": ("tokens", "queries-keys"), "linear-elu": ("tokens", "queries-keys")}
-_FEATURE_MAPS = {"linear-relu": relu_feature_map, "linear-elu": elu_feature_map}
+# The kernels' names and where a positional encoding may act with each, from the kernel
+# registry (spe.attention.kernels): "tokens" (added to embeddings), "queries-keys" (SPE codes,
+# rotations), "scores" (a term added to q·k before the softmax).
+ATTENTIONS = tuple(KERNELS)
+ACCEPTS = {name: spec.accepts for name, spec in KERNELS.items()}
 
 
 class MultiHeadAttention(nn.Module):
@@ -72,8 +69,9 @@ class MultiHeadAttention(nn.Module):
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
             score encoding with a linear kernel, two positional encodings at once, RoPE
-            on an odd feature dimension, or a window that is not positive, not causal or
-            combined with a score encoding.
+            on an odd feature dimension or with features that can be 0, or a window that is
+            not positive, not causal or combined with a score encoding (what each kernel
+            accepts: its spec in :mod:`spe.attention.kernels`).
     """
 
     def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
@@ -82,8 +80,7 @@ class MultiHeadAttention(nn.Module):
                  chunk_size: int = 64, rotary: RotaryEncoding | None = None,
                  score_encoding: nn.Module | None = None, window: int | None = None) -> None:
         super().__init__()
-        if attention not in ATTENTIONS:
-            raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
+        self.kernel = kernel_spec(attention)
         if d_model % num_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
         self.num_heads, self.head_dim = num_heads, d_model // num_heads
@@ -92,34 +89,27 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.spe_filter = spe_filter
         self.kernel_dim = num_realizations if spe_filter is not None else self.head_dim
-        if attention == "performer":
+        if self.kernel.random_features:
             if self.kernel_dim is None:
-                raise ValueError("performer attention with SPE needs num_realizations")
+                raise ValueError(f"{attention} attention with SPE needs num_realizations")
             self.num_features = num_features
             self.register_buffer("projection", orthogonal_random_features(num_heads, num_features,
                                                                           self.kernel_dim))
-        if sum(m is not None for m in (spe_filter, rotary, score_encoding)) > 1:
-            raise ValueError("an attention layer takes one positional encoding: an SPE filter, a rotary "
-                             "encoding or a score encoding")
-        if score_encoding is not None and "scores" not in ACCEPTS[attention]:
-            raise ValueError(f"{type(score_encoding).__name__} adds a term to the attention scores, which "
-                             f"{attention} attention never forms; use softmax attention, or a positional "
-                             f"encoding that acts on tokens or queries/keys "
-                             f"({', '.join(positional_names(acts_on='tokens') + positional_names(acts_on='queries-keys'))})")
-        if score_encoding is not None and getattr(score_encoding, "causal", causal) != causal:
-            raise ValueError(f"the score encoding is {'' if score_encoding.causal else 'non-'}causal but the layer "
-                             f"is {'' if causal else 'non-'}causal")
-        if rotary is not None and attention == "linear-relu":
-            # ReLU features can make the unrotated normaliser exactly 0 while the rotated
-            # numerator is not (RoFormer eq. 19 needs strictly positive features).
-            raise ValueError("rotary encoding with linear attention needs strictly positive features: use "
-                             "performer or linear-elu, not linear-relu")
-        rotated_dim = num_features if attention == "performer" else self.head_dim
-        if rotary is not None and rotated_dim % 2:
-            raise ValueError(f"rotary encoding needs an even {'num_features' if attention == 'performer' else 'head_dim'}"
-                             f", got {rotated_dim}")
+        _check_positional(self.kernel, causal, spe_filter, rotary, score_encoding)
         self.rotary, self.score_encoding = rotary, score_encoding
+        self.kernel.check(KernelOptions(causal=causal), transform=self._transform)
+        rotated_dim = num_features if self.kernel.random_features else self.head_dim
+        if rotary is not None and rotated_dim % 2:
+            raise ValueError(f"rotary encoding needs an even "
+                             f"{'num_features' if self.kernel.random_features else 'head_dim'}, got {rotated_dim}")
         self.window = window
+
+    @property
+    def _transform(self) -> FeatureTransform | None:
+        # RoPE acts on the kernel's features: q and k for softmax, φ(q) and φ(k) otherwise
+        # (RoFormer eq. 19: the normaliser keeps the unrotated features)
+        return None if self.rotary is None else FeatureTransform(self.rotary, numerator_only=True,
+                                                                 name="rotary encoding")
 
     @property
     def window(self) -> int | None:
@@ -135,12 +125,13 @@ class MultiHeadAttention(nn.Module):
             if self.score_encoding is not None:
                 raise ValueError(f"an attention window cannot be combined with "
                                  f"{type(self.score_encoding).__name__}, which forms its own scores")
+            self.kernel.check(KernelOptions(window=value))
         self._window = value
 
     @torch.no_grad()
     def redraw_features(self, generator: torch.Generator | None = None) -> None:
-        """Draws new FAVOR+ projections (no-op for other kernels)."""
-        if self.attention == "performer":
+        """Draws new FAVOR+ projections (no-op for kernels without random features)."""
+        if self.kernel.random_features:
             self.projection.copy_(orthogonal_random_features(
                 self.num_heads, self.num_features, self.kernel_dim, generator=generator))
 
@@ -172,39 +163,41 @@ class MultiHeadAttention(nn.Module):
         return orthogonal_random_features(self.num_heads, self.num_features, dim,
                                           generator=generator).to(self.projection)
 
-    def _features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, dict]:
-        if self.attention == "performer":  # key features with their scale apart (no clamp, no overflow)
-            projection = self._projection_for(q.shape[-1])
-            fk, log_scale = favor_key_features(k, projection)
-            return favor_feature_map(q, projection, is_query=True), fk, {"key_log_scale": log_scale}
-        fmap = _FEATURE_MAPS[self.attention]
-        return fmap(q), fmap(k), {}
+    def features(self, q: Tensor, k: Tensor, positions: Tensor | None) -> KernelFeatures:
+        """The kernel's features of q, k (B, L, H, E): φ (with FAVOR+ key scales), then RoPE at
+        ``positions`` (L,) (:func:`~spe.attention.kernels.kernel_features`)."""
+        projection = self._projection_for(q.shape[-1]) if self.kernel.random_features else None
+        return kernel_features(self.kernel, q, k, projection=projection, transform=self._transform,
+                               positions=positions)
 
     def _linear_inputs(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor, dict]:
-        """Feature maps (and FAVOR+ key scales), and RoFormer eq. (19) with RoPE: rotated
-        features for the numerator, the positive unrotated ones as a separate normaliser."""
-        fq, fk, extra = self._features(q, k)
-        if self.rotary is None:
-            return fq, fk, extra
-        # rotate in at least float32 (bf16 cos/sin are coarse), as the kernels then compute
-        dtype = kernel_dtype(fq)
-        fq, fk = fq.to(dtype), fk.to(dtype)
-        return self.rotary(fq, positions), self.rotary(fk, positions), {**extra, "normalizer": (fq, fk)}
+        """The earlier form of :meth:`features` for linear kernels: φ(q), φ(k) and a dict with
+        ``key_log_scale`` (FAVOR+) and ``normalizer`` (RoPE) where present."""
+        f = self.features(q, k, positions)
+        extra = {"key_log_scale": f.key_log_scale, "normalizer": f.normalizer}
+        return f.q, f.k, {name: value for name, value in extra.items() if value is not None}
+
+    def _options(self, key_padding_mask: Tensor | None = None) -> KernelOptions:
+        return KernelOptions(causal=self.causal, window=self.window, chunk_size=self.chunk_size,
+                             key_padding_mask=key_padding_mask, score_term=self.score_encoding)
 
     def step(self, x: Tensor, code: SPECode | None,
-             state: KVCache | LinearAttentionState | None) -> tuple[Tensor, KVCache | LinearAttentionState]:
+             state: AttentionState | dict | None) -> tuple[Tensor, AttentionState]:
         """One causal decoding step with an explicit state; equals :meth:`forward` position by position.
 
-        The kernels' recurrent twins do the work (:mod:`spe.ops.recurrent`): linear kernels keep
-        a :class:`~spe.ops.LinearAttentionState` (S = Σ φ(k̂_n) v_nᵀ and z = Σ φ(k̂_n), so every
-        step costs the same; with a window the last W keys and values instead), softmax keeps a
+        The kernel's step function does the work (:mod:`spe.attention.kernels`, over
+        :mod:`spe.ops.recurrent`): linear kernels keep running sums
+        (:class:`~spe.ops.LinearAttentionState`: S = Σ φ(k̂_n) v_nᵀ and z = Σ φ(k̂_n), so every
+        step costs the same) or, with a window, the last W keys and values
+        (:class:`~spe.ops.RecentKeys`); FAVOR+ their ``Scaled`` subclasses; softmax a
         :class:`~spe.ops.KVCache`. States count the positions seen (RoPE and score encodings
         need the index of the new one) and record their window.
 
         Args:
             x: (B, 1, C) the new position's input.
             code: SPE code for this single position (queries and keys).
-            state: the previous step's state, or None at position 0.
+            state: the previous step's state, or None at position 0 (a dict of earlier
+                versions is converted, with a DeprecationWarning).
 
         Returns:
             (B, 1, C) output and the new state.
@@ -213,25 +206,17 @@ class MultiHeadAttention(nn.Module):
             ValueError: on a state built with another window.
             TypeError: on a state of the wrong kind for this kernel.
         """
-        kind = KVCache if self.attention == "softmax" else LinearAttentionState
+        kinds = self.kernel.state_types
         if isinstance(state, dict):
-            state = legacy_state(state, kind, scaled=self.attention == "performer")
-        if state is not None and not isinstance(state, kind):
-            raise TypeError(f"{self.attention} attention decodes with a {kind.__name__}, got {type(state).__name__}")
+            state = legacy_state(state, kinds[0], scaled=self.kernel.key_scales)
+        if state is not None and not isinstance(state, kinds):
+            raise TypeError(f"{self.attention} attention decodes with a {' or '.join(t.__name__ for t in kinds)}, "
+                            f"got {type(state).__name__}")
         check_state_window(state, self.window)
         q, k, v = self.project(x, code)
         position = 0 if state is None else state.position
-        pos = torch.tensor([position], device=x.device)
-        if self.attention != "softmax":
-            fq, fk, extra = self._linear_inputs(q, k, pos)
-            y, state = linear_attention_step(fq, fk, v, state, window=self.window, **extra)
-        elif self.score_encoding is not None:
-            state = append_to_cache(state, k, v, window=self.window)
-            y = self.score_encoding.attend(q, state.keys, state.values, query_offset=position)
-        else:
-            if self.rotary is not None:
-                q, k = self.rotary(q.to(kernel_dtype(q)), pos), self.rotary(k.to(kernel_dtype(k)), pos)
-            y, state = softmax_attention_step(q, k, v, state, window=self.window)
+        f = self.features(q, k, torch.tensor([position], device=x.device))
+        y, state = self.kernel.step(f, v, state, self._options())
         return self.out(y.reshape(x.shape[0], 1, -1)), state
 
     def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
@@ -243,9 +228,9 @@ class MultiHeadAttention(nn.Module):
                 index distances and refuse them.
             key_padding_mask: (B, L) bool, True at padding (PyTorch's convention): those
                 keys get no weight in any query's output (softmax: masked scores; linear
-                kernels: zero features, values and normaliser terms), so what a padded
-                position holds never reaches a real one. Non-causal layers only; not with
-                a score encoding.
+                kernels: zero features, values and normaliser terms, and a log scale that
+                cannot be the common one), so what a padded position holds never reaches a
+                real one. Non-causal layers only; not with a score encoding.
 
         Returns:
             (B, L, C). Outputs at padded positions are computed but meaningless.
@@ -261,47 +246,25 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("key_padding_mask needs a non-causal layer without a score encoding, got "
                              f"causal={self.causal}, score encoding {type(self.score_encoding).__name__}")
         q, k, v = self.project(x, code)
-        if self.rotary is not None and positions is None:
+        if self._transform is not None and positions is None:
             positions = torch.arange(n, device=x.device)
-        if self.attention == "softmax":
-            if self.rotary is not None:  # in at least float32, as for linear kernels
-                q, k = self.rotary(q.to(kernel_dtype(q)), positions), self.rotary(k.to(kernel_dtype(k)), positions)
-            if self.score_encoding is not None:
-                y = self.score_encoding.attend(q, k, v)
-            else:
-                y = softmax_attention(q, k, v, causal=self.causal, window=self.window,
-                                      key_padding_mask=key_padding_mask)
-        else:
-            fq, fk, extra = self._linear_inputs(q, k, positions)
-            if self.causal:
-                y = causal_linear_attention(fq, fk, v, chunk_size=self.chunk_size, window=self.window, **extra)
-            else:
-                y = linear_attention(fq, fk, v, key_padding_mask=key_padding_mask, **extra)
+        options = self._options(key_padding_mask)
+        self.kernel.check(options)
+        y = self.kernel.parallel(self.features(q, k, positions), v, options)
         return self.out(y.reshape(b, n, -1))
 
 
-
-def legacy_state(state: dict, kind: type, *, scaled: bool = False) -> KVCache | LinearAttentionState:
-    """Converts the string-keyed state dicts of earlier versions (``keys``/``values``; ``s`` with a
-    trailing normaliser column, or ``s`` and ``z``; ``recent_keys``/``recent_values``) to the typed
-    states, with a DeprecationWarning. ``scaled``: the kernel now carries FAVOR+ key scales, and
-    the old sums were in absolute scale (log scale 0).
-
-    Raises:
-        ValueError: if the dict does not say its ``position``.
-    """
-    warnings.warn("decoding states are typed now (spe.ops.KVCache, spe.ops.LinearAttentionState); "
-                  "string-keyed dicts will stop working", DeprecationWarning, stacklevel=3)
-    if "position" not in state:
-        raise ValueError("a decoding state given as a dict must carry its 'position' (the next position's index)")
-    common = {"position": state["position"], "window": state.get("window")}
-    if kind is KVCache:
-        return KVCache(keys=state["keys"], values=state["values"], **common)
-    if "recent_keys" in state:
-        keys = state["recent_keys"]
-        zeros = keys.new_zeros(keys.shape[:3]) if scaled else None
-        return LinearAttentionState(recent_keys=keys, recent_values=state["recent_values"], recent_log_scales=zeros,
-                                    log_scale=None if zeros is None else zeros[:, -1], **common)
-    kv, z = (state["s"], state["z"]) if "z" in state else (state["s"][..., :-1], state["s"][..., -1])
-    return LinearAttentionState(kv=kv, normalizer=z, log_scale=kv.new_zeros(kv.shape[:2]) if scaled else None,
-                                **common)
+def _check_positional(kernel, causal: bool, spe_filter, rotary, score_encoding) -> None:
+    """One positional encoding per layer, a score term only where the kernel forms scores, and
+    the score term's causality the layer's (the kernel's own refusals: ``KernelSpec.check``)."""
+    if sum(m is not None for m in (spe_filter, rotary, score_encoding)) > 1:
+        raise ValueError("an attention layer takes one positional encoding: an SPE filter, a rotary "
+                         "encoding or a score encoding")
+    if score_encoding is not None and not kernel.score_terms:
+        others = positional_names(acts_on="tokens") + positional_names(acts_on="queries-keys")
+        raise ValueError(f"{type(score_encoding).__name__} adds a term to the attention scores, which "
+                         f"{kernel.name} attention never forms; use softmax attention, or a positional "
+                         f"encoding that acts on tokens or queries/keys ({', '.join(others)})")
+    if score_encoding is not None and getattr(score_encoding, "causal", causal) != causal:
+        raise ValueError(f"the score encoding is {'' if score_encoding.causal else 'non-'}causal but the layer "
+                         f"is {'' if causal else 'non-'}causal")

@@ -20,7 +20,7 @@ from spe.bench.peers import PEER_ATTENTIONS, build_peer_layer
 from spe.encodings.conv import ConvSPE
 from spe.encodings.filter import IMPLS, choose_sine_impl
 from spe.encodings.registry import positional_spec
-from spe.ops.state import KVCache, LinearAttentionState
+from spe.ops.state import KVCache, LinearAttentionState, ScaledLinearAttentionState
 
 
 def _rss_mb() -> float:
@@ -152,10 +152,11 @@ def measure_generate(case: dict, device: torch.device) -> dict:
                         position=n)
     else:
         m = case["num_features"] if case["attention"] == "performer" else (case["num_realizations"] if encoding else d)
+        sums = {"kv": torch.rand(b, h, m, d, device=device), "normalizer": torch.rand(b, h, m, device=device),
+                "position": n}
         # FAVOR+ sums are kept relative to a running log scale (spe.ops.scaled); 0 = absolute
-        scale = torch.zeros(b, h, device=device) if case["attention"] == "performer" else None
-        state = LinearAttentionState(kv=torch.rand(b, h, m, d, device=device),
-                                     normalizer=torch.rand(b, h, m, device=device), position=n, log_scale=scale)
+        state = (ScaledLinearAttentionState(**sums, log_scale=torch.zeros(b, h, device=device))
+                 if case["attention"] == "performer" else LinearAttentionState(**sums))
     pos = torch.tensor([n], device=device)
 
     def run() -> None:

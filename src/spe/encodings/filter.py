@@ -10,10 +10,11 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.code import SineCode, SPECode
-from spe.encodings.sine_products import FusedSineProduct, SharedSineProduct
+from spe.ops.sine_costs import BLOCKED_EFFICIENCY, MATERIALIZE_LIMIT, choose_sine_impl, sine_costs
+from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
 
-__all__ = ["IMPLS", "SPEFilter", "apply_code", "apply_code_reference", "apply_sine_code_blocked",
-           "apply_sine_code_fused", "choose_sine_impl", "sine_costs"]
+__all__ = ["BLOCKED_EFFICIENCY", "IMPLS", "MATERIALIZE_LIMIT", "SPEFilter", "apply_code", "apply_code_reference",
+           "apply_sine_code_blocked", "apply_sine_code_fused", "choose_sine_impl", "sine_costs"]
 
 
 def _check(x: Tensor, name: str, code_length: int, num_heads: int, head_dim: int) -> None:
@@ -121,54 +122,7 @@ def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | Non
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
-# Above this many elements of Q̄ (L·H·D·R), "auto" does not materialise sineSPE codes
-# (64 MiB per code tensor in float32).
-MATERIALIZE_LIMIT = 1 << 24
 IMPLS = ("auto", "fused", "materialized", "blocked", "reference")
-# Relative speed per multiply-add of the batch-shared products against the fused GEMM
-# (inner size D·2K), from forward+backward timings on the development CPU (2 shared cores;
-# H = 8, D = 64, K = 5, R = 64): equal times at B = 2, N = 4,096 (fused/blocked 0.94, twice,
-# for 1.30× the multiply-adds: 0.72) and 1.8-2.4× faster blocked at B = 8, N = 2,048
-# (3.75× the multiply-adds: 0.47-0.65). Timings on that loaded machine vary by ±30 %.
-BLOCKED_EFFICIENCY = 0.65
-
-
-def sine_costs(batch: int, length: int, num_heads: int, head_dim: int, num_sines: int,
-               num_realizations: int) -> dict[str, tuple[float, float]]:
-    """Cost model of applying one sineSPE code to queries or keys, forward+backward.
-
-    Returns, per implementation, (multiply-adds, extra elements held) with U = L·H·D·R:
-
-    * ``materialized``: code 2K·U, applied B·U forward and 2·B·U backward, gradient of W 2K·U;
-      holds the code and its gradient, 2·U (shared by every layer that shares the code).
-    * ``fused``: 3·B·2K·U (forward, gradients of W and of x·Ω); holds one block.
-    * ``blocked``: code formed twice (forward, backward) 2·2K·U, gradients of W and Ω 2·2K·U,
-      applied 3·B·U; holds one block.
-    """
-    u = float(length) * num_heads * head_dim * num_realizations
-    j = 2 * num_sines
-    return {"materialized": ((2 * j + 3 * batch) * u, 2 * u),
-            "fused": (3 * batch * j * u, 0.0),
-            "blocked": ((4 * j + 3 * batch) * u, 0.0)}
-
-
-def choose_sine_impl(batch: int, length: int, num_heads: int, head_dim: int, num_sines: int,
-                     num_realizations: int) -> str:
-    """What ``impl="auto"`` applies: ``materialized``, ``fused`` or ``blocked``.
-
-    Materialised while the code has at most ``MATERIALIZE_LIMIT`` elements (cheapest in time:
-    formed once and shared by the layers); beyond that, the blocked or fused form, whichever
-    has the smaller multiply-add count of :func:`sine_costs` after dividing the blocked
-    count's rate by ``BLOCKED_EFFICIENCY`` (its products have inner sizes 2K and D instead of
-    one D·2K GEMM). Both hold only one block, so memory does not decide between them.
-
-    With K = 5 this gives the fused form for B ≤ 2 and the blocked one from B = 3 (the
-    blocked form has more multiply-adds than the fused one at B = 1 for any K).
-    """
-    costs = sine_costs(batch, length, num_heads, head_dim, num_sines, num_realizations)
-    if costs["materialized"][1] / 2 <= MATERIALIZE_LIMIT:
-        return "materialized"
-    return "blocked" if costs["blocked"][0] / BLOCKED_EFFICIENCY < costs["fused"][0] else "fused"
 
 
 class SPEFilter(nn.Module):

@@ -10,6 +10,7 @@ from spe.ops.feature_maps import (
 from spe.ops.linear import (
     causal_linear_attention,
     causal_linear_attention_reference,
+    causal_linear_attention_with_state,
     kernel_dtype,
     linear_attention,
     normalise,
@@ -23,12 +24,20 @@ from spe.ops.relative import (
     skew,
 )
 from spe.ops.softmax import softmax_attention
-from spe.ops.state import KVCache, LinearAttentionState
+from spe.ops.state import (
+    AttentionState,
+    KVCache,
+    LinearAttentionState,
+    RecentKeys,
+    ScaledLinearAttentionState,
+    ScaledRecentKeys,
+)
 
 __all__ = [
-    "KVCache", "LinearAttentionState", "append_to_cache", "kernel_dtype", "linear_attention_step", "normalise",
-    "softmax_attention_step", "causal_linear_attention", "causal_linear_attention_reference", "elu_feature_map",
-    "favor_feature_map", "favor_key_features", "linear_attention", "music_relative_attention", "music_relative_attention_reference",
-    "orthogonal_random_features", "relative_shift", "relu_feature_map", "shaw_attention", "skew",
-    "softmax_attention",
+    "AttentionState", "KVCache", "LinearAttentionState", "RecentKeys", "ScaledLinearAttentionState",
+    "ScaledRecentKeys", "append_to_cache", "causal_linear_attention", "causal_linear_attention_reference",
+    "causal_linear_attention_with_state", "elu_feature_map", "favor_feature_map", "favor_key_features",
+    "kernel_dtype", "linear_attention", "linear_attention_step", "music_relative_attention",
+    "music_relative_attention_reference", "normalise", "orthogonal_random_features", "relative_shift",
+    "relu_feature_map", "shaw_attention", "skew", "softmax_attention", "softmax_attention_step",
 ]

@@ -8,7 +8,9 @@ Letters: B = batch, L = length, H = num_heads, M = feature dimension of φ, E = 
 chunk, a carried state S = Σ φ(k_n) v_nᵀ across chunks); its slow, obviously correct twin
 :func:`causal_linear_attention_reference` uses cumulative sums of (M × E) outer products, and
 its recurrent twin :func:`spe.ops.recurrent.linear_attention_step` continues from the
-:class:`~spe.ops.state.LinearAttentionState` it returns with ``output_final_state=True``.
+state that :func:`causal_linear_attention_with_state` returns (one return type each:
+:func:`causal_linear_attention` gives the output only). The chunked sums themselves are in
+:mod:`spe.ops.chunked` (and :mod:`spe.ops.scaled` for keys with log scales).
 
 The normaliser has no fixed ε (:func:`normalise`); all sums run in at least float32 with
 autocast off.
@@ -17,17 +19,28 @@ autocast off.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from spe.ops.scaled import running_max, scaled_causal_sums, scaled_window_sums
+from spe.ops.chunked import causal_sums
+from spe.ops.scaled import running_max
 from spe.ops.softmax import check_window
-from spe.ops.state import LinearAttentionState, check_state_window
+from spe.ops.state import (
+    LinearAttentionState,
+    RecentKeys,
+    ScaledLinearAttentionState,
+    ScaledRecentKeys,
+    check_state_window,
+)
 
-__all__ = ["causal_linear_attention", "causal_linear_attention_reference", "kernel_dtype", "linear_attention",
-           "normalise"]
+__all__ = ["LinearState", "causal_linear_attention", "causal_linear_attention_reference",
+           "causal_linear_attention_with_state", "check_linear_state", "kernel_dtype", "linear_attention", "normalise"]
+
+# What causal linear attention continues from and returns: running sums (whole past) or the
+# recent keys (window), each with a ``Scaled`` subclass for keys with log scales.
+LinearState = LinearAttentionState | RecentKeys
 
 
 def _full_precision(fn):
@@ -92,18 +105,23 @@ def _normalised(num_den: Tensor, eps: float) -> Tensor:
 
 
 def _rescale_keys(phi_k: Tensor, normalizer, key_log_scale: Tensor | None):
-    """Keys brought to one common scale, e^{a_n − max a} (for non-causal use and references)."""
+    """Keys brought to one common scale, e^{a_n − max a} (for non-causal use and references).
+
+    Padding keys come with a = −∞ (:func:`_mask_keys`) and so never set the maximum; an
+    example whose keys are all padding has max a = −∞ and no common scale: its factors are
+    taken against 0 (they are e^{−∞} = 0, as are its features)."""
     if key_log_scale is None:
         return phi_k, normalizer
-    factor = torch.exp(key_log_scale - key_log_scale.amax(dim=1, keepdim=True))[..., None]
+    top = key_log_scale.amax(dim=1, keepdim=True)
+    top = top.masked_fill(top == -math.inf, 0.0)
+    factor = torch.exp(key_log_scale - top)[..., None]
     return phi_k * factor, None if normalizer is None else (normalizer[0], normalizer[1] * factor)
 
 
-_PADDING_LOG_SCALE = -1e4  # below any real key's log scale: e^{−1e4 − max} is 0
-
-
 def _mask_keys(mask: Tensor, phi_k: Tensor, v: Tensor, normalizer, key_log_scale: Tensor | None):
-    """Zeroes padding keys (mask (B, Lk), True at padding) in every sum a key enters."""
+    """Zeroes padding keys (mask (B, Lk), True at padding) in every sum a key enters; their log
+    scale becomes −∞, so that padding can never be the common scale (a finite sentinel such as
+    −10⁴ would be, once every real key's log scale lies below it, and zero the example)."""
     if mask.shape != phi_k.shape[:2] or mask.dtype != torch.bool:
         raise ValueError(f"key_padding_mask must be a (batch, keys) = {tuple(phi_k.shape[:2])} bool tensor, got "
                          f"{mask.dtype} {tuple(mask.shape)}")
@@ -112,7 +130,7 @@ def _mask_keys(mask: Tensor, phi_k: Tensor, v: Tensor, normalizer, key_log_scale
     if normalizer is not None:
         normalizer = (normalizer[0], normalizer[1] * keep)
     if key_log_scale is not None:
-        key_log_scale = key_log_scale.masked_fill(mask[..., None], _PADDING_LOG_SCALE)
+        key_log_scale = key_log_scale.masked_fill(mask[..., None], -math.inf)
     return phi_k, v, normalizer, key_log_scale
 
 
@@ -188,12 +206,11 @@ def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *
     return normalise(num, den, eps)
 
 
-@_full_precision
 def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
                             group_size: int | None = None, eps: float = 0.0,
-                            normalizer: tuple[Tensor, Tensor] | None = None,
-                            window: int | None = None, initial_state: LinearAttentionState | None = None,
-                            output_final_state: bool = False, key_log_scale: Tensor | None = None) -> Tensor | tuple[Tensor, LinearAttentionState]:
+                            normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
+                            initial_state: LinearState | None = None, key_log_scale: Tensor | None = None,
+                            output_final_state: bool = False) -> Tensor:
     """Causal linear attention, chunked; never allocates anything of size L × L.
 
     Inside a chunk of C positions: the masked C × C product. Across chunks: the carried state
@@ -220,25 +237,81 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
             it cuts get a masked C × C product; the cost is O(L·log(W/C)) and memory stays
             O(L·(C + M·E/C)).
         initial_state: the state after earlier positions (e.g. a prompt, or the previous
-            call), as returned with ``output_final_state``; None: start at position 0.
-        output_final_state: also return the state after these L positions, from which
-            :func:`~spe.ops.recurrent.linear_attention_step` or another call continues.
+            call), as returned by :func:`causal_linear_attention_with_state`; None: start at
+            position 0. Its type must fit the call: :class:`~spe.ops.state.RecentKeys` with a
+            window, :class:`~spe.ops.state.LinearAttentionState` without, their ``Scaled``
+            subclasses with ``key_log_scale``.
         key_log_scale: (B, L, H) a_n, keys' features being φ(k_n) = phi_k_n · e^{a_n} (and the
             normaliser's likewise), from :func:`~spe.ops.feature_maps.favor_key_features`:
             sums are then kept relative to the causal running maximum of a (:mod:`spe.ops.scaled`;
             chunk by chunk, so slower), so that no key scale can overflow float32.
 
     Returns:
-        (B, L, H, E), and the :class:`~spe.ops.state.LinearAttentionState` if asked for.
+        (B, L, H, E) in ``v``'s dtype (:func:`causal_linear_attention_with_state` also gives
+            the final state; the ``output_final_state`` flag of earlier versions now raises
+            TypeError: one return type per function).
 
     Raises:
         ValueError: on mismatched lengths, a non-positive chunk size or window, a window
-            with ``group_size``, or an initial state of another window or normaliser form.
+            with ``group_size``, or an initial state of another window, normaliser or
+            key-scale form.
+        TypeError: on an initial state that is not a linear-attention state.
     """
+    if output_final_state:  # the earlier flag returned Tensor | tuple; one return type now
+        raise TypeError("causal_linear_attention returns the output only; call "
+                        "causal_linear_attention_with_state for (output, final state)")
+    return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size, eps=eps,
+                          normalizer=normalizer, window=window, initial_state=initial_state,
+                          key_log_scale=key_log_scale)[0]
+
+
+def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
+                                       group_size: int | None = None, eps: float = 0.0,
+                                       normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
+                                       initial_state: LinearState | None = None,
+                                       key_log_scale: Tensor | None = None) -> tuple[Tensor, LinearState]:
+    """:func:`causal_linear_attention` that also returns the state after these L positions
+    (flash-linear-attention's ``output_final_state``).
+
+    Args and raises as :func:`causal_linear_attention`.
+
+    Returns:
+        (B, L, H, E) output in ``v``'s dtype, and the final state (in the kernel's dtype, at
+        least float32): :class:`~spe.ops.state.LinearAttentionState` (whole past) or
+        :class:`~spe.ops.state.RecentKeys` (window), their ``Scaled`` subclasses with
+        ``key_log_scale``; :func:`~spe.ops.recurrent.linear_attention_step` or another call
+        continues from it.
+    """
+    return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size, eps=eps,
+                          normalizer=normalizer, window=window, initial_state=initial_state,
+                          key_log_scale=key_log_scale)
+
+
+def check_linear_state(state, *, window: int | None, scaled: bool, who: str = "initial state") -> None:
+    """Refuses a linear-attention state that does not fit a call (window, key scales).
+
+    Raises:
+        TypeError: if ``state`` is not a linear-attention state.
+        ValueError: on another window, or key scales in one and not the other.
+    """
+    if state is None:
+        return
+    if not isinstance(state, (LinearAttentionState, RecentKeys)):
+        raise TypeError(f"linear attention continues from a LinearAttentionState or RecentKeys, got "
+                        f"{type(state).__name__}")
+    check_state_window(state, window)
+    if isinstance(state, (ScaledLinearAttentionState, ScaledRecentKeys)) != scaled:
+        raise ValueError(f"the {who} and this call disagree on key_log_scale")
+
+
+@_full_precision
+def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, group_size: int | None,
+                   eps: float, normalizer, window: int | None, initial_state: LinearState | None,
+                   key_log_scale: Tensor | None) -> tuple[Tensor, LinearState]:
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     check_window(window)
-    check_state_window(initial_state, window)
+    check_linear_state(initial_state, window=window, scaled=key_log_scale is not None)
     if window is not None and group_size is not None:
         raise ValueError("causal_linear_attention: a window and group_size cannot be combined")
     n = phi_q.shape[1]
@@ -246,54 +319,55 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         raise ValueError(f"causal linear attention needs equal lengths, got queries {n}, "
                          f"keys {phi_k.shape[1]}, values {v.shape[1]}")
     nq, nk = (None, None) if normalizer is None else _check_normalizer(normalizer, phi_q, phi_k)
-    start = 0 if initial_state is None else initial_state.position
+    position = n + (0 if initial_state is None else initial_state.position)
+    if window is not None:  # each key relative to its own scale (spe.ops.scaled.scaled_window_sums)
+        return _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps,
+                                   key_log_scale, position)
+    return _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, group_size, initial_state, eps,
+                                 key_log_scale, position)
+
+
+def _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, group_size, state, eps, key_log_scale, position):
+    """The case without a window: the chunked sums continue ``state``'s running sums (relative
+    to the running maximum c_n of the key scales, :mod:`spe.ops.scaled`, if any)."""
     scale, s_scale = None, None
-    if (initial_state is not None) and ((initial_state.log_scale is None) != (key_log_scale is None)):
-        raise ValueError("the initial state and this call disagree on key_log_scale")
-    if key_log_scale is not None and window is not None:
-        scale = key_log_scale  # each key relative to its own scale (spe.ops.scaled.scaled_window_sums)
-    elif key_log_scale is not None:  # keys relative to the running maximum c_n (spe.ops.scaled)
-        s_scale = None if initial_state is None else initial_state.log_scale
+    if key_log_scale is not None:
+        s_scale = None if state is None else state.log_scale
         scale = running_max(key_log_scale, s_scale)
         factor = torch.exp(key_log_scale - scale)[..., None]
         phi_k, nk = phi_k * factor, None if nk is None else nk * factor
-    if window is not None:
-        y, final = _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps, scale)
-    elif nq is None:
-        s0 = None if initial_state is None else torch.cat([initial_state.kv, initial_state.normalizer[..., None]], -1)
-        out, s, c = _causal_sums(phi_q, phi_k, _with_ones(v), chunk_size, group_size, s0, scale=scale,
-                                 state_scale=s_scale)
-        y = _normalised(out, eps)
-        final = LinearAttentionState(kv=s[..., :-1], normalizer=s[..., -1], log_scale=c)
+    if nq is None:
+        s0 = None if state is None else torch.cat([state.kv, state.normalizer[..., None]], -1)
+        out, s, c = causal_sums(phi_q, phi_k, _with_ones(v), chunk_size, group_size, s0, scale=scale,
+                                state_scale=s_scale)
+        y, kv, z = _normalised(out, eps), s[..., :-1], s[..., -1]
     else:
-        s0, z0 = (None, None) if initial_state is None else (initial_state.kv, initial_state.normalizer[..., None])
-        num, s, c = _causal_sums(phi_q, phi_k, v, chunk_size, group_size, s0, scale=scale, state_scale=s_scale)
-        den, z, _ = _causal_sums(nq, nk, torch.ones_like(v[..., :1]), chunk_size, group_size, z0, scale=scale,
-                                 state_scale=s_scale)
-        y = normalise(num, den, eps)
-        final = LinearAttentionState(kv=s, normalizer=z[..., 0], log_scale=c)
-    if not output_final_state:
-        return y
-    final.position, final.window = start + n, window
-    return y, final
+        s0, z0 = (None, None) if state is None else (state.kv, state.normalizer[..., None])
+        num, kv, c = causal_sums(phi_q, phi_k, v, chunk_size, group_size, s0, scale=scale, state_scale=s_scale)
+        den, z, _ = causal_sums(nq, nk, torch.ones_like(v[..., :1]), chunk_size, group_size, z0, scale=scale,
+                                state_scale=s_scale)
+        y, z = normalise(num, den, eps), z[..., 0]
+    if c is None:
+        return y, LinearAttentionState(kv=kv, normalizer=z, position=position)
+    return y, ScaledLinearAttentionState(kv=kv, normalizer=z, position=position, log_scale=c)
 
 
-def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, scale):
+def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, scale, position):
     """The windowed case: earlier keys of ``state`` are prepended (with queries that are then
     dropped), so the first positions see them; the final state keeps the last W keys."""
     r = 0
-    if state is not None and state.recent_keys is not None:
-        if (state.recent_normalizer_keys is None) != (nq is None):
+    if state is not None:
+        if (state.normalizer_keys is None) != (nq is None):
             raise ValueError("the initial state and this call disagree on a separate normaliser")
-        r = state.recent_keys.shape[1]
-        phi_q = torch.cat([torch.zeros_like(state.recent_keys[..., :phi_q.shape[-1]]), phi_q], dim=1)
-        phi_k = torch.cat([state.recent_keys, phi_k], dim=1)
-        v = torch.cat([state.recent_values, v], dim=1)
+        r = state.keys.shape[1]
+        phi_q = torch.cat([torch.zeros_like(state.keys[..., :phi_q.shape[-1]]), phi_q], dim=1)
+        phi_k = torch.cat([state.keys, phi_k], dim=1)
+        v = torch.cat([state.values, v], dim=1)
         if nq is not None:
-            nq = torch.cat([torch.zeros_like(state.recent_normalizer_keys), nq], dim=1)
-            nk = torch.cat([state.recent_normalizer_keys, nk], dim=1)
+            nq = torch.cat([torch.zeros_like(state.normalizer_keys), nq], dim=1)
+            nk = torch.cat([state.normalizer_keys, nk], dim=1)
         if scale is not None:
-            scale = torch.cat([state.recent_log_scales.to(scale), scale], dim=1)
+            scale = torch.cat([state.log_scales.to(scale), scale], dim=1)
     total = phi_q.shape[1]
     reach = None if window >= total else window  # nothing is ever out of reach
     sk, snk, sums_scale = phi_k, nk, scale
@@ -302,113 +376,14 @@ def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps,
         factor = torch.exp(scale - sums_scale)[..., None]
         sk, snk = phi_k * factor, None if nk is None else nk * factor
     if nq is None:
-        y = _normalised(_causal_sums(phi_q, sk, _with_ones(v), chunk_size, None, window=reach, scale=sums_scale)[0],
+        y = _normalised(causal_sums(phi_q, sk, _with_ones(v), chunk_size, None, window=reach, scale=sums_scale)[0],
                         eps)
     else:
-        num = _causal_sums(phi_q, sk, v, chunk_size, None, window=reach, scale=sums_scale)[0]
-        den = _causal_sums(nq, snk, torch.ones_like(v[..., :1]), chunk_size, None, window=reach, scale=sums_scale)[0]
+        num = causal_sums(phi_q, sk, v, chunk_size, None, window=reach, scale=sums_scale)[0]
+        den = causal_sums(nq, snk, torch.ones_like(v[..., :1]), chunk_size, None, window=reach, scale=sums_scale)[0]
         y = normalise(num, den, eps)
-    final = LinearAttentionState(recent_keys=phi_k[:, -window:], recent_values=v[:, -window:],
-                                 recent_normalizer_keys=None if nk is None else nk[:, -window:],
-                                 log_scale=None if scale is None else scale[:, -window:].amax(dim=1),
-                                 recent_log_scales=None if scale is None else scale[:, -window:])
-    return y[:, r:], final
-
-
-def _causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, group_size: int | None,
-                 state: Tensor | None = None, window: int | None = None, scale: Tensor | None = None,
-                 state_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Unnormalised Σ_{n ≤ m} φ(q_m)ᵀφ(k_n) values_n, chunked; (B, L, H, E), the final
-    state Σ_n φ(k_n) values_nᵀ (B, H, M, E) (added to ``state``, the sum of earlier keys) and
-    its scale (None without ``scale``, the running maximum of :mod:`spe.ops.scaled`).
-
-    With a window (W < L), Σ over m − W < n ≤ m instead, and no state.
-    """
-    if window is not None:
-        if scale is not None:
-            return scaled_window_sums(phi_q, phi_k, values, scale, chunk_size, window), None, None
-        return _windowed_sums(phi_q, phi_k, values, chunk_size, window), None, None
-    if scale is not None:
-        return scaled_causal_sums(phi_q, phi_k, values, scale, chunk_size, state, state_scale)
-    b, n, h, m = phi_q.shape
-    c = max(1, min(chunk_size, n))
-    pad = (-n) % c
-    if pad:  # zero keys add nothing to any state; padded queries are dropped below
-        phi_q, phi_k, values = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (phi_q, phi_k, values))
-    e1 = values.shape[-1]
-    step = n + pad if group_size is None else max(1, group_size // c) * c
-    mask = torch.ones(c, c, dtype=torch.bool, device=values.device).tril()
-    state = phi_q.new_zeros(b, 1, h, m, e1) if state is None else state[:, None].to(phi_q.dtype)
-    outs = []
-    for start in range(0, n + pad, step):
-        stop = min(n + pad, start + step)
-        nc = (stop - start) // c
-        q = phi_q[:, start:stop].reshape(b, nc, c, h, m)
-        k = phi_k[:, start:stop].reshape(b, nc, c, h, m)
-        vv = values[:, start:stop].reshape(b, nc, c, h, e1)
-        kv = torch.einsum("bnchm,bnche->bnhme", k, vv)  # (B, N, H, M, E) per-chunk sums
-        cum = torch.cumsum(kv, dim=1)
-        before = torch.cat([state, state + cum[:, :-1]], dim=1)  # exclusive prefix + carried state
-        out = torch.einsum("bnchm,bnhme->bnche", q, before)
-        scores = torch.einsum("bnchm,bndhm->bnhcd", q, k).masked_fill(~mask, 0.0)
-        out = out + torch.einsum("bnhcd,bndhe->bnche", scores, vv)
-        outs.append(out.reshape(b, nc * c, h, e1))
-        state = state + cum[:, -1:]
-    return torch.cat(outs, dim=1)[:, :n], state[:, 0], None
-
-
-def _chunk_window_sums(kv: Tensor, whole: int) -> Tensor:
-    """between[:, i] = Σ_{i − whole ≤ j < i} kv[:, j] (the whole chunks before chunk i), by doubling.
-
-    Blocks of 2^p chunks are built as sums of two blocks of 2^(p−1) and added for each set bit
-    of ``whole``: every output is a plain sum of the in-window chunk states, so rounding is
-    relative to the window's own terms (a difference of prefix sums would carry residues of
-    every earlier key, issue 12 defect 2). O(N log whole) work, three (N + whole) arrays.
-    """
-    nc = kv.shape[1]
-    block = torch.cat([torch.zeros_like(kv[:, :whole]), kv], dim=1)  # chunk j at index j + whole
-    between, covered, size = torch.zeros_like(kv), 0, 1
-    while size <= whole:
-        if whole & size:
-            covered += size  # adds chunks i − covered … i − covered + size − 1
-            between = between + block[:, whole - covered:whole - covered + nc]
-        if 2 * size <= whole:
-            block = block[:, :-size] + block[:, size:]  # block[j] = Σ of 2·size chunks from j
-        size *= 2
-    return between
-
-
-def _windowed_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, window: int) -> Tensor:
-    """Σ_{m − W < n ≤ m} φ(q_m)ᵀφ(k_n) values_n for W < L; (B, L, H, E).
-
-    A query at offset j of chunk i and a key at offset d of chunk i − k are k·C + j − d
-    positions apart. Chunk i − k is wholly inside the window when that lag is < W for every
-    j, d (k ≥ 1); the chunks it cuts (k = 0, and at most two more) get a masked product.
-    """
-    b, n, h, m = phi_q.shape
-    c = min(chunk_size, n)
-    pad = (-n) % c
-    if pad:
-        phi_q, phi_k, values = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (phi_q, phi_k, values))
-    nc, e1 = (n + pad) // c, values.shape[-1]
-    q = phi_q.reshape(b, nc, c, h, m)
-    k = phi_k.reshape(b, nc, c, h, m)
-    vv = values.reshape(b, nc, c, h, e1)
-    offsets = torch.arange(c, device=values.device)
-    lag0 = offsets[:, None] - offsets[None, :]  # j − d
-    whole, cut = 0, []
-    for shift in range((window + c - 1) // c + 1):
-        mask = (shift * c + lag0 >= 0) & (shift * c + lag0 < window)
-        if shift >= 1 and bool(mask.all()):
-            whole = shift  # whole chunks are shifts 1 … whole, contiguous
-        elif bool(mask.any()) and shift < nc:
-            cut.append((shift, mask))
-    out = torch.zeros(b, nc, c, h, e1, dtype=values.dtype, device=values.device)
-    if whole:
-        kv = torch.einsum("bnchm,bnche->bnhme", k, vv)
-        out = out + torch.einsum("bnchm,bnhme->bnche", q, _chunk_window_sums(kv, min(whole, nc)))
-    for shift, mask in cut:
-        scores = torch.einsum("bnchm,bndhm->bnhcd", q[:, shift:], k[:, :nc - shift]).masked_fill(~mask, 0.0)
-        part = torch.einsum("bnhcd,bndhe->bnche", scores, vv[:, :nc - shift])
-        out = torch.cat([out[:, :shift], out[:, shift:] + part], dim=1) if shift else out + part
-    return out.reshape(b, nc * c, h, e1)[:, :n]
+    kept = {"keys": phi_k[:, -window:], "values": v[:, -window:], "window": window, "position": position,
+            "normalizer_keys": None if nk is None else nk[:, -window:]}
+    if scale is None:
+        return y[:, r:], RecentKeys(**kept)
+    return y[:, r:], ScaledRecentKeys(**kept, log_scales=scale[:, -window:])

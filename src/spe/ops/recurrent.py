@@ -15,9 +15,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spe.ops.linear import kernel_dtype, normalise
+from spe.ops.linear import LinearState, check_linear_state, kernel_dtype, normalise
 from spe.ops.softmax import check_window, softmax_attention
-from spe.ops.state import KVCache, LinearAttentionState, check_state_window
+from spe.ops.state import (
+    KVCache,
+    LinearAttentionState,
+    RecentKeys,
+    ScaledLinearAttentionState,
+    ScaledRecentKeys,
+    check_state_window,
+)
 
 __all__ = ["append_to_cache", "linear_attention_step", "softmax_attention_step"]
 
@@ -28,22 +35,24 @@ def _check_one_position(**tensors: Tensor) -> None:
             raise ValueError(f"a decoding step takes one position, {name} of shape (B, 1, H, ·), got {tuple(t.shape)}")
 
 
-def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: LinearAttentionState | None = None, *,
+def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: LinearState | None = None, *,
                           normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
-                          key_log_scale: Tensor | None = None) -> tuple[Tensor, LinearAttentionState]:
+                          key_log_scale: Tensor | None = None) -> tuple[Tensor, LinearState]:
     """One causal linear-attention step: y = φ(q)ᵀ S / ψ(q)ᵀ z with S, z updated by this key.
 
-    Whole past: S ← S + φ(k) vᵀ, z ← z + ψ(k), O(M·E) per step at any position. Window W:
-    the last W keys and values are kept and the sums re-formed from them (O(W·M·E)). With
+    Whole past: S ← S + φ(k) vᵀ, z ← z + ψ(k), O(M·E) per step at any position
+    (:class:`~spe.ops.state.LinearAttentionState`). Window W: the last W keys and values are
+    kept and the sums re-formed from them, O(W·M·E) (:class:`~spe.ops.state.RecentKeys`). With
     ``key_log_scale`` the state is kept relative to the running maximum c of the keys' log
-    scales (S ← S e^{c_old − c} + …), as the chunked kernel does (:mod:`spe.ops.scaled`).
+    scales (S ← S e^{c_old − c} + …), as the chunked kernel does (:mod:`spe.ops.scaled`), in the
+    ``Scaled`` subclasses.
 
     Args:
         phi_q: (B, 1, H, M) feature-mapped query of the new position.
         phi_k: (B, 1, H, M) its key features.
         v: (B, 1, H, E) its value.
-        state: from the previous step or from ``causal_linear_attention(...,
-            output_final_state=True)``; None at position 0.
+        state: from the previous step or from
+            :func:`~spe.ops.linear.causal_linear_attention_with_state`; None at position 0.
         normalizer: optional (query, key) features (B, 1, H, M') for the denominator only
             (RoPE: ``phi_q``, ``phi_k`` rotated, these unrotated).
         window: W, or None for the whole past; must match the state's.
@@ -55,63 +64,68 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Linear
     Raises:
         ValueError: on more than one position, or a state of another window, normaliser or
             key-scale form.
+        TypeError: on a state that is not a linear-attention state.
     """
     _check_one_position(phi_q=phi_q, phi_k=phi_k, v=v)
     check_window(window)
-    check_state_window(state, window)
-    if state is not None and (state.log_scale is None) != (key_log_scale is None):
-        raise ValueError("the decoding state and this step disagree on key_log_scale")
+    check_linear_state(state, window=window, scaled=key_log_scale is not None, who="decoding state")
     dtype = kernel_dtype(phi_q, v)
+    position = 1 + (0 if state is None else state.position)
     with torch.autocast(device_type=v.device.type, enabled=False):
         fq, fk, vf = phi_q.to(dtype), phi_k.to(dtype), v.to(dtype)
         nq, nk = (fq, fk) if normalizer is None else (t.to(dtype) for t in normalizer)
         state = None if state is None else state.to(dtype)
-        scale, decay = None, None
-        if key_log_scale is not None and window is not None:
-            scale = key_log_scale.to(dtype)[:, 0]  # keys stay relative to their own scale
-        elif key_log_scale is not None:
-            a = key_log_scale.to(dtype)[:, 0]  # (B, H)
-            scale = a if state is None else torch.maximum(state.log_scale, a)
-            decay = None if state is None else torch.exp(state.log_scale - scale)
-            factor = torch.exp(a - scale)[:, None, :, None]
-            fk, nk = fk * factor, nk * factor
+        a = None if key_log_scale is None else key_log_scale.to(dtype)[:, 0]  # (B, H)
         if window is None:
-            kv, z = torch.einsum("blhm,blhe->bhme", fk, vf), nk[:, 0]
-            if state is not None:
-                old_kv, old_z = (state.kv, state.normalizer) if decay is None else (
-                    state.kv * decay[..., None, None], state.normalizer * decay[..., None])
-                kv, z = old_kv + kv, old_z + z
-            new = LinearAttentionState(kv=kv, normalizer=z, log_scale=scale)
+            kv, z, new = _sums_step(state, fk, vf, nk, a, position)
         else:
-            new = _append_recent(state, fk, vf, None if normalizer is None else nk, scale, window)
-            weights = 1.0
-            if scale is not None:  # relative to the largest key scale inside the window
-                new.log_scale = new.recent_log_scales.amax(dim=1)
-                weights = torch.exp(new.recent_log_scales - new.log_scale[:, None])[..., None]
-            kv = torch.einsum("blhm,blhe->bhme", new.recent_keys * weights, new.recent_values)
-            keys = new.recent_keys if normalizer is None else new.recent_normalizer_keys
-            z = (keys * weights).sum(dim=1)
+            kv, z, new = _window_step(state, fk, vf, None if normalizer is None else nk, a, window, position)
         y = normalise(torch.einsum("blhm,bhme->blhe", fq, kv), torch.einsum("blhm,bhm->blh", nq, z)[..., None])
-    new.position, new.window = (0 if state is None else state.position) + 1, window
     return y.to(v.dtype), new
 
 
-def _append_recent(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: Tensor | None,
-                   scale: Tensor | None, window: int) -> LinearAttentionState:
-    recent_scale = None if scale is None else scale[:, None]
-    if state is None:
-        return LinearAttentionState(recent_keys=fk, recent_values=vf, recent_normalizer_keys=nk,
-                                    log_scale=scale, recent_log_scales=recent_scale)
+def _sums_step(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: Tensor, a: Tensor | None,
+               position: int) -> tuple[Tensor, Tensor, LinearAttentionState]:
+    """Running sums with one more key: (S, z, the new state)."""
+    decay = None
+    if a is not None:  # relative to the running maximum of the key scales
+        scale = a if state is None else torch.maximum(state.log_scale, a)
+        decay = None if state is None else torch.exp(state.log_scale - scale)
+        factor = torch.exp(a - scale)[:, None, :, None]
+        fk, nk = fk * factor, nk * factor
+    kv, z = torch.einsum("blhm,blhe->bhme", fk, vf), nk[:, 0]
+    if state is not None:
+        old_kv, old_z = (state.kv, state.normalizer) if decay is None else (
+            state.kv * decay[..., None, None], state.normalizer * decay[..., None])
+        kv, z = old_kv + kv, old_z + z
+    if a is None:
+        return kv, z, LinearAttentionState(kv=kv, normalizer=z, position=position)
+    return kv, z, ScaledLinearAttentionState(kv=kv, normalizer=z, position=position, log_scale=scale)
+
+
+def _window_step(state: RecentKeys | None, fk: Tensor, vf: Tensor, nk: Tensor | None, a: Tensor | None,
+                 window: int, position: int) -> tuple[Tensor, Tensor, RecentKeys]:
+    """The last W keys with this one (each relative to its own scale), and the sums they form:
+    (S, z, the new state); ``nk`` None: no separate normaliser."""
+    if state is not None and (state.normalizer_keys is None) != (nk is None):
+        raise ValueError("the decoding state and this step disagree on a separate normaliser")
 
     def append(old: Tensor | None, new: Tensor | None) -> Tensor | None:
-        return None if new is None else torch.cat([old, new], dim=1)[:, -window:]
+        return new if old is None or new is None else torch.cat([old, new], dim=1)[:, -window:]
 
-    if (state.recent_normalizer_keys is None) != (nk is None):
-        raise ValueError("the decoding state and this step disagree on a separate normaliser")
-    return LinearAttentionState(
-        recent_keys=append(state.recent_keys, fk), recent_values=append(state.recent_values, vf),
-        recent_normalizer_keys=append(state.recent_normalizer_keys, nk), log_scale=scale,
-        recent_log_scales=append(state.recent_log_scales, recent_scale))
+    kept = {"keys": append(None if state is None else state.keys, fk),
+            "values": append(None if state is None else state.values, vf),
+            "normalizer_keys": append(None if state is None else state.normalizer_keys, nk),
+            "window": window, "position": position}
+    weights = 1.0
+    if a is None:
+        new = RecentKeys(**kept)
+    else:  # relative to the largest key scale inside the window
+        new = ScaledRecentKeys(**kept, log_scales=append(None if state is None else state.log_scales, a[:, None]))
+        weights = torch.exp(new.log_scales - new.log_scale[:, None])[..., None]
+    kv = torch.einsum("blhm,blhe->bhme", new.keys * weights, new.values)
+    keys = new.keys if nk is None else new.normalizer_keys
+    return kv, (keys * weights).sum(dim=1), new
 
 
 def append_to_cache(cache: KVCache | None, k: Tensor, v: Tensor, *, window: int | None = None) -> KVCache:

@@ -16,6 +16,8 @@ relative to its own scale and c_m = the largest a_n inside the window
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -92,13 +94,18 @@ def scaled_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, scale: Tens
     return out.reshape(b, nc * c, h, e)[:, :n], sums[:, -1], ends[:, -1]
 
 
-_FAR = -1e4  # log scale of empty (padding) blocks: e^{_FAR − c} is 0, e^{_FAR − _FAR} a harmless 1
+# Log scale of empty blocks (before the first chunk) and of keys outside a window: −∞, so that
+# they can never be the larger scale (a finite sentinel such as −10⁴ would be, once every real
+# key's log scale lies below it, and then underflow every real key's factor to 0).
+_FAR = -math.inf
 
 
 def _merge(x: Tensor, rx: Tensor, y: Tensor, ry: Tensor) -> tuple[Tensor, Tensor]:
-    """x e^{rx} + y e^{ry} as (sum, scale) relative to the larger scale; x, y (B, N, H, M, E)."""
+    """x e^{rx} + y e^{ry} as (sum, scale) relative to the larger scale; x, y (B, N, H, M, E).
+    Two empty blocks (both scales −∞, both sums 0) merge to an empty block."""
     r = torch.maximum(rx, ry)
-    return x * torch.exp(rx - r)[..., None, None] + y * torch.exp(ry - r)[..., None, None], r
+    ref = r.masked_fill(r == _FAR, 0.0)  # e^{−∞ − 0} = 0, where e^{−∞ − (−∞)} would be NaN
+    return x * torch.exp(rx - ref)[..., None, None] + y * torch.exp(ry - ref)[..., None, None], r
 
 
 def _scaled_chunk_window_sums(kv: Tensor, ref: Tensor, whole: int) -> tuple[Tensor, Tensor]:

@@ -3,16 +3,38 @@
 
 Letters: B = batch, H = num_heads, M = feature dimension of φ (M' of a separate normaliser),
 E = value dimension, D = query/key dimension, W = window, T = positions kept.
+
+One type per kind of memory, each with only the fields it needs (a missing one is a
+``TypeError`` at construction, a shape that does not fit the others a ``ValueError``):
+
+==========================  ==============================  ===========================
+type                        holds                           kernels
+==========================  ==============================  ===========================
+:class:`LinearAttentionState`   running sums of the whole past  linear (relu, elu+1)
+:class:`ScaledLinearAttentionState`  the same relative to e^c   FAVOR+ (key log scales)
+:class:`RecentKeys`         the last W keys' features, values   linear with a window
+:class:`ScaledRecentKeys`   the same with their log scales      FAVOR+ with a window
+:class:`KVCache`            keys and values (the last W)        softmax
+==========================  ==============================  ===========================
+
+The scaled types are subclasses of the plain ones (a FAVOR+ state *is* a linear-attention
+state, with its scale); :data:`AttentionState` is the union that callers above ``ops/``
+hold without looking inside.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, fields, replace
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionState", "KVCache", "LinearAttentionState"]
+from spe.ops.softmax import check_window
+
+__all__ = ["AttentionState", "KVCache", "LinearAttentionState", "RecentKeys", "ScaledLinearAttentionState",
+           "ScaledRecentKeys", "check_state_window", "legacy_state"]
 
 
 def _cast(state, dtype: torch.dtype):
@@ -21,50 +43,132 @@ def _cast(state, dtype: torch.dtype):
                              if isinstance(v, Tensor) and v.is_floating_point()})
 
 
-@dataclass
-class LinearAttentionState:
-    """State of causal linear attention after ``position`` positions.
+def _shape_error(kind: str, **tensors: Tensor) -> ValueError:
+    shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in tensors.items())
+    return ValueError(f"inconsistent {kind}: {shapes}")
 
-    Whole past (``window`` None): the running sums, so every step costs the same::
+
+def _check_position(kind: str, position: int, kept: int) -> None:
+    if isinstance(position, bool) or not isinstance(position, int) or position < kept:
+        raise ValueError(f"{kind}: position must be an int ≥ the {kept} positions it holds, got {position!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinearAttentionState:
+    """Causal linear attention after ``position`` positions, the whole past as running sums::
 
         kv = Σ_n φ(k_n) v_nᵀ  (B, H, M, E),   normalizer = Σ_n ψ(k_n)  (B, H, M'),
 
     with ψ = φ unless the kernel was given a separate normaliser (RoPE: rotated φ above,
-    unrotated ψ below, RoFormer eq. 19). Sliding window W: the last min(W, position) keys'
-    features and values instead (O(W) memory), from which each step re-forms its sums, so no
-    running subtraction can leave rounding residues.
+    unrotated ψ below, RoFormer eq. 19). Every step costs the same, O(M·E).
 
     Attributes:
-        kv: (B, H, M, E), or None with a window.
-        normalizer: (B, H, M'), or None with a window.
-        recent_keys: (B, T, H, M) with a window, else None.
-        recent_values: (B, T, H, E) with a window, else None.
-        recent_normalizer_keys: (B, T, H, M') with a window and a separate normaliser, else None.
+        kv: (B, H, M, E).
+        normalizer: (B, H, M').
         position: positions seen so far (RoPE and SPE need the next one's index).
-        window: W the state was built with (None: the whole past).
-        log_scale: (B, H) running maximum c of the keys' log scales when the kernel was given
-            ``key_log_scale`` (FAVOR+, :mod:`spe.ops.scaled`): ``kv`` and ``normalizer`` are
-            then relative to e^c; None otherwise.
-        recent_log_scales: (B, T, H) the running maxima at the recent keys (window and
-            ``key_log_scale``), to which those keys' features are relative; else None.
+
+    Raises:
+        TypeError: on a missing field. ValueError: on shapes that do not fit together.
     """
 
-    kv: Tensor | None = None
-    normalizer: Tensor | None = None
-    recent_keys: Tensor | None = None
-    recent_values: Tensor | None = None
-    recent_normalizer_keys: Tensor | None = None
+    window: ClassVar[None] = None  # the whole past
+    kv: Tensor
+    normalizer: Tensor
     position: int = 0
-    window: int | None = None
-    log_scale: Tensor | None = None
-    recent_log_scales: Tensor | None = None
 
-    def to(self, dtype: torch.dtype) -> LinearAttentionState:
+    def __post_init__(self) -> None:
+        if self.kv.dim() != 4 or self.normalizer.dim() != 3 or self.kv.shape[:2] != self.normalizer.shape[:2]:
+            raise _shape_error(type(self).__name__, kv=self.kv, normalizer=self.normalizer)
+        _check_position(type(self).__name__, self.position, 0)
+
+    def to(self, dtype: torch.dtype):
         """A copy with floating tensors cast to ``dtype``."""
         return _cast(self, dtype)
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
+class ScaledLinearAttentionState(LinearAttentionState):
+    """:class:`LinearAttentionState` of keys given with log scales (FAVOR+, :mod:`spe.ops.scaled`):
+    ``kv`` and ``normalizer`` are relative to e^c, c the running maximum of the keys' log scales.
+
+    Attributes:
+        log_scale: (B, H) c, in nats.
+    """
+
+    log_scale: Tensor
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.log_scale.shape != self.kv.shape[:2]:
+            raise _shape_error(type(self).__name__, kv=self.kv, log_scale=self.log_scale)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecentKeys:
+    """Causal linear attention with a sliding window W: the last T = min(W, position) keys'
+    features and values (O(W) memory), from which each step re-forms its sums, so no running
+    subtraction can leave rounding residues.
+
+    Attributes:
+        keys: (B, T, H, M) features φ(k_n).
+        values: (B, T, H, E).
+        window: W, positive.
+        position: positions seen so far.
+        normalizer_keys: (B, T, H, M') features ψ(k_n) of a separate normaliser, or None:
+            the kernel's form (RoPE, RoFormer eq. 19), not a missing value; the kernels refuse
+            to continue a state of the other form.
+
+    Raises:
+        TypeError: on a missing field. ValueError: on a bad window, more than W positions or
+            shapes that do not fit together.
+    """
+
+    keys: Tensor
+    values: Tensor
+    window: int
+    position: int = 0
+    normalizer_keys: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        check_window(self.window)
+        if self.window is None:
+            raise ValueError(f"{type(self).__name__} keeps a window: window must be a positive int, got None")
+        kept = self.keys.shape[1] if self.keys.dim() == 4 else -1
+        extra = {} if self.normalizer_keys is None else {"normalizer_keys": self.normalizer_keys}
+        if kept < 0 or self.values.shape[:3] != self.keys.shape[:3] or kept > self.window or any(
+                t.shape[:3] != self.keys.shape[:3] for t in extra.values()):
+            raise _shape_error(f"{type(self).__name__} (window {self.window})", keys=self.keys, values=self.values,
+                               **extra)
+        _check_position(type(self).__name__, self.position, kept)
+
+    def to(self, dtype: torch.dtype):
+        """A copy with floating tensors cast to ``dtype``."""
+        return _cast(self, dtype)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaledRecentKeys(RecentKeys):
+    """:class:`RecentKeys` of keys given with log scales (FAVOR+): each key's features are
+    relative to its own scale (:func:`spe.ops.scaled.scaled_window_sums`).
+
+    Attributes:
+        log_scales: (B, T, H) a_n of the kept keys, in nats.
+    """
+
+    log_scales: Tensor
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.log_scales.shape != self.keys.shape[:3]:
+            raise _shape_error(type(self).__name__, keys=self.keys, log_scales=self.log_scales)
+
+    @property
+    def log_scale(self) -> Tensor:
+        """(B, H) the largest log scale inside the window (the sums' common scale)."""
+        return self.log_scales.amax(dim=1)
+
+
+@dataclass(frozen=True, kw_only=True)
 class KVCache:
     """Keys and values of softmax attention seen so far (the last W with a window).
 
@@ -73,6 +177,10 @@ class KVCache:
         values: (B, T, H, E).
         position: positions seen so far (the next query's index).
         window: W the cache was built with (None: the whole past).
+
+    Raises:
+        TypeError: on a missing field. ValueError: on a bad window, more than W positions or
+            shapes that do not fit together.
     """
 
     keys: Tensor
@@ -80,9 +188,23 @@ class KVCache:
     position: int = 0
     window: int | None = None
 
+    def __post_init__(self) -> None:
+        check_window(self.window)
+        kept = self.keys.shape[1] if self.keys.dim() == 4 else -1
+        if kept < 0 or self.values.shape[:3] != self.keys.shape[:3] or (self.window is not None
+                                                                       and kept > self.window):
+            raise _shape_error(f"KVCache (window {self.window})", keys=self.keys, values=self.values)
+        _check_position("KVCache", self.position, kept)
+
     def to(self, dtype: torch.dtype) -> KVCache:
         """A copy with floating tensors cast to ``dtype``."""
         return _cast(self, dtype)
+
+
+# What a decoding step hands from one position to the next, whatever the kernel: callers above
+# ops/ (blocks, models, generation) hold it without looking inside. (The scaled types are
+# subclasses of the plain ones.)
+AttentionState = KVCache | LinearAttentionState | RecentKeys
 
 
 def check_state_window(state, window: int | None) -> None:
@@ -92,6 +214,36 @@ def check_state_window(state, window: int | None) -> None:
                          f"has {window}: start decoding again from a fresh state")
 
 
-# What a decoding step hands from one position to the next, whatever the kernel: callers above
-# ops/ (blocks, models, generation) hold it without looking inside.
-AttentionState = KVCache | LinearAttentionState
+def legacy_state(state: dict, kind: type, *, scaled: bool = False) -> AttentionState:
+    """Converts the string-keyed state dicts of earlier versions (``keys``/``values``; ``s`` with a
+    trailing normaliser column, or ``s`` and ``z``; ``recent_keys``/``recent_values`` with
+    ``window``) to the typed states, with a DeprecationWarning.
+
+    Args:
+        state: the dict; it must say its ``position``.
+        kind: :class:`KVCache` for softmax, any linear-attention state type otherwise.
+        scaled: the kernel now carries FAVOR+ key scales, and the old sums were in absolute
+            scale (log scale 0).
+
+    Raises:
+        ValueError: if the dict does not say its ``position`` (or, with recent keys, its window).
+    """
+    warnings.warn("decoding states are typed now (spe.ops.KVCache, spe.ops.LinearAttentionState, "
+                  "spe.ops.RecentKeys); string-keyed dicts will stop working", DeprecationWarning, stacklevel=3)
+    if "position" not in state:
+        raise ValueError("a decoding state given as a dict must carry its 'position' (the next position's index)")
+    position = state["position"]
+    if issubclass(kind, KVCache):
+        return KVCache(keys=state["keys"], values=state["values"], position=position, window=state.get("window"))
+    if "recent_keys" in state:
+        keys, window = state["recent_keys"], state.get("window")
+        if window is None:
+            raise ValueError("a windowed decoding state given as a dict must carry its 'window'")
+        if scaled:
+            return ScaledRecentKeys(keys=keys, values=state["recent_values"], window=window, position=position,
+                                    log_scales=keys.new_zeros(keys.shape[:3]))
+        return RecentKeys(keys=keys, values=state["recent_values"], window=window, position=position)
+    kv, z = (state["s"], state["z"]) if "z" in state else (state["s"][..., :-1], state["s"][..., -1])
+    if scaled:
+        return ScaledLinearAttentionState(kv=kv, normalizer=z, position=position, log_scale=kv.new_zeros(kv.shape[:2]))
+    return LinearAttentionState(kv=kv, normalizer=z, position=position)

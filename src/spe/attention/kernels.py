@@ -1,0 +1,283 @@
+"""The attention kernels by spec: a plain dict from name to what the kernel is and accepts.
+
+Letters: B = batch, L = length (Lq queries, Lk keys), H = num_heads, E = query/key dimension
+(R with SPE), M = feature dimension (E for softmax), Ev = value dimension.
+
+Every kernel runs the same pipeline, so :class:`~spe.attention.MultiHeadAttention` has one
+path for ``forward`` and one for ``step``:
+
+1. **feature map** φ (:attr:`KernelSpec.feature_map`; None for softmax, whose "features"
+   are the queries and keys themselves): ``(q, k, projection) -> (φ(q), φ(k), key log scale)``;
+2. **feature transforms** (:class:`FeatureTransform`) by position, on φ(q), φ(k): RoPE today
+   (softmax: rotated q and k; linear kernels: RoFormer eq. 19); LRPE, PermuteFormer and
+   cosFormer are transforms of this kind (/work/shared/PEERS-NOTES.md);
+3. the kernel's **parallel** function ``(features, v, options) -> y`` or its **step**
+   function ``(features, v, state, options) -> (y, state)``, with :class:`KernelOptions`
+   carrying what the call adds: causality, window, key padding mask, a **score term** (Shaw,
+   Music Transformer, ALiBi; an exact-kernel oracle would be one), a **decay** (RetNet; no
+   kernel takes one yet: its spec's ``decay`` flag says when one does).
+
+What a kernel accepts is declared in its spec and checked once (:meth:`KernelSpec.check`),
+so an impossible pair raises the same ValueError wherever it is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch import Tensor
+
+from spe.ops.feature_maps import elu_feature_map, favor_feature_map, favor_key_features, relu_feature_map
+from spe.ops.linear import causal_linear_attention, kernel_dtype, linear_attention
+from spe.ops.recurrent import append_to_cache, linear_attention_step, softmax_attention_step
+from spe.ops.softmax import softmax_attention
+from spe.ops.state import (
+    KVCache,
+    LinearAttentionState,
+    RecentKeys,
+    ScaledLinearAttentionState,
+    ScaledRecentKeys,
+)
+
+__all__ = ["KERNELS", "KERNEL_PLACES", "FeatureTransform", "KernelFeatures", "KernelOptions", "KernelSpec",
+           "ScoreTerm", "kernel_features", "kernel_spec"]
+
+# Where a positional encoding may act, as the positional registry names the places
+# (spe.encodings.registry.PLACES): added to tokens, transforming queries/keys (or, after a
+# feature map, their features), or a term in the scores.
+KERNEL_PLACES = ("tokens", "queries-keys", "scores")
+
+
+class ScoreTerm(Protocol):
+    """A module that forms softmax attention with its own term in the scores (Shaw, Music
+    Transformer, ALiBi): ``attend`` takes q (B, Lq, H, E), k (B, Lk, H, E), v (B, Lk, H, Ev)
+    and the position of the first query, and returns (B, Lq, H, Ev)."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class FeatureTransform:
+    """A position-dependent transform of the kernel's features φ(q), φ(k).
+
+    Attributes:
+        apply: ``(features (B, L, H, M), positions (L,)) -> (B, L, H, M')``, in the kernel's
+            dtype (at least float32).
+        numerator_only: with a linear kernel, the normaliser keeps the untransformed
+            features (RoPE, RoFormer eq. 19; LRPE: the product may be negative), which needs
+            strictly positive features; False: both are transformed alike (PermuteFormer,
+            cosFormer). Softmax has no separate normaliser: its q, k are transformed.
+        name: for error messages.
+    """
+
+    apply: Callable[[Tensor, Tensor], Tensor]
+    numerator_only: bool = True
+    name: str = "feature transform"
+
+
+@dataclass(frozen=True)
+class KernelFeatures:
+    """What a kernel's parallel or step function receives for queries and keys.
+
+    Attributes:
+        q: (B, Lq, H, M) φ(q) after transforms (softmax: the queries).
+        k: (B, Lk, H, M) φ(k) after transforms (FAVOR+: relative to ``key_log_scale``).
+        normalizer: (queries, keys) features (B, L, H, M') of a separate normaliser, or None.
+        key_log_scale: (B, Lk, H) a_n with φ(k_n) = k_n · e^{a_n} (FAVOR+), or None.
+    """
+
+    q: Tensor
+    k: Tensor
+    normalizer: tuple[Tensor, Tensor] | None = None
+    key_log_scale: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """What a call adds to the features.
+
+    Attributes:
+        causal: mask the future.
+        window: W of causal sliding-window attention (None: the whole past).
+        chunk_size: C of chunked causal linear attention.
+        key_padding_mask: (B, Lk) bool, True at padding (non-causal ``parallel`` only).
+        score_term: a :class:`ScoreTerm` (softmax only).
+        decay: (H,) γ_h ∈ (0, 1) on the lag, y_m ∝ Σ γ^{m−n} φ(q_m)·φ(k_n) v_n (RetNet);
+            refused by every kernel today (``KernelSpec.decay``).
+    """
+
+    causal: bool = True
+    window: int | None = None
+    chunk_size: int = 64
+    key_padding_mask: Tensor | None = None
+    score_term: ScoreTerm | None = None
+    decay: Tensor | None = None
+
+
+FeatureMap = Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor, Tensor | None]]
+Parallel = Callable[[KernelFeatures, Tensor, KernelOptions], Tensor]
+Step = Callable[[KernelFeatures, Tensor, Any, KernelOptions], tuple[Tensor, Any]]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One attention kernel: its feature map, what it accepts, its parallel and step functions.
+
+    Attributes:
+        name: the string of configs and the command line.
+        source: the reference.
+        feature_map: ``(q, k, projection) -> (φ(q), φ(k), key log scale or None)``; None for
+            softmax (explicit scores of q and k).
+        parallel: ``(features, v (B, L, H, Ev), options) -> (B, L, H, Ev)``.
+        step: ``(features, v (B, 1, H, Ev), state or None, options) -> ((B, 1, H, Ev), state)``,
+            equal to ``parallel`` position by position.
+        state_types: the decoding states ``step`` takes and returns (the first: the one for
+            the whole past, also what old dict states convert to).
+        accepts: the places (``KERNEL_PLACES``) where a positional encoding may act.
+        masks: takes key padding masks (non-causal).
+        windows: takes causal sliding windows.
+        feature_transforms: takes :class:`FeatureTransform` s.
+        decay: takes ``KernelOptions.decay`` (none does yet).
+        key_scales: φ(k) comes as features and a log scale (FAVOR+: no overflow at any R).
+        random_features: draws random projections (``num_features`` of them; redrawable).
+        positive_features: φ > 0 everywhere (numerator-only transforms need it).
+        normalizer_features: normalises by Σ φ(q)ᵀφ(k) from its features (linear kernels),
+            so numerator-only transforms keep a separate, untransformed normaliser.
+    """
+
+    name: str
+    source: str
+    feature_map: FeatureMap | None
+    parallel: Parallel
+    step: Step
+    state_types: tuple[type, ...]
+    accepts: tuple[str, ...] = ("tokens", "queries-keys")
+    masks: bool = True
+    windows: bool = True
+    feature_transforms: bool = True
+    decay: bool = False
+    key_scales: bool = False
+    random_features: bool = False
+    positive_features: bool = False
+    normalizer_features: bool = True
+
+    @property
+    def score_terms(self) -> bool:
+        """Takes a score term (it forms explicit scores)."""
+        return "scores" in self.accepts
+
+    def check(self, options: KernelOptions, *, transform: FeatureTransform | None = None) -> None:
+        """Raises ValueError naming what this kernel does not accept in ``options`` (or ``transform``)."""
+        refused = [what for what, given, taken in (
+            ("a score term", options.score_term is not None, self.score_terms),
+            ("a sliding window", options.window is not None, self.windows),
+            ("a key padding mask", options.key_padding_mask is not None, self.masks),
+            ("a decay", options.decay is not None, self.decay),
+            ("a feature transform", transform is not None, self.feature_transforms)) if given and not taken]
+        if refused:
+            raise ValueError(f"{self.name} attention does not take {refused[0]}")
+        if (transform is not None and transform.numerator_only and self.normalizer_features
+                and not self.positive_features):
+            positive = [s.name for s in KERNELS.values() if s.positive_features and s.normalizer_features]
+            # ReLU features can make the untransformed normaliser exactly 0 while the transformed
+            # numerator is not (RoFormer eq. 19 needs strictly positive features).
+            raise ValueError(f"{transform.name} with linear attention needs strictly positive features: use "
+                             f"{' or '.join(positive)}, not {self.name}")
+
+    def features(self, q: Tensor, k: Tensor, projection: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(φ(q), φ(k), key log scale or None); q, k unchanged for softmax."""
+        return (q, k, None) if self.feature_map is None else self.feature_map(q, k, projection)
+
+
+def kernel_features(spec: KernelSpec, q: Tensor, k: Tensor, *, projection: Tensor | None = None,
+                    transform: FeatureTransform | None = None, positions: Tensor | None = None) -> KernelFeatures:
+    """Steps 1 and 2 of the pipeline: φ, then the transform at ``positions`` (L,).
+
+    Args:
+        spec: the kernel.
+        q: (B, Lq, H, E) queries; k: (B, Lk, H, E) keys.
+        projection: (H, M, E) random features (``spec.random_features``).
+        transform: applied in at least float32 (bf16 cos/sin are coarse); numerator-only
+            transforms of a kernel with ``normalizer_features`` keep the untransformed
+            features as the normaliser.
+        positions: (L,) positions of the transform.
+    """
+    fq, fk, log_scale = spec.features(q, k, projection)
+    if transform is None:
+        return KernelFeatures(fq, fk, key_log_scale=log_scale)
+    dtype = kernel_dtype(fq, fk)
+    fq, fk = fq.to(dtype), fk.to(dtype)
+    normalizer = (fq, fk) if transform.numerator_only and spec.normalizer_features else None
+    return KernelFeatures(transform.apply(fq, positions), transform.apply(fk, positions), normalizer, log_scale)
+
+
+def _softmax_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
+    if o.score_term is not None:
+        return o.score_term.attend(f.q, f.k, v)
+    return softmax_attention(f.q, f.k, v, causal=o.causal, window=o.window, key_padding_mask=o.key_padding_mask)
+
+
+def _softmax_step(f: KernelFeatures, v: Tensor, state: KVCache | None, o: KernelOptions) -> tuple[Tensor, KVCache]:
+    if o.score_term is not None:  # the score term attends over the cache from the new query's position
+        cache = append_to_cache(state, f.k, v, window=o.window)
+        return o.score_term.attend(f.q, cache.keys, cache.values, query_offset=cache.position - 1), cache
+    return softmax_attention_step(f.q, f.k, v, state, window=o.window)
+
+
+def _linear_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
+    if o.causal:
+        return causal_linear_attention(f.q, f.k, v, chunk_size=o.chunk_size, window=o.window,
+                                       normalizer=f.normalizer, key_log_scale=f.key_log_scale)
+    return linear_attention(f.q, f.k, v, key_padding_mask=o.key_padding_mask, normalizer=f.normalizer,
+                            key_log_scale=f.key_log_scale)
+
+
+def _linear_step(f: KernelFeatures, v: Tensor, state, o: KernelOptions):
+    return linear_attention_step(f.q, f.k, v, state, window=o.window, normalizer=f.normalizer,
+                                 key_log_scale=f.key_log_scale)
+
+
+def _elementwise(fmap: Callable[[Tensor], Tensor]) -> FeatureMap:
+    def features(q: Tensor, k: Tensor, projection: Tensor | None) -> tuple[Tensor, Tensor, None]:
+        return fmap(q), fmap(k), None
+
+    features.__name__ = fmap.__name__
+    return features
+
+
+def favor_features(q: Tensor, k: Tensor, projection: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """FAVOR+ features: queries stabilised by their own maximum, keys with their log scale apart
+    (no clamp, no overflow; :func:`~spe.ops.feature_maps.favor_key_features`)."""
+    if projection is None:
+        raise ValueError("performer attention needs its random projection (H, M, E)")
+    fk, log_scale = favor_key_features(k, projection)
+    return favor_feature_map(q, projection, is_query=True), fk, log_scale
+
+
+_LINEAR_STATES = (LinearAttentionState, RecentKeys)
+
+KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (
+    KernelSpec("softmax", "exact, O(L²) (Vaswani et al. 2017)", None, _softmax_parallel, _softmax_step,
+               (KVCache,), accepts=KERNEL_PLACES, positive_features=True, normalizer_features=False),
+    KernelSpec("performer", "FAVOR+ positive orthogonal random features (Choromanski et al. 2021)",
+               favor_features, _linear_parallel, _linear_step, (ScaledLinearAttentionState, ScaledRecentKeys),
+               key_scales=True, random_features=True, positive_features=True),
+    KernelSpec("linear-relu", "φ = relu (Katharopoulos et al. 2020)", _elementwise(relu_feature_map),
+               _linear_parallel, _linear_step, _LINEAR_STATES),
+    KernelSpec("linear-elu", "φ = elu + 1 (Katharopoulos et al. 2020)", _elementwise(elu_feature_map),
+               _linear_parallel, _linear_step, _LINEAR_STATES, positive_features=True),
+)}
+
+
+def kernel_spec(name: str) -> KernelSpec:
+    """The registry entry of ``name``.
+
+    Raises:
+        ValueError: if ``name`` is not registered (the message lists the registered names).
+    """
+    try:
+        return KERNELS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown attention {name!r}; choose one of {', '.join(KERNELS)}") from None
