@@ -11,6 +11,7 @@ its own projection (and SPE filter) forms q and k.
 
 from __future__ import annotations
 
+import math
 import operator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 
 from spe.models.encoder_classifier import EncoderClassifier
+from spe.ops.linear import rescale_keys
 
 __all__ = ["cls_attention", "plot_cls_attention"]
 
@@ -72,7 +74,7 @@ def cls_attention(model: EncoderClassifier, tokens: Tensor, lengths: Tensor | No
         model.train(was_training)
     q, k, _ = attn.project(seen["x"], seen["code"])  # (B, L, H, E)
     mask = seen["mask"]
-    if attn.attention == "softmax":
+    if attn.kernel.feature_map is None:  # softmax: the weights themselves
         if attn.rotary is not None:
             q, k = attn.rotary(q.float(), seen["positions"]), attn.rotary(k.float(), seen["positions"])
         scores = torch.einsum("bhe,blhe->bhl", q[:, 0].float(), k.float()) / q.shape[-1] ** 0.5
@@ -80,9 +82,8 @@ def cls_attention(model: EncoderClassifier, tokens: Tensor, lengths: Tensor | No
     fq, fk, extra = attn._linear_inputs(q, k, seen["positions"])  # noqa: SLF001 - the layer's own features
     if "normalizer" in extra:  # RoPE: the unrotated features give the (positive) weights' normaliser
         fq, fk = extra["normalizer"]
-    if "key_log_scale" in extra:
-        scale = extra["key_log_scale"].masked_fill(mask[..., None], -1e4)
-        fk = fk * torch.exp(scale - scale.amax(dim=1, keepdim=True))[..., None]
+    if "key_log_scale" in extra:  # padding at −∞, so it can never be the common scale (as in the kernel)
+        fk, _ = rescale_keys(fk, None, extra["key_log_scale"].masked_fill(mask[..., None], -math.inf))
     weights = torch.einsum("bhm,blhm->bhl", fq[:, 0].float(), fk.float()).masked_fill(mask[:, None], 0.0)
     return weights / weights.sum(-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
 

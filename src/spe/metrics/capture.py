@@ -77,7 +77,7 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
     layer = layer_index(layer, len(blocks))
     attn = blocks[layer].attn
     rotary = attn.rotary
-    if rotary is not None and attn.attention != "softmax":
+    if rotary is not None and attn.kernel.feature_map is not None:
         raise ValueError(f"with {attn.attention} attention RoPE rotates the kernel features, not the queries "
                          "and keys, so q·k/√D is not what the model computes; only softmax RoPE models can "
                          "be read this way")

@@ -36,7 +36,8 @@ from spe.ops.state import (
 )
 
 __all__ = ["LinearState", "causal_linear_attention", "causal_linear_attention_reference",
-           "causal_linear_attention_with_state", "check_linear_state", "kernel_dtype", "linear_attention", "normalise"]
+           "causal_linear_attention_with_state", "check_linear_state", "kernel_dtype", "linear_attention", "normalise",
+           "rescale_keys"]
 
 # What causal linear attention continues from and returns: running sums (whole past) or the
 # recent keys (window), each with a ``Scaled`` subclass for keys with log scales.
@@ -104,8 +105,12 @@ def _normalised(num_den: Tensor, eps: float) -> Tensor:
     return normalise(num_den[..., :-1], num_den[..., -1:], eps)
 
 
-def _rescale_keys(phi_k: Tensor, normalizer, key_log_scale: Tensor | None):
+def rescale_keys(phi_k: Tensor, normalizer, key_log_scale: Tensor | None):
     """Keys brought to one common scale, e^{a_n − max a} (for non-causal use and references).
+
+    phi_k: (B, Lk, H, M) features relative to e^{a_n}; normalizer: None or (ψ(q), ψ(k)) with
+    ψ(k) (B, Lk, H, M') relative to the same scales; key_log_scale: (B, Lk, H) a_n, or None
+    (nothing to do). Returns (phi_k, normalizer) relative to e^{max_n a_n} per (example, head).
 
     Padding keys come with a = −∞ (:func:`_mask_keys`) and so never set the maximum; an
     example whose keys are all padding has max a = −∞ and no common scale: its factors are
@@ -167,7 +172,7 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
     """
     if key_padding_mask is not None:
         phi_k, v, normalizer, key_log_scale = _mask_keys(key_padding_mask, phi_k, v, normalizer, key_log_scale)
-    phi_k, normalizer = _rescale_keys(phi_k, normalizer, key_log_scale)
+    phi_k, normalizer = rescale_keys(phi_k, normalizer, key_log_scale)
     if normalizer is None:
         kv = torch.einsum("blhm,blhe->bhme", phi_k, _with_ones(v))
         return _normalised(torch.einsum("blhm,bhme->blhe", phi_q, kv), eps)
@@ -196,7 +201,7 @@ def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *
     Args and returns as :func:`causal_linear_attention`.
     """
     check_window(window)
-    phi_k, normalizer = _rescale_keys(phi_k, normalizer, key_log_scale)
+    phi_k, normalizer = rescale_keys(phi_k, normalizer, key_log_scale)
     if normalizer is None:
         states = _prefix_sums(torch.einsum("blhm,blhe->blhme", phi_k, _with_ones(v)), window)
         return _normalised(torch.einsum("blhm,blhme->blhe", phi_q, states), eps)
