@@ -21,6 +21,7 @@ from spe.models.classifier_config import ClassifierConfig
 from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
+from spe.options import decode_window
 
 __all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write",
            "fsync_dir", "load", "load_checkpoint", "load_metadata", "max_positions", "save"]
@@ -254,18 +255,18 @@ class LoadedCheckpoint:
                              f"position embeddings (ape-learned max_positions)")
 
     def set_window(self, window: int | None) -> None:
-        """Sets the model's sliding attention window: None keeps the trained one, 0 the whole past.
+        """Sets the model's sliding attention window: None keeps the trained one; otherwise
+        :func:`spe.options.decode_window` decodes it (0: the whole past, W > 0: W positions).
 
         Raises:
-            ValueError: if ``window`` is negative or the model cannot take a window (score
-                encodings), naming the checkpoint.
+            ValueError: if ``window`` is negative or not an int, or the model cannot take a
+                window (score encodings), naming the checkpoint.
         """
         if window is None:
             return
-        if window < 0:
-            raise ValueError(f"window must be 0 (whole past) or a positive number of positions, got {window}")
+        window = decode_window(window, "window")
         try:
-            self.model.set_attention_window(window or None)
+            self.model.set_attention_window(window)
         except ValueError as err:
             raise ValueError(f"{self.path}: {err}") from None
 
