@@ -62,8 +62,10 @@ MUSIC21_PREFIX = "music21:"
 MAX_PIECE_TOKENS = 65_536
 # Quarter notes one REMI token covers at most: every bar costs at least a Bar token, and no bar
 # MidiTok writes is longer than 6 quarters (its longest time signatures, 6/4 and 12/8); 8
-# leaves a margin. A score clipped at max_tokens × 8 quarters therefore starts with the same
-# max_tokens tokens as the whole score, and tokenising it costs O(max_tokens + notes).
+# leaves a margin. The first max_tokens tokens of a score therefore lie before max_tokens × 8
+# quarters: clipping the score there first keeps them when that many tokens come before (MidiTok
+# writes bars only up to the last event, so a score whose events are farther apart keeps the
+# tokens up to its last event before the clip, fewer), and tokenising costs O(max_tokens + notes).
 _QUARTERS_PER_TOKEN = 8
 
 
@@ -271,37 +273,47 @@ def _names(paths: list[Path], limit: int = 5) -> str:
 
 
 def _walk(folder: Path) -> tuple[list[Path], list[Path], list[str]]:
-    """Files below ``folder``, following links to folders, each folder and file read once.
+    """MIDI files below ``folder``, following links, each folder and file read once.
+
+    The folder's own tree is walked first and links after it (breadth first), so of two ways
+    to one folder or file the one without a link is kept; among links, the first in path order.
 
     Returns:
-        (files, paths reached again through a link, folders that could not be listed).
+        (files sorted, paths left out because they were reached before, paths that cannot be read).
     """
     seen: set[tuple[int, int]] = set()
-    files, again, unreadable = [], [], []
+    files, again, unreadable, linked_files = [], [], [], []
 
     def first_visit(path: Path) -> bool:
         try:
-            st = path.stat()
+            st = path.stat()  # through links: two ways to one folder or file share (device, inode)
         except OSError:
             unreadable.append(display_name(path))
             return False
-        key = (st.st_dev, st.st_ino)
-        if key in seen:
+        if (st.st_dev, st.st_ino) in seen:
             again.append(path)
             return False
-        seen.add(key)
+        seen.add((st.st_dev, st.st_ino))
         return True
 
-    first_visit(folder)
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True,
-                                                onerror=lambda err: unreadable.append(display_name(err.filename or folder))):
-        here = Path(dirpath)
-        # Sorted, so that of two ways to one folder the first in path order is the one read.
-        dirnames[:] = [d for d in sorted(dirnames) if first_visit(here / d)]
-        for name in sorted(filenames):
-            path = here / name
-            if path.suffix.lower() in (".mid", ".midi") and path.is_file() and first_visit(path):
-                files.append(path)
+    pending = [folder]
+    while pending:
+        top = pending.pop(0)
+        if not first_visit(top):  # links are resolved once every folder before them is marked
+            continue
+        for dirpath, dirnames, filenames in os.walk(top, onerror=lambda err: unreadable.append(
+                display_name(err.filename or folder))):
+            here = Path(dirpath)
+            pending += sorted(here / d for d in dirnames if (here / d).is_symlink())
+            dirnames[:] = [d for d in sorted(dirnames) if not (here / d).is_symlink() and first_visit(here / d)]
+            for path in (here / name for name in sorted(filenames)):
+                if path.suffix.lower() not in (".mid", ".midi") or not path.is_file():
+                    continue
+                if path.is_symlink():
+                    linked_files.append(path)
+                elif first_visit(path):
+                    files.append(path)
+    files += [path for path in linked_files if first_visit(path)]
     return sorted(files), again, unreadable
 
 
@@ -356,9 +368,10 @@ def _cache_key(files: list[Path], root: Path, tokenizer_json: str, max_piece_tok
 def _tokenize(path: Path, tokenizer, max_tokens: int) -> tuple[np.ndarray | None, bool]:
     """The REMI ids of one MIDI file, at most ``max_tokens`` of them, and whether it was cropped.
 
-    The score is clipped before tokenising (see ``_QUARTERS_PER_TOKEN``), so a file whose
-    events lie absurdly far apart never becomes millions of tokens. Returns None for a file
-    without notes.
+    The ids are always a prefix of the whole piece's. The score is clipped before tokenising
+    where it is longer than ``max_tokens × _QUARTERS_PER_TOKEN`` quarters, so a file whose
+    events lie absurdly far apart never becomes millions of tokens (its piece then ends at
+    its last event before the clip). Returns None for a file without notes.
     """
     from symusic import Score
 
@@ -412,7 +425,9 @@ def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.Pa
 
     Unreadable or corrupt files, and files with no notes, are skipped with a warning that
     names each, and a final count. Pieces longer than ``max_piece_tokens`` keep their first
-    ``max_piece_tokens`` tokens, with a warning naming each and a final count (the names are
+    ``max_piece_tokens`` tokens (fewer when their events span more than 8 quarters per
+    allowed token: the score is cut there before it is tokenised, and the piece ends at its
+    last event before the cut), with a warning naming each and a final count (the names are
     in :attr:`Corpus.cropped`).
 
     Args:
