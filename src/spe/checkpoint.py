@@ -173,7 +173,7 @@ def _check_types(file: Path, values: dict, allowed_by_name: dict, where: str) ->
         if allowed is None:
             continue  # unknown to this version: ignored (newer files), or checked by the config
         if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-            kinds = " or ".join(_JSON_NAMES[t] for t in allowed if not (t is int and float in allowed))
+            kinds = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in allowed if not (t is int and float in allowed)))
             raise ValueError(f"{file}: header {where}.{name} must be {kinds}, got {_short(value)} "
                              f"({type(value).__name__})")
 
