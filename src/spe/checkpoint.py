@@ -173,6 +173,7 @@ def _check_types(file: Path, values: dict, allowed_by_name: dict, where: str) ->
         if allowed is None:
             continue  # unknown to this version: ignored (newer files), or checked by the config
         if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+            # a float field takes integers too: "a number" says both
             kinds = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in allowed if not (t is int and float in allowed)))
             raise ValueError(f"{file}: header {where}.{name} must be {kinds}, got {_short(value)} "
                              f"({type(value).__name__})")
@@ -210,8 +211,8 @@ def _metadata(file: Path, header: dict) -> dict:
     meta["model_kind"] = header.get("spe_model_kind", DEFAULT_MODEL_KIND)  # older files: decoders
     if meta["model_kind"] in MODEL_KINDS:
         config_class = MODEL_KINDS[meta["model_kind"]][0]
-        _check_types(file, meta["config"], {f.name: _FIELD_TYPES.get(str(f.type)) for f in fields(config_class)},
-                     "spe_config")
+        field_types = {f.name: _FIELD_TYPES.get(str(f.type)) for f in fields(config_class)}
+        _check_types(file, meta["config"], field_types, "spe_config")
     return meta
 
 
@@ -272,14 +273,16 @@ def _check_shapes(file: Path, model_config: ModelConfig, model_class) -> None:
     """
     _, shapes = _read_header(file)
     if model_config.num_layers > len(shapes):
-        raise ValueError(f"{file}: header spe_config.num_layers = {model_config.num_layers}, but the file holds "
-                         f"{len(shapes)} tensors (every layer has its own): the header does not describe these weights")
+        raise ValueError(f"{file}: header spe_config.num_layers = {model_config.num_layers}, but the file "
+                         f"holds {len(shapes)} tensors (every layer has its own): the header does not "
+                         "describe these weights")
     try:
         with torch.device("meta"):
             skeleton = model_class(model_config)
     except (RuntimeError, OverflowError) as err:  # e.g. more than 2^63 elements
-        raise ValueError(f"{file}: header spe_config describes tensors that cannot exist ({' '.join(str(err).split())}): "
-                         "the header does not describe these weights") from None
+        reason = " ".join(str(err).split())
+        raise ValueError(f"{file}: header spe_config describes tensors that cannot exist ({reason}): the "
+                         "header does not describe these weights") from None
     if model_config.tie_embeddings and "embed.weight" in shapes:
         shapes = {**shapes, "head.weight": shapes["embed.weight"]}
     expected = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}

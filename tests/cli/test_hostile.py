@@ -49,6 +49,7 @@ def world(tmp_path_factory):
     (root / "unknown_model.toml").write_text(good + "d_modle = 32\n")
     (root / "steps_str.toml").write_text(good.replace("steps = 6", 'steps = "ten"'))
     (root / "lr_list.toml").write_text(good.replace("lr = 0.003", "lr = [1]"))
+    (root / "threads_neg.toml").write_text(good.replace("threads = 1", "threads = -1"))
     checkpoint = root / "run" / "model.safetensors"
     _rewrite_header(checkpoint, root / "future", spe_format_version="99")
     _rewrite_header(checkpoint, root / "other", config={"d_model": 64})
@@ -105,6 +106,9 @@ CASES = [
      r"steps_str\.toml: training option steps must be int, got 'ten' \(str\)", ()),
     ("wrong type (list lr)", lambda r, c: _train(r, c, "lr_list", *_run(r)),
      r"lr_list\.toml: training option lr must be float, got \[1\] \(list\)", ()),
+    ("threads -1 in a config file", lambda r, c: _train(r, c, "threads_neg", *_new(r)),
+     r"threads_neg\.toml: threads must be 0 \(PyTorch's default\) or a positive number of CPU threads, got -1 "
+     r"\(options of that file and the command line\)$", ()),
     ("train_state.pt as checkpoint",
      lambda r, c: ["evaluate", "--checkpoint", f"{r}/run/train_state.pt", *_run(r)],
      r"train_state\.pt is a training state .*not a model: pass the run folder .*/run "

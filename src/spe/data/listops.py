@@ -170,8 +170,9 @@ def generate(num_samples: int, *, seed: int = 0, max_depth: int = 10, max_args: 
     available = count_expressions(max_depth=max_depth, max_args=max_args, min_length=min_length,
                                   max_length=max_length, cap=num_samples)
     if available < num_samples:
-        raise ValueError(f"generate: {num_samples} distinct expressions asked for, but only {available} exist "
-                         f"with max_depth {max_depth}, max_args {max_args} and {min_length} < length < {max_length}")
+        raise ValueError(f"generate: {num_samples} distinct expressions asked for, but only {available} "
+                         f"exist with max_depth {max_depth}, max_args {max_args} and "
+                         f"{min_length} < length < {max_length}")
     rng = random.Random(seed)
     found: dict[str, int] = {}
     while len(found) < num_samples:

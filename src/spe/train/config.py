@@ -17,6 +17,7 @@ from spe.data.music import MAX_PIECE_TOKENS
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS
 from spe.models.config import ModelConfig
+from spe.options import check_threads
 from spe.train.precision import check_precision
 
 __all__ = ["TrainConfig", "load_config_file", "packaged_config", "resolve_model_options"]
@@ -131,6 +132,7 @@ class TrainConfig:
         require_positive("training", **{name: getattr(self, name) for name in (
             "steps", "seq_len", "batch_size", "eval_every", "keep_checkpoints", "max_piece_tokens")})
         check_precision(self.precision, "cuda" if str(self.device).startswith("cuda") else "cpu")
+        check_threads(self.threads)
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
