@@ -241,6 +241,6 @@ def test_a_hostile_data_folder_trains_with_every_skip_named_and_counted(world, t
     messages = [str(w.message) for w in caught]
     assert any(m.startswith(f"skipped 1 path(s) in {data} reached a second time through symbolic links")
                and m.endswith("real/loop") for m in messages), messages
-    assert f"cropped MIDI file {data}/real/bad\\xff.mid to its first 200 tokens (max_piece_tokens)" in messages
+    assert f"cropped MIDI file {data}/real/bad\\xff.mid to its first 200 tokens (max_piece_tokens = 200)" in messages
     assert f"cropped 6 of 6 MIDI files in {data} to max_piece_tokens = 200 tokens" in messages
     assert load_metadata(tmp_path / "out")["train"]["max_piece_tokens"] == 200

@@ -91,7 +91,7 @@ def test_a_45_byte_file_is_cropped_before_it_is_tokenised(tmp_path, monkeypatch)
     assert [vocab[int(i)].split("_")[0] for i in corpus.pieces[0]] == [
         "Bar", "TimeSig", "Position", "Program", "Pitch", "Velocity", "Duration"]
     assert max(encoded) <= 8 * 1000
-    assert f"cropped MIDI file {root / 'absurd.mid'} to its first 1000 tokens (max_piece_tokens)" in messages
+    assert f"cropped MIDI file {root / 'absurd.mid'} to its first 7 tokens (max_piece_tokens = 1000)" in messages
     assert f"cropped 1 of 2 MIDI files in {root} to max_piece_tokens = 1000 tokens" in messages
 
 

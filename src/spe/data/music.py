@@ -472,8 +472,8 @@ def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.Pa
             skipped += 1
             continue
         if cropped:
-            warnings.warn(f"cropped MIDI file {display_name(f)} to its first {max_piece_tokens} tokens "
-                          "(max_piece_tokens)", stacklevel=2)
+            warnings.warn(f"cropped MIDI file {display_name(f)} to its first {ids.size} tokens "
+                          f"(max_piece_tokens = {max_piece_tokens})", stacklevel=2)
             corpus.cropped.append(name)
         corpus.names.append(name)
         corpus.pieces.append(ids)
