@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from spe.generation import nucleus_filter, sample_next
+from spe.generation import check_sampling, generate, nucleus_filter, sample_next
+from spe.models import ModelConfig
+from spe.models.decoder_lm import DecoderLM
 
 
 def test_nucleus_keeps_smallest_set_reaching_p():
@@ -27,3 +29,48 @@ def test_sampling_respects_the_mask_and_frequencies():
     assert abs(share - 0.75) < 4 * (0.75 * 0.25 / 2000) ** 0.5
     with pytest.raises(ValueError, match="temperature"):
         sample_next(logits, top_p=0.9, temperature=0.0, allowed=None, generator=g)
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), float("-inf"), 0.0, -1.0, True, "1"])
+def test_generate_refuses_a_temperature_that_is_not_finite_and_positive_before_any_step(temperature):
+    model = DecoderLM(ModelConfig(vocab_size=12, d_model=8, num_layers=1, num_heads=2, d_ff=16, num_features=4))
+    model.step = None  # any decoding step would fail otherwise: the check comes first
+    with pytest.raises(ValueError, match=rf"^temperature must be a finite positive number, got {temperature!r}$"):
+        generate(model, [1, 2], 0, temperature=temperature)
+    with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got nan$"):
+        generate(model, [1, 2], 3, top_p=float("nan"))
+    with pytest.raises(ValueError, match=r"^num_tokens must be an integer ≥ 0, got -1$"):
+        generate(model, [1, 2], -1)
+
+
+def test_a_tiny_temperature_is_the_greedy_limit():
+    """t → 0: the most likely allowed token, ties shared; 1e-40 and 5e-324 overflow float32 (x / t = inf)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, 30, generator=g) * 5
+    for row in logits:
+        for t in (1e-40, 5e-324):
+            assert sample_next(row, top_p=0.9, temperature=t, allowed=None, generator=g) == int(row.argmax())
+    allowed = torch.arange(30) % 2 == 1
+    for row in logits:
+        best = int(torch.where(allowed, row, float("-inf")).argmax())
+        assert sample_next(row, top_p=1.0, temperature=1e-40, allowed=allowed, generator=g) == best
+    tie = torch.tensor([1.0, 3.0, 2.0, 3.0])
+    draws = [sample_next(tie, top_p=1.0, temperature=1e-40, allowed=None, generator=g) for _ in range(200)]
+    assert set(draws) == {1, 3}
+
+
+def test_ordinary_temperatures_draw_exactly_as_before():
+    """The float32 path is unchanged: the same draws as softmax(nucleus(logits / t)) for the same generator."""
+    logits = torch.randn(20, 30, generator=torch.Generator().manual_seed(1)) * 3
+    for t in (0.5, 1.2, 3.0):
+        g, h = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+        for row in logits:
+            before = int(torch.multinomial(torch.softmax(nucleus_filter(row / t, 0.9), -1), 1, generator=h))
+            assert sample_next(row, top_p=0.9, temperature=t, allowed=None, generator=g) == before
+
+
+def test_check_sampling_names_the_caller_s_flags():
+    with pytest.raises(ValueError, match=r"^--temperature must be a finite positive number, got inf$"):
+        check_sampling(top_p=0.9, temperature=float("inf"), temperature_name="--temperature")
+    with pytest.raises(ValueError, match=r"^--top-p must be in \(0, 1\], got 1.5$"):
+        check_sampling(top_p=1.5, temperature=1.0, top_p_name="--top-p")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -21,6 +21,7 @@ from spe.models.classifier_config import ClassifierConfig
 from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
+from spe.options import decode_window
 
 __all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write",
            "fsync_dir", "load", "load_checkpoint", "load_metadata", "max_positions", "save"]
@@ -123,25 +124,95 @@ def save(model: DecoderLM, path: str | os.PathLike, *, metadata: dict | None = N
     return path
 
 
-def load_metadata(path: str | os.PathLike) -> dict:
-    """Returns the metadata dict stored by :func:`save` (plus ``config``)."""
+def _read_header(file: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
+    """The header's string entries and every tensor's shape, read without loading a tensor."""
     from safetensors import safe_open
 
-    file = _resolve(path)
     try:
         with safe_open(str(file), framework="pt") as f:
             header = f.metadata() or {}
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
         raise ValueError(f"{file} is not a readable safetensors file: {err}") from None
+    return header, shapes
+
+
+def _json_object(file: Path, header: dict, key: str, default: str) -> dict:
+    try:
+        value = json.loads(header.get(key, default))
+    except ValueError as err:
+        raise ValueError(f"{file}: header entry {key} is not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{file}: header entry {key} must be a JSON object, got {_short(value)} "
+                         f"({type(value).__name__})")
+    return value
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# Metadata entries other modules read, and the JSON types they may have (None: absent or null).
+_METADATA_TYPES = {"step": (int, type(None)), "train": (dict,), "tokenizer": (str, type(None)), "lra": (dict,)}
+# A config field's annotation (as written, postponed) -> the JSON types its value may have.
+_FIELD_TYPES = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,),
+                "int | None": (int, type(None)), "str | None": (str, type(None)),
+                "tuple[int, int] | None": (list, tuple, type(None))}
+_JSON_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a JSON object",
+               list: "a list", tuple: "a list", type(None): "null"}
+# Entries of spe_metadata.train that loading reads back (the run's data, split and length).
+_TRAIN_TYPES = {"data": (str, type(None)), "cache_dir": (str, type(None)), "seq_len": (int,),
+                "val_fraction": (float, int), "split_seed": (int,), "max_piece_tokens": (int,)}
+
+
+def _check_types(file: Path, values: dict, allowed_by_name: dict, where: str) -> None:
+    """Raises ValueError naming the file, the entry and the value for a value of another JSON type."""
+    for name, value in values.items():
+        allowed = allowed_by_name.get(name)
+        if allowed is None:
+            continue  # unknown to this version: ignored (newer files), or checked by the config
+        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+            # a float field takes integers too: "a number" says both
+            kinds = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in allowed if not (t is int and float in allowed)))
+            raise ValueError(f"{file}: header {where}.{name} must be {kinds}, got {_short(value)} "
+                             f"({type(value).__name__})")
+
+
+def load_metadata(path: str | os.PathLike) -> dict:
+    """Returns the metadata dict stored by :func:`save` (plus ``config`` and ``model_kind``).
+
+    Every entry is type-checked (the configuration against its class's field types) before
+    anything else reads it, so a hand-edited header gives one message rather than a traceback.
+
+    Raises:
+        FileNotFoundError: if there is no checkpoint there.
+        ValueError: naming the file, the entry and the value, for a file that is not an spe
+            checkpoint, a newer format, invalid JSON or a value of the wrong type.
+    """
+    file = _resolve(path)
+    header, _ = _read_header(file)
+    return _metadata(file, header)
+
+
+def _metadata(file: Path, header: dict) -> dict:
     if "spe_config" not in header:
         raise ValueError(f"{file} is not an spe checkpoint (no spe_config in its header)")
     version = header.get("spe_format_version", "1")
     if not version.isdigit() or int(version) > FORMAT_VERSION:
         raise ValueError(f"{file} has checkpoint format version {version}, newer than the {FORMAT_VERSION} "
                          "this spe reads: upgrade spe to load it")
-    meta = json.loads(header.get("spe_metadata", "{}"))
-    meta["config"] = json.loads(header["spe_config"])
+    meta = _json_object(file, header, "spe_metadata", "{}")
+    _check_types(file, meta, _METADATA_TYPES, "spe_metadata")
+    _check_types(file, meta.get("train", {}), _TRAIN_TYPES, "spe_metadata.train")
+    if isinstance(meta.get("step"), int) and meta["step"] < 0:
+        raise ValueError(f"{file}: header spe_metadata.step must be ≥ 0, got {meta['step']}")
+    meta["config"] = _json_object(file, header, "spe_config", "{}")
     meta["model_kind"] = header.get("spe_model_kind", DEFAULT_MODEL_KIND)  # older files: decoders
+    if meta["model_kind"] in MODEL_KINDS:
+        config_class = MODEL_KINDS[meta["model_kind"]][0]
+        field_types = {f.name: _FIELD_TYPES.get(str(f.type)) for f in fields(config_class)}
+        _check_types(file, meta["config"], field_types, "spe_config")
     return meta
 
 
@@ -168,36 +239,81 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Deco
 
 def _load_model(file: Path, config: dict, device: str | torch.device,
                 kind: str = "decoder-lm") -> DecoderLM | EncoderClassifier:
+    """Builds the model of ``config`` and loads the weights of ``file``.
+
+    The configuration is checked against the tensor shapes in the file's header before
+    anything is allocated: the model is first built on the ``meta`` device (shapes, no
+    storage), so a header claiming a vocabulary of 10^12 is refused instead of allocated.
+    """
     from safetensors.torch import load_file
 
     if kind not in MODEL_KINDS:
         raise ValueError(f"{file}: unknown model kind {kind!r} (this version reads {', '.join(MODEL_KINDS)})")
     config_class, model_class = MODEL_KINDS[kind]
-    model_config = config_class.from_dict(config)
+    try:
+        model_config = config_class.from_dict(config)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{file}: header spe_config: {err}") from None
+    _check_shapes(file, model_config, model_class)
     model = model_class(model_config)
     state = load_file(str(file))
     if model_config.tie_embeddings:
         state["head.weight"] = state["embed.weight"]
-    mismatch = _state_mismatch(model.state_dict(), state)
-    if mismatch:
-        raise ValueError(f"{file}: its tensors do not match its configuration ({mismatch}): the weights "
-                         "come from another model")
     model.load_state_dict(state)
     return model.to(device).eval()
 
 
-def _state_mismatch(expected: dict, given: dict) -> str:
-    """The first difference between two state dicts' names and shapes, in words ("" if none)."""
+def _check_shapes(file: Path, model_config: ModelConfig, model_class) -> None:
+    """Raises ValueError if the model of ``model_config`` does not have the tensors of ``file``.
+
+    Compares names and shapes only: a skeleton on the ``meta`` device, and the shapes the
+    safetensors header records. Each block holds tensors of its own, so a ``num_layers``
+    above the file's tensor count is refused before the skeleton is built (a skeleton of
+    10^9 blocks would take hours even without storage).
+    """
+    _, shapes = _read_header(file)
+    if model_config.num_layers > len(shapes):
+        raise ValueError(f"{file}: header spe_config.num_layers = {model_config.num_layers}, but the file "
+                         f"holds {len(shapes)} tensors (every layer has its own): the header does not "
+                         "describe these weights")
+    try:
+        with torch.device("meta"):
+            skeleton = model_class(model_config)
+    except (RuntimeError, OverflowError) as err:  # e.g. more than 2^63 elements
+        reason = " ".join(str(err).split())
+        raise ValueError(f"{file}: header spe_config describes tensors that cannot exist ({reason}): the "
+                         "header does not describe these weights") from None
+    if model_config.tie_embeddings and "embed.weight" in shapes:
+        shapes = {**shapes, "head.weight": shapes["embed.weight"]}
+    expected = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
+    mismatch = _state_mismatch(expected, shapes)
+    if mismatch:
+        raise ValueError(f"{file}: its tensors do not match its configuration ({mismatch}"
+                         f"{_suspects(model_config, expected, shapes)}): the weights come from another model")
+
+
+def _suspects(model_config: ModelConfig, expected: dict, given: dict) -> str:
+    """Names the configuration's sizes found in the first mismatched shape it gives but not in the file's."""
+    if set(expected) != set(given):
+        return ""
+    name = next(k for k in sorted(expected) if expected[k] != given[k])
+    sizes = [(f.name, getattr(model_config, f.name)) for f in fields(model_config) if str(f.type) == "int"]
+    named = [f"{field} = {value}" for field, value in sizes if value in expected[name] and value not in given[name]]
+    return f"; header spe_config: {', '.join(named)}" if named else ""
+
+
+def _state_mismatch(expected: dict[str, tuple[int, ...]], given: dict[str, tuple[int, ...]]) -> str:
+    """The first difference between two maps of tensor names to shapes, in words ("" if none)."""
     missing = sorted(set(expected) - set(given))
     unexpected = sorted(set(given) - set(expected))
-    shapes = [k for k in sorted(set(expected) & set(given)) if expected[k].shape != given[k].shape]
+    shapes = [k for k in sorted(set(expected) & set(given)) if expected[k] != given[k]]
     if missing:
         return f"{len(missing)} tensor(s) missing, e.g. {missing[0]}"
     if unexpected:
         return f"{len(unexpected)} unexpected tensor(s), e.g. {unexpected[0]}"
     if shapes:
         k = shapes[0]
-        return f"{k} has shape {tuple(given[k].shape)}, the configuration gives {tuple(expected[k].shape)}"
+        return f"{k} has shape {given[k]}, the configuration gives {expected[k]}"
     return ""
 
 
@@ -254,18 +370,18 @@ class LoadedCheckpoint:
                              f"position embeddings (ape-learned max_positions)")
 
     def set_window(self, window: int | None) -> None:
-        """Sets the model's sliding attention window: None keeps the trained one, 0 the whole past.
+        """Sets the model's sliding attention window: None keeps the trained one; otherwise
+        :func:`spe.options.decode_window` decodes it (0: the whole past, W > 0: W positions).
 
         Raises:
-            ValueError: if ``window`` is negative or the model cannot take a window (score
-                encodings), naming the checkpoint.
+            ValueError: if ``window`` is negative or not an int, or the model cannot take a
+                window (score encodings), naming the checkpoint.
         """
         if window is None:
             return
-        if window < 0:
-            raise ValueError(f"window must be 0 (whole past) or a positive number of positions, got {window}")
+        window = decode_window(window, "window")
         try:
-            self.model.set_attention_window(window or None)
+            self.model.set_attention_window(window)
         except ValueError as err:
             raise ValueError(f"{self.path}: {err}") from None
 

@@ -5,6 +5,8 @@ Letters: V = vocab_size.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 
 import torch
@@ -12,7 +14,7 @@ from torch import Tensor
 
 from spe.models.decoder_lm import DecoderLM
 
-__all__ = ["generate", "nucleus_filter", "sample_next"]
+__all__ = ["check_sampling", "generate", "nucleus_filter", "sample_next"]
 
 
 def nucleus_filter(logits: Tensor, top_p: float) -> Tensor:
@@ -37,19 +39,47 @@ def nucleus_filter(logits: Tensor, top_p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def check_sampling(*, top_p: float, temperature: float, top_p_name: str = "top_p",
+                   temperature_name: str = "temperature") -> None:
+    """Validates the sampling options (the one rule, also used by ``spe generate`` for its flags).
+
+    Args:
+        top_p: nucleus mass, in (0, 1].
+        temperature: softmax temperature, finite and > 0. Any positive value works, however
+            small: :func:`sample_next` turns an overflow into the t → 0 limit (greedy decoding).
+        top_p_name, temperature_name: how the caller names the options in messages.
+
+    Raises:
+        ValueError: naming the option and the value (NaN and ±inf included).
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
+            math.isfinite(float(temperature)) and temperature > 0):
+        raise ValueError(f"{temperature_name} must be a finite positive number, got {temperature!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{top_p_name} must be in (0, 1], got {top_p!r}")
+
+
 def sample_next(logits: Tensor, *, top_p: float, temperature: float, allowed: Tensor | None,
                 generator: torch.Generator | None) -> int:
     """Draws one token id from (V,) logits: mask, then temperature, then nucleus.
 
+    When ``logits / temperature`` overflows float32 (a tiny temperature such as 1e-40), the
+    logits are shifted to a maximum of 0 and divided in float64 instead: finite for any
+    t > 0, so the draw is the t → 0 limit, the most likely allowed token (ties shared),
+    rather than inf − inf = NaN. Other temperatures take the float32 path unchanged (the
+    same draws as before for the same generator).
+
     Raises:
-        ValueError: if ``temperature`` is not positive.
+        ValueError: as :func:`check_sampling`.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
+    check_sampling(top_p=top_p, temperature=temperature)
     logits = logits.float().cpu()
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
-    logits = nucleus_filter(logits / temperature, top_p)
+    scaled = logits / temperature
+    if bool(scaled.isnan().any()) or float(scaled.max()) == float("inf"):
+        scaled = (logits.double() - logits.max()) / temperature  # max 0; -inf stays -inf
+    logits = nucleus_filter(scaled, top_p)
     return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
 
 
@@ -75,7 +105,14 @@ def generate(model: DecoderLM, prompt: list[int], num_tokens: int, *, top_p: flo
 
     Returns:
         prompt + the new tokens.
+
+    Raises:
+        ValueError: if ``num_tokens`` is negative or not an int, or as :func:`check_sampling`,
+            before any token is computed.
     """
+    check_sampling(top_p=top_p, temperature=temperature)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        raise ValueError(f"num_tokens must be an integer ≥ 0, got {num_tokens!r}")
     model.eval()
     device = next(model.parameters()).device
     seq = list(prompt)

@@ -49,9 +49,14 @@ def world(tmp_path_factory):
     (root / "unknown_model.toml").write_text(good + "d_modle = 32\n")
     (root / "steps_str.toml").write_text(good.replace("steps = 6", 'steps = "ten"'))
     (root / "lr_list.toml").write_text(good.replace("lr = 0.003", "lr = [1]"))
+    (root / "threads_neg.toml").write_text(good.replace("threads = 1", "threads = -1"))
     checkpoint = root / "run" / "model.safetensors"
     _rewrite_header(checkpoint, root / "future", spe_format_version="99")
     _rewrite_header(checkpoint, root / "other", config={"d_model": 64})
+    for name, value in HEADER_CASES.items():
+        _rewrite_header(checkpoint, root / name, config={"vocab_size": value})
+    _rewrite_header(checkpoint, root / "layers_1e9", config={"num_layers": 10 ** 9})
+    _rewrite_header(checkpoint, root / "step_str", spe_metadata=json.dumps({"step": "six"}))
     (root / "broken.mid").write_bytes(b"MThd\x00\x00\x00\x06not a midi file at all")
     write_midi(root / "long_prompt.mid", notes=60)
     for i in range(2):
@@ -78,6 +83,19 @@ def _new(root, *flags):
     return ["--out", f"{root}/new", *flags]
 
 
+# Checkpoint headers of the wrong JSON type, and one claiming a vocabulary of 10^12 (4 TB of
+# float32 per model dimension: allocating it would fail with a RuntimeError, not this message).
+HEADER_CASES = {"vocab_str": "x", "vocab_list": [300], "vocab_bool": True, "vocab_1e12": 10 ** 12}
+
+
+def _evaluate(root, name):
+    return ["evaluate", "--checkpoint", f"{root}/{name}", *_run(root)]
+
+
+def _generate(root, *flags):
+    return ["generate", "--checkpoint", f"{root}/run", "--length", "4", "--out", f"{root}/run/x.mid", *flags]
+
+
 # (id, argv from (root, cfg), the message as a regex, files allowed to change)
 CASES = [
     ("unknown config key", lambda r, c: _train(r, c, "unknown", *_run(r)),
@@ -88,6 +106,9 @@ CASES = [
      r"steps_str\.toml: training option steps must be int, got 'ten' \(str\)", ()),
     ("wrong type (list lr)", lambda r, c: _train(r, c, "lr_list", *_run(r)),
      r"lr_list\.toml: training option lr must be float, got \[1\] \(list\)", ()),
+    ("threads -1 in a config file", lambda r, c: _train(r, c, "threads_neg", *_new(r)),
+     r"threads_neg\.toml: threads must be 0 \(PyTorch's default\) or a positive number of CPU threads, got -1 "
+     r"\(options of that file and the command line\)$", ()),
     ("train_state.pt as checkpoint",
      lambda r, c: ["evaluate", "--checkpoint", f"{r}/run/train_state.pt", *_run(r)],
      r"train_state\.pt is a training state .*not a model: pass the run folder .*/run "
@@ -130,6 +151,40 @@ CASES = [
      r"precision fp16 needs a CUDA device", ()),
     ("keep no checkpoint", lambda r, c: _train(r, c, "run", *_new(r, "--keep-checkpoints", "0")),
      r"keep_checkpoints must be a positive integer, got 0", ()),
+    *[(f"--threads -1 ({command})", argv, r"--threads must be 0 \(PyTorch's default\) or a positive number of "
+       r"CPU threads, got -1$", ())
+      for command, argv in [("train", lambda r, c: _train(r, c, "run", *_new(r, "--threads", "-1"))),
+                            ("demo", lambda r, c: ["demo", "--out", f"{r}/new", "--threads", "-1"]),
+                            ("bench", lambda r, c: ["bench", "--out", f"{r}/new", "--threads", "-1"]),
+                            ("lra", lambda r, c: ["lra", "--task", "listops", "--out", f"{r}/new",
+                                                  "--threads", "-1"])]],
+    *[(f"--temperature {t}", lambda r, c, t=t: _generate(r, f"--temperature={t}"),
+       rf"--temperature must be a finite positive number, got {shown}$", ())
+      for t, shown in [("nan", "nan"), ("inf", "inf"), ("-inf", "-inf"), ("0", "0.0")]],
+    ("--top-p nan", lambda r, c: _generate(r, "--top-p", "nan"), r"--top-p must be in \(0, 1\], got nan$", ()),
+    ("--window -1 (evaluate)", lambda r, c: [*_evaluate(r, "run"), "--window", "-1"],
+     r"--window must be 0 \(the whole past\) or a positive number of positions, got -1$", ()),
+    ("--window -1 (generate)", lambda r, c: _generate(r, "--window", "-1"),
+     r"--window must be 0 \(the whole past\) or a positive number of positions, got -1$", ()),
+    ("--attention-window -1", lambda r, c: _train(r, c, "run", *_new(r, "--attention-window", "-1")),
+     r"--attention-window must be 0 \(the whole past\) or a positive number of positions, got -1$", ()),
+    ("--max-piece-tokens 0", lambda r, c: _train(r, c, "run", *_new(r, "--max-piece-tokens", "0")),
+     r"--max-piece-tokens must be positive, got 0$", ()),
+    ("header: vocab_size a string", lambda r, c: _evaluate(r, "vocab_str"),
+     r"vocab_str/model\.safetensors: header spe_config\.vocab_size must be an integer, got 'x' \(str\)$", ()),
+    ("header: vocab_size a list", lambda r, c: _evaluate(r, "vocab_list"),
+     r"vocab_list/model\.safetensors: header spe_config\.vocab_size must be an integer, got \[300\] \(list\)$",
+     ()),
+    ("header: vocab_size a bool", lambda r, c: _evaluate(r, "vocab_bool"),
+     r"vocab_bool/model\.safetensors: header spe_config\.vocab_size must be an integer, got True \(bool\)$", ()),
+    ("header: vocab_size 10^12", lambda r, c: _evaluate(r, "vocab_1e12"),
+     r"vocab_1e12/model\.safetensors: its tensors do not match its configuration \(\S+ has shape "
+     r"\(\d+, 32\), the configuration gives \(1000000000000, 32\); header spe_config: vocab_size = 1000000000000\)",
+     ()),
+    ("header: num_layers 10^9", lambda r, c: _evaluate(r, "layers_1e9"),
+     r"layers_1e9/model\.safetensors: header spe_config\.num_layers = 1000000000, but the file holds \d+ tensors", ()),
+    ("header: step a string", lambda r, c: _evaluate(r, "step_str"),
+     r"step_str/model\.safetensors: header spe_metadata\.step must be an integer or null, got 'six' \(str\)$", ()),
     ("NaN loss", lambda r, c: _train(r, c, "run", *_run(r, "--resume", "--steps", "12", "--lr", "1e30")),
      r"training stopped: the loss is (nan|inf) at step \d+ .*; the last good checkpoint is "
      r".*run/model\.safetensors \(step 6\), left as it was", ("run/metrics.jsonl",)),
@@ -153,3 +208,39 @@ def test_hostile_input_is_one_line_exit_2_and_nothing_is_overwritten(world, argv
     for name in may_change:
         before.pop(name, None), after.pop(name, None)
     assert after == before
+
+
+def test_a_tiny_temperature_generates_the_greedy_continuation(world, tmp_path, capsys):
+    """--temperature 1e-40 overflowed float32 (a traceback); it is now the t → 0 limit: any seed, same music."""
+    root, _ = world
+    outs = [tmp_path / f"seed{seed}.mid" for seed in (1, 2)]
+    for seed, out in zip((1, 2), outs):
+        assert main(["generate", "--checkpoint", f"{root}/run", "--length", "12", "--temperature", "1e-40",
+                     "--seed", str(seed), "--out", str(out), "--no-progress"]) == 0
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+
+
+def test_a_hostile_data_folder_trains_with_every_skip_named_and_counted(world, tmp_path):
+    """A non-UTF-8 name, folder links (one a cycle) and over-long pieces no longer stop or silently shrink a run."""
+    import os
+
+    from spe.checkpoint import load_metadata
+
+    root, cfg = world
+    data = tmp_path / "data"
+    clean_midi(data / "real", pieces=4)
+    os.rename(os.fsencode(data / "real" / "piece0.mid"), os.fsencode(data / "real") + b"/bad\xff.mid")
+    clean_midi(tmp_path / "elsewhere", pieces=2)
+    (data / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (data / "real" / "loop").symlink_to(data, target_is_directory=True)
+    argv = ["train", "--config", f"{root}/run.toml", "--data", str(data), "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(tmp_path / "out"), "--steps", "1", "--max-piece-tokens", "200", "--no-progress"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(argv) == 0
+    messages = [str(w.message) for w in caught]
+    assert any(m.startswith(f"skipped 1 path(s) in {data} reached a second time through symbolic links")
+               and m.endswith("real/loop") for m in messages), messages
+    assert f"cropped MIDI file {data}/real/bad\\xff.mid to its first 200 tokens (max_piece_tokens = 200)" in messages
+    assert f"cropped 6 of 6 MIDI files in {data} to max_piece_tokens = 200 tokens" in messages
+    assert load_metadata(tmp_path / "out")["train"]["max_piece_tokens"] == 200

@@ -10,6 +10,7 @@ from spe.data.listops import (
     OPERATORS,
     SPLIT_FILES,
     ListOpsTokenizer,
+    count_expressions,
     evaluate,
     generate,
     listops_folder,
@@ -291,3 +292,39 @@ def test_length_bounds_are_strict():
     examples = generate(40, seed=0, max_depth=3, max_args=3, min_length=3, max_length=6)
     assert {symbol_length(s) for s, _ in examples} == {4, 5}
     assert all(y == pair_value(s) for s, y in examples)
+
+
+def _all_trees(depth: int, max_depth: int, max_args: int, budget: int) -> list[tuple[str, int]]:
+    """Every tree rooted at ``depth`` of length < budget, as (text without parentheses, length): by enumeration."""
+    trees = [(str(d), 1) for d in range(10)]
+    if depth >= max_depth or budget <= 4:
+        return [t for t in trees if t[1] < budget]
+    children = _all_trees(depth + 1, max_depth, max_args, budget - 3)
+    lists = [("", 0)]
+    for n in range(1, max_args + 1):
+        lists = [(f"{a} {c}".strip(), la + lc) for a, la in lists for c, lc in children if 2 + la + lc < budget]
+        if n >= 2:
+            trees += [(f"{op} {a} ]", 2 + la) for op in OPERATORS for a, la in lists]
+    return trees
+
+
+@pytest.mark.parametrize(("max_depth", "max_args", "min_length", "max_length"),
+                         [(1, 2, 0, 2), (2, 2, 3, 5), (2, 3, 0, 7), (3, 2, 0, 9), (3, 3, 4, 8), (4, 2, 5, 10)])
+def test_the_count_of_distinct_expressions_matches_an_enumeration(max_depth, max_args, min_length, max_length):
+    texts = {t for t, n in _all_trees(1, max_depth, max_args, max_length) if min_length < n}
+    assert count_expressions(max_depth=max_depth, max_args=max_args, min_length=min_length,
+                             max_length=max_length) == len(texts)
+    assert count_expressions(max_depth=max_depth, max_args=max_args, min_length=min_length,
+                             max_length=max_length, cap=3) == min(3, len(texts))
+
+
+def test_asking_for_more_distinct_expressions_than_exist_raises_at_once():
+    # depth 2, two arguments, length 4 only: an operator over two digits, 4 × 10 × 10 = 400 expressions
+    assert len({s for s, _ in generate(400, seed=0, max_depth=2, max_args=2, min_length=3, max_length=5)}) == 400
+    with pytest.raises(ValueError, match=r"generate: 401 distinct expressions asked for, but only 400 exist "
+                                         r"with max_depth 2, max_args 2 and 3 < length < 5"):
+        generate(401, seed=0, max_depth=2, max_args=2, min_length=3, max_length=5)
+    with pytest.raises(ValueError, match="11 distinct expressions asked for, but only 10 exist"):
+        generate(11, max_depth=1, min_length=0, max_length=2)  # the ten digits
+    # LRA's setting has more than enough: the count saturates at the request (a fraction of a second)
+    assert count_expressions(max_depth=10, max_args=10, min_length=500, max_length=2000, cap=96_000) == 96_000

@@ -21,7 +21,7 @@ log = logging.getLogger("spe")
 _MODEL_FLAGS = ("positional", "attention", "num_realizations", "num_sines", "kernel_size", "d_model", "num_layers",
                 "num_heads", "max_distance", "max_positions")
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
-                "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints")
+                "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens")
 
 
 class UsageError(ValueError):
@@ -41,19 +41,13 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _window_flag(value: int, flag: str) -> int | None:
-    """A window flag's value: 0 means the whole past (None), W > 0 a window of W."""
-    if value < 0:
-        raise UsageError(f"{flag} must be 0 (whole past) or a positive number of positions, got {value}")
-    return value or None
-
-
 def _train_config(args: argparse.Namespace, **overrides):
     """The TrainConfig of --config (default: the packaged demo config) with the flags given on top.
 
     Defaults that depend on other options (softmax for score encodings, a window of the
     training length for SPE) are the config layer's: :func:`spe.train.config.resolve_model_options`.
     """
+    from spe.options import decode_window
     from spe.train.config import TrainConfig, load_config_file, packaged_config
 
     raw = load_config_file(args.config or packaged_config("demo"))
@@ -68,7 +62,7 @@ def _train_config(args: argparse.Namespace, **overrides):
         if getattr(args, flag, None) is not None:
             model[flag] = getattr(args, flag)
     if getattr(args, "attention_window", None) is not None:
-        model["attention_window"] = _window_flag(args.attention_window, "--attention-window")
+        model["attention_window"] = decode_window(args.attention_window, "--attention-window")
     if getattr(args, "ungated", False) or getattr(args, "gated", False):
         model["gated"] = bool(args.gated)
     if getattr(args, "tensorboard", False):
@@ -86,11 +80,18 @@ def _train_config(args: argparse.Namespace, **overrides):
         raise UsageError(f"config file {args.config}: {err}{where}") from None
 
 
+def _add_piece_bound_flag(p: argparse.ArgumentParser, default: str = "65536") -> None:
+    p.add_argument("--max-piece-tokens", type=int,
+                   help=f"longest piece kept, in REMI tokens: longer ones are cropped to their first N tokens "
+                   f"and counted (default {default}, 3.8 times the longest Bach chorale)")
+
+
 def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> None:
     p.add_argument("--config", help="TOML file of options (default: the packaged demo config)")
     p.add_argument("--data", help="folder of .mid/.midi files, or music21:NAME for a composer of music21's "
                    "corpus (e.g. music21:palestrina); default: the Bach chorales")
     p.add_argument("--cache-dir", help="cache for converted MIDI and tokens (default ~/.cache/spe)")
+    _add_piece_bound_flag(p)
     if with_out:
         p.add_argument("--out", help="run folder for checkpoint, logs and plots")
     p.add_argument("--steps", type=int, help="optimizer steps")
@@ -158,7 +159,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                    cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
                                    json_path=args.json, progress=not args.no_progress,
                                    num_realizations=args.num_realizations, num_draws=args.num_draws,
-                                   window=args.window, split=args.split)
+                                   window=args.window, split=args.split, max_piece_tokens=args.max_piece_tokens)
     _print_summary(summary)
     log.info("wrote %s", ", ".join(str(Path(args.out) / f) for f in ("per_position.csv", "extrapolation.png", "summary.json")))
     return 0
@@ -350,6 +351,7 @@ def _add_evaluate_parser(sub) -> None:
                    help="pieces of the data to evaluate (default: validation for the checkpoint's own "
                    "training data, all for any other --data)")
     p.add_argument("--cache-dir")
+    _add_piece_bound_flag(p, "the checkpoint's run's, else 65536")
     p.add_argument("--max-length", type=int, help="positions to evaluate (default: 3 × training length)")
     p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")
     p.add_argument("--json", help="also write bucket means (start, end, ce, n) to this file")
@@ -487,13 +489,25 @@ def _check_args(args: argparse.Namespace) -> None:
 
             if not torch.cuda.is_available():
                 raise UsageError("--device cuda was asked for but PyTorch sees no CUDA device")
-    window = getattr(args, "window", None)
-    if window is not None:
-        _window_flag(window, "--window")
-    for flag in ("batch_size", "max_length", "length", "steps", "seq_len", "repeats", "prompt_bars"):
+    for flag in ("batch_size", "max_length", "length", "steps", "seq_len", "repeats", "prompt_bars",
+                 "max_piece_tokens"):
         value = getattr(args, flag, None)
         if value is not None and value < (0 if flag == "prompt_bars" else 1):
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+    _check_library_options(args)
+
+
+def _check_library_options(args: argparse.Namespace) -> None:
+    """Flags whose rule the library owns, checked by the library's own validator before any work."""
+    from spe.options import check_threads, decode_window
+
+    decode_window(getattr(args, "window", None), "--window")
+    check_threads(getattr(args, "threads", None), "--threads")
+    if getattr(args, "temperature", None) is not None:
+        from spe.generation import check_sampling
+
+        check_sampling(top_p=args.top_p, temperature=args.temperature, top_p_name="--top-p",
+                       temperature_name="--temperature")
 
 
 def _one_line(err: BaseException) -> str:

@@ -35,6 +35,7 @@ __all__ = [
     "OPERATORS",
     "SPLIT_FILES",
     "ListOpsTokenizer",
+    "count_expressions",
     "evaluate",
     "generate",
     "listops_folder",
@@ -102,6 +103,41 @@ def _operator(rng: random.Random, depth: int, max_depth: int, max_args: int, bud
     return _apply(op, args), length
 
 
+def count_expressions(*, max_depth: int, max_args: int, min_length: int, max_length: int,
+                      cap: int | None = None) -> int:
+    """How many distinct expressions :func:`generate` can draw (``min_length < length < max_length``).
+
+    An expression's text determines its tree, so this counts trees: ``T_d(x)``, the number of
+    trees rooted at depth d by length, is ``10 x`` (a digit) plus, above the maximum depth,
+    ``4 x² Σ_{n=2}^{max_args} T_{d+1}(x)^n`` (an operator, its ``]`` and n arguments); the
+    answer sums the coefficients of ``T_1`` between the bounds. Polynomials are cut at
+    ``max_length`` and counts saturate at ``cap``: ``min(true count, cap)`` is then exact in
+    float64 (every partial sum below the cap is an integer below 2^53, and a term that
+    reaches the cap keeps the sum there), which answers "are there ``cap`` of them?" in
+    ``O(max_depth · max_args · max_length²)`` rather than in numbers of 10^1000 digits.
+
+    Args:
+        max_depth, max_args, min_length, max_length: as :func:`generate`.
+        cap: stop counting here (None: 2^52).
+
+    Returns:
+        ``min(count, cap)``.
+    """
+    cap = float(2 ** 52 if cap is None else min(cap, 2 ** 52))
+    size = max(max_length, 2)  # coefficients of x^0 … x^(max_length - 1)
+    tree = np.zeros(size)
+    tree[1] = 10.0  # the digits, the only trees at the maximum depth
+    for _ in range(max_depth - 1):  # from depth max_depth - 1 up to the root
+        power, lists = tree, np.zeros(size)
+        for _ in range(2, max_args + 1):
+            power = np.minimum(np.convolve(power, tree)[:size], cap)
+            lists = np.minimum(lists + power, cap)
+        tree = np.zeros(size)
+        tree[1] = 10.0
+        tree[2:] = np.minimum(tree[2:] + 4.0 * lists[:size - 2], cap)
+    return int(min(tree[min_length + 1:max_length].sum(), cap))
+
+
 def generate(num_samples: int, *, seed: int = 0, max_depth: int = 10, max_args: int = 10,
              min_length: int = 500, max_length: int = 2000) -> list[tuple[str, int]]:
     """Draws distinct ListOps expressions with LRA's procedure.
@@ -118,8 +154,9 @@ def generate(num_samples: int, *, seed: int = 0, max_depth: int = 10, max_args: 
         N (source, label) pairs: source in LRA's binarised text layout, label = :func:`evaluate`.
 
     Raises:
-        ValueError: on a count or depth < 1, ``max_args`` < 2, ``min_length`` < 0, or a length
-            range that no expression can meet.
+        ValueError: on a count or depth < 1, ``max_args`` < 2, ``min_length`` < 0, or fewer
+            distinct expressions within the bounds than ``num_samples``
+            (:func:`count_expressions`; drawing would never end).
     """
     for name, value, low in (("num_samples", num_samples, 1), ("max_depth", max_depth, 1),
                              ("max_args", max_args, 2), ("min_length", min_length, 0)):
@@ -130,6 +167,12 @@ def generate(num_samples: int, *, seed: int = 0, max_depth: int = 10, max_args: 
     if max_depth == 1 and not min_length < 1 < max_length:
         raise ValueError(f"generate: at max_depth 1 every expression is one digit (length 1), "
                          f"outside {min_length} < L < {max_length}")
+    available = count_expressions(max_depth=max_depth, max_args=max_args, min_length=min_length,
+                                  max_length=max_length, cap=num_samples)
+    if available < num_samples:
+        raise ValueError(f"generate: {num_samples} distinct expressions asked for, but only {available} "
+                         f"exist with max_depth {max_depth}, max_args {max_args} and "
+                         f"{min_length} < length < {max_length}")
     rng = random.Random(seed)
     found: dict[str, int] = {}
     while len(found) < num_samples:

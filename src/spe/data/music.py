@@ -5,7 +5,13 @@
   collection of that corpus (``--data music21:palestrina``).
 * :func:`load_corpus` tokenises a folder of MIDI files (recursive, ``.mid``/``.midi`` in any
   case) to REMI with one token stream for all voices; unreadable files are skipped with a
-  warning naming each; the result is cached, keyed by the files and the tokenizer.
+  warning naming each; pieces longer than ``max_piece_tokens`` are cropped and counted; the
+  result is cached, keyed by the files, the tokenizer and ``max_piece_tokens``.
+
+Hostile folders (issue 18): links to folders are followed, and a folder or file reached a
+second time (a cycle, or a second link to it) is read once, with a warning that counts and
+names them; file names that are not valid UTF-8 are read like any other, and shown with their
+undecodable bytes escaped (``bad\\xff.mid``, :func:`display_name`) in piece names and messages.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import json
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,11 +30,14 @@ import torch
 from spe.checkpoint import atomic_write
 
 __all__ = [
+    "MAX_PIECE_TOKENS",
     "MUSIC21_PREFIX",
     "Corpus",
     "DataError",
     "bach_chorales_midi",
+    "check_max_piece_tokens",
     "default_cache_dir",
+    "display_name",
     "find_midi_files",
     "load_corpus",
     "make_tokenizer",
@@ -45,6 +54,19 @@ log = logging.getLogger(__name__)
 _NOT_CHORALES = ("bwv846",)
 # ``data`` of the form "music21:NAME" selects a composer or collection of music21's corpus.
 MUSIC21_PREFIX = "music21:"
+# The longest piece kept, in REMI tokens; longer ones are cropped to their first
+# MAX_PIECE_TOKENS tokens. 2^16: 3.8 times the longest Bach chorale of music21 (17,125 tokens,
+# bwv248.64-6; the next is 7,909; median 1,198 over 409), so the default corpus is read whole,
+# while a file whose events lie absurdly far apart (one note 10^7 ticks after another at one
+# tick per beat: 5 M tokens, 2 GB) costs at most 2^16 tokens (512 KiB as int64).
+MAX_PIECE_TOKENS = 65_536
+# Quarter notes one REMI token covers at most: every bar costs at least a Bar token, and no bar
+# MidiTok writes is longer than 6 quarters (its longest time signatures, 6/4 and 12/8); 8
+# leaves a margin. The first max_tokens tokens of a score therefore lie before max_tokens × 8
+# quarters: clipping the score there first keeps them when that many tokens come before (MidiTok
+# writes bars only up to the last event, so a score whose events are farther apart keeps the
+# tokens up to its last event before the clip, fewer), and tokenising costs O(max_tokens + notes).
+_QUARTERS_PER_TOKEN = 8
 
 
 class DataError(ValueError):
@@ -56,14 +78,17 @@ class Corpus:
     """Tokenised pieces.
 
     Attributes:
-        names: piece names (file paths relative to the data folder).
+        names: piece names (file paths relative to the data folder, undecodable bytes
+            escaped as :func:`display_name` shows them).
         pieces: one int64 array of token ids per piece.
         tokenizer_json: the MidiTok tokenizer's parameters (JSON text).
+        cropped: names of the pieces cut to ``max_piece_tokens`` tokens.
     """
 
     names: list[str]
     pieces: list[np.ndarray]
     tokenizer_json: str
+    cropped: list[str] = field(default_factory=list)
 
     def split(self, val_fraction: float = 0.05, seed: int = 0) -> tuple[list[int], list[int]]:
         """Splits piece indices into (train, validation) by piece, with a fixed seed.
@@ -233,98 +258,231 @@ def _parse_music21(data: str) -> tuple[str, int]:
     return name, step
 
 
+def display_name(path: str | bytes | os.PathLike) -> str:
+    """A file name as text, its undecodable bytes escaped: ``b"bad\xff.mid"`` -> ``bad\\xff.mid``.
+
+    A name that is not valid UTF-8 reaches Python with surrogates (``bad\udcff.mid``), which
+    cannot be encoded, written to JSON text files or hashed as UTF-8; this form can.
+    """
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _names(paths: list[Path], limit: int = 5) -> str:
+    shown = ", ".join(display_name(p) for p in paths[:limit])
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def _walk(folder: Path) -> tuple[list[Path], list[Path], list[str]]:
+    """MIDI files below ``folder``, following links, each folder and file read once.
+
+    The folder's own tree is walked first and links after it (breadth first), so of two ways
+    to one folder or file the one without a link is kept; among links, the first in path order.
+
+    Returns:
+        (files sorted, paths left out because they were reached before, paths that cannot be read).
+    """
+    seen: set[tuple[int, int]] = set()
+    files, again, unreadable, linked_files = [], [], [], []
+
+    def first_visit(path: Path) -> bool:
+        try:
+            st = path.stat()  # through links: two ways to one folder or file share (device, inode)
+        except OSError:
+            unreadable.append(display_name(path))
+            return False
+        if (st.st_dev, st.st_ino) in seen:
+            again.append(path)
+            return False
+        seen.add((st.st_dev, st.st_ino))
+        return True
+
+    pending = [folder]
+    while pending:
+        top = pending.pop(0)
+        if not first_visit(top):  # links are resolved once every folder before them is marked
+            continue
+        for dirpath, dirnames, filenames in os.walk(top, onerror=lambda err: unreadable.append(
+                display_name(err.filename or folder))):
+            here = Path(dirpath)
+            pending += sorted(here / d for d in dirnames if (here / d).is_symlink())
+            dirnames[:] = [d for d in sorted(dirnames) if not (here / d).is_symlink() and first_visit(here / d)]
+            for path in (here / name for name in sorted(filenames)):
+                if path.suffix.lower() not in (".mid", ".midi") or not path.is_file():
+                    continue
+                if path.is_symlink():
+                    linked_files.append(path)
+                elif first_visit(path):
+                    files.append(path)
+    files += [path for path in linked_files if first_visit(path)]
+    return sorted(files), again, unreadable
+
+
 def find_midi_files(folder: str | os.PathLike) -> list[Path]:
     """All ``.mid``/``.midi`` files below ``folder`` (any case), sorted.
+
+    Links to folders are followed; a folder or file reached a second time (a link cycle, or a
+    second link to something already read) is read once, and a warning counts and names the
+    paths left out, as it does folders that cannot be listed.
 
     Raises:
         DataError: if the folder does not exist or holds no MIDI file.
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise DataError(f"data folder {folder} does not exist or is not a folder")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in (".mid", ".midi"))
+        raise DataError(f"data folder {display_name(folder)} does not exist or is not a folder")
+    files, again, unreadable = _walk(folder)
+    if again:
+        warnings.warn(f"skipped {len(again)} path(s) in {display_name(folder)} reached a second time through "
+                      f"symbolic links (a cycle, or a second link; each folder and file is read once): "
+                      f"{_names(again)}", stacklevel=2)
+    if unreadable:
+        warnings.warn(f"skipped {len(unreadable)} path(s) in {display_name(folder)} that cannot be read: "
+                      f"{', '.join(unreadable[:5])}",
+                      stacklevel=2)
     if not files:
-        raise DataError(f"data folder {folder} holds no .mid or .midi file")
+        raise DataError(f"data folder {display_name(folder)} holds no .mid or .midi file")
     return files
 
 
-def _cache_key(files: list[Path], root: Path, tokenizer_json: str) -> str:
+def check_max_piece_tokens(value: int) -> int:
+    """Returns ``value`` if it is a positive int (bools refused).
+
+    Raises:
+        DataError: naming the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DataError(f"max_piece_tokens must be a positive number of tokens, got {value!r}")
+    return value
+
+
+def _cache_key(files: list[Path], root: Path, tokenizer_json: str, max_piece_tokens: int) -> str:
     h = hashlib.sha256(tokenizer_json.encode())
+    h.update(f"max_piece_tokens={max_piece_tokens}\n".encode())
     for f in files:
         st = f.stat()
-        h.update(f"{f.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        # The name's bytes, so that names that are not UTF-8 hash too.
+        h.update(os.fsencode(f.relative_to(root)) + f"\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:20]
 
 
+def _tokenize(path: Path, tokenizer, max_tokens: int) -> tuple[np.ndarray | None, bool]:
+    """The REMI ids of one MIDI file, at most ``max_tokens`` of them, and whether it was cropped.
+
+    The ids are always a prefix of the whole piece's. The score is clipped before tokenising
+    where it is longer than ``max_tokens × _QUARTERS_PER_TOKEN`` quarters, so a file whose
+    events lie absurdly far apart never becomes millions of tokens (its piece then ends at
+    its last event before the clip). Returns None for a file without notes.
+    """
+    from symusic import Score
+
+    score = Score(str(path))
+    if not any(len(t.notes) for t in score.tracks):
+        return None, False
+    limit = max_tokens * _QUARTERS_PER_TOKEN * score.tpq
+    clipped = score.end() > limit
+    if clipped:
+        score = score.clip(0, limit)
+    ids = np.asarray(tokenizer.encode(score).ids, dtype=np.int64)
+    return ids[:max_tokens], clipped or ids.size > max_tokens
+
+
+def _read_cache(cache_file: Path, tok_json: str, max_piece_tokens: int) -> Corpus:
+    stored = np.load(cache_file, allow_pickle=False)
+    names = json.loads(str(stored["names"]))
+    cropped = json.loads(str(stored["cropped"])) if "cropped" in stored else []
+    lengths = stored["lengths"]
+    pieces = np.split(stored["ids"], np.cumsum(lengths)[:-1]) if len(lengths) else []
+    log.info("loaded %d tokenised pieces from %s%s", len(names), cache_file,
+             f" ({len(cropped)} cropped to max_piece_tokens = {max_piece_tokens})" if cropped else "")
+    return Corpus(names=names, pieces=[p.astype(np.int64) for p in pieces], tokenizer_json=tok_json,
+                  cropped=cropped)
+
+
+def _write_cache(cache_file: Path, corpus: Corpus) -> None:
+    lengths = np.array([len(p) for p in corpus.pieces], dtype=np.int64)
+    flat = np.concatenate(corpus.pieces).astype(np.int32)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, names=np.array(json.dumps(corpus.names)), lengths=lengths, ids=flat,
+                     cropped=np.array(json.dumps(corpus.cropped)))
+
+    atomic_write(cache_file, write)
+
+
+def _data_root(data: str | os.PathLike | None, cache: Path) -> Path:
+    if data is None:
+        return bach_chorales_midi(cache)
+    if str(data).startswith(MUSIC21_PREFIX):
+        name, stride = _parse_music21(str(data))
+        return music21_corpus_midi(name, cache, stride=stride)
+    return Path(data)
+
+
 def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                progress: bool = True) -> Corpus:
+                progress: bool = True, max_piece_tokens: int = MAX_PIECE_TOKENS) -> Corpus:
     """Tokenises a MIDI folder (or the Bach default when ``data`` is None) to REMI.
 
     Unreadable or corrupt files, and files with no notes, are skipped with a warning that
-    names each, and a final count.
+    names each, and a final count. Pieces longer than ``max_piece_tokens`` keep their first
+    ``max_piece_tokens`` tokens (fewer when their events span more than 8 quarters per
+    allowed token: the score is cut there before it is tokenised, and the piece ends at its
+    last event before the cut), with a warning naming each and a final count (the names are
+    in :attr:`Corpus.cropped`).
 
     Args:
         data: folder of MIDI files, ``music21:NAME`` for a composer or collection of
             music21's corpus (e.g. ``music21:palestrina``), or None for the Bach chorales.
         cache_dir: where converted MIDI and token caches live (default :func:`default_cache_dir`).
         progress: show a progress bar.
+        max_piece_tokens: the longest piece kept, in tokens (default :data:`MAX_PIECE_TOKENS`);
+            part of the cache key.
 
     Returns:
         A :class:`Corpus`.
 
     Raises:
-        DataError: missing or empty folder, or no readable MIDI file in it.
+        DataError: missing or empty folder, no readable MIDI file in it, or a
+            ``max_piece_tokens`` that is not a positive int.
     """
-    from symusic import Score
     from tqdm import tqdm
 
+    check_max_piece_tokens(max_piece_tokens)
     cache = Path(cache_dir or default_cache_dir())
-    if data is None:
-        root = bach_chorales_midi(cache)
-    elif str(data).startswith(MUSIC21_PREFIX):
-        name, stride = _parse_music21(str(data))
-        root = music21_corpus_midi(name, cache, stride=stride)
-    else:
-        root = Path(data)
+    root = _data_root(data, cache)
     files = find_midi_files(root)
     tokenizer = make_tokenizer()
     tok_json = tokenizer_to_json(tokenizer)
-    cache_file = cache / "tokens" / f"{_cache_key(files, root, tok_json)}.npz"
+    cache_file = cache / "tokens" / f"{_cache_key(files, root, tok_json, max_piece_tokens)}.npz"
     if cache_file.exists():
-        stored = np.load(cache_file, allow_pickle=False)
-        names = json.loads(str(stored["names"]))
-        lengths = stored["lengths"]
-        flat = stored["ids"]
-        pieces = np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
-        log.info("loaded %d tokenised pieces from %s", len(names), cache_file)
-        return Corpus(names=names, pieces=[p.astype(np.int64) for p in pieces], tokenizer_json=tok_json)
+        return _read_cache(cache_file, tok_json, max_piece_tokens)
 
-    names, pieces, skipped = [], [], []
+    corpus, skipped = Corpus(names=[], pieces=[], tokenizer_json=tok_json), 0
     for f in tqdm(files, desc="REMI tokens", unit="file", disable=not progress):
-        rel = str(f.relative_to(root))
+        name = display_name(f.relative_to(root))
         try:
-            score = Score(str(f))
-            ids = np.asarray(tokenizer.encode(score).ids, dtype=np.int64)
+            ids, cropped = _tokenize(f, tokenizer, max_piece_tokens)
         except Exception as err:  # noqa: BLE001 - corrupt files are skipped, named, counted
-            warnings.warn(f"skipped unreadable MIDI file {f}: {' '.join(str(err).split())}", stacklevel=2)
-            skipped.append(rel)
+            warnings.warn(f"skipped unreadable MIDI file {display_name(f)}: {' '.join(str(err).split())}",
+                          stacklevel=2)
+            skipped += 1
             continue
-        if ids.size < 2 or not any(len(t.notes) for t in score.tracks):  # zero-length piece
-            warnings.warn(f"skipped MIDI file {f}: it has no notes", stacklevel=2)
-            skipped.append(rel)
+        if ids is None or ids.size < 2:  # zero-length piece
+            warnings.warn(f"skipped MIDI file {display_name(f)}: it has no notes", stacklevel=2)
+            skipped += 1
             continue
-        names.append(rel)
-        pieces.append(ids)
+        if cropped:
+            warnings.warn(f"cropped MIDI file {display_name(f)} to its first {ids.size} tokens "
+                          f"(max_piece_tokens = {max_piece_tokens})", stacklevel=2)
+            corpus.cropped.append(name)
+        corpus.names.append(name)
+        corpus.pieces.append(ids)
     if skipped:
-        warnings.warn(f"skipped {len(skipped)} of {len(files)} MIDI files in {root}", stacklevel=2)
-    if not pieces:
-        raise DataError(f"no readable MIDI file with notes in {root} ({len(files)} tried)")
-    lengths = np.array([len(p) for p in pieces], dtype=np.int64)
-    flat = np.concatenate(pieces).astype(np.int32)
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, names=np.array(json.dumps(names)), lengths=lengths, ids=flat)
-
-    atomic_write(cache_file, write)
-    return Corpus(names=names, pieces=pieces, tokenizer_json=tok_json)
+        warnings.warn(f"skipped {skipped} of {len(files)} MIDI files in {display_name(root)}", stacklevel=2)
+    if corpus.cropped:
+        warnings.warn(f"cropped {len(corpus.cropped)} of {len(files)} MIDI files in {display_name(root)} to "
+                      f"max_piece_tokens = {max_piece_tokens} tokens", stacklevel=2)
+    if not corpus.pieces:
+        raise DataError(f"no readable MIDI file with notes in {display_name(root)} ({len(files)} tried)")
+    _write_cache(cache_file, corpus)
+    return corpus

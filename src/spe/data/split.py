@@ -39,7 +39,7 @@ class CorpusSplit:
 
 
 def load_split(data: str | None, *, cache_dir: str | None, val_fraction: float = 0.05, split_seed: int = 0,
-               progress: bool = False) -> CorpusSplit:
+               progress: bool = False, max_piece_tokens: int | None = None) -> CorpusSplit:
     """Loads (tokenises or reads from cache) a corpus and splits it by piece.
 
     Args:
@@ -49,21 +49,26 @@ def load_split(data: str | None, *, cache_dir: str | None, val_fraction: float =
         val_fraction: share of pieces held out, in (0, 1).
         split_seed: seed of the split.
         progress: show a progress bar while tokenising.
+        max_piece_tokens: the longest piece kept, in tokens (None:
+            :data:`spe.data.music.MAX_PIECE_TOKENS`); longer ones are cropped and counted.
 
     Raises:
         ValueError: (``DataError``) on unusable data or a corpus too small to split.
     """
-    from spe.data.music import load_corpus
+    from spe.data.music import DataError, load_corpus
 
-    from spe.data.music import DataError
-
-    corpus = load_corpus(data, cache_dir=cache_dir, progress=progress)
+    corpus = load_corpus(data, cache_dir=cache_dir, progress=progress, **_piece_bound(max_piece_tokens))
     try:
         train_idx, val_idx = corpus.split(val_fraction, split_seed)
     except DataError as err:
         raise DataError(f"{data or 'the Bach chorales'}: {err}") from None
     return CorpusSplit([corpus.pieces[i] for i in train_idx], [corpus.pieces[i] for i in val_idx],
                        corpus.tokenizer_json)
+
+
+def _piece_bound(max_piece_tokens: int | None) -> dict:
+    """``load_corpus``'s keyword for a bound (None: its default)."""
+    return {} if max_piece_tokens is None else {"max_piece_tokens": max_piece_tokens}
 
 
 def same_data(a: str | None, b: str | None) -> bool:
@@ -76,7 +81,8 @@ def same_data(a: str | None, b: str | None) -> bool:
 
 
 def split_of_run(train_config: dict, *, data: str | None = None, cache_dir: str | None = None,
-                 tokenizer_json: str | None = None, split: str | None = None) -> CorpusSplit:
+                 tokenizer_json: str | None = None, split: str | None = None,
+                 max_piece_tokens: int | None = None) -> CorpusSplit:
     """The pieces to evaluate a run on.
 
     By default (``split`` None) the run's own validation split when ``data`` is the run's
@@ -91,6 +97,8 @@ def split_of_run(train_config: dict, *, data: str | None = None, cache_dir: str 
             the same way.
         split: ``validation`` (held-out pieces, with the run's fraction and seed), ``train``,
             ``all``, or None for the default above.
+        max_piece_tokens: the longest piece kept, in tokens (default: the run's, or
+            :data:`spe.data.music.MAX_PIECE_TOKENS` for runs that recorded none).
 
     Raises:
         ValueError: on an unknown split, if the corpus's tokenizer differs from
@@ -105,12 +113,13 @@ def split_of_run(train_config: dict, *, data: str | None = None, cache_dir: str 
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     source = data if data is not None else run_data
     cache = cache_dir or train_config.get("cache_dir")
+    bound = max_piece_tokens if max_piece_tokens is not None else train_config.get("max_piece_tokens")
     if split == "all":
-        corpus = load_corpus(source, cache_dir=cache, progress=False)
+        corpus = load_corpus(source, cache_dir=cache, progress=False, **_piece_bound(bound))
         result = CorpusSplit(corpus.pieces, corpus.pieces, corpus.tokenizer_json, "all")
     else:
         result = load_split(source, cache_dir=cache, val_fraction=train_config.get("val_fraction", 0.05),
-                            split_seed=train_config.get("split_seed", 0))
+                            split_seed=train_config.get("split_seed", 0), max_piece_tokens=bound)
         if split == "train":
             result = CorpusSplit(result.train_pieces, result.train_pieces, result.tokenizer_json, "train")
     if tokenizer_json is not None and not same_tokenizer(tokenizer_json, result.tokenizer_json):

@@ -178,7 +178,7 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
                          max_length: int | None, data: str | None, cache_dir: str | None, batch_size: int,
                          device: str, json_path: str | None, progress: bool, num_realizations: int | None = None,
                          num_draws: int = 1, bucket_width: int | None = None, window: int | None = None,
-                         split: str | None = None) -> dict:
+                         split: str | None = None, max_piece_tokens: int | None = None) -> dict:
     """Evaluates checkpoints on the first one's validation split (or ``data``); writes CSV, PNG and JSON.
 
     Args:
@@ -193,7 +193,10 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
         cache_dir: corpus cache (default: the first checkpoint's).
         device: where paths are loaded.
         json_path: see :func:`write_evaluation`.
-        window: every model's sliding attention window (0: the whole past; None: as trained).
+        window: every model's sliding attention window (None: as trained; else decoded by
+            :func:`spe.options.decode_window`: 0 is the whole past).
+        max_piece_tokens: the longest piece kept, in tokens (None: the first run's; see
+            :func:`spe.data.split.split_of_run`).
 
     Returns:
         :func:`evaluate_models`'s summary.
@@ -208,7 +211,7 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
     for c in loaded:
         c.set_window(window)
     pieces = split_of_run(loaded[0].train_config, data=data, cache_dir=cache_dir,
-                          tokenizer_json=loaded[0].tokenizer_json, split=split)
+                          tokenizer_json=loaded[0].tokenizer_json, split=split, max_piece_tokens=max_piece_tokens)
     summary = evaluate_models(loaded, pieces, max_length=max_length, batch_size=batch_size,
                               num_realizations=num_realizations, num_draws=num_draws, bucket_width=bucket_width,
                               progress=progress)

@@ -13,9 +13,11 @@ from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
+from spe.data.music import MAX_PIECE_TOKENS
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS
 from spe.models.config import ModelConfig
+from spe.options import check_threads
 from spe.train.precision import check_precision
 
 __all__ = ["TrainConfig", "load_config_file", "packaged_config", "resolve_model_options"]
@@ -82,6 +84,8 @@ class TrainConfig:
         val_fraction: share of pieces held out for validation (split by piece).
         split_seed: seed of the split (fixed, independent of ``seed``).
         max_transpose: transposition augmentation in ±semitones (0 disables).
+        max_piece_tokens: the longest piece kept, in REMI tokens; longer ones are cropped
+            to their first ``max_piece_tokens`` and counted (:data:`spe.data.music.MAX_PIECE_TOKENS`).
         feature_redraw_every: steps between FAVOR+ redraws (0: never).
         seed: seed of initialisation, crops and SPE codes.
         device: ``cpu`` or ``cuda`` (under ``torchrun``: each process takes the GPU of its local rank).
@@ -110,6 +114,7 @@ class TrainConfig:
     val_fraction: float = 0.05
     split_seed: int = 0
     max_transpose: int = 6
+    max_piece_tokens: int = MAX_PIECE_TOKENS
     feature_redraw_every: int = 1000
     seed: int = 0
     device: str = "cpu"
@@ -125,8 +130,9 @@ class TrainConfig:
             raise TypeError(f"model must be a table of model options, got {self.model!r}")
         _check_types(self.model, fields(ModelConfig), "model option")
         require_positive("training", **{name: getattr(self, name) for name in (
-            "steps", "seq_len", "batch_size", "eval_every", "keep_checkpoints")})
+            "steps", "seq_len", "batch_size", "eval_every", "keep_checkpoints", "max_piece_tokens")})
         check_precision(self.precision, "cuda" if str(self.device).startswith("cuda") else "cpu")
+        check_threads(self.threads)
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):

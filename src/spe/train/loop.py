@@ -188,7 +188,7 @@ def _data(cfg: TrainConfig, progress: bool):
     from spe.data.split import load_split
 
     split = load_split(cfg.data, cache_dir=cfg.cache_dir, val_fraction=cfg.val_fraction,
-                       split_seed=cfg.split_seed, progress=progress)
+                       split_seed=cfg.split_seed, progress=progress, max_piece_tokens=cfg.max_piece_tokens)
     tokenizer = make_tokenizer()
     shifter = PitchShifter(tokenizer.vocab, cfg.max_transpose) if cfg.max_transpose > 0 else None
     sampler = CropSampler(split.train_pieces, cfg.seq_len, shifter)

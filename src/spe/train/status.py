@@ -17,7 +17,7 @@ from spe.train.config import TrainConfig
 __all__ = ["RESUME_KEYS", "RunStatus", "check_resume", "check_run", "run_status"]
 
 # Training options a run cannot change midway: they decide what the model sees and is validated on.
-RESUME_KEYS = ("data", "seq_len", "val_fraction", "split_seed", "max_transpose")
+RESUME_KEYS = ("data", "seq_len", "val_fraction", "split_seed", "max_transpose", "max_piece_tokens")
 
 
 @dataclass

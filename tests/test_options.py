@@ -1,0 +1,24 @@
+"""Options decoded once: "window 0 means the whole past" and thread counts (spe.options)."""
+
+import pytest
+
+from spe.options import check_threads, decode_window
+
+
+def test_window_zero_is_the_whole_past_and_a_positive_window_is_kept():
+    assert decode_window(None) is None and decode_window(0) is None and decode_window(7) == 7
+
+
+@pytest.mark.parametrize("value", [-1, True, 2.0, "8"])
+def test_a_bad_window_names_the_option_and_the_value(value):
+    with pytest.raises(ValueError, match=rf"^--window must be 0 \(the whole past\) or a positive number of "
+                                         rf"positions, got {value!r}$"):
+        decode_window(value, "--window")
+
+
+@pytest.mark.parametrize("value", [-1, True, 1.5])
+def test_a_bad_thread_count_names_the_option_and_the_value(value):
+    check_threads(None), check_threads(0), check_threads(3)
+    with pytest.raises(ValueError, match=rf"^threads must be 0 \(PyTorch's default\) or a positive number of "
+                                         rf"CPU threads, got {value!r}$"):
+        check_threads(value)
