@@ -31,6 +31,7 @@ from pathlib import Path
 from spe import strict_json
 from spe.checkpoint import atomic_write, load_checkpoint
 from spe.evaluation.checkpoints import evaluate_checkpoints
+from spe.options import decode_window
 from spe.train.config import TrainConfig, load_config_file, packaged_config
 from spe.train.loop import train
 from spe.train.status import run_status
@@ -80,9 +81,10 @@ def _check_eval(where: str, evaluation: dict) -> None:
     if unknown:
         raise ValueError(f"{where}: unknown eval option(s) {sorted(unknown)}; known: {', '.join(EVAL_KEYS)}")
     for key, value in evaluation.items():
-        low = 0 if key == "window" else 1  # window 0: the whole past
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{where}: eval option {key} must be an integer ≥ {low}, got {value!r}")
+        if key == "window":
+            decode_window(value, f"{where}: eval option window")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: eval option {key} must be an integer ≥ 1, got {value!r}")
 
 
 def _variant(where: str, spec: dict, variants: dict, base: dict, base_model: dict) -> dict:

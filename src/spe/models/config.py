@@ -8,7 +8,7 @@ from typing import ClassVar
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS
 from spe.models.trunk_config import POSITIONALS, SCORE_ENCODINGS, TrunkConfig
-from spe.ops.softmax import check_window
+from spe.options import decode_window
 
 __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "ModelConfig"]
 
@@ -51,9 +51,7 @@ class ModelConfig(TrunkConfig):
             raise ValueError(f"positional {self.positional!r} encodes positions on a 2-D grid: use it with the "
                              "encoder classifier on images (spe.models.ClassifierConfig with a grid)")
         require_positive(type(self).__name__, max_distance=self.max_distance)
-        if self.attention_window == 0 and not isinstance(self.attention_window, bool):
-            self.attention_window = None  # 0 = the whole past (TOML has no null)
-        check_window(self.attention_window, "attention_window")
+        self.attention_window = decode_window(self.attention_window, "attention_window")  # TOML has no null
         if self.attention_window is not None and POSITIONALS[self.positional] == "scores":
             raise ValueError(f"attention_window cannot be combined with positional {self.positional!r}, "
                              "which forms its own attention scores")
