@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Distributed", "all_sum", "barrier", "check_same", "session", "setup", "shard", "teardown"]
+__all__ = ["Distributed", "all_sum", "barrier", "check_same", "process_device", "session", "setup", "shard", "teardown"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,14 @@ def session(device_type: str) -> Iterator[Distributed]:
     finally:
         if not joined_before:
             teardown(ctx)
+
+
+def process_device(device: str | torch.device, ctx: Distributed) -> torch.device:
+    """The device of this process: under torchrun a CUDA process takes the GPU of its local rank,
+    whatever index ``device`` names; otherwise ``device`` itself."""
+    if ctx.enabled and str(device).startswith("cuda"):
+        return torch.device(f"cuda:{ctx.local_rank}")
+    return torch.device(device)
 
 
 def barrier(ctx: Distributed) -> None:

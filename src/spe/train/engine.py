@@ -46,7 +46,7 @@ from spe.train.state import (CHECKPOINTS_DIR, checkpoint_folder, global_rng_stat
                              repair_run_folder, restore_global_rng, save_checkpoint)
 from spe.train.task import EngineSettings, StepStats, Task
 
-__all__ = ["METRICS_FILE", "Outcome", "TrainingDiverged", "run"]
+__all__ = ["METRICS_FILE", "Outcome", "TrainingDiverged", "apply_gradients", "backward", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,7 @@ def _run(task: Task, settings: EngineSettings, out: Path, ctx: dist_.Distributed
     if settings.batch_size % ctx.world_size:
         raise ValueError(f"batch_size {settings.batch_size} (the global batch) is not divisible by the "
                          f"{ctx.world_size} processes")
-    # under torchrun each process takes the GPU of its local rank, whatever index --device names
-    device = torch.device(f"cuda:{ctx.local_rank}" if ctx.enabled and str(settings.device).startswith("cuda")
-                          else settings.device)
+    device = dist_.process_device(settings.device, ctx)
     if ctx.is_main and out.is_dir() and not overwrite:
         repair_run_folder(out, task.layout.latest)  # a crash between two renames leaves a mismatched pair
     dist_.barrier(ctx)
@@ -304,12 +302,28 @@ def _train_step(run: _Run) -> float:
     mean = total / run.ctx.world_size
     if not math.isfinite(mean):
         raise TrainingDiverged(_diverged_message(run, run.step + 1, mean))
-    run.scaler.unscale_(run.optimizer)
-    if s.grad_clip:
-        torch.nn.utils.clip_grad_norm_(run.model.parameters(), s.grad_clip)
-    run.scaler.step(run.optimizer)
-    run.scaler.update()
+    apply_gradients(run.optimizer, run.model.parameters(), grad_clip=s.grad_clip, scaler=run.scaler)
     return mean
+
+
+def backward(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
+    """Replaces the gradients of ``optimizer``'s parameters by those of ``loss`` (scaled by ``scaler`` for fp16)."""
+    optimizer.zero_grad(set_to_none=True)
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
+def apply_gradients(optimizer: torch.optim.Optimizer, parameters, *, grad_clip: float,
+                    scaler: torch.amp.GradScaler | None = None) -> None:
+    """One optimizer step: unscales (fp16), clips the global gradient norm at ``grad_clip`` (0: no clip), steps."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
 
 
 def _forward_backward(run: _Run, batch) -> torch.Tensor:
@@ -333,8 +347,7 @@ def _forward_backward(run: _Run, batch) -> torch.Tensor:
 def _loss_and_grads(run: _Run, batch) -> torch.Tensor:
     with autocast(run.settings.precision, run.device.type):
         loss = run.task.loss(run.step_model, batch, run.gens)
-    run.optimizer.zero_grad(set_to_none=True)
-    run.scaler.scale(loss).backward()
+    backward(loss, run.optimizer, run.scaler)
     return loss
 
 
