@@ -71,8 +71,9 @@ def _train_config(args: argparse.Namespace, **overrides):
         model["attention_window"] = _window_flag(args.attention_window, "--attention-window")
     if getattr(args, "ungated", False) or getattr(args, "gated", False):
         model["gated"] = bool(args.gated)
-    if getattr(args, "tensorboard", False):
-        raw["tensorboard"] = True
+    for flag in ("tensorboard", "compile"):
+        if getattr(args, flag, False):
+            raw[flag] = True
     raw.update(overrides)
     raw["model"] = model
     try:
@@ -126,6 +127,9 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install 'spe[log]')")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints (default 2)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model for training (off by default; falls back to the uncompiled model "
+                   "with a warning where compilation is unavailable)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
