@@ -318,7 +318,8 @@ def _bench_model(args: argparse.Namespace, model: dict, series, attentions) -> d
 
         model_attentions = [a for a in attentions or [default_attention] if a not in PEER_ATTENTIONS]
         triples = [(p, i, a) for a in model_attentions or [default_attention] for p, i in series]
-        raw = run_model_rounds(common, triples, shapes, args.rounds, timeout, progress=not args.no_progress)
+        raw = run_model_rounds(common, triples, shapes, args.rounds, timeout, progress=not args.no_progress,
+                               compiled=(False, True) if args.compile else (False,))
         out.update(model_rounds=raw, model=merge_rounds(raw))
     out["longest"] = [longest_length(common, p, i, a, budget_mb=args.memory_budget_mb,
                                      measure_limit_mb=args.measure_limit_mb, start=args.longest_start,
@@ -432,6 +433,8 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
+    p.add_argument("--compile", action="store_true",
+                   help="--modes model: also measure every encoding with torch.compile (rows marked compiled)")
     p.add_argument("--code-errors", action="store_true",
                    help="also measure sineSPE estimation error vs R, Gaussian vs orthogonal noise")
     p.add_argument("--budget-s", type=float, default=30.0, help="skip cases predicted to take longer per run")

@@ -87,8 +87,8 @@ def setup(device_type: str) -> Distributed:
         torch.cuda.set_device(ctx.local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    log.info("process %d of %d (local rank %d, backend %s)", ctx.rank, ctx.world_size, ctx.local_rank,
-             dist.get_backend())
+        log.info("process %d of %d (local rank %d, backend %s)", ctx.rank, ctx.world_size, ctx.local_rank,
+                 dist.get_backend())
     return ctx
 
 
