@@ -185,3 +185,13 @@ def test_spe_train_resume_refuses_a_state_that_would_run_code_in_one_line(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert not marker.exists()
     assert len(err) == 1 and "refused" in err[0] and "train_state.pt: it holds io.open, which is not data" in err[0]
+
+
+def test_spe_train_compile_flag_reaches_the_configuration(monkeypatch, tmp_path):
+    import spe.train.loop as loop
+
+    seen = []
+    monkeypatch.setattr(loop, "train", lambda cfg, **kwargs: seen.append(cfg) or tmp_path)
+    assert main(["-q", "train", "--out", str(tmp_path / "a"), "--compile"]) == 0
+    assert main(["-q", "train", "--out", str(tmp_path / "b")]) == 0
+    assert [cfg.compile for cfg in seen] == [True, False]

@@ -64,7 +64,7 @@ def training_step(model: EncoderClassifier, optimizer: torch.optim.Optimizer, tr
     """
     inputs, labels = model_inputs(train, index, cfg.device)
     loss = cross_entropy(model(*inputs, generator=generator), labels)
-    engine.backward(loss, optimizer)
+    engine.compute_gradients(loss, optimizer)
     engine.apply_gradients(optimizer, model.parameters(), grad_clip=cfg.grad_clip)
     return float(loss.detach())
 

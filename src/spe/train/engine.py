@@ -46,7 +46,7 @@ from spe.train.state import (CHECKPOINTS_DIR, checkpoint_folder, global_rng_stat
                              repair_run_folder, restore_global_rng, save_checkpoint)
 from spe.train.task import EngineSettings, StepStats, Task
 
-__all__ = ["METRICS_FILE", "Outcome", "TrainingDiverged", "apply_gradients", "backward", "run"]
+__all__ = ["METRICS_FILE", "Outcome", "TrainingDiverged", "apply_gradients", "compute_gradients", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +306,7 @@ def _train_step(run: _Run) -> float:
     return mean
 
 
-def backward(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
+def compute_gradients(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
     """Replaces the gradients of ``optimizer``'s parameters by those of ``loss`` (scaled by ``scaler`` for fp16)."""
     optimizer.zero_grad(set_to_none=True)
     (scaler.scale(loss) if scaler is not None else loss).backward()
@@ -347,7 +347,7 @@ def _forward_backward(run: _Run, batch) -> torch.Tensor:
 def _loss_and_grads(run: _Run, batch) -> torch.Tensor:
     with autocast(run.settings.precision, run.device.type):
         loss = run.task.loss(run.step_model, batch, run.gens)
-    backward(loss, run.optimizer, run.scaler)
+    compute_gradients(loss, run.optimizer, run.scaler)
     return loss
 
 
