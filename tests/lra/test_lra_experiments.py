@@ -97,27 +97,32 @@ def test_a_seed_keeps_its_best_validation_checkpoint_and_tests_it(tmp_path):
 def test_an_interrupted_seed_resumes_to_the_same_weights(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    import spe.lra.train as train_module
+    from spe.lra.task import LRATask
 
     splits = _splits()
-    train_seed(_tiny_config(), splits, 0, tmp_path / "whole", progress=False)
+    whole = train_seed(_tiny_config(), splits, 0, tmp_path / "whole", progress=False)
     calls = {"n": 0}
-    original = train_module.training_step
+    original = LRATask.loss
 
-    def interrupted(*args, **kwargs):
+    def interrupted(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:  # after the validation at step 2
             raise KeyboardInterrupt
-        return original(*args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(train_module, "training_step", interrupted)
+    monkeypatch.setattr(LRATask, "loss", interrupted)
     with pytest.raises(KeyboardInterrupt):
         train_seed(_tiny_config(), splits, 0, tmp_path / "cut", progress=False)
-    monkeypatch.setattr(train_module, "training_step", original)
-    train_seed(_tiny_config(), splits, 0, tmp_path / "cut", progress=False)
-    whole, cut = (load_file(str(tmp_path / f / "last" / "model.safetensors")) for f in ("whole", "cut"))
-    for name, value in whole.items():
-        torch.testing.assert_close(cut[name], value, rtol=0, atol=0)
+    monkeypatch.setattr(LRATask, "loss", original)
+    cut = train_seed(_tiny_config(), splits, 0, tmp_path / "cut", progress=False)
+    assert {k: v for k, v in cut.items() if k != "seconds"} == {k: v for k, v in whole.items() if k != "seconds"}
+    a, b = (load_file(str(tmp_path / f / "last" / "model.safetensors")) for f in ("whole", "cut"))
+    for name, value in a.items():
+        torch.testing.assert_close(b[name], value, rtol=0, atol=0)
+    # the running training loss is part of the checkpoint: the resumed records are the uninterrupted ones
+    records = [[{k: v for k, v in json.loads(line).items() if k != "seconds"}
+                for line in (tmp_path / f / "metrics.jsonl").read_text().splitlines()] for f in ("whole", "cut")]
+    assert records[0] == records[1]
 
 
 def test_results_over_seeds_and_finished_seeds_are_not_rerun(tmp_path, monkeypatch):

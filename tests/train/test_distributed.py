@@ -69,7 +69,7 @@ def test_two_processes_match_one_with_the_same_global_batch_and_resume_identical
             if r1.get(key) is not None:
                 assert r2[key] == pytest.approx(r1[key], rel=RTOL)
     assert b[0]["loss"] != b[1]["loss"]  # the loss moves: the comparison is not of constants
-    state = torch.load(two / TRAIN_STATE_FILE, weights_only=False)
+    state = torch.load(two / TRAIN_STATE_FILE, weights_only=True)
     assert state["world_size"] == 2 and len(state["rng"]) == 2
     assert not torch.equal(state["rng"][0]["torch"], state["rng"][1]["torch"])  # per-process dropout streams
 

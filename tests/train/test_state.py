@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from tiny_run import tiny_config
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, load_metadata
-from spe.train import loop
+from spe.train import engine
 from spe.train.loop import train
 from spe.train.state import CHECKPOINTS_DIR, latest_checkpoint, repair_run_folder
 
@@ -29,18 +29,18 @@ def test_resume_after_a_crash_continues_the_same_trajectory_bit_for_bit(tmp_path
     # same seed, one process, twice: identical losses (determinism on CPU)
     assert _losses(straight) == _losses(again)
 
-    save = loop._save
+    save = engine._save
 
-    def save_then_crash(run, step):
-        save(run, step)
-        if step == 4:
+    def save_then_crash(run, *args):
+        save(run, *args)
+        if run.step == 4:
             raise _Crash
 
-    monkeypatch.setattr(loop, "_save", save_then_crash)
+    monkeypatch.setattr(engine, "_save", save_then_crash)
     cfg = tiny_config(tmp_path, "crashed")
     with pytest.raises(_Crash):
         train(cfg, progress=False)
-    monkeypatch.setattr(loop, "_save", save)
+    monkeypatch.setattr(engine, "_save", save)
     assert load_metadata(cfg.out)["step"] == 4
     resumed = train(cfg, resume=True, progress=False)
     # 2N = 6 steps straight vs N = 4, crash, resume to 6 (dropout, feature redraw at step 3 and
@@ -57,8 +57,8 @@ def test_keeps_the_last_k_checkpoints_and_links_the_latest(tmp_path):
     newest = run / CHECKPOINTS_DIR / "step-0000006"
     for name in (MODEL_FILE, TRAIN_STATE_FILE):
         assert (run / name).read_bytes() == (newest / name).read_bytes()
-    state = torch.load(run / TRAIN_STATE_FILE, weights_only=False)
-    assert state["step"] == 6 and state["world_size"] == 1 and state["format_version"] == 1
+    state = torch.load(run / TRAIN_STATE_FILE, weights_only=True)
+    assert state["step"] == 6 and state["world_size"] == 1 and state["format_version"] == 2
     assert {"torch", "python", "numpy"} <= set(state["rng"][0])
     assert {"data_gen", "code_gen", "feature_gen", "optimizer", "scaler"} <= set(state)
     assert not list(run.rglob("*.tmp"))  # no temporary file left behind
@@ -75,7 +75,7 @@ def test_a_crash_between_the_two_renames_is_repaired_to_a_matching_pair(tmp_path
     assert load_metadata(run)["step"] == 2
     assert repair_run_folder(run) == 4
     assert load_metadata(run)["step"] == 4
-    assert torch.load(run / TRAIN_STATE_FILE, weights_only=False)["step"] == 4
+    assert torch.load(run / TRAIN_STATE_FILE, weights_only=True)["step"] == 4
     # an incomplete newest folder (state written, model not yet) is not a checkpoint
     partial = run / CHECKPOINTS_DIR / "step-0000006"
     partial.mkdir()

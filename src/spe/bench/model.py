@@ -64,34 +64,40 @@ def _model_case(common: dict, pos: str, impl: str, attention: str, batch: int, l
 
 
 def run_model_rounds(common: dict, series: list[tuple[str, str, str]], shapes: list[tuple[int, int]],
-                     rounds: int, timeout: float, progress: bool = True) -> list[dict]:
-    """One record per (shape, round, series), the series cycled within each round.
+                     rounds: int, timeout: float, progress: bool = True,
+                     compiled: tuple[bool, ...] = (False,)) -> list[dict]:
+    """One record per (shape, round, series, compiled), the series cycled within each round.
 
     ``common`` holds the worker's case fields (model options, vocab_size, repeats, threads,
-    device, max_seconds). Returns the raw records; :func:`merge_rounds` pools them.
+    device, max_seconds); ``compiled`` (False, True) measures every series eager and with
+    ``torch.compile`` (the first, compiling step is the untimed warm-up). Returns the raw
+    records; :func:`merge_rounds` pools them.
     """
     records = []
-    total, done = len(shapes) * rounds * len(series), 0
+    total, done = len(shapes) * rounds * len(series) * len(compiled), 0
     for batch, length in shapes:
         for rnd in range(rounds):
-            for pos, impl, attention in series:
+            for (pos, impl, attention), flag in ((s, c) for s in series for c in compiled):
                 done += 1
-                rec = run_case({**_model_case(common, pos, impl, attention, batch, length), "round": rnd},
-                               timeout=timeout)
+                case = {**_model_case(common, pos, impl, attention, batch, length), "round": rnd}
+                rec = run_case({**case, "compiled": True} if flag else case, timeout=timeout)
                 records.append(rec)
                 if progress:
                     state = rec.get("skipped") or f"{rec['median_ms']:.0f} ms, {rec['peak_mb']:.0f} MB"
-                    print(f"[{done}/{total}] model {series_name(pos, impl):16s} {attention:9s} B={batch} N={length} "
+                    name = series_name(pos, impl) + (" compiled" if flag else "")
+                    print(f"[{done}/{total}] model {name:16s} {attention:9s} B={batch} N={length} "
                           f"round {rnd}: {state}", file=sys.stderr, flush=True)
     return records
 
 
 def merge_rounds(records: list[dict]) -> list[dict]:
-    """Pools the rounds of each (series, attention, batch, length): the median of every timed
-    step, the largest peak memory, and the ratios to APE with the same attention and shape."""
+    """Pools the rounds of each (series, attention, batch, length, compiled): the median of every
+    timed step, the largest peak memory, and the ratios to APE with the same attention, shape and
+    compilation."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
-        groups.setdefault((r["positional"], r["impl"], r["attention"], r["batch"], r["length"]), []).append(r)
+        groups.setdefault((r["positional"], r["impl"], r["attention"], r["batch"], r["length"],
+                           bool(r.get("compiled"))), []).append(r)
     merged = []
     for key, recs in groups.items():
         ok = [r for r in recs if "median_ms" in r]
@@ -103,8 +109,10 @@ def merge_rounds(records: list[dict]) -> list[dict]:
                        "peak_mb": max(r["peak_mb"] for r in ok), "rounds": len(ok),
                        "tokens_per_s": key[3] * key[4] / (statistics.median(times) / 1000)})
     for r in merged:
-        base = next((a for a in merged if (a["positional"], a["attention"], a["batch"], a["length"])
-                     == ("ape", r["attention"], r["batch"], r["length"]) and a.get("rounds")), None)
+        base = next((a for a in merged if (a["positional"], a["attention"], a["batch"], a["length"],
+                                           bool(a.get("compiled")))
+                     == ("ape", r["attention"], r["batch"], r["length"], bool(r.get("compiled"))) and a.get("rounds")),
+                    None)
         if base and r.get("rounds"):
             r["time_vs_ape"] = r["median_ms"] / base["median_ms"]
             r["memory_vs_ape"] = r["peak_mb"] / max(base["peak_mb"], 1e-9)

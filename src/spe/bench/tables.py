@@ -13,7 +13,7 @@ def _name(r: dict) -> str:
     if r["positional"] == "sinespe" and impl == "-":
         impl = f"auto → {r['resolved_impl']}" if r.get("resolved_impl") else "auto"
     suffix = "" if impl in ("-", "fft") else f" ({impl})"
-    return f"{r['positional']}{suffix} + {r['attention']}"
+    return f"{r['positional']}{suffix} + {r['attention']}" + (" (compiled)" if r.get("compiled") else "")
 
 
 def model_lines(merged: list[dict]) -> list[str]:

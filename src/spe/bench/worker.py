@@ -85,12 +85,14 @@ def model_step(case: dict, device: torch.device):
     """(a function doing one AdamW step of a whole DecoderLM, {"parameters", "attention_window"(,
     "resolved_impl")}).
 
-    The model is the one ``spe train --seq-len N`` builds from ``case["model"]``: the config
+    With ``case["compiled"]`` the model's forward is ``torch.compile``d (the timed steps follow
+    the untimed, compiling first one). The model is the one ``spe train --seq-len N`` builds from ``case["model"]``: the config
     layer's defaults apply (:func:`spe.train.config.resolve_model_options`), so SPE gets a
     sliding window of N positions, which at length N reaches the whole past (the kernels then
     take their whole-past path). A sineSPE ``impl`` other than "-" becomes ``ModelConfig.spe_impl``.
     """
     from spe.models import DecoderLM, ModelConfig
+    from spe.models.loss import cross_entropy
     from spe.train.config import resolve_model_options
 
     n, b = case["length"], case["batch"]
@@ -101,12 +103,13 @@ def model_step(case: dict, device: torch.device):
     options["max_positions"] = max(options.get("max_positions", 2048), n)
     config = ModelConfig(vocab_size=case["vocab_size"], **{**options, "spe_impl": _spe_impl(case)})
     model = DecoderLM(config).to(device).train()
+    forward = torch.compile(model) if case.get("compiled") else model  # as spe train --compile does
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, case["vocab_size"], (b, n + 1), generator=g, device=device)
 
     def run() -> None:
-        model.loss(tokens).backward()
+        cross_entropy(forward(tokens[:, :-1]), tokens[:, 1:]).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -1,8 +1,13 @@
-"""``spe lra``: parsing and printing only; the work is :func:`spe.lra.run_lra`."""
+"""``spe lra``: parsing and printing only; the work is :func:`spe.lra.run_lra`.
+
+Runs under ``torchrun`` as ``spe train`` does (e.g. ``torchrun --nproc-per-node 2 -m spe lra ...``):
+each seed's batch is shared between the processes and only rank 0 writes files.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 __all__ = ["add_lra_parser", "cmd_lra"]
@@ -30,9 +35,12 @@ def cmd_lra(args: argparse.Namespace) -> int:
     cfg = preset_config(args.task, args.positional, args.attention, preset=args.preset, data=args.data,
                         steps=args.steps, max_length=args.max_length, device=args.device,
                         num_realizations=args.num_realizations, batch_size=args.batch_size,
-                        eval_every=args.eval_every)
+                        eval_every=args.eval_every, precision=args.precision, keep_checkpoints=args.keep_checkpoints,
+                        tensorboard=args.tensorboard or None, compile=args.compile or None)
     out = Path(args.out or f"runs/lra/{args.preset}/{args.task}-{args.attention}-{args.positional}")
     summary = run_lra(cfg, _seeds(args.seeds), out, threads=args.threads, progress=not args.no_progress)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports
+        return 0
     print((out / "results.md").read_text(), end="")
     print(f"results: {out / 'results.json'} (mean {summary['mean']:.2f} ± {summary['std']:.2f} %)")
     return 0
@@ -56,5 +64,12 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                   help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient scaler (CUDA)")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write TensorBoard scalars to OUT/seedK/tensorboard (needs: pip install 'spe[log]')")
+    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept per seed in OUT/seedK/checkpoints (default 2)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model for training (falls back to the uncompiled model with a warning)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_lra)

@@ -65,8 +65,9 @@ def _train_config(args: argparse.Namespace, **overrides):
         model["attention_window"] = decode_window(args.attention_window, "--attention-window")
     if getattr(args, "ungated", False) or getattr(args, "gated", False):
         model["gated"] = bool(args.gated)
-    if getattr(args, "tensorboard", False):
-        raw["tensorboard"] = True
+    for flag in ("tensorboard", "compile"):
+        if getattr(args, flag, False):
+            raw[flag] = True
     raw.update(overrides)
     raw["model"] = model
     try:
@@ -127,6 +128,9 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install 'spe[log]')")
     p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints (default 2)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model for training (off by default; falls back to the uncompiled model "
+                   "with a warning where compilation is unavailable)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -315,7 +319,8 @@ def _bench_model(args: argparse.Namespace, model: dict, series, attentions) -> d
 
         model_attentions = [a for a in attentions or [default_attention] if a not in PEER_ATTENTIONS]
         triples = [(p, i, a) for a in model_attentions or [default_attention] for p, i in series]
-        raw = run_model_rounds(common, triples, shapes, args.rounds, timeout, progress=not args.no_progress)
+        raw = run_model_rounds(common, triples, shapes, args.rounds, timeout, progress=not args.no_progress,
+                               compiled=(False, True) if args.compile else (False,))
         out.update(model_rounds=raw, model=merge_rounds(raw))
     out["longest"] = [longest_length(common, p, i, a, budget_mb=args.memory_budget_mb,
                                      measure_limit_mb=args.measure_limit_mb, start=args.longest_start,
@@ -430,6 +435,8 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
+    p.add_argument("--compile", action="store_true",
+                   help="--modes model: also measure every encoding with torch.compile (rows marked compiled)")
     p.add_argument("--code-errors", action="store_true",
                    help="also measure sineSPE estimation error vs R, Gaussian vs orthogonal noise")
     p.add_argument("--budget-s", type=float, default=30.0, help="skip cases predicted to take longer per run")

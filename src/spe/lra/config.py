@@ -13,11 +13,14 @@ from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 
 from spe.data.lra.tasks import TASKS
+from spe.train.optim import SCHEDULES  # one list of schedules, re-exported here
 
-__all__ = ["PRESETS", "SCHEDULES", "LRAConfig", "load_preset", "preset_config"]
+__all__ = ["PRESETS", "RUN_ONLY_KEYS", "SCHEDULES", "LRAConfig", "load_preset", "preset_config"]
 
 PRESETS = ("paper", "cpu-small")
-SCHEDULES = ("cosine", "rsqrt")
+# Options that change how a run is carried out, not what it computes: an experiment folder may be
+# continued with other values of them.
+RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile")
 _DATA_KEYS = ("num_train", "num_val", "num_test", "max_depth", "max_args", "min_length", "max_length",
               "drop_parentheses")
 
@@ -50,8 +53,15 @@ class LRAConfig:
             ``drop_parentheses``.
         model: :class:`~spe.models.ClassifierConfig` options (vocabulary, classes, grid and
             maximum positions come from the data).
-        device: torch device of the runs.
+        device: torch device of the runs (under ``torchrun``: each process takes the GPU of its
+            local rank).
         num_realizations: overrides the preset's R (SPE).
+        precision: ``fp32``, ``bf16`` (autocast, CPU or CUDA) or ``fp16`` (autocast with a
+            gradient scaler, CUDA only); weights and checkpoints stay float32.
+        tensorboard: also write TensorBoard scalars to each seed's ``tensorboard/``.
+        keep_checkpoints: checkpoint folders ``checkpoints/step-SSSSSSS/`` kept per seed (the newest).
+        compile: ``torch.compile`` the model for the training steps (falls back to the
+            uncompiled model with a warning where compilation is unavailable or fails).
     """
 
     task: str
@@ -74,13 +84,20 @@ class LRAConfig:
     model: dict = field(default_factory=dict)
     device: str = "cpu"
     num_realizations: int | None = None
+    precision: str = "fp32"
+    tensorboard: bool = False
+    keep_checkpoints: int = 2
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown LRA task {self.task!r}; choose from {', '.join(TASKS)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        for name in ("steps", "batch_size", "eval_every", "eval_batch_size"):
+        from spe.train.precision import check_precision
+
+        check_precision(self.precision, "cuda" if str(self.device).startswith("cuda") else "cpu")
+        for name in ("steps", "batch_size", "eval_every", "eval_batch_size", "keep_checkpoints"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

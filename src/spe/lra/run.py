@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import torch
 
 from spe.checkpoint import atomic_write
-from spe.lra.config import LRAConfig
+from spe.lra.config import RUN_ONLY_KEYS, LRAConfig
 from spe.lra.train import train_seed
+from spe.train import distributed as dist_
 
 __all__ = ["load_splits", "run_lra", "summarize"]
 
@@ -61,6 +63,10 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
             progress: bool = True) -> dict:
     """Trains and tests ``cfg`` once per seed (resumable), then writes the summary.
 
+    Under ``torchrun`` every process calls this with the same arguments: each seed's global
+    batch is shared between the processes (``batch_size`` divisible by their number) and
+    only rank 0 writes files.
+
     Args:
         cfg: the experiment.
         seeds: one run per seed; finished seeds are read back, not rerun.
@@ -72,7 +78,8 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
         The summary (``results.json``'s content).
 
     Raises:
-        ValueError: if ``out`` holds another configuration, or as :func:`load_splits`.
+        ValueError: if ``out`` holds another configuration, or as :func:`load_splits` and
+            :func:`~spe.lra.train.train_seed`.
         FileNotFoundError: as :func:`load_splits`.
     """
     if not seeds:
@@ -80,27 +87,42 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
     if threads is not None:
         torch.set_num_threads(threads)
     out = Path(out)
-    _check_config(out, cfg)
-    splits = load_splits(cfg)
-    results = []
-    for seed in seeds:
-        results.append(train_seed(cfg, splits, seed, out / f"seed{seed}", progress=progress))
-        log.info("%s seed %d: test accuracy %.4f", out, seed, results[-1]["test_accuracy"])
-        if getattr(splits["test"], "grid", None) is not None and cfg.model.get("pooling", "cls") == "cls":
-            _attention_map(out, seed, splits["test"], cfg)
-    summary = {"config": cfg.to_dict(), "results": results, **summarize(results)}
-    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
-    atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(_markdown(cfg, summary, results)))
+    with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx:
+        if ctx.is_main:
+            _check_config(out, cfg)
+        dist_.barrier(ctx)
+        if not ctx.is_main:
+            _check_config(out, cfg)
+        log.info("%s: %d seed(s), %d process(es)", out, len(seeds), ctx.world_size)
+        splits = load_splits(cfg)
+        results = []
+        for seed in seeds:
+            results.append(train_seed(cfg, splits, seed, out / f"seed{seed}", progress=progress))
+            log.info("%s seed %d: test accuracy %.4f", out, seed, results[-1]["test_accuracy"])
+            if ctx.is_main and getattr(splits["test"], "grid", None) is not None and \
+                    cfg.model.get("pooling", "cls") == "cls":
+                _attention_map(out, seed, splits["test"], cfg)
+        summary = {"config": cfg.to_dict(), "results": results, **summarize(results)}
+        if ctx.is_main:
+            atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
+            atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(_markdown(cfg, summary, results)))
+        dist_.barrier(ctx)
     return summary
 
 
 def _check_config(out: Path, cfg: LRAConfig) -> None:
-    """Writes ``config.json``, or refuses a folder that holds another experiment."""
+    """Writes ``config.json``, or refuses a folder that holds another experiment.
+
+    Options of ``RUN_ONLY_KEYS`` may differ; an option the stored file lacks (written before
+    it existed) counts as its default.
+    """
     file = out / "config.json"
     current = cfg.to_dict()
     if file.is_file():
-        stored = json.loads(file.read_text())
-        changed = {k: (stored.get(k), v) for k, v in current.items() if k != "device" and stored.get(k) != v}
+        defaults = {f.name: f.default for f in fields(LRAConfig) if f.default is not MISSING}
+        stored = {**defaults, **json.loads(file.read_text())}
+        changed = {k: (stored.get(k), v) for k, v in current.items()
+                   if k not in RUN_ONLY_KEYS and stored.get(k) != v}
         if changed:
             detail = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
             raise ValueError(f"{out} holds another LRA experiment ({detail}); choose another --out")

@@ -95,6 +95,8 @@ class TrainConfig:
         tensorboard: also write TensorBoard scalars to ``out/tensorboard`` (the ``log`` extra).
         keep_checkpoints: how many checkpoints ``out/checkpoints/step-SSSSSSS/`` to keep (the
             newest; ``out/model.safetensors`` is always the latest).
+        compile: ``torch.compile`` the model for the training steps (off by default; where
+            compilation is unavailable or fails, a warning and the uncompiled model).
         model: overrides of :class:`~spe.ModelConfig` fields (vocab_size comes from the data);
             completed by :func:`resolve_model_options` when the config is made.
     """
@@ -122,6 +124,7 @@ class TrainConfig:
     precision: str = "fp32"
     tensorboard: bool = False
     keep_checkpoints: int = 2
+    compile: bool = False
     model: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -19,13 +19,15 @@ process with batch B up to float rounding):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Distributed", "all_sum", "check_same", "setup", "shard", "teardown"]
+__all__ = ["Distributed", "all_sum", "barrier", "check_same", "process_device", "session", "setup", "shard", "teardown"]
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +87,8 @@ def setup(device_type: str) -> Distributed:
         torch.cuda.set_device(ctx.local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    log.info("process %d of %d (local rank %d, backend %s)", ctx.rank, ctx.world_size, ctx.local_rank,
-             dist.get_backend())
+        log.info("process %d of %d (local rank %d, backend %s)", ctx.rank, ctx.world_size, ctx.local_rank,
+                 dist.get_backend())
     return ctx
 
 
@@ -97,6 +99,39 @@ def teardown(ctx: Distributed) -> None:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def session(device_type: str) -> Iterator[Distributed]:
+    """:func:`setup` … :func:`teardown`, leaving a process group that was joined before as it was.
+
+    Nested sessions (an LRA experiment around the runs of its seeds) share one group.
+    """
+    import torch.distributed as dist
+
+    joined_before = dist.is_available() and dist.is_initialized()
+    ctx = setup(device_type)
+    try:
+        yield ctx
+    finally:
+        if not joined_before:
+            teardown(ctx)
+
+
+def process_device(device: str | torch.device, ctx: Distributed) -> torch.device:
+    """The device of this process: under torchrun a CUDA process takes the GPU of its local rank,
+    whatever index ``device`` names; otherwise ``device`` itself."""
+    if ctx.enabled and str(device).startswith("cuda"):
+        return torch.device(f"cuda:{ctx.local_rank}")
+    return torch.device(device)
+
+
+def barrier(ctx: Distributed) -> None:
+    """Waits for every process (a no-op in one process)."""
+    if ctx.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
 
 
 def shard(batch: torch.Tensor, ctx: Distributed) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Tags: ``train/loss`` (nats/token, mean over the global batch), ``train/lr``,
 ``train/tokens_per_s``, ``val/ce_within`` (validation cross-entropy on prefixes of the
 training length L) and ``val/ce_beyond`` (on positions [L, 2L) of validation prefixes of
-2L tokens, when some validation piece is that long). Events go to ``OUT/tensorboard``;
+2L tokens, when some validation piece is that long); for ``spe lra``, ``train/loss_running``
+(the running mean of the training loss) and ``val/accuracy``. Events go to ``OUT/tensorboard``;
 view them with ``tensorboard --logdir OUT``.
 """
 
@@ -15,7 +16,8 @@ __all__ = ["TAGS", "ScalarLog", "require_tensorboard"]
 
 # metrics.jsonl key -> TensorBoard tag
 TAGS = {"loss": "train/loss", "lr": "train/lr", "tokens_per_s": "train/tokens_per_s",
-        "val_loss": "val/ce_within", "val_loss_beyond": "val/ce_beyond"}
+        "val_loss": "val/ce_within", "val_loss_beyond": "val/ce_beyond",
+        "train_loss": "train/loss_running", "val_accuracy": "val/accuracy"}
 
 
 def require_tensorboard() -> None:

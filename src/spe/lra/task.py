@@ -1,0 +1,123 @@
+"""The Long Range Arena classifier as a task of the training engine (``spe lra``, one seed).
+
+Batches of B examples drawn uniformly with replacement (``torch.randint`` on the ``data``
+generator; under ``torchrun`` each process takes its B / N slice), each cut to its longest
+sequence; cross-entropy of the class; validation accuracy at every evaluation, the highest
+marking the best checkpoint (``best/``). Letters: B = batch, L = length, K = classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from spe.data.lra.dataset import PairDataset, SequenceDataset
+from spe.lra.config import LRAConfig
+from spe.lra.evaluate import _lengths, model_inputs
+from spe.models.classifier_config import ClassifierConfig
+from spe.models.encoder_classifier import EncoderClassifier
+from spe.models.loss import cross_entropy
+from spe.train import distributed as dist_
+from spe.train.task import EngineSettings, RunLayout, StepStats
+
+__all__ = ["LRATask", "build_classifier", "correct_count", "engine_settings"]
+
+
+def build_classifier(cfg: LRAConfig, train: SequenceDataset | PairDataset) -> EncoderClassifier:
+    """The classifier of ``cfg`` sized for the data (vocabulary, classes, grid, positions).
+
+    Raises:
+        ValueError: as :class:`~spe.models.ClassifierConfig` (unknown or impossible choices).
+    """
+    pair = isinstance(train, PairDataset)
+    length = train.tokens1.shape[1] if pair else train.tokens.shape[1]
+    model = dict(cfg.model)
+    if pair and model.get("interaction") in (None, "none"):
+        model["interaction"] = "nli"
+    if not pair:
+        model["interaction"] = None
+    if cfg.num_realizations is not None:
+        model["num_realizations"] = cfg.num_realizations
+    grid = getattr(train, "grid", None)
+    config = ClassifierConfig(vocab_size=train.vocab_size, num_classes=train.num_classes, positional=cfg.positional,
+                              attention=cfg.attention, grid=grid, max_positions=length + 1, **model)
+    return EncoderClassifier(config)
+
+
+def engine_settings(cfg: LRAConfig, seed: int) -> EngineSettings:
+    """The engine options of one seed of an LRA experiment."""
+    return EngineSettings(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                          eval_every=cfg.eval_every, seed=seed, weight_decay=cfg.weight_decay,
+                          grad_clip=cfg.grad_clip, schedule=cfg.schedule, min_lr_ratio=0.0, device=cfg.device,
+                          precision=cfg.precision, tensorboard=cfg.tensorboard,
+                          keep_checkpoints=cfg.keep_checkpoints, compile=cfg.compile)
+
+
+@torch.no_grad()
+def correct_count(model: EncoderClassifier, dataset: SequenceDataset | PairDataset, *, batch_size: int,
+                  limit: int = 0, device: torch.device, ctx: dist_.Distributed) -> tuple[int, int]:
+    """(correctly classified, evaluated) over the first ``limit`` examples (0: all), summed over processes.
+
+    The examples are ordered and batched as :func:`spe.lra.evaluate.accuracy` does (by
+    length, ``batch_size`` a batch); process r of N takes batches r, r + N, ..., so every
+    batch, hence every prediction, is the one a single process computes.
+    """
+    n = len(dataset) if not limit else min(limit, len(dataset))
+    order = torch.argsort(_lengths(dataset)[:n], stable=True)
+    correct = 0
+    for start in list(range(0, n, batch_size))[ctx.rank::ctx.world_size]:
+        inputs, labels = model_inputs(dataset, order[start:start + batch_size], device)
+        correct += int((model(*inputs).argmax(-1) == labels).sum())
+    (total,) = dist_.all_sum([float(correct)], ctx, device)
+    return int(total), n
+
+
+@dataclass
+class LRATask:
+    """One seed of an LRA experiment (see the module docstring).
+
+    Args:
+        cfg: the experiment.
+        splits: ``{"train", "val", "test"}`` from :func:`spe.data.lra.load_task`.
+        label: the progress bar's description (the seed's folder name).
+    """
+
+    cfg: LRAConfig
+    splits: dict
+    label: str = "lra"
+    generators: tuple[str, ...] = ("data", "code")
+    layout: RunLayout = field(default_factory=lambda: RunLayout(latest="last", best="best"))
+    best_metric: str | None = "val_accuracy"
+
+    def prepare(self, ctx: dist_.Distributed, *, resume: bool) -> None:
+        """Nothing to load: the splits are given."""
+
+    def build_model(self) -> EncoderClassifier:
+        return build_classifier(self.cfg, self.splits["train"])
+
+    def batch(self, gens: dict[str, torch.Generator], ctx: dist_.Distributed, device: torch.device):
+        """``(inputs, labels)`` of this process's slice of B examples (inputs as the model takes them)."""
+        train = self.splits["train"]
+        index = torch.randint(len(train), (self.cfg.batch_size,), generator=gens["data"])  # (B,)
+        return model_inputs(train, dist_.shard(index, ctx), device)
+
+    def loss(self, model, batch, gens: dict[str, torch.Generator]) -> torch.Tensor:
+        inputs, labels = batch
+        return cross_entropy(model(*inputs, generator=gens["code"]), labels)  # (B, K) logits
+
+    def evaluate(self, model: EncoderClassifier, ctx: dist_.Distributed, device: torch.device) -> dict:
+        """``val_accuracy`` in [0, 1] on the first ``eval_examples`` validation examples (0: all)."""
+        correct, n = correct_count(model, self.splits["val"], batch_size=self.cfg.eval_batch_size,
+                                   limit=self.cfg.eval_examples, device=device, ctx=ctx)
+        return {"val_accuracy": correct / n if n else 0.0}
+
+    def record(self, stats: StepStats, evaluation: dict | None) -> dict | None:
+        """At evaluations only: step, running training loss (nats), validation accuracy, seconds."""
+        if evaluation is None:
+            return None
+        return {"step": stats.step, "train_loss": stats.running_loss, "val_accuracy": evaluation["val_accuracy"],
+                "seconds": stats.seconds}
+
+    def metadata(self, step: int, evaluation: dict | None) -> dict:
+        return {"step": step, "val_accuracy": (evaluation or {}).get("val_accuracy"), "lra": self.cfg.to_dict()}

@@ -1,0 +1,37 @@
+"""spe bench --compile: compiled rows of the whole-model benchmark, divided by the compiled APE."""
+
+import functools
+
+import pytest
+import torch
+
+from spe.bench.model import merge_rounds
+from spe.bench.tables import model_lines
+
+
+def _rec(pos, times, compiled):
+    return {"positional": pos, "impl": "-", "attention": "performer", "batch": 2, "length": 8, "median_ms": 0.0,
+            "times_ms": times, "peak_mb": 100.0, "compiled": compiled, "parameters": 10, "model": {},
+            "vocab_size": 300}
+
+
+def test_compiled_rows_are_pooled_apart_and_compared_with_the_compiled_ape():
+    raw = [_rec("ape", [20.0], False), _rec("sinespe", [40.0], False), _rec("ape", [10.0], True),
+           _rec("sinespe", [30.0], True)]
+    merged = {(r["positional"], r["compiled"]): r for r in merge_rounds(raw)}
+    assert len(merged) == 4
+    assert merged["sinespe", False]["time_vs_ape"] == pytest.approx(2.0)
+    assert merged["sinespe", True]["time_vs_ape"] == pytest.approx(3.0)  # 30 / the compiled APE's 10
+    table = "\n".join(model_lines(list(merged.values())))
+    assert "| sinespe (auto) + performer (compiled) | 10 | 30 |" in table and "| sinespe (auto) + performer | 10 | 40 |" in table
+
+
+def test_a_compiled_model_step_trains(monkeypatch):
+    from spe.bench.worker import model_step
+
+    # inductor takes minutes on a CPU: dynamo's eager backend exercises the same compiled-call path
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    case = {"length": 16, "batch": 2, "positional": "ape", "attention": "performer", "impl": "-",
+            "vocab_size": 40, "model": {"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 32}}
+    run, _ = model_step({**case, "compiled": True}, torch.device("cpu"))
+    run()
