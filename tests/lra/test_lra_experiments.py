@@ -213,3 +213,10 @@ def test_results_tables_put_each_run_beside_the_papers_value_for_its_kernel_and_
     assert "| performer | convspe-2d | **31.00 ± 1.00** | 2 | 30.0, 32.0 | 10, 10 / 20 | 2.0 | 40.06 |" in text
     assert "| linear-relu | convspe | **20.00 ± 1.00** | 1 | 20.0 | 10 / 20 | 2.0 | 9.50 ± 1.17 |" in text
     assert "Transformer 36.37" in text
+
+
+@pytest.mark.parametrize("threads", [-1, True, 1.5])
+def test_a_bad_thread_count_is_refused_before_anything_runs(threads, tmp_path):
+    with pytest.raises(ValueError, match=rf"threads must be 0 .* got {threads!r}"):
+        run_lra(preset_config("listops", "ape", "performer", preset="cpu-small"), [0], tmp_path / "out", threads=threads)
+    assert not (tmp_path / "out").exists()

@@ -10,8 +10,9 @@ from torch import Tensor
 
 from spe.data.lra.dataset import PairDataset, SequenceDataset
 from spe.models.encoder_classifier import EncoderClassifier
+from spe.train import distributed as dist_
 
-__all__ = ["accuracy", "model_inputs"]
+__all__ = ["accuracy", "correct_count", "model_inputs"]
 
 
 def model_inputs(dataset: SequenceDataset | PairDataset, index: Tensor, device) -> tuple[tuple, Tensor]:
@@ -52,15 +53,30 @@ def accuracy(model: EncoderClassifier, dataset: SequenceDataset | PairDataset, *
     Returns:
         Accuracy in [0, 1] (0 for an empty split).
     """
-    n = len(dataset) if not limit else min(limit, len(dataset))
-    if n == 0:
-        return 0.0
     was_training = model.training
     model.eval()
+    try:
+        correct, n = correct_count(model, dataset, batch_size=batch_size, limit=limit, device=torch.device(device))
+    finally:
+        model.train(was_training)
+    return correct / n if n else 0.0
+
+
+@torch.no_grad()
+def correct_count(model: EncoderClassifier, dataset: SequenceDataset | PairDataset, *, batch_size: int,
+                  limit: int = 0, device: torch.device, ctx: dist_.Distributed | None = None) -> tuple[int, int]:
+    """(correctly classified, evaluated) over the first ``limit`` examples (0: all), summed over processes.
+
+    The examples are ordered by length (least padding), ``batch_size`` a batch. Under
+    ``torchrun`` (``ctx``) process r of N takes batches r, r + N, ..., so every batch, hence
+    every prediction, is the one a single process computes.
+    """
+    ctx = ctx or dist_.Distributed()
+    n = len(dataset) if not limit else min(limit, len(dataset))
     order = torch.argsort(_lengths(dataset)[:n], stable=True)
     correct = 0
-    for start in range(0, n, batch_size):
+    for start in list(range(0, n, batch_size))[ctx.rank::ctx.world_size]:
         inputs, labels = model_inputs(dataset, order[start:start + batch_size], device)
         correct += int((model(*inputs).argmax(-1) == labels).sum())
-    model.train(was_training)
-    return correct / n
+    (total,) = dist_.all_sum([float(correct)], ctx, device)
+    return int(total), n

@@ -18,6 +18,7 @@ import torch
 from spe.checkpoint import atomic_write
 from spe.lra.config import RUN_ONLY_KEYS, LRAConfig
 from spe.lra.train import train_seed
+from spe.options import check_threads
 from spe.train import distributed as dist_
 
 __all__ = ["load_splits", "run_lra", "summarize"]
@@ -71,7 +72,7 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
         cfg: the experiment.
         seeds: one run per seed; finished seeds are read back, not rerun.
         out: the experiment folder; it must not hold a different configuration.
-        threads: torch CPU threads (None: torch's default).
+        threads: torch CPU threads (None or 0: torch's default).
         progress: tqdm bars.
 
     Returns:
@@ -84,7 +85,8 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
     """
     if not seeds:
         raise ValueError("give at least one seed")
-    if threads is not None:
+    check_threads(threads)
+    if threads:
         torch.set_num_threads(threads)
     out = Path(out)
     with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx:

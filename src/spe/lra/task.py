@@ -14,7 +14,7 @@ import torch
 
 from spe.data.lra.dataset import PairDataset, SequenceDataset
 from spe.lra.config import LRAConfig
-from spe.lra.evaluate import _lengths, model_inputs
+from spe.lra.evaluate import correct_count, model_inputs
 from spe.models.classifier_config import ClassifierConfig
 from spe.models.encoder_classifier import EncoderClassifier
 from spe.models.loss import cross_entropy
@@ -52,25 +52,6 @@ def engine_settings(cfg: LRAConfig, seed: int) -> EngineSettings:
                           grad_clip=cfg.grad_clip, schedule=cfg.schedule, min_lr_ratio=0.0, device=cfg.device,
                           precision=cfg.precision, tensorboard=cfg.tensorboard,
                           keep_checkpoints=cfg.keep_checkpoints, compile=cfg.compile)
-
-
-@torch.no_grad()
-def correct_count(model: EncoderClassifier, dataset: SequenceDataset | PairDataset, *, batch_size: int,
-                  limit: int = 0, device: torch.device, ctx: dist_.Distributed) -> tuple[int, int]:
-    """(correctly classified, evaluated) over the first ``limit`` examples (0: all), summed over processes.
-
-    The examples are ordered and batched as :func:`spe.lra.evaluate.accuracy` does (by
-    length, ``batch_size`` a batch); process r of N takes batches r, r + N, ..., so every
-    batch, hence every prediction, is the one a single process computes.
-    """
-    n = len(dataset) if not limit else min(limit, len(dataset))
-    order = torch.argsort(_lengths(dataset)[:n], stable=True)
-    correct = 0
-    for start in list(range(0, n, batch_size))[ctx.rank::ctx.world_size]:
-        inputs, labels = model_inputs(dataset, order[start:start + batch_size], device)
-        correct += int((model(*inputs).argmax(-1) == labels).sum())
-    (total,) = dist_.all_sum([float(correct)], ctx, device)
-    return int(total), n
 
 
 @dataclass

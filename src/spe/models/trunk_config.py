@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar, Self
 
+from spe.attention.kernels import kernel_spec
 from spe.attention.layer import ACCEPTS, ATTENTIONS
 from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.positions import require_positive
@@ -109,7 +110,7 @@ class TrunkConfig:
             raise ValueError(f"positional {self.positional!r} adds a term to the attention scores, which "
                              f"{self.attention} attention never forms; with {self.attention} choose one of "
                              f"{allowed}, or use attention 'softmax'")
-        if POSITIONAL_SPECS[self.positional].positive_features and self.attention == "linear-relu":
+        if POSITIONAL_SPECS[self.positional].positive_features and not kernel_spec(self.attention).positive_features:
             raise ValueError(f"positional {self.positional!r} with linear attention needs strictly positive features: "
                              "use attention performer or linear-elu, not linear-relu")
         require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
