@@ -187,6 +187,14 @@ class MultiHeadAttention(nn.Module):
         return kernel_features(self.kernel, q, k, projection=projection, transform=self._transform,
                                positions=positions)
 
+    def feature_sizes(self) -> tuple[int, int]:
+        """(M, M'): the feature sizes of a linear kernel's numerator and normaliser, hence of its
+        decoding sums S (M × D) and z (M'), after any transform (LRPE and cosFormer double M;
+        LRPE's normaliser keeps M). Softmax: the query/key size, twice."""
+        probe = torch.zeros(1, 1, self.num_heads, self.kernel_dim, device=self.qkv.weight.device)
+        f = self.features(probe, probe, torch.zeros(1, dtype=torch.int64, device=probe.device))
+        return f.q.shape[-1], (f.q if f.normalizer is None else f.normalizer[0]).shape[-1]
+
     def _linear_inputs(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor, dict]:
         """The earlier form of :meth:`features` for linear kernels: φ(q), φ(k) and a dict with
         ``key_log_scale`` (FAVOR+) and ``normalizer`` (RoPE) where present."""
