@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["CosFormerReweighting", "cosformer_features"]
+__all__ = ["CosFormerReweighting", "cosformer_features", "cosformer_weights_reference"]
 
 
 def cosformer_features(x: Tensor, positions: Tensor, max_length: int) -> Tensor:
@@ -56,6 +56,17 @@ def cosformer_features(x: Tensor, positions: Tensor, max_length: int) -> Tensor:
     return torch.cat([x * cos, x * sin], dim=-1)
 
 
+def cosformer_weights_reference(phi_q: Tensor, phi_k: Tensor, positions: Tensor,
+                                max_length: int) -> tuple[Tensor, Tensor]:
+    """The slow twin of :func:`cosformer_features` in linear attention: explicit O(L²)
+    weights φ(q_m)·φ(k_n) cos(π/2 · (m − n)/L_max), float64, (B, H, L, L) (query m, key n),
+    unmasked, twice (the normaliser's are the same)."""
+    pos = positions.double()
+    cos = torch.cos(math.pi / 2 * (pos[:, None] - pos[None, :]) / max_length)  # (L, L)
+    weights = torch.einsum("bmhd,bnhd->bhmn", phi_q.double(), phi_k.double()) * cos
+    return weights, weights
+
+
 class CosFormerReweighting(nn.Module):
     """cosFormer's re-weighting as a feature transform of :class:`~spe.attention.MultiHeadAttention`
     (no parameters, nothing in the state dict).
@@ -79,6 +90,10 @@ class CosFormerReweighting(nn.Module):
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """x: (B, L, H, M), positions: (L,) in [0, L_max) → (B, L, H, 2M)."""
         return cosformer_features(x, positions, self.max_length)
+
+    def weights_reference(self, phi_q: Tensor, phi_k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(numerator, normaliser) weights (B, H, L, L), :func:`cosformer_weights_reference`."""
+        return cosformer_weights_reference(phi_q, phi_k, positions, self.max_length)
 
     def extra_repr(self) -> str:
         return f"max_length={self.max_length}"

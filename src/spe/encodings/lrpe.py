@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LRPE", "LRPE_ANGLES", "lrpe_angles", "lrpe_features"]
+__all__ = ["LRPE", "LRPE_ANGLES", "lrpe_angles", "lrpe_features", "lrpe_weights_reference"]
 
 LRPE_ANGLES = ("fixed", "learned")
 
@@ -61,6 +61,27 @@ def lrpe_features(x: Tensor, positions: Tensor, angles: Tensor) -> Tensor:
     phase = positions.to(device=x.device, dtype=torch.float64)[:, None, None] * theta  # (L, H, M)
     cos, sin = (t.to(x.dtype)[None] for t in (phase.cos(), phase.sin()))  # (1, L, H, M)
     return torch.cat([x * cos, x * sin], dim=-1)
+
+
+def lrpe_weights_reference(phi_q: Tensor, phi_k: Tensor, positions: Tensor, angles: Tensor) -> tuple[Tensor, Tensor]:
+    """The slow twin of :func:`lrpe_features` in linear attention: explicit O(L²) weights, float64.
+
+    Args:
+        phi_q, phi_k: (B, L, H, M) untransformed features (keys with any scale applied).
+        positions: (L,).
+        angles: (M,) or (H, M).
+
+    Returns:
+        numerator weights Σ_d φ(q_m)_d φ(k_n)_d cos((m − n) θ_d) and normaliser weights
+        Σ_d φ(q_m)_d φ(k_n)_d, each (B, H, L, L) (query m, key n), unmasked.
+    """
+    theta = angles.double().expand(phi_q.shape[2], -1)  # (H, M)
+    pos = positions.double()
+    lag = pos[:, None] - pos[None, :]  # (L, L)
+    cos = torch.cos(lag[None, :, :, None] * theta[:, None, None, :])  # (H, L, L, M)
+    fq, fk = phi_q.double(), phi_k.double()
+    num = torch.einsum("bmhd,bnhd,hmnd->bhmn", fq, fk, cos)
+    return num, torch.einsum("bmhd,bnhd->bhmn", fq, fk)
 
 
 class LRPE(nn.Module):
@@ -100,6 +121,10 @@ class LRPE(nn.Module):
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """x: (B, L, H, M), positions: (L,) → (B, L, H, 2M)."""
         return lrpe_features(x, positions, self.current_angles())
+
+    def weights_reference(self, phi_q: Tensor, phi_k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(numerator, normaliser) weights (B, H, L, L), :func:`lrpe_weights_reference`."""
+        return lrpe_weights_reference(phi_q, phi_k, positions, self.current_angles())
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, feature_dim={self.feature_dim}, angles={self.mode}, base={self.base:g}"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["PermuteFeatures", "cycle_tables", "permutation_powers", "random_permutations"]
+__all__ = ["PermuteFeatures", "cycle_tables", "permutation_powers", "permute_weights_reference", "random_permutations"]
 
 
 def random_permutations(num_heads: int, size: int, *, generator: torch.Generator) -> Tensor:
@@ -79,6 +79,33 @@ def permutation_powers(tables: tuple[Tensor, Tensor, Tensor, Tensor], positions:
     m = positions.to(torch.int64)[:, None, None]  # (L, 1, 1)
     where = start + torch.remainder(place + m, length)  # (L, H, M), remainder is ≥ 0 for ℓ > 0
     return order.expand(m.shape[0], -1, -1).gather(-1, where)
+
+
+def permute_weights_reference(phi_q: Tensor, phi_k: Tensor, positions: Tensor,
+                              permutation: Tensor) -> tuple[Tensor, Tensor]:
+    """The slow twin of :class:`PermuteFeatures` in linear attention: explicit O(L²) weights,
+    float64, with P^τ as a power of the permutation matrix (independent of the cycle tables).
+
+    Args:
+        phi_q, phi_k: (B, L, H, M) unpermuted features (keys with any scale applied).
+        positions: (L,) integers.
+        permutation: (H, M), (P x)_i = x_{p_i}.
+
+    Returns:
+        weights φ(q_m)ᵀ P^(n−m) φ(k_n), (B, H, L, L) (query m, key n), unmasked, twice (the
+        normaliser's are the same).
+    """
+    h, m = permutation.shape
+    matrix = torch.zeros(h, m, m, dtype=torch.float64)
+    matrix[torch.arange(h)[:, None], torch.arange(m), permutation] = 1.0  # P[i, p_i] = 1
+    pos = [int(t) for t in positions]
+    fq, fk = phi_q.double(), phi_k.double()
+    rows = []
+    for i, pm in enumerate(pos):
+        powers = torch.stack([torch.linalg.matrix_power(matrix, pn - pm) for pn in pos], dim=1)  # (H, L, M, M)
+        rows.append(torch.einsum("bhi,hnij,bnhj->bhn", fq[:, i], powers, fk))
+    weights = torch.stack(rows, dim=2)  # (B, H, L, L)
+    return weights, weights
 
 
 class PermuteFeatures(nn.Module):
@@ -149,6 +176,10 @@ class PermuteFeatures(nn.Module):
                              f"got {tuple(x.shape[2:])}")
         index = self.powers(positions)  # (L, H, M)
         return x.gather(-1, index[None].expand(x.shape[0], -1, -1, -1))
+
+    def weights_reference(self, phi_q: Tensor, phi_k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(numerator, normaliser) weights (B, H, L, L), :func:`permute_weights_reference`."""
+        return permute_weights_reference(phi_q, phi_k, positions, self.permutation.cpu())
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, feature_dim={self.feature_dim}"
