@@ -29,7 +29,9 @@ __all__ = ["PermuteFeatures", "cycle_tables", "permutation_powers", "permute_wei
 
 def random_permutations(num_heads: int, size: int, *, generator: torch.Generator) -> Tensor:
     """(H, M) int64: an independent uniform permutation of 0 … M − 1 per head, from ``generator``."""
-    return torch.stack([torch.randperm(size, generator=generator) for _ in range(num_heads)])
+    # drawn on the CPU (the generator's device) even under a default-device context such as the
+    # meta device that checkpoint loading builds its shape-only skeleton on
+    return torch.stack([torch.randperm(size, generator=generator, device="cpu") for _ in range(num_heads)])
 
 
 def cycle_tables(permutation: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -45,10 +47,11 @@ def cycle_tables(permutation: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         ValueError: if a row of ``permutation`` (H, M) is not a permutation of 0 … M − 1.
     """
     if permutation.dim() != 2 or not torch.equal(permutation.sort(dim=-1).values,
-                                                  torch.arange(permutation.shape[-1]).expand_as(permutation)):
+                                                  torch.arange(permutation.shape[-1], device=permutation.device).expand_as(permutation)):
         raise ValueError(f"each row must be a permutation of 0 … M − 1, got shape {tuple(permutation.shape)}")
     rows = [_cycles(row) for row in permutation.tolist()]
-    return tuple(torch.tensor([row[k] for row in rows], dtype=torch.int64) for k in range(4))
+    return tuple(torch.tensor([row[k] for row in rows], dtype=torch.int64, device=permutation.device)
+                 for k in range(4))
 
 
 def _cycles(p: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -144,8 +147,12 @@ class PermuteFeatures(nn.Module):
 
     def _build_tables(self) -> None:
         device = self.permutation.device
-        for name, table in zip(("order", "start", "length", "place"), cycle_tables(self.permutation.cpu())):
-            self.register_buffer(f"cycle_{name}", table.to(device), persistent=False)
+        if device.type == "meta":  # shapes only (a skeleton): no values to derive tables from
+            tables = [torch.empty_like(self.permutation) for _ in range(4)]
+        else:
+            tables = cycle_tables(self.permutation)
+        for name, table in zip(("order", "start", "length", "place"), tables):
+            self.register_buffer(f"cycle_{name}", table, persistent=False)
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:
         super()._load_from_state_dict(*args, **kwargs)
