@@ -82,7 +82,10 @@ def atomic_write(path: str | os.PathLike, write) -> None:
 
 
 def max_positions(config: ModelConfig) -> int | None:
-    """The most positions a model of ``config`` takes (``ape-learned``: ``max_positions``); None: any."""
+    """The most positions a model of ``config`` takes (``ape-learned``: ``max_positions``;
+    ``cosformer``: its L_max, ``cosformer_max_length`` or ``max_positions``); None: any."""
+    if config.positional == "cosformer":
+        return getattr(config, "cosformer_max_length", None) or config.max_positions
     return config.max_positions if config.positional == "ape-learned" else None
 
 
@@ -360,12 +363,15 @@ class LoadedCheckpoint:
     @property
     def max_length(self) -> int | None:
         """The most positions the model's positional encoding supports (``ape-learned``: its
-        ``max_positions``), or None when any length works."""
+        ``max_positions``; ``cosformer``: L_max), or None when any length works."""
         return max_positions(self.model.config)
 
     def check_length(self, length: int, what: str) -> None:
         """Raises ValueError naming ``what`` if ``length`` positions exceed :attr:`max_length`."""
         if self.max_length is not None and length > self.max_length:
+            if self.model.config.positional == "cosformer":
+                raise ValueError(f"{what} needs {length} positions but {self.path} is a cosFormer that attends "
+                                 f"within L_max = {self.max_length} positions only")
             raise ValueError(f"{what} needs {length} positions but {self.path} has {self.max_length} learned "
                              f"position embeddings (ape-learned max_positions)")
 

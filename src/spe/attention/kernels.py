@@ -45,9 +45,10 @@ __all__ = ["KERNELS", "KERNEL_PLACES", "FeatureTransform", "KernelFeatures", "Ke
            "ScoreTerm", "kernel_features", "kernel_spec"]
 
 # Where a positional encoding may act, as the positional registry names the places
-# (spe.encodings.registry.PLACES): added to tokens, transforming queries/keys (or, after a
-# feature map, their features), or a term in the scores.
-KERNEL_PLACES = ("tokens", "queries-keys", "scores")
+# (spe.encodings.registry.PLACES): added to tokens, transforming queries/keys (RoPE: after a
+# feature map, their features), a term in the scores (softmax), or a transform of the
+# features φ (LRPE, PermuteFormer, cosFormer: linear kernels, softmax has no φ).
+KERNEL_PLACES = ("tokens", "queries-keys", "scores", "features")
 
 
 class ScoreTerm(Protocol):
@@ -153,7 +154,7 @@ class KernelSpec:
     parallel: Parallel
     step: Step
     state_types: tuple[type, ...]
-    accepts: tuple[str, ...] = ("tokens", "queries-keys")
+    accepts: tuple[str, ...] = ("tokens", "queries-keys", "features")
     masks: bool = True
     windows: bool = True
     feature_transforms: bool = True
@@ -260,7 +261,8 @@ _LINEAR_STATES = (LinearAttentionState, RecentKeys)
 
 KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("softmax", "exact, O(L²) (Vaswani et al. 2017)", None, _softmax_parallel, _softmax_step,
-               (KVCache,), accepts=KERNEL_PLACES, positive_features=True, normalizer_features=False),
+               (KVCache,), accepts=("tokens", "queries-keys", "scores"), positive_features=True,
+               normalizer_features=False),
     KernelSpec("performer", "FAVOR+ positive orthogonal random features (Choromanski et al. 2021)",
                favor_features, _linear_parallel, _linear_step, (ScaledLinearAttentionState, ScaledRecentKeys),
                key_scales=True, random_features=True, positive_features=True),

@@ -8,7 +8,9 @@ et al. 2021): q, k -> (SPEFilter) -> q̂, k̂ of size R -> φ -> linear attentio
 
 Where a positional encoding acts decides which kernels accept it (``ACCEPTS``): codes and
 rotations of queries and keys work with every kernel; a term in the attention scores
-(Shaw, Music Transformer, ALiBi) needs the explicit scores of softmax attention.
+(Shaw, Music Transformer, ALiBi) needs the explicit scores of softmax attention; a transform
+of the kernel's features (LRPE, PermuteFormer, cosFormer) needs a feature map, which softmax
+attention has not.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ __all__ = ["ACCEPTS", "ATTENTIONS", "MultiHeadAttention", "legacy_state"]
 
 # The kernels' names and where a positional encoding may act with each, from the kernel
 # registry (spe.attention.kernels): "tokens" (added to embeddings), "queries-keys" (SPE codes,
-# rotations), "scores" (a term added to q·k before the softmax).
+# rotations), "scores" (a term added to q·k before the softmax), "features" (transforms of φ).
 ATTENTIONS = tuple(KERNELS)
 ACCEPTS = {name: spec.accepts for name, spec in KERNELS.items()}
 
@@ -61,6 +63,13 @@ class MultiHeadAttention(nn.Module):
             ``attend(q, k, v, *, query_offset) -> y`` and ``score_bias(q, num_keys, *,
             query_offset) -> (B, H, Lq, Lk)`` (the term it adds to q·k/√D, read by
             :mod:`spe.metrics.capture`); softmax attention only.
+        feature_transform: a transform of the kernel's features φ(q), φ(k) by position
+            (:class:`~spe.encodings.LRPE`, :class:`~spe.encodings.PermuteFeatures`,
+            :class:`~spe.encodings.CosFormerReweighting`): a module ``(features (B, L, H, M),
+            positions (L,)) -> (B, L, H, M')`` with class attributes ``numerator_only`` (the
+            normaliser keeps the untransformed features, which must then be strictly positive)
+            and ``label``, and optionally ``feature_dim`` (the M it was built for); linear
+            kernels only.
         window: W, causal sliding-window attention: position m attends to n ∈ (m − W, m]
             only, in :meth:`forward` and :meth:`step` alike (decoding then keeps the last W
             keys, so memory stays O(W)). None: the whole past. Settable later
@@ -68,7 +77,8 @@ class MultiHeadAttention(nn.Module):
 
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
-            score encoding with a linear kernel, two positional encodings at once, RoPE
+            score encoding with a linear kernel, a feature transform with softmax or of
+            another feature dimension, two positional encodings at once, RoPE
             on an odd feature dimension or with features that can be 0, or a window that is
             not positive, not causal or combined with a score encoding (what each kernel
             accepts: its spec in :mod:`spe.attention.kernels`).
@@ -78,7 +88,8 @@ class MultiHeadAttention(nn.Module):
                  causal: bool = True, spe_filter: SPEFilter | None = None,
                  num_realizations: int | None = None, num_features: int = 64,
                  chunk_size: int = 64, rotary: RotaryEncoding | None = None,
-                 score_encoding: nn.Module | None = None, window: int | None = None) -> None:
+                 score_encoding: nn.Module | None = None, window: int | None = None,
+                 feature_transform: nn.Module | None = None) -> None:
         super().__init__()
         self.kernel = kernel_spec(attention)
         if d_model % num_heads:
@@ -95,10 +106,12 @@ class MultiHeadAttention(nn.Module):
             self.num_features = num_features
             self.register_buffer("projection", orthogonal_random_features(num_heads, num_features,
                                                                           self.kernel_dim))
-        _check_positional(self.kernel, causal, spe_filter, rotary, score_encoding)
+        _check_positional(self.kernel, causal, spe_filter, rotary, score_encoding, feature_transform)
         self.rotary, self.score_encoding = rotary, score_encoding
-        self.kernel.check(KernelOptions(causal=causal), transform=self._transform)
         rotated_dim = num_features if self.kernel.random_features else self.head_dim
+        _check_feature_dim(feature_transform, rotated_dim, self.kernel.random_features)
+        self.feature_transform = feature_transform
+        self.kernel.check(KernelOptions(causal=causal), transform=self._transform)
         if rotary is not None and rotated_dim % 2:
             raise ValueError(f"rotary encoding needs an even "
                              f"{'num_features' if self.kernel.random_features else 'head_dim'}, got {rotated_dim}")
@@ -108,8 +121,12 @@ class MultiHeadAttention(nn.Module):
     def _transform(self) -> FeatureTransform | None:
         # RoPE acts on the kernel's features: q and k for softmax, φ(q) and φ(k) otherwise
         # (RoFormer eq. 19: the normaliser keeps the unrotated features)
-        return None if self.rotary is None else FeatureTransform(self.rotary, numerator_only=True,
-                                                                 name="rotary encoding")
+        if self.rotary is not None:
+            return FeatureTransform(self.rotary, numerator_only=True, name="rotary encoding")
+        module = self.feature_transform
+        if module is not None:
+            return FeatureTransform(module, numerator_only=module.numerator_only, name=module.label)
+        return None
 
     @property
     def window(self) -> int | None:
@@ -164,11 +181,19 @@ class MultiHeadAttention(nn.Module):
                                           generator=generator).to(self.projection)
 
     def features(self, q: Tensor, k: Tensor, positions: Tensor | None) -> KernelFeatures:
-        """The kernel's features of q, k (B, L, H, E): φ (with FAVOR+ key scales), then RoPE at
-        ``positions`` (L,) (:func:`~spe.attention.kernels.kernel_features`)."""
+        """The kernel's features of q, k (B, L, H, E): φ (with FAVOR+ key scales), then RoPE or
+        the feature transform at ``positions`` (L,) (:func:`~spe.attention.kernels.kernel_features`)."""
         projection = self._projection_for(q.shape[-1]) if self.kernel.random_features else None
         return kernel_features(self.kernel, q, k, projection=projection, transform=self._transform,
                                positions=positions)
+
+    def feature_sizes(self) -> tuple[int, int]:
+        """(M, M'): the feature sizes of a linear kernel's numerator and normaliser, hence of its
+        decoding sums S (M × D) and z (M'), after any transform (LRPE and cosFormer double M;
+        LRPE's normaliser keeps M). Softmax: the query/key size, twice."""
+        probe = torch.zeros(1, 1, self.num_heads, self.kernel_dim, device=self.qkv.weight.device)
+        f = self.features(probe, probe, torch.zeros(1, dtype=torch.int64, device=probe.device))
+        return f.q.shape[-1], (f.q if f.normalizer is None else f.normalizer[0]).shape[-1]
 
     def _linear_inputs(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor, dict]:
         """The earlier form of :meth:`features` for linear kernels: φ(q), φ(k) and a dict with
@@ -224,8 +249,8 @@ class MultiHeadAttention(nn.Module):
         """Args:
             x: (B, L, C).
             code: SPE code for L positions; required iff the layer has an SPE filter.
-            positions: (L,) positions for RoPE (default 0 … L − 1); score encodings use
-                index distances and refuse them.
+            positions: (L,) positions for RoPE and feature transforms (default 0 … L − 1);
+                score encodings use index distances and refuse them.
             key_padding_mask: (B, L) bool, True at padding (PyTorch's convention): those
                 keys get no weight in any query's output (softmax: masked scores; linear
                 kernels: zero features, values and normaliser terms, and a log scale that
@@ -254,12 +279,17 @@ class MultiHeadAttention(nn.Module):
         return self.out(y.reshape(b, n, -1))
 
 
-def _check_positional(kernel, causal: bool, spe_filter, rotary, score_encoding) -> None:
-    """One positional encoding per layer, a score term only where the kernel forms scores, and
-    the score term's causality the layer's (the kernel's own refusals: ``KernelSpec.check``)."""
-    if sum(m is not None for m in (spe_filter, rotary, score_encoding)) > 1:
+def _check_positional(kernel, causal: bool, spe_filter, rotary, score_encoding, feature_transform=None) -> None:
+    """One positional encoding per layer, a score term only where the kernel forms scores, a
+    feature transform only where it has features, and the score term's causality the layer's
+    (the kernel's own refusals: ``KernelSpec.check``)."""
+    if sum(m is not None for m in (spe_filter, rotary, score_encoding, feature_transform)) > 1:
         raise ValueError("an attention layer takes one positional encoding: an SPE filter, a rotary "
-                         "encoding or a score encoding")
+                         "encoding, a score encoding or a feature transform")
+    if feature_transform is not None and "features" not in kernel.accepts:
+        linear = [name for name, spec in KERNELS.items() if "features" in spec.accepts]
+        raise ValueError(f"{feature_transform.label} transforms the features φ(q), φ(k) of a linear kernel, which "
+                         f"{kernel.name} attention does not have; use {', '.join(linear)}")
     if score_encoding is not None and not kernel.score_terms:
         others = positional_names(acts_on="tokens") + positional_names(acts_on="queries-keys")
         raise ValueError(f"{type(score_encoding).__name__} adds a term to the attention scores, which "
@@ -268,3 +298,11 @@ def _check_positional(kernel, causal: bool, spe_filter, rotary, score_encoding) 
     if score_encoding is not None and getattr(score_encoding, "causal", causal) != causal:
         raise ValueError(f"the score encoding is {'' if score_encoding.causal else 'non-'}causal but the layer "
                          f"is {'' if causal else 'non-'}causal")
+
+
+def _check_feature_dim(feature_transform, feature_dim: int, random_features: bool) -> None:
+    """A feature transform built for M features (``feature_dim``) gets the kernel's M."""
+    built_for = getattr(feature_transform, "feature_dim", None)
+    if built_for is not None and built_for != feature_dim:
+        raise ValueError(f"{feature_transform.label} was built for {built_for} features but this kernel has "
+                         f"{feature_dim} ({'num_features' if random_features else 'head_dim'})")

@@ -41,6 +41,8 @@ BENCH_ATTENTIONS = ["softmax", "performer", "linear"]
 ATTENTIONS = BENCH_ATTENTIONS  # the earlier name (spe.attention has its own ATTENTIONS)
 # Encodings that add a term to the scores exist for softmax attention only.
 SCORE_ENCODINGS = positional_names(acts_on="scores")
+# Encodings that transform a feature map's features exist for linear kernels only.
+FEATURE_ENCODINGS = positional_names(acts_on="features")
 MODES = ("train", "generate", "model")
 
 
@@ -171,6 +173,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     triples = pairs or [(pos, impl, att) for pos, impl in series for att in attentions]
     plan = [(mode, pos, impl, att) for mode in modes for pos, impl, att in triples
             if not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")
+            and not (pos in FEATURE_ENCODINGS and att == "softmax")
             and not (att in PEER_ATTENTIONS and (mode != "train" or pos not in ("ape", "none")))]
     total = len(plan) * len(lengths)
     records = []

@@ -154,8 +154,8 @@ def measure_generate(case: dict, device: torch.device) -> dict:
         state = KVCache(keys=torch.randn(b, n, h, e, device=device), values=torch.randn(b, n, h, d, device=device),
                         position=n)
     else:
-        m = case["num_features"] if case["attention"] == "performer" else (case["num_realizations"] if encoding else d)
-        sums = {"kv": torch.rand(b, h, m, d, device=device), "normalizer": torch.rand(b, h, m, device=device),
+        m, m_den = layer.feature_sizes()  # feature transforms (LRPE, cosFormer) double M
+        sums = {"kv": torch.rand(b, h, m, d, device=device), "normalizer": torch.rand(b, h, m_den, device=device),
                 "position": n}
         # FAVOR+ sums are kept relative to a running log scale (spe.ops.scaled); 0 = absolute
         state = (ScaledLinearAttentionState(**sums, log_scale=torch.zeros(b, h, device=device))

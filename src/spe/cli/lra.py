@@ -52,7 +52,8 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--data", help="the task's folder in its official layout (default: the embedded data: "
                                   "generated ListOps, Text/Retrieval/Image proxies)")
     p.add_argument("--positional", default="sinespe",
-                   help="ape, ape-learned, sinespe, convspe, convspe-2d (image), rope, none (default sinespe)")
+                   help="ape, ape-learned, sinespe, convspe, convspe-2d (image), rope, none; with linear kernels "
+                   "also lrpe, permute, cosformer (default sinespe)")
     p.add_argument("--attention", default="performer", help="performer, linear-relu, linear-elu, softmax")
     p.add_argument("--preset", default="cpu-small", help="paper or cpu-small (default)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, one run each (default 0)")

@@ -19,7 +19,7 @@ __all__ = ["UsageError", "build_parser", "main"]
 log = logging.getLogger("spe")
 
 _MODEL_FLAGS = ("positional", "attention", "num_realizations", "num_sines", "kernel_size", "d_model", "num_layers",
-                "num_heads", "max_distance", "max_positions")
+                "num_heads", "max_distance", "max_positions", "lrpe_angles", "cosformer_max_length")
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
                 "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens")
 
@@ -103,7 +103,8 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
     p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
     p.add_argument("--positional", help="ape, ape-learned, sinespe, convspe, rope, none; with softmax attention "
-                   "also shaw, music-relative, alibi (these select softmax unless --attention is given)")
+                   "also shaw, music-relative, alibi (these select softmax unless --attention is given); with "
+                   "linear kernels also lrpe (not linear-relu), permute (PermuteFormer), cosformer")
     p.add_argument("--attention", help="softmax, performer, linear-relu or linear-elu")
     gate = p.add_mutually_exclusive_group()
     gate.add_argument("--gated", action="store_true", help="SPE with gating (eq. 23-25)")
@@ -115,7 +116,11 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--num-sines", type=int, help="K, sinusoids per feature (sinespe)")
     p.add_argument("--kernel-size", type=int, help="P, filter length (convspe)")
     p.add_argument("--max-distance", type=int, help="clipping distance (shaw) / learned distances (music-relative)")
-    p.add_argument("--max-positions", type=int, help="number of learned position embeddings (ape-learned)")
+    p.add_argument("--max-positions", type=int, help="number of learned position embeddings (ape-learned); "
+                   "cosformer's default L_max")
+    p.add_argument("--lrpe-angles", choices=("fixed", "learned"), help="lrpe angles (default fixed)")
+    p.add_argument("--cosformer-max-length", type=int,
+                   help="cosformer's L_max: it attends within L_max positions only (default: max positions)")
     p.add_argument("--d-model", type=int)
     p.add_argument("--num-layers", type=int)
     p.add_argument("--num-heads", type=int)

@@ -5,21 +5,26 @@
   :class:`SPEFilter`; :class:`RotaryEncoding` (RoPE).
 * A term in the attention scores (softmax only): :class:`ShawRelativePosition`,
   :class:`MusicRelativePosition`, :class:`ALiBi`.
+* Transforming the kernel's features φ (linear kernels only): :class:`LRPE`,
+  :class:`PermuteFeatures` (PermuteFormer), :class:`CosFormerReweighting`.
 """
 
 from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from spe.encodings.alibi import ALiBi, alibi_slopes
 from spe.encodings.code import DenseCode, SineCode, SPECode
 from spe.encodings.conv import ConvSPE
+from spe.encodings.cosformer import CosFormerReweighting
 from spe.encodings.filter import SPEFilter, apply_code_reference, apply_sine_code_fused
+from spe.encodings.lrpe import LRPE
 from spe.encodings.music_relative import MusicRelativePosition
+from spe.encodings.permute import PermuteFeatures
 from spe.encodings.registry import POSITIONAL_SPECS, PositionalSpec, positional_names, positional_spec
 from spe.encodings.rope import RotaryEncoding, rotate
 from spe.encodings.shaw import ShawRelativePosition
 from spe.encodings.sine import SineSPE, sine_phase
 
 __all__ = [
-    "ALiBi", "ConvSPE", "DenseCode", "LearnedPositionalEmbedding", "MusicRelativePosition", "RotaryEncoding",
+    "LRPE", "ALiBi", "ConvSPE", "CosFormerReweighting", "DenseCode", "PermuteFeatures", "LearnedPositionalEmbedding", "MusicRelativePosition", "RotaryEncoding",
     "POSITIONAL_SPECS", "PositionalSpec", "SPECode", "SPEFilter", "ShawRelativePosition", "SineCode", "SineSPE", "SinusoidalPositionalEncoding",
     "alibi_slopes", "apply_code_reference", "apply_sine_code_fused", "positional_names", "positional_spec", "rotate",
     "sine_phase",

@@ -10,13 +10,16 @@ Places an encoding acts (STYLE.md rule 2):
 * ``"tokens"``: added to the token embeddings (absolute PE);
 * ``"queries-keys"``: transforms queries and keys (SPE codes, rotations);
 * ``"scores"``: a relative term added to q·k before the softmax (needs explicit scores);
+* ``"features"``: transforms the kernel's features φ(q), φ(k) by position, after the feature
+  map (LRPE, PermuteFormer, cosFormer): linear kernels only, as softmax has no features;
 * ``None``: no positional encoding.
 
 Each entry also builds its modules (``PositionalSpec.build_model_module`` /
 ``build_layer_module``) from any configuration object with the fields of
 :class:`spe.models.ModelConfig` it reads (duck-typed: this module sits below ``models``):
-token encodings and SPE code generators live once per model, rotations, SPE filters and
-score terms once per attention layer.
+token encodings and SPE code generators live once per model, rotations, SPE filters, score
+terms and feature transforms once per attention layer. Feature transforms are sized by the
+kernel's feature dimension, which they read as ``config.feature_dim``.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositio
 from spe.encodings.alibi import ALiBi
 from spe.encodings.conv import ConvSPE
 from spe.encodings.conv2d import ConvSPE2d
+from spe.encodings.cosformer import CosFormerReweighting
 from spe.encodings.filter import SPEFilter
+from spe.encodings.lrpe import LRPE
 from spe.encodings.music_relative import MusicRelativePosition
+from spe.encodings.permute import PermuteFeatures
 from spe.encodings.rope import RotaryEncoding
 from spe.encodings.shaw import ShawRelativePosition
 from spe.encodings.sine import SineSPE
@@ -42,7 +48,7 @@ from spe.encodings.sine import SineSPE
 __all__ = ["LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec", "positional_names",
            "positional_spec"]
 
-PLACES = ("tokens", "queries-keys", "scores")
+PLACES = ("tokens", "queries-keys", "scores", "features")
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,8 @@ class PositionalSpec:
         layer_module: ``(config, causal) -> nn.Module``, the part each attention layer takes
             (see ``LAYER_KEYWORDS``); None if there is none.
         positive_features: with a linear kernel it needs strictly positive features (RoPE's
-            unrotated normaliser, RoFormer eq. 19, could be 0 with ReLU features).
+            unrotated normaliser, RoFormer eq. 19, could be 0 with ReLU features; LRPE's
+            likewise).
         scale_embeddings: token embeddings are multiplied by √C to match the scale of the
             encoding added to them (sinusoidal APE, Vaswani et al.).
         needs_grid: encodes positions on a 2-D grid (``convspe-2d``): its code generator is
@@ -86,7 +93,7 @@ class PositionalSpec:
         return None if self.model_module is None else self.model_module(config)
 
     def build_layer_module(self, config: Any, *, causal: bool = True) -> nn.Module | None:
-        """The per-layer module (SPE filter, rotation or score term), or None."""
+        """The per-layer module (SPE filter, rotation, score term or feature transform), or None."""
         return None if self.layer_module is None else self.layer_module(config, causal)
 
     @property
@@ -97,7 +104,7 @@ class PositionalSpec:
 
 # Which MultiHeadAttention argument takes a layer module, by (where it acts, stochastic).
 LAYER_KEYWORDS = {("queries-keys", True): "spe_filter", ("queries-keys", False): "rotary",
-                  ("scores", False): "score_encoding"}
+                  ("scores", False): "score_encoding", ("features", False): "feature_transform"}
 
 
 def _head_dim(config: Any) -> int:
@@ -119,6 +126,19 @@ def _conv(config: Any) -> nn.Module:
 
 def _conv2d(config: Any) -> nn.Module:
     return ConvSPE2d(config.num_heads, _head_dim(config), config.num_realizations, config.kernel_size)
+
+
+def _lrpe(config: Any, causal: bool) -> nn.Module:
+    return LRPE(config.num_heads, config.feature_dim, angles=config.lrpe_angles)
+
+
+def _permute(config: Any, causal: bool) -> nn.Module:
+    return PermuteFeatures(config.num_heads, config.feature_dim, seed=config.permute_seed)
+
+
+def _cosformer(config: Any, causal: bool) -> nn.Module:
+    max_length = config.cosformer_max_length
+    return CosFormerReweighting(config.max_positions if max_length is None else max_length)
 
 
 def _spe_filter(config: Any, causal: bool) -> nn.Module:
@@ -147,6 +167,11 @@ POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
                                                                         causal=causal)),
     PositionalSpec("alibi", "scores", source="Press et al. 2022",
                    layer_module=lambda c, causal: ALiBi(c.num_heads, causal=causal)),
+    PositionalSpec("lrpe", "features", source="Qin et al. 2023 (TMLR), cosine form", positive_features=True,
+                   layer_module=_lrpe),
+    PositionalSpec("permute", "features", source="Chen 2021 (EMNLP), PermuteFormer", layer_module=_permute),
+    PositionalSpec("cosformer", "features", source="Qin et al. 2022 (ICLR), attends within L_max only",
+                   layer_module=_cosformer),
     PositionalSpec("none", None, source="no positional encoding"),
 )}
 

@@ -71,7 +71,8 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
     Raises:
         TypeError: if ``model`` is not a DecoderLM or ``layer`` is not an integer.
         ValueError: if the layer does not exist, or for RoPE with a linear kernel (which
-            rotates kernel features, not queries and keys).
+            rotates kernel features, not queries and keys) or a feature transform (LRPE,
+            PermuteFormer, cosFormer).
     """
     blocks = _blocks(model)
     layer = layer_index(layer, len(blocks))
@@ -81,6 +82,9 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
         raise ValueError(f"with {attn.attention} attention RoPE rotates the kernel features, not the queries "
                          "and keys, so q·k/√D is not what the model computes; only softmax RoPE models can "
                          "be read this way")
+    if getattr(attn, "feature_transform", None) is not None:
+        raise ValueError(f"{attn.feature_transform.label} transforms the kernel features, not the queries and keys, "
+                         "so q·k/√D is not what the model computes")
     captured: dict = {}
 
     def grab(module, args, kwargs):

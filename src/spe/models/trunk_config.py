@@ -13,6 +13,7 @@ from typing import ClassVar, Self
 from spe.attention.kernels import kernel_spec
 from spe.attention.layer import ACCEPTS, ATTENTIONS
 from spe.encodings.filter import IMPLS as SPE_IMPLS
+from spe.encodings.lrpe import LRPE_ANGLES
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
 
@@ -21,6 +22,10 @@ __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "TrunkConfig"]
 # Each positional encoding and where it acts (the registry's view; see spe.attention.layer.ACCEPTS).
 POSITIONALS = {name: spec.acts_on for name, spec in POSITIONAL_SPECS.items()}
 SCORE_ENCODINGS = positional_names(acts_on="scores")
+# Why a kernel refuses an encoding, by where the encoding acts.
+_REFUSED = {"scores": "adds a term to the attention scores, which {attention} attention never forms",
+            "features": "transforms the features φ(q), φ(k) of a linear kernel, which {attention} attention "
+                        "does not have"}
 
 
 @dataclass
@@ -37,7 +42,9 @@ class TrunkConfig:
         positional: one of ``POSITIONALS``: added to tokens ``ape`` (sinusoidal) or
             ``ape-learned``; on queries and keys ``sinespe``, ``convspe``, ``convspe-2d``,
             ``rope``; in the scores (softmax attention only) ``shaw``, ``music-relative``,
-            ``alibi``; or ``none``. Which of them a model takes is its own config's rule.
+            ``alibi``; on the kernel's features φ (linear kernels only) ``lrpe``
+            (performer or linear-elu), ``permute`` (PermuteFormer), ``cosformer``; or
+            ``none``. Which of them a model takes is its own config's rule.
         attention: ``softmax``, ``performer``, ``linear-relu`` or ``linear-elu``.
         gated: SPE gating (eq. 23-25), for ``sinespe``/``convspe``. Off by default: on the
             Bach chorales ungated sineSPE was better than gated in every position bucket
@@ -62,6 +69,12 @@ class TrunkConfig:
             model), ``materialized`` (fastest at short lengths, holds the code and its
             gradient), ``blocked`` (the batch-shared code formed per block of positions, in
             forward and again in backward: the least memory), ``fused`` or ``reference``.
+        lrpe_angles: ``lrpe`` angles θ_d: ``fixed`` at base^(−d/M) (10,000, no parameter) or
+            ``learned`` (an (H, M) parameter per layer, initialised there).
+        permute_seed: seed of the ``permute`` permutations (drawn once, kept in the state
+            dict; every layer gets the same ones, as in PermuteFormer's code).
+        cosformer_max_length: L_max of ``cosformer``, which attends only within L_max
+            positions (a position ≥ L_max raises ValueError); None: ``max_positions``.
 
     Class attributes:
         causal: whether the trunk's blocks mask the future (the registry builds encoder
@@ -97,6 +110,9 @@ class TrunkConfig:
     max_positions: int = 2048
     rope_base: float = 10000.0
     spe_impl: str = "auto"
+    lrpe_angles: str = "fixed"
+    permute_seed: int = 0
+    cosformer_max_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONALS:
@@ -107,21 +123,39 @@ class TrunkConfig:
         where = POSITIONALS[self.positional]
         if where is not None and where not in ACCEPTS[self.attention]:
             allowed = ", ".join(p for p, w in POSITIONALS.items() if w is None or w in ACCEPTS[self.attention])
-            raise ValueError(f"positional {self.positional!r} adds a term to the attention scores, which "
-                             f"{self.attention} attention never forms; with {self.attention} choose one of "
-                             f"{allowed}, or use attention 'softmax'")
+            taking = " or ".join(repr(a) for a in ATTENTIONS if where in ACCEPTS[a])
+            what = _REFUSED.get(where, "acts on {where}, which {attention} attention does not take")
+            raise ValueError(f"positional {self.positional!r} "
+                             f"{what.format(where=where, attention=self.attention)}; with {self.attention} "
+                             f"choose one of {allowed}, or use attention {taking}")
         if POSITIONAL_SPECS[self.positional].positive_features and not kernel_spec(self.attention).positive_features:
             raise ValueError(f"positional {self.positional!r} with linear attention needs strictly positive features: "
                              "use attention performer or linear-elu, not linear-relu")
         require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
             "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
             "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions")})
+        self._check_feature_options()
         if self.spe_impl not in SPE_IMPLS:
             raise ValueError(f"spe_impl must be one of {', '.join(SPE_IMPLS)}, got {self.spe_impl!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    def _check_feature_options(self) -> None:
+        if self.lrpe_angles not in LRPE_ANGLES:
+            raise ValueError(f"lrpe_angles must be one of {', '.join(LRPE_ANGLES)}, got {self.lrpe_angles!r}")
+        if isinstance(self.permute_seed, bool) or not isinstance(self.permute_seed, int):
+            raise ValueError(f"permute_seed must be an integer, got {self.permute_seed!r}")
+        if self.cosformer_max_length is not None:
+            require_positive(type(self).__name__, cosformer_max_length=self.cosformer_max_length)
+            self.cosformer_max_length = int(self.cosformer_max_length)
+
+    @property
+    def feature_dim(self) -> int:
+        """M, the kernel's feature dimension that feature transforms act on: ``num_features``
+        with random features (performer), head_dim otherwise."""
+        return self.num_features if kernel_spec(self.attention).random_features else self.d_model // self.num_heads
 
     def to_dict(self) -> dict:
         """The options as a JSON-serialisable dict (what checkpoint headers store)."""

@@ -1,0 +1,99 @@
+"""cosFormer's cos-based re-weighting (Qin et al. 2022, ICLR, eq. 9-11).
+
+Letters: B = batch, L = length, H = num_heads, M = the kernel's feature dimension.
+
+The attention weight of query m on key n is φ(q_m)·φ(k_n) · cos(π/2 · (m − n)/L_max), formed
+in linear time from the decomposition cos(a − b) = cos a cos b + sin a sin b:
+
+    φ(x_m) → [φ(x_m) cos(πm / 2L_max), φ(x_m) sin(πm / 2L_max)]          (B, L, H, 2M)
+
+in the numerator and the normaliser alike. With non-negative features (ReLU in the paper;
+elu + 1 and FAVOR+ are non-negative too, so every linear kernel takes it) each weight is
+non-negative as long as |m − n| ≤ L_max, where the cosine reaches 0.
+
+**cosFormer cannot attend beyond L_max**: past it the cosine turns negative and the weights
+are no longer a distribution (at |m − n| = 2 L_max they are −φ(q)·φ(k)). Positions must
+therefore lie in [0, L_max), which keeps every lag below L_max; a position outside raises
+ValueError instead of silently giving negative weights. This is also why cosFormer does not
+extrapolate: the re-weighting is tied to the L_max it was trained with, and a larger L_max at
+test time changes every weight.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["CosFormerReweighting", "cosformer_features", "cosformer_weights_reference"]
+
+
+def cosformer_features(x: Tensor, positions: Tensor, max_length: int) -> Tensor:
+    """[x cos(πm / 2L_max), x sin(πm / 2L_max)] on the last dimension.
+
+    Args:
+        x: (B, L, H, M) features φ(q) or φ(k).
+        positions: (L,) positions in [0, L_max), integer or real.
+        max_length: L_max.
+
+    Returns:
+        (B, L, H, 2M) in ``x``'s dtype (phases formed in float64).
+
+    Raises:
+        ValueError: if ``positions`` is not (L,), or a position lies outside [0, L_max).
+    """
+    if positions.shape != (x.shape[1],):
+        raise ValueError(f"positions must have shape ({x.shape[1]},), got {tuple(positions.shape)}")
+    pos = positions.to(device=x.device, dtype=torch.float64)
+    outside = (pos < 0) | (pos >= max_length)
+    if bool(outside.any()):
+        raise ValueError(f"cosFormer attends within L_max = {max_length} positions (0 … {max_length - 1}), got "
+                         f"position {pos[outside][0].item():g}: beyond L_max its cos re-weighting turns negative; "
+                         "build the model with a larger cosformer_max_length (default: max_positions)")
+    phase = (math.pi / (2 * max_length)) * pos
+    cos, sin = (t.to(x.dtype)[None, :, None, None] for t in (phase.cos(), phase.sin()))
+    return torch.cat([x * cos, x * sin], dim=-1)
+
+
+def cosformer_weights_reference(phi_q: Tensor, phi_k: Tensor, positions: Tensor,
+                                max_length: int) -> tuple[Tensor, Tensor]:
+    """The slow twin of :func:`cosformer_features` in linear attention: explicit O(L²)
+    weights φ(q_m)·φ(k_n) cos(π/2 · (m − n)/L_max), float64, (B, H, L, L) (query m, key n),
+    unmasked, twice (the normaliser's are the same)."""
+    pos = positions.double()
+    cos = torch.cos(math.pi / 2 * (pos[:, None] - pos[None, :]) / max_length)  # (L, L)
+    weights = torch.einsum("bmhd,bnhd->bhmn", phi_q.double(), phi_k.double()) * cos
+    return weights, weights
+
+
+class CosFormerReweighting(nn.Module):
+    """cosFormer's re-weighting as a feature transform of :class:`~spe.attention.MultiHeadAttention`
+    (no parameters, nothing in the state dict).
+
+    Args:
+        max_length: L_max; positions must lie in [0, L_max) (see the module docstring).
+
+    Raises:
+        ValueError: if ``max_length`` is not a positive integer.
+    """
+
+    numerator_only = False  # weights are non-negative within L_max: normaliser re-weighted alike
+    label = "cosFormer"
+
+    def __init__(self, max_length: int) -> None:
+        super().__init__()
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"cosFormer's L_max must be a positive integer, got {max_length!r}")
+        self.max_length = max_length
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x: (B, L, H, M), positions: (L,) in [0, L_max) → (B, L, H, 2M)."""
+        return cosformer_features(x, positions, self.max_length)
+
+    def weights_reference(self, phi_q: Tensor, phi_k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(numerator, normaliser) weights (B, H, L, L), :func:`cosformer_weights_reference`."""
+        return cosformer_weights_reference(phi_q, phi_k, positions, self.max_length)
+
+    def extra_repr(self) -> str:
+        return f"max_length={self.max_length}"
