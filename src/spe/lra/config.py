@@ -12,10 +12,12 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 
+from spe.data.listops import PIPELINES as LISTOPS_PIPELINES
 from spe.data.lra.tasks import TASKS
 from spe.train.optim import SCHEDULES  # one list of schedules, re-exported here
 
-__all__ = ["PRESETS", "RUN_ONLY_KEYS", "SCHEDULES", "LRAConfig", "load_preset", "preset_config"]
+__all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "SCHEDULES", "LRAConfig", "load_preset",
+           "preset_config"]
 
 PRESETS = ("paper", "cpu-small")
 # Options that change how a run is carried out, not what it computes: an experiment folder may be
@@ -62,6 +64,11 @@ class LRAConfig:
         keep_checkpoints: checkpoint folders ``checkpoints/step-SSSSSSS/`` kept per seed (the newest).
         compile: ``torch.compile`` the model for the training steps (falls back to the
             uncompiled model with a warning where compilation is unavailable or fails).
+        listops_pipeline: how ListOps text becomes tokens: ``lossless`` (every symbol, the
+            default) or ``lra-2021`` (what LRA's original input pipeline fed the models of the
+            SPE paper: operators without ``[``, digits, no ``]`` and no parentheses; see
+            :class:`spe.data.listops.ListOpsTokenizer`). Part of the experiment: a folder run
+            with one pipeline refuses the other. ListOps only.
     """
 
     task: str
@@ -88,6 +95,7 @@ class LRAConfig:
     tensorboard: bool = False
     keep_checkpoints: int = 2
     compile: bool = False
+    listops_pipeline: str = "lossless"
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -104,6 +112,12 @@ class LRAConfig:
         if self.warmup_steps < 0 or self.eval_examples < 0 or self.grad_clip < 0 or self.lr <= 0:
             raise ValueError("warmup_steps, eval_examples and grad_clip must be ≥ 0 and lr > 0, got "
                              f"{self.warmup_steps}, {self.eval_examples}, {self.grad_clip}, {self.lr}")
+        if self.listops_pipeline not in LISTOPS_PIPELINES:
+            raise ValueError(f"listops_pipeline must be one of {', '.join(LISTOPS_PIPELINES)}, "
+                             f"got {self.listops_pipeline!r}")
+        if self.task != "listops" and self.listops_pipeline != "lossless":
+            raise ValueError(f"listops_pipeline applies to ListOps only, got {self.listops_pipeline!r} "
+                             f"for task {self.task!r}")
         unknown = set(self.data_options) - set(_DATA_KEYS)
         if unknown:
             raise ValueError(f"unknown data options {sorted(unknown)}; allowed: {', '.join(_DATA_KEYS)}")
