@@ -53,9 +53,10 @@ def test_grid_encodings_are_the_classifier_s_without_the_base_forbidding_them():
 
 
 def test_each_config_keeps_its_own_rules():
-    with pytest.raises(ValueError, match="score encodings"):
-        ClassifierConfig(**SMALL, positional="alibi", attention="softmax")
+    ClassifierConfig(**SMALL, positional="alibi", attention="softmax")  # the encoder masks their padding too
     ModelConfig(**SMALL, positional="alibi", attention="softmax")
+    with pytest.raises(ValueError, match="attention_window cannot be combined"):
+        ModelConfig(**SMALL, positional="alibi", attention="softmax", attention_window=8)
     with pytest.raises(ValueError, match="max_distance must be a positive integer, got 0"):
         ModelConfig(**SMALL, max_distance=0)
     assert ModelConfig(**SMALL, attention_window=0).attention_window is None
