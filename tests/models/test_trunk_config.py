@@ -35,7 +35,7 @@ def test_each_config_adds_its_own_options_to_the_trunk_s():
     trunk = [f.name for f in fields(TrunkConfig)]
     assert [f.name for f in fields(ModelConfig)] == trunk + ["tie_embeddings", "max_distance", "attention_window"]
     assert [f.name for f in fields(ClassifierConfig)] == trunk + ["num_classes", "pooling", "interaction", "grid",
-                                                                  "cls_id", "head_hidden"]
+                                                                  "cls_id", "head_hidden", "max_distance"]
     # what an encoder classifier is, not an option it could be given
     assert (ClassifierConfig.causal, ClassifierConfig.attention_window, ClassifierConfig.tie_embeddings) == (
         False, None, False)
@@ -80,7 +80,7 @@ def test_old_config_dicts_build_the_same_configs():
     classifier = ClassifierConfig.from_dict(json.loads(json.dumps(OLD_CLASSIFIER)))
     kept = {k: v for k, v in OLD_CLASSIFIER.items() if k not in ("tie_embeddings", "attention_window", "max_distance")}
     assert classifier == ClassifierConfig(**{**kept, "grid": (3, 4)})
-    assert classifier.to_dict() == {**kept, "grid": (3, 4)}
+    assert classifier.to_dict() == {**kept, "grid": (3, 4), "max_distance": 256}  # score encodings' k, default
 
 
 def _rewrite_header(path, config: dict) -> None:
