@@ -191,6 +191,15 @@ class ExactSPEScores(nn.Module):
             return fq, fk
         return torch.cat([fq, q * gate.to(q.dtype)], dim=-1), torch.cat([fk, k], dim=-1)
 
+    def score_bias(self, q: Tensor, num_keys: int, *, query_offset: int = 0) -> Tensor:
+        """Refused: the oracle's scores are not q·k/√D plus a term of the queries alone.
+
+        Raises:
+            ValueError: always, naming :meth:`scores` and :meth:`weights`, which take the keys.
+        """
+        raise ValueError("the SPE oracle's scores Σ_d q_d k_d P̃_d(m − n)/√D are not q·k/√D plus a term of the "
+                         "queries: use ExactSPEScores.scores(q, k) or .weights(q, k)")
+
     def weights(self, q: Tensor, k: Tensor, *, query_offset: int = 0,
                 key_padding_mask: Tensor | None = None) -> Tensor:
         """(B, H, Lq, Lk) attention weights (rows sum to 1 over visible, real keys)."""
