@@ -40,7 +40,7 @@ from spe.encodings.rope import RotaryEncoding
 from spe.encodings.shaw import ShawRelativePosition
 from spe.encodings.sine import SineSPE
 
-__all__ = ["LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec", "positional_names",
+__all__ = ["EXACT_TWINS", "LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec", "positional_names",
            "positional_spec"]
 
 PLACES = ("tokens", "queries-keys", "scores")
@@ -164,6 +164,10 @@ POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
     PositionalSpec("convspe-exact", "scores", source=_EXACT_SOURCE, model_module=_conv, layer_module=_exact_scores),
     PositionalSpec("none", None, source="no positional encoding"),
 )}
+
+
+# Each SPE oracle and the SPE whose parameters (and so whose checkpoints and preset options) it shares.
+EXACT_TWINS = {"sinespe-exact": "sinespe", "convspe-exact": "convspe"}
 
 
 def positional_spec(name: str) -> PositionalSpec:

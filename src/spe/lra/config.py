@@ -3,7 +3,8 @@
 A preset file holds ``[defaults]`` (training options) with ``[defaults.model]``
 (:class:`~spe.models.ClassifierConfig` options), one table per task with its own ``model`` and
 ``data`` tables, and ``[positional.NAME.model]`` overrides applied to every task (e.g. sineSPE
-per layer, convSPE shared). Later tables win: defaults < task < positional < explicit options.
+per layer, convSPE shared; the SPE oracles ``sinespe-exact``, ``convspe-exact`` take their SPE's).
+Later tables win: defaults < task < positional < explicit options.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from importlib import resources
 
 from spe.data.listops import PIPELINES as LISTOPS_PIPELINES
 from spe.data.lra.tasks import TASKS
+from spe.encodings.registry import EXACT_TWINS
 from spe.train.optim import SCHEDULES  # one list of schedules, re-exported here
 
 __all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "SCHEDULES", "LRAConfig", "load_preset",
@@ -153,6 +155,14 @@ def load_preset(preset: str) -> dict:
     return tomllib.loads(text)
 
 
+def _positional_model(table: dict, positional: str) -> dict:
+    """The preset's ``[positional.NAME.model]`` options; an SPE oracle (``sinespe-exact``) takes its
+    SPE's (``sinespe``) first, so the two models share their parameters and checkpoints."""
+    tables = table.get("positional", {})
+    twin = tables.get(EXACT_TWINS[positional], {}).get("model", {}) if positional in EXACT_TWINS else {}
+    return {**twin, **tables.get(positional, {}).get("model", {})}
+
+
 def preset_config(task: str, positional: str, attention: str, *, preset: str = "cpu-small",
                   **overrides) -> LRAConfig:
     """The :class:`LRAConfig` of a preset for one task, encoding and kernel.
@@ -171,8 +181,7 @@ def preset_config(task: str, positional: str, attention: str, *, preset: str = "
         raise ValueError(f"unknown LRA task {task!r}; choose from {', '.join(TASKS)}")
     table = load_preset(preset)
     defaults, task_table = dict(table.get("defaults", {})), dict(table.get(task, {}))
-    model = {**defaults.pop("model", {}), **task_table.pop("model", {}),
-             **table.get("positional", {}).get(positional, {}).get("model", {})}
+    model = {**defaults.pop("model", {}), **task_table.pop("model", {}), **_positional_model(table, positional)}
     data_options = task_table.pop("data", {})
     values = {**defaults, **task_table}
     known = {f.name for f in fields(LRAConfig)}

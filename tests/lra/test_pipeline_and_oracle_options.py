@@ -62,3 +62,37 @@ def test_the_command_line_flag_reaches_the_run_and_names_the_default_folder(monk
     assert seen["cfg"].listops_pipeline == "lossless"
     assert main(["lra", "--task", "text", "--listops-pipeline", "lra-2021", "--out", "y"]) == 2
     assert "listops_pipeline applies to ListOps only" in capsys.readouterr().err
+
+
+def test_an_spe_oracle_takes_its_spe_s_preset_options():
+    for preset in ("paper", "cpu-small"):
+        for exact, spe in (("sinespe-exact", "sinespe"), ("convspe-exact", "convspe")):
+            a = preset_config("listops", spe, "softmax", preset=preset)
+            b = preset_config("listops", exact, "softmax", preset=preset)
+            assert a.model == b.model and "share_across_layers" in b.model
+
+
+@pytest.mark.parametrize("positional", ["sinespe-exact", "convspe-exact", "alibi"])
+def test_one_lra_training_step_with_a_score_encoding_moves_its_parameters(positional):
+    import torch
+
+    from spe.data.lra.dataset import SequenceDataset
+    from spe.lra import build_classifier
+    from spe.lra.train import make_optimizer, training_step
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(2, 11, (8,), generator=g)
+    tokens = torch.randint(2, 16, (8, 10), generator=g).masked_fill(torch.arange(10)[None] >= lengths[:, None], 0)
+    train = SequenceDataset(tokens, lengths, torch.randint(0, 10, (8,), generator=g), vocab_size=16, num_classes=10)
+    cfg = LRAConfig(task="listops", positional=positional, attention="softmax", batch_size=4,
+                    listops_pipeline="lra-2021", model={"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 16,
+                                                        "num_sines": 2, "kernel_size": 3, "gated": True})
+    model = build_classifier(cfg, train)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss = training_step(model, make_optimizer(model, cfg), train, torch.arange(4), cfg,
+                         generator=torch.Generator().manual_seed(1))
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert torch.isfinite(torch.tensor(loss)) and "blocks.0.attn.qkv.weight" in moved
+    if positional.endswith("-exact"):  # gradients reach SPE's own parameters and the gate
+        assert any(k.startswith("encoding.") for k in moved) and "blocks.0.attn.spe_filter.gate_logits" in moved
