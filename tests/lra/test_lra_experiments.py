@@ -176,7 +176,7 @@ def test_the_command_end_to_end_on_the_embedded_image_proxy(tmp_path, capsys, mo
 @pytest.mark.parametrize("argv,message", [
     (["--task", "image", "--preset", "huge"], "unknown LRA preset 'huge'"),
     (["--task", "listops", "--positional", "fourier"], "unknown positional encoding 'fourier'"),
-    (["--task", "text", "--positional", "shaw", "--attention", "softmax"], "score encodings"),
+    (["--task", "text", "--positional", "shaw", "--attention", "performer"], "attention scores"),
     (["--task", "text", "--seeds", "0,x"], "--seeds"),
 ])
 def test_the_command_reports_bad_choices_in_one_line(argv, message, capsys, tmp_path):

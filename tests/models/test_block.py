@@ -27,7 +27,7 @@ def _valid(positional, attention):
 PAIRS = [(p, a) for p, a in itertools.product(POSITIONAL_SPECS, ATTENTIONS) if _valid(p, a)]
 
 
-def _inputs(config, n=23):
+def _inputs(config, block=None, n=23):
     spec = positional_spec(config.positional)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, n, config.d_model, generator=g)
@@ -36,6 +36,8 @@ def _inputs(config, n=23):
     if spec.acts_on == "tokens":
         x = module(x, positions)
     code = module(positions=positions, generator=torch.Generator().manual_seed(1)) if spec.stochastic else None
+    if spec.acts_on == "scores" and module is not None:  # an SPE oracle reads the model's SPE kernel
+        block.attn.score_encoding.bind(module)
     return x, code, (None if spec.acts_on == "scores" else positions)
 
 
@@ -45,7 +47,7 @@ def test_a_future_change_reaches_position_m_only_without_causality(positional, a
     config = _config(positional, attention)
     torch.manual_seed(0)
     block = Block(config, causal=causal).eval()
-    x, code, positions = _inputs(config)
+    x, code, positions = _inputs(config, block)
     changed = x.clone()
     changed[:, 15:] += torch.randn(2, 8, config.d_model, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -69,7 +71,9 @@ def test_the_registry_decides_which_module_goes_where(positional):
     for keyword, module in layer_modules.items():
         assert (module is not None) == (keyword == spec.layer_keyword)
     assert (model.ape is not None) == (spec.acts_on == "tokens")
-    assert (model.encoding is not None) == spec.stochastic
+    # SPE code generators, and the SPE module an oracle's score terms read (sinespe-exact)
+    assert (model.encoding is not None) == (spec.stochastic or (spec.acts_on == "scores" and
+                                                                spec.model_module is not None))
     assert model.embed_scale == (config.d_model ** 0.5 if spec.scale_embeddings else 1.0)
 
 

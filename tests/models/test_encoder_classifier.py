@@ -10,7 +10,9 @@ from spe.encodings.filter import SPEFilter
 from spe.encodings.sine import SineSPE
 from spe.models import ClassifierConfig, EncoderClassifier
 
-POSITIONALS = ("ape", "ape-learned", "sinespe", "convspe", "rope", "none")
+# Score encodings (softmax only) take the padding mask through their own attention.
+POSITIONALS = ("ape", "ape-learned", "sinespe", "convspe", "rope", "none", "shaw", "music-relative", "alibi",
+               "sinespe-exact", "convspe-exact")
 ATTENTIONS = ("performer", "linear-relu", "linear-elu", "softmax")
 
 
@@ -114,7 +116,8 @@ def test_convspe_2d_gives_the_cls_token_a_zero_code_row_and_checks_the_grid():
         model(torch.randint(2, 12, (2, 10)))
 
 
-@pytest.mark.parametrize("bad,match", [({"positional": "shaw", "attention": "softmax"}, "score encodings"),
+@pytest.mark.parametrize("bad,match", [({"positional": "shaw", "attention": "performer"}, "scores"),
+                                       ({"max_distance": 0}, "max_distance"),
                                        ({"pooling": "max"}, "pooling"), ({"interaction": "dot"}, "interaction"),
                                        ({"num_classes": 1}, "num_classes"),
                                        ({"positional": "convspe-2d"}, "2-D grid")])

@@ -35,7 +35,7 @@ def test_each_config_adds_its_own_options_to_the_trunk_s():
     trunk = [f.name for f in fields(TrunkConfig)]
     assert [f.name for f in fields(ModelConfig)] == trunk + ["tie_embeddings", "max_distance", "attention_window"]
     assert [f.name for f in fields(ClassifierConfig)] == trunk + ["num_classes", "pooling", "interaction", "grid",
-                                                                  "cls_id", "head_hidden"]
+                                                                  "cls_id", "head_hidden", "max_distance"]
     # what an encoder classifier is, not an option it could be given
     assert (ClassifierConfig.causal, ClassifierConfig.attention_window, ClassifierConfig.tie_embeddings) == (
         False, None, False)
@@ -53,9 +53,10 @@ def test_grid_encodings_are_the_classifier_s_without_the_base_forbidding_them():
 
 
 def test_each_config_keeps_its_own_rules():
-    with pytest.raises(ValueError, match="score encodings"):
-        ClassifierConfig(**SMALL, positional="alibi", attention="softmax")
+    ClassifierConfig(**SMALL, positional="alibi", attention="softmax")  # the encoder masks their padding too
     ModelConfig(**SMALL, positional="alibi", attention="softmax")
+    with pytest.raises(ValueError, match="attention_window cannot be combined"):
+        ModelConfig(**SMALL, positional="alibi", attention="softmax", attention_window=8)
     with pytest.raises(ValueError, match="max_distance must be a positive integer, got 0"):
         ModelConfig(**SMALL, max_distance=0)
     assert ModelConfig(**SMALL, attention_window=0).attention_window is None
@@ -82,7 +83,10 @@ def test_old_config_dicts_build_the_same_configs():
     classifier = ClassifierConfig.from_dict(json.loads(json.dumps(OLD_CLASSIFIER)))
     kept = {k: v for k, v in OLD_CLASSIFIER.items() if k not in ("tie_embeddings", "attention_window", "max_distance")}
     assert classifier == ClassifierConfig(**{**kept, "grid": (3, 4)})
-    assert {k: v for k, v in classifier.to_dict().items() if k in OLD_CLASSIFIER} == {**kept, "grid": (3, 4)}
+    # max_distance was written but unused while the encoder refused score encodings; it is the
+    # classifier's own option now (the same default), so old headers keep their value
+    assert {k: v for k, v in classifier.to_dict().items() if k in OLD_CLASSIFIER} == {
+        **kept, "grid": (3, 4), "max_distance": OLD_CLASSIFIER["max_distance"]}
 
 
 def _rewrite_header(path, config: dict) -> None:

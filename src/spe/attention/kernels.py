@@ -14,7 +14,7 @@ path for ``forward`` and one for ``step``:
 3. the kernel's **parallel** function ``(features, v, options) -> y`` or its **step**
    function ``(features, v, state, options) -> (y, state)``, with :class:`KernelOptions`
    carrying what the call adds: causality, window, key padding mask, a **score term** (Shaw,
-   Music Transformer, ALiBi; an exact-kernel oracle would be one), a **decay** (RetNet; no
+   Music Transformer, ALiBi; the SPE oracle, ``sinespe-exact``), a **decay** (RetNet; no
    kernel takes one yet: its spec's ``decay`` flag says when one does).
 
 What a kernel accepts is declared in its spec and checked once (:meth:`KernelSpec.check`),
@@ -32,7 +32,7 @@ from torch import Tensor
 from spe.ops.feature_maps import elu_feature_map, favor_feature_map, favor_key_features, relu_feature_map
 from spe.ops.linear import causal_linear_attention, kernel_dtype, linear_attention
 from spe.ops.recurrent import append_to_cache, linear_attention_step, softmax_attention_step
-from spe.ops.softmax import softmax_attention
+from spe.ops.softmax import check_key_padding_mask, softmax_attention
 from spe.ops.state import (
     KVCache,
     LinearAttentionState,
@@ -53,10 +53,13 @@ KERNEL_PLACES = ("tokens", "queries-keys", "scores", "features")
 
 class ScoreTerm(Protocol):
     """A module that forms softmax attention with its own term in the scores (Shaw, Music
-    Transformer, ALiBi): ``attend`` takes q (B, Lq, H, E), k (B, Lk, H, E), v (B, Lk, H, Ev)
-    and the position of the first query, and returns (B, Lq, H, Ev)."""
+    Transformer, ALiBi, the SPE oracle): ``attend`` takes q (B, Lq, H, E), k (B, Lk, H, E),
+    v (B, Lk, H, Ev), the position of the first query and, in non-causal layers, a (B, Lk)
+    bool key padding mask (True at padding: those keys get no weight; passed only when there
+    is one), and returns (B, Lq, H, Ev)."""
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor: ...
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0,
+               key_padding_mask: Tensor | None = None) -> Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,10 @@ def kernel_features(spec: KernelSpec, q: Tensor, k: Tensor, *, projection: Tenso
 
 def _softmax_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
     if o.score_term is not None:
-        return o.score_term.attend(f.q, f.k, v)
+        if o.key_padding_mask is None:  # score terms written before masks existed still work
+            return o.score_term.attend(f.q, f.k, v)
+        check_key_padding_mask(o.key_padding_mask, f.k)
+        return o.score_term.attend(f.q, f.k, v, key_padding_mask=o.key_padding_mask)
     return softmax_attention(f.q, f.k, v, causal=o.causal, window=o.window, key_padding_mask=o.key_padding_mask)
 
 

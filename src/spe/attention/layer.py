@@ -254,22 +254,21 @@ class MultiHeadAttention(nn.Module):
             key_padding_mask: (B, L) bool, True at padding (PyTorch's convention): those
                 keys get no weight in any query's output (softmax: masked scores; linear
                 kernels: zero features, values and normaliser terms, and a log scale that
-                cannot be the common one), so what a padded position holds never reaches a
-                real one. Non-causal layers only; not with a score encoding.
+                cannot be the common one; score terms: masked scores), so what a padded
+                position holds never reaches a real one. Non-causal layers only.
 
         Returns:
             (B, L, C). Outputs at padded positions are computed but meaningless.
 
         Raises:
-            ValueError: on a padding mask with a causal layer, a score encoding or the
-                wrong shape; positions with a score encoding.
+            ValueError: on a padding mask with a causal layer or of the wrong shape;
+                positions with a score encoding.
         """
         b, n, _ = x.shape
         if positions is not None and self.score_encoding is not None:
             raise ValueError(f"{type(self.score_encoding).__name__} works on index distances; it takes no positions")
-        if key_padding_mask is not None and (self.causal or self.score_encoding is not None):
-            raise ValueError("key_padding_mask needs a non-causal layer without a score encoding, got "
-                             f"causal={self.causal}, score encoding {type(self.score_encoding).__name__}")
+        if key_padding_mask is not None and self.causal:
+            raise ValueError("key_padding_mask needs a non-causal layer, got causal=True")
         q, k, v = self.project(x, code)
         if self._transform is not None and positions is None:
             positions = torch.arange(n, device=x.device)

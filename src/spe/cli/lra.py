@@ -36,8 +36,10 @@ def cmd_lra(args: argparse.Namespace) -> int:
                         steps=args.steps, max_length=args.max_length, device=args.device,
                         num_realizations=args.num_realizations, batch_size=args.batch_size,
                         eval_every=args.eval_every, precision=args.precision, keep_checkpoints=args.keep_checkpoints,
-                        tensorboard=args.tensorboard or None, compile=args.compile or None)
-    out = Path(args.out or f"runs/lra/{args.preset}/{args.task}-{args.attention}-{args.positional}")
+                        tensorboard=args.tensorboard or None, compile=args.compile or None,
+                        listops_pipeline=args.listops_pipeline)
+    pipeline = "" if cfg.listops_pipeline == "lossless" else f"-{cfg.listops_pipeline}"
+    out = Path(args.out or f"runs/lra/{args.preset}/{args.task}-{args.attention}-{args.positional}{pipeline}")
     summary = run_lra(cfg, _seeds(args.seeds), out, threads=args.threads, progress=not args.no_progress)
     if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports
         return 0
@@ -53,16 +55,21 @@ def add_lra_parser(sub) -> None:
                                   "generated ListOps, Text/Retrieval/Image proxies)")
     p.add_argument("--positional", default="sinespe",
                    help="ape, ape-learned, sinespe, convspe, convspe-2d (image), rope, none; with linear kernels "
-                   "also lrpe, permute, cosformer (default sinespe)")
+                        "also lrpe, permute, cosformer; with softmax also shaw, music-relative, alibi and the "
+                        "SPE oracles sinespe-exact, convspe-exact (default sinespe)")
     p.add_argument("--attention", default="performer", help="performer, linear-relu, linear-elu, softmax")
     p.add_argument("--preset", default="cpu-small", help="paper or cpu-small (default)")
+    p.add_argument("--listops-pipeline", choices=("lossless", "lra-2021"),
+                   help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "
+                        "operators without '[', digits, no ']' and no parentheses)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, one run each (default 0)")
     p.add_argument("--steps", type=int, help="optimizer steps per seed (default: the preset's)")
     p.add_argument("--batch-size", type=int, help="examples per step (default: the preset's)")
     p.add_argument("--eval-every", type=int, help="steps between validations (default: the preset's)")
     p.add_argument("--max-length", type=int, help="tokens per sequence / document (default: the preset's)")
     p.add_argument("--num-realizations", type=int, help="R for SPE (default: the preset's)")
-    p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL)")
+    p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, "
+                                 "+ -lra-2021 with that ListOps pipeline)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),

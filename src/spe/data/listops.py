@@ -13,7 +13,11 @@ Text layout, as LRA writes it: the tree is binarised, each pair written ``( A B 
 single spaces, so ``[MAX 2 9 ]`` reads ``( ( ( [MAX 2 ) 9 ) ] )``. Files are tab-separated
 with a ``Source``/``Target`` header: ``basic_train.tsv``, ``basic_val.tsv``, ``basic_test.tsv``.
 The parentheses carry no information beyond ``[OP`` and ``]``; :class:`ListOpsTokenizer` keeps
-every symbol, including ``]`` (LRA's own text pipeline drops it, see section 3.1 of the paper).
+every symbol, including ``]`` (pipeline ``lossless``, the default). Pipeline ``lra-2021`` feeds a
+model what LRA's original input pipeline fed it (``lra_benchmarks/listops/input_pipeline.py`` as
+released in 2020-2021, used by the SPE paper): TFDS's ``Tokenizer`` splits the text into words of
+alphanumeric characters and drops everything else, so ``[MAX`` becomes ``MAX``, digits stay, and
+every ``]``, ``(`` and ``)`` is gone: an operator's extent is no longer in the input.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from spe.data.lra.dataset import CONTENT_OFFSET, SequenceDataset, pack
 
 __all__ = [
     "OPERATORS",
+    "PIPELINES",
     "SPLIT_FILES",
     "ListOpsTokenizer",
     "count_expressions",
@@ -49,6 +54,8 @@ log = logging.getLogger(__name__)
 
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
 END = "]"
+# How expressions become tokens: every symbol kept (default), or LRA's original word split.
+PIPELINES = ("lossless", "lra-2021")
 SPLIT_FILES = {"train": "basic_train.tsv", "val": "basic_val.tsv", "test": "basic_test.tsv"}
 _HEADER = ["Source", "Target"]
 _LAYOUT = ("a folder with basic_train.tsv, basic_val.tsv, basic_test.tsv, each a tab-separated "
@@ -237,27 +244,46 @@ def evaluate(source: str) -> int:
 
 
 class ListOpsTokenizer:
-    """Symbol-level ids that keep every character of the text layout.
+    """Symbol-level ids that keep every character of the text layout (or LRA's original words).
 
-    Ids: 0 = padding, 1 = CLS, then ``(``, ``)``, ``]``, ``[MAX``, ``[MIN``, ``[MED``, ``[SM``, ``0`` … ``9``
-    (vocab_size 19). ``decode(encode(s)) == " ".join(s.split())``.
+    Pipeline ``lossless``: ids 0 = padding, 1 = CLS, then ``(``, ``)``, ``]``, ``[MAX``, ``[MIN``,
+    ``[MED``, ``[SM``, ``0`` … ``9`` (vocab_size 19); ``decode(encode(s)) == " ".join(s.split())``.
+
+    Pipeline ``lra-2021``: the words of LRA's original pipeline (TFDS ``Tokenizer``: maximal runs
+    of alphanumeric characters, the rest dropped): ids 0 = padding, 1 = CLS, then ``MAX``,
+    ``MIN``, ``MED``, ``SM``, ``0`` … ``9`` (vocab_size 16); ``( ( [MAX 2 ) 9 ) ]`` is
+    ``MAX 2 9``. (LRA numbered its words in the order of a Python set; any fixed order gives
+    the model the same information.)
 
     Args:
         drop_parentheses: leave out the binarising ``(`` and ``)`` (about two thirds of the symbols;
             they are implied by ``[OP`` and ``]``, so nothing is lost for the task, but decode no
-            longer restores them).
+            longer restores them). Implied by ``lra-2021``.
+        pipeline: one of ``PIPELINES``.
+
+    Raises:
+        ValueError: for an unknown pipeline.
     """
 
     SYMBOLS = ("(", ")", END, *OPERATORS, *"0123456789")
+    WORDS = (*(op.lstrip("[") for op in OPERATORS), *"0123456789")  # lra-2021
 
-    def __init__(self, *, drop_parentheses: bool = False) -> None:
-        self.drop_parentheses = drop_parentheses
+    def __init__(self, *, drop_parentheses: bool = False, pipeline: str = "lossless") -> None:
+        if pipeline not in PIPELINES:
+            raise ValueError(f"ListOps pipeline must be one of {', '.join(PIPELINES)}, got {pipeline!r}")
+        self.drop_parentheses, self.pipeline = drop_parentheses, pipeline
         self.ids = {s: i + CONTENT_OFFSET for i, s in enumerate(self.SYMBOLS)}
-        self.vocab_size = CONTENT_OFFSET + len(self.SYMBOLS)
         self._table = np.full(128, -1, dtype=np.int16)
         for sym, i in self.ids.items():
             self._table[ord(_LETTERS.get(sym, sym))] = i
         self._first_kept = self.ids[END]  # "(" and ")" come first in SYMBOLS
+        self._words: np.ndarray | None = None
+        if pipeline == "lra-2021":
+            # symbol id -> word id (−1: no alphanumeric character, dropped)
+            self._words = np.full(CONTENT_OFFSET + len(self.SYMBOLS), -1, dtype=np.int16)
+            for i, word in enumerate(self.WORDS):
+                self._words[self.ids[self.SYMBOLS[3 + i]]] = i + CONTENT_OFFSET
+        self.vocab_size = CONTENT_OFFSET + len(self.WORDS if self._words is not None else self.SYMBOLS)
 
     def encode(self, source: str) -> list[int]:
         """Ids of the symbols of ``source`` (split on whitespace).
@@ -277,7 +303,14 @@ class ListOpsTokenizer:
         except KeyError as err:
             raise ValueError(f"ListOpsTokenizer: unknown symbol {err.args[0]!r}; "
                              f"known: {' '.join(self.SYMBOLS)}") from None
-        return np.asarray(ids, dtype=np.int64)
+        ids = self._to_words(np.asarray(ids, dtype=np.int64))
+        return ids[ids >= 0]
+
+    def _to_words(self, ids: np.ndarray) -> np.ndarray:
+        """lra-2021: symbol ids (−1 kept) to word ids, −1 where a symbol has no word; else unchanged."""
+        if self._words is None:
+            return ids
+        return np.where(ids >= 0, self._words[np.maximum(ids, 0)], -1).astype(ids.dtype)
 
     def encode_many(self, sources: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encodes many expressions at once (vectorised over the whole list).
@@ -324,12 +357,13 @@ class ListOpsTokenizer:
         out = np.full(int(symbol.sum() + newline.sum()), -1, dtype=np.int16)
         keep = symbol[symbol | newline]
         out[keep] = np.where(ids >= self._first_kept, ids, -1) if self.drop_parentheses else ids
-        return out, np.flatnonzero(~keep)
+        return self._to_words(out), np.flatnonzero(~keep)
 
     def decode(self, ids) -> str:
-        """Text of the ids, single-spaced; padding and CLS are skipped."""
+        """Text of the ids, single-spaced (lra-2021: its words); padding and CLS are skipped."""
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-        return " ".join(self.SYMBOLS[i - CONTENT_OFFSET] for i in ids if i >= CONTENT_OFFSET)
+        names = self.WORDS if self._words is not None else self.SYMBOLS
+        return " ".join(names[i - CONTENT_OFFSET] for i in ids if i >= CONTENT_OFFSET)
 
 
 def write_tsv(path: str | os.PathLike, examples: list[tuple[str, int]]) -> Path:
@@ -448,7 +482,8 @@ def _encode_rows(path: Path, rows: list[tuple[str, int]], tok: ListOpsTokenizer,
 
 
 def load_listops(folder: str | os.PathLike, *, max_length: int | None = None,
-                 drop_parentheses: bool = False, verify: bool = False) -> dict[str, SequenceDataset]:
+                 drop_parentheses: bool = False, verify: bool = False,
+                 pipeline: str = "lossless") -> dict[str, SequenceDataset]:
     """Reads the three ListOps splits of ``folder`` as token ids.
 
     Args:
@@ -458,19 +493,22 @@ def load_listops(folder: str | os.PathLike, *, max_length: int | None = None,
         drop_parentheses: see :class:`ListOpsTokenizer`.
         verify: also evaluate every expression and check it against its label (slower: about a
             minute for LRA's 100,000 examples).
+        pipeline: ``lossless`` (every symbol) or ``lra-2021`` (LRA's original words: no ``]``, no
+            parentheses); see :class:`ListOpsTokenizer`.
 
     Returns:
-        ``{"train", "val", "test"}`` → :class:`SequenceDataset` (vocab_size 19, num_classes 10).
+        ``{"train", "val", "test"}`` → :class:`SequenceDataset` (vocab_size 19, or 16 with
+        ``lra-2021``; num_classes 10).
 
     Raises:
         FileNotFoundError: if the folder or a split file is missing (naming the layout).
         ValueError: as :func:`read_tsv`, and naming the file and line of an unknown symbol (or,
-            with ``verify``, a malformed expression or a wrong label).
+            with ``verify``, a malformed expression or a wrong label); for an unknown pipeline.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"ListOps: no folder {folder}; expected {_LAYOUT}")
-    tok = ListOpsTokenizer(drop_parentheses=drop_parentheses)
+    tok = ListOpsTokenizer(drop_parentheses=drop_parentheses, pipeline=pipeline)
     out = {}
     for split, name in SPLIT_FILES.items():
         rows = read_tsv(folder / name)

@@ -56,9 +56,13 @@ class ALiBi(nn.Module):
         bias = self.bias(q.shape[1], num_keys, query_offset=query_offset).to(q.device, q.dtype)
         return bias.expand(q.shape[0], *bias.shape)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor:
-        """Args: q (B, Lq, H, D) at positions query_offset …; k, v (B, Lk, H, D). Returns (B, Lq, H, D)."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0,
+               key_padding_mask: Tensor | None = None) -> Tensor:
+        """Args: q (B, Lq, H, D) at positions query_offset …; k, v (B, Lk, H, D); key_padding_mask
+        (B, Lk) bool, True at padding keys (no weight). Returns (B, Lq, H, D)."""
         bias = self.bias(q.shape[1], k.shape[1], query_offset=query_offset).to(q.dtype)
+        if key_padding_mask is not None:
+            bias = bias.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))  # (B, H, Lq, Lk)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=bias)
         return out.transpose(1, 2)

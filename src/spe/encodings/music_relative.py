@@ -67,7 +67,8 @@ class MusicRelativePosition(nn.Module):
         rel = (torch.arange(num_keys, device=q.device)[None, :] - i).clamp(low, high) - low  # (Lq, Lk) columns
         return per_rel.gather(3, rel.expand(*per_rel.shape[:2], lq, num_keys)) / q.shape[-1] ** 0.5
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0,
+               key_padding_mask: Tensor | None = None) -> Tensor:
         """Softmax attention with relative key terms.
 
         Args:
@@ -75,6 +76,7 @@ class MusicRelativePosition(nn.Module):
             k: (B, Lk, H, D) keys at positions 0 … Lk − 1.
             v: (B, Lk, H, Dv) values.
             query_offset: position of the first query (decoding: Lq = 1, offset t).
+            key_padding_mask: (B, Lk) bool, True at padding keys (no weight).
 
         Returns:
             (B, Lq, H, Dv).
@@ -83,8 +85,9 @@ class MusicRelativePosition(nn.Module):
         low, high = -(lq + query_offset - 1), (0 if self.causal else lk - 1)
         table = self._table(low, high)
         if lq == lk and query_offset == 0:
-            return music_relative_attention(q, k, v, table, causal=self.causal)
-        return music_relative_attention_reference(q, k, v, table, causal=self.causal, query_offset=query_offset)
+            return music_relative_attention(q, k, v, table, causal=self.causal, key_padding_mask=key_padding_mask)
+        return music_relative_attention_reference(q, k, v, table, causal=self.causal, query_offset=query_offset,
+                                                  key_padding_mask=key_padding_mask)
 
     def extra_repr(self) -> str:
         return f"max_distance={self.max_distance}, causal={self.causal}"

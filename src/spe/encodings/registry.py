@@ -41,11 +41,12 @@ from spe.encodings.filter import SPEFilter
 from spe.encodings.lrpe import LRPE
 from spe.encodings.music_relative import MusicRelativePosition
 from spe.encodings.permute import PermuteFeatures
+from spe.encodings.oracle import ExactSPEScores
 from spe.encodings.rope import RotaryEncoding
 from spe.encodings.shaw import ShawRelativePosition
 from spe.encodings.sine import SineSPE
 
-__all__ = ["LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec", "positional_names",
+__all__ = ["EXACT_TWINS", "LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec", "positional_names",
            "positional_spec"]
 
 PLACES = ("tokens", "queries-keys", "scores", "features")
@@ -64,7 +65,8 @@ class PositionalSpec:
             length unless told otherwise (docs/ablation.md).
         source: the reference, for tables and docs.
         model_module: ``(config) -> nn.Module``, the part built once per model: the token
-            encoding (``x + pe``) or the SPE code generator; None if there is none.
+            encoding (``x + pe``), the SPE code generator, or (a score encoding's) the SPE
+            module whose exact kernel the layers read (``sinespe-exact``); None if there is none.
         layer_module: ``(config, causal) -> nn.Module``, the part each attention layer takes
             (see ``LAYER_KEYWORDS``); None if there is none.
         positive_features: with a linear kernel it needs strictly positive features (RoPE's
@@ -146,6 +148,15 @@ def _spe_filter(config: Any, causal: bool) -> nn.Module:
                      impl=config.spe_impl)
 
 
+def _exact_scores(config: Any, causal: bool) -> nn.Module:
+    # The oracle's model module is SPE's own (_sine, _conv): same parameters, same initial values.
+    return ExactSPEScores(config.num_heads, _head_dim(config), gated=config.gated, gate_init=config.gate_init,
+                          causal=causal)
+
+
+_EXACT_SOURCE = "Liutkus et al. 2021, eq. (8), (16)–(17), exact expectation"
+
+
 POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
     PositionalSpec("ape", "tokens", source="sinusoidal, Vaswani et al. 2017", scale_embeddings=True,
                    model_module=lambda c: SinusoidalPositionalEncoding(c.d_model)),
@@ -172,8 +183,16 @@ POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
     PositionalSpec("permute", "features", source="Chen 2021 (EMNLP), PermuteFormer", layer_module=_permute),
     PositionalSpec("cosformer", "features", source="Qin et al. 2022 (ICLR), attends within L_max only",
                    layer_module=_cosformer),
+    # The SPE oracles: softmax attention with the scores SPE estimates (spe.encodings.oracle);
+    # deterministic, O(L²) (sine) or O(L²·D) (conv) memory, for diagnosis.
+    PositionalSpec("sinespe-exact", "scores", source=_EXACT_SOURCE, model_module=_sine, layer_module=_exact_scores),
+    PositionalSpec("convspe-exact", "scores", source=_EXACT_SOURCE, model_module=_conv, layer_module=_exact_scores),
     PositionalSpec("none", None, source="no positional encoding"),
 )}
+
+
+# Each SPE oracle and the SPE whose parameters (and so whose checkpoints and preset options) it shares.
+EXACT_TWINS = {"sinespe-exact": "sinespe", "convspe-exact": "convspe"}
 
 
 def positional_spec(name: str) -> PositionalSpec:

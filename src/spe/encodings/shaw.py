@@ -58,7 +58,8 @@ class ShawRelativePosition(nn.Module):
         per_row = torch.einsum("bmhd,rd->bhmr", q, self.rel_keys.to(q))
         return per_row.gather(3, idx.expand(*per_row.shape[:2], *idx.shape)) / q.shape[-1] ** 0.5
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0,
+               key_padding_mask: Tensor | None = None) -> Tensor:
         """Softmax attention with the relative terms.
 
         Args:
@@ -66,13 +67,14 @@ class ShawRelativePosition(nn.Module):
             k: (B, Lk, H, D) keys at positions 0 … Lk − 1.
             v: (B, Lk, H, D) values.
             query_offset: position of the first query (decoding: Lq = 1, offset t).
+            key_padding_mask: (B, Lk) bool, True at padding keys (no weight).
 
         Returns:
             (B, Lq, H, D).
         """
         idx = self._index(q.shape[1], k.shape[1], query_offset, q.device)
         return shaw_attention(q, k, v, self.rel_keys[idx], self.rel_values[idx], causal=self.causal,
-                              query_offset=query_offset)
+                              query_offset=query_offset, key_padding_mask=key_padding_mask)
 
     def extra_repr(self) -> str:
         return f"max_distance={self.max_distance}, causal={self.causal}"

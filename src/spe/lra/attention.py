@@ -77,7 +77,12 @@ def cls_attention(model: EncoderClassifier, tokens: Tensor, lengths: Tensor | No
     if attn.kernel.feature_map is None:  # softmax: the weights themselves
         if attn.rotary is not None:
             q, k = attn.rotary(q.float(), seen["positions"]), attn.rotary(k.float(), seen["positions"])
+        term = attn.score_encoding
+        if term is not None and hasattr(term, "weights"):  # an SPE oracle: its scores depend on the keys
+            return term.weights(q[:, :1].float(), k.float(), key_padding_mask=mask)[:, :, 0]
         scores = torch.einsum("bhe,blhe->bhl", q[:, 0].float(), k.float()) / q.shape[-1] ** 0.5
+        if term is not None:  # Shaw, Music Transformer, ALiBi: their term for the query at position 0
+            scores = scores + term.score_bias(q[:, :1].float(), k.shape[1])[:, :, 0]
         return torch.softmax(scores.masked_fill(mask[:, None], float("-inf")), dim=-1)
     fq, fk, extra = attn._linear_inputs(q, k, seen["positions"])  # noqa: SLF001 - the layer's own features
     if "normalizer" in extra:  # RoPE: the unrotated features give the (positive) weights' normaliser

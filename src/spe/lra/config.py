@@ -3,7 +3,8 @@
 A preset file holds ``[defaults]`` (training options) with ``[defaults.model]``
 (:class:`~spe.models.ClassifierConfig` options), one table per task with its own ``model`` and
 ``data`` tables, and ``[positional.NAME.model]`` overrides applied to every task (e.g. sineSPE
-per layer, convSPE shared). Later tables win: defaults < task < positional < explicit options.
+per layer, convSPE shared; the SPE oracles ``sinespe-exact``, ``convspe-exact`` take their SPE's).
+Later tables win: defaults < task < positional < explicit options.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 
+from spe.data.listops import PIPELINES as LISTOPS_PIPELINES
 from spe.data.lra.tasks import TASKS
+from spe.encodings.registry import EXACT_TWINS
 from spe.train.optim import SCHEDULES  # one list of schedules, re-exported here
 
-__all__ = ["PRESETS", "RUN_ONLY_KEYS", "SCHEDULES", "LRAConfig", "load_preset", "preset_config"]
+__all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "SCHEDULES", "LRAConfig", "load_preset",
+           "preset_config"]
 
 PRESETS = ("paper", "cpu-small")
 # Options that change how a run is carried out, not what it computes: an experiment folder may be
@@ -62,6 +66,11 @@ class LRAConfig:
         keep_checkpoints: checkpoint folders ``checkpoints/step-SSSSSSS/`` kept per seed (the newest).
         compile: ``torch.compile`` the model for the training steps (falls back to the
             uncompiled model with a warning where compilation is unavailable or fails).
+        listops_pipeline: how ListOps text becomes tokens: ``lossless`` (every symbol, the
+            default) or ``lra-2021`` (what LRA's original input pipeline fed the models of the
+            SPE paper: operators without ``[``, digits, no ``]`` and no parentheses; see
+            :class:`spe.data.listops.ListOpsTokenizer`). Part of the experiment: a folder run
+            with one pipeline refuses the other. ListOps only.
     """
 
     task: str
@@ -88,6 +97,7 @@ class LRAConfig:
     tensorboard: bool = False
     keep_checkpoints: int = 2
     compile: bool = False
+    listops_pipeline: str = "lossless"
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -104,6 +114,12 @@ class LRAConfig:
         if self.warmup_steps < 0 or self.eval_examples < 0 or self.grad_clip < 0 or self.lr <= 0:
             raise ValueError("warmup_steps, eval_examples and grad_clip must be ≥ 0 and lr > 0, got "
                              f"{self.warmup_steps}, {self.eval_examples}, {self.grad_clip}, {self.lr}")
+        if self.listops_pipeline not in LISTOPS_PIPELINES:
+            raise ValueError(f"listops_pipeline must be one of {', '.join(LISTOPS_PIPELINES)}, "
+                             f"got {self.listops_pipeline!r}")
+        if self.task != "listops" and self.listops_pipeline != "lossless":
+            raise ValueError(f"listops_pipeline applies to ListOps only, got {self.listops_pipeline!r} "
+                             f"for task {self.task!r}")
         unknown = set(self.data_options) - set(_DATA_KEYS)
         if unknown:
             raise ValueError(f"unknown data options {sorted(unknown)}; allowed: {', '.join(_DATA_KEYS)}")
@@ -139,6 +155,14 @@ def load_preset(preset: str) -> dict:
     return tomllib.loads(text)
 
 
+def _positional_model(table: dict, positional: str) -> dict:
+    """The preset's ``[positional.NAME.model]`` options; an SPE oracle (``sinespe-exact``) takes its
+    SPE's (``sinespe``) first, so the two models share their parameters and checkpoints."""
+    tables = table.get("positional", {})
+    twin = tables.get(EXACT_TWINS[positional], {}).get("model", {}) if positional in EXACT_TWINS else {}
+    return {**twin, **tables.get(positional, {}).get("model", {})}
+
+
 def preset_config(task: str, positional: str, attention: str, *, preset: str = "cpu-small",
                   **overrides) -> LRAConfig:
     """The :class:`LRAConfig` of a preset for one task, encoding and kernel.
@@ -157,8 +181,7 @@ def preset_config(task: str, positional: str, attention: str, *, preset: str = "
         raise ValueError(f"unknown LRA task {task!r}; choose from {', '.join(TASKS)}")
     table = load_preset(preset)
     defaults, task_table = dict(table.get("defaults", {})), dict(table.get(task, {}))
-    model = {**defaults.pop("model", {}), **task_table.pop("model", {}),
-             **table.get("positional", {}).get(positional, {}).get("model", {})}
+    model = {**defaults.pop("model", {}), **task_table.pop("model", {}), **_positional_model(table, positional)}
     data_options = task_table.pop("data", {})
     values = {**defaults, **task_table}
     known = {f.name for f in fields(LRAConfig)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from spe.encodings.positions import require_positive
 from spe.encodings.registry import positional_spec
 from spe.models.trunk_config import TrunkConfig
 
@@ -21,10 +22,11 @@ class ClassifierConfig(TrunkConfig):
 
     Every option of :class:`~spe.models.TrunkConfig` keeps its meaning (``vocab_size``,
     ``d_model``, ``positional``, ``attention``, ``gated``, ``num_realizations``,
-    ``share_across_layers`` …). The positional encoding acts on tokens or on queries and keys
+    ``share_across_layers`` …). The positional encoding acts on tokens, on queries and keys
     (``ape``, ``ape-learned``, ``sinespe``, ``convspe``, ``convspe-2d`` with a ``grid``,
-    ``rope``) or is ``none``: score encodings (``shaw``, ``music-relative``, ``alibi``) are
-    refused, as the padding mask is not threaded through their own attention.
+    ``rope``) or on the scores of softmax attention (``shaw``, ``music-relative``, ``alibi``,
+    the SPE oracles ``sinespe-exact`` and ``convspe-exact``; their attention takes the
+    padding mask), or is ``none``.
 
     Attributes:
         num_classes: output classes (≥ 2).
@@ -39,14 +41,16 @@ class ClassifierConfig(TrunkConfig):
             lists are read as tuples.
         cls_id: the CLS token id (:data:`spe.data.lra.CLS_ID`, reserved, never in the data).
         head_hidden: hidden units of the MLP head (LRA's ``mlp_dim``); 0 means ``d_ff``.
+        max_distance: k, the clipping distance of ``shaw`` and ``music-relative`` (as
+            :class:`~spe.models.ModelConfig`'s).
 
     Class attributes (facts about an encoder classifier, not options): ``causal`` False
     (every position sees the whole sequence), ``attention_window`` None (hence),
     ``tie_embeddings`` False (the head outputs classes, not tokens).
 
     Raises:
-        ValueError: as :class:`~spe.models.TrunkConfig`; for a score encoding, ``convspe-2d``
-            without a grid, and any bad value of the attributes above.
+        ValueError: as :class:`~spe.models.TrunkConfig`; for ``convspe-2d`` without a grid,
+            and any bad value of the attributes above.
     """
 
     causal: ClassVar[bool] = False
@@ -59,6 +63,7 @@ class ClassifierConfig(TrunkConfig):
     grid: tuple[int, int] | None = None
     cls_id: int = 1
     head_hidden: int = 0
+    max_distance: int = 256
 
     def __post_init__(self) -> None:
         if isinstance(self.grid, list):
@@ -67,9 +72,7 @@ class ClassifierConfig(TrunkConfig):
             self.interaction = None
         super().__post_init__()
         spec = positional_spec(self.positional)
-        if spec.acts_on == "scores":
-            raise ValueError(f"the encoder classifier does not take score encodings (got {self.positional!r}): "
-                             "choose ape, ape-learned, sinespe, convspe, convspe-2d, rope or none")
+        require_positive(type(self).__name__, max_distance=self.max_distance)
         if spec.needs_grid and self.grid is None:
             raise ValueError(f"positional {self.positional!r} encodes positions on a 2-D grid: give the "
                              "classifier the images' grid (height, width)")

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from spe.encodings.code import DenseCode, SPECode
 from spe.encodings.registry import positional_spec
+from spe.encodings.oracle import alias_gate_keys, unalias_gate_keys
 from spe.models.block import Block
 from spe.models.positional import positional_modules
 
@@ -120,6 +121,16 @@ class Trunk(nn.Module):
         self.norm = nn.LayerNorm(config.d_model)
         self.head = self.build_head()
         self.apply(init_weights)
+        if self.encoding is not None and not self.spec.stochastic:
+            self._bind_exact_scores()
+
+    def _bind_exact_scores(self) -> None:
+        """An SPE oracle (``sinespe-exact``): each layer's score term reads its layer's SPE kernel,
+        and the state dict names the gates as SPE's filters do, so checkpoints load either way."""
+        for i, block in enumerate(self.blocks):
+            block.attn.score_encoding.bind(self.layer_encoding(i))
+        self.register_state_dict_post_hook(alias_gate_keys)
+        self.register_load_state_dict_pre_hook(unalias_gate_keys)
 
     # Kept for code that called the decoder's static method.
     _init_weights = staticmethod(init_weights)
@@ -133,7 +144,8 @@ class Trunk(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def layer_encoding(self, layer: int) -> nn.Module | None:
-        """The SPE module (``SineSPE``/``ConvSPE``) of block ``layer`` (0-based; None without SPE)."""
+        """The SPE module (``SineSPE``/``ConvSPE``) of block ``layer`` (0-based; None without SPE;
+        an oracle's too)."""
         if self.layer_encodings is None or layer == 0:
             return self.encoding
         return self.layer_encodings[layer - 1]
@@ -174,7 +186,7 @@ class Trunk(nn.Module):
         """
         if not isinstance(positions, Tensor):
             positions = torch.arange(int(positions), device=self.embed.weight.device)
-        if self.encoding is None:
+        if self.encoding is None or not self.spec.stochastic:  # an oracle draws nothing
             return [None] * len(self.blocks)
         if generator is None and not self.training:
             generator = torch.Generator().manual_seed(self.config.code_seed)

@@ -77,7 +77,16 @@ def _check_pair(q: Tensor, k: Tensor, v: Tensor) -> None:
                          f"{tuple(v.shape)}")
 
 
-def music_relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, *, causal: bool) -> Tensor:
+def _mask_padding(logits: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """(B, H, Lq, Lk) logits (or a broadcastable bias) with −∞ at padding keys ((B, Lk) bool, True
+    at padding); unchanged without a mask."""
+    if key_padding_mask is None:
+        return logits
+    return logits.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+
+
+def music_relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, *, causal: bool,
+                             key_padding_mask: Tensor | None = None) -> Tensor:
     """Relative softmax attention of Music Transformer, via skewing; O(L·D) extra memory.
 
     Args:
@@ -87,6 +96,7 @@ def music_relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, 
         rel_keys: relative embeddings e_r per head, by increasing r: causal (L, H, D) for
             r = −(L−1) … 0; non-causal (2L − 1, H, D) for r = −(L−1) … L − 1.
         causal: mask keys after each query.
+        key_padding_mask: (B, L) bool, True at padding keys (no weight).
 
     Returns:
         (B, L, H, Dv).
@@ -108,12 +118,13 @@ def music_relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, 
     if causal:
         future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
         bias = bias.masked_fill(future, float("-inf"))
+    bias = _mask_padding(bias, key_padding_mask)
     out = F.scaled_dot_product_attention(qh, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias)
     return out.transpose(1, 2)
 
 
 def music_relative_attention_reference(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, *, causal: bool,
-                                       query_offset: int = 0) -> Tensor:
+                                       query_offset: int = 0, key_padding_mask: Tensor | None = None) -> Tensor:
     """Explicit twin of :func:`music_relative_attention`: gathers e_{j−i} for every pair.
 
     Args:
@@ -124,6 +135,7 @@ def music_relative_attention_reference(q: Tensor, k: Tensor, v: Tensor, rel_keys
             when causal (W = Lq + query_offset), … Lk − 1 otherwise (W = Lq + query_offset + Lk − 1).
         causal: mask keys after each query.
         query_offset: position of the first query (a decoding step has Lq = 1, offset t).
+        key_padding_mask: (B, Lk) bool, True at padding keys (no weight).
 
     Returns:
         (B, Lq, H, Dv).
@@ -142,11 +154,12 @@ def music_relative_attention_reference(q: Tensor, k: Tensor, v: Tensor, rel_keys
     logits = (torch.einsum("bihd,bjhd->bhij", q, k) + torch.einsum("bihd,ijhd->bhij", q, gathered)) * d**-0.5
     if causal:
         logits = logits.masked_fill(j > i, float("-inf"))
+    logits = _mask_padding(logits, key_padding_mask)
     return torch.einsum("bhij,bjhe->bihe", logits.softmax(dim=-1), v)
 
 
 def shaw_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, rel_values: Tensor, *,
-                   causal: bool, query_offset: int = 0) -> Tensor:
+                   causal: bool, query_offset: int = 0, key_padding_mask: Tensor | None = None) -> Tensor:
     """Shaw et al. (2018) relative attention, explicit; O(Lq·Lk·D) memory.
 
     Args:
@@ -157,6 +170,7 @@ def shaw_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, rel_values
         rel_values: (Lq, Lk, Dv) a^V_ij.
         causal: mask keys after each query.
         query_offset: position of the first query.
+        key_padding_mask: (B, Lk) bool, True at padding keys (no weight).
 
     Returns:
         (B, Lq, H, Dv).
@@ -173,5 +187,5 @@ def shaw_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, rel_values
     if causal:
         i = torch.arange(lq, device=q.device)[:, None] + query_offset
         logits = logits.masked_fill(torch.arange(lk, device=q.device)[None] > i, float("-inf"))
-    weights = logits.softmax(dim=-1)
+    weights = _mask_padding(logits, key_padding_mask).softmax(dim=-1)
     return torch.einsum("bhij,bjhe->bihe", weights, v) + torch.einsum("bhij,ije->bihe", weights, rel_values)

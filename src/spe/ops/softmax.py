@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["softmax_attention"]
+__all__ = ["check_key_padding_mask", "softmax_attention"]
 
 
 def check_window(window: int | None, name: str = "window") -> None:
@@ -70,6 +70,23 @@ def _padding_mask(key_padding_mask: Tensor, k: Tensor, causal: bool) -> Tensor:
     if causal:
         raise ValueError("key_padding_mask is for non-causal attention (a causal model has no padding before "
                          "its last real token)")
+    return check_key_padding_mask(key_padding_mask, k)
+
+
+def check_key_padding_mask(key_padding_mask: Tensor, k: Tensor) -> Tensor:
+    """Validates a key padding mask for keys ``k`` (B, Lk, H, E), as every softmax path with a
+    score term does (:mod:`spe.attention.kernels`).
+
+    Args:
+        key_padding_mask: (B, Lk) bool, True at padding keys.
+        k: the keys it masks.
+
+    Returns:
+        (B, 1, 1, Lk) bool, True where attention is allowed.
+
+    Raises:
+        ValueError: naming the shape and dtype received, unless the mask is (B, Lk) bool.
+    """
     if key_padding_mask.shape != k.shape[:2] or key_padding_mask.dtype != torch.bool:
         raise ValueError(f"key_padding_mask must be a (batch, keys) = {tuple(k.shape[:2])} bool tensor, got "
                          f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")

@@ -24,6 +24,7 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
               drop_parentheses: bool = False,
               listops_sizes: tuple[int, int, int] = (96_000, 2_000, 2_000),
               listops_options: dict | None = None,
+              listops_pipeline: str = "lossless",
               ) -> dict[str, SequenceDataset | PairDataset]:
     """Loads one LRA task's train, val and test splits.
 
@@ -42,18 +43,23 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
         listops_options: generator options of the embedded ListOps (``max_depth``,
             ``max_args``, ``min_length``, ``max_length``; see :func:`spe.data.listops.generate`),
             e.g. shorter expressions for a CPU-sized run; they name the cache folder.
+        listops_pipeline: ListOps only: ``lossless`` (every symbol) or ``lra-2021`` (LRA's
+            original words, no ``]`` and no parentheses; see :class:`spe.data.listops.ListOpsTokenizer`).
 
     Returns:
         ``{"train", "val", "test"}`` → :class:`SequenceDataset` (ListOps, Text, Image) or
         :class:`PairDataset` (Retrieval).
 
     Raises:
-        ValueError: for an unknown task, and as the task's loader.
+        ValueError: for an unknown task, a ListOps pipeline other than ``lossless`` for
+            another task, and as the task's loader.
         FileNotFoundError: as the task's loader.
     """
     if task not in TASKS:
         raise ValueError(f"unknown LRA task {task!r}; choose from {', '.join(TASKS)}")
     length = DEFAULT_LENGTHS[task] if max_length is None else max_length
+    if task != "listops" and listops_pipeline != "lossless":
+        raise ValueError(f"listops_pipeline applies to ListOps only, got {listops_pipeline!r} for task {task!r}")
     if task == "listops":
         from spe.data.listops import listops_folder, load_listops
 
@@ -61,7 +67,7 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
             num_train, num_val, num_test = listops_sizes
             data = listops_folder(cache_dir, num_train=num_train, num_val=num_val, num_test=num_test,
                                   seed=seed, **(listops_options or {}))
-        return load_listops(data, max_length=length, drop_parentheses=drop_parentheses)
+        return load_listops(data, max_length=length, drop_parentheses=drop_parentheses, pipeline=listops_pipeline)
     from spe.data.lra import proxies
 
     if data is None:
