@@ -14,6 +14,7 @@ rotations of queries and keys work with every kernel; a term in the attention sc
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.attention.kernels import (
@@ -28,6 +29,7 @@ from spe.encodings.code import SPECode
 from spe.encodings.filter import SPEFilter
 from spe.encodings.registry import positional_names
 from spe.encodings.rope import RotaryEncoding
+from spe.ops.decay import check_decay_mode, retnet_decay_logits, retnet_log_decay
 from spe.ops.feature_maps import orthogonal_random_features
 from spe.ops.softmax import check_window
 from spe.ops.state import AttentionState, check_state_window, legacy_state
@@ -65,20 +67,27 @@ class MultiHeadAttention(nn.Module):
             only, in :meth:`forward` and :meth:`step` alike (decoding then keeps the last W
             keys, so memory stays O(W)). None: the whole past. Settable later
             (``layer.window = W``), e.g. at test time; not with a score encoding.
+        decay: ``none``, ``fixed`` (RetNet's γ_h = 1 − 2^(−5−h) on the lag, h = 0 … H − 1)
+            or ``learned`` (γ_h = sigmoid(``decay_logit``_h), an (H,) parameter initialised
+            at RetNet's values; not weight-decayed: the engine decays nn.Linear weights
+            only): key n weighs γ^{m−n} at query m (γ^{|m−n|} when not causal), in forward
+            and step alike (:mod:`spe.ops.decay`). Linear kernels only.
 
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
             score encoding with a linear kernel, two positional encodings at once, RoPE
             on an odd feature dimension or with features that can be 0, or a window that is
-            not positive, not causal or combined with a score encoding (what each kernel
-            accepts: its spec in :mod:`spe.attention.kernels`).
+            not positive, not causal or combined with a score encoding, an unknown decay or a
+            decay with softmax attention (what each kernel accepts: its spec in
+            :mod:`spe.attention.kernels`).
     """
 
     def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
                  causal: bool = True, spe_filter: SPEFilter | None = None,
                  num_realizations: int | None = None, num_features: int = 64,
                  chunk_size: int = 64, rotary: RotaryEncoding | None = None,
-                 score_encoding: nn.Module | None = None, window: int | None = None) -> None:
+                 score_encoding: nn.Module | None = None, window: int | None = None,
+                 decay: str = "none") -> None:
         super().__init__()
         self.kernel = kernel_spec(attention)
         if d_model % num_heads:
@@ -97,7 +106,11 @@ class MultiHeadAttention(nn.Module):
                                                                           self.kernel_dim))
         _check_positional(self.kernel, causal, spe_filter, rotary, score_encoding)
         self.rotary, self.score_encoding = rotary, score_encoding
-        self.kernel.check(KernelOptions(causal=causal), transform=self._transform)
+        check_decay_mode(decay)
+        self.decay = decay
+        if decay == "learned":
+            self.decay_logit = nn.Parameter(retnet_decay_logits(num_heads))
+        self.kernel.check(KernelOptions(causal=causal, decay=self.log_decay()), transform=self._transform)
         rotated_dim = num_features if self.kernel.random_features else self.head_dim
         if rotary is not None and rotated_dim % 2:
             raise ValueError(f"rotary encoding needs an even "
@@ -110,6 +123,15 @@ class MultiHeadAttention(nn.Module):
         # (RoFormer eq. 19: the normaliser keeps the unrotated features)
         return None if self.rotary is None else FeatureTransform(self.rotary, numerator_only=True,
                                                                  name="rotary encoding")
+
+    def log_decay(self) -> Tensor | None:
+        """(H,) log γ_h of the decay (float32), or None without one. Learned: logsigmoid of the
+        logits, exact where sigmoid would round γ to 1 in float32."""
+        if self.decay == "none":
+            return None
+        if self.decay == "fixed":
+            return retnet_log_decay(self.num_heads, device=self.qkv.weight.device)
+        return F.logsigmoid(self.decay_logit.float())
 
     @property
     def window(self) -> int | None:
@@ -179,7 +201,8 @@ class MultiHeadAttention(nn.Module):
 
     def _options(self, key_padding_mask: Tensor | None = None) -> KernelOptions:
         return KernelOptions(causal=self.causal, window=self.window, chunk_size=self.chunk_size,
-                             key_padding_mask=key_padding_mask, score_term=self.score_encoding)
+                             key_padding_mask=key_padding_mask, score_term=self.score_encoding,
+                             decay=self.log_decay())
 
     def step(self, x: Tensor, code: SPECode | None,
              state: AttentionState | dict | None) -> tuple[Tensor, AttentionState]:

@@ -36,8 +36,10 @@ def cmd_lra(args: argparse.Namespace) -> int:
                         steps=args.steps, max_length=args.max_length, device=args.device,
                         num_realizations=args.num_realizations, batch_size=args.batch_size,
                         eval_every=args.eval_every, precision=args.precision, keep_checkpoints=args.keep_checkpoints,
-                        tensorboard=args.tensorboard or None, compile=args.compile or None)
-    out = Path(args.out or f"runs/lra/{args.preset}/{args.task}-{args.attention}-{args.positional}")
+                        tensorboard=args.tensorboard or None, compile=args.compile or None,
+                        model={"decay": args.decay} if args.decay else None)
+    decayed = f"-decay-{args.decay}" if args.decay not in (None, "none") else ""
+    out = Path(args.out or f"runs/lra/{args.preset}/{args.task}-{args.attention}-{args.positional}{decayed}")
     summary = run_lra(cfg, _seeds(args.seeds), out, threads=args.threads, progress=not args.no_progress)
     if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports
         return 0
@@ -54,6 +56,9 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--positional", default="sinespe",
                    help="ape, ape-learned, sinespe, convspe, convspe-2d (image), rope, none (default sinespe)")
     p.add_argument("--attention", default="performer", help="performer, linear-relu, linear-elu, softmax")
+    p.add_argument("--decay", choices=("none", "fixed", "learned"),
+                   help="decay γ^|m−n| on the lag (linear kernels): fixed (RetNet's γ_h = 1 − 2^(−5−h)) or learned "
+                   "from there (default: the preset's, none)")
     p.add_argument("--preset", default="cpu-small", help="paper or cpu-small (default)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, one run each (default 0)")
     p.add_argument("--steps", type=int, help="optimizer steps per seed (default: the preset's)")
@@ -61,7 +66,8 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--eval-every", type=int, help="steps between validations (default: the preset's)")
     p.add_argument("--max-length", type=int, help="tokens per sequence / document (default: the preset's)")
     p.add_argument("--num-realizations", type=int, help="R for SPE (default: the preset's)")
-    p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL)")
+    p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, "
+                   "with -decay-MODE appended for --decay fixed or learned)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),

@@ -15,6 +15,7 @@ from spe.attention.layer import ACCEPTS, ATTENTIONS
 from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
+from spe.ops.decay import DECAY_MODES
 
 __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "TrunkConfig"]
 
@@ -62,6 +63,11 @@ class TrunkConfig:
             model), ``materialized`` (fastest at short lengths, holds the code and its
             gradient), ``blocked`` (the batch-shared code formed per block of positions, in
             forward and again in backward: the least memory), ``fused`` or ``reference``.
+        decay: one of ``DECAY_MODES``: ``none`` (default), ``fixed`` (RetNet's γ_h = 1 −
+            2^(−5−h) per head on the lag, weights γ^{|m−n|}) or ``learned`` (γ_h =
+            sigmoid(logit_h) initialised there, one (H,) parameter per layer). With any
+            positional encoding (``rope`` + ``fixed`` is RetNet's scheme); linear kernels only
+            (:mod:`spe.ops.decay`).
 
     Class attributes:
         causal: whether the trunk's blocks mask the future (the registry builds encoder
@@ -70,7 +76,8 @@ class TrunkConfig:
     Raises:
         ValueError: naming the option and the value received, for an unknown encoding or
             kernel, an encoding the kernel cannot take, a size that is not a positive
-            integer, ``d_model`` not divisible by ``num_heads``, or a dropout outside [0, 1).
+            integer, ``d_model`` not divisible by ``num_heads``, a dropout outside [0, 1), an
+            unknown ``decay`` or a decay with softmax attention.
     """
 
     causal: ClassVar[bool] = True
@@ -97,6 +104,7 @@ class TrunkConfig:
     max_positions: int = 2048
     rope_base: float = 10000.0
     spe_impl: str = "auto"
+    decay: str = "none"
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONALS:
@@ -122,6 +130,15 @@ class TrunkConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        self._check_decay()
+
+    def _check_decay(self) -> None:
+        if self.decay not in DECAY_MODES:
+            raise ValueError(f"decay must be one of {', '.join(DECAY_MODES)}, got {self.decay!r}")
+        if self.decay != "none" and not kernel_spec(self.attention).decay:
+            takers = [name for name in ATTENTIONS if kernel_spec(name).decay]
+            raise ValueError(f"decay {self.decay!r} acts on the sums of linear attention; {self.attention} attention "
+                             f"does not take one: use attention {', '.join(takers)}, or decay 'none'")
 
     def to_dict(self) -> dict:
         """The options as a JSON-serialisable dict (what checkpoint headers store)."""

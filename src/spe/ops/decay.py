@@ -27,8 +27,19 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["FLOOR_LOG_SCALE", "check_log_decay", "decay_attention_reference", "decayed_running_max",
+__all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "check_log_decay", "check_decay_mode", "decay_attention_reference", "decayed_running_max",
            "retnet_decay_logits", "retnet_log_decay"]
+
+# The decays a model can ask for (ModelConfig.decay, --decay): none, RetNet's fixed γ_h, or
+# γ_h = sigmoid(logit_h) learned from RetNet's values.
+DECAY_MODES = ("none", "fixed", "learned")
+
+
+def check_decay_mode(decay: str) -> None:
+    """Raises ValueError unless ``decay`` is one of :data:`DECAY_MODES`."""
+    if decay not in DECAY_MODES:
+        raise ValueError(f"decay must be one of {', '.join(DECAY_MODES)}, got {decay!r}")
+
 
 # Log scale given to keys that hold nothing (padding, the zero key that pads a shifted
 # sequence) in decayed sums: finite, so that e^{c_n − c_m} never meets −∞ − (−∞), and far
