@@ -53,9 +53,11 @@ def _intra(q: Tensor, k: Tensor, vv: Tensor, cq: Tensor, ck: Tensor, mask: Tenso
     ``lag_log``: (C, C, H) (j − d)·λ added to the exponent (decay), or None."""
     scores = torch.einsum("bnchm,bndhm->bnhcd", q, k)
     exponent = ck[:, :, None, :, :] - cq[:, :, :, None, :]
-    if lag_log is not None:
-        exponent = exponent + lag_log
-    factor = torch.exp(exponent.clamp(max=0.0)).permute(0, 1, 4, 2, 3)
+    if lag_log is None:
+        exponent = exponent.clamp(max=0.0)
+    else:  # masked, not clamped: a clamp would cut λ's gradient where rounding lifts a 0 above 0
+        exponent = (exponent + lag_log).masked_fill(~mask[..., None], 0.0)
+    factor = torch.exp(exponent).permute(0, 1, 4, 2, 3)
     return torch.einsum("bnhcd,bndhe->bnche", (scores * factor).masked_fill(~mask, 0.0), vv)
 
 
@@ -237,11 +239,14 @@ def scaled_window_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, log_scale: 
     out = torch.zeros(b, nc, c, h, e, dtype=values.dtype, device=values.device)
     for shift, mask in cuts:
         scores = torch.einsum("bnchm,bndhm->bnhcd", q[:, shift:], k[:, :nc - shift])
-        factor = torch.exp((lagged(shift) - top[:, shift:, :, None, :]).clamp(max=0.0))
+        exponent = lagged(shift) - top[:, shift:, :, None, :]
+        # no clamp with a decay (it would cut λ's gradient where rounding lifts a 0 above 0): the mask
+        exponent = exponent.clamp(max=0.0) if lam is None else exponent.masked_fill(~mask[..., None], 0.0)
+        factor = torch.exp(exponent)
         scores = (scores * factor.permute(0, 1, 4, 2, 3)).masked_fill(~mask, 0.0)
         part = torch.einsum("bnhcd,bndhe->bnche", scores, vv[:, :nc - shift])
         out = torch.cat([out[:, :shift], out[:, shift:] + part], dim=1)
     if between is not None:
-        factor = torch.exp((read_ref - top).clamp(max=0.0))[..., None]
+        factor = torch.exp((read_ref - top).clamp(max=0.0) if lam is None else read_ref - top)[..., None]
         out = out + torch.einsum("bnchm,bnhme->bnche", q, between) * factor
     return out.reshape(b, nc * c, h, e)[:, :n]
