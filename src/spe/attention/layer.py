@@ -29,7 +29,7 @@ from spe.encodings.code import SPECode
 from spe.encodings.filter import SPEFilter
 from spe.encodings.registry import positional_names
 from spe.encodings.rope import RotaryEncoding
-from spe.ops.decay import check_decay_mode, retnet_decay_logits, retnet_log_decay
+from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
 from spe.ops.feature_maps import orthogonal_random_features
 from spe.ops.softmax import check_window
 from spe.ops.state import AttentionState, check_state_window, legacy_state
@@ -87,7 +87,7 @@ class MultiHeadAttention(nn.Module):
                  num_realizations: int | None = None, num_features: int = 64,
                  chunk_size: int = 64, rotary: RotaryEncoding | None = None,
                  score_encoding: nn.Module | None = None, window: int | None = None,
-                 decay: str = "none") -> None:
+                 decay: str = NO_DECAY) -> None:
         super().__init__()
         self.kernel = kernel_spec(attention)
         if d_model % num_heads:
@@ -127,7 +127,7 @@ class MultiHeadAttention(nn.Module):
     def log_decay(self) -> Tensor | None:
         """(H,) log γ_h of the decay (float32), or None without one. Learned: logsigmoid of the
         logits, exact where sigmoid would round γ to 1 in float32."""
-        if self.decay == "none":
+        if self.decay == NO_DECAY:
             return None
         if self.decay == "fixed":
             return retnet_log_decay(self.num_heads, device=self.qkv.weight.device)

@@ -27,12 +27,13 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "check_log_decay", "check_decay_mode", "decay_attention_reference", "decayed_running_max",
+__all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "NO_DECAY", "check_log_decay", "check_decay_mode", "decay_attention_reference", "decayed_running_max",
            "retnet_decay_logits", "retnet_log_decay"]
 
 # The decays a model can ask for (ModelConfig.decay, --decay): none, RetNet's fixed γ_h, or
 # γ_h = sigmoid(logit_h) learned from RetNet's values.
 DECAY_MODES = ("none", "fixed", "learned")
+NO_DECAY = DECAY_MODES[0]  # a name of its own: "none" is also a positional encoding's
 
 
 def check_decay_mode(decay: str) -> None:
