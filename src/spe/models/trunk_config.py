@@ -141,8 +141,12 @@ class TrunkConfig:
                              f"does not take one: use attention {', '.join(takers)}, or decay 'none'")
 
     def to_dict(self) -> dict:
-        """The options as a JSON-serialisable dict (what checkpoint headers store)."""
-        return asdict(self)
+        """The options as a JSON-serialisable dict (what checkpoint headers store). ``decay`` is
+        left out when it is ``none``, so headers of models without decay stay as they were."""
+        values = asdict(self)
+        if values["decay"] == DECAY_MODES[0]:
+            del values["decay"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> Self:
