@@ -145,8 +145,11 @@ def test_outputs_do_not_depend_on_later_positions(name, transform, window):
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_each_spec_refuses_what_it_does_not_accept(name):
     spec = kernel_spec(name)
-    with pytest.raises(ValueError, match="decay"):  # no kernel takes a decay yet
-        spec.check(KernelOptions(decay=torch.full((H,), 0.9)))
+    if not spec.decay:  # softmax; the linear kernels take one (tests/ops/test_decay.py)
+        with pytest.raises(ValueError, match="decay"):
+            spec.check(KernelOptions(decay=torch.full((H,), -0.1)))
+    else:
+        spec.check(KernelOptions(decay=torch.full((H,), -0.1)))
     if not spec.score_terms:
         with pytest.raises(ValueError, match="score term"):
             spec.check(KernelOptions(score_term=ALiBi(H)))

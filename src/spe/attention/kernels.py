@@ -14,8 +14,9 @@ path for ``forward`` and one for ``step``:
 3. the kernel's **parallel** function ``(features, v, options) -> y`` or its **step**
    function ``(features, v, state, options) -> (y, state)``, with :class:`KernelOptions`
    carrying what the call adds: causality, window, key padding mask, a **score term** (Shaw,
-   Music Transformer, ALiBi; the SPE oracle, ``sinespe-exact``), a **decay** (RetNet; no
-   kernel takes one yet: its spec's ``decay`` flag says when one does).
+   Music Transformer, ALiBi; the SPE oracle, ``sinespe-exact``), a **decay** (RetNet's
+   γ^{|m−n|} on the kernel's sums, :mod:`spe.ops.decay`; the linear kernels take one,
+   softmax does not: its spec's ``decay`` flag).
 
 What a kernel accepts is declared in its spec and checked once (:meth:`KernelSpec.check`),
 so an impossible pair raises the same ValueError wherever it is asked for.
@@ -108,8 +109,9 @@ class KernelOptions:
         chunk_size: C of chunked causal linear attention.
         key_padding_mask: (B, Lk) bool, True at padding (non-causal ``parallel`` only).
         score_term: a :class:`ScoreTerm` (softmax only).
-        decay: (H,) γ_h ∈ (0, 1) on the lag, y_m ∝ Σ γ^{m−n} φ(q_m)·φ(k_n) v_n (RetNet);
-            refused by every kernel today (``KernelSpec.decay``).
+        decay: (H,) λ_h = log γ_h ≤ 0, the *log* of the per-head decay γ_h ∈ (0, 1] on the
+            lag: y_m ∝ Σ γ^{|m−n|} φ(q_m)·φ(k_n) v_n (RetNet; :mod:`spe.ops.decay`), or None.
+            Taken by the kernels whose ``KernelSpec.decay`` is True (the linear ones).
     """
 
     causal: bool = True
@@ -143,7 +145,7 @@ class KernelSpec:
         masks: takes key padding masks (non-causal).
         windows: takes causal sliding windows.
         feature_transforms: takes :class:`FeatureTransform` s.
-        decay: takes ``KernelOptions.decay`` (none does yet).
+        decay: takes ``KernelOptions.decay`` (the linear kernels; softmax refuses it).
         key_scales: φ(k) comes as features and a log scale (FAVOR+: no overflow at any R).
         random_features: draws random projections (``num_features`` of them; redrawable).
         positive_features: φ > 0 everywhere (numerator-only transforms need it).
@@ -236,14 +238,14 @@ def _softmax_step(f: KernelFeatures, v: Tensor, state: KVCache | None, o: Kernel
 def _linear_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
     if o.causal:
         return causal_linear_attention(f.q, f.k, v, chunk_size=o.chunk_size, window=o.window,
-                                       normalizer=f.normalizer, key_log_scale=f.key_log_scale)
+                                       normalizer=f.normalizer, key_log_scale=f.key_log_scale, log_decay=o.decay)
     return linear_attention(f.q, f.k, v, key_padding_mask=o.key_padding_mask, normalizer=f.normalizer,
-                            key_log_scale=f.key_log_scale)
+                            key_log_scale=f.key_log_scale, log_decay=o.decay, chunk_size=o.chunk_size)
 
 
 def _linear_step(f: KernelFeatures, v: Tensor, state, o: KernelOptions):
     return linear_attention_step(f.q, f.k, v, state, window=o.window, normalizer=f.normalizer,
-                                 key_log_scale=f.key_log_scale)
+                                 key_log_scale=f.key_log_scale, log_decay=o.decay)
 
 
 def _elementwise(fmap: Callable[[Tensor], Tensor]) -> FeatureMap:
@@ -271,11 +273,11 @@ KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                normalizer_features=False),
     KernelSpec("performer", "FAVOR+ positive orthogonal random features (Choromanski et al. 2021)",
                favor_features, _linear_parallel, _linear_step, (ScaledLinearAttentionState, ScaledRecentKeys),
-               key_scales=True, random_features=True, positive_features=True),
+               decay=True, key_scales=True, random_features=True, positive_features=True),
     KernelSpec("linear-relu", "φ = relu (Katharopoulos et al. 2020)", _elementwise(relu_feature_map),
-               _linear_parallel, _linear_step, _LINEAR_STATES),
+               _linear_parallel, _linear_step, _LINEAR_STATES, decay=True),
     KernelSpec("linear-elu", "φ = elu + 1 (Katharopoulos et al. 2020)", _elementwise(elu_feature_map),
-               _linear_parallel, _linear_step, _LINEAR_STATES, positive_features=True),
+               _linear_parallel, _linear_step, _LINEAR_STATES, decay=True, positive_features=True),
 )}
 
 

@@ -16,6 +16,7 @@ attention has not.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.attention.kernels import (
@@ -30,6 +31,7 @@ from spe.encodings.code import SPECode
 from spe.encodings.filter import SPEFilter
 from spe.encodings.registry import positional_names
 from spe.encodings.rope import RotaryEncoding
+from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
 from spe.ops.feature_maps import orthogonal_random_features
 from spe.ops.softmax import check_window
 from spe.ops.state import AttentionState, check_state_window, legacy_state
@@ -74,14 +76,20 @@ class MultiHeadAttention(nn.Module):
             only, in :meth:`forward` and :meth:`step` alike (decoding then keeps the last W
             keys, so memory stays O(W)). None: the whole past. Settable later
             (``layer.window = W``), e.g. at test time; not with a score encoding.
+        decay: ``none``, ``fixed`` (RetNet's γ_h = 1 − 2^(−5−h) on the lag, h = 0 … H − 1)
+            or ``learned`` (γ_h = sigmoid(``decay_logit``_h), an (H,) parameter initialised
+            at RetNet's values; not weight-decayed: the engine decays nn.Linear weights
+            only): key n weighs γ^{m−n} at query m (γ^{|m−n|} when not causal), in forward
+            and step alike (:mod:`spe.ops.decay`). Linear kernels only.
 
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
             score encoding with a linear kernel, a feature transform with softmax or of
             another feature dimension, two positional encodings at once, RoPE
             on an odd feature dimension or with features that can be 0, or a window that is
-            not positive, not causal or combined with a score encoding (what each kernel
-            accepts: its spec in :mod:`spe.attention.kernels`).
+            not positive, not causal or combined with a score encoding, an unknown decay or a
+            decay with softmax attention (what each kernel accepts: its spec in
+            :mod:`spe.attention.kernels`).
     """
 
     def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
@@ -89,7 +97,7 @@ class MultiHeadAttention(nn.Module):
                  num_realizations: int | None = None, num_features: int = 64,
                  chunk_size: int = 64, rotary: RotaryEncoding | None = None,
                  score_encoding: nn.Module | None = None, window: int | None = None,
-                 feature_transform: nn.Module | None = None) -> None:
+                 feature_transform: nn.Module | None = None, decay: str = NO_DECAY) -> None:
         super().__init__()
         self.kernel = kernel_spec(attention)
         if d_model % num_heads:
@@ -108,10 +116,14 @@ class MultiHeadAttention(nn.Module):
                                                                           self.kernel_dim))
         _check_positional(self.kernel, causal, spe_filter, rotary, score_encoding, feature_transform)
         self.rotary, self.score_encoding = rotary, score_encoding
+        check_decay_mode(decay)
+        self.decay = decay
+        if decay == "learned":
+            self.decay_logit = nn.Parameter(retnet_decay_logits(num_heads))
         rotated_dim = num_features if self.kernel.random_features else self.head_dim
         _check_feature_dim(feature_transform, rotated_dim, self.kernel.random_features)
         self.feature_transform = feature_transform
-        self.kernel.check(KernelOptions(causal=causal), transform=self._transform)
+        self.kernel.check(KernelOptions(causal=causal, decay=self.log_decay()), transform=self._transform)
         if rotary is not None and rotated_dim % 2:
             raise ValueError(f"rotary encoding needs an even "
                              f"{'num_features' if self.kernel.random_features else 'head_dim'}, got {rotated_dim}")
@@ -127,6 +139,15 @@ class MultiHeadAttention(nn.Module):
         if module is not None:
             return FeatureTransform(module, numerator_only=module.numerator_only, name=module.label)
         return None
+
+    def log_decay(self) -> Tensor | None:
+        """(H,) log γ_h of the decay (float32), or None without one. Learned: logsigmoid of the
+        logits, exact where sigmoid would round γ to 1 in float32."""
+        if self.decay == NO_DECAY:
+            return None
+        if self.decay == "fixed":
+            return retnet_log_decay(self.num_heads, device=self.qkv.weight.device)
+        return F.logsigmoid(self.decay_logit.float())
 
     @property
     def window(self) -> int | None:
@@ -204,7 +225,8 @@ class MultiHeadAttention(nn.Module):
 
     def _options(self, key_padding_mask: Tensor | None = None) -> KernelOptions:
         return KernelOptions(causal=self.causal, window=self.window, chunk_size=self.chunk_size,
-                             key_padding_mask=key_padding_mask, score_term=self.score_encoding)
+                             key_padding_mask=key_padding_mask, score_term=self.score_encoding,
+                             decay=self.log_decay())
 
     def step(self, x: Tensor, code: SPECode | None,
              state: AttentionState | dict | None) -> tuple[Tensor, AttentionState]:

@@ -150,7 +150,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
               chunk_size: int = 64, repeats: int = 5, budget_s: float = 30.0, memory_limit_mb: float = 12000,
               device: str = "cpu", threads: int = 0, progress: bool = True, model: dict | None = None,
               vocab_size: int = 300, model_batch: int = 8,
-              pairs: list[tuple[str, str, str]] | None = None) -> dict:
+              pairs: list[tuple[str, str, str]] | None = None, decay: str = "none") -> dict:
     """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
 
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
@@ -163,13 +163,15 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     complexity, exceeds ``budget_s`` or ``memory_limit_mb``. ``pairs`` ((positional, impl,
     attention) triples, :func:`parse_pairs`) replaces the product of ``series`` and
     ``attentions`` when given, so that one run measures exactly the cases a report needs.
+    ``decay`` (``none``, ``fixed``, ``learned``: :class:`~spe.models.ModelConfig`'s) applies to
+    the linear kernels' cases; softmax cases run without (they take none).
     """
     series = series or SERIES
     attentions = attentions or BENCH_ATTENTIONS
     common = dict(batch=batch, num_heads=num_heads, head_dim=head_dim, num_realizations=num_realizations,
                   num_sines=num_sines, kernel_size=kernel_size, num_features=num_features,
                   chunk_size=chunk_size, repeats=repeats, device=device, threads=threads,
-                  max_seconds=budget_s)
+                  max_seconds=budget_s, decay=decay)
     triples = pairs or [(pos, impl, att) for pos, impl in series for att in attentions]
     plan = [(mode, pos, impl, att) for mode in modes for pos, impl, att in triples
             if not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")

@@ -47,7 +47,12 @@ def _layer_config(case: dict):
                        num_realizations=case["num_realizations"], num_sines=case["num_sines"],
                        kernel_size=case["kernel_size"], max_distance=case.get("max_distance", 256),
                        max_positions=case["length"] + 1, gated=True, num_features=case["num_features"],
-                       chunk_size=case["chunk_size"], spe_impl=_spe_impl(case))
+                       chunk_size=case["chunk_size"], spe_impl=_spe_impl(case), decay=_decay(case))
+
+
+def _decay(case: dict) -> str:
+    """The case's decay (``--decay``), for linear kernels only: softmax takes none."""
+    return "none" if case["attention"] == "softmax" else case.get("decay", "none")
 
 
 def build(case: dict):
@@ -70,7 +75,8 @@ def build(case: dict):
     keyword = {spec.layer_keyword: layer_module} if layer_module is not None else {}
     layer = MultiHeadAttention(config.d_model, config.num_heads, attention=config.attention, causal=True,
                                num_realizations=config.num_realizations if spec.stochastic else None,
-                               num_features=config.num_features, chunk_size=config.chunk_size, **keyword)
+                               num_features=config.num_features, chunk_size=config.chunk_size,
+                               decay=config.decay, **keyword)
     return layer, encoding, ape
 
 
@@ -99,6 +105,8 @@ def model_step(case: dict, device: torch.device):
     options = dict(case["model"])
     options.update(positional=case["positional"], attention={"linear": "linear-elu"}.get(case["attention"],
                                                                                        case["attention"]))
+    if options.get("decay", "none") != "none" and options["attention"] == "softmax":
+        options["decay"] = "none"  # softmax takes no decay: its rows of a --decay run stay without
     options = resolve_model_options(options, seq_len=n)
     options["max_positions"] = max(options.get("max_positions", 2048), n)
     config = ModelConfig(vocab_size=case["vocab_size"], **{**options, "spe_impl": _spe_impl(case)})

@@ -37,9 +37,11 @@ def cmd_lra(args: argparse.Namespace) -> int:
                         num_realizations=args.num_realizations, batch_size=args.batch_size,
                         eval_every=args.eval_every, precision=args.precision, keep_checkpoints=args.keep_checkpoints,
                         tensorboard=args.tensorboard or None, compile=args.compile or None,
-                        listops_pipeline=args.listops_pipeline)
+                        listops_pipeline=args.listops_pipeline,
+                        model={"decay": args.decay} if args.decay else None)
     pipeline = "" if cfg.listops_pipeline == "lossless" else f"-{cfg.listops_pipeline}"
-    out = Path(args.out or f"runs/lra/{args.preset}/{args.task}-{args.attention}-{args.positional}{pipeline}")
+    decayed = f"-decay-{args.decay}" if args.decay not in (None, "none") else ""
+    out = Path(args.out or f"runs/lra/{args.preset}/{args.task}-{args.attention}-{args.positional}{pipeline}{decayed}")
     summary = run_lra(cfg, _seeds(args.seeds), out, threads=args.threads, progress=not args.no_progress)
     if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports
         return 0
@@ -58,6 +60,9 @@ def add_lra_parser(sub) -> None:
                         "also lrpe, permute, cosformer; with softmax also shaw, music-relative, alibi and the "
                         "SPE oracles sinespe-exact, convspe-exact (default sinespe)")
     p.add_argument("--attention", default="performer", help="performer, linear-relu, linear-elu, softmax")
+    p.add_argument("--decay", choices=("none", "fixed", "learned"),
+                   help="decay γ^|m−n| on the lag (linear kernels): fixed (RetNet's γ_h = 1 − 2^(−5−h)) or learned "
+                   "from there (default: the preset's, none)")
     p.add_argument("--preset", default="cpu-small", help="paper or cpu-small (default)")
     p.add_argument("--listops-pipeline", choices=("lossless", "lra-2021"),
                    help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "
@@ -69,7 +74,7 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--max-length", type=int, help="tokens per sequence / document (default: the preset's)")
     p.add_argument("--num-realizations", type=int, help="R for SPE (default: the preset's)")
     p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, "
-                                 "+ -lra-2021 with that ListOps pipeline)")
+                                 "+ -lra-2021 with that ListOps pipeline, + -decay-MODE for --decay fixed or learned)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),

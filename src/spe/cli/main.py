@@ -19,7 +19,7 @@ __all__ = ["UsageError", "build_parser", "main"]
 log = logging.getLogger("spe")
 
 _MODEL_FLAGS = ("positional", "attention", "num_realizations", "num_sines", "kernel_size", "d_model", "num_layers",
-                "num_heads", "max_distance", "max_positions", "lrpe_angles", "cosformer_max_length")
+                "num_heads", "max_distance", "max_positions", "lrpe_angles", "cosformer_max_length", "decay")
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
                 "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens")
 
@@ -106,6 +106,9 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
                    "also shaw, music-relative, alibi (these select softmax unless --attention is given); with "
                    "linear kernels also lrpe (not linear-relu), permute (PermuteFormer), cosformer")
     p.add_argument("--attention", help="softmax, performer, linear-relu or linear-elu")
+    p.add_argument("--decay", choices=("none", "fixed", "learned"),
+                   help="decay γ^(m−n) on the lag of linear attention: fixed (RetNet's γ_h = 1 − 2^(−5−h)) or "
+                   "learned from there (default none; with --positional rope, fixed is RetNet's scheme)")
     gate = p.add_mutually_exclusive_group()
     gate.add_argument("--gated", action="store_true", help="SPE with gating (eq. 23-25)")
     gate.add_argument("--ungated", action="store_true", help="SPE without gating (the default)")
@@ -274,13 +277,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     model = load_config_file(args.config or packaged_config("demo")).get("model", {})
+    if args.decay != "none":
+        model = {**model, "decay": args.decay}
     layer_modes = [m for m in modes if m != "model"]
     result = {"records": [], "matmul_gflops": None, "config": {}, "lengths": []}
     if layer_modes:
         result = run_bench(lengths=_int_list(args.lengths, "--lengths"), modes=layer_modes, series=series,
                            attentions=attentions or BENCH_ATTENTIONS, batch=args.batch_size,
                            num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
-                           device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs)
+                           device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs,
+                           decay=args.decay)
     if "model" in modes or args.longest:
         result.update(_bench_model(args, model, model_series, attentions))
     if result["matmul_gflops"] is None:
@@ -439,6 +445,10 @@ def _add_bench_parser(sub) -> None:
                    "performer-pytorch (lucidrains' layer, train mode with ape/none, if installed)")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)
+    p.add_argument("--decay", choices=("none", "fixed", "learned"), default="none",
+                   help="decay on the lag for every linear-kernel case (softmax cases stay without): fixed "
+                   "(RetNet's γ_h) or learned; recorded in the JSON's config (default none). Compare with a "
+                   "run without it, e.g. --positionals rope --decay fixed for RetNet's scheme")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--compile", action="store_true",
                    help="--modes model: also measure every encoding with torch.compile (rows marked compiled)")

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from spe.attention.layer import MultiHeadAttention
 from spe.encodings.code import SPECode
 from spe.encodings.registry import positional_spec
+from spe.ops.decay import NO_DECAY
 from spe.ops.state import AttentionState
 
 __all__ = ["Block"]
@@ -44,7 +45,7 @@ class Block(nn.Module):
             config.d_model, config.num_heads, attention=config.attention, causal=causal,
             num_realizations=config.num_realizations if spec.stochastic else None,
             num_features=config.num_features, chunk_size=config.chunk_size,
-            window=config.attention_window, **positional)
+            window=config.attention_window, decay=getattr(config, "decay", NO_DECAY), **positional)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model))

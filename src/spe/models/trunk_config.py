@@ -16,6 +16,7 @@ from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.lrpe import LRPE_ANGLES
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
+from spe.ops.decay import DECAY_MODES
 
 __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "TrunkConfig"]
 
@@ -75,6 +76,11 @@ class TrunkConfig:
             dict; every layer gets the same ones, as in PermuteFormer's code).
         cosformer_max_length: L_max of ``cosformer``, which attends only within L_max
             positions (a position ≥ L_max raises ValueError); None: ``max_positions``.
+        decay: one of ``DECAY_MODES``: ``none`` (default), ``fixed`` (RetNet's γ_h = 1 −
+            2^(−5−h) per head on the lag, weights γ^{|m−n|}) or ``learned`` (γ_h =
+            sigmoid(logit_h) initialised there, one (H,) parameter per layer). With any
+            positional encoding (``rope`` + ``fixed`` is RetNet's scheme); linear kernels only
+            (:mod:`spe.ops.decay`).
 
     Class attributes:
         causal: whether the trunk's blocks mask the future (the registry builds encoder
@@ -83,7 +89,8 @@ class TrunkConfig:
     Raises:
         ValueError: naming the option and the value received, for an unknown encoding or
             kernel, an encoding the kernel cannot take, a size that is not a positive
-            integer, ``d_model`` not divisible by ``num_heads``, or a dropout outside [0, 1).
+            integer, ``d_model`` not divisible by ``num_heads``, a dropout outside [0, 1), an
+            unknown ``decay`` or a decay with softmax attention.
     """
 
     causal: ClassVar[bool] = True
@@ -113,6 +120,7 @@ class TrunkConfig:
     lrpe_angles: str = "fixed"
     permute_seed: int = 0
     cosformer_max_length: int | None = None
+    decay: str = "none"
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONALS:
@@ -141,6 +149,15 @@ class TrunkConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        self._check_decay()
+
+    def _check_decay(self) -> None:
+        if self.decay not in DECAY_MODES:
+            raise ValueError(f"decay must be one of {', '.join(DECAY_MODES)}, got {self.decay!r}")
+        if self.decay != "none" and not kernel_spec(self.attention).decay:
+            takers = [name for name in ATTENTIONS if kernel_spec(name).decay]
+            raise ValueError(f"decay {self.decay!r} acts on the sums of linear attention; {self.attention} attention "
+                             f"does not take one: use attention {', '.join(takers)}, or decay 'none'")
 
     def _check_feature_options(self) -> None:
         if self.lrpe_angles not in LRPE_ANGLES:
@@ -158,8 +175,12 @@ class TrunkConfig:
         return self.num_features if kernel_spec(self.attention).random_features else self.d_model // self.num_heads
 
     def to_dict(self) -> dict:
-        """The options as a JSON-serialisable dict (what checkpoint headers store)."""
-        return asdict(self)
+        """The options as a JSON-serialisable dict (what checkpoint headers store). ``decay`` is
+        left out when it is ``none``, so headers of models without decay stay as they were."""
+        values = asdict(self)
+        if values["decay"] == DECAY_MODES[0]:
+            del values["decay"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> Self:

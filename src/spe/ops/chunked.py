@@ -24,19 +24,24 @@ __all__ = ["causal_sums"]
 
 def causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, group_size: int | None,
                 state: Tensor | None = None, window: int | None = None, scale: Tensor | None = None,
-                state_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                state_scale: Tensor | None = None,
+                log_decay: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Unnormalised Σ_{n ≤ m} φ(q_m)ᵀφ(k_n) values_n, chunked; (B, L, H, E), the final
     state Σ_n φ(k_n) values_nᵀ (B, H, M, E) (added to ``state``, the sum of earlier keys) and
     its scale (None without ``scale``, the running maximum of :mod:`spe.ops.scaled`).
 
-    With a window (W < L), Σ over m − W < n ≤ m instead, and no state.
+    With a window (W < L), Σ over m − W < n ≤ m instead, and no state. With ``log_decay``
+    (H,) λ = log γ, each term is weighed by γ^{m−n} (:mod:`spe.ops.decay`); it needs ``scale``
+    (zeros for keys without log scales), the decayed running maximum.
     """
+    if log_decay is not None and scale is None:
+        raise ValueError("causal_sums: a decay runs through the scaled sums; pass scale (zeros without key scales)")
     if window is not None:
         if scale is not None:
-            return scaled_window_sums(phi_q, phi_k, values, scale, chunk_size, window), None, None
+            return scaled_window_sums(phi_q, phi_k, values, scale, chunk_size, window, log_decay), None, None
         return _window_sums(phi_q, phi_k, values, chunk_size, window), None, None
     if scale is not None:
-        return scaled_causal_sums(phi_q, phi_k, values, scale, chunk_size, state, state_scale)
+        return scaled_causal_sums(phi_q, phi_k, values, scale, chunk_size, state, state_scale, log_decay)
     return _plain_causal_sums(phi_q, phi_k, values, chunk_size, group_size, state)
 
 

@@ -12,6 +12,10 @@ state that :func:`causal_linear_attention_with_state` returns (one return type e
 :func:`causal_linear_attention` gives the output only). The chunked sums themselves are in
 :mod:`spe.ops.chunked` (and :mod:`spe.ops.scaled` for keys with log scales).
 
+Every kernel takes a decay on the lag, ``log_decay`` (H,) λ_h = log γ_h (RetNet; causal
+weights γ^{m−n}, bidirectional γ^{|m−n|}), whose sums run through :mod:`spe.ops.decay`; its
+slow twin is :func:`spe.ops.decay.decay_attention_reference`.
+
 The normaliser has no fixed ε (:func:`normalise`); all sums run in at least float32 with
 autocast off.
 """
@@ -25,6 +29,7 @@ import torch
 from torch import Tensor
 
 from spe.ops.chunked import causal_sums
+from spe.ops.decay import bidirectional_decay_sums, check_log_decay, decayed_running_max
 from spe.ops.scaled import running_max
 from spe.ops.softmax import check_window
 from spe.ops.state import (
@@ -57,7 +62,7 @@ def _full_precision(fn):
         dtype = kernel_dtype(phi_q, v)
         if kwargs.get("normalizer") is not None:
             kwargs["normalizer"] = tuple(t.to(dtype) for t in kwargs["normalizer"])
-        for name in ("initial_state", "key_log_scale"):
+        for name in ("initial_state", "key_log_scale", "log_decay"):
             if kwargs.get(name) is not None:
                 kwargs[name] = kwargs[name].to(dtype)
         with torch.autocast(device_type=v.device.type, enabled=False):
@@ -150,7 +155,8 @@ def _check_normalizer(normalizer, phi_q: Tensor, phi_k: Tensor) -> tuple[Tensor,
 @_full_precision
 def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.0,
                      normalizer: tuple[Tensor, Tensor] | None = None, key_log_scale: Tensor | None = None,
-                     key_padding_mask: Tensor | None = None) -> Tensor:
+                     key_padding_mask: Tensor | None = None, log_decay: Tensor | None = None,
+                     chunk_size: int = 64) -> Tensor:
     """Non-causal linear attention.
 
     Args:
@@ -166,12 +172,22 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
         key_padding_mask: (B, Lk) bool, True at padding keys (PyTorch's convention): their
             features, values and normaliser features are zeroed, so they add nothing to
             Σ φ(k_n) v_nᵀ or Σ φ(k_n), and their log scale cannot raise the common scale.
+        log_decay: (H,) λ = log γ ≤ 0: key n weighs γ^{|m−n|} at query m (the bidirectional
+            decay of encoders; positions are the indices, so Lq = Lk), by a forward and a
+            backward chunked scan (:func:`spe.ops.decay.bidirectional_decay_sums`); None: none.
+        chunk_size: C of those scans (unused without a decay).
 
     Returns:
         (B, Lq, H, E).
+
+    Raises:
+        ValueError: on a bad padding mask or normaliser, a bad ``log_decay``, or a decay with
+            Lq ≠ Lk.
     """
     if key_padding_mask is not None:
         phi_k, v, normalizer, key_log_scale = _mask_keys(key_padding_mask, phi_k, v, normalizer, key_log_scale)
+    if log_decay is not None:
+        return _bidirectional_decay(phi_q, phi_k, v, normalizer, key_log_scale, log_decay, chunk_size, eps)
     phi_k, normalizer = rescale_keys(phi_k, normalizer, key_log_scale)
     if normalizer is None:
         kv = torch.einsum("blhm,blhe->bhme", phi_k, _with_ones(v))
@@ -180,6 +196,23 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
     num = torch.einsum("blhm,bhme->blhe", phi_q, torch.einsum("blhm,blhe->bhme", phi_k, v))
     den = torch.einsum("blhm,bhm->blh", nq, nk.sum(dim=1))[..., None]
     return normalise(num, den, eps)
+
+
+def _bidirectional_decay(phi_q, phi_k, v, normalizer, key_log_scale, log_decay, chunk_size, eps):
+    """:func:`linear_attention` with a decay γ^{|m−n|} (keys already masked)."""
+    check_log_decay(log_decay, phi_q.shape[2])
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if phi_k.shape[1] != phi_q.shape[1]:
+        raise ValueError(f"a decay needs as many queries as keys (one position each), got {phi_q.shape[1]} "
+                         f"and {phi_k.shape[1]}")
+    a = phi_k.new_zeros(phi_k.shape[:3]) if key_log_scale is None else key_log_scale
+    if normalizer is None:
+        return _normalised(bidirectional_decay_sums(phi_q, phi_k, _with_ones(v), a, log_decay, chunk_size)[0], eps)
+    nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
+    num = bidirectional_decay_sums(phi_q, phi_k, v, a, log_decay, chunk_size)[0]
+    den = bidirectional_decay_sums(nq, nk, torch.ones_like(v[..., :1]), a, log_decay, chunk_size)[0]
+    return normalise(num, den, eps)  # both relative to the same scale (it depends on a and λ only)
 
 
 def _prefix_sums(terms: Tensor, window: int | None) -> Tensor:
@@ -215,7 +248,7 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
                             group_size: int | None = None, eps: float = 0.0,
                             normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
                             initial_state: LinearState | None = None, key_log_scale: Tensor | None = None,
-                            output_final_state: bool = False) -> Tensor:
+                            output_final_state: bool = False, log_decay: Tensor | None = None) -> Tensor:
     """Causal linear attention, chunked; never allocates anything of size L × L.
 
     Inside a chunk of C positions: the masked C × C product. Across chunks: the carried state
@@ -250,6 +283,12 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
             normaliser's likewise), from :func:`~spe.ops.feature_maps.favor_key_features`:
             sums are then kept relative to the causal running maximum of a (:mod:`spe.ops.scaled`;
             chunk by chunk, so slower), so that no key scale can overflow float32.
+        log_decay: (H,) λ_h = log γ_h ≤ 0, RetNet's decay: key n weighs γ^{m−n} at query m,
+            in numerator and normaliser alike (:mod:`spe.ops.decay`; inside a chunk the mask
+            γ^{j−d}, across chunks the state times γ^C, read with γ^{j+1}; never γ to an
+            absolute position). Runs through the scaled sums (zero log scales without
+            ``key_log_scale``; ``group_size`` is then ignored). The initial state must come
+            from a call with the same decay (states do not record it). None: no decay.
 
     Returns:
         (B, L, H, E) in ``v``'s dtype (:func:`causal_linear_attention_with_state` also gives
@@ -258,8 +297,8 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
 
     Raises:
         ValueError: on mismatched lengths, a non-positive chunk size or window, a window
-            with ``group_size``, or an initial state of another window, normaliser or
-            key-scale form.
+            with ``group_size``, a bad ``log_decay``, or an initial state of another window,
+            normaliser or key-scale form.
         TypeError: on an initial state that is not a linear-attention state.
     """
     if output_final_state:  # the earlier flag returned Tensor | tuple; one return type now
@@ -267,14 +306,15 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
                         "causal_linear_attention_with_state for (output, final state)")
     return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size, eps=eps,
                           normalizer=normalizer, window=window, initial_state=initial_state,
-                          key_log_scale=key_log_scale)[0]
+                          key_log_scale=key_log_scale, log_decay=log_decay)[0]
 
 
 def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
                                        group_size: int | None = None, eps: float = 0.0,
                                        normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
                                        initial_state: LinearState | None = None,
-                                       key_log_scale: Tensor | None = None) -> tuple[Tensor, LinearState]:
+                                       key_log_scale: Tensor | None = None,
+                                       log_decay: Tensor | None = None) -> tuple[Tensor, LinearState]:
     """:func:`causal_linear_attention` that also returns the state after these L positions
     (flash-linear-attention's ``output_final_state``).
 
@@ -289,7 +329,7 @@ def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, 
     """
     return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size, eps=eps,
                           normalizer=normalizer, window=window, initial_state=initial_state,
-                          key_log_scale=key_log_scale)
+                          key_log_scale=key_log_scale, log_decay=log_decay)
 
 
 def check_linear_state(state, *, window: int | None, scaled: bool, who: str = "initial state") -> None:
@@ -312,7 +352,7 @@ def check_linear_state(state, *, window: int | None, scaled: bool, who: str = "i
 @_full_precision
 def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, group_size: int | None,
                    eps: float, normalizer, window: int | None, initial_state: LinearState | None,
-                   key_log_scale: Tensor | None) -> tuple[Tensor, LinearState]:
+                   key_log_scale: Tensor | None, log_decay: Tensor | None = None) -> tuple[Tensor, LinearState]:
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     check_window(window)
@@ -325,6 +365,9 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, 
                          f"keys {phi_k.shape[1]}, values {v.shape[1]}")
     nq, nk = (None, None) if normalizer is None else _check_normalizer(normalizer, phi_q, phi_k)
     position = n + (0 if initial_state is None else initial_state.position)
+    if log_decay is not None:
+        return _decayed_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps, key_log_scale,
+                               position, log_decay)
     if window is not None:  # each key relative to its own scale (spe.ops.scaled.scaled_window_sums)
         return _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps,
                                    key_log_scale, position)
@@ -332,34 +375,81 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, 
                                  key_log_scale, position)
 
 
-def _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, group_size, state, eps, key_log_scale, position):
+def _decayed_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, key_log_scale, position, log_decay):
+    """The causal cases with a decay: keys without log scales get zero ones (the decayed running
+    maximum of zeros is exactly 0), so that one algorithm, :mod:`spe.ops.scaled`'s, serves both;
+    plain states are converted on the way in and out."""
+    check_log_decay(log_decay, phi_q.shape[2])
+    plain = key_log_scale is None
+    if plain:
+        key_log_scale = phi_k.new_zeros(phi_k.shape[:3])
+        state = None if state is None else to_scaled_state(state)
+    if window is not None:
+        y, state = _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, key_log_scale,
+                                       position, log_decay)
+    else:
+        y, state = _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, None, state, eps, key_log_scale,
+                                         position, log_decay)
+    return y, (to_plain_state(state) if plain else state)
+
+
+def to_scaled_state(state: LinearState) -> LinearState:
+    """A plain linear-attention state as its ``Scaled`` subclass with log scales 0 (unchanged
+    if it is scaled already)."""
+    if isinstance(state, (ScaledLinearAttentionState, ScaledRecentKeys)):
+        return state
+    if isinstance(state, RecentKeys):
+        return ScaledRecentKeys(keys=state.keys, values=state.values, window=state.window, position=state.position,
+                                normalizer_keys=state.normalizer_keys,
+                                log_scales=state.keys.new_zeros(state.keys.shape[:3]))
+    return ScaledLinearAttentionState(kv=state.kv, normalizer=state.normalizer, position=state.position,
+                                      log_scale=state.kv.new_zeros(state.kv.shape[:2]))
+
+
+def to_plain_state(state: LinearState) -> LinearState:
+    """The plain state of a ``Scaled`` one whose log scales are all 0 (sums of keys without
+    scales); the scale is dropped."""
+    if isinstance(state, ScaledRecentKeys):
+        return RecentKeys(keys=state.keys, values=state.values, window=state.window, position=state.position,
+                          normalizer_keys=state.normalizer_keys)
+    if isinstance(state, ScaledLinearAttentionState):
+        return LinearAttentionState(kv=state.kv, normalizer=state.normalizer, position=state.position)
+    return state
+
+
+def _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, group_size, state, eps, key_log_scale, position,
+                          log_decay=None):
     """The case without a window: the chunked sums continue ``state``'s running sums (relative
-    to the running maximum c_n of the key scales, :mod:`spe.ops.scaled`, if any)."""
+    to the running maximum c_n of the key scales, :mod:`spe.ops.scaled`, if any; the decayed
+    one with ``log_decay``)."""
     scale, s_scale = None, None
     if key_log_scale is not None:
         s_scale = None if state is None else state.log_scale
-        scale = running_max(key_log_scale, s_scale)
+        scale = (running_max(key_log_scale, s_scale) if log_decay is None
+                 else decayed_running_max(key_log_scale, log_decay.detach(), s_scale))
         factor = torch.exp(key_log_scale - scale)[..., None]
         phi_k, nk = phi_k * factor, None if nk is None else nk * factor
     if nq is None:
         s0 = None if state is None else torch.cat([state.kv, state.normalizer[..., None]], -1)
         out, s, c = causal_sums(phi_q, phi_k, _with_ones(v), chunk_size, group_size, s0, scale=scale,
-                                state_scale=s_scale)
+                                state_scale=s_scale, log_decay=log_decay)
         y, kv, z = _normalised(out, eps), s[..., :-1], s[..., -1]
     else:
         s0, z0 = (None, None) if state is None else (state.kv, state.normalizer[..., None])
-        num, kv, c = causal_sums(phi_q, phi_k, v, chunk_size, group_size, s0, scale=scale, state_scale=s_scale)
+        num, kv, c = causal_sums(phi_q, phi_k, v, chunk_size, group_size, s0, scale=scale, state_scale=s_scale,
+                                 log_decay=log_decay)
         den, z, _ = causal_sums(nq, nk, torch.ones_like(v[..., :1]), chunk_size, group_size, z0, scale=scale,
-                                state_scale=s_scale)
+                                state_scale=s_scale, log_decay=log_decay)
         y, z = normalise(num, den, eps), z[..., 0]
     if c is None:
         return y, LinearAttentionState(kv=kv, normalizer=z, position=position)
     return y, ScaledLinearAttentionState(kv=kv, normalizer=z, position=position, log_scale=c)
 
 
-def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, scale, position):
+def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, scale, position, log_decay=None):
     """The windowed case: earlier keys of ``state`` are prepended (with queries that are then
-    dropped), so the first positions see them; the final state keeps the last W keys."""
+    dropped), so the first positions see them (positions stay contiguous, so a decay's lags
+    hold); the final state keeps the last W keys."""
     r = 0
     if state is not None:
         if (state.normalizer_keys is None) != (nq is None):
@@ -377,15 +467,16 @@ def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps,
     reach = None if window >= total else window  # nothing is ever out of reach
     sk, snk, sums_scale = phi_k, nk, scale
     if scale is not None and reach is None:  # the whole-past sums work relative to the running maximum
-        sums_scale = running_max(scale)
+        sums_scale = running_max(scale) if log_decay is None else decayed_running_max(scale, log_decay.detach())
         factor = torch.exp(scale - sums_scale)[..., None]
         sk, snk = phi_k * factor, None if nk is None else nk * factor
+    sums = functools.partial(causal_sums, chunk_size=chunk_size, group_size=None, window=reach, scale=sums_scale,
+                             log_decay=log_decay)
     if nq is None:
-        y = _normalised(causal_sums(phi_q, sk, _with_ones(v), chunk_size, None, window=reach, scale=sums_scale)[0],
-                        eps)
+        y = _normalised(sums(phi_q, sk, _with_ones(v))[0], eps)
     else:
-        num = causal_sums(phi_q, sk, v, chunk_size, None, window=reach, scale=sums_scale)[0]
-        den = causal_sums(nq, snk, torch.ones_like(v[..., :1]), chunk_size, None, window=reach, scale=sums_scale)[0]
+        num = sums(phi_q, sk, v)[0]
+        den = sums(nq, snk, torch.ones_like(v[..., :1]))[0]
         y = normalise(num, den, eps)
     kept = {"keys": phi_k[:, -window:], "values": v[:, -window:], "window": window, "position": position,
             "normalizer_keys": None if nk is None else nk[:, -window:]}

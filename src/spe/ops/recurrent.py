@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from spe.ops.decay import check_log_decay
 from spe.ops.linear import LinearState, check_linear_state, kernel_dtype, normalise
 from spe.ops.softmax import check_window, softmax_attention
 from spe.ops.state import (
@@ -37,7 +38,8 @@ def _check_one_position(**tensors: Tensor) -> None:
 
 def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: LinearState | None = None, *,
                           normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
-                          key_log_scale: Tensor | None = None) -> tuple[Tensor, LinearState]:
+                          key_log_scale: Tensor | None = None,
+                          log_decay: Tensor | None = None) -> tuple[Tensor, LinearState]:
     """One causal linear-attention step: y = φ(q)ᵀ S / ψ(q)ᵀ z with S, z updated by this key.
 
     Whole past: S ← S + φ(k) vᵀ, z ← z + ψ(k), O(M·E) per step at any position
@@ -57,16 +59,21 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Linear
             (RoPE: ``phi_q``, ``phi_k`` rotated, these unrotated).
         window: W, or None for the whole past; must match the state's.
         key_log_scale: (B, 1, H) a, the key's features being phi_k · e^a (FAVOR+).
+        log_decay: (H,) λ = log γ (RetNet): S ← γ S + φ(k) vᵀ, z ← γ z + ψ(k) (with key
+            scales: the state's log scale c + λ, then c ← max(c + λ, a)); with a window the
+            kept keys weigh γ^{lag}. Must be the decay the state was built with.
 
     Returns:
         (B, 1, H, E) output in ``v``'s dtype, and the new state (position + 1).
 
     Raises:
-        ValueError: on more than one position, or a state of another window, normaliser or
-            key-scale form.
+        ValueError: on more than one position, a bad ``log_decay``, or a state of another
+            window, normaliser or key-scale form.
         TypeError: on a state that is not a linear-attention state.
     """
     _check_one_position(phi_q=phi_q, phi_k=phi_k, v=v)
+    if log_decay is not None:
+        check_log_decay(log_decay, phi_q.shape[2])
     check_window(window)
     check_linear_state(state, window=window, scaled=key_log_scale is not None, who="decoding state")
     dtype = kernel_dtype(phi_q, v)
@@ -76,23 +83,30 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Linear
         nq, nk = (fq, fk) if normalizer is None else (t.to(dtype) for t in normalizer)
         state = None if state is None else state.to(dtype)
         a = None if key_log_scale is None else key_log_scale.to(dtype)[:, 0]  # (B, H)
+        lam = None if log_decay is None else log_decay.to(dtype)
         if window is None:
-            kv, z, new = _sums_step(state, fk, vf, nk, a, position)
+            kv, z, new = _sums_step(state, fk, vf, nk, a, position, lam)
         else:
-            kv, z, new = _window_step(state, fk, vf, None if normalizer is None else nk, a, window, position)
+            kv, z, new = _window_step(state, fk, vf, None if normalizer is None else nk, a, window, position, lam)
         y = normalise(torch.einsum("blhm,bhme->blhe", fq, kv), torch.einsum("blhm,bhm->blh", nq, z)[..., None])
     return y.to(v.dtype), new
 
 
 def _sums_step(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: Tensor, a: Tensor | None,
-               position: int) -> tuple[Tensor, Tensor, LinearAttentionState]:
-    """Running sums with one more key: (S, z, the new state)."""
+               position: int, lam: Tensor | None = None) -> tuple[Tensor, Tensor, LinearAttentionState]:
+    """Running sums with one more key: (S, z, the new state); ``lam`` (H,) log γ or None."""
     decay = None
     if a is not None:  # relative to the running maximum of the key scales
-        scale = a if state is None else torch.maximum(state.log_scale, a)
-        decay = None if state is None else torch.exp(state.log_scale - scale)
+        if lam is None:
+            scale = a if state is None else torch.maximum(state.log_scale, a)
+            decay = None if state is None else torch.exp(state.log_scale - scale)
+        else:  # a decay shifts the old sums' log scale by λ (spe.ops.decay); the scale is a reference only
+            scale = a if state is None else torch.maximum(state.log_scale + lam.detach(), a)
+            decay = None if state is None else torch.exp(state.log_scale + lam - scale)
         factor = torch.exp(a - scale)[:, None, :, None]
         fk, nk = fk * factor, nk * factor
+    elif lam is not None and state is not None:  # S ← γ S
+        decay = torch.exp(lam).expand(state.normalizer.shape[:2])
     kv, z = torch.einsum("blhm,blhe->bhme", fk, vf), nk[:, 0]
     if state is not None:
         old_kv, old_z = (state.kv, state.normalizer) if decay is None else (
@@ -104,9 +118,10 @@ def _sums_step(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: T
 
 
 def _window_step(state: RecentKeys | None, fk: Tensor, vf: Tensor, nk: Tensor | None, a: Tensor | None,
-                 window: int, position: int) -> tuple[Tensor, Tensor, RecentKeys]:
+                 window: int, position: int, lam: Tensor | None = None) -> tuple[Tensor, Tensor, RecentKeys]:
     """The last W keys with this one (each relative to its own scale), and the sums they form:
-    (S, z, the new state); ``nk`` None: no separate normaliser."""
+    (S, z, the new state); ``nk`` None: no separate normaliser; ``lam`` (H,) log γ: the kept
+    key t of T weighs γ^{T−1−t}."""
     if state is not None and (state.normalizer_keys is None) != (nk is None):
         raise ValueError("the decoding state and this step disagree on a separate normaliser")
 
@@ -122,7 +137,15 @@ def _window_step(state: RecentKeys | None, fk: Tensor, vf: Tensor, nk: Tensor | 
         new = RecentKeys(**kept)
     else:  # relative to the largest key scale inside the window
         new = ScaledRecentKeys(**kept, log_scales=append(None if state is None else state.log_scales, a[:, None]))
-        weights = torch.exp(new.log_scales - new.log_scale[:, None])[..., None]
+        if lam is None:
+            weights = torch.exp(new.log_scales - new.log_scale[:, None])[..., None]
+    if lam is not None:
+        kept_n = new.keys.shape[1]
+        log_w = (kept_n - 1 - torch.arange(kept_n, device=lam.device)).to(lam)[:, None] * lam  # (T, H)
+        if a is not None:  # relative to the largest decayed key scale
+            log_w = new.log_scales + log_w
+            log_w = log_w - log_w.detach().amax(dim=1, keepdim=True)
+        weights = torch.exp(log_w)[..., None]
     kv = torch.einsum("blhm,blhe->bhme", new.keys * weights, new.values)
     keys = new.keys if nk is None else new.normalizer_keys
     return kv, (keys * weights).sum(dim=1), new
