@@ -103,3 +103,38 @@ def test_the_packaged_ablation_keeps_its_runs_whole_past():
                for name, v in plan.variants.items()}
     assert {name: w for name, w in windows.items() if w is not None} == {
         "sinespe-ungated-trained-w128": 128, "ape-trained-w128": 128}
+
+
+def test_threads_override_every_variant_and_a_finished_run_is_still_reused(tmp_path):
+    from spe.experiments.sweep import variant_config
+    from spe.train.status import RESUME_KEYS
+
+    plan = load_plan("peers")
+    assert variant_config(plan, "sinespe", 0, tmp_path).threads == 2  # the main job's
+    assert variant_config(plan, "sinespe", 0, tmp_path, threads=1).threads == 1
+    assert "threads" not in RESUME_KEYS  # how many cores trained a run does not make it another run
+
+
+def test_every_peer_builds_and_reaches_three_times_its_training_length(tmp_path):
+    """The peers plan is the comparison of issue 19: each variant's model must build, and its
+    positions must reach the evaluation's 3× the training length (cosFormer's L_max)."""
+    import torch
+
+    from spe.checkpoint import max_positions
+    from spe.experiments.sweep import variant_config
+    from spe.models import DecoderLM
+
+    plan = load_plan("peers")
+    expected = {"ape", "rope", "sinespe", "convspe", "lrpe", "permute", "cosformer", "decay", "rope-decay",
+                "sinespe-decay"}
+    assert set(plan.variants) == expected
+    for name in plan.variants:
+        cfg = variant_config(plan, name, 0, tmp_path)
+        config = cfg.model_config(486)
+        model = DecoderLM(config)
+        limit = max_positions(config)
+        assert limit is None or limit >= 3 * cfg.seq_len, (name, limit)
+        with torch.no_grad():
+            logits = model(torch.zeros(1, 3 * cfg.seq_len, dtype=torch.long))
+        assert torch.isfinite(logits).all(), name
+    assert variant_config(plan, "decay", 0, tmp_path).model["decay"] == "fixed"

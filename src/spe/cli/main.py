@@ -240,7 +240,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
     out = Path(args.out)
     run_sweep(plan, out, seeds=seeds, only=only, data=args.data, cache_dir=args.cache_dir, steps=args.steps,
-              progress=not args.no_progress)
+              threads=args.threads, progress=not args.no_progress)
     print((out / "results.md").read_text())
     return 0
 
@@ -465,13 +465,15 @@ def _add_bench_parser(sub) -> None:
 
 def _add_sweep_parser(sub) -> None:
     p = sub.add_parser("sweep", help="train and evaluate the variants × seeds of a plan file (resumable)")
-    p.add_argument("--plan", default="ablation", help="plan TOML, or the name of a packaged plan (ablation)")
+    p.add_argument("--plan", default="ablation", help="plan TOML, or the name of a packaged plan (ablation, peers)")
     p.add_argument("--out", default="runs/sweep", help="sweep folder: runs, results.json, results.md")
     p.add_argument("--seeds", help="comma-separated seeds (default: the plan's)")
     p.add_argument("--only", help="comma-separated variants to run (default: all)")
     p.add_argument("--data", help="training data for every variant (folder or music21:NAME; default Bach)")
     p.add_argument("--cache-dir")
     p.add_argument("--steps", type=int, help="override every variant's optimizer steps")
+    p.add_argument("--threads", type=int,
+                   help="override every variant's CPU threads (0: PyTorch's default; 1 to run sweeps side by side)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_sweep)
 

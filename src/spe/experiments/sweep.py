@@ -129,13 +129,14 @@ def load_plan(path_or_name: str) -> Plan:
 
 
 def variant_config(plan: Plan, name: str, seed: int, out: Path, *, data: str | None = None,
-                   cache_dir: str | None = None, steps: int | None = None) -> TrainConfig:
+                   cache_dir: str | None = None, steps: int | None = None,
+                   threads: int | None = None) -> TrainConfig:
     """The training configuration of (variant, seed): its run folder is ``out/SOURCE/seedS``,
-    SOURCE being the variant whose checkpoints it uses. ``data``, ``cache_dir`` and
-    ``steps`` override the plan's when given."""
+    SOURCE being the variant whose checkpoints it uses. ``data``, ``cache_dir``, ``steps``
+    and ``threads`` (CPU threads; 0: PyTorch's default) override the plan's when given."""
     source = plan.variants[name]["of"] or name
     raw = {**plan.variants[source]["train"], "seed": seed, "out": str(out / source / f"seed{seed}")}
-    for key, value in (("data", data), ("cache_dir", cache_dir), ("steps", steps)):
+    for key, value in (("data", data), ("cache_dir", cache_dir), ("steps", steps), ("threads", threads)):
         if value is not None:
             raw[key] = value
     return TrainConfig.from_dict(raw)
@@ -191,6 +192,7 @@ def _save_results(doc: dict, plan: Plan, out: Path) -> None:
 
 def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: list[str] | None = None,
               data: str | None = None, cache_dir: str | None = None, steps: int | None = None,
+              threads: int | None = None,
               progress: bool = True) -> dict:
     """Trains and evaluates every (variant, seed) of the plan; returns the results document.
 
@@ -205,6 +207,7 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
         data: training data for every variant (default: each variant's, i.e. the Bach default).
         cache_dir: converted MIDI and token caches.
         steps: overrides every variant's optimizer steps.
+        threads: overrides every variant's CPU threads (e.g. 1 to run two sweeps side by side).
         progress: progress bars.
 
     Raises:
@@ -220,7 +223,8 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
     for seed in seeds or plan.seeds:
         for name in order:
             spec, key = plan.variants[name], f"{name}/seed{seed}"
-            cfg = variant_config(plan, name, seed, out, data=data, cache_dir=cache_dir, steps=steps)
+            cfg = variant_config(plan, name, seed, out, data=data, cache_dir=cache_dir, steps=steps,
+                                 threads=threads)
             train_s = _train_run(plan, name, cfg, progress)
             step = run_status(cfg).step
             previous = runs.get(key, {})
