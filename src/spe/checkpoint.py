@@ -84,9 +84,7 @@ def atomic_write(path: str | os.PathLike, write) -> None:
 def max_positions(config: ModelConfig) -> int | None:
     """The most positions a model of ``config`` takes (``ape-learned``: ``max_positions``;
     ``cosformer``: its L_max, ``cosformer_max_length`` or ``max_positions``); None: any."""
-    if config.positional == "cosformer":
-        return getattr(config, "cosformer_max_length", None) or config.max_positions
-    return config.max_positions if config.positional == "ape-learned" else None
+    return config.position_limit
 
 
 def _resolve(path: str | os.PathLike) -> Path:

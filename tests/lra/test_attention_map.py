@@ -7,11 +7,12 @@ from spe.lra.attention import cls_attention
 from spe.models import ClassifierConfig, EncoderClassifier
 
 
-def _model(positional, attention, seed=0):
+def _model(positional, attention, seed=0, decay="none"):
     torch.manual_seed(seed)
     config = ClassifierConfig(vocab_size=12, d_model=16, num_layers=2, num_heads=2, d_ff=32, dropout=0.0,
                               positional=positional, attention=attention, num_realizations=8, num_sines=2,
-                              kernel_size=5, num_features=16, max_positions=64, num_classes=3, pooling="cls")
+                              kernel_size=5, num_features=16, max_positions=64, num_classes=3, pooling="cls",
+                              decay=decay)
     return EncoderClassifier(config).double().eval()
 
 
@@ -33,11 +34,13 @@ def _layer_io(model, tokens, lengths):
 
 # RoPE with a linear kernel rotates only the numerator's features: its weights are the
 # normaliser's, which the output does not combine the values with, so it is left out here.
-@pytest.mark.parametrize("positional,attention", [("ape", "softmax"), ("rope", "softmax"), ("sinespe", "softmax"),
-                                                  ("ape", "performer"), ("sinespe", "performer"),
-                                                  ("convspe", "linear-relu"), ("none", "linear-elu")])
-def test_the_weights_combine_the_values_into_the_layers_own_cls_output(positional, attention):
-    model = _model(positional, attention)
+@pytest.mark.parametrize("positional,attention,decay", [
+    ("ape", "softmax", "none"), ("rope", "softmax", "none"), ("sinespe", "softmax", "none"),
+    ("ape", "performer", "none"), ("sinespe", "performer", "none"), ("convspe", "linear-relu", "none"),
+    ("none", "linear-elu", "none"), ("sinespe", "performer", "fixed"), ("none", "linear-elu", "learned"),
+    ("permute", "linear-relu", "fixed")])
+def test_the_weights_combine_the_values_into_the_layers_own_cls_output(positional, attention, decay):
+    model = _model(positional, attention, decay=decay)
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(12, (3, 9), generator=gen)
     lengths = torch.tensor([9, 5, 2])

@@ -72,3 +72,15 @@ def test_train_sweep_and_python_build_the_same_model_from_the_same_toml(position
     # same seed, same data, same model: the same weights after the same step
     for key in states[0]:
         assert torch.equal(states[0][key], states[1][key]) and torch.equal(states[0][key], states[2][key]), key
+
+
+@pytest.mark.parametrize("model,limit", [({"positional": "ape-learned", "max_positions": 64}, 64),
+                                         ({"positional": "cosformer", "max_positions": 64}, 64),
+                                         ({"positional": "cosformer", "cosformer_max_length": 48}, 48)])
+def test_training_crops_longer_than_the_model_reaches_are_refused_before_any_data(model, limit, tmp_path):
+    from spe.train.config import TrainConfig
+
+    base = {"data": str(tmp_path), "out": str(tmp_path / "run"), "model": {"attention": "performer", **model}}
+    assert TrainConfig.from_dict({**base, "seq_len": limit}).seq_len == limit
+    with pytest.raises(ValueError, match=rf"seq_len {limit + 1} exceeds the {limit} "):
+        TrainConfig.from_dict({**base, "seq_len": limit + 1})

@@ -174,6 +174,15 @@ class TrunkConfig:
         with random features (performer), head_dim otherwise."""
         return self.num_features if kernel_spec(self.attention).random_features else self.d_model // self.num_heads
 
+    @property
+    def position_limit(self) -> int | None:
+        """The most positions a model of this config takes: ``max_positions`` learned
+        embeddings for ``ape-learned``, L_max (``cosformer_max_length`` or ``max_positions``)
+        for ``cosformer``, whose re-weighting turns negative beyond it; None: any length."""
+        if self.positional == "cosformer":
+            return self.cosformer_max_length or self.max_positions
+        return self.max_positions if self.positional == "ape-learned" else None
+
     def to_dict(self) -> dict:
         """The options as a JSON-serialisable dict (what checkpoint headers store). ``decay`` is
         left out when it is ``none``, so headers of models without decay stay as they were."""

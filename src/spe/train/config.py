@@ -146,9 +146,11 @@ class TrainConfig:
             raise ValueError(f"unknown model option(s) {sorted(unknown)}; known: {sorted(known)}")
         self.model = resolve_model_options(self.model, self.seq_len)
         model = ModelConfig(vocab_size=1, **self.model)  # reject bad names before any data is read
-        if model.positional == "ape-learned" and self.seq_len > model.max_positions:
-            raise ValueError(f"seq_len {self.seq_len} exceeds the {model.max_positions} ape-learned embeddings; "
-                             "raise max_positions or lower seq_len")
+        limit = model.position_limit
+        if limit is not None and self.seq_len > limit:
+            what = ("ape-learned embeddings (max_positions)" if model.positional == "ape-learned" else
+                    "positions cosformer attends within (L_max: cosformer_max_length, default max_positions)")
+            raise ValueError(f"seq_len {self.seq_len} exceeds the {limit} {what}; raise that option or lower seq_len")
 
     def to_dict(self) -> dict:
         return asdict(self)

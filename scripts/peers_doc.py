@@ -1,0 +1,103 @@
+"""Writes the generated part of docs/peers.md from the `peers` sweeps (issue 19).
+
+Run after the sweeps named in the page::
+
+    .venv/bin/python scripts/peers_doc.py [--runs runs/peers] [--doc docs/peers.md]
+
+For each corpus folder under ``--runs`` (``bach``, ``palestrina``) that holds a sweep's
+``results.json``: the sweep's own table (:func:`spe.experiments.sweep.results_table`), the
+group of variants within one standard deviation of the best mean in each bucket, and a plot
+of cross-entropy against position (``docs/peers/CORPUS.png``). The prose around the block
+is written by a person after reading it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from doc_block import replace_block
+
+from spe.experiments.sweep import load_plan, results_table, summarize_runs
+
+BEGIN, END = "<!-- peers:begin (scripts/peers_doc.py) -->", "<!-- peers:end -->"
+CORPORA = {"bach": ("Bach chorales (music21), the default corpus", ""),
+           "palestrina": ("Palestrina (music21)", "--data music21:palestrina")}
+
+
+def best_group(rows: list[dict], bucket: int) -> tuple[list[str], str]:
+    """Variants whose mean in ``bucket`` lies within one standard deviation of the best mean
+    (the best variant's std; with one seed there is none, so only the best is named)."""
+    scored = [(r["buckets"][bucket][0], r["buckets"][bucket][1], r["variant"]) for r in rows
+              if len(r["buckets"]) > bucket]
+    if not scored:
+        return [], "no runs"
+    mean, std, best = min(scored)
+    if math.isnan(std):
+        return [best], "one seed: no spread, only the lowest mean"
+    return [v for m, _, v in sorted(scored) if m <= mean + std], f"best {mean:.3f} ± {std:.3f}"
+
+
+def plot(rows: list[dict], png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in sorted(rows, key=lambda r: r["buckets"][-1][0]):
+        centres = [(a + b) / 2 for a, b in r["bucket_edges"]]
+        means = [m for m, _ in r["buckets"]]
+        stds = [0.0 if math.isnan(s) else s for _, s in r["buckets"]]
+        style = "-" if "spe" in r["variant"] else "--"
+        ax.errorbar(centres, means, yerr=stds, marker="o", linestyle=style, capsize=3, label=r["variant"])
+    trained = rows[0]["bucket_edges"][0][1]
+    ax.axvline(trained, color="grey", linewidth=0.8)
+    ax.text(trained, ax.get_ylim()[1], " training length", va="top", fontsize=8, color="grey")
+    ax.set_xlabel("token position (bucket centre)")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+
+
+def corpus_section(key: str, doc: dict, plan, png: Path, link: str) -> list[str]:
+    title, data = CORPORA[key]
+    rows = summarize_runs(doc, plan)
+    seeds = sorted({s for r in rows for s in r["seeds"]})
+    lines = [f"### {title}", "", "```bash",
+             f"spe sweep --plan peers --out runs/peers/{key} {data} --seeds {','.join(map(str, seeds))}".replace("  ", " "),
+             "```", "", *results_table(doc, plan), ""]
+    for bucket, label in ((0, "within the trained range"), (len(rows[0]["buckets"]) - 1, "at 3× the training length")):
+        group, note = best_group(rows, bucket)
+        lines.append(f"* Best group {label}: {', '.join(group)} ({note}).")
+    plot(rows, png, f"{title}: seeds {','.join(map(str, seeds))}")
+    return [*lines, "", f"![cross-entropy by position, {key}]({link})", ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default="runs/peers")
+    parser.add_argument("--doc", default="docs/peers.md")
+    args = parser.parse_args()
+    plan, doc_path = load_plan("peers"), Path(args.doc)
+    body = []
+    for key in CORPORA:
+        results = Path(args.runs) / key / "results.json"
+        if results.exists():
+            png = doc_path.parent / "peers" / f"{key}.png"
+            body += corpus_section(key, json.loads(results.read_text()), plan, png, f"peers/{key}.png")
+    if not body:
+        raise SystemExit(f"no results.json under {args.runs}/{{{','.join(CORPORA)}}}")
+    if not replace_block(doc_path, BEGIN, END, "\n".join(body).rstrip()):
+        raise SystemExit(f"{doc_path} lacks the markers {BEGIN} … {END}")
+    print(f"wrote {doc_path}")
+
+
+if __name__ == "__main__":
+    main()
