@@ -46,7 +46,7 @@ def plot(rows: list[dict], png: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
     for r in sorted(rows, key=lambda r: r["buckets"][-1][0]):
         centres = [(a + b) / 2 for a, b in r["bucket_edges"]]
         means = [m for m, _ in r["buckets"]]
@@ -55,11 +55,11 @@ def plot(rows: list[dict], png: Path, title: str) -> None:
         ax.errorbar(centres, means, yerr=stds, marker="o", linestyle=style, capsize=3, label=r["variant"])
     trained = rows[0]["bucket_edges"][0][1]
     ax.axvline(trained, color="grey", linewidth=0.8)
-    ax.text(trained, ax.get_ylim()[1], " training length", va="top", fontsize=8, color="grey")
+    ax.text(trained, ax.get_ylim()[0], " training length", va="bottom", fontsize=8, color="grey")
     ax.set_xlabel("token position (bucket centre)")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=90)
