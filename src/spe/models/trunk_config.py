@@ -16,7 +16,7 @@ from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.lrpe import LRPE_ANGLES
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
-from spe.ops.decay import DECAY_MODES
+from spe.ops.decay import NO_DECAY, check_decay_mode
 
 __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "TrunkConfig"]
 
@@ -126,8 +126,7 @@ class TrunkConfig:
         if self.positional not in POSITIONALS:
             raise ValueError(f"unknown positional encoding {self.positional!r}; "
                              f"choose one of {', '.join(POSITIONALS)}")
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
+        kernel = kernel_spec(self.attention)  # the registry's own "unknown attention" error
         where = POSITIONALS[self.positional]
         if where is not None and where not in ACCEPTS[self.attention]:
             allowed = ", ".join(p for p, w in POSITIONALS.items() if w is None or w in ACCEPTS[self.attention])
@@ -136,7 +135,7 @@ class TrunkConfig:
             raise ValueError(f"positional {self.positional!r} "
                              f"{what.format(where=where, attention=self.attention)}; with {self.attention} "
                              f"choose one of {allowed}, or use attention {taking}")
-        if POSITIONAL_SPECS[self.positional].positive_features and not kernel_spec(self.attention).positive_features:
+        if POSITIONAL_SPECS[self.positional].positive_features and not kernel.positive_features:
             raise ValueError(f"positional {self.positional!r} with linear attention needs strictly positive features: "
                              "use attention performer or linear-elu, not linear-relu")
         require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
@@ -152,9 +151,8 @@ class TrunkConfig:
         self._check_decay()
 
     def _check_decay(self) -> None:
-        if self.decay not in DECAY_MODES:
-            raise ValueError(f"decay must be one of {', '.join(DECAY_MODES)}, got {self.decay!r}")
-        if self.decay != "none" and not kernel_spec(self.attention).decay:
+        check_decay_mode(self.decay)
+        if self.decay != NO_DECAY and not kernel_spec(self.attention).decay:
             takers = [name for name in ATTENTIONS if kernel_spec(name).decay]
             raise ValueError(f"decay {self.decay!r} acts on the sums of linear attention; {self.attention} attention "
                              f"does not take one: use attention {', '.join(takers)}, or decay 'none'")
@@ -187,7 +185,7 @@ class TrunkConfig:
         """The options as a JSON-serialisable dict (what checkpoint headers store). ``decay`` is
         left out when it is ``none``, so headers of models without decay stay as they were."""
         values = asdict(self)
-        if values["decay"] == DECAY_MODES[0]:
+        if values["decay"] == NO_DECAY:
             del values["decay"]
         return values
 
