@@ -138,3 +138,58 @@ def test_one_run_can_measure_layer_pairs_and_other_model_encodings(tmp_path, mon
     data = json.loads((out / "bench.json").read_text())
     assert [(r["mode"], r["positional"], r["attention"]) for r in data["records"]] == [("train", "ape", "linear")]
     assert [(r["positional"], r["impl"]) for r in data["model"]] == [("ape", "-"), ("sinespe", "blocked")]
+
+
+def _layer_in_process(case, timeout):
+    """run.run_case for layer modes without a subprocess (wiring only, like _in_process)."""
+    from spe.bench.worker import _decay, measure_generate, measure_train
+
+    measure = {"train": measure_train, "generate": measure_generate}[case["mode"]]
+    return {**case, **measure(case, torch.device("cpu")), "decay": _decay(case)}
+
+
+def test_decay_modes_are_measured_side_by_side_in_one_run(tmp_path, monkeypatch):
+    """``--decay none,fixed``: every linear-kernel case twice (softmax once), each record built with
+    its own decay, decay rows divided by APE without decay, and labelled apart in the tables."""
+    monkeypatch.setattr(model_bench, "run_case", _in_process)
+    monkeypatch.setattr(run, "run_case", _layer_in_process)
+    monkeypatch.setattr(run, "matmul_gflops", lambda: 100.0)
+    config = tmp_path / "tiny.toml"
+    config.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in TINY.items()))
+    out = tmp_path / "bench"
+    assert main(["bench", "--modes", "generate,model", "--lengths", "16,32", "--positionals", "ape,rope",
+                 "--attentions", "performer,softmax", "--decay", "none,fixed", "--model-shapes", "2x8",
+                 "--rounds", "1", "--repeats", "1", "--batch-size", "1", "--config", str(config),
+                 "--out", str(out), "--threads", "1", "--no-progress"]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    layer = sorted((r["positional"], r["attention"], r["decay"]) for r in data["records"] if r["length"] == 16)
+    assert layer == [("ape", "performer", "fixed"), ("ape", "performer", "none"), ("ape", "softmax", "none"),
+                     ("rope", "performer", "fixed"), ("rope", "performer", "none"), ("rope", "softmax", "none")]
+    model = {(r["positional"], r["attention"], r["decay"]): r for r in data["model"]}
+    assert set(model) == {(p, "performer", d) for p in ("ape", "rope") for d in ("none", "fixed")} | {
+        ("ape", "softmax", "none"), ("rope", "softmax", "none")}
+    base = model["ape", "performer", "none"]
+    for key, r in model.items():  # performer rows against APE + performer without decay
+        if key[1] == "performer":
+            assert r["time_vs_ape"] == pytest.approx(r["median_ms"] / base["median_ms"])
+    table = (out / "bench.md").read_text()
+    assert "| rope + performer + decay fixed |" in table and "| rope + performer |" in table
+    assert "| ape + softmax + decay" not in table
+    exponents = data["summary"]["exponents"]
+    assert "generate rope - performer decay-fixed" in exponents and "generate rope - performer" in exponents
+    assert main(["bench", "--decay", "none,exponential", "--out", str(out)]) == 2
+
+
+def test_the_bench_layer_and_model_are_built_with_the_case_decay():
+    from spe.bench.worker import build
+
+    case = {"num_heads": 2, "head_dim": 4, "positional": "rope", "attention": "performer", "impl": "-",
+            "num_realizations": 4, "num_sines": 2, "kernel_size": 4, "num_features": 8, "chunk_size": 4,
+            "length": 8, "decay": "fixed"}
+    assert build(case)[0].decay == "fixed"
+    assert build({**case, "decay": "none"})[0].decay == "none"
+    assert build({**case, "attention": "softmax"})[0].decay == "none"  # softmax takes none
+    rec = measure_model({"model": {**TINY, "decay": "none"}, "vocab_size": 11, "positional": "rope",
+                         "impl": "-", "attention": "performer", "batch": 1, "length": 8, "repeats": 1,
+                         "max_seconds": 5, "decay": "learned"}, torch.device("cpu"))
+    assert rec["decay"] == "learned"  # the case's mode wins over the model options'

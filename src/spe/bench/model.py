@@ -18,6 +18,7 @@ import sys
 import torch
 
 from spe.bench.run import parse_series, run_case, series_name
+from spe.bench.targets import record_decay
 
 __all__ = ["extrapolate_longest", "longest_length", "merge_rounds", "parse_longest", "parse_shapes", "run_model_rounds"]
 
@@ -58,33 +59,42 @@ def parse_longest(text: str, default_attention: str) -> list[tuple[str, str, str
     return out
 
 
-def _model_case(common: dict, pos: str, impl: str, attention: str, batch: int, length: int) -> dict:
-    return {**common, "mode": "model", "positional": pos, "impl": impl, "attention": attention, "batch": batch,
+def _model_case(common: dict, pos: str, impl: str, attention: str, batch: int, length: int,
+                decay: str | None = None) -> dict:
+    case = {**common, "mode": "model", "positional": pos, "impl": impl, "attention": attention, "batch": batch,
             "length": length}
+    if decay is not None:  # else the model options' own (``--config``'s) decay
+        case["decay"] = decay
+    return case
 
 
 def run_model_rounds(common: dict, series: list[tuple[str, str, str]], shapes: list[tuple[int, int]],
                      rounds: int, timeout: float, progress: bool = True,
-                     compiled: tuple[bool, ...] = (False,)) -> list[dict]:
-    """One record per (shape, round, series, compiled), the series cycled within each round.
+                     compiled: tuple[bool, ...] = (False,), decays: list[str] | None = None) -> list[dict]:
+    """One record per (shape, round, series, decay, compiled), the series cycled within each round.
 
     ``common`` holds the worker's case fields (model options, vocab_size, repeats, threads,
     device, max_seconds); ``compiled`` (False, True) measures every series eager and with
-    ``torch.compile`` (the first, compiling step is the untimed warm-up). Returns the raw
-    records; :func:`merge_rounds` pools them.
+    ``torch.compile`` (the first, compiling step is the untimed warm-up); ``decays``
+    (e.g. ``["none", "fixed"]``) measures every linear-kernel series once per decay mode
+    (softmax once, without; None: the model options' decay). Returns the raw records;
+    :func:`merge_rounds` pools them.
     """
+    cases = [(s, d) for s in series for d in (decays or [None])
+             if not (d not in (None, "none") and s[2] == "softmax")]
     records = []
-    total, done = len(shapes) * rounds * len(series) * len(compiled), 0
+    total, done = len(shapes) * rounds * len(cases) * len(compiled), 0
     for batch, length in shapes:
         for rnd in range(rounds):
-            for (pos, impl, attention), flag in ((s, c) for s in series for c in compiled):
+            for ((pos, impl, attention), decay), flag in ((s, c) for s in cases for c in compiled):
                 done += 1
-                case = {**_model_case(common, pos, impl, attention, batch, length), "round": rnd}
+                case = {**_model_case(common, pos, impl, attention, batch, length, decay), "round": rnd}
                 rec = run_case({**case, "compiled": True} if flag else case, timeout=timeout)
                 records.append(rec)
                 if progress:
                     state = rec.get("skipped") or f"{rec['median_ms']:.0f} ms, {rec['peak_mb']:.0f} MB"
-                    name = series_name(pos, impl) + (" compiled" if flag else "")
+                    name = (series_name(pos, impl) + ("" if decay in (None, "none") else f" decay {decay}")
+                            + (" compiled" if flag else ""))
                     print(f"[{done}/{total}] model {name:16s} {attention:9s} B={batch} N={length} "
                           f"round {rnd}: {state}", file=sys.stderr, flush=True)
     return records
@@ -93,11 +103,11 @@ def run_model_rounds(common: dict, series: list[tuple[str, str, str]], shapes: l
 def merge_rounds(records: list[dict]) -> list[dict]:
     """Pools the rounds of each (series, attention, batch, length, compiled): the median of every
     timed step, the largest peak memory, and the ratios to APE with the same attention, shape and
-    compilation."""
+    compilation, without decay (so that a decay row reads as its whole cost)."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["positional"], r["impl"], r["attention"], r["batch"], r["length"],
-                           bool(r.get("compiled"))), []).append(r)
+                           bool(r.get("compiled")), record_decay(r)), []).append(r)
     merged = []
     for key, recs in groups.items():
         ok = [r for r in recs if "median_ms" in r]
@@ -110,9 +120,9 @@ def merge_rounds(records: list[dict]) -> list[dict]:
                        "tokens_per_s": key[3] * key[4] / (statistics.median(times) / 1000)})
     for r in merged:
         base = next((a for a in merged if (a["positional"], a["attention"], a["batch"], a["length"],
-                                           bool(a.get("compiled")))
-                     == ("ape", r["attention"], r["batch"], r["length"], bool(r.get("compiled"))) and a.get("rounds")),
-                    None)
+                                           bool(a.get("compiled")), record_decay(a))
+                     == ("ape", r["attention"], r["batch"], r["length"], bool(r.get("compiled")), "none")
+                     and a.get("rounds")), None)
         if base and r.get("rounds"):
             r["time_vs_ape"] = r["median_ms"] / base["median_ms"]
             r["memory_vs_ape"] = r["peak_mb"] / max(base["peak_mb"], 1e-9)

@@ -20,7 +20,7 @@ import torch
 from spe import strict_json
 from spe.bench.peers import PEER_ATTENTIONS
 from spe.bench.tables import longest_lines, model_lines
-from spe.bench.targets import find_record, targets_markdown
+from spe.bench.targets import find_record, record_decay, targets_markdown
 from spe.encodings.registry import positional_names
 
 __all__ = ["BENCH_ATTENTIONS", "SERIES", "SPE_IMPLS", "bench_markdown", "layer_flops", "matmul_gflops", "parse_pairs",
@@ -150,7 +150,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
               chunk_size: int = 64, repeats: int = 5, budget_s: float = 30.0, memory_limit_mb: float = 12000,
               device: str = "cpu", threads: int = 0, progress: bool = True, model: dict | None = None,
               vocab_size: int = 300, model_batch: int = 8,
-              pairs: list[tuple[str, str, str]] | None = None, decay: str = "none") -> dict:
+              pairs: list[tuple[str, str, str]] | None = None, decay: str | list[str] = "none") -> dict:
     """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
 
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
@@ -163,28 +163,32 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     complexity, exceeds ``budget_s`` or ``memory_limit_mb``. ``pairs`` ((positional, impl,
     attention) triples, :func:`parse_pairs`) replaces the product of ``series`` and
     ``attentions`` when given, so that one run measures exactly the cases a report needs.
-    ``decay`` (``none``, ``fixed``, ``learned``: :class:`~spe.models.ModelConfig`'s) applies to
-    the linear kernels' cases; softmax cases run without (they take none).
+    ``decay`` (``none``, ``fixed``, ``learned``: :class:`~spe.models.ModelConfig`'s, or a list
+    of them) multiplies the linear kernels' cases: each is measured once per decay mode, in the
+    same run, so that decay costs read as ratios; softmax and other packages' cases run once,
+    without (they take none). Every record carries its ``decay``.
     """
+    decays = list(dict.fromkeys([decay] if isinstance(decay, str) else decay))
     series = series or SERIES
     attentions = attentions or BENCH_ATTENTIONS
     common = dict(batch=batch, num_heads=num_heads, head_dim=head_dim, num_realizations=num_realizations,
                   num_sines=num_sines, kernel_size=kernel_size, num_features=num_features,
                   chunk_size=chunk_size, repeats=repeats, device=device, threads=threads,
-                  max_seconds=budget_s, decay=decay)
+                  max_seconds=budget_s, decay=",".join(decays))
     triples = pairs or [(pos, impl, att) for pos, impl in series for att in attentions]
-    plan = [(mode, pos, impl, att) for mode in modes for pos, impl, att in triples
-            if not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")
+    plan = [(mode, pos, impl, att, dec) for mode in modes for pos, impl, att in triples for dec in decays
+            if not (dec != "none" and att in ("softmax", *PEER_ATTENTIONS)) and not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")
             and not (pos in FEATURE_ENCODINGS and att == "softmax")
             and not (att in PEER_ATTENTIONS and (mode != "train" or pos not in ("ape", "none")))]
     total = len(plan) * len(lengths)
     records = []
     done = 0
-    for mode, pos, impl, att in plan:
+    for mode, pos, impl, att, dec in plan:
         prev = None
         for n in sorted(lengths):
             done += 1
-            case = {**common, "mode": mode, "positional": pos, "impl": impl, "attention": att, "length": n}
+            case = {**common, "mode": mode, "positional": pos, "impl": impl, "attention": att, "length": n,
+                    "decay": dec}
             if mode == "model":
                 case.update(batch=model_batch, model=model or {}, vocab_size=vocab_size)
             why = _predicted_too_big(prev, n, att, mode, budget_s, memory_limit_mb)
@@ -199,8 +203,9 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
             records.append(result)
             if progress:
                 state = result.get("skipped") or f"{result['median_ms']:.1f} ms, {result['peak_mb']:.0f} MB"
-                print(f"[{done}/{total}] {mode:8s} {pos:8s} {impl:9s} {att:9s} N={n:<6d} {state}", file=sys.stderr,
-                      flush=True)
+                with_decay = "" if dec == "none" else f" decay {dec}"
+                print(f"[{done}/{total}] {mode:8s} {pos:8s} {impl:9s} {att:9s}{with_decay} N={n:<6d} {state}",
+                      file=sys.stderr, flush=True)
     return {"records": records, "matmul_gflops": matmul_gflops(), "config": common, "lengths": lengths}
 
 
@@ -226,7 +231,8 @@ def _label(r: dict) -> str:
         impl = " (auto)"  # what it picked per length: the record's resolved_impl
     else:
         impl = "" if r["impl"] in ("-", "fft") else f" ({r['impl']})"
-    return f"{r['positional']}{impl} + {r['attention']}"
+    decay = record_decay(r)
+    return f"{r['positional']}{impl} + {r['attention']}" + ("" if decay == "none" else f" + decay {decay}")
 
 
 def summarize_bench(result: dict) -> dict:
@@ -236,12 +242,16 @@ def summarize_bench(result: dict) -> dict:
     def get(mode, pos, impl, att, n):
         return find_record(recs, mode, pos, impl, att, n)
 
+    def series_key(r):
+        return r["mode"], r["positional"], r["impl"], r["attention"], record_decay(r)
+
     out: dict = {"exponents": {}, "ratios_to_ape_performer": {}, "targets": {}}
-    for key in sorted({(r["mode"], r["positional"], r["impl"], r["attention"]) for r in recs}):
-        pts = sorted((r["length"], r["median_ms"]) for r in recs if (r["mode"], r["positional"], r["impl"], r["attention"]) == key)
+    for key in sorted({series_key(r) for r in recs}):
+        pts = sorted((r["length"], r["median_ms"]) for r in recs if series_key(r) == key)
         if len(pts) >= 2:
             (n0, t0), (n1, t1) = pts[0], pts[-1]
-            out["exponents"][" ".join(key)] = {"from": n0, "to": n1, "exponent": math.log(t1 / t0) / math.log(n1 / n0)}
+            name = " ".join(key[:4]) + ("" if key[4] == "none" else f" decay-{key[4]}")
+            out["exponents"][name] = {"from": n0, "to": n1, "exponent": math.log(t1 / t0) / math.log(n1 / n0)}
     for r in recs:
         base = get(r["mode"], "ape", "-", "performer", r["length"])
         if base and r is not base:
@@ -353,7 +363,7 @@ def _auto_choices(rows: list[dict]) -> list[str]:
 
 def _model_table(rows: list[dict], lengths: list[int], config: dict) -> list[str]:
     first = rows[0]
-    opts = ", ".join(f"{k} {v}" for k, v in first["model"].items() if k not in ("positional", "attention"))
+    opts = ", ".join(f"{k} {v}" for k, v in first["model"].items() if k not in ("positional", "attention", "decay"))
     lines = [f"### model: one AdamW step of the whole DecoderLM (batch {first['batch']}, vocabulary "
              f"{first['vocab_size']}; {opts})", "",
              "| positional + attention | parameters | " + " | ".join(f"N={n}: ms / MB / tokens/s" for n in lengths)

@@ -5,6 +5,8 @@ Letters: B = batch, N = sequence length (tokens), MB = 2^20 bytes.
 
 from __future__ import annotations
 
+from spe.bench.targets import record_decay
+
 __all__ = ["longest_lines", "model_lines"]
 
 
@@ -13,7 +15,9 @@ def _name(r: dict) -> str:
     if r["positional"] == "sinespe" and impl == "-":
         impl = f"auto → {r['resolved_impl']}" if r.get("resolved_impl") else "auto"
     suffix = "" if impl in ("-", "fft") else f" ({impl})"
-    return f"{r['positional']}{suffix} + {r['attention']}" + (" (compiled)" if r.get("compiled") else "")
+    decay = record_decay(r)
+    return (f"{r['positional']}{suffix} + {r['attention']}" + ("" if decay == "none" else f" + decay {decay}")
+            + (" (compiled)" if r.get("compiled") else ""))
 
 
 def model_lines(merged: list[dict]) -> list[str]:
@@ -21,7 +25,7 @@ def model_lines(merged: list[dict]) -> list[str]:
     if not merged:
         return []
     first = next((r for r in merged if r.get("rounds")), merged[0])
-    opts = ", ".join(f"{k} {v}" for k, v in first["model"].items() if k not in ("positional", "attention"))
+    opts = ", ".join(f"{k} {v}" for k, v in first["model"].items() if k not in ("positional", "attention", "decay"))
     lines = [f"### model: one AdamW step of the whole DecoderLM (vocabulary {first['vocab_size']}; {opts})", ""]
     for batch, length in dict.fromkeys((r["batch"], r["length"]) for r in merged):
         lines += [f"Batch {batch}, N = {length:,}:", "",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["TARGETS", "find_record", "target_rows", "targets_markdown"]
+__all__ = ["TARGETS", "find_record", "record_decay", "target_rows", "targets_markdown"]
 
 # (name, limit) of every target; "≤" limits for ratios, "≥" for the others (see target_rows).
 TARGETS = {
@@ -26,11 +26,21 @@ def _verdict(ok: bool | None) -> str:
     return "not measured" if ok is None else ("met" if ok else "missed")
 
 
-def find_record(records: list[dict], mode: str, pos: str, impl: str, att: str, n: int) -> dict | None:
-    """The measured record of (mode, positional, impl, attention, length), or None (absent or skipped)."""
+def record_decay(r: dict) -> str:
+    """The decay a record was measured with: ``none`` for softmax and other packages' layers (they
+    take none); a record without its own (written before decay was a per-case field) has its
+    model options' (``--modes model``) or none."""
+    if r["attention"] in ("softmax", "performer-pytorch"):
+        return "none"
+    return r.get("decay", (r.get("model") or {}).get("decay", "none"))
+
+
+def find_record(records: list[dict], mode: str, pos: str, impl: str, att: str, n: int,
+                decay: str = "none") -> dict | None:
+    """The measured record of (mode, positional, impl, attention, length, decay), or None (absent or skipped)."""
     for r in records:
         if (r["mode"], r["positional"], r["impl"], r["attention"], r["length"]) == (mode, pos, impl, att, n) \
-                and "median_ms" in r:
+                and record_decay(r) == decay and "median_ms" in r:
             return r
     return None
 

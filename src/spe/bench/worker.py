@@ -88,8 +88,8 @@ def measure_model(case: dict, device: torch.device) -> dict:
 
 
 def model_step(case: dict, device: torch.device):
-    """(a function doing one AdamW step of a whole DecoderLM, {"parameters", "attention_window"(,
-    "resolved_impl")}).
+    """(a function doing one AdamW step of a whole DecoderLM, {"parameters", "attention_window",
+    "decay"(, "resolved_impl")}).
 
     With ``case["compiled"]`` the model's forward is ``torch.compile``d (the timed steps follow
     the untimed, compiling first one). The model is the one ``spe train --seq-len N`` builds from ``case["model"]``: the config
@@ -105,6 +105,8 @@ def model_step(case: dict, device: torch.device):
     options = dict(case["model"])
     options.update(positional=case["positional"], attention={"linear": "linear-elu"}.get(case["attention"],
                                                                                        case["attention"]))
+    if "decay" in case:  # --decay's mode for this case, over the model options'
+        options["decay"] = case["decay"]
     if options.get("decay", "none") != "none" and options["attention"] == "softmax":
         options["decay"] = "none"  # softmax takes no decay: its rows of a --decay run stay without
     options = resolve_model_options(options, seq_len=n)
@@ -121,7 +123,8 @@ def model_step(case: dict, device: torch.device):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    extra = {"parameters": model.num_parameters(), "attention_window": config.attention_window}
+    extra = {"parameters": model.num_parameters(), "attention_window": config.attention_window,
+             "decay": config.decay}
     if case["positional"] == "sinespe" and case["impl"] == "-":
         extra["resolved_impl"] = choose_sine_impl(b, n, config.num_heads, config.d_model // config.num_heads,
                                                   config.num_sines, config.num_realizations)
@@ -220,6 +223,8 @@ def main() -> None:
         return
     if case["mode"] == "generate":
         result["per_token_ms"] = result["median_ms"]
+    if case["mode"] != "model" and case["attention"] not in PEER_ATTENTIONS:
+        result["decay"] = _decay(case)  # what the layer was built with (softmax: none)
     if case["positional"] == "sinespe" and case["impl"] == "-" and case["mode"] != "model":
         length = case["length"] if case["mode"] == "train" else 1
         result["resolved_impl"] = choose_sine_impl(case["batch"], length, case["num_heads"], case["head_dim"],

@@ -277,8 +277,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     model = load_config_file(args.config or packaged_config("demo")).get("model", {})
-    if args.decay != "none":
-        model = {**model, "decay": args.decay}
+    decays = _decay_list(args.decay, model.get("decay", "none"))
     layer_modes = [m for m in modes if m != "model"]
     result = {"records": [], "matmul_gflops": None, "config": {}, "lengths": []}
     if layer_modes:
@@ -286,9 +285,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            attentions=attentions or BENCH_ATTENTIONS, batch=args.batch_size,
                            num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
                            device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs,
-                           decay=args.decay)
+                           decay=decays)
     if "model" in modes or args.longest:
-        result.update(_bench_model(args, model, model_series, attentions))
+        result.update(_bench_model(args, model, model_series, attentions, decays))
     if result["matmul_gflops"] is None:
         from spe.bench.run import matmul_gflops
 
@@ -308,7 +307,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_model(args: argparse.Namespace, model: dict, series, attentions) -> dict:
+def _decay_list(text: str | None, default: str) -> list[str]:
+    """``--decay none,fixed`` → ["none", "fixed"]; None gives the config's decay."""
+    from spe.ops.decay import DECAY_MODES
+
+    if text is None:
+        return [default]
+    wanted = [w.strip() for w in text.split(",") if w.strip()]
+    if not wanted or set(wanted) - set(DECAY_MODES):
+        raise UsageError(f"--decay takes a comma-separated subset of {', '.join(DECAY_MODES)}, got {text!r}")
+    return list(dict.fromkeys(wanted))
+
+
+def _bench_model(args: argparse.Namespace, model: dict, series, attentions, decays: list[str]) -> dict:
     """``--modes model`` (interleaved rounds of one AdamW step per encoding) and ``--longest``."""
     from spe.bench.model import longest_length, merge_rounds, parse_longest, parse_shapes, run_model_rounds
     from spe.models import ModelConfig
@@ -331,7 +342,7 @@ def _bench_model(args: argparse.Namespace, model: dict, series, attentions) -> d
         model_attentions = [a for a in attentions or [default_attention] if a not in PEER_ATTENTIONS]
         triples = [(p, i, a) for a in model_attentions or [default_attention] for p, i in series]
         raw = run_model_rounds(common, triples, shapes, args.rounds, timeout, progress=not args.no_progress,
-                               compiled=(False, True) if args.compile else (False,))
+                               compiled=(False, True) if args.compile else (False,), decays=decays)
         out.update(model_rounds=raw, model=merge_rounds(raw))
     out["longest"] = [longest_length(common, p, i, a, budget_mb=args.memory_budget_mb,
                                      measure_limit_mb=args.measure_limit_mb, start=args.longest_start,
@@ -426,7 +437,8 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--positionals", help="comma-separated subset of: ape, sinespe (the automatic choice), "
                    "sinespe:auto, sinespe:fused, sinespe:blocked, sinespe:materialized, sinespe:reference "
                    "(the straightforward twin), convspe (= convspe:fft), convspe:direct, ape-learned, rope, shaw, "
-                   "music-relative, alibi, none (default: all)")
+                   "music-relative, alibi, the feature encodings lrpe, permute, cosformer (linear kernels), the SPE "
+                   "oracles sinespe-exact, convspe-exact (softmax), none (default: all)")
     p.add_argument("--pairs", help="train/generate modes: exactly these POSITIONAL+ATTENTION cases, e.g. "
                    "ape+softmax,ape+performer,sinespe:blocked+performer (instead of every --positionals × "
                    "--attentions pair)")
@@ -445,10 +457,11 @@ def _add_bench_parser(sub) -> None:
                    "performer-pytorch (lucidrains' layer, train mode with ape/none, if installed)")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)
-    p.add_argument("--decay", choices=("none", "fixed", "learned"), default="none",
-                   help="decay on the lag for every linear-kernel case (softmax cases stay without): fixed "
-                   "(RetNet's γ_h) or learned; recorded in the JSON's config (default none). Compare with a "
-                   "run without it, e.g. --positionals rope --decay fixed for RetNet's scheme")
+    p.add_argument("--decay", metavar="DECAYS",
+                   help="comma-separated decay modes (none, fixed, learned) on the lag, each measured for every "
+                   "linear-kernel case in the same run (softmax cases once, without): fixed is RetNet's γ_h, "
+                   "learned starts there; e.g. --decay none,fixed gives RoPE and RoPE + decay (RetNet's "
+                   "scheme) side by side, as ratios to APE without decay (default: the --config's, none)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--compile", action="store_true",
                    help="--modes model: also measure every encoding with torch.compile (rows marked compiled)")
