@@ -23,7 +23,7 @@ from spe.bench.tables import longest_lines, model_lines
 from spe.bench.targets import find_record, record_decay, targets_markdown
 from spe.encodings.registry import positional_names
 
-__all__ = ["BENCH_ATTENTIONS", "SERIES", "SPE_IMPLS", "bench_markdown", "layer_flops", "matmul_gflops", "parse_pairs",
+__all__ = ["BENCH_ATTENTIONS", "SERIES", "SPE_IMPLS", "bench_markdown", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs",
            "parse_series", "run_bench", "run_case", "series_name", "summarize_bench", "write_outputs"]
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,24 @@ def parse_pairs(text: str) -> list[tuple[str, str, str]]:
     if not out:
         raise ValueError(f"--pairs names no case: {text!r}")
     return list(dict.fromkeys(out))
+
+
+def parse_decays(text: str | None, default: str = "none") -> list[str]:
+    """``--decay`` → decay modes, e.g. ``"none,fixed"`` → ["none", "fixed"]; None gives ``[default]``
+    (the ``--config``'s decay).
+
+    Raises:
+        ValueError: naming the text when it names no mode or one outside
+            :data:`spe.ops.decay.DECAY_MODES`.
+    """
+    from spe.ops.decay import DECAY_MODES
+
+    if text is None:
+        return [default]
+    wanted = [w.strip() for w in text.split(",") if w.strip()]
+    if not wanted or set(wanted) - set(DECAY_MODES):
+        raise ValueError(f"--decay takes a comma-separated subset of {', '.join(DECAY_MODES)}, got {text!r}")
+    return list(dict.fromkeys(wanted))
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:

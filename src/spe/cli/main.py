@@ -257,8 +257,8 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from spe.bench.peers import PEER_ATTENTIONS
-    from spe.bench.run import (BENCH_ATTENTIONS, MODES, parse_pairs, parse_series, run_bench, summarize_bench,
-                               write_outputs)
+    from spe.bench.run import (BENCH_ATTENTIONS, MODES, parse_decays, parse_pairs, parse_series, run_bench,
+                               summarize_bench, write_outputs)
     from spe.train.config import load_config_file, packaged_config
 
     if args.modes is None:  # --longest alone runs only the search
@@ -277,7 +277,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     model = load_config_file(args.config or packaged_config("demo")).get("model", {})
-    decays = _decay_list(args.decay, model.get("decay", "none"))
+    try:
+        decays = parse_decays(args.decay, model.get("decay", "none"))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     layer_modes = [m for m in modes if m != "model"]
     result = {"records": [], "matmul_gflops": None, "config": {}, "lengths": []}
     if layer_modes:
@@ -305,18 +308,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"scaling exponent {key}: {value['exponent']:.2f} (N={value['from']}..{value['to']})")
     log.info("wrote %s, %s and plots in %s", json_path, out / "bench.md", out)
     return 0
-
-
-def _decay_list(text: str | None, default: str) -> list[str]:
-    """``--decay none,fixed`` → ["none", "fixed"]; None gives the config's decay."""
-    from spe.ops.decay import DECAY_MODES
-
-    if text is None:
-        return [default]
-    wanted = [w.strip() for w in text.split(",") if w.strip()]
-    if not wanted or set(wanted) - set(DECAY_MODES):
-        raise UsageError(f"--decay takes a comma-separated subset of {', '.join(DECAY_MODES)}, got {text!r}")
-    return list(dict.fromkeys(wanted))
 
 
 def _bench_model(args: argparse.Namespace, model: dict, series, attentions, decays: list[str]) -> dict:
@@ -434,11 +425,9 @@ def _add_bench_parser(sub) -> None:
                         "rounds); default train,generate, or nothing but the search with --longest")
     p.add_argument("--config", help="TOML whose [model] section builds the model for --modes model and --longest "
                    "(default: the packaged demo config)")
-    p.add_argument("--positionals", help="comma-separated subset of: ape, sinespe (the automatic choice), "
-                   "sinespe:auto, sinespe:fused, sinespe:blocked, sinespe:materialized, sinespe:reference "
-                   "(the straightforward twin), convspe (= convspe:fft), convspe:direct, ape-learned, rope, shaw, "
-                   "music-relative, alibi, the feature encodings lrpe, permute, cosformer (linear kernels), the SPE "
-                   "oracles sinespe-exact, convspe-exact (softmax), none (default: all)")
+    p.add_argument("--positionals", help="comma-separated subset of: ape, sinespe (auto), sinespe:fused|blocked|"
+                   "materialized|reference, convspe (fft), convspe:direct, ape-learned, rope, shaw, music-relative, "
+                   "alibi, lrpe, permute, cosformer, sinespe-exact, convspe-exact, none (default: all)")
     p.add_argument("--pairs", help="train/generate modes: exactly these POSITIONAL+ATTENTION cases, e.g. "
                    "ape+softmax,ape+performer,sinespe:blocked+performer (instead of every --positionals × "
                    "--attentions pair)")
@@ -457,11 +446,9 @@ def _add_bench_parser(sub) -> None:
                    "performer-pytorch (lucidrains' layer, train mode with ape/none, if installed)")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)
-    p.add_argument("--decay", metavar="DECAYS",
-                   help="comma-separated decay modes (none, fixed, learned) on the lag, each measured for every "
-                   "linear-kernel case in the same run (softmax cases once, without): fixed is RetNet's γ_h, "
-                   "learned starts there; e.g. --decay none,fixed gives RoPE and RoPE + decay (RetNet's "
-                   "scheme) side by side, as ratios to APE without decay (default: the --config's, none)")
+    p.add_argument("--decay", metavar="DECAYS", help="decay modes (none, fixed, learned), each measured for every "
+                   "linear-kernel case in one run (softmax once), e.g. none,fixed: RoPE and RoPE + decay side by "
+                   "side as ratios to APE without decay (default: the --config's, none)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--compile", action="store_true",
                    help="--modes model: also measure every encoding with torch.compile (rows marked compiled)")
