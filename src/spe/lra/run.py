@@ -61,7 +61,7 @@ def _markdown(cfg: LRAConfig, summary: dict, results: list[dict]) -> str:
 
 
 def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int | None = None,
-            progress: bool = True) -> dict:
+            progress: bool = True, splits: dict | None = None) -> dict:
     """Trains and tests ``cfg`` once per seed (resumable), then writes the summary.
 
     Under ``torchrun`` every process calls this with the same arguments: each seed's global
@@ -74,6 +74,8 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
         out: the experiment folder; it must not hold a different configuration.
         threads: torch CPU threads (None or 0: torch's default).
         progress: tqdm bars.
+        splits: the task's splits as :func:`load_splits` gives them for ``cfg`` (None: loaded
+            here); lets a study load them once for several experiments.
 
     Returns:
         The summary (``results.json``'s content).
@@ -96,7 +98,7 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
         if not ctx.is_main:
             _check_config(out, cfg)
         log.info("%s: %d seed(s), %d process(es)", out, len(seeds), ctx.world_size)
-        splits = load_splits(cfg)
+        splits = load_splits(cfg) if splits is None else splits
         results = []
         for seed in seeds:
             results.append(train_seed(cfg, splits, seed, out / f"seed{seed}", progress=progress))
