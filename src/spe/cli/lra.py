@@ -41,7 +41,8 @@ def _model_options(args: argparse.Namespace) -> dict:
     for text in args.model_option or []:
         key, value = parse_model_option(text)
         if key in options and options[key] != value:
-            given = f"--decay {args.decay}" if key == "decay" and args.decay else f"--model-option {key}={options[key]!r}"
+            given = (f"--decay {args.decay}" if key == "decay" and args.decay
+                     else f"--model-option {key}={options[key]!r}")
             raise ValueError(f"--model-option {key}={value!r} contradicts {given}; give one value")
         options[key] = value
     return options

@@ -7,6 +7,7 @@ A study plan is a TOML file (packaged: ``src/spe/configs/lra/NAME.toml``, e.g. `
     preset = "cpu-small"
     seeds = [0, 1, 2]
     reference = "ape-performer"         # the row others are compared with (accuracy, step time)
+    baseline = "sinespe-performer"      # optional: the row the ablations change (drawn in every panel)
     groups = { decomposition = "...", ablation = "..." }   # optional: group titles, in plot order
 
     [defaults]                          # optional: LRAConfig options of every row
@@ -59,9 +60,12 @@ class StudyPlan:
         task, preset: of every row.
         seeds: seeds of every row.
         reference: the row others are compared with, or None.
+        baseline: the row that other rows change one thing of, or None (the loss plot draws it
+            and the reference in every panel).
         groups: group name -> title, in the order of the results and the plot's panels.
-        rows: name -> ``{"group", "description", "positional", "attention", "options"}``, options
-            being the row's :class:`LRAConfig` overrides (``model`` included), in plan order.
+        rows: name -> ``{"group", "description", "positional", "attention", "options", "changes"}``,
+            options being the row's :class:`LRAConfig` overrides (``model`` included, ``[defaults]``
+            merged in), changes the row's own, in plan order.
     """
 
     path: str
@@ -70,6 +74,7 @@ class StudyPlan:
     preset: str
     seeds: list[int]
     reference: str | None
+    baseline: str | None = None
     groups: dict[str, str] = field(default_factory=dict)
     rows: dict[str, dict] = field(default_factory=dict)
 
@@ -105,9 +110,9 @@ def _row(where: str, spec: dict, defaults: dict) -> dict:
         raise ValueError(f"{where}: give {' and '.join(missing)}")
     row = {"group": str(spec.pop("group", "rows")), "description": str(spec.pop("description", "")),
            "positional": spec.pop("positional"), "attention": spec.pop("attention")}
-    base = dict(defaults)
-    model = {**base.pop("model", {}), **spec.pop("model", {})}
-    row["options"] = {**base, **spec, "model": model}
+    base, own_model = dict(defaults), spec.pop("model", {})
+    row["options"] = {**base, **spec, "model": {**base.pop("model", {}), **own_model}}
+    row["changes"] = {**({"model": own_model} if own_model else {}), **spec}  # what the row adds to the defaults
     return row
 
 
@@ -130,13 +135,14 @@ def load_study(path_or_name: str) -> StudyPlan:
         raise ValueError(f"study plan {path}: give task (e.g. task = \"listops\")")
     plan = StudyPlan(path=path, title=str(raw.pop("title", Path(path).stem)), task=task, preset=preset,
                      seeds=[int(s) for s in raw.pop("seeds", [0, 1, 2])], reference=raw.pop("reference", None),
-                     groups=dict(raw.pop("groups", {})))
+                     baseline=raw.pop("baseline", None), groups=dict(raw.pop("groups", {})))
     defaults = raw.pop("defaults", {})
     if raw:
         raise ValueError(f"study plan {path}: unknown top-level key(s) {sorted(raw)}; known: title, task, preset, "
-                         "seeds, reference, groups, defaults, rows")
-    if plan.reference is not None and plan.reference not in rows:
-        raise ValueError(f"study plan {path}: reference {plan.reference!r} is not one of its rows")
+                         "seeds, reference, baseline, groups, defaults, rows")
+    for key in ("reference", "baseline"):
+        if getattr(plan, key) is not None and getattr(plan, key) not in rows:
+            raise ValueError(f"study plan {path}: {key} {getattr(plan, key)!r} is not one of its rows")
     for name, spec in rows.items():
         where = f"study plan {path}, row {name!r}"
         plan.rows[name] = _row(where, spec, defaults)

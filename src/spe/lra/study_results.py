@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
+import textwrap
 from pathlib import Path
 
 from spe import strict_json
@@ -68,12 +70,14 @@ def collect_row(folder: str | Path, name: str, row: dict, planned_seeds: list[in
     Args:
         folder: the row's ``spe lra`` experiment folder.
         name: the row's name.
-        row: its plan entry (``group``, ``description``, ``positional``, ``attention``, ``options``).
+        row: its plan entry (``group``, ``description``, ``positional``, ``attention``, ``options``,
+            ``changes``).
         planned_seeds: the plan's seeds (``status`` is ``done`` once all of them are finished).
     """
     found = _seed_results(Path(folder))
     record = {"name": name, "group": row["group"], "description": row["description"],
-              "positional": row["positional"], "attention": row["attention"], "options": row["options"]}
+              "positional": row["positional"], "attention": row["attention"], "options": row["options"],
+              "changes": row.get("changes", row["options"])}
     if not found:
         return {**record, "status": "not run", "seeds": [], "test_accuracy": [], "mean": None, "std": None,
                 "val_accuracy": [], "best_val_mean": None, "step_seconds": None, "loss_curve": [],
@@ -99,7 +103,7 @@ def collect_study(plan, out: str | Path) -> dict:
     out = Path(out)
     rows = [collect_row(out / name, name, row, plan.seeds) for name, row in plan.rows.items()]
     doc = {"title": plan.title, "plan": plan.path, "task": plan.task, "preset": plan.preset, "seeds": plan.seeds,
-           "reference": plan.reference, "groups": plan.groups, "rows": rows}
+           "reference": plan.reference, "baseline": plan.baseline, "groups": plan.groups, "rows": rows}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(doc, indent=2)))
     atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(study_markdown(doc)))
@@ -109,8 +113,8 @@ def collect_study(plan, out: str | Path) -> dict:
 
 
 def _options(row: dict) -> str:
-    """The row's options as ``key=value`` (model options first)."""
-    options = dict(row["options"])
+    """The row's own options (beside the plan's defaults) as ``key=value``, model options first."""
+    options = dict(row["changes"])
     model = options.pop("model", {})
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in [*model.items(), *options.items()]) or "–"
 
@@ -153,7 +157,8 @@ def study_markdown(doc: dict) -> str:
 
 
 def plot_study_losses(doc: dict, path: str | Path) -> Path | None:
-    """Training loss (running mean, nats) against steps, mean over seeds, one panel per group.
+    """Training loss (running mean, nats) against steps, mean over seeds, one panel per group; the
+    reference (dashed) and the baseline (dotted) rows are drawn in every panel.
 
     Returns:
         The file written, or None without matplotlib (a warning says so).
@@ -167,15 +172,26 @@ def plot_study_losses(doc: dict, path: str | Path) -> Path | None:
         log.warning("no loss plot: matplotlib is not installed (pip install 'spe[lra]')")
         return None
     groups = [g for g in doc["groups"] if any(r["loss_curve"] for r in doc["rows"] if r["group"] == g)]
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.5), squeeze=False)
-    for ax, group in zip(axes[0], groups):
-        for row in (r for r in doc["rows"] if r["group"] == group and r["loss_curve"]):
-            steps, losses = zip(*row["loss_curve"])
-            ax.plot(steps, losses, label=f"{row['name']} ({len(row['seeds'])})",
-                    linewidth=2.2 if row["name"] == doc.get("reference") else 1.2)
-        ax.set(title=doc["groups"][group], xlabel="step", ylabel="training loss (nats, running mean)")
+    # the reference and the ablations' baseline in every panel, for scale
+    marks = [(r, style) for name, style in ((doc.get("reference"), "k--"), (doc.get("baseline"), "k:"))
+             for r in doc["rows"] if r["name"] == name and r["loss_curve"]]
+    ncols = min(2, len(groups))
+    nrows = math.ceil(len(groups) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.8 * nrows), squeeze=False)
+    for ax, group in zip(axes.flat, groups):
+        members = [r for r in doc["rows"] if r["group"] == group and r["loss_curve"]]
+        colors = plt.cm.tab20(range(len(members))) if len(members) > 10 else [None] * len(members)
+        for row, color in zip(members, colors):
+            ax.plot(*zip(*row["loss_curve"]), label=f"{row['name']} ({len(row['seeds'])})", color=color)
+        for row, style in marks:
+            if row["group"] != group:
+                ax.plot(*zip(*row["loss_curve"]), style, linewidth=1.5, label=f"{row['name']} ({len(row['seeds'])})")
+        ax.set_title(textwrap.fill(doc["groups"][group], 70), fontsize=9)
+        ax.set(xlabel="step", ylabel="training loss (nats, running mean)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
     fig.suptitle(f"{doc['title']}: mean over seeds (seeds in brackets)", fontsize=10)
     fig.tight_layout()
     path = Path(path)
