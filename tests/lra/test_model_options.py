@@ -77,12 +77,10 @@ def test_folders_without_options_keep_their_names(seen):
 
 def test_text_values_are_made_safe_for_a_folder_name(seen):
     assert main(["lra", "--task", "listops", "--model-option", 'spe_impl="a/b c"']) != 0  # refused by the config
-    from argparse import Namespace
+    from spe.lra import default_folder
 
-    from spe.cli.lra import default_out
-
-    args = Namespace(preset=None, task="text", attention=None, positional=None, listops_pipeline=None)
-    assert default_out(args, {"spe_impl": "a/b c"}, 1.0).name == "text-performer-sinespe-spe_impl-a_b_c"
+    cfg = preset_config("text", "sinespe", "performer")
+    assert default_folder(cfg, {"spe_impl": "a/b c"}).name == "text-performer-sinespe-spe_impl-a_b_c"
 
 
 @pytest.mark.parametrize("option,message", [

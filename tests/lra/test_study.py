@@ -188,7 +188,7 @@ def test_runner_errors_before_any_run(tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown row\\(s\\) nope of study plan"):
         run_study(load_study(str(plan_file)), tmp_path / "out", only=["nope"])
     assert main(["lra", "--plan", str(plan_file), "--positional", "ape"]) == 2
-    assert "--positional cannot be given with it" in capsys.readouterr().err
+    assert "a study plan sets --positional per row" in capsys.readouterr().err
     assert main(["lra", "--collect"]) == 2
-    assert "give its --plan" in capsys.readouterr().err
+    assert "--only and --collect select rows of a study: give --plan" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -11,132 +11,70 @@ import argparse
 import os
 from pathlib import Path
 
-__all__ = ["add_lra_parser", "cmd_lra", "default_out"]
+__all__ = ["add_lra_parser", "cmd_lra"]
 
 _TASKS = ("listops", "text", "retrieval", "image")
-
-
-def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"--seeds takes comma-separated integers, e.g. 0,1,2; got {text!r}") from None
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds takes distinct integers ≥ 0, got {text!r}")
-    return seeds
-
-
-# Flags that define an experiment: a study plan sets them per row, so they are refused beside --plan.
+# Flags that define an experiment: a study plan sets them per row. Run flags go to every row.
 _EXPERIMENT_FLAGS = ("task", "positional", "attention", "decay", "preset", "listops_pipeline", "batch_size",
                      "eval_every", "max_length", "num_realizations", "model_option", "positional_lr_scale")
-# Options of a run that --plan passes on to every row.
-_RUN_FLAGS = ("data", "steps", "device", "precision", "keep_checkpoints")
-
-
-def _model_options(args: argparse.Namespace) -> dict:
-    """--decay and every --model-option KEY=VALUE as one dict of model options."""
-    from spe.lra.config import parse_model_option
-
-    options = {"decay": args.decay} if args.decay else {}
-    for text in args.model_option or []:
-        key, value = parse_model_option(text)
-        if key in options and options[key] != value:
-            given = (f"--decay {args.decay}" if key == "decay" and args.decay
-                     else f"--model-option {key}={options[key]!r}")
-            raise ValueError(f"--model-option {key}={value!r} contradicts {given}; give one value")
-        options[key] = value
-    return options
-
-
-def _folder_part(value) -> str:
-    text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-    return "".join(c if c.isalnum() or c in "._+" else "_" for c in text)
-
-
-def default_out(args: argparse.Namespace, model_options: dict, positional_lr_scale: float) -> Path:
-    """runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, + -lra-2021 for that pipeline, + -KEY-VALUE per
-    model option (sorted by key; --decay none adds nothing, as before the option existed) and for a
-    positional_lr_scale other than 1, so that two settings never share a default folder."""
-    parts = {k: v for k, v in model_options.items() if not (k == "decay" and v == "none")}
-    if positional_lr_scale != 1.0:
-        parts["positional_lr_scale"] = positional_lr_scale
-    pipeline = "" if args.listops_pipeline in (None, "lossless") else f"-{args.listops_pipeline}"
-    suffix = "".join(f"-{key}-{_folder_part(parts[key])}" for key in sorted(parts))
-    return Path(f"runs/lra/{args.preset or 'cpu-small'}/{args.task}-{args.attention or 'performer'}-"
-                f"{args.positional or 'sinespe'}{pipeline}{suffix}")
+_RUN_FLAGS = ("data", "steps", "device", "precision", "keep_checkpoints", "tensorboard", "compile")
 
 
 def cmd_lra(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be positive, got {args.threads}")
-    if args.plan or args.collect:
-        return _cmd_plan(args)
-    if args.only:
-        raise ValueError("--only selects rows of a study plan: give --plan too")
-    if args.task is None:
-        raise ValueError("give --task (listops, text, retrieval, image) or a study --plan")
-    return _cmd_experiment(args)
-
-
-def _cmd_experiment(args: argparse.Namespace) -> int:
-    from spe.lra import preset_config, run_lra
-
     if args.num_realizations is not None and args.num_realizations < 1:
         raise ValueError(f"--num-realizations must be positive, got {args.num_realizations}")
-    model = _model_options(args)
-    cfg = preset_config(args.task, args.positional or "sinespe", args.attention or "performer",
-                        preset=args.preset or "cpu-small", data=args.data, steps=args.steps,
-                        max_length=args.max_length, device=args.device, num_realizations=args.num_realizations,
-                        batch_size=args.batch_size, eval_every=args.eval_every, precision=args.precision,
-                        keep_checkpoints=args.keep_checkpoints, tensorboard=args.tensorboard or None,
-                        compile=args.compile or None, listops_pipeline=args.listops_pipeline,
-                        positional_lr_scale=args.positional_lr_scale, model=model or None)
-    out = Path(args.out) if args.out else default_out(args, model, cfg.positional_lr_scale)
-    summary = run_lra(cfg, _seeds(args.seeds or "0"), out, threads=args.threads, progress=not args.no_progress)
-    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports
-        return 0
-    print((out / "results.md").read_text(), end="")
-    print(f"results: {out / 'results.json'} (mean {summary['mean']:.2f} ± {summary['std']:.2f} %)")
+    if args.plan or args.collect or args.only:
+        out, line = _cmd_plan(args)
+    elif args.task is None:
+        raise ValueError("give --task (listops, text, retrieval, image) or a study --plan")
+    else:
+        out, line = _cmd_experiment(args)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 reports
+        print((out / "results.md").read_text(), end="")
+        print(line)
     return 0
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
-    """--plan: every row (or --only) of a study plan; --collect: only the results of what has run."""
-    from spe.lra.study import load_study, run_study
-    from spe.lra.study_results import collect_study
+def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
+    from spe.lra import default_folder, model_options, parse_seeds, preset_config, run_lra
 
+    model = model_options(args.model_option or [], decay=args.decay)
+    cfg = preset_config(args.task, args.positional or "sinespe", args.attention or "performer",
+                        preset=args.preset or "cpu-small", listops_pipeline=args.listops_pipeline, model=model or None,
+                        positional_lr_scale=args.positional_lr_scale, num_realizations=args.num_realizations,
+                        max_length=args.max_length, batch_size=args.batch_size, eval_every=args.eval_every,
+                        **{f: getattr(args, f) for f in _RUN_FLAGS if getattr(args, f) is not False})
+    out = Path(args.out) if args.out else default_folder(cfg, model)
+    summary = run_lra(cfg, parse_seeds(args.seeds or "0"), out, threads=args.threads, progress=not args.no_progress)
+    return out, f"results: {out / 'results.json'} (mean {summary['mean']:.2f} ± {summary['std']:.2f} %)"
+
+
+def _cmd_plan(args: argparse.Namespace) -> tuple[Path, str]:
+    """--plan: every row (or --only) of a study plan; --collect: only the results of what has run."""
+    from spe.lra import collect_study, load_study, parse_seeds, run_study
+
+    given = [f"--{f.replace('_', '-')}" for f in _EXPERIMENT_FLAGS if getattr(args, f) not in (None, False, [])]
     if not args.plan:
-        raise ValueError("--collect rebuilds the results of a study: give its --plan (and --out)")
-    given = [f for f in _EXPERIMENT_FLAGS if getattr(args, f) not in (None, False, [])]
+        raise ValueError("--only and --collect select rows of a study: give --plan")
     if given:
-        raise ValueError(f"--plan sets every experiment option per row; {', '.join(_flag(f) for f in given)} "
-                         f"cannot be given with it (allowed: --only, --seeds, --out, --threads, --collect, "
-                         f"{', '.join(_flag(f) for f in _RUN_FLAGS)}, --tensorboard, --compile, --no-progress)")
+        raise ValueError(f"a study plan sets {', '.join(given)} per row: leave them out, or write a plan")
     plan = load_study(args.plan)
     out = Path(args.out or f"runs/lra/{plan.preset}/{Path(plan.path).stem}")
     if args.collect:
         collect_study(plan, out)
     else:
         only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
-        run_study(plan, out, only=only, seeds=_seeds(args.seeds) if args.seeds else None, threads=args.threads,
-                  progress=not args.no_progress, tensorboard=args.tensorboard or None, compile=args.compile or None,
-                  **{f: getattr(args, f) for f in _RUN_FLAGS})
-    if os.environ.get("RANK", "0") != "0":
-        return 0
-    print((out / "results.md").read_text(), end="")
-    print(f"results: {out / 'results.json'}, {out / 'results.md'}, {out / 'loss.png'}")
-    return 0
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+        run_study(plan, out, only=only, seeds=parse_seeds(args.seeds) if args.seeds else None, threads=args.threads,
+                  progress=not args.no_progress, **{f: v for f in _RUN_FLAGS if (v := getattr(args, f)) is not False})
+    return out, f"results: {out / 'results.json'}, {out / 'results.md'}, {out / 'loss.png'}"
 
 
 def add_lra_parser(sub) -> None:
     p = sub.add_parser("lra", help="Long Range Arena: train encoder classifiers over seeds, test the best checkpoints")
     p.add_argument("--task", choices=_TASKS, help="the task (required unless --plan is given)")
-    p.add_argument("--data", help="the task's folder in its official layout (default: the embedded data: "
-                                  "generated ListOps, Text/Retrieval/Image proxies)")
+    p.add_argument("--data", help="the task's folder in its official layout (default: the embedded data)")
     p.add_argument("--positional",
                    help="ape, ape-learned, sinespe, convspe, convspe-2d (image), rope, none; with linear kernels "
                         "also lrpe, permute, cosformer; with softmax also shaw, music-relative, alibi and the "
@@ -155,22 +93,14 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--eval-every", type=int, help="steps between validations (default: the preset's)")
     p.add_argument("--max-length", type=int, help="tokens per sequence / document (default: the preset's)")
     p.add_argument("--num-realizations", type=int, help="R for SPE (default: the preset's)")
-    p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
-                   help="any model option of the classifier, e.g. gated=false, gate_init=-2, num_realizations=64, "
-                        "code_noise=orthogonal, share_across_layers=true, frequency_init=spread, num_sines=20 "
-                        "(VALUE read as TOML: true/false, numbers, else text; repeatable; wins over the preset)")
-    p.add_argument("--positional-lr-scale", type=float,
-                   help="learning-rate multiplier of the positional-encoding parameters (default 1)")
-    p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, "
-                                 "+ -lra-2021 with that ListOps pipeline, + -KEY-VALUE per model option and "
-                                 "--decay fixed/learned, sorted by key, + -positional_lr_scale-X; with --plan: "
-                                 "runs/lra/PRESET/PLAN)")
-    p.add_argument("--plan", help="a study plan (TOML file, or a packaged one: listops-study): every row over its "
-                                  "seeds into OUT/ROW (resumable), then OUT/results.json, results.md, loss.png")
-    p.add_argument("--only", help="with --plan: comma-separated rows to run (default all); runners with disjoint "
-                                  "lists may share --out")
-    p.add_argument("--collect", action="store_true",
-                   help="with --plan: train nothing, rebuild OUT/results.json, results.md and loss.png")
+    p.add_argument("--model-option", action="append", metavar="KEY=VALUE", help="any classifier option, e.g. "
+                   "gated=false, gate_init=-2, code_noise=orthogonal (VALUE read as TOML, else text; repeatable)")
+    p.add_argument("--positional-lr-scale", type=float, help="lr multiplier of positional parameters (default 1)")
+    p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, + -lra-2021, "
+                   "+ -KEY-VALUE per option, sorted; with --plan runs/lra/PRESET/PLAN)")
+    p.add_argument("--plan", help="study plan (TOML, or listops-study): rows × seeds into OUT/ROW, then OUT/results.*")
+    p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
+    p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),

@@ -20,7 +20,7 @@ from spe.train.optim import SCHEDULES  # one list of schedules, re-exported here
 from spe.train.optim import check_lr_scale
 
 __all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "SCHEDULES", "LRAConfig", "load_preset",
-           "model_option_names", "parse_model_option", "preset_config"]
+           "model_option_names", "model_options", "parse_model_option", "parse_seeds", "preset_config"]
 
 PRESETS = ("paper", "cpu-small")
 # Options that change how a run is carried out, not what it computes: an experiment folder may be
@@ -221,6 +221,37 @@ def parse_model_option(text: str) -> tuple[str, bool | int | float | str]:
     if not isinstance(value, bool | int | float | str):
         raise ValueError(f"--model-option {key}: VALUE must be a number, true, false or a string, got {raw!r}")
     return key, value
+
+
+def model_options(texts: list[str], *, decay: str | None = None) -> dict:
+    """``spe lra --decay`` and every ``--model-option KEY=VALUE`` as one dict of model options.
+
+    Raises:
+        ValueError: as :func:`parse_model_option`, or naming two values given for one key.
+    """
+    options = {"decay": decay} if decay else {}
+    for text in texts:
+        key, value = parse_model_option(text)
+        if key in options and options[key] != value:
+            given = f"--decay {decay}" if key == "decay" and decay else f"--model-option {key}={options[key]!r}"
+            raise ValueError(f"--model-option {key}={value!r} contradicts {given}; give one value")
+        options[key] = value
+    return options
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds 0,1,2`` as distinct integers ≥ 0.
+
+    Raises:
+        ValueError: naming ``text`` otherwise.
+    """
+    try:
+        seeds = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers, e.g. 0,1,2; got {text!r}") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds takes distinct integers ≥ 0, got {text!r}")
+    return seeds
 
 
 def load_preset(preset: str) -> dict:
