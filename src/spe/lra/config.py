@@ -10,16 +10,17 @@ Later tables win: defaults < task < positional < explicit options.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib import resources
 
 from spe.data.listops import PIPELINES as LISTOPS_PIPELINES
 from spe.data.lra.tasks import TASKS
 from spe.encodings.registry import EXACT_TWINS
 from spe.train.optim import SCHEDULES  # one list of schedules, re-exported here
+from spe.train.optim import check_lr_scale
 
 __all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "SCHEDULES", "LRAConfig", "load_preset",
-           "preset_config"]
+           "model_option_names", "model_options", "parse_model_option", "parse_seeds", "preset_config"]
 
 PRESETS = ("paper", "cpu-small")
 # Options that change how a run is carried out, not what it computes: an experiment folder may be
@@ -27,6 +28,9 @@ PRESETS = ("paper", "cpu-small")
 RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile")
 _DATA_KEYS = ("num_train", "num_val", "num_test", "max_depth", "max_args", "min_length", "max_length",
               "drop_parentheses")
+# ClassifierConfig fields an LRA experiment sets itself: from the data, or from its own fields.
+_MODEL_KEYS_FROM_RUN = {"vocab_size": "the data", "num_classes": "the data", "grid": "the data",
+                        "max_positions": "the data", "positional": "--positional", "attention": "--attention"}
 
 
 @dataclass
@@ -71,6 +75,9 @@ class LRAConfig:
             SPE paper: operators without ``[``, digits, no ``]`` and no parentheses; see
             :class:`spe.data.listops.ListOpsTokenizer`). Part of the experiment: a folder run
             with one pipeline refuses the other. ListOps only.
+        positional_lr_scale: learning-rate multiplier of the positional-encoding parameters
+            (SPE frequencies, gains, filters and gates, learned embeddings; see
+            :func:`spe.train.optim.param_groups`); 1.0: the model's learning rate.
     """
 
     task: str
@@ -98,6 +105,7 @@ class LRAConfig:
     keep_checkpoints: int = 2
     compile: bool = False
     listops_pipeline: str = "lossless"
+    positional_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -120,19 +128,26 @@ class LRAConfig:
         if self.task != "listops" and self.listops_pipeline != "lossless":
             raise ValueError(f"listops_pipeline applies to ListOps only, got {self.listops_pipeline!r} "
                              f"for task {self.task!r}")
+        self.positional_lr_scale = check_lr_scale(self.positional_lr_scale)
         unknown = set(self.data_options) - set(_DATA_KEYS)
         if unknown:
             raise ValueError(f"unknown data options {sorted(unknown)}; allowed: {', '.join(_DATA_KEYS)}")
         self._check_model()
 
     def _check_model(self) -> None:
-        """Refuses an impossible model before any data is loaded (sizes come from the data later)."""
+        """Refuses an impossible model before any data is loaded (sizes come from the data later):
+        each option alone (so that the message names it), then all of them together."""
         from spe.models.classifier_config import ClassifierConfig
 
-        options = {k: v for k, v in self.model.items()
-                   if k not in ("vocab_size", "num_classes", "grid", "positional", "attention")}
-        ClassifierConfig(vocab_size=512, num_classes=2, positional=self.positional, attention=self.attention,
-                         grid=(1, 1), **options)
+        base = {"vocab_size": 512, "num_classes": 2, "positional": self.positional, "attention": self.attention,
+                "grid": (1, 1)}
+        for key, value in self.model.items():
+            _check_model_option(key, value, base)
+        options = dict(self.model)
+        try:
+            ClassifierConfig(**base, **options)
+        except TypeError as err:  # a value of the wrong type deep in a check
+            raise ValueError(f"model options {options}: {err}") from None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -141,6 +156,102 @@ class LRAConfig:
     def from_dict(cls, values: dict) -> LRAConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def model_option_names() -> tuple[str, ...]:
+    """The :class:`~spe.models.ClassifierConfig` options an LRA experiment takes in ``model`` (sorted)."""
+    from spe.models.classifier_config import ClassifierConfig
+
+    return tuple(sorted(f.name for f in fields(ClassifierConfig) if f.name not in _MODEL_KEYS_FROM_RUN))
+
+
+def _model_defaults() -> dict:
+    from spe.models.classifier_config import ClassifierConfig
+
+    return {f.name: f.default for f in fields(ClassifierConfig) if f.default is not MISSING}
+
+
+def _check_model_option(key: str, value, base: dict) -> None:
+    """One model option on its own: a known name, a value of its default's type, accepted by the config.
+
+    Raises:
+        ValueError: naming the option, the value and what is allowed.
+    """
+    from spe.models.classifier_config import ClassifierConfig
+
+    allowed = model_option_names()
+    if key not in allowed:
+        where = f"it is set by {_MODEL_KEYS_FROM_RUN[key]}" if key in _MODEL_KEYS_FROM_RUN else \
+            f"allowed: {', '.join(allowed)}"
+        raise ValueError(f"unknown model option {key}={value!r}; {where}")
+    default = _model_defaults().get(key)
+    kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(type(default))
+    if kind and not _of_kind(value, type(default)):
+        raise ValueError(f"model option {key} must be {kind} (default {default!r}), got {value!r}")
+    try:
+        ClassifierConfig(**base, **{key: value})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"model option {key}={value!r}: {err}") from None
+
+
+def _of_kind(value, kind: type) -> bool:
+    if kind is bool or isinstance(value, bool):
+        return isinstance(value, bool) and kind is bool
+    return isinstance(value, int | float) if kind is float else isinstance(value, kind)
+
+
+def parse_model_option(text: str) -> tuple[str, bool | int | float | str]:
+    """``KEY=VALUE`` (``spe lra --model-option``) as ``(key, value)``: VALUE read as a TOML scalar
+    (``true``, ``false``, ``64``, ``-2.5``, ``1e-3``, ``"text"``), else as the text itself
+    (``spread``, ``orthogonal``).
+
+    Only the syntax is checked here; :class:`LRAConfig` checks the option (name, type, value).
+
+    Raises:
+        ValueError: naming ``text`` when it has no ``=``, no key, or a value that is not a scalar.
+    """
+    key, sep, raw = text.partition("=")
+    key, raw = key.strip(), raw.strip()
+    if not sep or not key:
+        raise ValueError(f"--model-option takes KEY=VALUE (e.g. gated=false, num_realizations=64), got {text!r}")
+    try:
+        value = tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    if not isinstance(value, bool | int | float | str):
+        raise ValueError(f"--model-option {key}: VALUE must be a number, true, false or a string, got {raw!r}")
+    return key, value
+
+
+def model_options(texts: list[str], *, decay: str | None = None) -> dict:
+    """``spe lra --decay`` and every ``--model-option KEY=VALUE`` as one dict of model options.
+
+    Raises:
+        ValueError: as :func:`parse_model_option`, or naming two values given for one key.
+    """
+    options = {"decay": decay} if decay else {}
+    for text in texts:
+        key, value = parse_model_option(text)
+        if key in options and options[key] != value:
+            given = f"--decay {decay}" if key == "decay" and decay else f"--model-option {key}={options[key]!r}"
+            raise ValueError(f"--model-option {key}={value!r} contradicts {given}; give one value")
+        options[key] = value
+    return options
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds 0,1,2`` as distinct integers ≥ 0.
+
+    Raises:
+        ValueError: naming ``text`` otherwise.
+    """
+    try:
+        seeds = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers, e.g. 0,1,2; got {text!r}") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds takes distinct integers ≥ 0, got {text!r}")
+    return seeds
 
 
 def load_preset(preset: str) -> dict:

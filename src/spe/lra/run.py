@@ -21,7 +21,7 @@ from spe.lra.train import train_seed
 from spe.options import check_threads
 from spe.train import distributed as dist_
 
-__all__ = ["load_splits", "run_lra", "summarize"]
+__all__ = ["default_folder", "load_splits", "run_lra", "summarize"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,25 @@ def load_splits(cfg: LRAConfig) -> dict:
     drop = bool(options.pop("drop_parentheses", False))
     return load_task(cfg.task, cfg.data, max_length=cfg.max_length, drop_parentheses=drop, listops_sizes=sizes,
                      listops_options=options, listops_pipeline=cfg.listops_pipeline)
+
+
+def _folder_part(value) -> str:
+    text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return "".join(c if c.isalnum() or c in "._+" else "_" for c in text)
+
+
+def default_folder(cfg: LRAConfig, model_options: dict | None = None) -> Path:
+    """``spe lra``'s default experiment folder: ``runs/lra/PRESET/TASK-ATTENTION-POSITIONAL``, + ``-lra-2021``
+    for that ListOps pipeline, + ``-KEY-VALUE`` for each of ``model_options`` (the options given
+    beside the preset; decay ``none`` adds nothing, as before the option existed) and for a
+    ``positional_lr_scale`` other than 1, sorted by key: two settings never share a default folder.
+    Characters other than letters, digits and ``._+`` in a value become ``_``."""
+    parts = {k: v for k, v in (model_options or {}).items() if not (k == "decay" and v == "none")}
+    if cfg.positional_lr_scale != 1.0:
+        parts["positional_lr_scale"] = cfg.positional_lr_scale
+    pipeline = "" if cfg.listops_pipeline == "lossless" else f"-{cfg.listops_pipeline}"
+    suffix = "".join(f"-{key}-{_folder_part(parts[key])}" for key in sorted(parts))
+    return Path(f"runs/lra/{cfg.preset}/{cfg.task}-{cfg.attention}-{cfg.positional}{pipeline}{suffix}")
 
 
 def summarize(results: list[dict]) -> dict:
@@ -61,7 +80,7 @@ def _markdown(cfg: LRAConfig, summary: dict, results: list[dict]) -> str:
 
 
 def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int | None = None,
-            progress: bool = True) -> dict:
+            progress: bool = True, splits: dict | None = None) -> dict:
     """Trains and tests ``cfg`` once per seed (resumable), then writes the summary.
 
     Under ``torchrun`` every process calls this with the same arguments: each seed's global
@@ -74,6 +93,8 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
         out: the experiment folder; it must not hold a different configuration.
         threads: torch CPU threads (None or 0: torch's default).
         progress: tqdm bars.
+        splits: the task's splits as :func:`load_splits` gives them for ``cfg`` (None: loaded
+            here); lets a study load them once for several experiments.
 
     Returns:
         The summary (``results.json``'s content).
@@ -96,7 +117,7 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
         if not ctx.is_main:
             _check_config(out, cfg)
         log.info("%s: %d seed(s), %d process(es)", out, len(seeds), ctx.world_size)
-        splits = load_splits(cfg)
+        splits = load_splits(cfg) if splits is None else splits
         results = []
         for seed in seeds:
             results.append(train_seed(cfg, splits, seed, out / f"seed{seed}", progress=progress))

@@ -51,7 +51,8 @@ def engine_settings(cfg: LRAConfig, seed: int) -> EngineSettings:
                           eval_every=cfg.eval_every, seed=seed, weight_decay=cfg.weight_decay,
                           grad_clip=cfg.grad_clip, schedule=cfg.schedule, min_lr_ratio=0.0, device=cfg.device,
                           precision=cfg.precision, tensorboard=cfg.tensorboard,
-                          keep_checkpoints=cfg.keep_checkpoints, compile=cfg.compile)
+                          keep_checkpoints=cfg.keep_checkpoints, compile=cfg.compile,
+                          positional_lr_scale=cfg.positional_lr_scale)
 
 
 @dataclass

@@ -51,8 +51,9 @@ def learning_rate_factor(step: int, cfg: LRAConfig) -> float:
 
 
 def make_optimizer(model: EncoderClassifier, cfg: LRAConfig) -> torch.optim.Optimizer:
-    """AdamW (β = 0.9, 0.98) with ``cfg.weight_decay`` on the weight matrices :func:`spe.train.optim.param_groups` names."""
-    return optim.adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    """AdamW (β = 0.9, 0.98) with ``cfg.weight_decay`` on the weight matrices :func:`spe.train.optim.param_groups`
+    names, positional parameters at ``cfg.positional_lr_scale`` × the lr."""
+    return optim.adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, positional_lr_scale=cfg.positional_lr_scale)
 
 
 def training_step(model: EncoderClassifier, optimizer: torch.optim.Optimizer, train: SequenceDataset | PairDataset,

@@ -40,7 +40,7 @@ from torch import nn
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, load_metadata
 from spe.train import distributed as dist_
 from spe.train.metrics_log import append_record, trim_records
-from spe.train.optim import adamw, learning_rate_factor
+from spe.train.optim import adamw, learning_rate_factor, scaled_lr
 from spe.train.precision import autocast, grad_scaler
 from spe.train.state import (CHECKPOINTS_DIR, checkpoint_folder, global_rng_states, latest_unit, link, load_unit,
                              repair_run_folder, restore_global_rng, save_checkpoint)
@@ -157,7 +157,8 @@ def _run(task: Task, settings: EngineSettings, out: Path, ctx: dist_.Distributed
     model = task.build_model().to(device)
     if ctx.rank:
         torch.manual_seed(settings.seed + _RANK_SEED_STRIDE * ctx.rank)
-    run = _Run(task, settings, ctx, model, model, adamw(model, lr=settings.lr, weight_decay=settings.weight_decay),
+    run = _Run(task, settings, ctx, model, model, adamw(model, lr=settings.lr, weight_decay=settings.weight_decay,
+                                                          positional_lr_scale=settings.positional_lr_scale),
                grad_scaler(settings.precision, device.type),
                {name: torch.Generator().manual_seed(settings.seed + k) for k, name in enumerate(task.generators)},
                device, out)
@@ -293,7 +294,7 @@ def _train_step(run: _Run) -> float:
     lr = s.lr * learning_rate_factor(run.step, steps=s.steps, warmup_steps=s.warmup_steps, schedule=s.schedule,
                                      min_lr_ratio=s.min_lr_ratio)
     for group in run.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = scaled_lr(group, lr)
     if s.feature_redraw_every and run.step % s.feature_redraw_every == 0 and run.step and "feature" in run.gens:
         run.model.redraw_features(run.gens["feature"])
     batch = run.task.batch(run.gens, run.ctx, run.device)

@@ -48,6 +48,8 @@ class EngineSettings:
         feature_redraw_every: steps between FAVOR+ feature redraws from the ``feature``
             generator (0: never).
         units_per_example: what one example counts for in the progress rate (tokens of a crop).
+        positional_lr_scale: learning-rate multiplier of positional-encoding parameters
+            (:func:`spe.train.optim.param_groups`; 1.0: none).
     """
 
     steps: int
@@ -67,6 +69,7 @@ class EngineSettings:
     compile: bool = False
     feature_redraw_every: int = 0
     units_per_example: int = 1
+    positional_lr_scale: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,98 @@
+"""positional_lr_scale: positional-encoding parameters learn at a multiple of the lr; 1.0 changes nothing."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from spe.lra import LRAConfig, build_classifier, preset_config
+from spe.lra.train import make_optimizer, train_seed, training_step
+from spe.train import engine, optim
+
+from test_lra_experiments import TINY_MODEL, _dataset, _splits, _tiny_config
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    cfg = LRAConfig(task="listops", positional="sinespe", attention="performer", model=TINY_MODEL, batch_size=4)
+    return cfg, build_classifier(cfg, _dataset("listops"))
+
+
+def _names(model, params) -> set[str]:
+    ids = {id(p) for p in params}
+    return {n for n, p in model.named_parameters() if id(p) in ids}
+
+
+def _old_rule(model, weight_decay):
+    """The parameter groups before the option existed (commit cf8c37e), verbatim in effect."""
+    decayed = set(optim.decayed_parameter_names(model))
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [{"params": [p for n, p in params if n in decayed], "weight_decay": weight_decay},
+            {"params": [p for n, p in params if n not in decayed], "weight_decay": 0.0}]
+
+
+def test_scale_one_keeps_the_two_groups_of_before():
+    _, model = _model()
+    new, old = optim.param_groups(model, 0.01), _old_rule(model, 0.01)
+    assert [set(g) for g in new] == [{"params", "weight_decay"}] * 2  # no new key in saved optimizer states
+    assert [[id(p) for p in g["params"]] for g in new] == [[id(p) for p in g["params"]] for g in old]
+    assert [g["weight_decay"] for g in new] == [0.01, 0.0]
+
+
+def test_a_scale_moves_exactly_the_positional_parameters_into_a_third_group():
+    _, model = _model()
+    groups = optim.param_groups(model, 0.01, positional_lr_scale=4.0)
+    positional = {n for n, _ in model.named_parameters() if n.startswith("encoding") or "spe_filter" in n}
+    assert positional and _names(model, groups[2]["params"]) == positional
+    assert (groups[2]["weight_decay"], groups[2]["lr_scale"]) == (0.0, 4.0)
+    assert _names(model, groups[0]["params"]) == set(optim.decayed_parameter_names(model))
+    assert not _names(model, groups[1]["params"]) & positional
+    assert sum(len(g["params"]) for g in groups) == sum(1 for p in model.parameters() if p.requires_grad)
+    assert optim.scaled_lr(groups[2], 1e-3) == pytest.approx(4e-3) and optim.scaled_lr(groups[1], 1e-3) == 1e-3
+
+
+def test_one_adamw_step_moves_positional_parameters_scale_times_as_far():
+    """Adam's first step is lr · g / (|g| + ε) per element (no decay on these parameters): linear in the lr."""
+    moves = {}
+    for scale in (1.0, 4.0):
+        cfg, model = _model()
+        cfg = LRAConfig(**{**cfg.to_dict(), "lr": 1e-2, "positional_lr_scale": scale})
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        optimizer = make_optimizer(model, cfg)
+        assert optimizer.param_groups[-1]["lr"] == pytest.approx(1e-2 * scale)
+        training_step(model, optimizer, _dataset("listops"), torch.arange(4), cfg,
+                      generator=torch.Generator().manual_seed(1))
+        moves[scale] = {n: p.detach() - before[n] for n, p in model.named_parameters()}
+    positional = [n for n in moves[1.0] if n.startswith("encoding") or "spe_filter" in n]
+    for name in positional:
+        # float32 rounding of p + δ and of (p + δ) − p: a few ulps of the parameter's magnitude
+        ulp = torch.finfo(torch.float32).eps * (1 + moves[4.0][name].abs().max() + 10)
+        torch.testing.assert_close(moves[4.0][name], 4.0 * moves[1.0][name], rtol=0, atol=float(8 * ulp))
+    assert any(moves[1.0][n].abs().max() > 1e-3 for n in positional)  # they did move
+    for name in set(moves[1.0]) - set(positional):  # the same gradients, the same lr: the same step
+        assert torch.equal(moves[4.0][name], moves[1.0][name]), name
+
+
+def test_scale_one_trains_bit_identically_to_the_optimizer_of_before(tmp_path, monkeypatch):
+    splits = _splits()
+    train_seed(_tiny_config(steps=3, eval_every=3), splits, 0, tmp_path / "now", progress=False)
+    monkeypatch.setattr(engine, "adamw", lambda model, *, lr, weight_decay, positional_lr_scale:
+                        torch.optim.AdamW(_old_rule(model, weight_decay), lr=lr, betas=optim.ADAM_BETAS))
+    train_seed(_tiny_config(steps=3, eval_every=3), splits, 0, tmp_path / "before", progress=False)
+    a, b = (load_file(str(tmp_path / f / "last" / "model.safetensors")) for f in ("now", "before"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_engine_applies_the_scale_at_every_step(tmp_path):
+    train_seed(_tiny_config(steps=3, eval_every=3, warmup_steps=10, positional_lr_scale=0.25), _splits(), 0,
+               tmp_path, progress=False)
+    state = torch.load(tmp_path / "train_state.pt", weights_only=False)
+    groups = state["optimizer"]["param_groups"]
+    assert len(groups) == 3 and groups[2]["lr_scale"] == 0.25
+    assert groups[0]["lr"] == pytest.approx(1e-3 * 3 / 10)  # the warmup's third step
+    assert groups[2]["lr"] == pytest.approx(0.25 * groups[0]["lr"]) and groups[1]["lr"] == groups[0]["lr"]
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), True, "2"])
+def test_bad_scales_are_refused_by_name(value):
+    with pytest.raises(ValueError, match=f"positional_lr_scale must be a finite number > 0.*got {value!r}"):
+        preset_config("listops", "sinespe", "performer", positional_lr_scale=value)

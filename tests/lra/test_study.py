@@ -1,0 +1,194 @@
+"""LRA study plans (spe lra --plan): the packaged ListOps plan, plan errors, and a tiny study run end to end."""
+
+import json
+import statistics
+
+import pytest
+import torch
+
+import spe.lra.run as run_module
+from spe.cli.main import main
+from spe.data.lra.dataset import SequenceDataset
+from spe.lra import build_classifier
+from spe.lra.study import load_study, packaged_studies, row_config, run_study
+from spe.lra.study_results import collect_study
+from spe.train.metrics_log import read_records
+
+TINY_PLAN = """
+title = "tiny study"
+task = "listops"
+seeds = [0, 1]
+reference = "ape"
+groups = { base = "Base rows", more = "More rows" }
+
+[defaults]
+steps = 3
+eval_every = 1
+batch_size = 4
+eval_batch_size = 8
+eval_examples = 0
+warmup_steps = 1
+keep_checkpoints = 1
+data_options = { num_train = 24, num_val = 8, num_test = 8, max_depth = 3, max_args = 3, min_length = 5, max_length = 40 }
+
+[defaults.model]
+d_model = 16
+num_heads = 2
+num_layers = 1
+d_ff = 16
+num_realizations = 4
+num_sines = 2
+num_features = 8
+dropout = 0.0
+
+[rows.ape]
+group = "base"
+description = "APE"
+positional = "ape"
+attention = "performer"
+
+[rows.sine]
+group = "more"
+description = "sineSPE, ungated, positional lr × 2"
+positional = "sinespe"
+attention = "performer"
+positional_lr_scale = 2.0
+model = { gated = false }
+
+[rows.never]
+group = "more"
+description = "a row nobody runs"
+positional = "none"
+attention = "performer"
+"""
+
+
+def test_the_packaged_listops_plan_is_the_issue_s_study():
+    assert "listops-study" in packaged_studies()
+    plan = load_study("listops-study")
+    assert (plan.task, plan.preset, plan.seeds, plan.reference, plan.baseline) == \
+        ("listops", "cpu-small", [0, 1, 2], "ape-performer", "sinespe-performer")
+    assert list(plan.groups) == ["decomposition", "ablation", "peers", "pipeline"]
+    decomposition = {(r["attention"], r["positional"]) for r in plan.rows.values() if r["group"] == "decomposition"}
+    assert {("softmax", "ape"), ("softmax", "sinespe-exact"), ("softmax", "sinespe"), ("performer", "sinespe"),
+            ("softmax", "convspe-exact"), ("softmax", "convspe"), ("performer", "convspe"),
+            ("performer", "ape")} <= decomposition
+    configs = {name: row_config(plan, name) for name in plan.rows}
+    ablation = [configs[n] for n, r in plan.rows.items() if r["group"] == "ablation"]
+    assert {c.model["num_realizations"] for c in ablation} >= {32, 64, 128}
+    assert {c.model.get("code_noise") for c in ablation} >= {"orthogonal"}
+    assert {c.model["gated"] for c in ablation} == {True, False}
+    assert {c.model["share_across_layers"] for c in ablation} == {True, False}
+    assert {c.model.get("frequency_init", "low") for c in ablation} == {"low", "spread"}
+    assert {c.positional_lr_scale for c in ablation} >= {0.1, 1.0, 10.0}
+    assert {configs[n].positional for n, r in plan.rows.items() if r["group"] == "peers"} >= {"lrpe", "permute",
+                                                                                                "cosformer"}
+    assert {c.listops_pipeline for c in configs.values()} == {"lossless", "lra-2021"}
+    # no two rows train the same experiment
+    dumps = [json.dumps(c.to_dict(), sort_keys=True) for c in configs.values()]
+    assert len(set(dumps)) == len(dumps)
+
+
+def test_every_row_of_the_packaged_plan_builds_its_model():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    data = SequenceDataset(torch.randint(2, 19, (4, 40), generator=g), torch.full((4,), 40),
+                           torch.randint(0, 10, (4,), generator=g), vocab_size=19, num_classes=10)
+    plan = load_study("listops-study")
+    for name in plan.rows:
+        cfg = row_config(plan, name)
+        model = build_classifier(cfg, data)
+        assert model(data.tokens, data.lengths).shape == (4, 10), name
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.replace('positional = "ape"\n', ""), "row 'ape': give positional"),
+    (lambda t: t.replace('description = "APE"', 'description = "APE"\nlr = -1'), "row 'ape': .*lr > 0"),
+    (lambda t: t.replace("gated = false", "gated = 2"), "row 'sine': model option gated must be true or false"),
+    (lambda t: t.replace('description = "APE"', 'description = "APE"\nwarp = 9'), "row 'ape': unknown LRA options"),
+    (lambda t: t.replace('description = "APE"', 'description = "APE"\ntask = "text"'),
+     "row 'ape': task is set once for the whole plan"),
+    (lambda t: t.replace('reference = "ape"', 'reference = "apex"'), "reference 'apex' is not one of its rows"),
+    (lambda t: t.replace('reference = "ape"', 'reference = "ape"\nbaseline = "sin"'),
+     "baseline 'sin' is not one of its rows"),
+    (lambda t: t.replace('title = "tiny study"', 'tittle = "x"'), "unknown top-level key\\(s\\) \\['tittle'\\]"),
+    (lambda t: t.split("[rows.ape]")[0], "has no \\[rows.NAME\\] tables"),
+    (lambda t: t + "\n[[", "is not valid TOML"),
+])
+def test_plan_mistakes_name_the_file_and_the_row(tmp_path, edit, message):
+    path = tmp_path / "plan.toml"
+    path.write_text(edit(TINY_PLAN))
+    with pytest.raises(ValueError, match=message):
+        load_study(str(path))
+
+
+def _expected_step_seconds(folders):
+    intervals = []
+    for folder in folders:
+        step, seconds = 0, 0.0
+        for r in read_records(folder / "metrics.jsonl"):
+            intervals.append((r["seconds"] - seconds) / (r["step"] - step))
+            step, seconds = r["step"], r["seconds"]
+    return statistics.median(intervals)
+
+
+def test_a_tiny_study_runs_resumes_and_reports_what_has_not_run(tmp_path, monkeypatch, capsys):
+    plan_file = tmp_path / "tiny.toml"
+    plan_file.write_text(TINY_PLAN)
+    plan, out = load_study(str(plan_file)), tmp_path / "study"
+    empty = collect_study(plan, out)  # nothing has run: every row "not run", no crash, no plot
+    assert [r["status"] for r in empty["rows"]] == ["not run"] * 3 and not (out / "loss.png").exists()
+    # two runners on disjoint rows (the second through the command line, one thread), then a collection
+    run_study(plan, out, only=["ape"], progress=False)
+    assert main(["-q", "lra", "--plan", str(plan_file), "--out", str(out), "--only", "sine", "--threads", "1",
+                 "--no-progress"]) == 0
+    assert "| sine |" in capsys.readouterr().out
+    assert main(["-q", "lra", "--plan", str(plan_file), "--out", str(out), "--collect"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    rows = {r["name"]: r for r in doc["rows"]}
+    assert [rows[n]["status"] for n in ("ape", "sine", "never")] == ["done", "done", "not run"]
+    for name in ("ape", "sine"):
+        results = [json.loads((out / name / f"seed{s}" / "result.json").read_text()) for s in (0, 1)]
+        accs = [100 * r["test_accuracy"] for r in results]
+        row = rows[name]
+        assert row["seeds"] == [0, 1] and row["test_accuracy"] == accs
+        assert row["mean"] == pytest.approx((accs[0] + accs[1]) / 2)
+        assert row["std"] == pytest.approx(abs(accs[0] - accs[1]) / 2)  # population std of two values
+        assert row["best_val_mean"] == pytest.approx(50 * (results[0]["val_accuracy"] + results[1]["val_accuracy"]))
+        assert row["step_seconds"] == pytest.approx(_expected_step_seconds([out / name / "seed0", out / name / "seed1"]))
+        curves = [[(r["step"], r["train_loss"]) for r in read_records(out / name / f"seed{s}" / "metrics.jsonl")]
+                  for s in (0, 1)]
+        assert [s for s, _ in row["loss_curve"]] == [1, 2, 3]
+        assert [v for _, v in row["loss_curve"]] == pytest.approx([(a[1] + b[1]) / 2 for a, b in zip(*curves)])
+    assert row["options"]["positional_lr_scale"] == 2.0
+    assert json.loads((out / "sine" / "config.json").read_text())["positional_lr_scale"] == 2.0
+    md = (out / "results.md").read_text()
+    assert "## Base rows" in md and "## More rows" in md
+    never = next(line for line in md.splitlines() if line.startswith("| never |"))
+    assert "not run" in never
+    sine = next(line for line in md.splitlines() if line.startswith("| sine |"))
+    assert f"**{rows['sine']['mean']:.2f} ± {rows['sine']['std']:.2f}**" in sine
+    assert f"{rows['sine']['mean'] - rows['ape']['mean']:+.2f}" in sine
+    assert (out / "loss.png").stat().st_size > 0
+    assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary file
+
+    def no_training(cfg, splits, seed, folder, **kw):
+        if not (folder / "result.json").exists():
+            pytest.fail(f"{folder} was trained again")
+        return json.loads((folder / "result.json").read_text())
+
+    monkeypatch.setattr(run_module, "train_seed", no_training)
+    again = run_study(plan, out, only=["ape", "sine"], progress=False)
+    assert [r["test_accuracy"] for r in again["rows"]] == [r["test_accuracy"] for r in doc["rows"]]
+
+
+def test_runner_errors_before_any_run(tmp_path, capsys):
+    plan_file = tmp_path / "tiny.toml"
+    plan_file.write_text(TINY_PLAN)
+    with pytest.raises(ValueError, match="unknown row\\(s\\) nope of study plan"):
+        run_study(load_study(str(plan_file)), tmp_path / "out", only=["nope"])
+    assert main(["lra", "--plan", str(plan_file), "--positional", "ape"]) == 2
+    assert "a study plan sets --positional per row" in capsys.readouterr().err
+    assert main(["lra", "--collect"]) == 2
+    assert "--only and --collect select rows of a study: give --plan" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
