@@ -193,3 +193,13 @@ def test_the_bench_layer_and_model_are_built_with_the_case_decay():
                          "impl": "-", "attention": "performer", "batch": 1, "length": 8, "repeats": 1,
                          "max_seconds": 5, "decay": "learned"}, torch.device("cpu"))
     assert rec["decay"] == "learned"  # the case's mode wins over the model options'
+
+
+def test_decoding_steps_are_timed_at_least_fifty_times(monkeypatch):
+    """A decoding step costs about a millisecond: its median needs many steps, train cases keep --repeats."""
+    monkeypatch.setattr(run, "run_case", _layer_in_process)
+    monkeypatch.setattr(run, "matmul_gflops", lambda: 100.0)
+    result = run.run_bench(lengths=[16], modes=["train", "generate"], pairs=[("ape", "-", "performer")], batch=1,
+                           num_heads=2, head_dim=4, num_features=8, chunk_size=4, repeats=2, progress=False)
+    timed = {r["mode"]: len(r["times_ms"]) for r in result["records"]}
+    assert timed == {"train": 2, "generate": run.GENERATE_MIN_REPEATS}

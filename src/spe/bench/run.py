@@ -23,7 +23,7 @@ from spe.bench.tables import longest_lines, model_lines
 from spe.bench.targets import find_record, record_decay, targets_markdown
 from spe.encodings.registry import positional_names
 
-__all__ = ["BENCH_ATTENTIONS", "SERIES", "SPE_IMPLS", "bench_markdown", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs",
+__all__ = ["BENCH_ATTENTIONS", "GENERATE_MIN_REPEATS", "SERIES", "SPE_IMPLS", "bench_markdown", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs",
            "parse_series", "run_bench", "run_case", "series_name", "summarize_bench", "write_outputs"]
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,10 @@ SCORE_ENCODINGS = positional_names(acts_on="scores")
 # Encodings that transform a feature map's features exist for linear kernels only.
 FEATURE_ENCODINGS = positional_names(acts_on="features")
 MODES = ("train", "generate", "model")
+# A decoding step costs about a millisecond, and five of them give a median that moves by a
+# third between lengths of one run; so generate cases time at least this many steps (still
+# cut by the case's time budget).
+GENERATE_MIN_REPEATS = 50
 
 
 def series_name(positional: str, impl: str) -> str:
@@ -172,7 +176,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
 
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
-    step at position N), ``model`` (one AdamW step of a whole DecoderLM built from ``model``
+    step at position N, at least :data:`GENERATE_MIN_REPEATS` timed steps), ``model`` (one AdamW step of a whole DecoderLM built from ``model``
     options, batch ``model_batch``; records its parameter count). Pairs that cannot exist
     (a score encoding with a linear kernel) are left out; another package's layer
     (``attentions`` may name those of :data:`spe.bench.peers.PEER_ATTENTIONS`) is measured in
@@ -207,6 +211,8 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
             done += 1
             case = {**common, "mode": mode, "positional": pos, "impl": impl, "attention": att, "length": n,
                     "decay": dec}
+            if mode == "generate":
+                case["repeats"] = max(repeats, GENERATE_MIN_REPEATS)
             if mode == "model":
                 case.update(batch=model_batch, model=model or {}, vocab_size=vocab_size)
             why = _predicted_too_big(prev, n, att, mode, budget_s, memory_limit_mb)
