@@ -115,3 +115,11 @@ def test_checkpoints_with_old_headers_load(tmp_path):
         assert type(loaded) is type(model) and loaded.config == model.config
         with torch.no_grad():
             assert torch.equal(loaded(*args), model(*args))
+
+
+@pytest.mark.parametrize("name, value", [("code_noise", "uniform"), ("frequency_init", "high")])
+def test_sine_spe_options_are_checked_when_the_config_is_built(name, value):
+    """Before, a bad value surfaced only when SineSPE was built (after an LRA run had loaded its data)."""
+    for config in (ModelConfig, ClassifierConfig):
+        with pytest.raises(ValueError, match=f"{name} must be one of .*got '{value}'"):
+            config(vocab_size=5, **{name: value})

@@ -14,7 +14,11 @@ from spe.encodings.code import SineCode
 from spe.encodings.phases import sine_phase
 from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
 
-__all__ = ["SineSPE", "orthogonal_noise", "sine_phase"]
+__all__ = ["CODE_NOISES", "FREQUENCY_INITS", "SineSPE", "orthogonal_noise", "sine_phase"]
+
+# the accepted values of SineSPE's ``noise`` and ``frequency_init`` (ModelConfig checks them too)
+CODE_NOISES = ("gaussian", "orthogonal")
+FREQUENCY_INITS = ("low", "spread")
 
 
 def orthogonal_noise(num_heads: int, num_groups: int, group_size: int, num_realizations: int, *,
@@ -86,7 +90,7 @@ class SineSPE(nn.Module):
         noise: str = "gaussian",
     ) -> None:
         super().__init__()
-        if noise not in ("gaussian", "orthogonal"):
+        if noise not in CODE_NOISES:
             raise ValueError(f"SineSPE: noise must be 'gaussian' or 'orthogonal', got {noise!r}")
         self.noise = noise
         require_positive("SineSPE", num_heads=num_heads, head_dim=head_dim,

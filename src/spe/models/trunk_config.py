@@ -16,6 +16,7 @@ from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.lrpe import LRPE_ANGLES
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
+from spe.encodings.sine import CODE_NOISES, FREQUENCY_INITS
 from spe.ops.decay import NO_DECAY, check_decay_mode
 
 __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "TrunkConfig"]
@@ -158,6 +159,9 @@ class TrunkConfig:
                              f"does not take one: use attention {', '.join(takers)}, or decay 'none'")
 
     def _check_feature_options(self) -> None:
+        for name, allowed in (("code_noise", CODE_NOISES), ("frequency_init", FREQUENCY_INITS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.lrpe_angles not in LRPE_ANGLES:
             raise ValueError(f"lrpe_angles must be one of {', '.join(LRPE_ANGLES)}, got {self.lrpe_angles!r}")
         if isinstance(self.permute_seed, bool) or not isinstance(self.permute_seed, int):
