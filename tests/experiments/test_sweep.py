@@ -138,3 +138,25 @@ def test_every_peer_builds_and_reaches_three_times_its_training_length(tmp_path)
             logits = model(torch.zeros(1, 3 * cfg.seq_len, dtype=torch.long))
         assert torch.isfinite(logits).all(), name
     assert variant_config(plan, "decay", 0, tmp_path).model["decay"] == "fixed"
+
+
+def test_side_by_side_sweeps_add_their_runs_instead_of_replacing_each_others(tmp_path):
+    """Two sweeps on one folder (``--only`` lists, one core each) each read results.json when they
+    start; a save must keep what the other wrote since, and this sweep's new runs must win."""
+    from spe.experiments.sweep import _save_results
+
+    plan = load_plan("peers")
+
+    def run(variant, seed, value):
+        return {"variant": variant, "seed": seed, "step": 500, "eval": {}, "buckets": [{"start": 0, "end": 256, "ce": value, "std": 0.0, "n": 1}],
+                "within": value, "beyond": value, "num_sequences": 1, "train_s": 1.0}
+
+    stale = {"title": plan.title, "runs": {"ape/seed0": run("ape", 0, 1.0)}}  # this sweep's snapshot at start
+    (tmp_path / "results.json").write_text(json.dumps(
+        {"title": plan.title, "runs": {"ape/seed0": run("ape", 0, 1.5), "rope/seed0": run("rope", 0, 2.0)}}))
+    written = _save_results(stale, plan, tmp_path, {"sinespe/seed0": run("sinespe", 0, 3.0)})
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk == written
+    assert {k: r["within"] for k, r in on_disk["runs"].items()} == {
+        "ape/seed0": 1.5, "rope/seed0": 2.0, "sinespe/seed0": 3.0}  # the other's rows kept, the newer file wins
+    assert "sinespe" in (tmp_path / "results.md").read_text()

@@ -185,9 +185,21 @@ def _evaluate_run(spec: dict, cfg: TrainConfig, out: Path) -> dict:
                                 window=options.get("window"))
 
 
-def _save_results(doc: dict, plan: Plan, out: Path) -> None:
-    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(doc, indent=2)))
-    write_results(doc, plan, out / "results.md")
+def _save_results(doc: dict, plan: Plan, out: Path, new_runs: dict | None = None) -> dict:
+    """Writes ``doc`` with ``new_runs`` added to the runs already in ``OUT/results.json`` at the
+    moment of writing, under a lock: sweeps side by side on one folder (``--only`` lists, one
+    core each) then add their runs instead of replacing each other's. Returns what was written."""
+    import fcntl
+
+    with open(out / ".results.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        path = out / "results.json"
+        current = json.loads(path.read_text()) if path.exists() else {}
+        merged = {**current, **{k: v for k, v in doc.items() if k != "runs"}}
+        merged["runs"] = {**doc.get("runs", {}), **current.get("runs", {}), **(new_runs or {})}
+        atomic_write(path, lambda tmp: Path(tmp).write_text(strict_json.dumps(merged, indent=2)))
+        write_results(merged, plan, out / "results.md")
+    return merged
 
 
 def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: list[str] | None = None,
@@ -220,6 +232,7 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
     doc = json.loads(results_path.read_text()) if results_path.exists() else {}
     doc.update(title=plan.title, plan=plan.path, reference=plan.reference, data=data or "Bach chorales (music21)")
     runs = doc.setdefault("runs", {})
+    new: dict = {}  # this sweep's evaluated runs: they win over what the file holds when saving
     for seed in seeds or plan.seeds:
         for name in order:
             spec, key = plan.variants[name], f"{name}/seed{seed}"
@@ -237,9 +250,10 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
                          "num_sequences": summary["num_sequences"],
                          "train_s": train_s if train_s is not None else previous.get("train_s")}
             doc["unigram_buckets"] = summary["unigram_buckets"]
-            _save_results(doc, plan, out)
-    _save_results(doc, plan, out)
-    return doc
+            new[key] = runs[key]
+            doc = _save_results(doc, plan, out, new)
+            runs = doc["runs"]
+    return _save_results(doc, plan, out, new)
 
 
 def _mean_and_std(values: list[float]) -> tuple[float, float]:
