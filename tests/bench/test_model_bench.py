@@ -20,6 +20,16 @@ def _in_process(case, timeout):
     return {**case, **measure_model(case, torch.device("cpu"))}
 
 
+def _tiny_bench(tmp_path, monkeypatch):
+    """(config file of the TINY model, output folder), with model cases run in-process and the
+    matmul rate faked (the real one takes seconds on a loaded machine)."""
+    monkeypatch.setattr(model_bench, "run_case", _in_process)
+    monkeypatch.setattr(run, "matmul_gflops", lambda: 100.0)
+    config = tmp_path / "tiny.toml"
+    config.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in TINY.items()))
+    return config, tmp_path / "bench"
+
+
 def test_parsers_accept_the_documented_forms_and_name_bad_input():
     assert parse_shapes("8x2048, 2x8192") == [(8, 2048), (2, 8192)]
     with pytest.raises(ValueError, match="got '8x'"):
@@ -126,11 +136,7 @@ def test_cli_model_mode_and_longest_write_tables_and_strict_json(tmp_path, monke
 
 
 def test_one_run_can_measure_layer_pairs_and_other_model_encodings(tmp_path, monkeypatch):
-    monkeypatch.setattr(model_bench, "run_case", _in_process)
-    monkeypatch.setattr(run, "matmul_gflops", lambda: 100.0)
-    config = tmp_path / "tiny.toml"
-    config.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in TINY.items()))
-    out = tmp_path / "bench"
+    config, out = _tiny_bench(tmp_path, monkeypatch)
     assert main(["bench", "--modes", "train,model", "--lengths", "16", "--pairs", "ape+linear",
                  "--model-positionals", "ape,sinespe:blocked", "--model-shapes", "2x8", "--rounds", "1",
                  "--repeats", "1", "--config", str(config), "--out", str(out), "--threads", "1",
@@ -151,12 +157,8 @@ def _layer_in_process(case, timeout):
 def test_decay_modes_are_measured_side_by_side_in_one_run(tmp_path, monkeypatch):
     """``--decay none,fixed``: every linear-kernel case twice (softmax once), each record built with
     its own decay, decay rows divided by APE without decay, and labelled apart in the tables."""
-    monkeypatch.setattr(model_bench, "run_case", _in_process)
+    config, out = _tiny_bench(tmp_path, monkeypatch)
     monkeypatch.setattr(run, "run_case", _layer_in_process)
-    monkeypatch.setattr(run, "matmul_gflops", lambda: 100.0)
-    config = tmp_path / "tiny.toml"
-    config.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in TINY.items()))
-    out = tmp_path / "bench"
     assert main(["bench", "--modes", "generate,model", "--lengths", "16,32", "--positionals", "ape,rope",
                  "--attentions", "performer,softmax", "--decay", "none,fixed", "--model-shapes", "2x8",
                  "--rounds", "1", "--repeats", "1", "--batch-size", "1", "--config", str(config),

@@ -18,7 +18,7 @@ import sys
 import torch
 
 from spe.bench.run import parse_series, run_case, series_name
-from spe.bench.targets import record_decay
+from spe.bench.targets import record_decay, takes_decay
 
 __all__ = ["extrapolate_longest", "longest_length", "merge_rounds", "parse_longest", "parse_shapes", "run_model_rounds"]
 
@@ -81,7 +81,7 @@ def run_model_rounds(common: dict, series: list[tuple[str, str, str]], shapes: l
     :func:`merge_rounds` pools them.
     """
     cases = [(s, d) for s in series for d in (decays or [None])
-             if not (d not in (None, "none") and s[2] == "softmax")]
+             if d in (None, "none") or takes_decay(s[2])]
     records = []
     total, done = len(shapes) * rounds * len(cases) * len(compiled), 0
     for batch, length in shapes:

@@ -20,7 +20,7 @@ import torch
 from spe import strict_json
 from spe.bench.peers import PEER_ATTENTIONS
 from spe.bench.tables import longest_lines, model_lines
-from spe.bench.targets import find_record, record_decay, targets_markdown
+from spe.bench.targets import find_record, record_decay, takes_decay, targets_markdown
 from spe.encodings.registry import positional_names
 
 __all__ = ["BENCH_ATTENTIONS", "GENERATE_MIN_REPEATS", "SERIES", "SPE_IMPLS", "bench_markdown", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs",
@@ -199,7 +199,8 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
                   max_seconds=budget_s, decay=",".join(decays))
     triples = pairs or [(pos, impl, att) for pos, impl in series for att in attentions]
     plan = [(mode, pos, impl, att, dec) for mode in modes for pos, impl, att in triples for dec in decays
-            if not (dec != "none" and att in ("softmax", *PEER_ATTENTIONS)) and not (mode != "train" and impl == "reference") and not (pos in SCORE_ENCODINGS and att != "softmax")
+            if (dec == "none" or takes_decay(att)) and not (mode != "train" and impl == "reference")
+            and not (pos in SCORE_ENCODINGS and att != "softmax")
             and not (pos in FEATURE_ENCODINGS and att == "softmax")
             and not (att in PEER_ATTENTIONS and (mode != "train" or pos not in ("ape", "none")))]
     total = len(plan) * len(lengths)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["TARGETS", "find_record", "record_decay", "target_rows", "targets_markdown"]
+from spe.bench.peers import PEER_ATTENTIONS
+
+__all__ = ["TARGETS", "find_record", "record_decay", "takes_decay", "target_rows", "targets_markdown"]
 
 # (name, limit) of every target; "≤" limits for ratios, "≥" for the others (see target_rows).
 TARGETS = {
@@ -26,11 +28,17 @@ def _verdict(ok: bool | None) -> str:
     return "not measured" if ok is None else ("met" if ok else "missed")
 
 
+def takes_decay(attention: str) -> bool:
+    """Whether a bench attention takes a decay: the linear kernels do; softmax and other
+    packages' layers (:data:`~spe.bench.peers.PEER_ATTENTIONS`) do not."""
+    return attention not in ("softmax", *PEER_ATTENTIONS)
+
+
 def record_decay(r: dict) -> str:
     """The decay a record was measured with: ``none`` for softmax and other packages' layers (they
     take none); a record without its own (written before decay was a per-case field) has its
     model options' (``--modes model``) or none."""
-    if r["attention"] in ("softmax", "performer-pytorch"):
+    if not takes_decay(r["attention"]):
         return "none"
     return r.get("decay", (r.get("model") or {}).get("decay", "none"))
 
