@@ -118,3 +118,21 @@ def test_on_cuda_the_token_check_reads_nothing():
 def test_a_trunk_without_a_head_says_so():
     with pytest.raises(NotImplementedError, match="build_head"):
         Trunk(ModelConfig(**TRUNK), causal=True)
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_fixed_code_trains_on_the_code_evaluation_uses(fixed):
+    """``fixed_code``: every training step draws config.code_seed's code (whatever generator the
+    loop passes), the one eval mode draws; without it two steps draw two codes."""
+    torch.manual_seed(0)
+    clf = EncoderClassifier(ClassifierConfig(positional="sinespe", attention="performer", pooling="mean",
+                                             num_classes=3, fixed_code=fixed, **TRUNK))
+    tokens = torch.randint(0, 30, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        first = clf.train()(tokens, generator=torch.Generator().manual_seed(5))
+        second = clf(tokens, generator=torch.Generator().manual_seed(6))
+        evaluated = clf.eval()(tokens)
+    assert torch.equal(first, second) == fixed
+    assert torch.equal(first, evaluated) == fixed
+    assert ("fixed_code" in clf.config.to_dict()) == fixed  # headers without it stay as they were
+    assert ClassifierConfig.from_dict(clf.config.to_dict()).fixed_code == fixed

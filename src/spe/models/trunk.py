@@ -175,7 +175,8 @@ class Trunk(nn.Module):
             positions: (L,) positions (real-valued for ``sinespe``), or L for 0 … L − 1. A grid
                 encoding takes only their number: ``prefix`` + Y·X.
             generator: source of the noise (default: ``config.code_seed`` in eval mode,
-                PyTorch's default generator in training mode).
+                PyTorch's default generator in training mode); ignored with
+                ``config.fixed_code``, which always draws from ``config.code_seed``.
             num_realizations: R for this pass (default: the config's).
 
         Returns:
@@ -188,7 +189,7 @@ class Trunk(nn.Module):
             positions = torch.arange(int(positions), device=self.embed.weight.device)
         if self.encoding is None or not self.spec.stochastic:  # an oracle draws nothing
             return [None] * len(self.blocks)
-        if generator is None and not self.training:
+        if self.config.fixed_code or (generator is None and not self.training):
             generator = torch.Generator().manual_seed(self.config.code_seed)
         if self.layer_encodings is None:
             return [self._code(self.encoding, positions, generator, num_realizations)] * len(self.blocks)

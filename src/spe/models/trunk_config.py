@@ -63,6 +63,10 @@ class TrunkConfig:
         num_features: FAVOR+ random features M.
         chunk_size: chunk length of causal linear attention.
         code_seed: seed of the SPE code in eval mode (same checkpoint + input = same outputs).
+        fixed_code: draw the SPE code from ``code_seed`` in training too, so that every step
+            (and evaluation) sees the same code, instead of a fresh draw per step. A fresh
+            code re-randomises the R coordinates of q̂, k̂ at every step, which a kernel with
+            fixed random features (FAVOR+) cannot adapt to (docs/lra.md, issue 20's study).
         max_positions: number of ``ape-learned`` embeddings (longer inputs raise ValueError).
         rope_base: ``rope`` frequency base.
         spe_impl: how ``sinespe`` codes are applied (same numbers either way; see
@@ -115,6 +119,7 @@ class TrunkConfig:
     num_features: int = 64
     chunk_size: int = 64
     code_seed: int = 0
+    fixed_code: bool = False
     max_positions: int = 2048
     rope_base: float = 10000.0
     spe_impl: str = "auto"
@@ -187,10 +192,13 @@ class TrunkConfig:
 
     def to_dict(self) -> dict:
         """The options as a JSON-serialisable dict (what checkpoint headers store). ``decay`` is
-        left out when it is ``none``, so headers of models without decay stay as they were."""
+        left out when it is ``none`` and ``fixed_code`` when False, so headers of models without
+        them stay as they were."""
         values = asdict(self)
         if values["decay"] == NO_DECAY:
             del values["decay"]
+        if not values["fixed_code"]:
+            del values["fixed_code"]
         return values
 
     @classmethod
