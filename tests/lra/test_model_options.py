@@ -122,3 +122,12 @@ def test_the_folder_guard_sees_a_changed_model_option_or_lr_scale(tmp_path):
         _check_config(tmp_path, preset_config("listops", "sinespe", "performer", model={"gated": False},
                                               positional_lr_scale=0.5))
     _check_config(tmp_path, preset_config("listops", "sinespe", "performer", model={"gated": False}))
+
+
+def test_a_stored_model_without_an_option_is_the_model_with_its_default(tmp_path):
+    """Folders written before an option existed resume when the option is given at its default,
+    and still refuse another value, naming only the option that differs."""
+    _check_config(tmp_path, preset_config("listops", "ape", "performer"))
+    _check_config(tmp_path, preset_config("listops", "ape", "performer", model={"fixed_code": False}))
+    with pytest.raises(ValueError, match=r"model \{'fixed_code': False\} -> \{'fixed_code': True\}"):
+        _check_config(tmp_path, preset_config("listops", "ape", "performer", model={"fixed_code": True}))

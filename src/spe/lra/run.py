@@ -18,6 +18,7 @@ import torch
 from spe.checkpoint import atomic_write
 from spe.lra.config import RUN_ONLY_KEYS, LRAConfig
 from spe.lra.train import train_seed
+from spe.models.classifier_config import ClassifierConfig
 from spe.options import check_threads
 from spe.train import distributed as dist_
 
@@ -137,21 +138,29 @@ def _check_config(out: Path, cfg: LRAConfig) -> None:
     """Writes ``config.json``, or refuses a folder that holds another experiment.
 
     Options of ``RUN_ONLY_KEYS`` may differ; an option the stored file lacks (written before
-    it existed) counts as its default.
+    it existed) counts as its default, model options included (a stored model without
+    ``fixed_code`` is the same model as one with ``fixed_code = false``).
     """
     file = out / "config.json"
     current = cfg.to_dict()
     if file.is_file():
         defaults = {f.name: f.default for f in fields(LRAConfig) if f.default is not MISSING}
         stored = {**defaults, **json.loads(file.read_text())}
+        model_defaults = {f.name: f.default for f in fields(ClassifierConfig) if f.default is not MISSING}
+        stored["model"] = {**model_defaults, **stored.get("model", {})}
+        current = {**current, "model": {**model_defaults, **current.get("model", {})}}
         changed = {k: (stored.get(k), v) for k, v in current.items()
                    if k not in RUN_ONLY_KEYS and stored.get(k) != v}
+        if "model" in changed:  # name the model options that differ, not all of them
+            a, b = changed["model"]
+            keys = sorted(k for k in {*a, *b} if a.get(k) != b.get(k))
+            changed["model"] = ({k: a.get(k) for k in keys}, {k: b.get(k) for k in keys})
         if changed:
             detail = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
             raise ValueError(f"{out} holds another LRA experiment ({detail}); choose another --out")
         return
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(file, lambda tmp: Path(tmp).write_text(json.dumps(current, indent=2)))
+    atomic_write(file, lambda tmp: Path(tmp).write_text(json.dumps(cfg.to_dict(), indent=2)))
 
 
 def _attention_map(out: Path, seed: int, test, cfg: LRAConfig) -> None:
