@@ -9,7 +9,7 @@ import torch
 import spe.lra.run as run_module
 from spe.cli.main import main
 from spe.data.lra.dataset import SequenceDataset
-from spe.lra import build_classifier
+from spe.lra import build_classifier, preset_config
 from spe.lra.study import load_study, packaged_studies, row_config, run_study
 from spe.lra.study_results import collect_study
 from spe.train.metrics_log import read_records
@@ -68,7 +68,7 @@ def test_the_packaged_listops_plan_is_the_issue_s_study():
     plan = load_study("listops-study")
     assert (plan.task, plan.preset, plan.seeds, plan.reference, plan.baseline) == \
         ("listops", "cpu-small", [0, 1, 2], "ape-performer", "sinespe-performer")
-    assert list(plan.groups) == ["decomposition", "ablation", "peers", "pipeline"]
+    assert list(plan.groups) == ["decomposition", "features", "ablation", "peers", "pipeline"]
     decomposition = {(r["attention"], r["positional"]) for r in plan.rows.values() if r["group"] == "decomposition"}
     assert {("softmax", "ape"), ("softmax", "sinespe-exact"), ("softmax", "sinespe"), ("performer", "sinespe"),
             ("softmax", "convspe-exact"), ("softmax", "convspe"), ("performer", "convspe"),
@@ -84,6 +84,12 @@ def test_the_packaged_listops_plan_is_the_issue_s_study():
     assert {configs[n].positional for n, r in plan.rows.items() if r["group"] == "peers"} >= {"lrpe", "permute",
                                                                                                 "cosformer"}
     assert {c.listops_pipeline for c in configs.values()} == {"lossless", "lra-2021"}
+    # the study's SPE rows train with a fresh code per step unless they say otherwise, whatever
+    # the preset now holds (its fix, fixed_code = true)
+    spe_rows = {n: c for n, c in configs.items() if c.positional in ("sinespe", "convspe")}
+    assert {n for n, c in spe_rows.items() if c.model["fixed_code"]} == \
+        {"fixed-code", "convspe-fixed-code", "fixed-code-linear-relu"}
+    assert preset_config("listops", "sinespe", "performer").model["fixed_code"] is True
     # no two rows train the same experiment
     dumps = [json.dumps(c.to_dict(), sort_keys=True) for c in configs.values()]
     assert len(set(dumps)) == len(dumps)
