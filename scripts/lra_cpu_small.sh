@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cpu-small LRA comparison behind docs/lra.md, one run at a time, resumable (rerun to continue;
 # finished seeds are skipped). Usage: scripts/lra_cpu_small.sh [OUT]   (default runs/lra/cpu-small)
-# ListOps: seeds 0, 1, 2 for every row; the Text, Retrieval and Image proxies: seed 0.
+# Seeds 0, 1, 2 for every row (ListOps and the Text, Retrieval and Image proxies).
 # One torch thread: on this 2-core machine shared with other jobs, two threads were up to 20×
 # slower per step under load (thread oversubscription), one thread was not. Two of these
 # scripts' rows may run at once (one per core), as docs/lra.md's were.
@@ -17,9 +17,9 @@ run() {  # task attention positional seeds
 for attention in performer linear-relu; do
   for positional in ape sinespe convspe; do
     run listops "$attention" "$positional" 0,1,2
-    run text "$attention" "$positional" 0
-    run retrieval "$attention" "$positional" 0
+    run text "$attention" "$positional" 0,1,2
+    run retrieval "$attention" "$positional" 0,1,2
   done
-  for positional in ape-learned sinespe convspe-2d; do run image "$attention" "$positional" 0; done
+  for positional in ape-learned sinespe convspe-2d; do run image "$attention" "$positional" 0,1,2; done
 done
 run listops performer none 0,1,2   # control: no positional encoding

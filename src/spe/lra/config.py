@@ -78,6 +78,9 @@ class LRAConfig:
         positional_lr_scale: learning-rate multiplier of the positional-encoding parameters
             (SPE frequencies, gains, filters and gates, learned embeddings; see
             :func:`spe.train.optim.param_groups`); 1.0: the model's learning rate.
+        feature_redraw_every: steps between redraws of the FAVOR+ projections (0: never, LRA's
+            setting). Issue 20's control: redrawn at every step, APE + Performer meets in
+            distribution what a fresh SPE code per step does to the features (docs/lra.md).
     """
 
     task: str
@@ -106,6 +109,7 @@ class LRAConfig:
     compile: bool = False
     listops_pipeline: str = "lossless"
     positional_lr_scale: float = 1.0
+    feature_redraw_every: int = 0
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -129,6 +133,9 @@ class LRAConfig:
             raise ValueError(f"listops_pipeline applies to ListOps only, got {self.listops_pipeline!r} "
                              f"for task {self.task!r}")
         self.positional_lr_scale = check_lr_scale(self.positional_lr_scale)
+        every = self.feature_redraw_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(f"feature_redraw_every must be an integer ≥ 0 (0: never), got {every!r}")
         unknown = set(self.data_options) - set(_DATA_KEYS)
         if unknown:
             raise ValueError(f"unknown data options {sorted(unknown)}; allowed: {', '.join(_DATA_KEYS)}")

@@ -50,12 +50,15 @@ def _folder_part(value) -> str:
 def default_folder(cfg: LRAConfig, model_options: dict | None = None) -> Path:
     """``spe lra``'s default experiment folder: ``runs/lra/PRESET/TASK-ATTENTION-POSITIONAL``, + ``-lra-2021``
     for that ListOps pipeline, + ``-KEY-VALUE`` for each of ``model_options`` (the options given
-    beside the preset; decay ``none`` adds nothing, as before the option existed) and for a
-    ``positional_lr_scale`` other than 1, sorted by key: two settings never share a default folder.
+    beside the preset; decay ``none`` adds nothing, as before the option existed), for a
+    ``positional_lr_scale`` other than 1 and a ``feature_redraw_every`` other than 0, sorted by
+    key: two settings never share a default folder.
     Characters other than letters, digits and ``._+`` in a value become ``_``."""
     parts = {k: v for k, v in (model_options or {}).items() if not (k == "decay" and v == "none")}
     if cfg.positional_lr_scale != 1.0:
         parts["positional_lr_scale"] = cfg.positional_lr_scale
+    if cfg.feature_redraw_every:
+        parts["feature_redraw_every"] = cfg.feature_redraw_every
     pipeline = "" if cfg.listops_pipeline == "lossless" else f"-{cfg.listops_pipeline}"
     suffix = "".join(f"-{key}-{_folder_part(parts[key])}" for key in sorted(parts))
     return Path(f"runs/lra/{cfg.preset}/{cfg.task}-{cfg.attention}-{cfg.positional}{pipeline}{suffix}")

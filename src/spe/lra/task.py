@@ -52,7 +52,8 @@ def engine_settings(cfg: LRAConfig, seed: int) -> EngineSettings:
                           grad_clip=cfg.grad_clip, schedule=cfg.schedule, min_lr_ratio=0.0, device=cfg.device,
                           precision=cfg.precision, tensorboard=cfg.tensorboard,
                           keep_checkpoints=cfg.keep_checkpoints, compile=cfg.compile,
-                          positional_lr_scale=cfg.positional_lr_scale)
+                          positional_lr_scale=cfg.positional_lr_scale,
+                          feature_redraw_every=cfg.feature_redraw_every)
 
 
 @dataclass
@@ -71,6 +72,12 @@ class LRATask:
     generators: tuple[str, ...] = ("data", "code")
     layout: RunLayout = field(default_factory=lambda: RunLayout(latest="last", best="best"))
     best_metric: str | None = "val_accuracy"
+
+    def __post_init__(self) -> None:
+        # The redraws' own stream, only where there are redraws: a run without them keeps the
+        # generators (and so the resume state) it always had.
+        if self.cfg.feature_redraw_every and "feature" not in self.generators:
+            self.generators = (*self.generators, "feature")
 
     def prepare(self, ctx: dist_.Distributed, *, resume: bool) -> None:
         """Nothing to load: the splits are given."""
