@@ -19,6 +19,10 @@ variation distances ½ Σ_n |w_mn − w'_mn| between
   estimates, same code (the features' error);
 * **code, exact**: two codes through the exact kernel (SPE's own Monte-Carlo noise).
 
+and the test accuracy of the checkpoint with the code it was evaluated with (``code_seed``) and
+with other codes (mean over ``--draws`` other code seeds): does a fixed-code model rely on
+its own code (an absolute pattern) or only on the kernel every code shares?
+
 Means over ``--draws`` pairs of draws. Dropout off (eval mode); the generators are explicit.
 """
 
@@ -34,9 +38,8 @@ from pathlib import Path
 import torch
 
 from spe.checkpoint import load
-from spe.lra import LRAConfig
+from spe.lra import LRAConfig, accuracy, load_splits
 from spe.lra.evaluate import model_inputs
-from spe.lra import load_splits
 from spe.ops.linear import rescale_keys
 
 
@@ -104,6 +107,20 @@ def measure(model, inputs, draws: int) -> dict:
     return {k: (sum(v) / len(v) if v else None) for k, v in out.items()}
 
 
+def code_swap_accuracy(model, test, draws: int) -> dict:
+    """Test accuracy (%) with the model's own evaluation code and, for SPE, with other codes."""
+    own = 100 * accuracy(model, test)
+    if model.encoding is None or not model.spec.stochastic:
+        return {"test, own code": own, "test, other codes": None}
+    config = model.config
+    others = []
+    for i in range(draws):
+        model.config = dataclasses.replace(config, code_seed=config.code_seed + 1000 + i)
+        others.append(100 * accuracy(model, test))
+    model.config = config
+    return {"test, own code": own, "test, other codes": sum(others) / len(others)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", default="runs/lra/listops-study")
@@ -126,12 +143,14 @@ def main() -> int:
         val = splits["val"]
         inputs, _ = model_inputs(val, torch.arange(min(args.examples, len(val))), "cpu")
         model = load(folder / f"seed{args.seed}" / "best", device="cpu")
+        swap = code_swap_accuracy(model, splits["test"], args.draws)
         rows.append({"row": name, "positional": cfg.positional, "attention": cfg.attention,
-                     "fixed_code": bool(model.config.fixed_code), **measure(model, inputs, args.draws)})
-    cols = ["code", "code, exact", "features", "vs exact"]
+                     "fixed_code": bool(model.config.fixed_code), **measure(model, inputs, args.draws), **swap})
+    cols = ["code", "code, exact", "features", "vs exact", "test, own code", "test, other codes"]
     print("| row | " + " | ".join(cols) + " |\n| --- |" + " --- |" * len(cols))
     for r in rows:
-        print(f"| {r['row']} | " + " | ".join("–" if r[c] is None else f"{r[c]:.3f}" for c in cols) + " |")
+        print(f"| {r['row']} | " + " | ".join("–" if r[c] is None else f"{r[c]:.3f}" if c in cols[:4]
+                                          else f"{r[c]:.1f}" for c in cols) + " |")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "seed": args.seed,
                                            "examples": args.examples, "draws": args.draws, "rows": rows}, indent=2))
