@@ -88,7 +88,7 @@ def test_the_packaged_listops_plan_is_the_issue_s_study():
     # the preset now holds (its fix, fixed_code = true)
     spe_rows = {n: c for n, c in configs.items() if c.positional in ("sinespe", "convspe")}
     assert {n for n, c in spe_rows.items() if c.model["fixed_code"]} == \
-        {"fixed-code", "convspe-fixed-code", "fixed-code-linear-relu"}
+        {"fixed-code", "convspe-fixed-code", "fixed-code-linear-relu", "ungated-fixed-code"}
     assert preset_config("listops", "sinespe", "performer").model["fixed_code"] is True
     # no two rows train the same experiment
     dumps = [json.dumps(c.to_dict(), sort_keys=True) for c in configs.values()]
