@@ -19,8 +19,9 @@ variation distances ½ Σ_n |w_mn − w'_mn| between
   estimates, same code (the features' error);
 * **code, exact**: two codes through the exact kernel (SPE's own Monte-Carlo noise).
 
-and the test accuracy of the checkpoint with the code it was evaluated with (``code_seed``) and
-with other codes (mean over ``--draws`` other code seeds): does a fixed-code model rely on
+and the test accuracy of the checkpoint with the code it was evaluated with (``code_seed``, the
+one its best checkpoint was also chosen with), with ``--draws`` other codes (mean of their
+accuracies) and with the class probabilities averaged over those codes: does a model rely on
 its own code (an absolute pattern) or only on the kernel every code shares?
 
 Means over ``--draws`` pairs of draws. Dropout off (eval mode); the generators are explicit.
@@ -38,7 +39,7 @@ from pathlib import Path
 import torch
 
 from spe.checkpoint import load
-from spe.lra import LRAConfig, accuracy, load_splits
+from spe.lra import LRAConfig, load_splits
 from spe.lra.evaluate import model_inputs
 from spe.ops.linear import rescale_keys
 
@@ -107,18 +108,35 @@ def measure(model, inputs, draws: int) -> dict:
     return {k: (sum(v) / len(v) if v else None) for k, v in out.items()}
 
 
+@torch.no_grad()
+def test_probabilities(model, test, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) class probabilities in eval mode (the code from ``model.config.code_seed``), (N,) labels."""
+    model.eval()
+    probs, labels = [], []
+    for start in range(0, len(test), batch_size):
+        inputs, y = model_inputs(test, torch.arange(start, min(start + batch_size, len(test))), "cpu")
+        probs.append(torch.softmax(model(*inputs).double(), -1))
+        labels.append(y)
+    return torch.cat(probs), torch.cat(labels)
+
+
 def code_swap_accuracy(model, test, draws: int) -> dict:
-    """Test accuracy (%) with the model's own evaluation code and, for SPE, with other codes."""
-    own = 100 * accuracy(model, test)
+    """Test accuracy (%) with the model's own evaluation code and, for SPE, with ``draws`` other
+    codes: each alone (their mean) and together (probabilities averaged over the codes)."""
+    probs, labels = test_probabilities(model, test)
+    own = 100 * float((probs.argmax(-1) == labels).double().mean())
     if model.encoding is None or not model.spec.stochastic:
-        return {"test, own code": own, "test, other codes": None}
-    config = model.config
-    others = []
+        return {"test, own code": own, "test, other codes": None, "test, codes averaged": None, "other codes": []}
+    config, others, total = model.config, [], 0
     for i in range(draws):
         model.config = dataclasses.replace(config, code_seed=config.code_seed + 1000 + i)
-        others.append(100 * accuracy(model, test))
+        p, _ = test_probabilities(model, test)
+        others.append(100 * float((p.argmax(-1) == labels).double().mean()))
+        total = total + p
     model.config = config
-    return {"test, own code": own, "test, other codes": sum(others) / len(others)}
+    averaged = 100 * float((total.argmax(-1) == labels).double().mean())
+    return {"test, own code": own, "test, other codes": sum(others) / len(others), "test, codes averaged": averaged,
+            "other codes": others}
 
 
 def main() -> int:
@@ -146,7 +164,8 @@ def main() -> int:
         swap = code_swap_accuracy(model, splits["test"], args.draws)
         rows.append({"row": name, "positional": cfg.positional, "attention": cfg.attention,
                      "fixed_code": bool(model.config.fixed_code), **measure(model, inputs, args.draws), **swap})
-    cols = ["code", "code, exact", "features", "vs exact", "test, own code", "test, other codes"]
+    cols = ["code", "code, exact", "features", "vs exact", "test, own code", "test, other codes",
+            "test, codes averaged"]
     print("| row | " + " | ".join(cols) + " |\n| --- |" + " --- |" * len(cols))
     for r in rows:
         print(f"| {r['row']} | " + " | ".join("–" if r[c] is None else f"{r[c]:.3f}" if c in cols[:4]
