@@ -23,3 +23,6 @@ for attention in performer linear-relu; do
   for positional in ape-learned sinespe convspe-2d; do run image "$attention" "$positional" 0,1,2; done
 done
 run listops performer none 0,1,2   # control: no positional encoding
+for attention in performer linear-relu; do   # controls: the Retrieval plateau without position
+  run retrieval "$attention" none 0,1,2
+done
