@@ -88,6 +88,54 @@ def test_matches_the_float64_reference_forward_and_backward(spe, causal, gated, 
     assert all(a.abs().sum() > 0 for a in got[3:])  # frequencies/phases/gains or filters, and gates
 
 
+class _DecayKernel(torch.nn.Module):
+    """A kernel that is neither sine nor conv (exp(−a·|lag|) per head and feature): the gathered path."""
+
+    num_heads, head_dim = 2, 4
+
+    def __init__(self):
+        super().__init__()
+        self.rates = torch.nn.Parameter(torch.rand(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5)))
+
+    def kernel(self, lags):
+        return torch.exp(-self.rates[..., None] * lags.abs().to(self.rates))
+
+
+@pytest.mark.parametrize("spe", ["convspe", "decay"])
+@pytest.mark.parametrize("causal,gated", [(True, True), (False, True), (False, False)])
+@pytest.mark.parametrize("num_queries,num_keys,query_offset", [(3, 3, 0), (9, 9, 0), (1, 12, 11), (4, 12, 8),
+                                                               (2, 20, 5), (6, 4, 0)])
+def test_banded_and_gathered_kernels_match_the_reference_at_any_length_and_offset(
+        spe, causal, gated, num_queries, num_keys, query_offset):
+    # convSPE's band (2P − 1 = 9 diagonals) shorter and longer than the sequence, decoding offsets,
+    # more queries than keys; the decay kernel takes the gathered path over distinct lags.
+    if spe == "convspe":
+        layer, source = _float64_layer(spe, causal, gated)
+    else:
+        source = _DecayKernel()
+        layer = ExactSPEScores(2, 4, gated=gated, gate_init=0.4, causal=causal).double()
+        layer.bind(source)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, num_queries, 2, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, num_keys, 2, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    if causal and query_offset + num_queries > num_keys:  # a causal query always sees key 0
+        query_offset = 0
+    params = [q, k, v, *source.parameters(), *layer.parameters()]
+    out = layer.attend(q, k, v, query_offset=query_offset)
+    ref, _ = exact_spe_attention_reference(q, k, v, source.kernel, gate=layer.gate, causal=causal,
+                                           query_offset=query_offset)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(layer.scores(q, k, query_offset=query_offset) * 2,  # √D = 2
+                               torch.einsum("bmhd,bnhd,hdmn->bhmn", q, k, layer.kernel(
+                                   (torch.arange(num_queries)[:, None] + query_offset - torch.arange(num_keys)).flatten()
+                               ).reshape(2, 4, num_queries, num_keys)), atol=1e-12, rtol=1e-10)
+    weights = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((out * weights).sum(), params)
+    want = torch.autograd.grad((ref * weights).sum(), params)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
 def _isserlis_variance(oracle, spe_module, gate, q, k):
     """Var of one realisation's score term U·V/√D (U = Σ q_d Q̃_d, V = Σ k_d K̃_d, jointly Gaussian):
     (E[U²] E[V²] + E[UV]²) / D per (b, h, m, n), with E[Q̃_d²] = (1 − δ) C^QQ_d(0) + δ."""

@@ -11,7 +11,7 @@ the exponent's expectation over the code is eq. (8) with the gated kernel (eq. 2
 where P_d is :meth:`SineSPE.kernel <spe.encodings.SineSPE.kernel>` or
 :meth:`ConvSPE.kernel <spe.encodings.ConvSPE.kernel>` (same normalisation as the sampled
 codes, E[Q̄_d K̄_dᵀ]/R). The oracle is softmax attention with exactly these scores: no noise,
-O(L²) scores (O(L²·D) memory for convSPE, whose kernel is gathered per pair of positions).
+O(L²) scores (convSPE's kernel vanishes beyond P lags: O(L·P·D) more for its 2P − 1 diagonals).
 
 Its parameters are SPE's own: the model keeps the SineSPE/ConvSPE module (``encoding.*``,
 ``layer_encodings.*``) and each layer an :class:`ExactSPEScores` holding the gate logits, whose
@@ -25,8 +25,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from spe.encodings.conv import ConvSPE
 from spe.encodings.phases import sine_features
 from spe.encodings.sine import SineSPE
 from spe.ops.softmax import check_key_padding_mask
@@ -151,8 +153,9 @@ class ExactSPEScores(nn.Module):
         """s(m, n) = Σ_d q_md k_nd P̃_d(m − n) / √D, unmasked.
 
         sineSPE's kernel is a sum of 2K products of sinusoids, so the scores are one product of
-        (D·(2K + 1))-dimensional features: exact and O(L²) memory; other kernels are gathered
-        per pair of positions, O(L²·D) memory.
+        (D·(2K + 1))-dimensional features: exact and O(L²) memory. convSPE's kernel vanishes at
+        |m − n| ≥ P: its gate is one more product and its kernel a band of 2P − 1 diagonals,
+        O(L·P·D) memory more. Other kernels are gathered per pair of positions, O(L²·D) memory.
 
         Args:
             q: (B, Lq, H, D) at positions query_offset …; k: (B, Lk, H, D) at 0 ….
@@ -166,9 +169,48 @@ class ExactSPEScores(nn.Module):
         if isinstance(self.source, SineSPE):
             fq, fk = self._sine_features(q, k, query_offset)
             return torch.einsum("bmhe,bnhe->bhmn", fq, fk) / math.sqrt(self.head_dim)
-        lags = _lags(lq, lk, query_offset, q.device)
-        table = self.kernel(lags.flatten()).to(dtype).reshape(self.num_heads, self.head_dim, lq, lk)
+        if isinstance(self.source, ConvSPE):
+            return self._banded_scores(q, k, query_offset) / math.sqrt(self.head_dim)
+        # Any other kernel: evaluated once per distinct lag (Lq + Lk − 1 of them), then gathered.
+        distinct = torch.arange(query_offset - lk + 1, query_offset + lq, device=q.device)
+        table = self.kernel(distinct).to(dtype)[:, :, _lags(lq, lk, query_offset, q.device) + (lk - 1 - query_offset)]
         return torch.einsum("bmhd,bnhd,hdmn->bhmn", q, k, table) / math.sqrt(self.head_dim)
+
+    def _banded_scores(self, q: Tensor, k: Tensor, query_offset: int) -> Tensor:
+        """(B, H, Lq, Lk) Σ_d q_md k_nd P̃_d(m − n) for convSPE, without the √D.
+
+        P_d vanishes at |m − n| ≥ P (appendix A.1), so the gated kernel splits into the gate's
+        constant, δ_d q_d · k_d (one matmul over all pairs), and (1 − δ_d) P_d on the 2P − 1
+        diagonals around m = n: O(B·H·L·P·D) work instead of the O(B·H·L²·D) of gathering the
+        kernel for every pair, which at L = 300 cost seconds per layer.
+        """
+        conv: ConvSPE = self.source
+        batch, lq, lk = q.shape[0], q.shape[1], k.shape[1]
+        device = q.device
+        lags = torch.arange(conv.kernel_size - 1, -conv.kernel_size, -1, device=device)  # (J,) = P − 1 … 1 − P
+        kernel = conv.kernel(lags).to(q.dtype)  # (H, D, J)
+        gate = self.gate
+        if gate is None:
+            scores, qs = q.new_zeros(batch, self.num_heads, lq, lk), q
+        else:
+            gate = gate.to(q.dtype)
+            scores, qs = torch.einsum("bmhd,bnhd->bhmn", q * gate, k), q * (1 - gate)
+        qs, kt = qs.transpose(1, 2), k.transpose(1, 2)  # (B, H, L, D)
+        diagonals = []
+        for j, lag in enumerate(lags.tolist()):
+            # query m meets key n = m + shift, a key for first ≤ m < last; one diagonal at a time
+            # keeps the work's memory at O(B·H·L·D) (the (B, L, J, H, D) product was 2× slower).
+            shift = query_offset - lag
+            first, last = max(0, -shift), min(lq, lk - shift)
+            if last <= first:
+                diagonals.append(q.new_zeros(batch, self.num_heads, lq))
+                continue
+            diagonal = (qs[:, :, first:last] * kt[:, :, first + shift:last + shift]) @ kernel[:, :, j, None]
+            diagonals.append(F.pad(diagonal.squeeze(-1), (first, lq - last)))
+        band = torch.stack(diagonals, dim=-1)  # (B, H, Lq, J), zero where the key would be outside
+        cols = (torch.arange(lq, device=device)[:, None] + query_offset - lags[None, :]).clamp(0, lk - 1)
+        # A clamped column receives zeros; within a row, the columns inside the keys are distinct.
+        return scores.scatter_add(-1, cols.expand(batch, self.num_heads, lq, -1), band)
 
     def _sine_features(self, q: Tensor, k: Tensor, query_offset: int) -> tuple[Tensor, Tensor]:
         """(B, L, H, D·(2K + 1)) features whose dot product is Σ_d q_d k_d P̃_d(m − n).

@@ -184,7 +184,7 @@ POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
     PositionalSpec("cosformer", "features", source="Qin et al. 2022 (ICLR), attends within L_max only",
                    layer_module=_cosformer),
     # The SPE oracles: softmax attention with the scores SPE estimates (spe.encodings.oracle);
-    # deterministic, O(L²) (sine) or O(L²·D) (conv) memory, for diagnosis.
+    # deterministic, O(L²) memory (plus O(L·P·D) for conv's band), for diagnosis.
     PositionalSpec("sinespe-exact", "scores", source=_EXACT_SOURCE, model_module=_sine, layer_module=_exact_scores),
     PositionalSpec("convspe-exact", "scores", source=_EXACT_SOURCE, model_module=_conv, layer_module=_exact_scores),
     PositionalSpec("none", None, source="no positional encoding"),
