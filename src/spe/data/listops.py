@@ -22,18 +22,20 @@ every ``]``, ``(`` and ``)`` is gone: an operator's extent is no longer in the i
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from spe.data.lra.dataset import CONTENT_OFFSET, SequenceDataset, pack
+from spe.data.lra.dataset import CONTENT_OFFSET, SequenceDataset, pack, regular_file
 
 __all__ = [
     "OPERATORS",
@@ -64,6 +66,7 @@ _LETTERS = {"[MAX": "a", "[MIN": "b", "[MED": "c", "[SM": "d"}  # one byte per o
 _BYTE_KIND = np.full(128, 2, dtype=np.uint8)  # ASCII byte -> 0 whitespace, 1 newline, 2 part of a symbol
 _BYTE_KIND[[ord(c) for c in " \t\r\x0b\x0c"]] = 0
 _BYTE_KIND[ord("\n")] = 1
+_DIGITS = {str(d): d for d in range(10)}  # ASCII only: str.isdigit() and int() also take "²", "٣"
 _DIGIT_TEXT = [f" {d} )" for d in range(10)]  # an argument that is a digit, with its closing pair
 _VALUE_P = 0.25  # probability that a node above the maximum depth is an operator
 
@@ -228,8 +231,8 @@ def evaluate(source: str) -> int:
                 raise ValueError(f"evaluate: ']' at symbol {i} closes {what}")
             op, args = stack.pop()
             value = _apply(op, args)
-        elif len(sym) == 1 and sym.isdigit():
-            value = int(sym)
+        elif sym in _DIGITS:
+            value = _DIGITS[sym]
         else:
             raise ValueError(f"evaluate: unknown symbol {sym!r} at {i}; "
                              f"allowed: {', '.join(OPERATORS)}, ], (, ), 0-9")
@@ -433,30 +436,66 @@ def listops_folder(cache_dir: str | os.PathLike | None = None, *, num_train: int
     return folder
 
 
+@contextlib.contextmanager
+def _field_size_limit(limit: int) -> Iterator[None]:
+    """Raises ``csv.field_size_limit`` to at least ``limit`` for the block, then restores it.
+
+    The limit is global to the ``csv`` module (131,072 characters by default, which a generated
+    expression of more than about 20,000 symbols exceeds). It is restored on leaving, so other
+    readers see it raised only meanwhile; a thread that sets it in the meantime has its value
+    replaced on leaving.
+    """
+    previous = csv.field_size_limit()
+    csv.field_size_limit(max(previous, limit))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
+
+
+def _utf8_lines(path: Path, raw_lines) -> Iterator[str]:
+    """The lines of a binary file as text; an invalid UTF-8 byte is a ValueError at ``path:line``."""
+    for line, raw in enumerate(raw_lines, start=1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}:{line}: byte {raw[err.start]:#04x} at column {err.start + 1} is not "
+                             f"UTF-8 text") from None
+
+
 def read_tsv(path: str | os.PathLike) -> list[tuple[str, int]]:
-    """Reads an LRA ListOps TSV file.
+    """Reads an LRA ListOps TSV file (UTF-8).
+
+    Fields may be as long as the file (``csv.field_size_limit`` is raised to the file's size while
+    it is read, then restored; see :func:`_field_size_limit`).
 
     Returns:
         (source, label) rows, label in 0–9.
 
     Raises:
         FileNotFoundError: if the file does not exist.
-        ValueError: naming the file and line of a wrong header, a row without two columns or a
-            label that is not a digit (the expressions are checked by :func:`load_listops`).
+        ValueError: naming the file and line of a wrong header, a row without two columns, a
+            label that is not one ASCII digit, a byte that is not UTF-8 or a malformed CSV row
+            (the expressions are checked by :func:`load_listops`); naming the file if it is not
+            a regular file or holds no example.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ListOps: no file {path}; expected {_LAYOUT}")
+    path = regular_file(path, "ListOps", _LAYOUT)
     rows = []
-    with open(path, newline="") as f:
-        for line, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
-            if line == 1:
-                if row != _HEADER:
-                    raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', got {row!r}")
-                continue
-            if len(row) != 2 or not (row[1].strip().isdigit() and len(row[1].strip()) == 1):
-                raise ValueError(f"{path}:{line}: expected 'expression<TAB>digit', got {row!r:.120}")
-            rows.append((row[0], int(row[1])))
+    with open(path, "rb") as f, _field_size_limit(os.fstat(f.fileno()).st_size + 1):
+        reader = csv.reader(_utf8_lines(path, f), delimiter="\t")
+        try:
+            for row in reader:
+                line = reader.line_num
+                if line == 1:
+                    if row != _HEADER:
+                        raise ValueError(f"{path}:1: expected the header 'Source<TAB>Target', got {row!r:.120}")
+                    continue
+                if len(row) != 2 or row[1].strip() not in _DIGITS:
+                    raise ValueError(f"{path}:{line}: expected 'expression<TAB>digit' (one of 0-9), "
+                                     f"got {row!r:.120}")
+                rows.append((row[0], _DIGITS[row[1].strip()]))
+        except csv.Error as err:
+            raise ValueError(f"{path}:{reader.line_num}: {err}") from None
     if not rows:
         raise ValueError(f"{path}: no examples after the header; expected {_LAYOUT}")
     return rows

@@ -13,8 +13,11 @@ returns int64.
 from __future__ import annotations
 
 import logging
+import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,6 +34,8 @@ __all__ = [
     "compact_dtype",
     "pack",
     "pad_sequences",
+    "regular_file",
+    "regular_files",
     "split_off",
 ]
 
@@ -199,6 +204,48 @@ def byte_tokens(documents: Sequence[bytes], length: int | None, *,
     """
     flat = np.frombuffer(b"".join(documents), dtype=np.uint8).astype(np.int16) + CONTENT_OFFSET
     return pack(flat, np.array([len(d) for d in documents], dtype=np.int64), length, BYTE_VOCAB, what=what)
+
+
+def regular_file(path: str | os.PathLike, what: str, layout: str) -> Path:
+    """``path`` if it is a regular file (or a link to one), checked without opening it.
+
+    Opening a FIFO blocks until something writes to it, and a folder or device is no data file.
+
+    Args:
+        path: the file a reader is about to open.
+        what: the reader's name for messages (``ListOps``, ``AAN``, ``CIFAR-10``).
+        layout: the expected layout, quoted in messages.
+
+    Raises:
+        FileNotFoundError: if nothing is there.
+        ValueError: if it is a folder, FIFO, socket or device.
+    """
+    from spe.data.music import display_name
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what}: no file {display_name(path)}; expected {layout}")
+    if not path.is_file():
+        raise ValueError(f"{what}: {display_name(path)} is not a regular file (a folder, FIFO or device); "
+                         f"expected {layout}")
+    return path
+
+
+def regular_files(paths: Sequence[Path], what: str) -> list[Path]:
+    """The regular files (or links to them) among ``paths``; the others are skipped with one warning.
+
+    A FIFO would block the reader, and a folder or device is no document: the warning counts
+    them and names the first few.
+    """
+    from spe.data.music import _names
+
+    regular = {p: p.is_file() for p in paths}
+    kept = [p for p, ok in regular.items() if ok]
+    skipped = [p for p, ok in regular.items() if not ok]
+    if skipped:
+        warnings.warn(f"{what}: skipped {len(skipped)} path(s) that are not regular files (folders, FIFOs, "
+                      f"devices): {_names(skipped)}", stacklevel=2)
+    return kept
 
 
 def split_off(dataset: SequenceDataset | PairDataset, fraction: float, *, seed: int = 0):

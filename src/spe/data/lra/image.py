@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spe.data.lra.dataset import CONTENT_OFFSET, SequenceDataset, compact_dtype
+from spe.data.lra.dataset import CONTENT_OFFSET, SequenceDataset, compact_dtype, regular_file
 
 __all__ = ["CIFAR_FILES", "LUMA_WEIGHTS", "grey_levels", "image_dataset", "load_cifar10", "read_cifar_batch"]
 
@@ -47,11 +47,10 @@ def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
     Raises:
         FileNotFoundError: if the file is missing.
-        ValueError: naming the file, if it is not such a pickle or its arrays have the wrong shape.
+        ValueError: naming the file, if it is not a regular file or not such a pickle, its arrays
+            have the wrong shape, or a label is not an integer in 0–9.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"CIFAR-10: no file {path}; expected {_LAYOUT}")
+    path = regular_file(path, "CIFAR-10", _LAYOUT)
     try:
         with open(path, "rb") as f:
             batch = _ArrayUnpickler(f, encoding="bytes").load()
@@ -62,7 +61,12 @@ def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
     if "data" not in batch or "labels" not in batch:
         raise ValueError(f"CIFAR-10: {path} has keys {sorted(batch)}, missing 'data' or 'labels'")
-    data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"], dtype=np.int64)
+    data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"])
+    # Casting first would turn 3.7 into 3 and "٣" into 3: only integers are labels.
+    if labels.size and labels.dtype.kind not in "iu":
+        raise ValueError(f"CIFAR-10: {path}: labels must be integers in 0–9, got {labels.dtype} values "
+                         f"such as {labels.flat[0]!r}")
+    labels = labels.astype(np.int64)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or labels.shape != (data.shape[0],):
         raise ValueError(f"CIFAR-10: {path}: expected data (N, 3072) uint8 and N labels, got data "
                          f"{data.shape} {data.dtype} and labels {labels.shape}")

@@ -5,17 +5,19 @@ Letters: N = pairs, L = bytes kept per document.
 Layout (LRA's release): ``new_aan_pairs.train.tsv``, ``new_aan_pairs.eval.tsv``,
 ``new_aan_pairs.test.tsv``, no header, one pair per line, five tab-separated fields
 ``label  id1  id2  text1  text2``; the label is 0 or 1 (written ``1`` or ``1.0``: LRA reads it
-as a float); quotes are plain characters (LRA reads the files without quote handling).
+as a float; other spellings of a float, such as ``1e0`` or ``+1``, are refused); quotes are plain
+characters (LRA reads the files without quote handling).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
 
-from spe.data.lra.dataset import BYTE_VOCAB, PairDataset, byte_tokens
+from spe.data.lra.dataset import BYTE_VOCAB, PairDataset, byte_tokens, regular_file
 
 __all__ = ["AAN_FILES", "load_aan", "read_aan_tsv"]
 
@@ -23,6 +25,7 @@ AAN_FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv"
              "test": "new_aan_pairs.test.tsv"}
 _LAYOUT = ("a folder with new_aan_pairs.{train,eval,test}.tsv, each line 'label<TAB>id1<TAB>id2<TAB>"
            "text1<TAB>text2' without header, label 0 or 1")
+_LABEL = re.compile(rb"[ \t]*([01])(?:\.0*)?[ \t]*")  # ASCII 0 or 1, optionally as LRA's float 1.0
 
 
 def read_aan_tsv(path: str | os.PathLike) -> tuple[list[int], list[bytes], list[bytes]]:
@@ -34,11 +37,9 @@ def read_aan_tsv(path: str | os.PathLike) -> tuple[list[int], list[bytes], list[
     Raises:
         FileNotFoundError: if the file is missing.
         ValueError: naming the file and line of a row without five fields, a label other than
-            0/1, or an empty document; or if the file holds no pair.
+            0/1, or an empty document; if the file holds no pair or is not a regular file.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"AAN: no file {path}; expected {_LAYOUT}")
+    path = regular_file(path, "AAN", _LAYOUT)
     labels, first, second = [], [], []
     for line, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
         raw = raw.rstrip(b"\r")
@@ -48,15 +49,12 @@ def read_aan_tsv(path: str | os.PathLike) -> tuple[list[int], list[bytes], list[
         if len(fields) != 5:
             raise ValueError(f"{path}:{line}: expected 5 tab-separated fields "
                              f"(label, id1, id2, text1, text2), got {len(fields)}")
-        try:
-            label = float(fields[0])
-        except ValueError:
-            label = None
-        if label not in (0.0, 1.0):
-            raise ValueError(f"{path}:{line}: label must be 0 or 1, got {fields[0][:20]!r}")
+        label = _LABEL.fullmatch(fields[0])
+        if label is None:
+            raise ValueError(f"{path}:{line}: label must be 0 or 1 (or 0.0, 1.0), got {fields[0][:20]!r}")
         if not fields[3] or not fields[4]:
             raise ValueError(f"{path}:{line}: empty document text")
-        labels.append(int(label))
+        labels.append(int(label[1]))
         first.append(fields[3])
         second.append(fields[4])
     if not labels:

@@ -52,7 +52,9 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
 
     Raises:
         ValueError: for an unknown task, a ListOps pipeline other than ``lossless`` for
-            another task, and as the task's loader.
+            another task, an empty split (naming the task, the split, every split's size and,
+            for a validation split held out of the training set, ``val_fraction``), and as the
+            task's loader.
         FileNotFoundError: as the task's loader.
     """
     if task not in TASKS:
@@ -67,18 +69,19 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
             num_train, num_val, num_test = listops_sizes
             data = listops_folder(cache_dir, num_train=num_train, num_val=num_val, num_test=num_test,
                                   seed=seed, **(listops_options or {}))
-        return load_listops(data, max_length=length, drop_parentheses=drop_parentheses, pipeline=listops_pipeline)
+        return _nonempty(task, load_listops(data, max_length=length, drop_parentheses=drop_parentheses,
+                                            pipeline=listops_pipeline))
     from spe.data.lra import proxies
 
     if data is None:
         embedded = {"text": lambda: proxies.text_proxy(max_length=length, seed=seed),
                     "retrieval": lambda: proxies.retrieval_proxy(max_length=length, seed=seed),
                     "image": lambda: proxies.image_proxy(seed=seed)}
-        return embedded[task]()
+        return _nonempty(task, embedded[task]())
     if task == "retrieval":
         from spe.data.lra.retrieval import load_aan
 
-        return load_aan(data, max_length=length)
+        return _nonempty(task, load_aan(data, max_length=length))
     if task == "text":
         from spe.data.lra.text import load_imdb
 
@@ -87,5 +90,23 @@ def load_task(task: str, data: str | os.PathLike | None = None, *, max_length: i
         from spe.data.lra.image import load_cifar10
 
         splits = load_cifar10(data)
+    _nonempty(task, splits)
     train, val = split_off(splits["train"], val_fraction, seed=seed)
-    return {"train": train, "val": val, "test": splits["test"]}
+    sizes = splits["train"].labels.unique(return_counts=True)[1].tolist()
+    return _nonempty(task, {"train": train, "val": val, "test": splits["test"]},
+                     f"; val_fraction {val_fraction} holds out round({val_fraction} × n) of the n training "
+                     f"examples of each class (n = {', '.join(map(str, sizes))})")
+
+
+def _nonempty(task: str, splits: dict, note: str = "") -> dict:
+    """``splits`` if none is empty (training, model selection and the test score need each).
+
+    Raises:
+        ValueError: naming the task, the empty split, every split's size and ``note``.
+    """
+    for name, split in splits.items():
+        if len(split) == 0:
+            sizes = ", ".join(f"{n} {len(s)}" for n, s in splits.items())
+            split_name = "validation" if name == "val" else name
+            raise ValueError(f"LRA {task}: the {split_name} split is empty ({sizes} examples){note}")
+    return splits

@@ -3,7 +3,8 @@
 Letters: N = reviews, L = bytes kept per review.
 
 Layout (Maas et al. 2011, as unpacked): ``aclImdb/{train,test}/{pos,neg}/*.txt``, one review
-per file (the ``unsup`` folder and the other files are ignored). Labels: neg = 0, pos = 1.
+per file (the ``unsup`` folder and the other files are ignored; a ``*.txt`` that is not a
+regular file, such as a folder or a FIFO, is skipped with a warning). Labels: neg = 0, pos = 1.
 LRA has no validation split for this task (:func:`spe.data.lra.dataset.split_off` makes one).
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from spe.data.lra.dataset import BYTE_VOCAB, SequenceDataset, byte_tokens
+from spe.data.lra.dataset import BYTE_VOCAB, SequenceDataset, byte_tokens, regular_files
 
 __all__ = ["IMDB_CLASSES", "load_imdb"]
 
@@ -37,7 +38,11 @@ def load_imdb(folder: str | os.PathLike, *, max_length: int = 1000,
 
     Raises:
         FileNotFoundError: if the folder or a ``split/class`` folder is missing (naming the layout).
-        ValueError: if a class folder holds no ``.txt`` file, or a review is empty (naming it).
+        ValueError: if a class folder holds no regular ``.txt`` file, or a review is empty (naming it).
+
+    Warns:
+        UserWarning: counting and naming the ``*.txt`` paths skipped because they are not
+            regular files (folders, FIFOs, devices: a FIFO would block the read).
     """
     root = Path(folder)
     if not root.is_dir():
@@ -49,7 +54,7 @@ def load_imdb(folder: str | os.PathLike, *, max_length: int = 1000,
             sub = root / split / name
             if not sub.is_dir():
                 raise FileNotFoundError(f"IMDB: no folder {sub}; expected {_LAYOUT}")
-            files = sorted(sub.glob("*.txt"))
+            files = regular_files(sorted(sub.glob("*.txt")), f"IMDB {sub}")
             if not files:
                 raise ValueError(f"IMDB: {sub} holds no .txt review; expected {_LAYOUT}")
             for f in files:
