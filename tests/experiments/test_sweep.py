@@ -160,3 +160,18 @@ def test_side_by_side_sweeps_add_their_runs_instead_of_replacing_each_others(tmp
     assert {k: r["within"] for k, r in on_disk["runs"].items()} == {
         "ape/seed0": 1.5, "rope/seed0": 2.0, "sinespe/seed0": 3.0}  # the other's rows kept, the newer file wins
     assert "sinespe" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.parametrize("name,problem", [("../../x", "holds a path separator"), ("/tmp/abs", "holds a path separator"),
+                                          ("", "is empty"), (".", "starts with a dot"), ("..", "holds '..'"),
+                                          ("a\\u0007b", "unprintable")])
+def test_variant_names_are_names_not_paths(tmp_path, name, problem, capsys):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN.replace("[variants.spe]", f'[variants."{name}"]').replace('checkpoints_of = "spe"',
+                                                                                  f'checkpoints_of = "{name}"'))
+    with pytest.raises(ValueError, match=rf"plan .*plan.toml, variant .*: the name .* {problem}"):
+        load_plan(str(plan))
+    out = tmp_path / "a" / "b" / "sweep"
+    assert main(["sweep", "--plan", str(plan), "--out", str(out), "--steps", "1", "--no-progress"]) == 2
+    assert "variant" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["plan.toml"]  # nothing written, inside --out or not

@@ -23,7 +23,7 @@ from spe.bench.tables import longest_lines, model_lines
 from spe.bench.targets import find_record, record_decay, takes_decay, targets_markdown
 from spe.encodings.registry import positional_names
 
-__all__ = ["BENCH_ATTENTIONS", "GENERATE_MIN_REPEATS", "SERIES", "SPE_IMPLS", "bench_markdown", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs",
+__all__ = ["BENCH_ATTENTIONS", "GENERATE_MIN_REPEATS", "SERIES", "SPE_IMPLS", "bench_markdown", "bench_outputs", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs",
            "parse_series", "run_bench", "run_case", "series_name", "summarize_bench", "write_outputs"]
 
 log = logging.getLogger(__name__)
@@ -322,6 +322,18 @@ def summarize_bench(result: dict) -> dict:
 
 
 summarize = summarize_bench  # the earlier name (spe.evaluation has its own summarize)
+
+
+def bench_outputs(out_dir: str | os.PathLike, json_path: str | os.PathLike | None) -> tuple[Path, Path]:
+    """The output folder and JSON file of a run (default ``OUT/bench.json``), checked before anything is measured.
+
+    Raises:
+        ValueError: as :func:`spe.outputs.check_output_folder` and :func:`spe.outputs.check_output_file`.
+    """
+    from spe.outputs import check_output_file, check_output_folder
+
+    out = check_output_folder(out_dir)
+    return out, check_output_file(json_path if json_path else out / "bench.json", "--json")
 
 
 def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:

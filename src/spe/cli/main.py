@@ -257,8 +257,8 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from spe.bench.peers import PEER_ATTENTIONS
-    from spe.bench.run import (BENCH_ATTENTIONS, MODES, parse_decays, parse_pairs, parse_series, run_bench,
-                               summarize_bench, write_outputs)
+    from spe.bench.run import (BENCH_ATTENTIONS, MODES, bench_outputs, parse_decays, parse_pairs, parse_series,
+                               run_bench, summarize_bench, write_outputs)
     from spe.train.config import load_config_file, packaged_config
 
     if args.modes is None:  # --longest alone runs only the search
@@ -281,6 +281,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         decays = parse_decays(args.decay, model.get("decay", "none"))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    out, json_path = bench_outputs(args.out, args.json)  # checked before measuring, not at the final write
     layer_modes = [m for m in modes if m != "model"]
     result = {"records": [], "matmul_gflops": None, "config": {}, "lengths": []}
     if layer_modes:
@@ -300,8 +301,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         result["code_errors"] = code_errors([4, 8, 16, 32, 64, 128])
     result["command"] = "spe " + " ".join(getattr(args, "argv", ["bench"]))
-    out = Path(args.out)
-    json_path = Path(args.json) if args.json else out / "bench.json"
     write_outputs(result, json_path, out)
     print((out / "bench.md").read_text())
     for key, value in summarize_bench(result)["exponents"].items():

@@ -28,6 +28,7 @@ from spe.encodings.registry import positional_names, positional_spec
 from spe.evaluation.checkpoints import evaluate_models, stored_summary, write_evaluation
 from spe.evaluation.r_grid import r_grids
 from spe.evaluation.report_markdown import render_report
+from spe.outputs import check_output_folder
 
 __all__ = ["MAX_ATTENTION_LENGTH", "build_report", "generation_section", "model_sections", "r_grid_section",
            "run_names"]
@@ -237,7 +238,7 @@ def build_report(checkpoints: list[str], out: str | os.PathLike, *, data: str | 
     checkpoints = [str(c) for c in checkpoints]
     r_test = [int(r) for r in r_test]
     _check_options(checkpoints, generate_length, num_probe_tokens, max_length, r_test)
-    out = Path(out)
+    out = check_output_folder(out)
     loaded = [load_checkpoint(c, device=device) for c in checkpoints]
     _check_tokenizers(loaded)
     names = run_names(checkpoints)

@@ -34,6 +34,7 @@ from spe.evaluation.checkpoints import evaluate_checkpoints
 from spe.options import decode_window
 from spe.train.config import TrainConfig, load_config_file, packaged_config
 from spe.train.loop import train
+from spe.train.run_folder import check_name, run_lock
 from spe.train.status import run_status
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ def load_plan(path_or_name: str) -> Plan:
     base.update(raw)
     plan = Plan(path=str(path), title=title, seeds=[int(s) for s in seeds], reference=reference)
     for name, spec in variants.items():
+        check_name(name, f"plan {path}, variant {name!r}")
         plan.variants[name] = _variant(f"plan {path}, variant {name!r}", spec, variants, base, base_model)
     return plan
 
@@ -238,12 +240,14 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
             spec, key = plan.variants[name], f"{name}/seed{seed}"
             cfg = variant_config(plan, name, seed, out, data=data, cache_dir=cache_dir, steps=steps,
                                  threads=threads)
-            train_s = _train_run(plan, name, cfg, progress)
+            with run_lock(cfg.out):  # the run's status is read and acted on by one runner at a time
+                train_s = _train_run(plan, name, cfg, progress)
             step = run_status(cfg).step
             previous = runs.get(key, {})
             if previous.get("step") == step and previous.get("eval") == spec["eval"] and "buckets" in previous:
                 continue
-            summary = _evaluate_run(spec, cfg, out / name / f"seed{seed}-evaluation")
+            with run_lock(out / name / f"seed{seed}-evaluation"):
+                summary = _evaluate_run(spec, cfg, out / name / f"seed{seed}-evaluation")
             model = summary["models"][0]
             runs[key] = {"variant": name, "seed": seed, "step": step, "eval": spec["eval"],
                          "buckets": model["buckets"], "within": model["within"], "beyond": model["beyond"],

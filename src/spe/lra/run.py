@@ -21,6 +21,7 @@ from spe.lra.train import train_seed
 from spe.models.classifier_config import ClassifierConfig
 from spe.options import check_threads
 from spe.train import distributed as dist_
+from spe.train.run_folder import run_lock
 
 __all__ = ["default_folder", "load_splits", "run_lra", "summarize"]
 
@@ -116,7 +117,8 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
     out = Path(out)
     with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx:
         if ctx.is_main:
-            _check_config(out, cfg)
+            with run_lock(out):  # two runners starting one new experiment: one writes config.json, the other checks it
+                _check_config(out, cfg)
         dist_.barrier(ctx)
         if not ctx.is_main:
             _check_config(out, cfg)

@@ -41,6 +41,7 @@ from spe.lra.config import PRESETS, LRAConfig, preset_config
 from spe.lra.run import load_splits, run_lra
 from spe.lra.study_results import collect_study
 from spe.train.engine import TrainingDiverged
+from spe.train.run_folder import check_name
 
 __all__ = ["StudyPlan", "load_study", "packaged_studies", "row_config", "run_study"]
 
@@ -145,6 +146,7 @@ def load_study(path_or_name: str) -> StudyPlan:
             raise ValueError(f"study plan {path}: {key} {getattr(plan, key)!r} is not one of its rows")
     for name, spec in rows.items():
         where = f"study plan {path}, row {name!r}"
+        check_name(name, where)
         plan.rows[name] = _row(where, spec, defaults)
         plan.groups.setdefault(plan.rows[name]["group"], plan.rows[name]["group"])
         try:

@@ -36,6 +36,7 @@ from spe.models.encoder_classifier import EncoderClassifier
 from spe.models.loss import cross_entropy
 from spe.train import distributed as dist_
 from spe.train import engine, optim
+from spe.train.run_folder import run_lock
 
 __all__ = ["RESULT_FILE", "build_classifier", "learning_rate_factor", "make_optimizer", "train_seed", "training_step"]
 
@@ -96,8 +97,10 @@ def train_seed(cfg: LRAConfig, splits: dict, seed: int, folder: str | Path, *, p
     folder = Path(folder)
     if (folder / RESULT_FILE).is_file():
         return json.loads((folder / RESULT_FILE).read_text())
-    with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx:
-        outcome = engine.run(LRATask(cfg, splits, label=folder.name), engine_settings(cfg, seed), folder,
+    with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx, run_lock(folder, ctx):
+        if (folder / RESULT_FILE).is_file():  # finished by another process while this one waited
+            return json.loads((folder / RESULT_FILE).read_text())
+        outcome = engine.run(LRATask(cfg, splits, label=folder.name, folder=folder), engine_settings(cfg, seed), folder,
                              resume=True, progress=progress)
         started = time.perf_counter()
         device = dist_.process_device(cfg.device, ctx)

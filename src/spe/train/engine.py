@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from spe.train import distributed as dist_
 from spe.train.metrics_log import append_record, trim_records
 from spe.train.optim import adamw, learning_rate_factor, scaled_lr
 from spe.train.precision import autocast, grad_scaler
+from spe.train.run_folder import METRICS_FILE, check_foreign_files, clear_run, mark_run, run_lock
 from spe.train.state import (CHECKPOINTS_DIR, checkpoint_folder, global_rng_states, latest_unit, link, load_unit,
                              repair_run_folder, restore_global_rng, save_checkpoint)
 from spe.train.task import EngineSettings, StepStats, Task
@@ -50,7 +50,6 @@ __all__ = ["METRICS_FILE", "Outcome", "TrainingDiverged", "apply_gradients", "co
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
 # Seeds of dropout on ranks > 0: their masks differ from rank 0's, as they would between slices of one batch.
 _RANK_SEED_STRIDE = 1_000_003
 
@@ -138,7 +137,7 @@ def run(task: Task, settings: EngineSettings, out: str | Path, *, resume: bool, 
         from spe.train.tensorboard import require_tensorboard
 
         require_tensorboard()
-    with dist_.session(device_type) as ctx:
+    with dist_.session(device_type) as ctx, run_lock(out, ctx):
         return _run(task, settings, Path(out), ctx, resume=resume, overwrite=overwrite,
                     progress=progress and ctx.is_main)
 
@@ -149,7 +148,9 @@ def _run(task: Task, settings: EngineSettings, out: Path, ctx: dist_.Distributed
         raise ValueError(f"batch_size {settings.batch_size} (the global batch) is not divisible by the "
                          f"{ctx.world_size} processes")
     device = dist_.process_device(settings.device, ctx)
-    if ctx.is_main and out.is_dir() and not overwrite:
+    if ctx.is_main:
+        check_foreign_files(out, task.layout)
+    if ctx.is_main and not overwrite:
         repair_run_folder(out, task.layout.latest)  # a crash between two renames leaves a mismatched pair
     dist_.barrier(ctx)
     task.prepare(ctx, resume=resume)
@@ -270,22 +271,13 @@ def _start_files(run: _Run, overwrite: bool) -> None:
     """Rank 0: clears a run replaced by ``overwrite``, trims the metrics, opens TensorBoard."""
     run.out.mkdir(parents=True, exist_ok=True)
     if overwrite:
-        _clear_run(run)
+        clear_run(run.out, run.task.layout)
+    mark_run(run.out, run.task.label)
     trim_records(run.out / METRICS_FILE, run.step)
     if run.settings.tensorboard:
         from spe.train.tensorboard import ScalarLog
 
         run.tb = ScalarLog(run.out / "tensorboard", purge_step=run.step + 1 if run.step else None)
-
-
-def _clear_run(run: _Run) -> None:
-    """Removes the files of a previous run (``overwrite``), nothing else."""
-    layout = run.task.layout
-    for name in (Path(layout.latest) / MODEL_FILE, TRAIN_STATE_FILE, METRICS_FILE, *layout.extra_files):
-        (run.out / name).unlink(missing_ok=True)
-    for name in (CHECKPOINTS_DIR, "tensorboard", *([layout.best] if layout.best else [])):
-        shutil.rmtree(run.out / name, ignore_errors=True)
-    log.info("--overwrite: removed the previous run in %s", run.out)
 
 
 def _train_step(run: _Run) -> float:

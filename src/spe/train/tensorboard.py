@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["TAGS", "ScalarLog", "require_tensorboard"]
+__all__ = ["TAGS", "TENSORBOARD_SUFFIX", "ScalarLog", "require_tensorboard"]
+
+# spe's event files end with this, so that --overwrite removes them and nobody else's.
+TENSORBOARD_SUFFIX = ".spe"
 
 # metrics.jsonl key -> TensorBoard tag
 TAGS = {"loss": "train/loss", "lr": "train/lr", "tokens_per_s": "train/tokens_per_s",
@@ -42,7 +45,7 @@ class ScalarLog:
         require_tensorboard()
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(folder), purge_step=purge_step)
+        self.writer = SummaryWriter(log_dir=str(folder), purge_step=purge_step, filename_suffix=TENSORBOARD_SUFFIX)
 
     def write(self, record: dict) -> None:
         """Adds every known, non-None value of a metrics record at its ``step``."""
