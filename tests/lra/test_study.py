@@ -109,7 +109,7 @@ def test_every_row_of_the_packaged_plan_builds_its_model():
 
 @pytest.mark.parametrize("edit,message", [
     (lambda t: t.replace('positional = "ape"\n', ""), "row 'ape': give positional"),
-    (lambda t: t.replace('description = "APE"', 'description = "APE"\nlr = -1'), "row 'ape': .*lr > 0"),
+    (lambda t: t.replace('description = "APE"', 'description = "APE"\nlr = -1'), "row 'ape': .*lr must be a finite number > 0, got -1"),
     (lambda t: t.replace("gated = false", "gated = 2"), "row 'sine': model option gated must be true or false"),
     (lambda t: t.replace('description = "APE"', 'description = "APE"\nwarp = 9'), "row 'ape': unknown LRA options"),
     (lambda t: t.replace('description = "APE"', 'description = "APE"\ntask = "text"'),
@@ -120,6 +120,11 @@ def test_every_row_of_the_packaged_plan_builds_its_model():
     (lambda t: t.replace('title = "tiny study"', 'tittle = "x"'), "unknown top-level key\\(s\\) \\['tittle'\\]"),
     (lambda t: t.split("[rows.ape]")[0], "has no \\[rows.NAME\\] tables"),
     (lambda t: t + "\n[[", "is not valid TOML"),
+    # plan names become folders under --out: never a path (issue 29, F4)
+    *[(lambda t, n=name: t.replace("[rows.never]", f"[rows.{n}]"), f"row .*: the name .* {problem}")
+      for name, problem in (('"../../x"', "holds a path separator"), ('".."', "holds '..'"), ('"/tmp/x"', "separator"),
+                            ('""', "is empty"), ('"."', "starts with a dot"), ('".hidden"', "starts with a dot"),
+                            ('"a\\tb"', "unprintable"))],
 ])
 def test_plan_mistakes_name_the_file_and_the_row(tmp_path, edit, message):
     path = tmp_path / "plan.toml"

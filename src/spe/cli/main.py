@@ -65,7 +65,7 @@ def _train_config(args: argparse.Namespace, **overrides):
         model["attention_window"] = decode_window(args.attention_window, "--attention-window")
     if getattr(args, "ungated", False) or getattr(args, "gated", False):
         model["gated"] = bool(args.gated)
-    for flag in ("tensorboard", "compile"):
+    for flag in ("tensorboard", "compile", "allow_data_change"):
         if getattr(args, flag, False):
             raw[flag] = True
     raw.update(overrides)
@@ -229,14 +229,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from spe.experiments.sweep import load_plan, run_sweep
+    from spe.options import parse_seeds
 
     plan = load_plan(args.plan)
-    seeds = None
-    if args.seeds:
-        try:
-            seeds = [int(v) for v in args.seeds.split(",") if v.strip()]
-        except ValueError:
-            raise UsageError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+    seeds = parse_seeds(args.seeds) if args.seeds else None
     only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
     out = Path(args.out)
     run_sweep(plan, out, seeds=seeds, only=only, data=args.data, cache_dir=args.cache_dir, steps=args.steps,
@@ -356,6 +352,8 @@ def _add_train_parser(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run in --out (its checkpoints, metrics and plots) instead of refusing")
+    p.add_argument("--allow-data-change", action="store_true",
+                   help="let --resume continue on data whose pieces or split changed (it says what changed)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
 

@@ -16,6 +16,7 @@ from importlib import resources
 from spe.data.listops import PIPELINES as LISTOPS_PIPELINES
 from spe.data.lra.tasks import TASKS
 from spe.encodings.registry import EXACT_TWINS
+from spe.options import check_option, check_options, parse_seeds  # parse_seeds re-exported
 from spe.train.optim import SCHEDULES  # one list of schedules, re-exported here
 from spe.train.optim import check_lr_scale
 
@@ -25,7 +26,7 @@ __all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "SCHEDULES", "LRACon
 PRESETS = ("paper", "cpu-small")
 # Options that change how a run is carried out, not what it computes: an experiment folder may be
 # continued with other values of them.
-RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile")
+RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile", "allow_data_change")
 _DATA_KEYS = ("num_train", "num_val", "num_test", "max_depth", "max_args", "min_length", "max_length",
               "drop_parentheses")
 # ClassifierConfig fields an LRA experiment sets itself: from the data, or from its own fields.
@@ -81,6 +82,8 @@ class LRAConfig:
         feature_redraw_every: steps between redraws of the FAVOR+ projections (0: never, LRA's
             setting). Issue 20's control: redrawn at every step, APE + Performer meets in
             distribution what a fresh SPE code per step does to the features (docs/lra.md).
+        allow_data_change: let an interrupted seed resume on splits that changed since it
+            started (with a warning naming the change); off: refused.
     """
 
     task: str
@@ -110,6 +113,7 @@ class LRAConfig:
     listops_pipeline: str = "lossless"
     positional_lr_scale: float = 1.0
     feature_redraw_every: int = 0
+    allow_data_change: bool = False
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -119,13 +123,7 @@ class LRAConfig:
         from spe.train.precision import check_precision
 
         check_precision(self.precision, "cuda" if str(self.device).startswith("cuda") else "cpu")
-        for name in ("steps", "batch_size", "eval_every", "eval_batch_size", "keep_checkpoints"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.warmup_steps < 0 or self.eval_examples < 0 or self.grad_clip < 0 or self.lr <= 0:
-            raise ValueError("warmup_steps, eval_examples and grad_clip must be ≥ 0 and lr > 0, got "
-                             f"{self.warmup_steps}, {self.eval_examples}, {self.grad_clip}, {self.lr}")
+        check_options(self.__dict__)  # the rules spe train's options follow too
         if self.listops_pipeline not in LISTOPS_PIPELINES:
             raise ValueError(f"listops_pipeline must be one of {', '.join(LISTOPS_PIPELINES)}, "
                              f"got {self.listops_pipeline!r}")
@@ -133,9 +131,6 @@ class LRAConfig:
             raise ValueError(f"listops_pipeline applies to ListOps only, got {self.listops_pipeline!r} "
                              f"for task {self.task!r}")
         self.positional_lr_scale = check_lr_scale(self.positional_lr_scale)
-        every = self.feature_redraw_every
-        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-            raise ValueError(f"feature_redraw_every must be an integer ≥ 0 (0: never), got {every!r}")
         unknown = set(self.data_options) - set(_DATA_KEYS)
         if unknown:
             raise ValueError(f"unknown data options {sorted(unknown)}; allowed: {', '.join(_DATA_KEYS)}")
@@ -246,19 +241,6 @@ def model_options(texts: list[str], *, decay: str | None = None) -> dict:
     return options
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``--seeds 0,1,2`` as distinct integers ≥ 0.
-
-    Raises:
-        ValueError: naming ``text`` otherwise.
-    """
-    try:
-        seeds = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"--seeds takes comma-separated integers, e.g. 0,1,2; got {text!r}") from None
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds takes distinct integers ≥ 0, got {text!r}")
-    return seeds
 
 
 def load_preset(preset: str) -> dict:

@@ -9,9 +9,11 @@ marking the best checkpoint (``best/``). Letters: B = batch, L = length, K = cla
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from spe.checkpoint import load_metadata
 from spe.data.lra.dataset import PairDataset, SequenceDataset
 from spe.lra.config import LRAConfig
 from spe.lra.evaluate import correct_count, model_inputs
@@ -19,6 +21,8 @@ from spe.models.classifier_config import ClassifierConfig
 from spe.models.encoder_classifier import EncoderClassifier
 from spe.models.loss import cross_entropy
 from spe.train import distributed as dist_
+from spe.train.state import latest_unit
+from spe.train.status import check_data, data_record
 from spe.train.task import EngineSettings, RunLayout, StepStats
 
 __all__ = ["LRATask", "build_classifier", "correct_count", "engine_settings"]
@@ -64,14 +68,18 @@ class LRATask:
         cfg: the experiment.
         splits: ``{"train", "val", "test"}`` from :func:`spe.data.lra.load_task`.
         label: the progress bar's description (the seed's folder name).
+        folder: the seed's folder, whose newest checkpoint a resume compares the data with
+            (None: not compared).
     """
 
     cfg: LRAConfig
     splits: dict
     label: str = "lra"
+    folder: Path | None = None
     generators: tuple[str, ...] = ("data", "code")
     layout: RunLayout = field(default_factory=lambda: RunLayout(latest="last", best="best"))
     best_metric: str | None = "val_accuracy"
+    data: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # The redraws' own stream, only where there are redraws: a run without them keeps the
@@ -80,7 +88,18 @@ class LRATask:
             self.generators = (*self.generators, "feature")
 
     def prepare(self, ctx: dist_.Distributed, *, resume: bool) -> None:
-        """Nothing to load: the splits are given."""
+        """Nothing to load (the splits are given); a resumed seed must find the data it started on.
+
+        Raises:
+            ValueError: if ``folder``'s newest checkpoint was trained on other splits (unless
+                ``cfg.allow_data_change``: then a warning).
+        """
+        self.data = data_record(**{name: self.splits[name] for name in ("train", "val", "test")})
+        unit = latest_unit(self.folder, self.layout.latest) if resume and self.folder is not None else None
+        if unit is not None:
+            check_data(load_metadata(unit.model).get("data"), self.data, where=f"the data of {self.folder}",
+                       unit="examples", allow_change=self.cfg.allow_data_change,
+                       hint=f"restore it, or delete {self.folder} to train that seed again")
 
     def build_model(self) -> EncoderClassifier:
         return build_classifier(self.cfg, self.splits["train"])
@@ -109,4 +128,5 @@ class LRATask:
                 "seconds": stats.seconds}
 
     def metadata(self, step: int, evaluation: dict | None) -> dict:
-        return {"step": step, "val_accuracy": (evaluation or {}).get("val_accuracy"), "lra": self.cfg.to_dict()}
+        return {"step": step, "val_accuracy": (evaluation or {}).get("val_accuracy"), "lra": self.cfg.to_dict(),
+                "data": self.data}

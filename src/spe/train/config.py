@@ -14,10 +14,9 @@ from importlib import resources
 from pathlib import Path
 
 from spe.data.music import MAX_PIECE_TOKENS
-from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS
 from spe.models.config import ModelConfig
-from spe.options import check_threads
+from spe.options import check_options
 from spe.train.precision import check_precision
 
 __all__ = ["TrainConfig", "load_config_file", "packaged_config", "resolve_model_options"]
@@ -97,6 +96,8 @@ class TrainConfig:
             newest; ``out/model.safetensors`` is always the latest).
         compile: ``torch.compile`` the model for the training steps (off by default; where
             compilation is unavailable or fails, a warning and the uncompiled model).
+        allow_data_change: let a resume continue on data whose pieces or split changed since
+            the run started (with a warning naming the change); off: such a resume is refused.
         model: overrides of :class:`~spe.ModelConfig` fields (vocab_size comes from the data);
             completed by :func:`resolve_model_options` when the config is made.
     """
@@ -125,6 +126,7 @@ class TrainConfig:
     tensorboard: bool = False
     keep_checkpoints: int = 2
     compile: bool = False
+    allow_data_change: bool = False
     model: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -132,12 +134,8 @@ class TrainConfig:
         if not isinstance(self.model, dict):
             raise TypeError(f"model must be a table of model options, got {self.model!r}")
         _check_types(self.model, fields(ModelConfig), "model option")
-        require_positive("training", **{name: getattr(self, name) for name in (
-            "steps", "seq_len", "batch_size", "eval_every", "keep_checkpoints", "max_piece_tokens")})
+        check_options(self.__dict__)  # the rules spe lra's options follow too, before any data is read
         check_precision(self.precision, "cuda" if str(self.device).startswith("cuda") else "cpu")
-        check_threads(self.threads)
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
         if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         known = {f.name for f in fields(ModelConfig)} - {"vocab_size"}

@@ -19,7 +19,7 @@ from spe.models.decoder_lm import DecoderLM
 from spe.models.loss import cross_entropy
 from spe.train import distributed as dist_
 from spe.train.config import TrainConfig
-from spe.train.status import check_resume, check_run
+from spe.train.status import check_resume, check_run, data_record
 from spe.train.task import EngineSettings, RunLayout, StepStats
 from spe.train.validation import validation_sums
 
@@ -71,9 +71,10 @@ class LMTask:
         self._load_data(self.progress and ctx.is_main)
         if ctx.is_main:
             dist_.barrier(ctx)
+        data = data_record(train=self.split.train_pieces, validation=self.split.val_pieces)
         if resume:
-            check_resume(status, self.split.tokenizer_json)
-        self.meta = {"tokenizer": self.split.tokenizer_json, "train": self.cfg.to_dict(),
+            check_resume(status, self.split.tokenizer_json, data, allow_data_change=self.cfg.allow_data_change)
+        self.meta = {"tokenizer": self.split.tokenizer_json, "train": self.cfg.to_dict(), "data": data,
                      "num_train_pieces": len(self.split.train_pieces),
                      "num_val_pieces": len(self.split.val_pieces), "world_size": ctx.world_size}
         log.info("%d training / %d validation pieces", len(self.split.train_pieces), len(self.split.val_pieces))

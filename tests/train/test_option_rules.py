@@ -1,0 +1,119 @@
+"""One rule per numeric option, shared by spe train (TrainConfig) and spe lra (LRAConfig), checked
+before any data is read or any model is built (issue 29, F5 and F13)."""
+
+import math
+
+import pytest
+
+from spe.cli.main import main
+from spe.lra.config import LRAConfig, parse_seeds
+from spe.train.config import TrainConfig
+
+NAN, INF = math.nan, math.inf
+POSITIVE = "a positive integer"
+SHARED = [  # options both configurations have: (option, value, what the message says is allowed)
+    ("grad_clip", -1, r"a finite number ≥ 0 \(0: no clipping\)"),
+    ("grad_clip", NAN, r"a finite number ≥ 0 \(0: no clipping\)"),
+    ("grad_clip", INF, r"a finite number ≥ 0 \(0: no clipping\)"),
+    ("lr", INF, "a finite number > 0"),
+    ("lr", NAN, "a finite number > 0"),
+    ("lr", 0.0, "a finite number > 0"),
+    ("weight_decay", NAN, "a finite number ≥ 0"),
+    ("weight_decay", -0.1, "a finite number ≥ 0"),
+    ("warmup_steps", -5, "an integer ≥ 0"),
+    ("steps", 0, POSITIVE),
+    ("batch_size", -2, POSITIVE),
+    ("eval_every", 0, POSITIVE),
+    ("keep_checkpoints", 0, POSITIVE),
+    ("feature_redraw_every", -1, r"an integer ≥ 0 \(0: never\)"),
+]
+TRAIN_ONLY = [
+    ("max_transpose", -3, r"an integer ≥ 0 \(semitones; 0: no transposition\)"),
+    ("min_lr_ratio", NAN, r"a number in \[0, 1\]"),
+    ("min_lr_ratio", 1.5, r"a number in \[0, 1\]"),
+    ("seed", -1, "an integer ≥ 0"),
+    ("split_seed", -1, "an integer ≥ 0"),
+    ("val_fraction", 0.0, r"a number in \(0, 1\)"),
+    ("val_fraction", 1, r"a number in \(0, 1\)"),
+    ("seq_len", 0, POSITIVE),
+    ("max_piece_tokens", 0, POSITIVE),
+    ("threads", -1, r"0 \(PyTorch's default\) or a positive number of CPU threads"),
+]
+LRA_ONLY = [
+    ("eval_examples", -1, r"an integer ≥ 0 \(0: the whole split\)"),
+    ("eval_batch_size", 0, POSITIVE),
+    ("max_length", 0, "a positive integer or unset"),
+    ("num_realizations", 0, "a positive integer or unset"),
+]
+
+
+def _train(**options):
+    return TrainConfig(**options, model={"positional": "ape", "d_model": 16, "num_layers": 1, "num_heads": 2})
+
+
+def _lra(**options):
+    return LRAConfig(task="listops", positional="ape", attention="performer", **options)
+
+
+@pytest.mark.parametrize(("make", "option", "value", "allowed"),
+                         [(make, *case) for case in SHARED for make in (_train, _lra)]
+                         + [(_train, *case) for case in TRAIN_ONLY] + [(_lra, *case) for case in LRA_ONLY],
+                         ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
+def test_a_value_outside_its_range_is_refused_naming_the_option_the_value_and_the_range(make, option, value,
+                                                                                         allowed):
+    with pytest.raises(ValueError, match=rf"^{option} must be {allowed}, got {value!r}$"):
+        make(**{option: value})
+
+
+@pytest.mark.parametrize("make", [_train, _lra])
+@pytest.mark.parametrize(("option", "value"), [("steps", True), ("warmup_steps", True), ("warmup_steps", 2.5),
+                                               ("lr", True), ("grad_clip", False), ("lr", "1e-3")])
+def test_a_bool_is_no_number_and_a_float_no_integer(make, option, value):
+    # TrainConfig checks types first (TypeError, "must be int"); the range rule refuses them too
+    with pytest.raises((TypeError, ValueError), match=rf"{option} must be .*got {value!r}"):
+        make(**{option: value})
+
+
+def test_the_bounds_themselves_are_accepted_where_the_rule_says_so():
+    cfg = _train(grad_clip=0, weight_decay=0, warmup_steps=0, min_lr_ratio=1, max_transpose=0, seed=0, threads=0)
+    assert (cfg.grad_clip, cfg.min_lr_ratio) == (0, 1)
+    assert _lra(grad_clip=0.0, eval_examples=0, max_length=None, num_realizations=None).grad_clip == 0.0
+    assert parse_seeds("0,3") == [0, 3]
+    with pytest.raises(ValueError, match=r"^--seeds '0,-1': seed must be an integer ≥ 0, got -1$"):
+        parse_seeds("0,-1")
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Reading the data or building the model fails the test: options are checked before either."""
+    import spe.data.split
+    import spe.train.tasks.lm
+
+    def never(*args, **kwargs):
+        raise AssertionError("reached past the option checks")
+
+    monkeypatch.setattr(spe.data.split, "load_split", never)
+    monkeypatch.setattr(spe.train.tasks.lm, "DecoderLM", never)
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("grad_clip = -1", "grad_clip must be a finite number ≥ 0 (0: no clipping), got -1"),
+    ("lr = inf", "lr must be a finite number > 0, got inf"),
+    ("min_lr_ratio = nan", "min_lr_ratio must be a number in [0, 1], got nan"),
+])
+def test_spe_train_refuses_a_config_value_before_reading_data_or_building_the_model(line, message, tmp_path,
+                                                                                       no_work, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text(f'steps = 2\n{line}\n[model]\npositional = "ape"\n')
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (f"spe train: error: config file {config}: {message} "
+                                       "(options of that file and the command line)\n")
+    assert not out.exists()
+
+
+def test_spe_train_refuses_a_flag_value_in_the_same_words(tmp_path, no_work, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--lr", "nan", "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err == "spe train: error: lr must be a finite number > 0, got nan\n"
+    assert not out.exists()
