@@ -34,7 +34,7 @@ def test_positions_beyond_l_max_raise_naming_l_max_and_the_position():
         t(torch.rand(1, 17, 2, 4), torch.arange(17))
     with pytest.raises(ValueError, match="got position -1"):
         t(torch.rand(1, 2, 2, 4), torch.tensor([-1, 0]))
-    with pytest.raises(ValueError, match="L_max must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="max_length must be a positive integer, got 0"):
         CosFormerReweighting(0)
 
 

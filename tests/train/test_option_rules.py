@@ -117,3 +117,13 @@ def test_spe_train_refuses_a_flag_value_in_the_same_words(tmp_path, no_work, cap
     assert main(["train", "--lr", "nan", "--out", str(out), "--no-progress"]) == 2
     assert capsys.readouterr().err == "spe train: error: lr must be a finite number > 0, got nan\n"
     assert not out.exists()
+
+
+@pytest.mark.parametrize("option,value", [("grad_clip", -1.0), ("lr", float("inf")), ("warmup_steps", -5),
+                                          ("min_lr_ratio", 2.0), ("seed", -1)])
+def test_the_engine_settings_keep_the_same_rules_for_python_callers(option, value):
+    from spe.train.task import EngineSettings
+
+    base = {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 0, "eval_every": 1, "seed": 0}
+    with pytest.raises(ValueError, match=rf"{option} must be"):
+        EngineSettings(**{**base, option: value})

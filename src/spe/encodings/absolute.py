@@ -10,6 +10,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from spe.encodings.positions import require_positive
+
 __all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding"]
 
 
@@ -22,11 +24,12 @@ class SinusoidalPositionalEncoding(nn.Module):
         d_model: C, the embedding size (even).
 
     Raises:
-        ValueError: if ``d_model`` is odd.
+        ValueError: if ``d_model`` is not a positive even integer.
     """
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
+        require_positive("SinusoidalPositionalEncoding", d_model=d_model)
         if d_model % 2:
             raise ValueError(f"SinusoidalPositionalEncoding: d_model must be even, got {d_model}")
         inv = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
@@ -59,12 +62,14 @@ class LearnedPositionalEmbedding(nn.Module):
     Args:
         max_positions: number of embeddings.
         d_model: C.
+
+    Raises:
+        ValueError: if a size is not a positive integer.
     """
 
     def __init__(self, max_positions: int, d_model: int) -> None:
         super().__init__()
-        if max_positions < 1:
-            raise ValueError(f"max_positions must be positive, got {max_positions}")
+        require_positive("LearnedPositionalEmbedding", max_positions=max_positions, d_model=d_model)
         self.max_positions = max_positions
         self.weight = nn.Parameter(torch.randn(max_positions, d_model) * 0.02)
 

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from spe.encodings.positions import require_positive
+
 __all__ = ["ALiBi", "alibi_slopes"]
 
 
@@ -36,10 +38,14 @@ class ALiBi(nn.Module):
     Args:
         num_heads: H.
         causal: mask the future (the penalty then is m_h·(j − i), j ≤ i).
+
+    Raises:
+        ValueError: if ``num_heads`` is not a positive integer.
     """
 
     def __init__(self, num_heads: int, *, causal: bool = True) -> None:
         super().__init__()
+        require_positive("ALiBi", num_heads=num_heads)
         self.causal = causal
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 

@@ -49,6 +49,12 @@ class SineCode:
         return self.weights.shape[-1]
 
     @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(Lq, Lk, H, D): the query and key lengths, heads and features the code is for."""
+        lq, lk = self.query_positions.shape[0], self.key_positions.shape[0]
+        return (lq, lk, *self.weights.shape[:2])
+
+    @property
     def num_elements(self) -> int:
         """Elements of the materialised Q̄ (Lq·H·D·R)."""
         return self.query_positions.shape[0] * self.weights.shape[0] * self.weights.shape[1] * self.weights.shape[-1]
@@ -94,6 +100,11 @@ class DenseCode:
     @property
     def num_realizations(self) -> int:
         return self.qbar.shape[-1]
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(Lq, Lk, H, D): the query and key lengths, heads and features the code is for."""
+        return (self.qbar.shape[0], self.kbar.shape[0], *self.qbar.shape[1:3])
 
     def materialize(self) -> tuple[Tensor, Tensor]:
         """Returns Q̄ (Lq, H, D, R) and K̄ (Lk, H, D, R)."""

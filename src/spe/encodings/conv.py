@@ -62,7 +62,7 @@ class ConvSPE(nn.Module):
             :meth:`kernel` is the same formula; only the initial filters differ.
 
     Raises:
-        ValueError: if a size is not positive or ``impl`` is unknown.
+        ValueError: if a size is not a positive integer or ``impl`` is unknown.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_realizations: int = 64,
@@ -145,10 +145,11 @@ class ConvSPE(nn.Module):
             A :class:`DenseCode` with qbar (Lq, H, D, R), kbar (Lk, H, D, R), gate_noise (H, D, R).
 
         Raises:
-            ValueError: on missing, inconsistent, negative or non-integer positions.
+            ValueError: on missing, inconsistent, negative or non-integer positions, or a
+                length or R that is not a positive integer.
         """
         pos_q, pos_k = resolve_positions(length, positions, query_positions, key_positions,
-                                         device=self.filters_q.device)
+                                         device=self.filters_q.device, owner="ConvSPE")
         for pos in (pos_q, pos_k):
             if pos.is_floating_point() and not torch.equal(pos, pos.round()):
                 raise ValueError("ConvSPE: positions must be integers (use SineSPE for real-valued positions)")

@@ -67,6 +67,17 @@ def filter_noise_2d_direct(z: Tensor, filters: Tensor) -> Tensor:
     return y.view(r, h, d, height * width).permute(3, 1, 2, 0)
 
 
+def _pair(owner: str, name: str, value, *, square: bool) -> tuple:
+    """(a, b) from a pair, or from one value when ``square``; the sizes themselves are checked by
+    :func:`require_positive`."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return tuple(value)
+    if square and not isinstance(value, (tuple, list)):
+        return value, value
+    either = "an int or " if square else ""
+    raise ValueError(f"{owner}: {name} must be {either}a pair (height, width), got {value!r}")
+
+
 class ConvSPE2d(nn.Module):
     """Convolutional SPE over an Y × X grid (eq. 22 with a 2-D filter), for images read row-major.
 
@@ -80,7 +91,7 @@ class ConvSPE2d(nn.Module):
             ``auto`` (fft when P1·P2 ≥ 64). Same numbers either way.
 
     Raises:
-        ValueError: if a size is not positive or ``impl`` is unknown.
+        ValueError: if a size is not a positive integer or ``impl`` is unknown.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_realizations: int = 64,
@@ -88,7 +99,7 @@ class ConvSPE2d(nn.Module):
         super().__init__()
         if impl not in ("auto", "fft", "direct"):
             raise ValueError(f"ConvSPE2d: impl must be 'auto', 'fft' or 'direct', got {impl!r}")
-        p1, p2 = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        p1, p2 = _pair("ConvSPE2d", "kernel_size", kernel_size, square=True)
         require_positive("ConvSPE2d", num_heads=num_heads, head_dim=head_dim,
                          num_realizations=num_realizations, kernel_size_rows=p1, kernel_size_cols=p2)
         self.impl = impl
@@ -118,11 +129,9 @@ class ConvSPE2d(nn.Module):
             32 × 32 pixels, P = 8, H·D = 256, R = 64).
 
         Raises:
-            ValueError: if the grid or R is not positive.
+            ValueError: if the grid is not a pair, or its sizes or R are not positive integers.
         """
-        if len(grid) != 2:
-            raise ValueError(f"ConvSPE2d: grid must be (height, width), got {grid!r}")
-        height, width = grid
+        height, width = _pair("ConvSPE2d", "grid", grid, square=False)
         r = self.num_realizations if num_realizations is None else num_realizations
         require_positive("ConvSPE2d", height=height, width=width, num_realizations=r)
         (p1, p2), h, d = self.kernel_size, self.num_heads, self.head_dim

@@ -26,6 +26,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from spe.encodings.positions import require_positive
+
 __all__ = ["CosFormerReweighting", "cosformer_features", "cosformer_weights_reference"]
 
 
@@ -83,8 +85,7 @@ class CosFormerReweighting(nn.Module):
 
     def __init__(self, max_length: int) -> None:
         super().__init__()
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-            raise ValueError(f"cosFormer's L_max must be a positive integer, got {max_length!r}")
+        require_positive("CosFormerReweighting", max_length=max_length)
         self.max_length = max_length
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.code import SineCode, SPECode
+from spe.encodings.positions import require_positive
 from spe.ops.sine_costs import BLOCKED_EFFICIENCY, MATERIALIZE_LIMIT, choose_sine_impl, sine_costs
 from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
 
@@ -17,13 +18,27 @@ __all__ = ["BLOCKED_EFFICIENCY", "IMPLS", "MATERIALIZE_LIMIT", "SPEFilter", "app
            "apply_sine_code_blocked", "apply_sine_code_fused", "choose_sine_impl", "sine_costs"]
 
 
-def _check(x: Tensor, name: str, code_length: int, num_heads: int, head_dim: int) -> None:
-    if x.dim() != 4:
-        raise ValueError(f"SPEFilter: {name} must be (batch, length, num_heads, head_dim), "
-                         f"got shape {tuple(x.shape)}")
-    if x.shape[1] != code_length or x.shape[2] != num_heads or x.shape[3] != head_dim:
-        raise ValueError(f"SPEFilter: {name} of shape {tuple(x.shape)} does not match the code "
-                         f"(length {code_length}, num_heads {num_heads}, head_dim {head_dim})")
+def _check(queries: Tensor, keys: Tensor, code: SPECode, num_heads: int, head_dim: int) -> None:
+    lq, lk, h, d = code.sizes
+    if (h, d) != (num_heads, head_dim):
+        raise ValueError(f"SPEFilter: the code is for num_heads {h}, head_dim {d}, this filter for "
+                         f"num_heads {num_heads}, head_dim {head_dim}: draw the code from an encoding "
+                         "of the filter's sizes")
+    for name, x, length in (("queries", queries, lq), ("keys", keys, lk)):
+        if x.dim() != 4:
+            raise ValueError(f"SPEFilter: {name} must be (batch, length, num_heads, head_dim), "
+                             f"got shape {tuple(x.shape)}")
+        if x.shape[1:] != (length, h, d):
+            raise ValueError(f"SPEFilter: {name} of shape {tuple(x.shape)} does not match the code "
+                             f"(length {length}, num_heads {h}, head_dim {d})")
+        if not x.is_floating_point():
+            raise ValueError(f"SPEFilter: {name} must be floating point, got {x.dtype}")
+
+
+def _scaled(x: Tensor, factor: Tensor | float) -> Tensor:
+    # formed in the wider of the two dtypes and rounded once to x's (under bf16 autocast the
+    # matrix product would round it to bf16 anyway; a float64 x keeps float64)
+    return (x * factor).to(x.dtype)
 
 
 def apply_code_reference(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
@@ -38,17 +53,18 @@ def apply_code_reference(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise
         gate_noise: (H, D, R) ε.
 
     Returns:
-        (B, L, H, R): Σ_d x_d (√(1−δ_d) bar_d + √δ_d ε_d) / (D·R)^{1/4}.
+        (B, L, H, R): Σ_d x_d (√(1−δ_d) bar_d + √δ_d ε_d) / (D·R)^{1/4}, in x's dtype (the
+        code and gate are cast to it, as in every implementation).
     """
     d, r = bar.shape[-2], bar.shape[-1]
     if gate is not None:
         bar = torch.sqrt(1 - gate)[..., None] * bar + (torch.sqrt(gate)[..., None] * gate_noise)[None]
-    return torch.einsum("blhd,lhdr->blhr", x, bar) / (d * r) ** 0.25
+    return torch.einsum("blhd,lhdr->blhr", x, bar.to(x.dtype)) / (d * r) ** 0.25
 
 
 def _gate_term(x: Tensor, gate: Tensor, gate_noise: Tensor, scale: float) -> Tensor:
     # Σ_d x_d √δ_d ε_d: the gate noise is the same at every position, one (D × R) product per head.
-    return torch.einsum("blhd,hdr->blhr", x * torch.sqrt(gate), gate_noise * scale)
+    return torch.einsum("blhd,hdr->blhr", _scaled(x, torch.sqrt(gate)), (gate_noise * scale).to(x.dtype))
 
 
 def apply_code(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
@@ -61,8 +77,8 @@ def apply_code(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) 
     """
     d, r = bar.shape[-2], bar.shape[-1]
     scale = (d * r) ** -0.25
-    xs = x if gate is None else x * torch.sqrt(1 - gate)
-    out = torch.einsum("blhd,lhdr->blhr", xs * scale, bar)
+    xs = _scaled(x, scale if gate is None else torch.sqrt(1 - gate) * scale)
+    out = torch.einsum("blhd,lhdr->blhr", xs, bar.to(x.dtype))
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
@@ -93,10 +109,10 @@ def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None,
     b, n, h, d = x.shape
     two_k, r = weights.shape[-2], weights.shape[-1]
     scale = (d * r) ** -0.25
-    xs = x if gate is None else x * torch.sqrt(1 - gate)
+    xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
     block = max(1, block_elements // max(1, b * h * d * two_k))
-    out = FusedSineProduct.apply(xs, frequencies, phases, positions, (weights * scale).reshape(h, d * two_k, r),
-                                 block)
+    w = (weights * scale).to(x.dtype).reshape(h, d * two_k, r)
+    out = FusedSineProduct.apply(xs, frequencies, phases, positions, w, block)
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
@@ -116,9 +132,9 @@ def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | Non
     b, n, h, d = x.shape
     r = weights.shape[-1]
     scale = (d * r) ** -0.25
-    xs = x if gate is None else x * torch.sqrt(1 - gate)
+    xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
     block = max(1, block_elements // max(1, h * d * r))
-    out = SharedSineProduct.apply(xs, frequencies, phases, positions, weights * scale, block)
+    out = SharedSineProduct.apply(xs, frequencies, phases, positions, (weights * scale).to(x.dtype), block)
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
@@ -145,6 +161,16 @@ class SPEFilter(nn.Module):
             form, for tests), or ``auto`` (:func:`choose_sine_impl`). convSPE codes are
             always materialised.
         gate_init: initial gate logit (δ = sigmoid(gate_init)).
+
+    Dtypes: q̂ and k̂ come out in the dtype of the queries and keys, and the code and gate are
+    cast to it, by every ``impl`` alike. A float64 reference check of a float32 model then
+    runs in float64, and under bf16/fp16 autocast (queries from a bf16 projection, a float32
+    code) the products run in half precision as autocast would run them anyway; refusing a
+    mismatch would refuse autocast itself.
+
+    Raises:
+        ValueError: if ``num_heads`` or ``head_dim`` is not a positive integer, or ``impl`` is
+            unknown.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, gated: bool = True, impl: str = "auto",
@@ -152,6 +178,7 @@ class SPEFilter(nn.Module):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"SPEFilter: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        require_positive("SPEFilter", num_heads=num_heads, head_dim=head_dim)
         self.num_heads, self.head_dim, self.impl = num_heads, head_dim, impl
         self.gate_logits = nn.Parameter(torch.full((num_heads, head_dim), float(gate_init))) if gated else None
 
@@ -182,15 +209,16 @@ class SPEFilter(nn.Module):
                 Lk key positions.
 
         Returns:
-            q_hat (B, Lq, H, R) and k_hat (B, Lk, H, R).
+            q_hat (B, Lq, H, R) and k_hat (B, Lk, H, R), in the dtypes of queries and keys
+            (B may be 0).
 
         Raises:
-            ValueError: if shapes do not match the code.
+            ValueError: if the code is for other heads or features than the filter, the shapes
+                do not match the code, or queries or keys are not floating point.
         """
         gate = self.gate
+        _check(queries, keys, code, self.num_heads, self.head_dim)
         if isinstance(code, SineCode):
-            _check(queries, "queries", code.query_positions.shape[0], self.num_heads, self.head_dim)
-            _check(keys, "keys", code.key_positions.shape[0], self.num_heads, self.head_dim)
             impl = self.resolve_impl(queries.shape[0], code)
             if impl in ("fused", "blocked"):
                 apply = apply_sine_code_fused if impl == "fused" else apply_sine_code_blocked
@@ -198,8 +226,6 @@ class SPEFilter(nn.Module):
                               code.gate_noise),
                         apply(keys, code.frequencies, None, code.key_positions, code.weights, gate, code.gate_noise))
         qbar, kbar = code.materialize()
-        _check(queries, "queries", qbar.shape[0], self.num_heads, self.head_dim)
-        _check(keys, "keys", kbar.shape[0], self.num_heads, self.head_dim)
         apply = apply_code_reference if self.impl == "reference" else apply_code
         return apply(queries, qbar, gate, code.gate_noise), apply(keys, kbar, gate, code.gate_noise)
 

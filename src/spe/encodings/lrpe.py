@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from spe.encodings.positions import require_positive
+
 __all__ = ["LRPE", "LRPE_ANGLES", "lrpe_angles", "lrpe_features", "lrpe_weights_reference"]
 
 LRPE_ANGLES = ("fixed", "learned")
@@ -96,7 +98,7 @@ class LRPE(nn.Module):
         base: the fixed spacing's base.
 
     Raises:
-        ValueError: on an unknown ``angles``, a non-positive ``feature_dim`` or a base ≤ 1.
+        ValueError: on an unknown ``angles``, a size that is not a positive integer or a base ≤ 1.
     """
 
     numerator_only = True  # the product may be negative: the normaliser keeps positive features
@@ -106,8 +108,7 @@ class LRPE(nn.Module):
         super().__init__()
         if angles not in LRPE_ANGLES:
             raise ValueError(f"lrpe_angles must be one of {', '.join(LRPE_ANGLES)}, got {angles!r}")
-        if feature_dim < 1 or num_heads < 1:
-            raise ValueError(f"LRPE needs positive num_heads and feature_dim, got {num_heads} and {feature_dim}")
+        require_positive("LRPE", num_heads=num_heads, feature_dim=feature_dim)
         if base <= 1:
             raise ValueError(f"LRPE base must exceed 1, got {base}")
         self.num_heads, self.feature_dim, self.mode, self.base = num_heads, feature_dim, angles, base

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from spe.encodings.positions import require_positive
 from spe.ops.relative import music_relative_attention, music_relative_attention_reference
 
 __all__ = ["MusicRelativePosition"]
@@ -30,13 +31,13 @@ class MusicRelativePosition(nn.Module):
         causal: only r ≤ 0; otherwise both directions.
 
     Raises:
-        ValueError: if ``max_distance`` < 1.
+        ValueError: if a size is not a positive integer.
     """
 
     def __init__(self, num_heads: int, head_dim: int, max_distance: int, *, causal: bool = True) -> None:
         super().__init__()
-        if max_distance < 1:
-            raise ValueError(f"max_distance must be positive, got {max_distance}")
+        require_positive("MusicRelativePosition", num_heads=num_heads, head_dim=head_dim,
+                         max_distance=max_distance)
         self.max_distance, self.causal = max_distance, causal
         size = max_distance + 1 if causal else 2 * max_distance + 1
         self.embeddings = nn.Parameter(torch.randn(size, num_heads, head_dim) * 0.02)

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from spe.encodings.conv import ConvSPE
 from spe.encodings.phases import sine_features
+from spe.encodings.positions import require_positive
 from spe.encodings.sine import SineSPE
 from spe.ops.softmax import check_key_padding_mask
 
@@ -108,11 +109,15 @@ class ExactSPEScores(nn.Module):
         gated: learn a gate δ = sigmoid(logit) per (head, feature), as :class:`~spe.SPEFilter`.
         gate_init: initial gate logit.
         causal: keys after a query get no weight.
+
+    Raises:
+        ValueError: if ``num_heads`` or ``head_dim`` is not a positive integer.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, gated: bool = False, gate_init: float = 0.0,
                  causal: bool = True) -> None:
         super().__init__()
+        require_positive("ExactSPEScores", num_heads=num_heads, head_dim=head_dim)
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
         self.gate_logits = nn.Parameter(torch.full((num_heads, head_dim), float(gate_init))) if gated else None
         self.__dict__["_source"] = None  # not a submodule: the model owns (and saves) it

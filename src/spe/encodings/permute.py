@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from spe.encodings.positions import require_positive
+
 __all__ = ["PermuteFeatures", "cycle_tables", "permutation_powers", "permute_weights_reference", "random_permutations"]
 
 
@@ -128,7 +130,7 @@ class PermuteFeatures(nn.Module):
         generator: the source of the permutations.
 
     Raises:
-        ValueError: on non-positive sizes.
+        ValueError: on sizes that are not positive integers.
     """
 
     numerator_only = False  # permuted features stay non-negative: normaliser permuted alike
@@ -137,9 +139,7 @@ class PermuteFeatures(nn.Module):
     def __init__(self, num_heads: int, feature_dim: int, *, seed: int = 0,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
-        if num_heads < 1 or feature_dim < 1:
-            raise ValueError(f"PermuteFormer needs positive num_heads and feature_dim, got {num_heads} and "
-                             f"{feature_dim}")
+        require_positive("PermuteFeatures", num_heads=num_heads, feature_dim=feature_dim)
         self.num_heads, self.feature_dim = num_heads, feature_dim
         generator = generator if generator is not None else torch.Generator().manual_seed(seed)
         self.register_buffer("permutation", random_permutations(num_heads, feature_dim, generator=generator))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import Tensor
 
@@ -26,20 +28,21 @@ def resolve_positions(
     key_positions: Tensor | None,
     *,
     device: torch.device,
+    owner: str,
 ) -> tuple[Tensor, Tensor]:
     """Returns (query_positions (Lq,), key_positions (Lk,)) from exactly one way of asking.
 
     Raises:
-        ValueError: if none or several of the ways are used, or a length is not positive.
+        ValueError: if none or several of the ways are used, or ``length`` is not a positive
+            integer (4.5 or True are refused, not truncated).
     """
     given = [length is not None, positions is not None,
              query_positions is not None or key_positions is not None]
     if sum(given) != 1:
         raise ValueError("give exactly one of: length, positions, or query_positions with key_positions")
     if length is not None:
-        if int(length) < 1:
-            raise ValueError(f"length must be a positive integer, got {length!r}")
-        pos = torch.arange(int(length), device=device)
+        require_positive(owner, length=length)
+        pos = torch.arange(operator.index(length), device=device)
         return pos, pos
     if positions is not None:
         pos = _as_positions("positions", positions, device)
@@ -51,7 +54,17 @@ def resolve_positions(
 
 
 def require_positive(owner: str, **values: int) -> None:
-    """Raises ValueError naming the first of ``values`` that is not a positive integer."""
+    """Raises ValueError naming the first of ``values`` that is not a positive integer.
+
+    The one check of every size the encodings take (heads, dimensions, realisations, sines,
+    kernel sizes, lengths). Integers of any kind pass (Python, NumPy, integer tensors);
+    floats, even 2.0, and bools do not: ``torch`` would reject the first later with a
+    TypeError, and silently read True as 1.
+    """
     for name, value in values.items():
-        if isinstance(value, bool) or int(value) != value or int(value) < 1:
+        try:
+            number = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            number = None
+        if number is None or number < 1:
             raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from spe.encodings.positions import require_positive
 from spe.ops.relative import shaw_attention
 
 __all__ = ["ShawRelativePosition"]
@@ -25,12 +26,14 @@ class ShawRelativePosition(nn.Module):
         head_dim: D.
         max_distance: k, the clipping distance.
         causal: only relative positions ≤ 0 exist (k + 1 embeddings instead of 2k + 1).
+
+    Raises:
+        ValueError: if a size is not a positive integer.
     """
 
     def __init__(self, head_dim: int, max_distance: int, *, causal: bool = True) -> None:
         super().__init__()
-        if max_distance < 1:
-            raise ValueError(f"max_distance must be positive, got {max_distance}")
+        require_positive("ShawRelativePosition", head_dim=head_dim, max_distance=max_distance)
         self.max_distance, self.causal = max_distance, causal
         size = max_distance + 1 if causal else 2 * max_distance + 1
         self.rel_keys = nn.Parameter(torch.randn(size, head_dim) * 0.02)

@@ -76,7 +76,8 @@ class SineSPE(nn.Module):
             kernel estimate Q̄_d K̄_dᵀ / R is exact when 2K ≤ R.
 
     Raises:
-        ValueError: if a size is not positive or ``frequency_init`` is unknown.
+        ValueError: if a size is not a positive integer (2.0 and True are refused too) or
+            ``frequency_init`` is unknown.
     """
 
     def __init__(
@@ -146,10 +147,11 @@ class SineSPE(nn.Module):
             weights (H, D, 2K, R), gate_noise (H, D, R).
 
         Raises:
-            ValueError: on inconsistent or missing positions, or R < 1.
+            ValueError: on inconsistent or missing positions, or a length or R that is not a
+                positive integer.
         """
         pos_q, pos_k = resolve_positions(length, positions, query_positions, key_positions,
-                                         device=self.frequency_logits.device)
+                                         device=self.frequency_logits.device, owner="SineSPE")
         r = self.num_realizations if num_realizations is None else num_realizations
         require_positive("SineSPE", num_realizations=r)
         h, d, k = self.num_heads, self.head_dim, self.num_sines

@@ -90,7 +90,8 @@ class FusedSineProduct(torch.autograd.Function):
             e = min(n, s + block)
             omega = sine_features(freqs, positions[s:e], phases).to(x.dtype)  # (l, H, D, 2K)
             feats = x[:, s:e].permute(2, 0, 1, 3)[..., None] * omega.permute(1, 0, 2, 3)[:, None]
-            y = torch.bmm(feats.reshape(h, b * (e - s), -1), w)  # (H, B·l, R)
+            # (H, B·l, R); the sizes are explicit because B = 0 leaves a −1 ambiguous
+            y = torch.bmm(feats.reshape(h, b * (e - s), w.shape[1]), w)
             out[:, s:e] = y.view(h, b, e - s, r).permute(1, 2, 0, 3)
         _save(ctx, x, freqs, phases, positions, w, block)
         return out
@@ -108,7 +109,7 @@ class FusedSineProduct(torch.autograd.Function):
             xb = x[:, s:e].permute(2, 0, 1, 3)  # (H, B, l, D)
             g = grad[:, s:e].permute(2, 0, 1, 3).reshape(h, b * (e - s), r)  # (H, B·l, R)
             if gw is not None:
-                feats = (xb[..., None] * ob[:, None]).reshape(h, b * (e - s), -1)
+                feats = (xb[..., None] * ob[:, None]).reshape(h, b * (e - s), d * 2 * k)
                 gw += torch.bmm(feats.transpose(1, 2), g)
             gfeats = torch.bmm(g, w.transpose(1, 2)).view(h, b, e - s, d, 2 * k)
             if gx is not None:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from spe.options import check_options
 from spe.train.distributed import Distributed
 
 __all__ = ["EngineSettings", "RunLayout", "StepStats", "Task"]
@@ -70,6 +71,10 @@ class EngineSettings:
     feature_redraw_every: int = 0
     units_per_example: int = 1
     positional_lr_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        # the one rule per option of spe train and spe lra, also for Python callers of the engine
+        check_options(self.__dict__)
 
 
 @dataclass(frozen=True)
