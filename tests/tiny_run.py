@@ -50,3 +50,15 @@ def subprocess_env() -> dict:
 
 
 PYTHON = sys.executable
+
+_HOLD = ("import sys, time\nfrom spe.train.run_folder import run_lock\nwith run_lock(sys.argv[1]):\n"
+         "    print('locked', flush=True)\n    time.sleep(120)\n")
+
+
+def hold_lock(folder: Path):
+    """A child process holding ``folder``'s run lock until killed (``proc.send_signal(SIGKILL)``)."""
+    import subprocess
+
+    proc = subprocess.Popen([PYTHON, "-c", _HOLD, str(folder)], stdout=subprocess.PIPE, env=subprocess_env(), text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc

@@ -1,10 +1,12 @@
 """LRA study plans (spe lra --plan): the packaged ListOps plan, plan errors, and a tiny study run end to end."""
 
 import json
+import signal
 import statistics
 
 import pytest
 import torch
+from tiny_run import hold_lock
 
 import spe.lra.run as run_module
 from spe.cli.main import main
@@ -13,6 +15,7 @@ from spe.lra import build_classifier, preset_config
 from spe.lra.study import load_study, packaged_studies, row_config, run_study
 from spe.lra.study_results import collect_study
 from spe.train.metrics_log import read_records
+from spe.train.run_folder import RunFolderBusy
 
 TINY_PLAN = """
 title = "tiny study"
@@ -203,3 +206,17 @@ def test_runner_errors_before_any_run(tmp_path, capsys):
     assert main(["lra", "--collect"]) == 2
     assert "--only and --collect select rows of a study: give --plan" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_study_runner_is_refused_a_seed_another_process_holds(tmp_path):
+    plan_file = tmp_path / "tiny.toml"
+    plan_file.write_text(TINY_PLAN)
+    seed0 = tmp_path / "study" / "ape" / "seed0"
+    holder = hold_lock(seed0)
+    try:
+        with pytest.raises(RunFolderBusy, match=rf"seed0 is in use by another spe process \(PID {holder.pid}\)"):
+            run_study(load_study(str(plan_file)), tmp_path / "study", only=["ape"], progress=False)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert sorted(p.name for p in seed0.iterdir()) == [".lock"]  # the holder's: nothing of ours was written

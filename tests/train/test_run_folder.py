@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
-from tiny_run import PYTHON, subprocess_env, tiny_config, toml_text
+from tiny_run import PYTHON, hold_lock, subprocess_env, tiny_config, toml_text
 
 from spe.cli.main import main
 from spe.experiments.sweep import load_plan, run_sweep
@@ -16,19 +16,9 @@ from spe.train.loop import train
 from spe.train.metrics_log import read_records
 from spe.train.run_folder import LOCK_FILE, RunFolderBusy, check_name, run_lock
 
-HOLD = "import sys, time\nfrom spe.train.run_folder import run_lock\nwith run_lock(sys.argv[1]):\n" \
-       "    print('locked', flush=True)\n    time.sleep(120)\n"
-
 
 def _snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _hold(folder: Path) -> subprocess.Popen:
-    """A child process holding ``folder``'s lock (until killed)."""
-    proc = subprocess.Popen([PYTHON, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, env=subprocess_env(), text=True)
-    assert proc.stdout.readline().strip() == "locked"
-    return proc
 
 
 def _foreign_files(root: Path) -> None:
@@ -73,7 +63,7 @@ def test_overwrite_removes_spe_files_and_keeps_every_other_file(tmp_path):
 
 def test_a_second_process_on_a_held_folder_is_refused_naming_the_holder(tmp_path):
     cfg = tiny_config(tmp_path, "run", steps=2)
-    holder = _hold(Path(cfg.out))
+    holder = hold_lock(Path(cfg.out))
     try:
         with pytest.raises(RunFolderBusy, match=rf"{cfg.out} is in use by another spe process \(PID {holder.pid}\)"):
             train(cfg, progress=False)
@@ -119,7 +109,7 @@ PLAN = ("seeds = [0]\nseq_len = 16\nbatch_size = 2\nsteps = 2\neval_every = 2\nt
 def test_a_sweep_runner_is_refused_a_run_another_process_holds(tmp_path):
     (tmp_path / "plan.toml").write_text(PLAN)
     data = tiny_config(tmp_path, "unused").data
-    holder = _hold(tmp_path / "sweep" / "ape" / "seed0")
+    holder = hold_lock(tmp_path / "sweep" / "ape" / "seed0")
     try:
         with pytest.raises(RunFolderBusy, match=rf"ape/seed0 is in use by another spe process \(PID {holder.pid}\)"):
             run_sweep(load_plan(str(tmp_path / "plan.toml")), tmp_path / "sweep", data=data,
