@@ -128,3 +128,22 @@ def test_the_test_time_window_is_decoded_by_the_shared_helper(saved):
     with pytest.raises(ValueError, match=r"^window must be 0 \(the whole past\) or a positive number of positions, "
                                          r"got -1$"):
         loaded.set_window(-1)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_weights_are_refused_at_load_naming_the_tensor(saved, tmp_path, value):
+    """A run that diverged wrote NaN weights: sampling ended in a torch traceback, evaluation in nulls."""
+    _, source = saved
+    with safe_open(str(source), framework="pt") as f:
+        header = dict(f.metadata())
+    state = load_file(str(source))
+    state["blocks.1.attn.qkv.weight"].view(-1)[[0, 5, 7]] = value
+    state["blocks.1.ffn.0.weight"][0, 0] = value
+    (tmp_path / "bad").mkdir()
+    file = tmp_path / "bad" / "model.safetensors"
+    save_file(state, str(file), metadata=header)
+    message = (rf"^{file}: tensor blocks\.1\.attn\.qkv\.weight holds 3 non-finite values \(NaN/inf\) of 768 "
+               r"\(1 other tensor too\): the checkpoint is unusable$")
+    for load in (load_checkpoint, spe.load):
+        with pytest.raises(ValueError, match=message):
+            load(tmp_path / "bad")

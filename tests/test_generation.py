@@ -74,3 +74,33 @@ def test_check_sampling_names_the_caller_s_flags():
         check_sampling(top_p=0.9, temperature=float("inf"), temperature_name="--temperature")
     with pytest.raises(ValueError, match=r"^--top-p must be in \(0, 1\], got 1.5$"):
         check_sampling(top_p=1.5, temperature=1.0, top_p_name="--top-p")
+
+
+def _token_by_token(model, prompt, num_tokens, seed):
+    """What generate did before prompts were prefilled: every prompt token one step."""
+    g = torch.Generator().manual_seed(seed)
+    state = None
+    for token in prompt:
+        logits, state = model.step(torch.tensor([token]), state)
+    seq = list(prompt)
+    for _ in range(num_tokens):
+        seq.append(sample_next(logits[0], top_p=0.9, temperature=1.2, allowed=None, generator=g))
+        logits, state = model.step(torch.tensor([seq[-1]]), state)
+    return seq
+
+
+@pytest.mark.parametrize("kind", [{"positional": "sinespe", "attention": "performer"},
+                                  {"positional": "ape", "attention": "softmax"},
+                                  {"positional": "convspe", "attention": "linear-elu"},
+                                  {"positional": "sinespe", "attention": "performer", "attention_window": 8}],
+                         ids=lambda k: "-".join(str(v) for v in k.values()))
+def test_a_prompt_is_prefilled_in_one_pass_and_samples_the_same_piece(kind):
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=30, d_model=16, num_layers=2, num_heads=2, d_ff=32, num_features=8,
+                                  num_realizations=4, kernel_size=4, dropout=0.0, **kind)).eval()
+    prompt = torch.randint(0, 30, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    expected = _token_by_token(model, prompt, 12, seed=3)
+    steps, step = [], model.step
+    model.step = lambda *args: (steps.append(1), step(*args))[1]
+    assert generate(model, prompt, 12, generator=torch.Generator().manual_seed(3)) == expected
+    assert len(steps) == 11  # one per new token but the last: none for the prompt

@@ -24,7 +24,8 @@ from spe.models.encoder_classifier import EncoderClassifier
 from spe.options import decode_window
 
 __all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write",
-           "fsync_dir", "load", "load_checkpoint", "load_metadata", "max_positions", "save"]
+           "check_finite_weights", "fsync_dir", "load", "load_checkpoint", "load_metadata", "max_positions",
+           "save"]
 
 MODEL_FILE = "model.safetensors"
 # Optimizer step, optimizer and random states of a run, beside MODEL_FILE (see spe.train.loop).
@@ -164,7 +165,8 @@ _JSON_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "tru
                list: "a list", tuple: "a list", type(None): "null"}
 # Entries of spe_metadata.train that loading reads back (the run's data, split and length).
 _TRAIN_TYPES = {"data": (str, type(None)), "cache_dir": (str, type(None)), "seq_len": (int,),
-                "val_fraction": (float, int), "split_seed": (int,), "max_piece_tokens": (int,)}
+                "val_fraction": (float, int), "split_seed": (int,), "max_piece_tokens": (int,),
+                "test_min_tokens": (int,), "num_test_pieces": (int,)}
 
 
 def _check_types(file: Path, values: dict, allowed_by_name: dict, where: str) -> None:
@@ -258,10 +260,32 @@ def _load_model(file: Path, config: dict, device: str | torch.device,
     _check_shapes(file, model_config, model_class)
     model = model_class(model_config)
     state = load_file(str(file))
+    check_finite_weights(file, state)
     if model_config.tie_embeddings:
         state["head.weight"] = state["embed.weight"]
     model.load_state_dict(state)
     return model.to(device).eval()
+
+
+def check_finite_weights(file: str | os.PathLike, state: dict[str, torch.Tensor]) -> None:
+    """Refuses weights holding NaN or ±inf (a run that diverged, a damaged file): a model
+    built from them yields NaN logits, so sampling fails and cross-entropies are NaN.
+
+    Args:
+        file: the file ``state`` was read from, for the message.
+        state: tensor name -> tensor, as read from the file.
+
+    Raises:
+        ValueError: naming the file, the first tensor by name with non-finite values, how
+            many it holds, and how many other tensors hold some.
+    """
+    bad = {name: int((~torch.isfinite(t)).sum()) for name, t in sorted(state.items())
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())}
+    if bad:
+        name, count = next(iter(bad.items()))
+        others = f" ({len(bad) - 1} other tensor{'s' if len(bad) > 2 else ''} too)" if len(bad) > 1 else ""
+        raise ValueError(f"{file}: tensor {name} holds {count} non-finite value{'s' if count > 1 else ''} "
+                         f"(NaN/inf) of {state[name].numel()}{others}: the checkpoint is unusable")
 
 
 def _check_shapes(file: Path, model_config: ModelConfig, model_class) -> None:

@@ -89,9 +89,12 @@ def generate(model: DecoderLM, prompt: list[int], num_tokens: int, *, top_p: flo
              generator: torch.Generator | None = None, progress: bool = False) -> list[int]:
     """Continues ``prompt`` by ``num_tokens`` sampled tokens, with recurrent decoding.
 
-    Uses :meth:`DecoderLM.step`: in eval mode its positional code is the one the parallel
-    forward uses, and with linear attention every token costs the same whatever its
-    position, so generation may run far past the training length.
+    The prompt is read in one parallel pass (:meth:`DecoderLM.prefill`, which returns the
+    decoding state after it), then every new token takes one :meth:`DecoderLM.step`: in eval
+    mode its positional code is the one the parallel forward uses, and with linear attention
+    every token costs the same whatever its position, so generation may run far past the
+    training length. The draws are those of feeding the prompt step by step (the same
+    logits within float rounding).
 
     Args:
         model: the language model.
@@ -117,9 +120,9 @@ def generate(model: DecoderLM, prompt: list[int], num_tokens: int, *, top_p: flo
     device = next(model.parameters()).device
     seq = list(prompt)
     state, logits = None, torch.zeros(model.config.vocab_size)  # no prompt: the grammar picks
-    for token in seq:
-        logits, state = model.step(torch.tensor([token], device=device), state)
-        logits = logits[0]
+    if seq:
+        logits, state = model.prefill(torch.tensor([seq], device=device))
+        logits = logits[0, -1]
     steps = range(num_tokens)
     if progress:
         from tqdm import tqdm

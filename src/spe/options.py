@@ -99,6 +99,8 @@ OPTION_RULES: dict[str, OptionRule] = {
     "keep_checkpoints": _POSITIVE,
     "seq_len": _POSITIVE,
     "max_piece_tokens": _POSITIVE,
+    "test_min_tokens": OptionRule(integer=True, low=0, note="tokens; 0: no test split"),
+    "num_test_pieces": _POSITIVE,
     "max_length": OptionRule(integer=True, low=1, optional=True, text="a positive integer or unset"),
     "num_realizations": OptionRule(integer=True, low=1, optional=True, text="a positive integer or unset"),
     "lr": OptionRule(integer=False, low=0, low_open=True),

@@ -37,6 +37,8 @@ TRAIN_ONLY = [
     ("val_fraction", 1, r"a number in \(0, 1\)"),
     ("seq_len", 0, POSITIVE),
     ("max_piece_tokens", 0, POSITIVE),
+    ("test_min_tokens", -1, r"an integer ≥ 0 \(tokens; 0: no test split\)"),
+    ("num_test_pieces", 0, POSITIVE),
     ("threads", -1, r"0 \(PyTorch's default\) or a positive number of CPU threads"),
 ]
 LRA_ONLY = [

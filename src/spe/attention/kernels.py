@@ -4,16 +4,17 @@ Letters: B = batch, L = length (Lq queries, Lk keys), H = num_heads, E = query/k
 (R with SPE), M = feature dimension (E for softmax), Ev = value dimension.
 
 Every kernel runs the same pipeline, so :class:`~spe.attention.MultiHeadAttention` has one
-path for ``forward`` and one for ``step``:
+path for ``forward``, one for ``step`` and one for ``prefill``:
 
 1. **feature map** φ (:attr:`KernelSpec.feature_map`; None for softmax, whose "features"
    are the queries and keys themselves): ``(q, k, projection) -> (φ(q), φ(k), key log scale)``;
 2. **feature transforms** (:class:`FeatureTransform`) by position, on φ(q), φ(k): RoPE today
    (softmax: rotated q and k; linear kernels: RoFormer eq. 19); LRPE, PermuteFormer and
    cosFormer are transforms of this kind (/work/shared/PEERS-NOTES.md);
-3. the kernel's **parallel** function ``(features, v, options) -> y`` or its **step**
-   function ``(features, v, state, options) -> (y, state)``, with :class:`KernelOptions`
-   carrying what the call adds: causality, window, key padding mask, a **score term** (Shaw,
+3. the kernel's **parallel** function ``(features, v, options) -> y``, its **step**
+   function ``(features, v, state, options) -> (y, state)`` or its **prefill** function
+   ``(features, v, options) -> (y, state)`` (a prompt at once, then steps), with
+   :class:`KernelOptions` carrying what the call adds: causality, window, key padding mask, a **score term** (Shaw,
    Music Transformer, ALiBi; the SPE oracle, ``sinespe-exact``), a **decay** (RetNet's
    γ^{|m−n|} on the kernel's sums, :mod:`spe.ops.decay`; the linear kernels take one,
    softmax does not: its spec's ``decay`` flag).
@@ -31,7 +32,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from spe.ops.feature_maps import elu_feature_map, favor_feature_map, favor_key_features, relu_feature_map
-from spe.ops.linear import causal_linear_attention, kernel_dtype, linear_attention
+from spe.ops.linear import causal_linear_attention_with_state, kernel_dtype, linear_attention
 from spe.ops.recurrent import append_to_cache, linear_attention_step, softmax_attention_step
 from spe.ops.softmax import check_key_padding_mask, softmax_attention
 from spe.ops.state import (
@@ -125,6 +126,7 @@ class KernelOptions:
 FeatureMap = Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor, Tensor | None]]
 Parallel = Callable[[KernelFeatures, Tensor, KernelOptions], Tensor]
 Step = Callable[[KernelFeatures, Tensor, Any, KernelOptions], tuple[Tensor, Any]]
+Prefill = Callable[[KernelFeatures, Tensor, KernelOptions], tuple[Tensor, Any]]
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,9 @@ class KernelSpec:
         parallel: ``(features, v (B, L, H, Ev), options) -> (B, L, H, Ev)``.
         step: ``(features, v (B, 1, H, Ev), state or None, options) -> ((B, 1, H, Ev), state)``,
             equal to ``parallel`` position by position.
+        prefill: ``(features, v (B, L, H, Ev), options) -> ((B, L, H, Ev), state)``, causal:
+            ``parallel``'s output and the state ``step`` would hold after these L positions
+            (a prompt in one parallel pass instead of L steps).
         state_types: the decoding states ``step`` takes and returns (the first: the one for
             the whole past, also what old dict states convert to).
         accepts: the places (``KERNEL_PLACES``) where a positional encoding may act.
@@ -158,6 +163,7 @@ class KernelSpec:
     feature_map: FeatureMap | None
     parallel: Parallel
     step: Step
+    prefill: Prefill
     state_types: tuple[type, ...]
     accepts: tuple[str, ...] = ("tokens", "queries-keys", "features")
     masks: bool = True
@@ -235,10 +241,21 @@ def _softmax_step(f: KernelFeatures, v: Tensor, state: KVCache | None, o: Kernel
     return softmax_attention_step(f.q, f.k, v, state, window=o.window)
 
 
+def _softmax_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions) -> tuple[Tensor, KVCache]:
+    keep = slice(None) if o.window is None else slice(-o.window, None)  # what append_to_cache keeps
+    return _softmax_parallel(f, v, o), KVCache(keys=f.k[:, keep], values=v[:, keep], position=f.k.shape[1],
+                                               window=o.window)
+
+
+def _linear_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions) -> tuple[Tensor, Any]:
+    return causal_linear_attention_with_state(f.q, f.k, v, chunk_size=o.chunk_size, window=o.window,
+                                              normalizer=f.normalizer, key_log_scale=f.key_log_scale,
+                                              log_decay=o.decay)
+
+
 def _linear_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
     if o.causal:
-        return causal_linear_attention(f.q, f.k, v, chunk_size=o.chunk_size, window=o.window,
-                                       normalizer=f.normalizer, key_log_scale=f.key_log_scale, log_decay=o.decay)
+        return _linear_prefill(f, v, o)[0]
     return linear_attention(f.q, f.k, v, key_padding_mask=o.key_padding_mask, normalizer=f.normalizer,
                             key_log_scale=f.key_log_scale, log_decay=o.decay, chunk_size=o.chunk_size)
 
@@ -269,15 +286,17 @@ _LINEAR_STATES = (LinearAttentionState, RecentKeys)
 
 KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("softmax", "exact, O(L²) (Vaswani et al. 2017)", None, _softmax_parallel, _softmax_step,
-               (KVCache,), accepts=("tokens", "queries-keys", "scores"), positive_features=True,
-               normalizer_features=False),
+               _softmax_prefill, (KVCache,), accepts=("tokens", "queries-keys", "scores"),
+               positive_features=True, normalizer_features=False),
     KernelSpec("performer", "FAVOR+ positive orthogonal random features (Choromanski et al. 2021)",
-               favor_features, _linear_parallel, _linear_step, (ScaledLinearAttentionState, ScaledRecentKeys),
+               favor_features, _linear_parallel, _linear_step, _linear_prefill,
+               (ScaledLinearAttentionState, ScaledRecentKeys),
                decay=True, key_scales=True, random_features=True, positive_features=True),
     KernelSpec("linear-relu", "φ = relu (Katharopoulos et al. 2020)", _elementwise(relu_feature_map),
-               _linear_parallel, _linear_step, _LINEAR_STATES, decay=True),
+               _linear_parallel, _linear_step, _linear_prefill, _LINEAR_STATES, decay=True),
     KernelSpec("linear-elu", "φ = elu + 1 (Katharopoulos et al. 2020)", _elementwise(elu_feature_map),
-               _linear_parallel, _linear_step, _LINEAR_STATES, decay=True, positive_features=True),
+               _linear_parallel, _linear_step, _linear_prefill, _LINEAR_STATES, decay=True,
+               positive_features=True),
 )}
 
 

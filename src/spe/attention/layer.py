@@ -10,7 +10,8 @@ Where a positional encoding acts decides which kernels accept it (``ACCEPTS``): 
 rotations of queries and keys work with every kernel; a term in the attention scores
 (Shaw, Music Transformer, ALiBi) needs the explicit scores of softmax attention; a transform
 of the kernel's features (LRPE, PermuteFormer, cosFormer) needs a feature map, which softmax
-attention has not.
+attention has not. A short convolution (``short_conv``) of the projected q, k, v comes before
+all of them and composes with every kernel.
 """
 
 from __future__ import annotations
@@ -31,18 +32,22 @@ from spe.encodings.code import SPECode
 from spe.encodings.filter import SPEFilter
 from spe.encodings.registry import positional_names
 from spe.encodings.rope import RotaryEncoding
+from spe.encodings.short_conv import ShortConvolution, ShortConvState, check_short_conv
 from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
 from spe.ops.feature_maps import orthogonal_random_features
 from spe.ops.softmax import check_window
 from spe.ops.state import AttentionState, check_state_window, legacy_state
 
-__all__ = ["ACCEPTS", "ATTENTIONS", "MultiHeadAttention", "legacy_state"]
+__all__ = ["ACCEPTS", "ATTENTIONS", "LayerState", "MultiHeadAttention", "legacy_state"]
 
 # The kernels' names and where a positional encoding may act with each, from the kernel
 # registry (spe.attention.kernels): "tokens" (added to embeddings), "queries-keys" (SPE codes,
 # rotations), "scores" (a term added to q·k before the softmax), "features" (transforms of φ).
 ATTENTIONS = tuple(KERNELS)
 ACCEPTS = {name: spec.accepts for name, spec in KERNELS.items()}
+# What a layer's decoding step hands on: the kernel's state, wrapped with the short
+# convolution's cache in layers that have one.
+LayerState = AttentionState | ShortConvState
 
 
 class MultiHeadAttention(nn.Module):
@@ -81,6 +86,11 @@ class MultiHeadAttention(nn.Module):
             at RetNet's values; not weight-decayed: the engine decays nn.Linear weights
             only): key n weighs γ^{m−n} at query m (γ^{|m−n|} when not causal), in forward
             and step alike (:mod:`spe.ops.decay`). Linear kernels only.
+        short_conv: K, a depthwise convolution of width K then SiLU on the projected queries,
+            keys and values (fla's ``ShortConvolution``; causal, or centred when the layer is
+            not, :mod:`spe.encodings.short_conv`), before SPE, RoPE and the feature maps;
+            decoding then carries the last K − 1 projected inputs (:class:`ShortConvState`).
+            0: none (no parameter, the plain kernel states).
 
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
@@ -89,7 +99,7 @@ class MultiHeadAttention(nn.Module):
             on an odd feature dimension or with features that can be 0, or a window that is
             not positive, not causal or combined with a score encoding, an unknown decay or a
             decay with softmax attention (what each kernel accepts: its spec in
-            :mod:`spe.attention.kernels`).
+            :mod:`spe.attention.kernels`), or a ``short_conv`` that is not 0 or an int ≥ 2.
     """
 
     def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
@@ -97,7 +107,8 @@ class MultiHeadAttention(nn.Module):
                  num_realizations: int | None = None, num_features: int = 64,
                  chunk_size: int = 64, rotary: RotaryEncoding | None = None,
                  score_encoding: nn.Module | None = None, window: int | None = None,
-                 feature_transform: nn.Module | None = None, decay: str = NO_DECAY) -> None:
+                 feature_transform: nn.Module | None = None, decay: str = NO_DECAY,
+                 short_conv: int = 0) -> None:
         super().__init__()
         self.kernel = kernel_spec(attention)
         if d_model % num_heads:
@@ -106,6 +117,9 @@ class MultiHeadAttention(nn.Module):
         self.attention, self.causal, self.chunk_size = attention, causal, chunk_size
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
+        # built only when asked: layers without one keep their parameters, draws and states
+        self.qkv_conv = (ShortConvolution(3 * d_model, short_conv, causal=causal)
+                         if check_short_conv(short_conv) else None)
         self.spe_filter = spe_filter
         self.kernel_dim = num_realizations if spe_filter is not None else self.head_dim
         if self.kernel.random_features:
@@ -173,24 +187,40 @@ class MultiHeadAttention(nn.Module):
             self.projection.copy_(orthogonal_random_features(
                 self.num_heads, self.num_features, self.kernel_dim, generator=generator))
 
-    def project(self, x: Tensor, code: SPECode | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values as the kernel receives them (before RoPE and feature maps).
+    def project(self, x: Tensor, code: SPECode | None, *,
+                key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values as the kernel receives them in :meth:`forward` (after the
+        short convolution, if any; before RoPE and feature maps).
 
         Args:
             x: (B, L, C) the layer's input.
             code: the SPE code for these L positions (required iff the layer has an SPE filter).
+            key_padding_mask: (B, L) bool, True at padding (as :meth:`forward`).
 
         Returns:
             q, k of shape (B, L, H, E) (E = R with SPE, carrying the filter's 1/(D·R)^{1/4}
             scale; E = D otherwise) and v of shape (B, L, H, D).
         """
+        q, k, v, _ = self._project(x, code, None, key_padding_mask)
+        return q, k, v
+
+    def _project(self, x: Tensor, code: SPECode | None, conv_cache: Tensor | None,
+                 key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """:meth:`project` going on from the short convolution's ``conv_cache`` (B, K − 1, 3C)
+        (None: the start), and the convolution's new cache (None without one)."""
         b, n, _ = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)  # (B, L, H, D)
+        qkv = self.qkv(x)  # (B, L, 3C)
+        if self.qkv_conv is not None:
+            if key_padding_mask is not None:
+                # padded rows read as the zeros past a sequence's end: padding never reaches a real position
+                qkv = qkv.masked_fill(key_padding_mask[..., None], 0.0)
+            qkv, conv_cache = self.qkv_conv(qkv, conv_cache)
+        q, k, v = qkv.view(b, n, 3, self.num_heads, self.head_dim).unbind(2)  # (B, L, H, D)
         if self.spe_filter is not None:
             if code is None:
                 raise ValueError("this attention layer uses SPE: pass the code drawn for this forward")
             q, k = self.spe_filter(q, k, code)  # (B, L, H, R)
-        return q, k, v
+        return q, k, v, conv_cache
 
     def _projection_for(self, dim: int) -> Tensor:
         if dim == self.projection.shape[-1]:
@@ -229,7 +259,7 @@ class MultiHeadAttention(nn.Module):
                              decay=self.log_decay())
 
     def step(self, x: Tensor, code: SPECode | None,
-             state: AttentionState | dict | None) -> tuple[Tensor, AttentionState]:
+             state: LayerState | dict | None) -> tuple[Tensor, LayerState]:
         """One causal decoding step with an explicit state; equals :meth:`forward` position by position.
 
         The kernel's step function does the work (:mod:`spe.attention.kernels`, over
@@ -238,7 +268,8 @@ class MultiHeadAttention(nn.Module):
         step costs the same) or, with a window, the last W keys and values
         (:class:`~spe.ops.RecentKeys`); FAVOR+ their ``Scaled`` subclasses; softmax a
         :class:`~spe.ops.KVCache`. States count the positions seen (RoPE and score encodings
-        need the index of the new one) and record their window.
+        need the index of the new one) and record their window. With a short convolution the
+        state is a :class:`ShortConvState`: the kernel's state and the last K − 1 projected inputs.
 
         Args:
             x: (B, 1, C) the new position's input.
@@ -251,8 +282,10 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
             ValueError: on a state built with another window.
-            TypeError: on a state of the wrong kind for this kernel.
+            TypeError: on a state of the wrong kind for this kernel (or for a layer with or
+                without a short convolution).
         """
+        state, conv_cache = self._split_state(state)
         kinds = self.kernel.state_types
         if isinstance(state, dict):
             state = legacy_state(state, kinds[0], scaled=self.kernel.key_scales)
@@ -260,11 +293,49 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"{self.attention} attention decodes with a {' or '.join(t.__name__ for t in kinds)}, "
                             f"got {type(state).__name__}")
         check_state_window(state, self.window)
-        q, k, v = self.project(x, code)
+        q, k, v, conv_cache = self._project(x, code, conv_cache)
         position = 0 if state is None else state.position
         f = self.features(q, k, torch.tensor([position], device=x.device))
         y, state = self.kernel.step(f, v, state, self._options())
-        return self.out(y.reshape(x.shape[0], 1, -1)), state
+        return self.out(y.reshape(x.shape[0], 1, -1)), self._join_state(state, conv_cache)
+
+    def _split_state(self, state):
+        """A layer state as (the kernel's state, the short convolution's cache or None)."""
+        if self.qkv_conv is None or state is None:
+            return state, None
+        if not isinstance(state, ShortConvState):
+            raise TypeError(f"this layer has a short convolution: it decodes with a ShortConvState, "
+                            f"got {type(state).__name__}")
+        return state.inner, state.cache
+
+    def _join_state(self, state: AttentionState, conv_cache: Tensor | None) -> LayerState:
+        return state if self.qkv_conv is None else ShortConvState(inner=state, cache=conv_cache)
+
+    def prefill(self, x: Tensor, code: SPECode | None) -> tuple[Tensor, LayerState]:
+        """Positions 0 … L − 1 in one parallel pass, and the state :meth:`step` goes on from.
+
+        The output is :meth:`forward`'s; the state is the one L :meth:`step` calls from None
+        would leave (the kernel's prefill function: linear kernels
+        :func:`~spe.ops.causal_linear_attention_with_state`, softmax the cache of the keys and
+        values), so a prompt costs one forward instead of L steps.
+
+        Args:
+            x: (B, L, C) the inputs of positions 0 … L − 1.
+            code: SPE code for these L positions (SPE only).
+
+        Returns:
+            (B, L, C) output and the state after position L − 1.
+
+        Raises:
+            ValueError: if the layer is not causal.
+        """
+        if not self.causal:
+            raise ValueError("prefill decodes causally: this attention layer is not causal")
+        b, n, _ = x.shape
+        q, k, v, conv_cache = self._project(x, code, None)
+        f = self.features(q, k, torch.arange(n, device=x.device))
+        y, state = self.kernel.prefill(f, v, self._options())
+        return self.out(y.reshape(b, n, -1)), self._join_state(state, conv_cache)
 
     def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
                 key_padding_mask: Tensor | None = None) -> Tensor:
@@ -276,8 +347,9 @@ class MultiHeadAttention(nn.Module):
             key_padding_mask: (B, L) bool, True at padding (PyTorch's convention): those
                 keys get no weight in any query's output (softmax: masked scores; linear
                 kernels: zero features, values and normaliser terms, and a log scale that
-                cannot be the common one; score terms: masked scores), so what a padded
-                position holds never reaches a real one. Non-causal layers only.
+                cannot be the common one; score terms: masked scores; the centred short
+                convolution reads zeros there), so what a padded position holds never reaches
+                a real one. Non-causal layers only.
 
         Returns:
             (B, L, C). Outputs at padded positions are computed but meaningless.
@@ -291,7 +363,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"{type(self.score_encoding).__name__} works on index distances; it takes no positions")
         if key_padding_mask is not None and self.causal:
             raise ValueError("key_padding_mask needs a non-causal layer, got causal=True")
-        q, k, v = self.project(x, code)
+        q, k, v = self.project(x, code, key_padding_mask=key_padding_mask)
         if self._transform is not None and positions is None:
             positions = torch.arange(n, device=x.device)
         options = self._options(key_padding_mask)

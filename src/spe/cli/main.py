@@ -362,12 +362,12 @@ def _add_evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="cross-entropy per position, within and beyond the training length")
     p.add_argument("--checkpoint", action="append", required=True, help="run folder or .safetensors (repeatable)")
     p.add_argument("--data", help="MIDI folder (default: the checkpoint's training data)")
-    p.add_argument("--split", choices=("validation", "train", "all"),
+    p.add_argument("--split", choices=("validation", "train", "all", "test"),
                    help="pieces of the data to evaluate (default: validation for the checkpoint's own "
-                   "training data, all for any other --data)")
+                   "training data, all for any other --data; test: those its test_min_tokens held out)")
     p.add_argument("--cache-dir")
     _add_piece_bound_flag(p, "the checkpoint's run's, else 65536")
-    p.add_argument("--max-length", type=int, help="positions to evaluate (default: 3 × training length)")
+    p.add_argument("--max-length", type=int, help="positions (default: 3 × training length; test: test_min_tokens − 1)")
     p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")
     p.add_argument("--json", help="also write bucket means (start, end, ce, n) to this file")
     p.add_argument("--batch-size", type=int, default=8)

@@ -7,6 +7,9 @@
   :class:`MusicRelativePosition`, :class:`ALiBi`.
 * Transforming the kernel's features φ (linear kernels only): :class:`LRPE`,
   :class:`PermuteFeatures` (PermuteFormer), :class:`CosFormerReweighting`.
+* Mixing each projected query, key and value with its K − 1 predecessors, before all of the
+  above: :class:`ShortConvolution` (fla's short convolution; decoding state
+  :class:`ShortConvState`).
 """
 
 from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -21,11 +24,14 @@ from spe.encodings.permute import PermuteFeatures
 from spe.encodings.registry import POSITIONAL_SPECS, PositionalSpec, positional_names, positional_spec
 from spe.encodings.rope import RotaryEncoding, rotate
 from spe.encodings.shaw import ShawRelativePosition
+from spe.encodings.short_conv import ShortConvolution, ShortConvState, depthwise_conv, depthwise_conv_reference
 from spe.encodings.sine import SineSPE, sine_phase
 
 __all__ = [
     "LRPE", "ALiBi", "ConvSPE", "CosFormerReweighting", "DenseCode", "PermuteFeatures", "LearnedPositionalEmbedding", "MusicRelativePosition", "RotaryEncoding",
-    "POSITIONAL_SPECS", "PositionalSpec", "SPECode", "SPEFilter", "ShawRelativePosition", "SineCode", "SineSPE", "SinusoidalPositionalEncoding",
-    "alibi_slopes", "apply_code_reference", "apply_sine_code_fused", "positional_names", "positional_spec", "rotate",
+    "POSITIONAL_SPECS", "PositionalSpec", "SPECode", "SPEFilter", "ShawRelativePosition", "ShortConvState",
+    "ShortConvolution", "SineCode", "SineSPE", "SinusoidalPositionalEncoding",
+    "alibi_slopes", "apply_code_reference", "apply_sine_code_fused", "depthwise_conv", "depthwise_conv_reference",
+    "positional_names", "positional_spec", "rotate",
     "sine_phase",
 ]

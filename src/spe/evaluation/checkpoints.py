@@ -10,8 +10,10 @@ Letters: N = validation sequences, T = evaluated positions.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from spe import strict_json
@@ -19,6 +21,7 @@ from spe.checkpoint import LoadedCheckpoint, atomic_write, load_checkpoint
 from spe.data.split import CorpusSplit, split_of_run, validation_sequences
 from spe.encodings.registry import positional_spec
 from spe.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
+from spe.outputs import check_output_file, check_output_folder
 
 __all__ = ["evaluate_checkpoints", "evaluate_models", "model_label", "stored_summary", "write_evaluation"]
 
@@ -52,6 +55,20 @@ def _model_row(loaded: LoadedCheckpoint, ce: Tensor, bucket_width: int | None) -
             "buckets": bucket_means(ce, bucket_width or seq_len), "per_position": ce.mean(0).tolist()}
 
 
+def _warn_non_finite(loaded: LoadedCheckpoint, ce: Tensor, width: int) -> None:
+    """Warns, naming the model and the buckets, where (N, T) cross-entropies are NaN or ±inf
+    (the model's outputs overflowed): their means are NaN, which summary.json writes as null."""
+    bad = ~torch.isfinite(ce)
+    if not bool(bad.any()):
+        return
+    length = ce.shape[1]
+    starts = sorted({int(t) // width * width for t in bad.any(0).nonzero()})
+    buckets = ", ".join(f"{start}–{min(start + width, length)}" for start in starts)
+    warnings.warn(f"{loaded.path} ({model_label(loaded.config)}): {int(bad.sum())} of {ce.numel()} cross-entropies "
+                  f"are NaN or infinite, in the bucket(s) of positions {buckets}: their means are NaN (null "
+                  "in summary.json)", stacklevel=3)
+
+
 def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, max_length: int | None = None,
                     batch_size: int = 8, num_realizations: int | None = None, num_draws: int = 1,
                     bucket_width: int | None = None, progress: bool = False) -> dict:
@@ -61,7 +78,8 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
         checkpoints: loaded checkpoints (:func:`~spe.checkpoint.load_checkpoint`), at least one.
         split: the corpus split whose validation pieces are evaluated and whose training
             pieces give the unigram baseline.
-        max_length: T, evaluated positions (default 3 × the longest training length).
+        max_length: T, evaluated positions (default 3 × the longest training length; on the
+            test split, ``split.test_min_tokens`` − 1, the positions every test piece has).
         batch_size: sequences per forward pass.
         num_realizations: SPE realisations R at test time (default: as trained).
         num_draws: SPE codes whose predicted probabilities are averaged.
@@ -81,10 +99,14 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
 
     Raises:
         ValueError: if no checkpoint is given or no validation piece has T + 1 tokens.
+
+    Warns:
+        UserWarning: naming the model and the buckets, if a cross-entropy is NaN or infinite.
     """
     if not checkpoints:
         raise ValueError("give at least one checkpoint to evaluate")
-    length = max_length or 3 * max(c.seq_len for c in checkpoints)
+    length = max_length or (split.test_min_tokens - 1 if split.evaluated == "test"
+                            else 3 * max(c.seq_len for c in checkpoints))
     for loaded in checkpoints:
         loaded.check_length(length, f"--max-length {length}" if max_length
                             else f"the default length {length}")
@@ -93,6 +115,7 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
     for loaded in checkpoints:
         ce = per_position_cross_entropy(loaded.model, seqs, batch_size=batch_size, num_realizations=num_realizations,
                                         num_draws=num_draws, progress=progress)
+        _warn_non_finite(loaded, ce, bucket_width or loaded.seq_len)
         results.append(_model_row(loaded, ce, bucket_width))
     uni = unigram_cross_entropy(split.train_pieces, seqs, checkpoints[-1].config.vocab_size)
     return {"max_length": length, "split": split.evaluated, "num_sequences": len(seqs),
@@ -124,10 +147,9 @@ def write_evaluation(summary: dict, out: str | os.PathLike, *, json_path: str | 
         stored_summary(summary), indent=2)))
     _plot_extrapolation(summary, out / "extrapolation.png")
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(strict_json.dumps(
-            {"models": [{"label": r["label"], "checkpoint": r["checkpoint"], "buckets": r["buckets"]} for r in models],
-             "unigram_buckets": summary["unigram_buckets"]}, indent=2))
+        text = strict_json.dumps({"models": [{"label": r["label"], "checkpoint": r["checkpoint"], "buckets": r["buckets"]}
+                                             for r in models], "unigram_buckets": summary["unigram_buckets"]}, indent=2)
+        atomic_write(json_path, lambda tmp: Path(tmp).write_text(text))
 
 
 def stored_summary(summary: dict) -> dict:
@@ -145,16 +167,25 @@ def _plot_extrapolation(summary: dict, png: Path) -> None:
     except ImportError:  # plots are optional
         return
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    seq_lens = sorted({m["seq_len"] for m in summary["models"]})
+    # Beyond 4 training lengths (the 16× protocol) a log axis gives each doubling of the context the
+    # same width; it has no 0, so position t is drawn at t + 1, the number of tokens it is given.
+    log_x = summary["max_length"] > 4 * seq_lens[0]
+    first = 1 if log_x else 0
     for m in summary["models"]:
         curve = _smooth(m["per_position"], SMOOTHING)
-        ax.plot(range(len(curve)), curve, label=m["label"])
-    ax.plot(range(summary["max_length"]), _smooth(summary["unigram_per_position"], SMOOTHING), "k:", label="unigram")
-    for seq_len in sorted({m["seq_len"] for m in summary["models"]}):
+        ax.plot(range(first, first + len(curve)), curve, label=m["label"])
+    ax.plot(range(first, first + summary["max_length"]), _smooth(summary["unigram_per_position"], SMOOTHING), "k:",
+            label="unigram")
+    for seq_len in seq_lens:
         ax.axvline(seq_len, color="grey", ls="--", lw=1)
         ax.text(seq_len, ax.get_ylim()[1] * 0.97, " training length", va="top", fontsize=8, color="grey")
-    ax.set_xlabel("token position")
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens of context (position + 1, log scale)" if log_x else "token position")
     ax.set_ylabel(f"cross-entropy (nats/token, moving mean of {SMOOTHING})")
-    ax.set_title(f"Validation cross-entropy by position ({summary['num_sequences']} sequences)")
+    ax.set_title(f"Cross-entropy by position ({summary['num_sequences']} sequences of the "
+                 f"{summary.get('split', 'validation')} pieces)")
     ax.legend()
     fig.tight_layout()
     atomic_write(png, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
@@ -187,7 +218,7 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
         max_length, batch_size, num_realizations, num_draws, bucket_width, progress: as
             :func:`evaluate_models`.
         data: other data to evaluate on (default: the first checkpoint's training data).
-        split: ``validation``, ``train`` or ``all`` pieces of the data; default ``validation``
+        split: ``validation``, ``train``, ``all`` or ``test`` pieces of the data; default ``validation``
             for the first checkpoint's own training data, ``all`` for other data
             (:func:`spe.data.split.split_of_run`).
         cache_dir: corpus cache (default: the first checkpoint's).
@@ -205,6 +236,10 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
         FileNotFoundError: if a checkpoint does not exist.
         ValueError: on a bad checkpoint or window, another tokenizer, or data too short.
     """
+    sources = [c.path if isinstance(c, LoadedCheckpoint) else c for c in checkpoints]
+    check_output_folder(out)
+    if json_path:
+        check_output_file(json_path, "--json", reads=[*sources, data])
     loaded = [c if isinstance(c, LoadedCheckpoint) else load_checkpoint(c, device=device) for c in checkpoints]
     if not loaded:
         raise ValueError("give at least one checkpoint to evaluate")

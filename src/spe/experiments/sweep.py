@@ -5,7 +5,9 @@ of the packaged demo config), ``[model]`` shared model options, and one
 ``[variants.NAME]`` table per variant with its own training keys, a ``model`` table and
 optionally an ``eval`` table (``num_realizations``, ``num_draws``; ``max_length`` and
 ``bucket_width``, by default 3× and 1× the variant's training length; ``window``, the sliding
-attention window at test time, 0 for the whole past) and ``description``.
+attention window at test time, 0 for the whole past; ``split``, the pieces evaluated, as
+``spe evaluate --split``: ``test`` with ``test_min_tokens`` = 16 L + 1 is the 16× protocol, and
+then ``max_length`` defaults to 16 L) and ``description``.
 A variant with ``checkpoints_of = "OTHER"`` trains nothing and re-evaluates OTHER's
 checkpoints with its own ``eval`` options (test-time levers cost no training).
 Model defaults are those of :class:`~spe.train.TrainConfig` (e.g. a window of the training
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from spe import strict_json
 from spe.checkpoint import atomic_write, load_checkpoint
+from spe.data.split import SPLITS
 from spe.evaluation.checkpoints import evaluate_checkpoints
 from spe.options import decode_window
 from spe.train.config import TrainConfig, load_config_file, packaged_config
@@ -42,7 +45,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Plan", "load_plan", "results_table", "run_sweep", "summarize", "summarize_runs", "variant_config",
            "write_results"]
 
-EVAL_KEYS = ("num_realizations", "num_draws", "max_length", "bucket_width", "window")
+EVAL_KEYS = ("num_realizations", "num_draws", "max_length", "bucket_width", "window", "split")
 
 
 @dataclass
@@ -84,6 +87,9 @@ def _check_eval(where: str, evaluation: dict) -> None:
     for key, value in evaluation.items():
         if key == "window":
             decode_window(value, f"{where}: eval option window")
+        elif key == "split":
+            if value not in SPLITS:
+                raise ValueError(f"{where}: eval option split must be one of {', '.join(SPLITS)}, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{where}: eval option {key} must be an integer ≥ 1, got {value!r}")
 
@@ -127,6 +133,12 @@ def load_plan(path_or_name: str) -> Plan:
     for name, spec in variants.items():
         check_name(name, f"plan {path}, variant {name!r}")
         plan.variants[name] = _variant(f"plan {path}, variant {name!r}", spec, variants, base, base_model)
+    for name, spec in plan.variants.items():  # refused now rather than after the training it would follow
+        source = spec["of"] or name
+        if spec["eval"].get("split") == "test" and not plan.variants[source]["train"].get("test_min_tokens"):
+            raise ValueError(f"plan {path}, variant {name!r}: eval option split = \"test\" needs the training "
+                             f"option test_min_tokens (e.g. 16 × seq_len + 1) in variant {source!r}, "
+                             "whose runs hold no test split otherwise")
     return plan
 
 
@@ -177,10 +189,11 @@ def _train_run(plan: Plan, name: str, cfg: TrainConfig, progress: bool) -> float
 
 
 def _evaluate_run(spec: dict, cfg: TrainConfig, out: Path) -> dict:
-    """The run's checkpoint on its validation split with the variant's eval options."""
+    """The run's checkpoint on its validation split (or the eval option ``split``) with the variant's
+    eval options; ``max_length`` defaults as in :func:`~spe.evaluation.checkpoints.evaluate_models`."""
     options = spec["eval"]
     loaded = load_checkpoint(cfg.out, device=cfg.device)
-    return evaluate_checkpoints([loaded], out, max_length=options.get("max_length", 3 * cfg.seq_len),
+    return evaluate_checkpoints([loaded], out, max_length=options.get("max_length"), split=options.get("split"),
                                 data=cfg.data, cache_dir=cfg.cache_dir, batch_size=8, device=cfg.device,
                                 json_path=None, progress=False, num_realizations=options.get("num_realizations"),
                                 num_draws=options.get("num_draws", 1), bucket_width=options.get("bucket_width"),

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from spe.attention.layer import MultiHeadAttention
+from spe.attention.layer import LayerState, MultiHeadAttention
 from spe.encodings.code import SPECode
 from spe.encodings.registry import positional_spec
 from spe.ops.decay import NO_DECAY
-from spe.ops.state import AttentionState
 
 __all__ = ["Block"]
 
@@ -45,7 +44,8 @@ class Block(nn.Module):
             config.d_model, config.num_heads, attention=config.attention, causal=causal,
             num_realizations=config.num_realizations if spec.stochastic else None,
             num_features=config.num_features, chunk_size=config.chunk_size,
-            window=config.attention_window, decay=getattr(config, "decay", NO_DECAY), **positional)
+            window=config.attention_window, decay=getattr(config, "decay", NO_DECAY),
+            short_conv=getattr(config, "short_conv", 0), **positional)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model))
@@ -60,8 +60,16 @@ class Block(nn.Module):
         return x + self.drop(self.ffn(self.norm2(x)))
 
     def step(self, x: Tensor, code: SPECode | None,
-             state: AttentionState | None) -> tuple[Tensor, AttentionState]:
+             state: LayerState | None) -> tuple[Tensor, LayerState]:
         """One causal decoding step: x (B, 1, C) -> (B, 1, C) and the attention's new state."""
         y, state = self.attn.step(self.norm1(x), code, state)
-        x = x + y
-        return x + self.ffn(self.norm2(x)), state
+        return self._feed_forward(x + y), state
+
+    def prefill(self, x: Tensor, code: SPECode | None) -> tuple[Tensor, LayerState]:
+        """Causal decoding of positions 0 … L − 1 at once: x (B, L, C) -> (B, L, C) and the
+        attention's state after them (:meth:`~spe.attention.MultiHeadAttention.prefill`)."""
+        y, state = self.attn.prefill(self.norm1(x), code)
+        return self._feed_forward(x + y), state
+
+    def _feed_forward(self, x: Tensor) -> Tensor:
+        return x + self.ffn(self.norm2(x))  # decoding: no dropout

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from spe.attention.layer import LayerState
 from spe.models.block import Block
 from spe.models.config import ModelConfig
 from spe.models.loss import cross_entropy
 from spe.models.trunk import Trunk, check_token_ids
-from spe.ops.state import AttentionState
 
 __all__ = ["Block", "DecoderLM", "DecodingState"]
 
@@ -27,11 +27,13 @@ class DecodingState:
         position: index of the next position to be fed.
         layers: one attention state per block (:data:`spe.ops.state.AttentionState`): running
             sums for linear kernels, or the last W keys and values with a window; the keys and
-            values seen for softmax.
+            values seen for softmax; with ``short_conv`` a
+            :class:`~spe.encodings.short_conv.ShortConvState` holding it and the last K − 1
+            projected inputs.
     """
 
     position: int
-    layers: list[AttentionState]
+    layers: list[LayerState]
 
 
 class DecoderLM(Trunk):
@@ -124,12 +126,45 @@ class DecoderLM(Trunk):
         position = 0 if state is None else state.position
         pos = torch.tensor([position], device=tokens.device)
         x = self.embed_tokens(tokens[:, None], pos)  # (B, 1, C)
-        codes = self.draw_codes(pos, generator=torch.Generator().manual_seed(self.config.code_seed))
         layers = []
-        for i, (block, code) in enumerate(zip(self.blocks, codes)):
+        for i, (block, code) in enumerate(zip(self.blocks, self._decoding_codes(pos))):
             x, layer_state = block.step(x, code, None if state is None else state.layers[i])
             layers.append(layer_state)
         return self.head(self.norm(x))[:, 0], DecodingState(position=position + 1, layers=layers)
+
+    @torch.no_grad()
+    def prefill(self, tokens: Tensor) -> tuple[Tensor, DecodingState]:
+        """Recurrent decoding of a whole prompt in one parallel pass.
+
+        Gives what :meth:`step` on ``tokens[:, 0]``, ``tokens[:, 1]``, … from a fresh state
+        gives (the same logits, within float rounding, and a state that :meth:`step` continues),
+        at the cost of one causal forward: every layer runs its parallel kernel and returns its
+        final state (:meth:`~spe.attention.MultiHeadAttention.prefill`).
+
+        Args:
+            tokens: (B, L) token ids of positions 0 … L − 1, L ≥ 1.
+
+        Returns:
+            (B, L, V) logits of the next token at each position, and the state at position L.
+
+        Raises:
+            ValueError: on a tensor that is not (batch, length) with L ≥ 1, ids out of range
+                (as :meth:`forward`), or ``ape-learned`` positions beyond ``max_positions``.
+        """
+        self.check_tokens(tokens)
+        if tokens.shape[1] == 0:
+            raise ValueError("prefill takes at least one token per sequence, got length 0")
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.embed_tokens(tokens, positions)  # (B, L, C)
+        layers = []
+        for block, code in zip(self.blocks, self._decoding_codes(positions)):
+            x, layer_state = block.prefill(x, code)
+            layers.append(layer_state)
+        return self.head(self.norm(x)), DecodingState(position=tokens.shape[1], layers=layers)
+
+    def _decoding_codes(self, positions: Tensor) -> list:
+        # the code of eval mode (from config.code_seed) in any mode: what forward in eval mode uses
+        return self.draw_codes(positions, generator=torch.Generator().manual_seed(self.config.code_seed))
 
     def loss(self, tokens: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
         """Mean next-token cross-entropy (nats) of (B, L) tokens, predicting tokens[:, 1:]."""

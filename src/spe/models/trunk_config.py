@@ -16,6 +16,7 @@ from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.lrpe import LRPE_ANGLES
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
+from spe.encodings.short_conv import check_short_conv
 from spe.encodings.sine import CODE_NOISES, FREQUENCY_INITS
 from spe.ops.decay import NO_DECAY, check_decay_mode
 
@@ -86,6 +87,12 @@ class TrunkConfig:
             sigmoid(logit_h) initialised there, one (H,) parameter per layer). With any
             positional encoding (``rope`` + ``fixed`` is RetNet's scheme); linear kernels only
             (:mod:`spe.ops.decay`).
+        short_conv: K, a depthwise convolution of width K then SiLU on each layer's projected
+            queries, keys and values (fla's ``ShortConvolution``, K = 4 there), before SPE,
+            RoPE and the feature maps: causal in decoders, which then carry the last K − 1
+            projected inputs when decoding, centred in encoders
+            (:mod:`spe.encodings.short_conv`). 0 (default): none. With every encoding and
+            kernel; its weights are positional parameters (never weight-decayed).
 
     Class attributes:
         causal: whether the trunk's blocks mask the future (the registry builds encoder
@@ -95,7 +102,8 @@ class TrunkConfig:
         ValueError: naming the option and the value received, for an unknown encoding or
             kernel, an encoding the kernel cannot take, a size that is not a positive
             integer, ``d_model`` not divisible by ``num_heads``, a dropout outside [0, 1), an
-            unknown ``decay`` or a decay with softmax attention.
+            unknown ``decay`` or a decay with softmax attention, a ``short_conv`` that is not
+            0 or an integer ≥ 2.
     """
 
     causal: ClassVar[bool] = True
@@ -127,6 +135,7 @@ class TrunkConfig:
     permute_seed: int = 0
     cosformer_max_length: int | None = None
     decay: str = "none"
+    short_conv: int = 0
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONALS:
@@ -155,6 +164,7 @@ class TrunkConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         self._check_decay()
+        check_short_conv(self.short_conv)
 
     def _check_decay(self) -> None:
         check_decay_mode(self.decay)
@@ -192,11 +202,13 @@ class TrunkConfig:
 
     def to_dict(self) -> dict:
         """The options as a JSON-serialisable dict (what checkpoint headers store). ``decay`` is
-        left out when it is ``none`` and ``fixed_code`` when False, so headers of models without
-        them stay as they were."""
+        left out when it is ``none``, ``short_conv`` when 0 and ``fixed_code`` when False, so
+        headers of models without them stay as they were (and load with those defaults)."""
         values = asdict(self)
         if values["decay"] == NO_DECAY:
             del values["decay"]
+        if not values["short_conv"]:
+            del values["short_conv"]
         if not values["fixed_code"]:
             del values["fixed_code"]
         return values

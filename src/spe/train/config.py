@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from spe.data.music import MAX_PIECE_TOKENS
+from spe.data.split import NUM_TEST_PIECES
 from spe.encodings.registry import POSITIONAL_SPECS
 from spe.models.config import ModelConfig
 from spe.options import check_options
@@ -85,6 +86,11 @@ class TrainConfig:
         max_transpose: transposition augmentation in ±semitones (0 disables).
         max_piece_tokens: the longest piece kept, in REMI tokens; longer ones are cropped
             to their first ``max_piece_tokens`` and counted (:data:`spe.data.music.MAX_PIECE_TOKENS`).
+        test_min_tokens: hold out a test split of pieces at least this many tokens long, which
+            neither training nor validation sees (``spe evaluate --split test``); 16 L + 1 for
+            the 16× protocol (next-token targets at 16 L positions). 0: no test split.
+        num_test_pieces: how many test pieces (chosen by
+            :func:`spe.data.split.hold_out_test_pieces`); ignored when ``test_min_tokens`` is 0.
         feature_redraw_every: steps between FAVOR+ redraws (0: never).
         seed: seed of initialisation, crops and SPE codes.
         device: ``cpu`` or ``cuda`` (under ``torchrun``: each process takes the GPU of its local rank).
@@ -118,6 +124,8 @@ class TrainConfig:
     split_seed: int = 0
     max_transpose: int = 6
     max_piece_tokens: int = MAX_PIECE_TOKENS
+    test_min_tokens: int = 0
+    num_test_pieces: int = NUM_TEST_PIECES
     feature_redraw_every: int = 1000
     seed: int = 0
     device: str = "cpu"
@@ -135,6 +143,14 @@ class TrainConfig:
             raise TypeError(f"model must be a table of model options, got {self.model!r}")
         _check_types(self.model, fields(ModelConfig), "model option")
         check_options(self.__dict__)  # the rules spe lra's options follow too, before any data is read
+        if 0 < self.test_min_tokens <= self.seq_len + 1:
+            raise ValueError(f"test_min_tokens {self.test_min_tokens} leaves no test position beyond seq_len "
+                             f"{self.seq_len}: use 0 (no test split) or more than seq_len + 1 (16 × seq_len + 1 "
+                             "for the 16× protocol)")
+        if self.test_min_tokens > self.max_piece_tokens:
+            raise ValueError(f"test_min_tokens {self.test_min_tokens} exceeds max_piece_tokens "
+                             f"{self.max_piece_tokens}: pieces are cropped to that, so none would be long enough; "
+                             "raise max_piece_tokens or lower test_min_tokens")
         check_precision(self.precision, "cuda" if str(self.device).startswith("cuda") else "cpu")
         if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")

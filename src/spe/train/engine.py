@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, load_metadata
+from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, check_finite_weights, load_metadata
 from spe.train import distributed as dist_
 from spe.train.metrics_log import append_record, trim_records
 from spe.train.optim import adamw, learning_rate_factor, scaled_lr
@@ -218,6 +218,7 @@ def _restore(run: _Run) -> None:
                          f"resume with the same number (torchrun --nproc-per-node {world}); batch slices and "
                          "random states are per process")
     weights = load_file(str(unit.model))
+    check_finite_weights(unit.model, weights)  # a resumed NaN would only diverge again, later
     if getattr(run.model.config, "tie_embeddings", False):
         weights["head.weight"] = weights["embed.weight"]
     run.model.load_state_dict(weights)

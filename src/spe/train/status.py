@@ -24,8 +24,10 @@ __all__ = ["RESUME_KEYS", "RunStatus", "check_data", "check_resume", "check_run"
 
 log = logging.getLogger(__name__)
 
-# Training options a run cannot change midway: they decide what the model sees and is validated on.
-RESUME_KEYS = ("data", "seq_len", "val_fraction", "split_seed", "max_transpose", "max_piece_tokens")
+# Training options a run cannot change midway: they decide what the model sees and is validated on
+# (the test split's are taken out of the corpus before the training / validation split).
+RESUME_KEYS = ("data", "seq_len", "val_fraction", "split_seed", "max_transpose", "max_piece_tokens",
+               "test_min_tokens", "num_test_pieces")
 
 
 @dataclass

@@ -77,7 +77,9 @@ class LMTask:
         self.meta = {"tokenizer": self.split.tokenizer_json, "train": self.cfg.to_dict(), "data": data,
                      "num_train_pieces": len(self.split.train_pieces),
                      "num_val_pieces": len(self.split.val_pieces), "world_size": ctx.world_size}
-        log.info("%d training / %d validation pieces", len(self.split.train_pieces), len(self.split.val_pieces))
+        log.info("%d training / %d validation pieces%s", len(self.split.train_pieces), len(self.split.val_pieces),
+                 f" ({len(self.split.test_pieces)} test pieces of ≥ {self.cfg.test_min_tokens} tokens held out)"
+                 if self.split.test_pieces else "")
 
     def _load_data(self, progress: bool) -> None:
         """The split, the crop sampler, and validation prefixes of L + 1 and 2L + 1 tokens."""
@@ -87,7 +89,8 @@ class LMTask:
 
         cfg = self.cfg
         self.split = load_split(cfg.data, cache_dir=cfg.cache_dir, val_fraction=cfg.val_fraction,
-                                split_seed=cfg.split_seed, progress=progress, max_piece_tokens=cfg.max_piece_tokens)
+                                split_seed=cfg.split_seed, progress=progress, max_piece_tokens=cfg.max_piece_tokens,
+                                test_min_tokens=cfg.test_min_tokens, num_test_pieces=cfg.num_test_pieces)
         tokenizer = make_tokenizer()
         self.vocab_size = len(tokenizer)
         shifter = PitchShifter(tokenizer.vocab, cfg.max_transpose) if cfg.max_transpose > 0 else None
