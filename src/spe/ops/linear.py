@@ -13,8 +13,10 @@ state that :func:`causal_linear_attention_with_state` returns (one return type e
 :mod:`spe.ops.chunked` (and :mod:`spe.ops.scaled` for keys with log scales).
 
 Every kernel takes a decay on the lag, ``log_decay`` (H,) λ_h = log γ_h (RetNet; causal
-weights γ^{m−n}, bidirectional γ^{|m−n|}), whose sums run through :mod:`spe.ops.decay`; its
-slow twin is :func:`spe.ops.decay.decay_attention_reference`.
+weights γ^{m−n}, bidirectional γ^{|m−n|}), whose sums run through :mod:`spe.ops.decay`, or a
+data-dependent gate (B, L, H) or (B, L, H, M) (Mamba2, GLA; :mod:`spe.ops.gates`), whose sums
+run through :mod:`spe.ops.gated`; the slow twin of both is
+:func:`spe.ops.decay.decay_attention_reference`.
 
 The normaliser has no fixed ε (:func:`normalise`); all sums run in at least float32 with
 autocast off.
@@ -30,6 +32,8 @@ from torch import Tensor
 
 from spe.ops.chunked import causal_sums
 from spe.ops.decay import bidirectional_decay_sums, check_log_decay, decayed_running_max
+from spe.ops.gated import gated_bidirectional_sums, gated_causal_sums
+from spe.ops.gates import check_gates, is_gate
 from spe.ops.scaled import running_max
 from spe.ops.softmax import check_window
 from spe.ops.state import (
@@ -63,8 +67,8 @@ def _full_precision(fn):
         if kwargs.get("normalizer") is not None:
             kwargs["normalizer"] = tuple(t.to(dtype) for t in kwargs["normalizer"])
         for name in ("initial_state", "key_log_scale", "log_decay"):
-            if kwargs.get(name) is not None:
-                kwargs[name] = kwargs[name].to(dtype)
+            if kwargs.get(name) is not None and (name != "log_decay" or _floating(kwargs[name])):
+                kwargs[name] = kwargs[name].to(dtype)  # a decay of another type goes to its check
         with torch.autocast(device_type=v.device.type, enabled=False):
             out = fn(phi_q.to(dtype), phi_k.to(dtype), v.to(dtype), **kwargs)
         if isinstance(out, tuple):
@@ -72,6 +76,10 @@ def _full_precision(fn):
         return out.to(v.dtype)
 
     return wrapper
+
+
+def _floating(t) -> bool:
+    return isinstance(t, Tensor) and t.is_floating_point()
 
 
 def kernel_dtype(*tensors: Tensor) -> torch.dtype:
@@ -174,15 +182,19 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
             Σ φ(k_n) v_nᵀ or Σ φ(k_n), and their log scale cannot raise the common scale.
         log_decay: (H,) λ = log γ ≤ 0: key n weighs γ^{|m−n|} at query m (the bidirectional
             decay of encoders; positions are the indices, so Lq = Lk), by a forward and a
-            backward chunked scan (:func:`spe.ops.decay.bidirectional_decay_sums`); None: none.
+            backward chunked scan (:func:`spe.ops.decay.bidirectional_decay_sums`). Or a gate
+            (B, L, H) or (B, L, H, M): key n weighs exp(Σ_{min(m,n)<t≤max(m,n)} G_t), the gates
+            of the positions between them, the later one's included (e^{G_t} separates t − 1
+            from t in both directions; :func:`spe.ops.gated.gated_bidirectional_sums`).
+            None: none.
         chunk_size: C of those scans (unused without a decay).
 
     Returns:
         (B, Lq, H, E).
 
     Raises:
-        ValueError: on a bad padding mask or normaliser, a bad ``log_decay``, or a decay with
-            Lq ≠ Lk.
+        ValueError: on a bad padding mask or normaliser, a bad ``log_decay`` (or a channel
+            gate with key scales), or a decay with Lq ≠ Lk.
     """
     if key_padding_mask is not None:
         phi_k, v, normalizer, key_log_scale = _mask_keys(key_padding_mask, phi_k, v, normalizer, key_log_scale)
@@ -199,8 +211,14 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
 
 
 def _bidirectional_decay(phi_q, phi_k, v, normalizer, key_log_scale, log_decay, chunk_size, eps):
-    """:func:`linear_attention` with a decay γ^{|m−n|} (keys already masked)."""
-    check_log_decay(log_decay, phi_q.shape[2])
+    """:func:`linear_attention` with a decay γ^{|m−n|} or a gate (keys already masked)."""
+    sums = bidirectional_decay_sums
+    if is_gate(log_decay):
+        sums, log_decay = gated_bidirectional_sums, check_gates(
+            log_decay, phi_q.shape, key_log_scale=key_log_scale is not None,
+            normalizer_features=None if normalizer is None else normalizer[0].shape[-1])
+    else:
+        check_log_decay(log_decay, phi_q.shape[2])
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if phi_k.shape[1] != phi_q.shape[1]:
@@ -208,11 +226,11 @@ def _bidirectional_decay(phi_q, phi_k, v, normalizer, key_log_scale, log_decay, 
                          f"and {phi_k.shape[1]}")
     a = phi_k.new_zeros(phi_k.shape[:3]) if key_log_scale is None else key_log_scale
     if normalizer is None:
-        return _normalised(bidirectional_decay_sums(phi_q, phi_k, _with_ones(v), a, log_decay, chunk_size)[0], eps)
+        return _normalised(sums(phi_q, phi_k, _with_ones(v), a, log_decay, chunk_size)[0], eps)
     nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
-    num = bidirectional_decay_sums(phi_q, phi_k, v, a, log_decay, chunk_size)[0]
-    den = bidirectional_decay_sums(nq, nk, torch.ones_like(v[..., :1]), a, log_decay, chunk_size)[0]
-    return normalise(num, den, eps)  # both relative to the same scale (it depends on a and λ only)
+    num = sums(phi_q, phi_k, v, a, log_decay, chunk_size)[0]
+    den = sums(nq, nk, torch.ones_like(v[..., :1]), a, log_decay, chunk_size)[0]
+    return normalise(num, den, eps)  # both relative to the same scale (it depends on a and the decay only)
 
 
 def _prefix_sums(terms: Tensor, window: int | None) -> Tensor:
@@ -288,7 +306,16 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
             γ^{j−d}, across chunks the state times γ^C, read with γ^{j+1}; never γ to an
             absolute position). Runs through the scaled sums (zero log scales without
             ``key_log_scale``; ``group_size`` is then ignored). The initial state must come
-            from a call with the same decay (states do not record it). None: no decay.
+            from a call with the same decay (states do not record it). Or a data-dependent gate
+            (:mod:`spe.ops.gates`), G_t ≤ 0 the log of the factor by which position t
+            multiplies the state carried from t − 1, so that key n weighs
+            exp(Σ_{n<t≤m} G_t) at query m: (B, L, H), one per head and position (Mamba2,
+            simple GLA), or (B, L, H, M), one per feature channel of φ (GLA; not with
+            ``key_log_scale``; a separate normaliser must have M features too). Chunked in
+            log space (:mod:`spe.ops.gated`: segment sums inside a chunk, chunks carried by
+            doubling; a channel gate's chunks are at most 16 long; ``group_size`` is ignored);
+            an initial state continues exactly (a windowed one keeps the kept positions'
+            gates). None: no decay.
 
     Returns:
         (B, L, H, E) in ``v``'s dtype (:func:`causal_linear_attention_with_state` also gives
@@ -297,8 +324,9 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
 
     Raises:
         ValueError: on mismatched lengths, a non-positive chunk size or window, a window
-            with ``group_size``, a bad ``log_decay``, or an initial state of another window,
-            normaliser or key-scale form.
+            with ``group_size``, a bad ``log_decay`` (shape, dtype, a value > 0 or not finite,
+            a channel gate with key scales), or an initial state of another window,
+            normaliser, key-scale or gate form.
         TypeError: on an initial state that is not a linear-attention state.
     """
     if output_final_state:  # the earlier flag returned Tensor | tuple; one return type now
@@ -332,12 +360,15 @@ def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, 
                           key_log_scale=key_log_scale, log_decay=log_decay)
 
 
-def check_linear_state(state, *, window: int | None, scaled: bool, who: str = "initial state") -> None:
-    """Refuses a linear-attention state that does not fit a call (window, key scales).
+def check_linear_state(state, *, window: int | None, scaled: bool, who: str = "initial state",
+                       gate_channels: int = 0) -> None:
+    """Refuses a linear-attention state that does not fit a call (window, key scales, and for
+    a window the gate: ``gate_channels`` G of the call's gate, 0 without one).
 
     Raises:
         TypeError: if ``state`` is not a linear-attention state.
-        ValueError: on another window, or key scales in one and not the other.
+        ValueError: on another window, key scales in one and not the other, or kept keys
+            without the call's gate (or with one the call does not have).
     """
     if state is None:
         return
@@ -347,6 +378,10 @@ def check_linear_state(state, *, window: int | None, scaled: bool, who: str = "i
     check_state_window(state, window)
     if isinstance(state, (ScaledLinearAttentionState, ScaledRecentKeys)) != scaled:
         raise ValueError(f"the {who} and this call disagree on key_log_scale")
+    kept = 0 if not isinstance(state, RecentKeys) or state.log_gates is None else state.log_gates.shape[-1]
+    if isinstance(state, RecentKeys) and kept != gate_channels:
+        have, call = (f"gates with {g} channel(s)" if g else "no gate" for g in (kept, gate_channels))
+        raise ValueError(f"the {who} holds {have} for its kept keys, this call has {call}")
 
 
 @_full_precision
@@ -356,7 +391,12 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, 
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     check_window(window)
-    check_linear_state(initial_state, window=window, scaled=key_log_scale is not None)
+    gates = None
+    if is_gate(log_decay):
+        gates = check_gates(log_decay, phi_q.shape, key_log_scale=key_log_scale is not None,
+                            normalizer_features=None if normalizer is None else normalizer[0].shape[-1])
+    check_linear_state(initial_state, window=window, scaled=key_log_scale is not None,
+                       gate_channels=0 if gates is None else gates.shape[-1])
     if window is not None and group_size is not None:
         raise ValueError("causal_linear_attention: a window and group_size cannot be combined")
     n = phi_q.shape[1]
@@ -365,6 +405,9 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, 
                          f"keys {phi_k.shape[1]}, values {v.shape[1]}")
     nq, nk = (None, None) if normalizer is None else _check_normalizer(normalizer, phi_q, phi_k)
     position = n + (0 if initial_state is None else initial_state.position)
+    if gates is not None:
+        return _gated_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps, key_log_scale,
+                             position, gates)
     if log_decay is not None:
         return _decayed_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps, key_log_scale,
                                position, log_decay)
@@ -400,7 +443,7 @@ def to_scaled_state(state: LinearState) -> LinearState:
         return state
     if isinstance(state, RecentKeys):
         return ScaledRecentKeys(keys=state.keys, values=state.values, window=state.window, position=state.position,
-                                normalizer_keys=state.normalizer_keys,
+                                normalizer_keys=state.normalizer_keys, log_gates=state.log_gates,
                                 log_scales=state.keys.new_zeros(state.keys.shape[:3]))
     return ScaledLinearAttentionState(kv=state.kv, normalizer=state.normalizer, position=state.position,
                                       log_scale=state.kv.new_zeros(state.kv.shape[:2]))
@@ -411,7 +454,7 @@ def to_plain_state(state: LinearState) -> LinearState:
     scales); the scale is dropped."""
     if isinstance(state, ScaledRecentKeys):
         return RecentKeys(keys=state.keys, values=state.values, window=state.window, position=state.position,
-                          normalizer_keys=state.normalizer_keys)
+                          normalizer_keys=state.normalizer_keys, log_gates=state.log_gates)
     if isinstance(state, ScaledLinearAttentionState):
         return LinearAttentionState(kv=state.kv, normalizer=state.normalizer, position=state.position)
     return state
@@ -450,19 +493,7 @@ def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps,
     """The windowed case: earlier keys of ``state`` are prepended (with queries that are then
     dropped), so the first positions see them (positions stay contiguous, so a decay's lags
     hold); the final state keeps the last W keys."""
-    r = 0
-    if state is not None:
-        if (state.normalizer_keys is None) != (nq is None):
-            raise ValueError("the initial state and this call disagree on a separate normaliser")
-        r = state.keys.shape[1]
-        phi_q = torch.cat([torch.zeros_like(state.keys[..., :phi_q.shape[-1]]), phi_q], dim=1)
-        phi_k = torch.cat([state.keys, phi_k], dim=1)
-        v = torch.cat([state.values, v], dim=1)
-        if nq is not None:
-            nq = torch.cat([torch.zeros_like(state.normalizer_keys), nq], dim=1)
-            nk = torch.cat([state.normalizer_keys, nk], dim=1)
-        if scale is not None:
-            scale = torch.cat([state.log_scales.to(scale), scale], dim=1)
+    r, phi_q, phi_k, v, nq, nk, scale, _ = _prepend_recent(state, phi_q, phi_k, v, nq, nk, scale)
     total = phi_q.shape[1]
     reach = None if window >= total else window  # nothing is ever out of reach
     sk, snk, sums_scale = phi_k, nk, scale
@@ -478,8 +509,66 @@ def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps,
         num = sums(phi_q, sk, v)[0]
         den = sums(nq, snk, torch.ones_like(v[..., :1]))[0]
         y = normalise(num, den, eps)
+    return y[:, r:], _recent_keys(phi_k, v, nk, scale, window, position)
+
+
+def _prepend_recent(state: RecentKeys | None, phi_q, phi_k, v, nq, nk, scale, gates=None):
+    """The kept keys of a windowed state (values, normaliser features, log scales, gates) put
+    before this call's, with zero queries: (their number, then the tensors, longer by it)."""
+    if state is None:
+        return 0, phi_q, phi_k, v, nq, nk, scale, gates
+    if (state.normalizer_keys is None) != (nq is None):
+        raise ValueError("the initial state and this call disagree on a separate normaliser")
+    phi_q = torch.cat([torch.zeros_like(state.keys[..., :phi_q.shape[-1]]), phi_q], dim=1)
+    phi_k = torch.cat([state.keys, phi_k], dim=1)
+    v = torch.cat([state.values, v], dim=1)
+    if nq is not None:
+        nq = torch.cat([torch.zeros_like(state.normalizer_keys), nq], dim=1)
+        nk = torch.cat([state.normalizer_keys, nk], dim=1)
+    if scale is not None:
+        scale = torch.cat([state.log_scales.to(scale), scale], dim=1)
+    if gates is not None:
+        gates = torch.cat([state.log_gates.to(gates), gates], dim=1)
+    return state.keys.shape[1], phi_q, phi_k, v, nq, nk, scale, gates
+
+
+def _recent_keys(phi_k, v, nk, scale, window, position, gates=None) -> RecentKeys:
+    """The windowed state after these keys: the last W (with their log scales and gates, if any)."""
     kept = {"keys": phi_k[:, -window:], "values": v[:, -window:], "window": window, "position": position,
-            "normalizer_keys": None if nk is None else nk[:, -window:]}
+            "normalizer_keys": None if nk is None else nk[:, -window:],
+            "log_gates": None if gates is None else gates[:, -window:]}
     if scale is None:
-        return y[:, r:], RecentKeys(**kept)
-    return y[:, r:], ScaledRecentKeys(**kept, log_scales=scale[:, -window:])
+        return RecentKeys(**kept)
+    return ScaledRecentKeys(**kept, log_scales=scale[:, -window:])
+
+
+def _gated_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, key_log_scale, position, gates):
+    """The causal cases with a gate (B, L, H, G) (:mod:`spe.ops.gated`): keys without log scales
+    get zero ones; a windowed state's kept keys come first, with their gates (as in
+    :func:`_windowed_attention`); a whole-past state is the sums' initial state."""
+    a, s0, z0, c0, r = key_log_scale, None, None, None, 0
+    if window is not None:
+        r, phi_q, phi_k, v, nq, nk, a, gates = _prepend_recent(state, phi_q, phi_k, v, nq, nk, a, gates)
+    elif state is not None:
+        s0, z0 = state.kv, state.normalizer[..., None]
+        c0 = state.log_scale if key_log_scale is not None else z0.new_zeros(z0.shape[:2])
+    a = phi_k.new_zeros(phi_k.shape[:3]) if a is None else a
+    reach = None if window is None or window >= phi_q.shape[1] else window
+    sums = functools.partial(gated_causal_sums, gates=gates, log_scale=a, chunk_size=chunk_size, window=reach,
+                             state_scale=c0)
+    if nq is None:
+        out, _, s, c = sums(phi_q, phi_k, _with_ones(v), state=None if s0 is None else torch.cat([s0, z0], -1))
+        y = _normalised(out, eps)
+        kv, z = (None, None) if s is None else (s[..., :-1], s[..., -1])
+    else:
+        num, _, kv, c = sums(phi_q, phi_k, v, state=s0)
+        den, _, z, _ = sums(nq, nk, torch.ones_like(v[..., :1]), state=z0)
+        y, z = normalise(num, den, eps), None if z is None else z[..., 0]
+    if window is not None:
+        return y[:, r:], _recent_keys(phi_k, v, nk, None if key_log_scale is None else a, window,
+                                         position, gates)
+    if key_log_scale is not None:
+        return y, ScaledLinearAttentionState(kv=kv, normalizer=z, position=position, log_scale=c)
+    absolute = torch.exp(c)  # 1: the decayed running maximum of zero scales is 0
+    return y, LinearAttentionState(kv=kv * absolute[..., None, None], normalizer=z * absolute[..., None],
+                                   position=position)

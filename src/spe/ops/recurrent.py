@@ -6,8 +6,10 @@ D = query/key dimension, E = value dimension, W = window.
 Each step equals the matching parallel kernel at that position (tests compare outputs and
 final states, forward and backward): :func:`linear_attention_step` continues
 :func:`~spe.ops.linear.causal_linear_attention` (plain, with RoPE's separate normaliser, and
-windowed), :func:`softmax_attention_step` continues :func:`~spe.ops.softmax.softmax_attention`.
-Sums are kept in at least float32 with autocast off, as in the parallel kernels.
+windowed, with a decay or a gate), :func:`softmax_attention_step` continues
+:func:`~spe.ops.softmax.softmax_attention` (with FoX's gate too; :func:`prefill_cache` builds
+the cache a parallel pass leaves). Sums are kept in at least float32 with autocast off, as in
+the parallel kernels.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import torch
 from torch import Tensor
 
 from spe.ops.decay import check_log_decay
+from spe.ops.gates import check_gates, is_gate, suffix_sums
 from spe.ops.linear import LinearState, check_linear_state, kernel_dtype, normalise
-from spe.ops.softmax import check_window, softmax_attention
+from spe.ops.softmax import attend, check_window, softmax_gates
 from spe.ops.state import (
     KVCache,
     LinearAttentionState,
@@ -27,7 +30,7 @@ from spe.ops.state import (
     check_state_window,
 )
 
-__all__ = ["append_to_cache", "linear_attention_step", "softmax_attention_step"]
+__all__ = ["append_to_cache", "linear_attention_step", "prefill_cache", "softmax_attention_step"]
 
 
 def _check_one_position(**tensors: Tensor) -> None:
@@ -61,21 +64,29 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Linear
         key_log_scale: (B, 1, H) a, the key's features being phi_k · e^a (FAVOR+).
         log_decay: (H,) λ = log γ (RetNet): S ← γ S + φ(k) vᵀ, z ← γ z + ψ(k) (with key
             scales: the state's log scale c + λ, then c ← max(c + λ, a)); with a window the
-            kept keys weigh γ^{lag}. Must be the decay the state was built with.
+            kept keys weigh γ^{lag}. Must be the decay the state was built with. Or this
+            position's gate (:mod:`spe.ops.gates`): (B, 1, H) G, S ← e^G S + φ(k) vᵀ (c ← max(c
+            + G, a) with key scales), or (B, 1, H, M) per feature channel, S ← diag(e^G) S + …;
+            with a window the state keeps the kept positions' gates.
 
     Returns:
         (B, 1, H, E) output in ``v``'s dtype, and the new state (position + 1).
 
     Raises:
         ValueError: on more than one position, a bad ``log_decay``, or a state of another
-            window, normaliser or key-scale form.
+            window, normaliser, key-scale or gate form.
         TypeError: on a state that is not a linear-attention state.
     """
     _check_one_position(phi_q=phi_q, phi_k=phi_k, v=v)
-    if log_decay is not None:
+    gates = None
+    if is_gate(log_decay):
+        gates = check_gates(log_decay, phi_q.shape, key_log_scale=key_log_scale is not None,
+                            normalizer_features=None if normalizer is None else normalizer[0].shape[-1])
+    elif log_decay is not None:
         check_log_decay(log_decay, phi_q.shape[2])
     check_window(window)
-    check_linear_state(state, window=window, scaled=key_log_scale is not None, who="decoding state")
+    check_linear_state(state, window=window, scaled=key_log_scale is not None, who="decoding state",
+                       gate_channels=0 if gates is None else gates.shape[-1])
     dtype = kernel_dtype(phi_q, v)
     position = 1 + (0 if state is None else state.position)
     with torch.autocast(device_type=v.device.type, enabled=False):
@@ -85,7 +96,12 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Linear
         a = None if key_log_scale is None else key_log_scale.to(dtype)[:, 0]  # (B, H)
         lam = None if log_decay is None else log_decay.to(dtype)
         if window is None:
+            if gates is not None:  # (B, H) or, per channel, (B, H, M)
+                lam = gates.to(dtype)[:, 0, :, 0] if gates.shape[-1] == 1 else gates.to(dtype)[:, 0]
             kv, z, new = _sums_step(state, fk, vf, nk, a, position, lam)
+        elif gates is not None:
+            kv, z, new = _window_step(state, fk, vf, None if normalizer is None else nk, a, window, position,
+                                      gates=gates.to(dtype))
         else:
             kv, z, new = _window_step(state, fk, vf, None if normalizer is None else nk, a, window, position, lam)
         y = normalise(torch.einsum("blhm,bhme->blhe", fq, kv), torch.einsum("blhm,bhm->blh", nq, z)[..., None])
@@ -94,7 +110,8 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Linear
 
 def _sums_step(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: Tensor, a: Tensor | None,
                position: int, lam: Tensor | None = None) -> tuple[Tensor, Tensor, LinearAttentionState]:
-    """Running sums with one more key: (S, z, the new state); ``lam`` (H,) log γ or None."""
+    """Running sums with one more key: (S, z, the new state); ``lam`` (H,) log γ, a gate (B, H)
+    or a channel gate (B, H, M) (without key scales), or None."""
     decay = None
     if a is not None:  # relative to the running maximum of the key scales
         if lam is None:
@@ -106,11 +123,14 @@ def _sums_step(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: T
         factor = torch.exp(a - scale)[:, None, :, None]
         fk, nk = fk * factor, nk * factor
     elif lam is not None and state is not None:  # S ← γ S
-        decay = torch.exp(lam).expand(state.normalizer.shape[:2])
+        decay = torch.exp(lam).expand(state.normalizer.shape[:max(2, lam.dim())])  # (B, H) or (B, H, M)
     kv, z = torch.einsum("blhm,blhe->bhme", fk, vf), nk[:, 0]
     if state is not None:
-        old_kv, old_z = (state.kv, state.normalizer) if decay is None else (
-            state.kv * decay[..., None, None], state.normalizer * decay[..., None])
+        old_kv, old_z = state.kv, state.normalizer
+        if decay is not None and decay.dim() == 3:  # per channel: diag(e^G) S
+            old_kv, old_z = old_kv * decay[..., None], old_z * decay
+        elif decay is not None:
+            old_kv, old_z = old_kv * decay[..., None, None], old_z * decay[..., None]
         kv, z = old_kv + kv, old_z + z
     if a is None:
         return kv, z, LinearAttentionState(kv=kv, normalizer=z, position=position)
@@ -118,10 +138,12 @@ def _sums_step(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: T
 
 
 def _window_step(state: RecentKeys | None, fk: Tensor, vf: Tensor, nk: Tensor | None, a: Tensor | None,
-                 window: int, position: int, lam: Tensor | None = None) -> tuple[Tensor, Tensor, RecentKeys]:
+                 window: int, position: int, lam: Tensor | None = None,
+                 gates: Tensor | None = None) -> tuple[Tensor, Tensor, RecentKeys]:
     """The last W keys with this one (each relative to its own scale), and the sums they form:
     (S, z, the new state); ``nk`` None: no separate normaliser; ``lam`` (H,) log γ: the kept
-    key t of T weighs γ^{T−1−t}."""
+    key t of T weighs γ^{T−1−t}; ``gates`` (B, 1, H, G) this position's gate: kept with the
+    keys, key t weighs exp(Σ_{t<s<T} G_s)."""
     if state is not None and (state.normalizer_keys is None) != (nk is None):
         raise ValueError("the decoding state and this step disagree on a separate normaliser")
 
@@ -131,15 +153,22 @@ def _window_step(state: RecentKeys | None, fk: Tensor, vf: Tensor, nk: Tensor | 
     kept = {"keys": append(None if state is None else state.keys, fk),
             "values": append(None if state is None else state.values, vf),
             "normalizer_keys": append(None if state is None else state.normalizer_keys, nk),
+            "log_gates": append(None if state is None else state.log_gates, gates),
             "window": window, "position": position}
     weights = 1.0
     if a is None:
         new = RecentKeys(**kept)
     else:  # relative to the largest key scale inside the window
         new = ScaledRecentKeys(**kept, log_scales=append(None if state is None else state.log_scales, a[:, None]))
-        if lam is None:
+        if lam is None and gates is None:
             weights = torch.exp(new.log_scales - new.log_scale[:, None])[..., None]
-    if lam is not None:
+    if gates is not None:
+        log_w = suffix_sums(new.log_gates, dim=1)  # (B, T, H, G)
+        if a is not None:  # relative to the largest decayed key scale
+            log_w = new.log_scales[..., None] + log_w
+            log_w = log_w - log_w.detach().amax(dim=(1, 3), keepdim=True)
+        weights = torch.exp(log_w)
+    elif lam is not None:
         kept_n = new.keys.shape[1]
         log_w = (kept_n - 1 - torch.arange(kept_n, device=lam.device)).to(lam)[:, None] * lam  # (T, H)
         if a is not None:  # relative to the largest decayed key scale
@@ -151,38 +180,67 @@ def _window_step(state: RecentKeys | None, fk: Tensor, vf: Tensor, nk: Tensor | 
     return kv, (keys * weights).sum(dim=1), new
 
 
-def append_to_cache(cache: KVCache | None, k: Tensor, v: Tensor, *, window: int | None = None) -> KVCache:
+def append_to_cache(cache: KVCache | None, k: Tensor, v: Tensor, *, window: int | None = None,
+                    log_decay: Tensor | None = None) -> KVCache:
     """The cache with one more position's key (B, 1, H, D) and value (B, 1, H, E), keeping the
-    last W with a window.
+    last W with a window; with a gate (B, 1, H) (or (H,)) of that position, each cached key's
+    log decay grows by it and the new key's is 0 (FoX).
 
     Raises:
-        ValueError: on more than one position, or a cache of another window.
+        ValueError: on more than one position, a bad gate, or a cache of another window or
+            gate form.
     """
     _check_one_position(k=k, v=v)
     check_window(window)
     check_state_window(cache, window)
+    gate = None if log_decay is None else softmax_gates(log_decay, k.shape)  # (B, 1, H)
+    if cache is not None and (cache.key_log_decay is None) != (gate is None):
+        have, call = ("no gate", "one") if gate is not None else ("a gate", "none")
+        raise ValueError(f"this KV cache was built with {have} (key_log_decay), the step has {call}: start "
+                         f"decoding again from a fresh cache")
     if cache is None:
-        return KVCache(keys=k, values=v, position=1, window=window)
+        return KVCache(keys=k, values=v, position=1, window=window,
+                       key_log_decay=None if gate is None else torch.zeros_like(gate))
     keys, values = torch.cat([cache.keys, k], dim=1), torch.cat([cache.values, v], dim=1)
+    decays = None if gate is None else torch.cat([cache.key_log_decay + gate.to(cache.key_log_decay),
+                                                  torch.zeros_like(cache.key_log_decay[:, :1])], dim=1)
     if window is not None:
         keys, values = keys[:, -window:], values[:, -window:]
-    return KVCache(keys=keys, values=values, position=cache.position + 1, window=window)
+        decays = None if decays is None else decays[:, -window:]
+    return KVCache(keys=keys, values=values, position=cache.position + 1, window=window, key_log_decay=decays)
+
+
+def prefill_cache(k: Tensor, v: Tensor, *, window: int | None = None, log_decay: Tensor | None = None) -> KVCache:
+    """The cache a causal parallel pass over keys (B, L, H, D) and values (B, L, H, E) leaves
+    (the last W with a window), for :func:`softmax_attention_step` to continue; with the pass's
+    gate (B, L, H) (or (H,)), each kept key's log decay to position L − 1, Σ_{n<t<L} G_t.
+
+    Raises:
+        ValueError: on a bad window or gate.
+    """
+    check_window(window)
+    keep = slice(None) if window is None else slice(-window, None)
+    decays = None if log_decay is None else suffix_sums(softmax_gates(log_decay, k.shape), dim=1)[:, keep]
+    return KVCache(keys=k[:, keep], values=v[:, keep], position=k.shape[1], window=window, key_log_decay=decays)
 
 
 def softmax_attention_step(q: Tensor, k: Tensor, v: Tensor, cache: KVCache | None = None, *,
-                           window: int | None = None) -> tuple[Tensor, KVCache]:
+                           window: int | None = None, log_decay: Tensor | None = None) -> tuple[Tensor, KVCache]:
     """One causal softmax-attention step: the query attends to the cached keys and its own.
 
     Args:
         q: (B, 1, H, D) query of the new position.
         k: (B, 1, H, D) its key.
         v: (B, 1, H, E) its value.
-        cache: from the previous step; None at position 0.
+        cache: from the previous step or :func:`prefill_cache`; None at position 0.
         window: W, or None for the whole past; must match the cache's.
+        log_decay: FoX's gate of this position, (B, 1, H) (or (H,)): logits gain each cached
+            key's log decay (:class:`~spe.ops.state.KVCache`); must match the cache's form.
 
     Returns:
         (B, 1, H, E) output and the new cache.
     """
     _check_one_position(q=q)
-    cache = append_to_cache(cache, k, v, window=window)
-    return softmax_attention(q, cache.keys, cache.values, causal=False), cache
+    cache = append_to_cache(cache, k, v, window=window, log_decay=log_decay)
+    bias = None if cache.key_log_decay is None else cache.key_log_decay.permute(0, 2, 1)[:, :, None, :]
+    return attend(q, cache.keys, cache.values, bias), cache

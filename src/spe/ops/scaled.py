@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["running_max", "scaled_causal_sums", "scaled_window_sums"]
+__all__ = ["running_max", "scaled_causal_sums", "scaled_window_sums", "window_plan"]
 
 
 def running_max(a: Tensor, previous: Tensor | None = None) -> Tensor:
@@ -183,7 +183,7 @@ def _scaled_chunk_window_sums(kv: Tensor, ref: Tensor, whole: int,
     return between, between_ref
 
 
-def _window_plan(c: int, window: int, nc: int, device) -> tuple[int, list[tuple[int, Tensor]], Tensor]:
+def window_plan(c: int, window: int, nc: int, device) -> tuple[int, list[tuple[int, Tensor]], Tensor]:
     """Chunk shifts wholly inside the window (1 … whole) and those it cuts, with their masks
     over (query offset, key offset); and the in-chunk lags j − d (C, C)."""
     offsets = torch.arange(c, device=device)
@@ -214,7 +214,7 @@ def scaled_window_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, log_scale: 
     nc, e = phi_q.shape[1] // c, values.shape[-1]
     q, k = phi_q.reshape(b, nc, c, h, m), phi_k.reshape(b, nc, c, h, m)
     vv, ak = values.reshape(b, nc, c, h, e), log_scale.reshape(b, nc, c, h)
-    whole, cuts, lag0 = _window_plan(c, window, nc, values.device)
+    whole, cuts, lag0 = window_plan(c, window, nc, values.device)
     lam = None if log_decay is None else log_decay.to(phi_q)
 
     def lagged(shift: int) -> Tensor:  # a_n (+ lag·λ) of the keys a shifted chunk offers each query

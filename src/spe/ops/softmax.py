@@ -1,4 +1,5 @@
-"""Exact softmax attention, the reference and baseline. Letters: B, L, H, E as elsewhere."""
+"""Exact softmax attention, the reference and baseline, with FoX's forget gate (Lin et al. 2025).
+Letters: B, L, H, E as elsewhere."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["check_key_padding_mask", "softmax_attention"]
+from spe.ops.decay import check_log_decay
+from spe.ops.gates import check_gates, gate_bias, is_gate
+
+__all__ = ["attend", "check_key_padding_mask", "softmax_attention", "softmax_gates"]
 
 
 def check_window(window: int | None, name: str = "window") -> None:
@@ -20,8 +24,8 @@ def check_window(window: int | None, name: str = "window") -> None:
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None,
-                      key_padding_mask: Tensor | None = None) -> Tensor:
-    """softmax(q kᵀ / √E) v, with PyTorch's fused kernel.
+                      key_padding_mask: Tensor | None = None, log_decay: Tensor | None = None) -> Tensor:
+    """softmax(q kᵀ / √E) v, with PyTorch's fused kernel; with a gate, FoX.
 
     Args:
         q: (B, Lq, H, E).
@@ -32,13 +36,17 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
             boolean L × L mask replaces the fused causal path). None: no window.
         key_padding_mask: (B, Lk) bool, True at padding keys (PyTorch's convention), which
             get no weight; non-causal only; every query needs one real key.
+        log_decay: FoX's forget gate, (B, L, H) log gates G_t ≤ 0 (or (H,), a constant one):
+            the logits gain Σ_{n<t≤m} G_t (:func:`spe.ops.gates.gate_bias`, formed from each
+            segment's own terms; an (B, H, L, L) bias); causal only, Lq = Lk. None: none.
 
     Returns:
         (B, Lq, H, Ev), in ``v``'s dtype.
 
     Raises:
-        ValueError: on a window without ``causal`` or a non-positive window, or a padding
-            mask with ``causal`` or of the wrong shape.
+        ValueError: on a window without ``causal`` or a non-positive window, a padding mask
+            with ``causal`` or of the wrong shape, or a bad gate (shape, values, without
+            ``causal``, Lq ≠ Lk).
 
     Precision: autocast is switched off here; on the CPU the scores and their sums are formed
     in at least float32 (inputs promoted), on CUDA half-precision inputs go to the fused
@@ -55,13 +63,41 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
             mask = (lag >= 0) & (lag < window)
     if key_padding_mask is not None:
         mask = _padding_mask(key_padding_mask, k, causal)
+    if log_decay is not None:
+        if not causal or k.shape[1] != q.shape[1]:
+            raise ValueError(f"a forget gate (log_decay) needs causal attention with as many queries as keys, got "
+                             f"causal={causal}, {q.shape[1]} queries and {k.shape[1]} keys")
+        mask = gate_bias(softmax_gates(log_decay, q.shape), window)  # the window's mask included
+    return attend(q, k, v, mask, causal=causal and mask is None)
+
+
+def softmax_gates(log_decay: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """A forget gate for queries of shape (B, L, H, D), as (B, L, H): (B, L, H) as given, (H,)
+    a constant one.
+
+    Raises:
+        ValueError: naming the shape received and those allowed ((H,), (B, L, H): a gate per
+            feature channel has no meaning on logits), or a value not finite or > 0.
+    """
+    if is_gate(log_decay):
+        return check_gates(log_decay, shape, channel=False)[..., 0]
+    check_log_decay(log_decay, shape[2])
+    return log_decay.expand(*shape[:3])
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool = False) -> Tensor:
+    """softmax(q kᵀ / √D + mask) v by PyTorch's fused kernel, autocast off, in at least float32
+    on the CPU: q (B, Lq, H, D), k (B, Lk, H, D), v (B, Lk, H, E); mask None, bool (True:
+    attend) or a float bias, broadcastable to (B, H, Lq, Lk). Returns (B, Lq, H, E) in ``v``'s
+    dtype."""
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     if q.device.type != "cuda":
         dtype = torch.promote_types(dtype, torch.float32)
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
         out = F.scaled_dot_product_attention(q.to(dtype).transpose(1, 2), k.to(dtype).transpose(1, 2),
-                                             v.to(dtype).transpose(1, 2), attn_mask=mask,
-                                             is_causal=causal and mask is None)
+                                             v.to(dtype).transpose(1, 2), attn_mask=mask, is_causal=causal)
     return out.transpose(1, 2).to(v.dtype)
 
 

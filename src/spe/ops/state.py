@@ -117,6 +117,9 @@ class RecentKeys:
         normalizer_keys: (B, T, H, M') features ψ(k_n) of a separate normaliser, or None:
             the kernel's form (RoPE, RoFormer eq. 19), not a missing value; the kernels refuse
             to continue a state of the other form.
+        log_gates: (B, T, H, G) the kept positions' gates (:mod:`spe.ops.gates`; G = 1 for a
+            gate per head, M per feature channel), from which each step weighs the kept keys;
+            None for kernels without a data-dependent gate (the kernels refuse the other form).
 
     Raises:
         TypeError: on a missing field. ValueError: on a bad window, more than W positions or
@@ -128,14 +131,18 @@ class RecentKeys:
     window: int
     position: int = 0
     normalizer_keys: Tensor | None = None
+    log_gates: Tensor | None = None
 
     def __post_init__(self) -> None:
         check_window(self.window)
         if self.window is None:
             raise ValueError(f"{type(self).__name__} keeps a window: window must be a positive int, got None")
         kept = self.keys.shape[1] if self.keys.dim() == 4 else -1
-        extra = {} if self.normalizer_keys is None else {"normalizer_keys": self.normalizer_keys}
-        if kept < 0 or self.values.shape[:3] != self.keys.shape[:3] or kept > self.window or any(
+        extra = {name: t for name, t in (("normalizer_keys", self.normalizer_keys), ("log_gates", self.log_gates))
+                 if t is not None}
+        gates_fit = self.log_gates is None or (self.log_gates.dim() == 4 and self.log_gates.shape[-1] in (
+            1, self.keys.shape[-1]))
+        if kept < 0 or self.values.shape[:3] != self.keys.shape[:3] or kept > self.window or not gates_fit or any(
                 t.shape[:3] != self.keys.shape[:3] for t in extra.values()):
             raise _shape_error(f"{type(self).__name__} (window {self.window})", keys=self.keys, values=self.values,
                                **extra)
@@ -177,6 +184,10 @@ class KVCache:
         values: (B, T, H, E).
         position: positions seen so far (the next query's index).
         window: W the cache was built with (None: the whole past).
+        key_log_decay: (B, T, H) with a gate (FoX, :mod:`spe.ops.gates`): each cached key's log
+            decay to the newest position, Σ_{n<t≤newest} G_t (≤ 0), kept by adding each new
+            gate, never as a difference of running sums; None without a gate (the steps refuse
+            the other form).
 
     Raises:
         TypeError: on a missing field. ValueError: on a bad window, more than W positions or
@@ -187,13 +198,16 @@ class KVCache:
     values: Tensor
     position: int = 0
     window: int | None = None
+    key_log_decay: Tensor | None = None
 
     def __post_init__(self) -> None:
         check_window(self.window)
         kept = self.keys.shape[1] if self.keys.dim() == 4 else -1
+        decay = {} if self.key_log_decay is None else {"key_log_decay": self.key_log_decay}
         if kept < 0 or self.values.shape[:3] != self.keys.shape[:3] or (self.window is not None
-                                                                       and kept > self.window):
-            raise _shape_error(f"KVCache (window {self.window})", keys=self.keys, values=self.values)
+                                                                       and kept > self.window) or any(
+                t.shape != self.keys.shape[:3] for t in decay.values()):
+            raise _shape_error(f"KVCache (window {self.window})", keys=self.keys, values=self.values, **decay)
         _check_position("KVCache", self.position, kept)
 
     def to(self, dtype: torch.dtype) -> KVCache:

@@ -1,0 +1,222 @@
+"""Chunked causal sums of linear attention with data-dependent gates (:mod:`spe.ops.gates`),
+unnormalised: the algorithm behind ``causal_linear_attention(…, log_decay=G)`` for G (B, L, H)
+or (B, L, H, M).
+
+Letters: B = batch, L = length, H = num_heads, M = feature dimension of φ, E = value
+dimension, G = gate channels (1 or M), C = chunk, N = chunks, W = window.
+
+    out_m = Σ_n φ(q_m)ᵀ diag(e^{Σ_{n<t≤m} G_t}) f_n e^{a_n − top_m} values_n,   n ≤ m (m − W < n ≤ m)
+
+with keys f_n relative to their own log scale a_n (FAVOR+; 0 without key scales), and top_m
+the largest a_n + Σ_{n<t≤m} G_t over the keys query m reaches (the decayed running maximum
+c_m = max(c_{m−1} + G_m, a_m) without a window), so that every factor is ≤ 1; top is a
+reference only (detached: the ratio of numerator and normaliser does not depend on it).
+
+Inside a chunk: masked C × C products with factors e^{a_d + s_{jd} − top_j}, s the segment
+sums of the gates; a channel gate forms (C, C, M) factors, so its chunks are at most
+:data:`CHANNEL_CHUNK` long (GLA's sub-chunk). Across chunks: each chunk's keys summed to its
+end, relative to their largest decayed scale; the chunks before each chunk (all of them, or
+those wholly inside the window) summed by doubling, a block of 2^p chunks carrying the sum of
+its chunks' gates, so that an earlier block decays by the sum over the blocks after it, never
+by a difference of running sums. An initial state enters as a chunk before the first; the
+final state is what a chunk after the last would read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from spe.ops.decay import FLOOR_LOG_SCALE
+from spe.ops.gates import segment_sums, suffix_sums
+from spe.ops.scaled import window_plan
+
+__all__ = ["CHANNEL_CHUNK", "gated_bidirectional_sums", "gated_causal_sums"]
+
+# Longest chunk for a channel gate: its (C, C, M) factors cost B·H·L·C·M memory (16: GLA's sub-chunk).
+CHANNEL_CHUNK = 16
+
+
+def _pad_time(t: Tensor, pad: int, value: float = 0.0) -> Tensor:
+    return F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad), value=value) if pad else t
+
+
+def _merge_earlier(x: Tensor, rx: Tensor, y: Tensor, ry: Tensor, la_y: Tensor) -> tuple[Tensor, Tensor]:
+    """x e^{rx} decayed by e^{la_y} (the gates of y's chunks) plus y e^{ry}, relative to
+    r = max(rx + max la_y, ry) (so both factors are ≤ 1; −∞: an empty block).
+
+    x, y: (B, N, H, M, E); rx, ry: (B, N, H); la_y: (B, N, H, G). Returns (sum, r), r detached.
+    """
+    r = torch.maximum(rx + la_y.amax(-1), ry).detach()
+    ref = r.masked_fill(r == -math.inf, 0.0)  # e^{−∞ − 0} = 0, where e^{−∞ − (−∞)} would be NaN
+    fx = torch.exp(rx[..., None] + la_y - ref[..., None])[..., None]  # (B, N, H, G, 1)
+    return x * fx + y * torch.exp(ry - ref)[..., None, None], r
+
+
+def _chunks_before(kv: Tensor, ref: Tensor, la: Tensor, whole: int) -> tuple[Tensor, Tensor]:
+    """Σ_{i−whole ≤ j < i} kv_j e^{ref_j + Σ_{j<t<i} la_t} for each chunk i, by doubling, as
+    (sum (B, N, H, M, E), scale (B, N, H)), relative to the end of chunk i − 1.
+
+    kv (B, N, H, M, E) each relative to e^{ref} (B, N, H) at its chunk's end; la (B, N, H, G)
+    the sum of each chunk's gates. Blocks of 2^p chunks are merged with the gates of the
+    chunks after them, which each block carries (a sum of its chunks' sums).
+    """
+    nc = kv.shape[1]
+    block = torch.cat([torch.zeros_like(kv[:, :1]).expand(-1, whole, -1, -1, -1), kv], dim=1)
+    bref = torch.cat([torch.full_like(ref[:, :1], -math.inf).expand(-1, whole, -1), ref], dim=1)
+    bla = torch.cat([torch.zeros_like(la[:, :1]).expand(-1, whole, -1, -1), la], dim=1)
+    between, between_ref, between_la = torch.zeros_like(kv), torch.full_like(ref, -math.inf), torch.zeros_like(la)
+    covered, size = 0, 1
+    while size <= whole:
+        if whole & size:  # the block of chunks i − covered − size … i − covered − 1
+            covered += size
+            lo = whole - covered
+            between, between_ref = _merge_earlier(block[:, lo:lo + nc], bref[:, lo:lo + nc], between, between_ref,
+                                                  between_la)
+            between_la = between_la + bla[:, lo:lo + nc]
+        if 2 * size <= whole:
+            block, bref = _merge_earlier(block[:, :-size], bref[:, :-size], block[:, size:], bref[:, size:],
+                                         bla[:, size:])
+            bla = bla[:, :-size] + bla[:, size:]
+        size *= 2
+    return between, between_ref
+
+
+def _lags(g: Tensor, cuts: list[tuple[int, Tensor]]) -> list[Tensor]:
+    """For each cut shift s: Σ of the gates from key d of chunk i − s (excluded) to query j of
+    chunk i (included), (B, N − s, C_j, C_d, H, G), added from terms all ≤ 0 (no subtraction):
+    the segment sums inside a chunk (s = 0); else to the key's chunk's end + the chunks
+    between + from the query's chunk's start."""
+    from_start, to_end, total = torch.cumsum(g, dim=2), suffix_sums(g, dim=2), g.sum(dim=2)
+    nc, out = g.shape[1], []
+    for shift, _ in cuts:
+        if shift == 0:
+            out.append(segment_sums(g, dim=2))
+            continue
+        between = torch.zeros_like(total[:, shift:])
+        for back in range(1, shift):  # the whole chunks i − shift + 1 … i − 1
+            between = between + total[:, shift - back:nc - back]
+        out.append(from_start[:, shift:, :, None] + to_end[:, :nc - shift, None] + between[:, :, None, None])
+    return out
+
+
+def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tensor, log_scale: Tensor,
+                      chunk_size: int, *, window: int | None = None, state: Tensor | None = None,
+                      state_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Unnormalised gated causal sums, relative to e^{top_m} (which depends on the scales and
+    gates only, so that a numerator and a normaliser summed apart can be divided).
+
+    Args:
+        phi_q: (B, L, H, M) query features.
+        phi_k: (B, L, H, M) key features relative to e^{a_n}.
+        values: (B, L, H, E).
+        gates: (B, L, H, G) log gates ≤ 0 (:func:`spe.ops.gates.check_gates`).
+        log_scale: (B, L, H) a_n (zeros for keys without log scales).
+        chunk_size: C (at most :data:`CHANNEL_CHUNK` for a channel gate).
+        window: W < L, keys m − W < n ≤ m; None: the whole past.
+        state: (B, H, M, E) Σ of earlier keys relative to e^{state_scale} (B, H), at position
+            −1 (the first gate decays it); whole past only.
+
+    Returns:
+        (B, L, H, E) sums, top (B, L, H) (detached); with the whole past, the final state
+        (B, H, M, E) relative to its scale (B, H) (the decayed running maximum at L − 1), else
+        None, None.
+    """
+    b, n, h, m = phi_q.shape
+    e, gc = values.shape[-1], gates.shape[-1]
+    c = max(1, min(chunk_size, n, CHANNEL_CHUNK if gc > 1 else n))
+    pad = (-n) % c  # padded keys: zero, with no scale (FLOOR) and gates 0 (the final state does not decay)
+    phi_q, phi_k, values, gates = (_pad_time(t, pad) for t in (phi_q, phi_k, values, gates))
+    log_scale = _pad_time(log_scale, pad, FLOOR_LOG_SCALE)
+    nc = phi_q.shape[1] // c
+    q, k = phi_q.reshape(b, nc, c, h, m), phi_k.reshape(b, nc, c, h, m)
+    vv, g, a = values.reshape(b, nc, c, h, e), gates.reshape(b, nc, c, h, gc), log_scale.reshape(b, nc, c, h)
+    if window is None:
+        whole, cuts = nc + (state is not None), [(0, torch.ones(c, c, dtype=torch.bool, device=q.device).tril())]
+    else:
+        whole, cuts, _ = window_plan(c, window, nc, q.device)
+        whole = min(whole, nc)
+    lags = _lags(g, cuts)
+
+    # the whole chunks: each chunk's keys decayed to its end, relative to their largest scale
+    to_end = a[..., None] + suffix_sums(g, dim=2)  # (B, N, C, H, G)
+    ref = to_end.detach().amax(dim=(2, 4))  # (B, N, H)
+    kv = torch.einsum("bnchm,bnche->bnhme", k * torch.exp(to_end - ref[:, :, None, :, None]), vv)
+    la = g.sum(dim=2)  # (B, N, H, G)
+    if state is not None:  # a chunk before the first, ending at position −1
+        kv, ref = torch.cat([state[:, None].to(kv), kv], 1), torch.cat([state_scale[:, None].to(ref), ref], 1)
+        la = torch.cat([torch.zeros_like(la[:, :1]), la], 1)
+    if window is None:  # a chunk after the last, empty: what it reads is the final state
+        kv, la = torch.cat([kv, torch.zeros_like(kv[:, :1])], 1), torch.cat([la, torch.zeros_like(la[:, :1])], 1)
+        ref = torch.cat([ref, torch.full_like(ref[:, :1], -math.inf)], 1)
+    first = int(state is not None)
+    between, between_ref = _chunks_before(kv, ref, la, whole) if whole else (None, None)
+    read = None if between is None else between_ref[:, first:first + nc, None, :, None] + torch.cumsum(g, dim=2)
+
+    # top_j: the largest decayed scale in reach (the query's own key always is)
+    top = torch.full_like(a, -math.inf)
+    for (shift, mask), lag in zip(cuts, lags, strict=True):
+        seen = (a[:, :nc - shift, None, :, :] + lag.detach().amax(-1)).masked_fill(~mask[..., None], -math.inf)
+        top = torch.cat([top[:, :shift], torch.maximum(top[:, shift:], seen.amax(dim=3))], dim=1)
+    if read is not None:
+        top = torch.maximum(top, read.detach().amax(-1))
+
+    out = torch.zeros(b, nc, c, h, e, dtype=values.dtype, device=values.device)
+    for (shift, mask), lag in zip(cuts, lags, strict=True):
+        exponent = lag + (a[:, :nc - shift, None, :, :] - top[:, shift:, :, None, :])[..., None]
+        factor = torch.exp(exponent.masked_fill(~mask[..., None, None], 0.0))
+        qi, kj = q[:, shift:], k[:, :nc - shift]
+        if gc == 1:
+            scores = torch.einsum("bnchm,bndhm->bnhcd", qi, kj) * factor[..., 0].permute(0, 1, 4, 2, 3)
+        else:
+            scores = torch.einsum("bnchm,bndhm,bncdhm->bnhcd", qi, kj, factor)
+        part = torch.einsum("bnhcd,bndhe->bnche", scores.masked_fill(~mask, 0.0), vv[:, :nc - shift])
+        out = torch.cat([out[:, :shift], out[:, shift:] + part], dim=1) if shift else out + part
+    if read is not None:  # query j reads the chunks before with the gates from its chunk's start
+        qr = q * torch.exp(read - top[..., None])
+        out = out + torch.einsum("bnchm,bnhme->bnche", qr, between[:, first:first + nc])
+    out, top = out.reshape(b, nc * c, h, e)[:, :n], top.reshape(b, nc * c, h)[:, :n]
+    if window is not None:
+        return out, top, None, None
+    return out, top, between[:, -1], between_ref[:, -1]
+
+
+def gated_bidirectional_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, log_scale: Tensor, gates: Tensor,
+                             chunk_size: int) -> tuple[Tensor, Tensor]:
+    """Σ_n exp(Σ_{min(m,n)<t≤max(m,n)} G_t) φ(q_m)ᵀ f_n e^{a_n} values_n for every m (the gates of
+    the positions between n and m, the later one's included: e^{G_t} separates t − 1 from t
+    in both directions; a constant gate gives γ^{|m−n|}), unnormalised, relative to e^{top_m}.
+
+    A forward causal pass (n ≤ m) and a backward one over the reversed sequence for n > m,
+    with the keys shifted by one (so the diagonal counts once); every later key first crosses
+    G_{m+1}, which goes on the query (a factor ≤ 1), the gates beyond it on the pass.
+
+    Args:
+        phi_q, phi_k: (B, L, H, M), keys relative to e^{a_n}; values: (B, L, H, E);
+        log_scale: (B, L, H) a_n (zeros without key scales; padding at −∞ or FLOOR);
+        gates: (B, L, H, G); chunk_size: C of the passes.
+
+    Returns:
+        (B, L, H, E) sums, top (B, L, H).
+    """
+    a = log_scale.clamp(min=FLOOR_LOG_SCALE)  # −∞ (padding) would meet −∞ − (−∞)
+    forward, top_f, _, _ = gated_causal_sums(phi_q, phi_k, values, gates, a, chunk_size)
+
+    def next_one(t: Tensor, fill: float = 0.0) -> Tensor:  # position m holds m + 1's
+        return torch.cat([t[:, 1:], torch.full_like(t[:, :1], fill)], dim=1)
+
+    def rev(t: Tensor) -> Tensor:
+        return t.flip(1)
+
+    g_next = next_one(gates)  # G_{m+1}, 0 after the last position
+    # reversed position r holds m = L − 1 − r; the pass's gate at r is G_{L+1−r} = g_next at r − 1
+    g_pass = torch.cat([torch.zeros_like(gates[:, :1]), rev(g_next)[:, :-1]], dim=1)
+    backward, top_b, _, _ = gated_causal_sums(rev(phi_q * torch.exp(g_next)), rev(next_one(phi_k)),
+                                              rev(next_one(values)), g_pass, rev(next_one(a, FLOOR_LOG_SCALE)),
+                                              chunk_size)
+    backward, top_b = rev(backward), rev(top_b)
+    top = torch.maximum(top_f, top_b)
+    return forward * torch.exp(top_f - top)[..., None] + backward * torch.exp(top_b - top)[..., None], top

@@ -1,0 +1,130 @@
+"""Data-dependent decay (gates: GLA, Yang et al. 2024; Mamba2/SSD, Dao & Gu 2024; FoX, Lin et al.
+2025): validation, segment sums, and the softmax (FoX) bias and reference.
+
+Letters: B = batch, L = length, H = num_heads, M = feature dimension of φ, D = query/key
+dimension, E = value dimension, G = gate channels (1: a gate per head and position; M: per
+feature channel), W = window.
+
+One convention, GLA's and Mamba2's: the gate of step t multiplies the state carried from t − 1,
+
+    S_t = e^{G_t} S_{t−1} + φ(k_t) v_tᵀ,   z_t = e^{G_t} z_{t−1} + φ(k_t),   G_t ≤ 0,
+
+so key n weighs exp(Σ_{t=n+1}^{m} G_t) at query m. The kernels' ``log_decay`` takes
+
+- (H,): RetNet's constant decay, G_t = λ_h (:mod:`spe.ops.decay`);
+- (B, L, H): a gate per head and position (Mamba2, simple GLA);
+- (B, L, H, M): a gate per feature channel of φ (GLA): S_t = diag(e^{G_t}) S_{t−1} + φ(k_t) v_tᵀ.
+
+Softmax takes (B, L, H) as FoX: logits q_m·k_n/√D + Σ_{t=n+1}^{m} G_t.
+
+A sum of gates is only ever exponentiated over a segment and formed from that segment's own
+terms (:func:`segment_sums`, :func:`suffix_sums`; all terms ≤ 0, so no cancellation). Never
+e^{F} of a running sum F_t = Σ_{s≤t} G_s (it underflows), and never F_m − F_n: once F reaches
+thousands of nats that difference has lost float32's precision (10⁴ · 2⁻²⁴ ≈ 6·10⁻⁴ nats).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_gates", "gated_softmax_reference", "is_gate", "segment_sums", "suffix_sums"]
+
+
+def is_gate(log_decay) -> bool:
+    """True for a data-dependent gate ((B, L, H) or (B, L, H, M)), False for a constant decay
+    (H,), None or anything the constant decay's check will refuse."""
+    return isinstance(log_decay, Tensor) and log_decay.dim() > 1
+
+
+def check_gates(log_decay: Tensor, shape: tuple[int, ...], *, channel: bool = True, key_log_scale: bool = False,
+                normalizer_features: int | None = None) -> Tensor:
+    """Validates a gate for queries of shape (B, L, H, M) and returns it as (B, L, H, G).
+
+    Args:
+        log_decay: (B, L, H) (G = 1), or (B, L, H, M) (G = M) with ``channel``; floating,
+            finite and ≤ 0 (log of a factor in (0, 1]).
+        shape: the queries' (B, L, H, M).
+        channel: whether a gate per feature channel is allowed here.
+        key_log_scale: the call has FAVOR+ key log scales (refused with a channel gate: the
+            decayed running maximum would need a scale per channel).
+        normalizer_features: M' of a separate normaliser, if any (a channel gate needs M' = M).
+
+    Raises:
+        ValueError: naming the shape and dtype received and the shapes allowed, the first
+            value that is not finite or > 0, or a pair a channel gate does not combine with.
+    """
+    b, n, h, m = shape
+    allowed = [(h,), (b, n, h)] + ([(b, n, h, m)] if channel else [])
+    if not isinstance(log_decay, Tensor) or not log_decay.is_floating_point() or tuple(
+            log_decay.shape) not in allowed[1:]:
+        got = f"{log_decay.dtype} {tuple(log_decay.shape)}" if isinstance(log_decay, Tensor) else type(log_decay)
+        names = ["(H,)", "(B, L, H)", "(B, L, H, M)"][:len(allowed)]
+        listed = [f"{name} = {s}" for name, s in zip(names, allowed, strict=True)]
+        listed = ", ".join(listed[:-1]) + " or " + listed[-1]
+        raise ValueError(f"log_decay must be a floating tensor of shape {listed}, got {got}")
+    bad = ~torch.isfinite(log_decay) | (log_decay > 0)
+    if bool(bad.any()):
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"log_decay holds log gates, finite and ≤ 0, got {log_decay[first].item()} at index "
+                         f"{first} ({int(bad.sum())} such values)")
+    if log_decay.dim() == 4 and key_log_scale:
+        raise ValueError("a gate per feature channel (B, L, H, M) does not combine with key_log_scale (FAVOR+ key "
+                         "scales): give a gate per head and position (B, L, H)")
+    if log_decay.dim() == 4 and normalizer_features not in (None, m):
+        raise ValueError(f"a gate per feature channel (M = {m}) needs normaliser features of the same dimension, "
+                         f"got M' = {normalizer_features}")
+    return log_decay if log_decay.dim() == 4 else log_decay[..., None]
+
+
+def segment_sums(g: Tensor, dim: int) -> Tensor:
+    """s_{ij} = Σ_{j < t ≤ i} g_t along ``dim`` (0 where i ≤ j), each from its own terms
+    (Mamba2's stable ``segsum``): g (…, C, …) → (…, C_i, C_j, …), memory C² per slice."""
+    c = g.shape[dim]
+    rows = g.unsqueeze(dim + 1).expand(*g.shape[:dim + 1], c, *g.shape[dim + 1:])  # [.., i, j, ..] = g_i
+    idx = torch.arange(c, device=g.device)
+    after = (idx[:, None] > idx[None, :]).reshape(c, c, *([1] * (g.dim() - dim - 1)))
+    return torch.cumsum(torch.where(after, rows, torch.zeros((), dtype=g.dtype, device=g.device)), dim=dim)
+
+
+def suffix_sums(g: Tensor, dim: int) -> Tensor:
+    """Σ_{t > n} g_t along ``dim`` (exclusive: 0 at the last index), each from its own terms:
+    the log decay from position n to the end."""
+    inclusive = torch.flip(torch.cumsum(torch.flip(g, (dim,)), dim), (dim,))
+    return torch.cat([inclusive.narrow(dim, 1, g.shape[dim] - 1), torch.zeros_like(g.narrow(dim, 0, 1))], dim)
+
+
+def gate_bias(gates: Tensor, window: int | None = None) -> Tensor:
+    """FoX's logit term Σ_{n<t≤m} G_t for n ≤ m (and m − n < W), −∞ elsewhere: (B, H, L, L)
+    from gates (B, L, H)."""
+    n = gates.shape[1]
+    bias = segment_sums(gates, 1).permute(0, 3, 1, 2)  # (B, H, Lq, Lk)
+    i = torch.arange(n, device=gates.device)
+    lag = i[:, None] - i[None, :]
+    keep = (lag >= 0) if window is None else (lag >= 0) & (lag < window)
+    return bias.masked_fill(~keep, -math.inf)
+
+
+def gated_softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *,
+                            window: int | None = None) -> Tensor:
+    """FoX in float64, explicitly: softmax_n(q_m·k_n/√D + F_m − F_n) v_n over n ≤ m (m − n < W),
+    F_t = Σ_{s≤t} G_s (a difference of float64 running sums: exact enough for tests).
+
+    Args:
+        q, k: (B, L, H, D); v: (B, L, H, E); log_decay: (B, L, H) or (H,) (constant).
+
+    Returns:
+        (B, L, H, E) in float64.
+    """
+    f64 = torch.float64
+    q, k, v, g = q.to(f64), k.to(f64), v.to(f64), log_decay.to(f64)
+    b, n, h, _ = q.shape
+    f = torch.cumsum(g.expand(b, n, h), dim=1).permute(0, 2, 1)  # (B, H, L)
+    logits = torch.einsum("bmhd,bnhd->bhmn", q, k) / math.sqrt(q.shape[-1]) + f[..., :, None] - f[..., None, :]
+    i = torch.arange(n)
+    lag = i[:, None] - i[None, :]
+    keep = (lag >= 0) if window is None else (lag >= 0) & (lag < window)
+    weights = torch.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
+    return torch.einsum("bhmn,bnhe->bmhe", weights, v)
