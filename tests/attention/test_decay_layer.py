@@ -61,7 +61,7 @@ def test_state_dict_keys_without_decay_are_unchanged():
 def test_softmax_and_unknown_decays_are_refused():
     with pytest.raises(ValueError, match="softmax attention does not take a decay"):
         MultiHeadAttention(32, 4, attention="softmax", decay="fixed")
-    with pytest.raises(ValueError, match="decay must be one of none, fixed, learned, got 'retnet'"):
+    with pytest.raises(ValueError, match="decay must be one of none, fixed, learned, gated, gated-channel, got 'retnet'"):
         MultiHeadAttention(32, 4, decay="retnet")
     with pytest.raises(ValueError, match="decay 'learned' acts on the sums of linear attention; softmax"):
         ModelConfig(vocab_size=10, attention="softmax", positional="rope", decay="learned")

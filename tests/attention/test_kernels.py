@@ -56,7 +56,7 @@ def _allowed(lq, lk, causal, window, mask):
 def _reference(spec, f, v, *, causal, window=None, mask=None):
     """Explicit attention from the features: softmax of q·k/√E, or Σ w v / Σ w with
     w_mn = φ(q_m)·φ(k_n) e^{a_n − max a} (numerator) and ψ(q_m)·ψ(k_n) e^{a_n − max a} (normaliser),
-    0 where the normaliser is 0 (:func:`spe.ops.normalise`)."""
+    0 where the normaliser is 0 (:func:`spe.ops.normalise`); Σ w v alone for a normaliser-free kernel."""
     allowed = _allowed(f.q.shape[1], f.k.shape[1], causal, window, mask)
     if spec.feature_map is None:
         scores = torch.einsum("bmhe,bnhe->bhmn", f.q, f.k) / math.sqrt(f.q.shape[-1])
@@ -67,6 +67,8 @@ def _reference(spec, f, v, *, causal, window=None, mask=None):
         scale = torch.exp(a - a.amax(dim=1, keepdim=True)).permute(0, 2, 1)[:, :, None, :]  # (B, H, 1, Lk)
     nq, nk = f.normalizer or (f.q, f.k)
     num = (torch.einsum("bmhf,bnhf->bhmn", f.q, f.k) * scale).masked_fill(~allowed, 0.0)
+    if spec.normalizer_free:
+        return torch.einsum("bhmn,bnhe->bmhe", num, v)
     den = (torch.einsum("bmhf,bnhf->bhmn", nq, nk) * scale).masked_fill(~allowed, 0.0)
     den = den.sum(-1).transpose(1, 2)[..., None]  # (B, Lq, H, 1); 0 where no key has weight (ReLU): output 0
     return torch.einsum("bhmn,bnhe->bmhe", num, v) / den.where(den != 0, 1.0)

@@ -87,3 +87,20 @@ def test_pairs_measure_exactly_the_named_cases_and_reject_unknown_ones(tmp_path)
         ("generate", "ape", "-", "softmax"), ("train", "ape", "-", "softmax"),
         ("train", "sinespe", "reference", "performer")]
     assert main(["bench", "--pairs", "ape+favor", "--out", str(out)]) == 2
+
+
+def test_prefill_mode_times_a_prompt_in_one_pass_beside_its_token_by_token_cost(tmp_path):
+    out = tmp_path / "bench"
+    assert main(["bench", "--lengths", "32", "--pairs", "ape+softmax,sinespe+performer", "--modes", "generate,prefill",
+                 "--repeats", "2", "--json", str(out / "b.json"), "--out", str(out), "--threads", "1",
+                 "--no-progress"]) == 0
+    records = json.loads((out / "b.json").read_text())["records"]
+    prefill = [r for r in records if r["mode"] == "prefill"]
+    assert len(prefill) == 2 and all("median_ms" in r for r in prefill)
+    for r in prefill:
+        assert r["per_token_ms"] == r["median_ms"] / r["length"]
+    md = (out / "bench.md").read_text()
+    assert "### prefill: a prompt of N positions in one pass" in md
+    step = next(r for r in records if r["mode"] == "generate" and r["positional"] == "ape"
+                and r["attention"] == "softmax" and r["length"] == 32)
+    assert f"ape + softmax, N=32: token by token ≈ 32 × {step['median_ms']:.2f} ms" in md

@@ -206,3 +206,35 @@ def test_a_plan_evaluating_a_split_its_runs_do_not_hold_is_refused(tmp_path, var
     bad.write_text(variants)
     with pytest.raises(ValueError, match=message):
         load_plan(str(bad))
+
+
+@pytest.mark.parametrize("plan_name,length", [("gates", 64), ("gates-palestrina", 256)])
+def test_every_gates_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan_name, length):
+    """Issue 30's study: every row builds, is evaluated on the held-out test split in buckets of
+    L up to 16 L, and a shrunken copy of its model runs 16 L positions (the test pieces' length)
+    with step-by-step decoding equal to the parallel forward where it matters, at the end."""
+    import dataclasses
+
+    import torch
+
+    from spe.experiments.sweep import variant_config
+    from spe.models import DecoderLM
+
+    plan = load_plan(plan_name)
+    assert {"ape", "fox", "gated", "gated-channel", "linear-gated", "sinespe-gated", "sinespe-linear-gated",
+            "rope-gated", "permute-gated"} <= set(plan.variants)
+    for name, spec in plan.variants.items():
+        cfg = variant_config(plan, name, 0, tmp_path)
+        assert (cfg.seq_len, cfg.test_min_tokens) == (length, 16 * length + 1), name
+        assert spec["eval"]["split"] == "test" and spec["eval"]["bucket_width"] == length, name
+        config = dataclasses.replace(cfg.model_config(486), d_model=16, num_heads=2, num_layers=1, d_ff=16,
+                                     num_realizations=4, num_features=8, dropout=0.0)
+        model = DecoderLM(config).eval()
+        tokens = torch.randint(0, 486, (1, 16 * 64), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            logits = model(tokens)
+            state = None
+            for t in range(3):
+                step, state = model.step(tokens[:, t], state)
+                torch.testing.assert_close(step, logits[:, t], rtol=1e-4, atol=1e-4)
+        assert torch.isfinite(logits).all(), name

@@ -26,7 +26,7 @@ def _allowed(att, pos):
 # every allowed attention × positional pair: score terms need softmax attention, RoPE with a
 # linear kernel needs positive features
 PAIRS = [(att, pos) for att, pos in itertools.product(ATTENTIONS, POSITIONALS) if _allowed(att, pos[0])]
-assert len(PAIRS) == 4 * 11 - 3 * 3 - 1  # 4 kernels × 11 rows (ungated too), minus 9 score pairs, rope+relu
+assert len(PAIRS) == 5 * 11 - 4 * 3 - 1  # 5 kernels × 11 rows (ungated too), minus 12 score pairs, rope+relu
 assert all(WHERE[p[0]] is None or WHERE[p[0]] in ACCEPTS[a] for a, p in PAIRS)
 
 

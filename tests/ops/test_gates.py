@@ -384,3 +384,4 @@ def test_states_of_another_gate_form_are_refused():
         KVCache(keys=fk[:, :3], values=v[:, :3], position=3, key_log_decay=torch.zeros(B, 2, H))
     with pytest.raises(ValueError, match="inconsistent RecentKeys"):  # neither 1 nor M = 4 gate channels
         RecentKeys(keys=fk[:, :3], values=v[:, :3], window=4, position=3, log_gates=torch.zeros(B, 3, H, 3))
+

@@ -13,18 +13,25 @@ path for ``forward``, one for ``step`` and one for ``prefill``:
    cosFormer are transforms of this kind (/work/shared/PEERS-NOTES.md);
 3. the kernel's **parallel** function ``(features, v, options) -> y``, its **step**
    function ``(features, v, state, options) -> (y, state)`` or its **prefill** function
-   ``(features, v, options) -> (y, state)`` (a prompt at once, then steps), with
+   ``(features, v, options, state) -> (y, state)`` (a prompt at once, then steps), with
    :class:`KernelOptions` carrying what the call adds: causality, window, key padding mask, a **score term** (Shaw,
-   Music Transformer, ALiBi; the SPE oracle, ``sinespe-exact``), a **decay** (RetNet's
-   γ^{|m−n|} on the kernel's sums, :mod:`spe.ops.decay`; the linear kernels take one,
-   softmax does not: its spec's ``decay`` flag).
+   Music Transformer, ALiBi; the SPE oracle, ``sinespe-exact``), a **decay** in one of the
+   forms of :data:`DECAY_FORMS` (RetNet's constant γ^{|m−n|} on the kernel's sums,
+   :mod:`spe.ops.decay`; a data-dependent gate per head and position, Mamba2's and FoX's,
+   or per feature channel, GLA's, :mod:`spe.ops.gates`; each spec's ``decays`` say which).
 
 What a kernel accepts is declared in its spec and checked once (:meth:`KernelSpec.check`),
 so an impossible pair raises the same ValueError wherever it is asked for.
+
+``linear`` is normaliser-free (RetNet, GLA, fla's ``linear_attn``): identity features and
+y_m = Σ_{n≤m} w_mn (q_m·k_n) v_n without a denominator (``normalize=False`` of the linear
+ops), so with SPE q̂·k̂ estimates Σ_d q_d k_d P_d(m − n) directly. Its spec says
+``normalizer_free``, and the layer then applies a per-head RMS norm to its output.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,7 +40,7 @@ from torch import Tensor
 
 from spe.ops.feature_maps import elu_feature_map, favor_feature_map, favor_key_features, relu_feature_map
 from spe.ops.linear import causal_linear_attention_with_state, kernel_dtype, linear_attention
-from spe.ops.recurrent import append_to_cache, linear_attention_step, softmax_attention_step
+from spe.ops.recurrent import append_to_cache, linear_attention_step, prefill_cache, softmax_attention_step
 from spe.ops.softmax import check_key_padding_mask, softmax_attention
 from spe.ops.state import (
     KVCache,
@@ -43,14 +50,24 @@ from spe.ops.state import (
     ScaledRecentKeys,
 )
 
-__all__ = ["KERNELS", "KERNEL_PLACES", "FeatureTransform", "KernelFeatures", "KernelOptions", "KernelSpec",
-           "ScoreTerm", "kernel_features", "kernel_spec"]
+__all__ = ["DECAY_FORMS", "KERNELS", "KERNEL_PLACES", "FeatureTransform", "KernelFeatures", "KernelOptions",
+           "KernelSpec", "ScoreTerm", "decay_form", "kernel_features", "kernel_spec", "numerator_transform_kernels"]
 
 # Where a positional encoding may act, as the positional registry names the places
 # (spe.encodings.registry.PLACES): added to tokens, transforming queries/keys (RoPE: after a
 # feature map, their features), a term in the scores (softmax), or a transform of the
 # features φ (LRPE, PermuteFormer, cosFormer: linear kernels, softmax has no φ).
 KERNEL_PLACES = ("tokens", "queries-keys", "scores", "features")
+# The forms of KernelOptions.decay, by what the tensor holds, and how messages name them.
+DECAY_FORMS = {"constant": "a decay", "gate": "a gate per head and position",
+               "channel": "a gate per feature channel"}
+_FORM_BY_DIM = {1: "constant", 3: "gate", 4: "channel"}
+
+
+def decay_form(log_decay: Tensor | None) -> str | None:
+    """The :data:`DECAY_FORMS` key of a decay: ``constant`` (H,), ``gate`` (B, L, H),
+    ``channel`` (B, L, H, M); None for None (or a shape the kernel's own check will refuse)."""
+    return None if log_decay is None else _FORM_BY_DIM.get(log_decay.dim())
 
 
 class ScoreTerm(Protocol):
@@ -110,9 +127,12 @@ class KernelOptions:
         chunk_size: C of chunked causal linear attention.
         key_padding_mask: (B, Lk) bool, True at padding (non-causal ``parallel`` only).
         score_term: a :class:`ScoreTerm` (softmax only).
-        decay: (H,) λ_h = log γ_h ≤ 0, the *log* of the per-head decay γ_h ∈ (0, 1] on the
-            lag: y_m ∝ Σ γ^{|m−n|} φ(q_m)·φ(k_n) v_n (RetNet; :mod:`spe.ops.decay`), or None.
-            Taken by the kernels whose ``KernelSpec.decay`` is True (the linear ones).
+        decay: the log decay, one of :data:`DECAY_FORMS`: (H,) λ_h = log γ_h ≤ 0, the *log*
+            of the per-head decay γ_h ∈ (0, 1] on the lag, y_m ∝ Σ γ^{|m−n|} φ(q_m)·φ(k_n) v_n
+            (RetNet; :mod:`spe.ops.decay`); (B, L, H) a gate G_t ≤ 0 per head and position
+            (Mamba2; softmax: FoX), key n weighing exp(Σ_{n<t≤m} G_t) at query m; or
+            (B, L, H, M) a gate per feature channel of φ (GLA); None: none. Taken by the
+            kernels whose ``KernelSpec.decays`` name its form.
     """
 
     causal: bool = True
@@ -126,7 +146,7 @@ class KernelOptions:
 FeatureMap = Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor, Tensor | None]]
 Parallel = Callable[[KernelFeatures, Tensor, KernelOptions], Tensor]
 Step = Callable[[KernelFeatures, Tensor, Any, KernelOptions], tuple[Tensor, Any]]
-Prefill = Callable[[KernelFeatures, Tensor, KernelOptions], tuple[Tensor, Any]]
+Prefill = Callable[[KernelFeatures, Tensor, KernelOptions, Any], tuple[Tensor, Any]]
 
 
 @dataclass(frozen=True)
@@ -141,21 +161,27 @@ class KernelSpec:
         parallel: ``(features, v (B, L, H, Ev), options) -> (B, L, H, Ev)``.
         step: ``(features, v (B, 1, H, Ev), state or None, options) -> ((B, 1, H, Ev), state)``,
             equal to ``parallel`` position by position.
-        prefill: ``(features, v (B, L, H, Ev), options) -> ((B, L, H, Ev), state)``, causal:
-            ``parallel``'s output and the state ``step`` would hold after these L positions
-            (a prompt in one parallel pass instead of L steps).
+        prefill: ``(features, v (B, L, H, Ev), options, state or None) -> ((B, L, H, Ev),
+            state)``, causal: ``parallel``'s output and the state ``step`` would hold after
+            these L positions (a prompt in one parallel pass instead of L steps), going on
+            from ``state`` (None: the start; linear kernels only, differentiable: state passing).
         state_types: the decoding states ``step`` takes and returns (the first: the one for
             the whole past, also what old dict states convert to).
         accepts: the places (``KERNEL_PLACES``) where a positional encoding may act.
         masks: takes key padding masks (non-causal).
         windows: takes causal sliding windows.
         feature_transforms: takes :class:`FeatureTransform` s.
-        decay: takes ``KernelOptions.decay`` (the linear kernels; softmax refuses it).
+        decays: the forms of ``KernelOptions.decay`` (:data:`DECAY_FORMS`) it takes in causal
+            layers.
+        encoder_decays: those it takes when not causal (None: ``decays``; softmax's FoX gate
+            is causal only).
         key_scales: φ(k) comes as features and a log scale (FAVOR+: no overflow at any R).
         random_features: draws random projections (``num_features`` of them; redrawable).
         positive_features: φ > 0 everywhere (numerator-only transforms need it).
         normalizer_features: normalises by Σ φ(q)ᵀφ(k) from its features (linear kernels),
             so numerator-only transforms keep a separate, untransformed normaliser.
+        normalizer_free: its output is the numerator alone, unnormalised (``linear``): the
+            layer applies a per-head RMS norm to it.
     """
 
     name: str
@@ -169,34 +195,54 @@ class KernelSpec:
     masks: bool = True
     windows: bool = True
     feature_transforms: bool = True
-    decay: bool = False
+    decays: tuple[str, ...] = ()
+    encoder_decays: tuple[str, ...] | None = None
     key_scales: bool = False
     random_features: bool = False
     positive_features: bool = False
     normalizer_features: bool = True
+    normalizer_free: bool = False
 
     @property
     def score_terms(self) -> bool:
         """Takes a score term (it forms explicit scores)."""
         return "scores" in self.accepts
 
+    @property
+    def decay(self) -> bool:
+        """Takes RetNet's constant decay (H,) (the linear kernels)."""
+        return "constant" in self.decays
+
+    @property
+    def numerator_transforms(self) -> bool:
+        """Takes numerator-only transforms (RoPE, LRPE): its features are strictly positive where
+        a normaliser keeps them untransformed, or it has no normaliser (softmax, ``linear``)."""
+        return self.positive_features or not self.normalizer_features
+
+    def takes_decay(self, form: str, *, causal: bool = True) -> bool:
+        """Whether it takes a decay of ``form`` (a :data:`DECAY_FORMS` key) in a causal layer or not."""
+        return form in (self.decays if causal or self.encoder_decays is None else self.encoder_decays)
+
     def check(self, options: KernelOptions, *, transform: FeatureTransform | None = None) -> None:
         """Raises ValueError naming what this kernel does not accept in ``options`` (or ``transform``)."""
+        form = decay_form(options.decay)
         refused = [what for what, given, taken in (
             ("a score term", options.score_term is not None, self.score_terms),
             ("a sliding window", options.window is not None, self.windows),
             ("a key padding mask", options.key_padding_mask is not None, self.masks),
-            ("a decay", options.decay is not None, self.decay),
+            (DECAY_FORMS.get(form, "a decay") + ("" if options.causal else " when not causal"),
+             options.decay is not None, form is not None and self.takes_decay(form, causal=options.causal)),
             ("a feature transform", transform is not None, self.feature_transforms)) if given and not taken]
         if refused:
             raise ValueError(f"{self.name} attention does not take {refused[0]}")
-        if (transform is not None and transform.numerator_only and self.normalizer_features
-                and not self.positive_features):
-            positive = [s.name for s in KERNELS.values() if s.positive_features and s.normalizer_features]
+        if options.score_term is not None and options.decay is not None:
+            raise ValueError(f"{self.name} attention does not take {DECAY_FORMS[form]} together with a score "
+                             f"term, which forms the scores itself")
+        if transform is not None and transform.numerator_only and not self.numerator_transforms:
             # ReLU features can make the untransformed normaliser exactly 0 while the transformed
             # numerator is not (RoFormer eq. 19 needs strictly positive features).
             raise ValueError(f"{transform.name} with linear attention needs strictly positive features: use "
-                             f"{' or '.join(positive)}, not {self.name}")
+                             f"{' or '.join(numerator_transform_kernels())}, not {self.name}")
 
     def features(self, q: Tensor, k: Tensor, projection: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(φ(q), φ(k), key log scale or None); q, k unchanged for softmax."""
@@ -231,38 +277,47 @@ def _softmax_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
             return o.score_term.attend(f.q, f.k, v)
         check_key_padding_mask(o.key_padding_mask, f.k)
         return o.score_term.attend(f.q, f.k, v, key_padding_mask=o.key_padding_mask)
-    return softmax_attention(f.q, f.k, v, causal=o.causal, window=o.window, key_padding_mask=o.key_padding_mask)
+    return softmax_attention(f.q, f.k, v, causal=o.causal, window=o.window,
+                             key_padding_mask=o.key_padding_mask, log_decay=o.decay)
 
 
 def _softmax_step(f: KernelFeatures, v: Tensor, state: KVCache | None, o: KernelOptions) -> tuple[Tensor, KVCache]:
     if o.score_term is not None:  # the score term attends over the cache from the new query's position
         cache = append_to_cache(state, f.k, v, window=o.window)
         return o.score_term.attend(f.q, cache.keys, cache.values, query_offset=cache.position - 1), cache
-    return softmax_attention_step(f.q, f.k, v, state, window=o.window)
+    return softmax_attention_step(f.q, f.k, v, state, window=o.window, log_decay=o.decay)
 
 
-def _softmax_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions) -> tuple[Tensor, KVCache]:
-    keep = slice(None) if o.window is None else slice(-o.window, None)  # what append_to_cache keeps
-    return _softmax_parallel(f, v, o), KVCache(keys=f.k[:, keep], values=v[:, keep], position=f.k.shape[1],
-                                               window=o.window)
+def _softmax_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions,
+                     state: KVCache | None = None) -> tuple[Tensor, KVCache]:
+    if state is not None:  # the parallel pass has no query offset into a cache
+        raise ValueError("softmax attention prefills from the start only: go on from a KV cache with step")
+    return _softmax_parallel(f, v, o), prefill_cache(f.k, v, window=o.window, log_decay=o.decay)
 
 
-def _linear_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions) -> tuple[Tensor, Any]:
+def _linear_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions, state=None, *,
+                    normalize: bool = True) -> tuple[Tensor, Any]:
     return causal_linear_attention_with_state(f.q, f.k, v, chunk_size=o.chunk_size, window=o.window,
                                               normalizer=f.normalizer, key_log_scale=f.key_log_scale,
-                                              log_decay=o.decay)
+                                              log_decay=o.decay, normalize=normalize, initial_state=state)
 
 
-def _linear_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
+def _linear_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions, *, normalize: bool = True) -> Tensor:
     if o.causal:
-        return _linear_prefill(f, v, o)[0]
+        return _linear_prefill(f, v, o, normalize=normalize)[0]
     return linear_attention(f.q, f.k, v, key_padding_mask=o.key_padding_mask, normalizer=f.normalizer,
-                            key_log_scale=f.key_log_scale, log_decay=o.decay, chunk_size=o.chunk_size)
+                            key_log_scale=f.key_log_scale, log_decay=o.decay, chunk_size=o.chunk_size,
+                            normalize=normalize)
 
 
-def _linear_step(f: KernelFeatures, v: Tensor, state, o: KernelOptions):
+def _linear_step(f: KernelFeatures, v: Tensor, state, o: KernelOptions, *, normalize: bool = True):
     return linear_attention_step(f.q, f.k, v, state, window=o.window, normalizer=f.normalizer,
-                                 key_log_scale=f.key_log_scale, log_decay=o.decay)
+                                 key_log_scale=f.key_log_scale, log_decay=o.decay, normalize=normalize)
+
+
+def _identity(x: Tensor) -> Tensor:
+    """φ(x) = x: the features of normaliser-free linear attention (``linear``)."""
+    return x
 
 
 def _elementwise(fmap: Callable[[Tensor], Tensor]) -> FeatureMap:
@@ -283,21 +338,34 @@ def favor_features(q: Tensor, k: Tensor, projection: Tensor | None) -> tuple[Ten
 
 
 _LINEAR_STATES = (LinearAttentionState, RecentKeys)
+_ALL_DECAYS = tuple(DECAY_FORMS)
+# The numerator alone (the linear ops' normalize=False), for the normaliser-free kernel.
+_UNNORMALISED = [functools.partial(fn, normalize=False)
+                 for fn in (_linear_parallel, _linear_step, _linear_prefill)]
 
 KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("softmax", "exact, O(L²) (Vaswani et al. 2017)", None, _softmax_parallel, _softmax_step,
                _softmax_prefill, (KVCache,), accepts=("tokens", "queries-keys", "scores"),
-               positive_features=True, normalizer_features=False),
+               positive_features=True, normalizer_features=False, decays=("gate",), encoder_decays=()),
+    # a channel gate would need a FAVOR+ key log scale per channel (spe.ops.gates.check_gates)
     KernelSpec("performer", "FAVOR+ positive orthogonal random features (Choromanski et al. 2021)",
                favor_features, _linear_parallel, _linear_step, _linear_prefill,
                (ScaledLinearAttentionState, ScaledRecentKeys),
-               decay=True, key_scales=True, random_features=True, positive_features=True),
+               decays=("constant", "gate"), key_scales=True, random_features=True, positive_features=True),
     KernelSpec("linear-relu", "φ = relu (Katharopoulos et al. 2020)", _elementwise(relu_feature_map),
-               _linear_parallel, _linear_step, _linear_prefill, _LINEAR_STATES, decay=True),
+               _linear_parallel, _linear_step, _linear_prefill, _LINEAR_STATES, decays=_ALL_DECAYS),
     KernelSpec("linear-elu", "φ = elu + 1 (Katharopoulos et al. 2020)", _elementwise(elu_feature_map),
-               _linear_parallel, _linear_step, _linear_prefill, _LINEAR_STATES, decay=True,
+               _linear_parallel, _linear_step, _linear_prefill, _LINEAR_STATES, decays=_ALL_DECAYS,
                positive_features=True),
+    KernelSpec("linear", "φ = identity, no normaliser, RMS norm per head (RetNet; GLA; fla's linear_attn)",
+               _elementwise(_identity), *_UNNORMALISED, _LINEAR_STATES, decays=_ALL_DECAYS,
+               normalizer_features=False, normalizer_free=True),
 )}
+
+
+def numerator_transform_kernels() -> list[str]:
+    """The linear kernels that take numerator-only transforms (:attr:`KernelSpec.numerator_transforms`)."""
+    return [s.name for s in KERNELS.values() if s.feature_map is not None and s.numerator_transforms]
 
 
 def kernel_spec(name: str) -> KernelSpec:

@@ -12,6 +12,12 @@ rotations of queries and keys work with every kernel; a term in the attention sc
 of the kernel's features (LRPE, PermuteFormer, cosFormer) needs a feature map, which softmax
 attention has not. A short convolution (``short_conv``) of the projected q, k, v comes before
 all of them and composes with every kernel.
+
+A decay (``decay``, :data:`DECAY_FORM`) weighs the kernel's sums: RetNet's constant γ_h
+(``fixed``, ``learned``), or a forget gate computed from the layer's input x
+(:mod:`spe.encodings.gates`): ``gated``, one per head and position (Mamba2; with softmax,
+FoX), ``gated-channel``, one per feature channel of a linear kernel (GLA). Which kernel takes
+which is :func:`check_decay`'s rule, the one :class:`~spe.models.TrunkConfig` asks too.
 """
 
 from __future__ import annotations
@@ -21,24 +27,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.attention.kernels import (
+    DECAY_FORMS,
     KERNELS,
     FeatureTransform,
     KernelFeatures,
     KernelOptions,
+    KernelSpec,
     kernel_features,
     kernel_spec,
 )
 from spe.encodings.code import SPECode
 from spe.encodings.filter import SPEFilter
+from spe.encodings.gates import ChannelGate, ScalarGate
 from spe.encodings.registry import positional_names
 from spe.encodings.rope import RotaryEncoding
 from spe.encodings.short_conv import ShortConvolution, ShortConvState, check_short_conv
 from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
 from spe.ops.feature_maps import orthogonal_random_features
-from spe.ops.softmax import check_window
+from spe.ops.linear import kernel_dtype
+from spe.ops.softmax import check_key_padding_mask, check_window
 from spe.ops.state import AttentionState, check_state_window, legacy_state
 
-__all__ = ["ACCEPTS", "ATTENTIONS", "LayerState", "MultiHeadAttention", "legacy_state"]
+__all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "LayerState", "MultiHeadAttention",
+           "check_decay", "legacy_state"]
 
 # The kernels' names and where a positional encoding may act with each, from the kernel
 # registry (spe.attention.kernels): "tokens" (added to embeddings), "queries-keys" (SPE codes,
@@ -48,6 +59,54 @@ ACCEPTS = {name: spec.accepts for name, spec in KERNELS.items()}
 # What a layer's decoding step hands on: the kernel's state, wrapped with the short
 # convolution's cache in layers that have one.
 LayerState = AttentionState | ShortConvState
+# The form of KernelOptions.decay (spe.attention.kernels.DECAY_FORMS) each decay mode hands the
+# kernel ("none" hands none).
+DECAY_FORM = {"fixed": "constant", "learned": "constant", "gated": "gate", "gated-channel": "channel"}
+# What each form is, for messages.
+_DECAY_ROLE = {"constant": "acts on the sums of linear attention",
+               "gate": "is a forget gate per head and position, on the sums of linear attention or on "
+                       "softmax's logits (FoX, causal only)",
+               "channel": "is a forget gate per feature channel of a linear kernel's features φ (not "
+                          "performer's: FAVOR+ keeps one log scale per key, not per channel)"}
+# ε of the RMS norm of normaliser-free kernels' outputs (fla's norm_eps).
+OUTPUT_NORM_EPS = 1e-5
+
+
+def check_decay(kernel: KernelSpec, decay: str, *, causal: bool = True, score_encoding: str | None = None,
+                feature_transform: str | None = None) -> None:
+    """The one rule for which decay an attention layer takes: the kernel must take the form
+    (:meth:`KernelSpec.takes_decay`), a gate on softmax (FoX) needs the scores to itself, and a
+    gate per feature channel takes no feature transform (RoPE excepted: its gates are tied
+    over each rotated pair, :class:`~spe.encodings.gates.ChannelGate`).
+
+    Args:
+        kernel: the attention kernel's spec.
+        decay: one of :data:`~spe.ops.decay.DECAY_MODES`.
+        causal: whether the layer is causal (an encoder's when not).
+        score_encoding, feature_transform: the name of the layer's score encoding or feature
+            transform, if it has one.
+
+    Raises:
+        ValueError: naming the decay, what it is and what to use instead.
+    """
+    check_decay_mode(decay)
+    if decay == NO_DECAY:
+        return
+    form = DECAY_FORM[decay]
+    if not kernel.takes_decay(form, causal=causal):
+        takers = [name for name, spec in KERNELS.items() if spec.takes_decay(form, causal=causal)]
+        where = "" if causal else " in an encoder (not causal)"
+        raise ValueError(f"decay {decay!r} {_DECAY_ROLE[form]}; {kernel.name} attention does not take "
+                         f"{DECAY_FORMS[form]}{where}: use attention {', '.join(takers)}, or decay 'none'")
+    if score_encoding is not None:
+        raise ValueError(f"decay {decay!r} puts a forget gate on softmax's scores (FoX), which "
+                         f"{score_encoding} forms itself: use positional none (FoX has no other "
+                         f"encoding), or one acting on tokens or queries/keys")
+    if form == "channel" and feature_transform is not None:
+        on_queries_keys = ", ".join(positional_names(acts_on="queries-keys"))
+        raise ValueError(f"decay {decay!r} gates each feature channel, which {feature_transform} moves or "
+                         f"mixes them by position (the gated product would depend on absolute positions): use "
+                         f"decay 'gated', or a positional encoding on queries and keys ({on_queries_keys}) or none")
 
 
 class MultiHeadAttention(nn.Module):
@@ -57,7 +116,8 @@ class MultiHeadAttention(nn.Module):
         d_model: C.
         num_heads: H.
         attention: one of ``ATTENTIONS``: ``softmax`` (exact, O(L²)), ``performer`` (FAVOR+
-            positive orthogonal random features), ``linear-relu``, ``linear-elu``.
+            positive orthogonal random features), ``linear-relu``, ``linear-elu``, ``linear``
+            (normaliser-free: identity features, no denominator, then ``output_norm``).
         causal: mask the future.
         spe_filter: applies an SPE code to queries and keys (then the kernel sees dimension R).
         num_realizations: R, required with ``spe_filter`` for the performer projection size.
@@ -85,7 +145,15 @@ class MultiHeadAttention(nn.Module):
             or ``learned`` (γ_h = sigmoid(``decay_logit``_h), an (H,) parameter initialised
             at RetNet's values; not weight-decayed: the engine decays nn.Linear weights
             only): key n weighs γ^{m−n} at query m (γ^{|m−n|} when not causal), in forward
-            and step alike (:mod:`spe.ops.decay`). Linear kernels only.
+            and step alike (:mod:`spe.ops.decay`); linear kernels only. Or a forget gate
+            from the layer's input x, key n weighing exp(Σ_{n<t≤m} G_t) at query m (the gates
+            between them, either way when not causal): ``gated``, G (B, L, H) from a
+            :class:`~spe.encodings.gates.ScalarGate` (``decay_gate``; Mamba2's form, starting
+            at RetNet's fixed decays), every kernel (softmax: FoX, causal only, no score
+            encoding); ``gated-channel``, G (B, L, H, M) from a
+            :class:`~spe.encodings.gates.ChannelGate` (GLA's), linear kernels but performer,
+            no feature transform, under RoPE tied over rotated pairs. Gates are 0 at
+            padding (padding passes the sums on unchanged).
         short_conv: K, a depthwise convolution of width K then SiLU on the projected queries,
             keys and values (fla's ``ShortConvolution``; causal, or centred when the layer is
             not, :mod:`spe.encodings.short_conv`), before SPE, RoPE and the feature maps;
@@ -98,8 +166,13 @@ class MultiHeadAttention(nn.Module):
             another feature dimension, two positional encodings at once, RoPE
             on an odd feature dimension or with features that can be 0, or a window that is
             not positive, not causal or combined with a score encoding, an unknown decay or a
-            decay with softmax attention (what each kernel accepts: its spec in
-            :mod:`spe.attention.kernels`), or a ``short_conv`` that is not 0 or an int ≥ 2.
+            decay a kernel does not take (what each kernel accepts: its spec in
+            :mod:`spe.attention.kernels`; the rule: :func:`check_decay`), or a
+            ``short_conv`` that is not 0 or an int ≥ 2.
+
+    Normaliser-free kernels (``linear``: ``KernelSpec.normalizer_free``) get a per-head RMS norm
+    of their output before the output projection, ``output_norm`` (fla's ``linear_attn`` and
+    GLA): one learnable weight per head_dim channel, shared by the heads, ε = 1e-5.
     """
 
     def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
@@ -130,14 +203,24 @@ class MultiHeadAttention(nn.Module):
                                                                           self.kernel_dim))
         _check_positional(self.kernel, causal, spe_filter, rotary, score_encoding, feature_transform)
         self.rotary, self.score_encoding = rotary, score_encoding
-        check_decay_mode(decay)
+        check_decay(self.kernel, decay, causal=causal,
+                    score_encoding=None if score_encoding is None else type(score_encoding).__name__,
+                    feature_transform=None if feature_transform is None else feature_transform.label)
         self.decay = decay
         if decay == "learned":
             self.decay_logit = nn.Parameter(retnet_decay_logits(num_heads))
+        elif decay == "gated":
+            self.decay_gate = ScalarGate(d_model, num_heads)
+        elif decay == "gated-channel":  # over the kernel's features: head_dim, or R with SPE
+            tied = 2 if rotary is not None else 1  # RoPE: one gate per rotated pair
+            self.decay_gate = ChannelGate(d_model, num_heads, self.kernel_dim, tied=tied)
+        self.output_norm = (nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS) if self.kernel.normalizer_free
+                            else None)
         rotated_dim = num_features if self.kernel.random_features else self.head_dim
         _check_feature_dim(feature_transform, rotated_dim, self.kernel.random_features)
         self.feature_transform = feature_transform
-        self.kernel.check(KernelOptions(causal=causal, decay=self.log_decay()), transform=self._transform)
+        constant = self.log_decay() if DECAY_FORM.get(decay) == "constant" else None  # gates: check_decay's
+        self.kernel.check(KernelOptions(causal=causal, decay=constant), transform=self._transform)
         if rotary is not None and rotated_dim % 2:
             raise ValueError(f"rotary encoding needs an even "
                              f"{'num_features' if self.kernel.random_features else 'head_dim'}, got {rotated_dim}")
@@ -154,14 +237,29 @@ class MultiHeadAttention(nn.Module):
             return FeatureTransform(module, numerator_only=module.numerator_only, name=module.label)
         return None
 
-    def log_decay(self) -> Tensor | None:
-        """(H,) log γ_h of the decay (float32), or None without one. Learned: logsigmoid of the
-        logits, exact where sigmoid would round γ to 1 in float32."""
+    def log_decay(self, x: Tensor | None = None, key_padding_mask: Tensor | None = None) -> Tensor | None:
+        """The kernel's ``log_decay``, or None without one: (H,) log γ_h of a constant decay
+        (float32; learned: logsigmoid of the logits, exact where sigmoid would round γ to 1 in
+        float32); a gate (B, L, H) or (B, L, H, M) of the input x (B, L, C) in at least
+        float32, 0 where ``key_padding_mask`` (B, L) is True.
+
+        Raises:
+            ValueError: for a gate without x.
+        """
         if self.decay == NO_DECAY:
             return None
         if self.decay == "fixed":
             return retnet_log_decay(self.num_heads, device=self.qkv.weight.device)
-        return F.logsigmoid(self.decay_logit.float())
+        if self.decay == "learned":
+            return F.logsigmoid(self.decay_logit.float())
+        if x is None:
+            raise ValueError(f"decay {self.decay!r} is computed from the layer's input: pass x (B, L, C)")
+        gates = self.decay_gate(x)
+        if key_padding_mask is not None:
+            check_key_padding_mask(key_padding_mask, x)
+            padding = key_padding_mask.view(*key_padding_mask.shape, *[1] * (gates.dim() - 2))
+            gates = gates.masked_fill(padding, 0.0)
+        return gates
 
     @property
     def window(self) -> int | None:
@@ -253,10 +351,18 @@ class MultiHeadAttention(nn.Module):
         extra = {"key_log_scale": f.key_log_scale, "normalizer": f.normalizer}
         return f.q, f.k, {name: value for name, value in extra.items() if value is not None}
 
-    def _options(self, key_padding_mask: Tensor | None = None) -> KernelOptions:
+    def _options(self, x: Tensor, key_padding_mask: Tensor | None = None) -> KernelOptions:
+        """The kernel options of a call on the layer's input x (B, L, C) (gates come from x)."""
         return KernelOptions(causal=self.causal, window=self.window, chunk_size=self.chunk_size,
                              key_padding_mask=key_padding_mask, score_term=self.score_encoding,
-                             decay=self.log_decay())
+                             decay=self.log_decay(x, key_padding_mask))
+
+    def _output(self, y: Tensor) -> Tensor:
+        """The kernel's output (B, L, H, D) → the layer's (B, L, C): the RMS norm of normaliser-free
+        kernels, then the output projection."""
+        if self.output_norm is not None:  # in at least float32, as fla's (a bf16 mean of squares is coarse)
+            y = self.output_norm(y.to(kernel_dtype(y))).to(y.dtype)
+        return self.out(y.flatten(2))
 
     def step(self, x: Tensor, code: SPECode | None,
              state: LayerState | dict | None) -> tuple[Tensor, LayerState]:
@@ -286,6 +392,20 @@ class MultiHeadAttention(nn.Module):
                 without a short convolution).
         """
         state, conv_cache = self._split_state(state)
+        q, k, v, conv_cache = self._project(x, code, conv_cache)
+        position = 0 if state is None else state.position
+        f = self.features(q, k, torch.tensor([position], device=x.device))
+        y, state = self.kernel.step(f, v, state, self._options(x))
+        return self._output(y), self._join_state(state, conv_cache)
+
+    def _split_state(self, state):
+        """A layer state, checked, as (the kernel's state, the short convolution's cache or None)."""
+        cache = None
+        if self.qkv_conv is not None and state is not None:
+            if not isinstance(state, ShortConvState):
+                raise TypeError(f"this layer has a short convolution: it decodes with a ShortConvState, "
+                                f"got {type(state).__name__}")
+            state, cache = state.inner, state.cache
         kinds = self.kernel.state_types
         if isinstance(state, dict):
             state = legacy_state(state, kinds[0], scaled=self.kernel.key_scales)
@@ -293,49 +413,43 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"{self.attention} attention decodes with a {' or '.join(t.__name__ for t in kinds)}, "
                             f"got {type(state).__name__}")
         check_state_window(state, self.window)
-        q, k, v, conv_cache = self._project(x, code, conv_cache)
-        position = 0 if state is None else state.position
-        f = self.features(q, k, torch.tensor([position], device=x.device))
-        y, state = self.kernel.step(f, v, state, self._options())
-        return self.out(y.reshape(x.shape[0], 1, -1)), self._join_state(state, conv_cache)
-
-    def _split_state(self, state):
-        """A layer state as (the kernel's state, the short convolution's cache or None)."""
-        if self.qkv_conv is None or state is None:
-            return state, None
-        if not isinstance(state, ShortConvState):
-            raise TypeError(f"this layer has a short convolution: it decodes with a ShortConvState, "
-                            f"got {type(state).__name__}")
-        return state.inner, state.cache
+        return state, cache
 
     def _join_state(self, state: AttentionState, conv_cache: Tensor | None) -> LayerState:
         return state if self.qkv_conv is None else ShortConvState(inner=state, cache=conv_cache)
 
-    def prefill(self, x: Tensor, code: SPECode | None) -> tuple[Tensor, LayerState]:
-        """Positions 0 … L − 1 in one parallel pass, and the state :meth:`step` goes on from.
+    def prefill(self, x: Tensor, code: SPECode | None,
+                state: LayerState | None = None) -> tuple[Tensor, LayerState]:
+        """Positions p … p + L − 1 in one parallel pass (p = 0, or where ``state`` stopped), and the
+        state :meth:`step` goes on from.
 
-        The output is :meth:`forward`'s; the state is the one L :meth:`step` calls from None
+        The output is :meth:`forward`'s; the state is the one L :meth:`step` calls from ``state``
         would leave (the kernel's prefill function: linear kernels
         :func:`~spe.ops.causal_linear_attention_with_state`, softmax the cache of the keys and
-        values), so a prompt costs one forward instead of L steps.
+        values), so a prompt costs one forward instead of L steps. Gradients flow through it
+        (into ``state``'s tensors too, unless they are detached): state passing trains with it.
 
         Args:
-            x: (B, L, C) the inputs of positions 0 … L − 1.
-            code: SPE code for these L positions (SPE only).
+            x: (B, L, C) the inputs of positions p … p + L − 1.
+            code: SPE code for these L positions (SPE only), the realisation ``state``'s keys had.
+            state: a state of this layer to go on from (None: position 0); linear kernels only.
 
         Returns:
-            (B, L, C) output and the state after position L − 1.
+            (B, L, C) output and the state after position p + L − 1.
 
         Raises:
-            ValueError: if the layer is not causal.
+            ValueError: if the layer is not causal, on a state built with another window, or a
+                state with softmax (a KV cache goes on with :meth:`step`).
+            TypeError: on a state of the wrong kind (as :meth:`step`).
         """
         if not self.causal:
             raise ValueError("prefill decodes causally: this attention layer is not causal")
-        b, n, _ = x.shape
-        q, k, v, conv_cache = self._project(x, code, None)
-        f = self.features(q, k, torch.arange(n, device=x.device))
-        y, state = self.kernel.prefill(f, v, self._options())
-        return self.out(y.reshape(b, n, -1)), self._join_state(state, conv_cache)
+        state, conv_cache = self._split_state(state)
+        start, n = (0 if state is None else state.position), x.shape[1]
+        q, k, v, conv_cache = self._project(x, code, conv_cache)
+        f = self.features(q, k, torch.arange(start, start + n, device=x.device))
+        y, state = self.kernel.prefill(f, v, self._options(x), state)
+        return self._output(y), self._join_state(state, conv_cache)
 
     def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
                 key_padding_mask: Tensor | None = None) -> Tensor:
@@ -358,7 +472,7 @@ class MultiHeadAttention(nn.Module):
             ValueError: on a padding mask with a causal layer or of the wrong shape;
                 positions with a score encoding.
         """
-        b, n, _ = x.shape
+        n = x.shape[1]
         if positions is not None and self.score_encoding is not None:
             raise ValueError(f"{type(self.score_encoding).__name__} works on index distances; it takes no positions")
         if key_padding_mask is not None and self.causal:
@@ -366,10 +480,10 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x, code, key_padding_mask=key_padding_mask)
         if self._transform is not None and positions is None:
             positions = torch.arange(n, device=x.device)
-        options = self._options(key_padding_mask)
+        options = self._options(x, key_padding_mask)
         self.kernel.check(options)
         y = self.kernel.parallel(self.features(q, k, positions), v, options)
-        return self.out(y.reshape(b, n, -1))
+        return self._output(y)
 
 
 def _check_positional(kernel, causal: bool, spe_filter, rotary, score_encoding, feature_transform=None) -> None:

@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from spe.attention.layer import ATTENTIONS
 from spe.bench.run import parse_series, run_case, series_name
 from spe.bench.targets import record_decay, takes_decay
 
@@ -50,8 +51,8 @@ def parse_longest(text: str, default_attention: str) -> list[tuple[str, str, str
     out = []
     for entry in (e.strip() for e in text.split(",") if e.strip()):
         name, _, attention = entry.partition("+")
-        if attention and attention not in ("softmax", "performer", "linear"):
-            raise ValueError(f"--longest: attention after '+' must be softmax, performer or linear, got {entry!r}")
+        if attention and attention not in ATTENTIONS:
+            raise ValueError(f"--longest: attention after '+' must be one of {', '.join(ATTENTIONS)}, got {entry!r}")
         (pos, impl), = parse_series(name)
         out.append((pos, impl, attention or default_attention))
     if not out:
@@ -81,7 +82,7 @@ def run_model_rounds(common: dict, series: list[tuple[str, str, str]], shapes: l
     :func:`merge_rounds` pools them.
     """
     cases = [(s, d) for s in series for d in (decays or [None])
-             if d in (None, "none") or takes_decay(s[2])]
+             if d in (None, "none") or takes_decay(s[2], d)]
     records = []
     total, done = len(shapes) * rounds * len(cases) * len(compiled), 0
     for batch, length in shapes:

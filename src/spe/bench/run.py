@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 
 from spe import strict_json
+from spe.attention.kernels import KERNELS
 from spe.bench.peers import PEER_ATTENTIONS
 from spe.bench.tables import longest_lines, model_lines
 from spe.bench.targets import find_record, record_decay, takes_decay, targets_markdown
 from spe.encodings.registry import positional_names
 
-__all__ = ["BENCH_ATTENTIONS", "GENERATE_MIN_REPEATS", "SERIES", "SPE_IMPLS", "bench_markdown", "bench_outputs", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs",
+__all__ = ["BENCH_ATTENTIONS", "GENERATE_MIN_REPEATS", "KERNEL_NAMES", "SERIES", "SPE_IMPLS", "bench_markdown", "bench_outputs", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs",
            "parse_series", "run_bench", "run_case", "series_name", "summarize_bench", "write_outputs"]
 
 log = logging.getLogger(__name__)
@@ -37,13 +38,15 @@ DEFAULT_ALIASES = {"sinespe": "auto", "convspe": "fft"}
 # (positional, impl) pairs ``spe bench`` can measure, in table order.
 SERIES = [("ape", "-"), *[(name, impl) for name in positional_names(stochastic=True, needs_grid=False) for impl in SPE_IMPLS[name]],
           *[(name, "-") for name in positional_names(stochastic=False) if name != "ape"]]
-BENCH_ATTENTIONS = ["softmax", "performer", "linear"]
+# Kernels by their registry names ("linear" meant linear-elu here before the normaliser-free kernel of that name).
+BENCH_ATTENTIONS = ["softmax", "performer", "linear-elu"]
+KERNEL_NAMES = tuple(KERNELS)  # what --attentions may name
 ATTENTIONS = BENCH_ATTENTIONS  # the earlier name (spe.attention has its own ATTENTIONS)
 # Encodings that add a term to the scores exist for softmax attention only.
 SCORE_ENCODINGS = positional_names(acts_on="scores")
 # Encodings that transform a feature map's features exist for linear kernels only.
 FEATURE_ENCODINGS = positional_names(acts_on="features")
-MODES = ("train", "generate", "model")
+MODES = ("train", "generate", "prefill", "model")
 # A decoding step costs about a millisecond, and five of them give a median that moves by a
 # third between lengths of one run; so generate cases time at least this many steps (still
 # cut by the case's time budget).
@@ -81,16 +84,16 @@ def parse_pairs(text: str) -> list[tuple[str, str, str]]:
 
     Raises:
         ValueError: naming the entry that is not ``SERIES+ATTENTION`` with a known series
-            (:func:`parse_series`) and attention (:data:`BENCH_ATTENTIONS` or a peer's).
+            (:func:`parse_series`) and attention (:data:`KERNEL_NAMES` or a peer's).
     """
     out = []
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
             continue
         name, _, attention = entry.partition("+")
-        if attention not in (*BENCH_ATTENTIONS, *PEER_ATTENTIONS):
+        if attention not in (*KERNEL_NAMES, *PEER_ATTENTIONS):
             raise ValueError(f"--pairs entry {entry!r} must be SERIES+ATTENTION with ATTENTION one of "
-                             f"{', '.join([*BENCH_ATTENTIONS, *PEER_ATTENTIONS])}")
+                             f"{', '.join([*KERNEL_NAMES, *PEER_ATTENTIONS])}")
         (pos, impl), = parse_series(name)
         out.append((pos, impl, attention))
     if not out:
@@ -176,7 +179,9 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
 
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
-    step at position N, at least :data:`GENERATE_MIN_REPEATS` timed steps), ``model`` (one AdamW step of a whole DecoderLM built from ``model``
+    step at position N, at least :data:`GENERATE_MIN_REPEATS` timed steps), ``prefill`` (one layer
+    reading N positions at once with its decoding state; the table adds N × the generate step
+    beside it), ``model`` (one AdamW step of a whole DecoderLM built from ``model``
     options, batch ``model_batch``; records its parameter count). Pairs that cannot exist
     (a score encoding with a linear kernel) are left out; another package's layer
     (``attentions`` may name those of :data:`spe.bench.peers.PEER_ATTENTIONS`) is measured in
@@ -199,7 +204,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
                   max_seconds=budget_s, decay=",".join(decays))
     triples = pairs or [(pos, impl, att) for pos, impl in series for att in attentions]
     plan = [(mode, pos, impl, att, dec) for mode in modes for pos, impl, att in triples for dec in decays
-            if (dec == "none" or takes_decay(att)) and not (mode != "train" and impl == "reference")
+            if (dec == "none" or takes_decay(att, dec)) and not (mode != "train" and impl == "reference")
             and not (pos in SCORE_ENCODINGS and att != "softmax")
             and not (pos in FEATURE_ENCODINGS and att == "softmax")
             and not (att in PEER_ATTENTIONS and (mode != "train" or pos not in ("ape", "none")))]
@@ -304,7 +309,8 @@ def summarize_bench(result: dict) -> dict:
         if rec and ape_p:
             t[key] = {"time_ratio": rec["median_ms"] / ape_p["median_ms"],
                       "memory_ratio": rec["peak_mb"] / max(ape_p["peak_mb"], 1e-9)}
-    lin, soft = get("train", "ape", "-", "linear", 8192), get("train", "ape", "-", "softmax", 8192)
+    lin = get("train", "ape", "-", "linear-elu", 8192) or get("train", "ape", "-", "linear", 8192)
+    soft = get("train", "ape", "-", "softmax", 8192)
     if lin and soft:
         t["linear_chunked_vs_sdpa_causal_N8192_speedup"] = soft["median_ms"] / lin["median_ms"]
     a, b = sine("train", "performer", 1024), sine("train", "performer", 16384)
@@ -362,11 +368,11 @@ def bench_markdown(payload: dict) -> str:
     model_rows = [r for r in payload["records"] if r["mode"] == "model"]
     if model_rows:
         lines += _model_table(model_rows, lengths, payload["config"])
-    for mode in ("train", "generate"):
+    for mode, what in (("train", "forward+backward of one causal layer"), ("generate", "one recurrent step at "
+                       "position N"), ("prefill", "a prompt of N positions in one pass, output and decoding state")):
         rows = [r for r in payload["records"] if r["mode"] == mode]
         if not rows:
             continue
-        what = "forward+backward of one causal layer" if mode == "train" else "one recurrent step at position N"
         lines += [f"### {mode}: {what} (median ms / peak MB)", "",
                   "| positional + attention | " + " | ".join(f"N={n}" for n in lengths) + " |",
                   "|---|" + "---|" * len(lengths)]
@@ -376,7 +382,7 @@ def bench_markdown(payload: dict) -> str:
                 r = next((x for x in rows if _label(x) == key and x["length"] == n), None)
                 cells.append("" if r is None else ("–" if "median_ms" not in r else f"{r['median_ms']:.1f} / {r['peak_mb']:.0f}"))
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
-        lines += _auto_choices(rows)
+        lines += _auto_choices(rows) + (_prefill_ratios(rows, payload["records"]) if mode == "prefill" else [])
         lines.append("")
     if payload.get("code_errors"):
         lines += ["### sineSPE estimation error vs R (RMS; Gaussian vs orthogonal noise)", "",
@@ -390,6 +396,21 @@ def bench_markdown(payload: dict) -> str:
         lines.append("")
     lines += [f"float32 matmul rate: {payload['matmul_gflops']:.0f} GFLOP/s", ""]
     return "\n".join(lines)
+
+
+def _prefill_ratios(rows: list[dict], records: list[dict]) -> list[str]:
+    """How much faster a prompt is read in one pass than token by token: N × the generate
+    step at position N (an upper estimate of the steps' cost, which grows to it for softmax)
+    over the prefill time, for the lengths both modes measured."""
+    lines = []
+    for r in rows:
+        step = next((g for g in records if g["mode"] == "generate" and _label(g) == _label(r)
+                     and g["length"] == r["length"] and "median_ms" in g), None)
+        if step is not None and "median_ms" in r:
+            lines.append(f"- {_label(r)}, N={r['length']}: token by token ≈ {r['length']} × "
+                         f"{step['median_ms']:.2f} ms = {r['length'] * step['median_ms']:.0f} ms, prefill "
+                         f"{r['median_ms']:.0f} ms ({r['length'] * step['median_ms'] / r['median_ms']:.0f}×)")
+    return ["", *lines] if lines else []
 
 
 def _auto_choices(rows: list[dict]) -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-from spe.bench.peers import PEER_ATTENTIONS
 
 __all__ = ["TARGETS", "find_record", "record_decay", "takes_decay", "target_rows", "targets_markdown"]
 
@@ -28,19 +27,23 @@ def _verdict(ok: bool | None) -> str:
     return "not measured" if ok is None else ("met" if ok else "missed")
 
 
-def takes_decay(attention: str) -> bool:
-    """Whether a bench attention takes a decay: the linear kernels do; softmax and other
-    packages' layers (:data:`~spe.bench.peers.PEER_ATTENTIONS`) do not."""
-    return attention not in ("softmax", *PEER_ATTENTIONS)
+def takes_decay(attention: str, decay: str = "fixed") -> bool:
+    """Whether a bench attention takes decay mode ``decay``, as its kernel spec says (the linear
+    kernels take every constant decay, softmax only the FoX gate); other packages' layers
+    (``spe.bench.peers``) are no kernel of the registry and take none."""
+    from spe.attention.kernels import KERNELS
+    from spe.attention.layer import DECAY_FORM
+
+    spec = KERNELS.get(attention)
+    return spec is not None and decay in DECAY_FORM and spec.takes_decay(DECAY_FORM[decay])
 
 
 def record_decay(r: dict) -> str:
     """The decay a record was measured with: ``none`` for softmax and other packages' layers (they
     take none); a record without its own (written before decay was a per-case field) has its
     model options' (``--modes model``) or none."""
-    if not takes_decay(r["attention"]):
-        return "none"
-    return r.get("decay", (r.get("model") or {}).get("decay", "none"))
+    decay = r.get("decay", (r.get("model") or {}).get("decay", "none"))
+    return decay if takes_decay(r["attention"], decay) else "none"
 
 
 def find_record(records: list[dict], mode: str, pos: str, impl: str, att: str, n: int,
@@ -123,7 +126,8 @@ def _layer_rows(records: list[dict]) -> list[tuple[str, str, str]]:
     rows.append((target, "–", _verdict(None)) if conv is None or ape is None else
                 (target, f"{conv['median_ms'] / ape['median_ms']:.2f}×",
                  _verdict(conv["median_ms"] / ape["median_ms"] <= TARGETS["layer_conv_time"])))
-    lin, soft = (find_record(records, "train", "ape", "-", att, 8192) for att in ("linear", "softmax"))
+    lin, soft = (find_record(records, "train", "ape", "-", att, 8192) for att in ("linear-elu", "softmax"))
+    lin = lin or find_record(records, "train", "ape", "-", "linear", 8192)  # runs that named linear-elu "linear"
     target = f"one layer, N = 8,192: chunked causal linear attention ≥ {TARGETS['linear_vs_sdpa']:.0f}× faster than SDPA causal softmax"
     rows.append((target, "–", _verdict(None)) if lin is None or soft is None else
                 (target, f"{soft['median_ms'] / lin['median_ms']:.2f}×",

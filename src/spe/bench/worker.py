@@ -43,7 +43,7 @@ def _layer_config(case: dict):
 
     h, d = case["num_heads"], case["head_dim"]
     return ModelConfig(vocab_size=1, d_model=h * d, num_heads=h, positional=case["positional"],
-                       attention={"linear": "linear-elu"}.get(case["attention"], case["attention"]),
+                       attention=case["attention"],
                        num_realizations=case["num_realizations"], num_sines=case["num_sines"],
                        kernel_size=case["kernel_size"], max_distance=case.get("max_distance", 256),
                        max_positions=case["length"] + 1, gated=True, num_features=case["num_features"],
@@ -103,8 +103,7 @@ def model_step(case: dict, device: torch.device):
 
     n, b = case["length"], case["batch"]
     options = dict(case["model"])
-    options.update(positional=case["positional"], attention={"linear": "linear-elu"}.get(case["attention"],
-                                                                                       case["attention"]))
+    options.update(positional=case["positional"], attention=case["attention"])
     if "decay" in case:  # --decay's mode for this case, over the model options'
         options["decay"] = case["decay"]
     if options.get("decay", "none") != "none" and options["attention"] == "softmax":
@@ -181,6 +180,26 @@ def measure_generate(case: dict, device: torch.device) -> dict:
     return _timed(run, case, device)
 
 
+@torch.no_grad()
+def measure_prefill(case: dict, device: torch.device) -> dict:
+    """One causal layer reading a prompt of ``length`` positions in one pass (``prefill``: the
+    output and the decoding state), the parallel counterpart of ``length`` generate steps."""
+    layer, encoding, ape = build(case)
+    layer.to(device)
+    if encoding is not None:
+        encoding.to(device)
+    n, b, h, d = case["length"], case["batch"], case["num_heads"], case["head_dim"]
+    x = torch.randn(b, n, h * d, device=device)
+    pos = torch.arange(n, device=device)
+
+    def run() -> None:
+        inp = ape(x, pos) if ape is not None else x
+        code = encoding(positions=pos, generator=torch.Generator().manual_seed(0)) if encoding is not None else None
+        layer.prefill(inp, code)
+
+    return _timed(run, case, device)
+
+
 def _timed(run, case: dict, device: torch.device) -> dict:
     """Median time of ``repeats`` calls after a warm-up call, and the peak memory over all;
     ``repeats`` 0 times the warm-up call itself (a memory probe: the first step already holds
@@ -213,7 +232,8 @@ def main() -> None:
     case = json.loads(sys.argv[1])
     torch.set_num_threads(case.get("threads") or torch.get_num_threads())
     device = torch.device(case.get("device", "cpu"))
-    measure = {"train": measure_train, "generate": measure_generate, "model": measure_model}[case["mode"]]
+    measure = {"train": measure_train, "generate": measure_generate, "prefill": measure_prefill,
+               "model": measure_model}[case["mode"]]
     try:
         result = measure(case, device)
     except ImportError as e:  # an optional peer package (spe.bench.peers) is not installed
@@ -221,8 +241,8 @@ def main() -> None:
             raise
         print(json.dumps({**case, "skipped": f"{PEER_ATTENTIONS[case['attention']]} not installed ({e})"}))
         return
-    if case["mode"] == "generate":
-        result["per_token_ms"] = result["median_ms"]
+    if case["mode"] in ("generate", "prefill"):
+        result["per_token_ms"] = result["median_ms"] / (case["length"] if case["mode"] == "prefill" else 1)
     if case["mode"] != "model" and case["attention"] not in PEER_ATTENTIONS:
         result["decay"] = _decay(case)  # what the layer was built with (softmax: none)
     if case["positional"] == "sinespe" and case["impl"] == "-" and case["mode"] != "model":

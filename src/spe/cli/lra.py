@@ -79,10 +79,10 @@ def add_lra_parser(sub) -> None:
                    help="ape, ape-learned, sinespe, convspe, convspe-2d (image), rope, none; with linear kernels "
                         "also lrpe, permute, cosformer; with softmax also shaw, music-relative, alibi and the "
                         "SPE oracles sinespe-exact, convspe-exact (default sinespe)")
-    p.add_argument("--attention", help="performer (default), linear-relu, linear-elu, softmax")
-    p.add_argument("--decay", choices=("none", "fixed", "learned"),
-                   help="decay γ^|m−n| on the lag (linear kernels): fixed (RetNet's γ_h = 1 − 2^(−5−h)) or learned "
-                   "from there (default: the preset's, none)")
+    p.add_argument("--attention", help="performer (default), linear-relu, linear-elu, linear, softmax")
+    p.add_argument("--decay", choices=("none", "fixed", "learned", "gated", "gated-channel"),
+                   help="fixed (RetNet's γ_h = 1 − 2^(−5−h)), learned from there, gated (per head, from the "
+                   "input) or gated-channel (GLA's), linear kernels (default: the preset's, none)")
     p.add_argument("--preset", help="paper or cpu-small (default)")
     p.add_argument("--listops-pipeline", choices=("lossless", "lra-2021"),
                    help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "

@@ -65,7 +65,7 @@ def _train_config(args: argparse.Namespace, **overrides):
         model["attention_window"] = decode_window(args.attention_window, "--attention-window")
     if getattr(args, "ungated", False) or getattr(args, "gated", False):
         model["gated"] = bool(args.gated)
-    for flag in ("tensorboard", "compile", "allow_data_change"):
+    for flag in ("tensorboard", "compile", "allow_data_change", "state_passing"):
         if getattr(args, flag, False):
             raw[flag] = True
     raw.update(overrides)
@@ -105,10 +105,10 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--positional", help="ape, ape-learned, sinespe, convspe, rope, none; with softmax attention "
                    "also shaw, music-relative, alibi (these select softmax unless --attention is given); with "
                    "linear kernels also lrpe (not linear-relu), permute (PermuteFormer), cosformer")
-    p.add_argument("--attention", help="softmax, performer, linear-relu or linear-elu")
-    p.add_argument("--decay", choices=("none", "fixed", "learned"),
-                   help="decay γ^(m−n) on the lag of linear attention: fixed (RetNet's γ_h = 1 − 2^(−5−h)) or "
-                   "learned from there (default none; with --positional rope, fixed is RetNet's scheme)")
+    p.add_argument("--attention", help="softmax, performer, linear-relu, linear-elu, linear (no normaliser)")
+    p.add_argument("--decay", choices=("none", "fixed", "learned", "gated", "gated-channel"),
+                   help="fixed (RetNet's γ_h = 1 − 2^(−5−h)), learned from there, gated (a forget gate per "
+                   "head from the input; softmax: FoX) or gated-channel (GLA's, per channel); default none")
     gate = p.add_mutually_exclusive_group()
     gate.add_argument("--gated", action="store_true", help="SPE with gating (eq. 23-25)")
     gate.add_argument("--ungated", action="store_true", help="SPE without gating (the default)")
@@ -253,7 +253,7 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from spe.bench.peers import PEER_ATTENTIONS
-    from spe.bench.run import (BENCH_ATTENTIONS, MODES, bench_outputs, parse_decays, parse_pairs, parse_series,
+    from spe.bench.run import (BENCH_ATTENTIONS, KERNEL_NAMES, MODES, bench_outputs, parse_decays, parse_pairs, parse_series,
                                run_bench, summarize_bench, write_outputs)
     from spe.train.config import load_config_file, packaged_config
 
@@ -263,8 +263,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if (not modes and not args.longest) or set(modes) - set(MODES):
         raise UsageError(f"--modes takes {', '.join(MODES)}, got {args.modes!r}")
     attentions = [a.strip() for a in args.attentions.split(",")] if args.attentions else None
-    if attentions and set(attentions) - {*BENCH_ATTENTIONS, *PEER_ATTENTIONS}:
-        raise UsageError(f"--attentions takes {', '.join([*BENCH_ATTENTIONS, *PEER_ATTENTIONS])}, "
+    if attentions and set(attentions) - {*KERNEL_NAMES, *PEER_ATTENTIONS}:
+        raise UsageError(f"--attentions takes {', '.join([*KERNEL_NAMES, *PEER_ATTENTIONS])}, "
                          f"got {args.attentions!r}")
     try:
         series = parse_series(args.positionals)
@@ -354,6 +354,8 @@ def _add_train_parser(sub) -> None:
                    help="replace the run in --out (its checkpoints, metrics and plots) instead of refusing")
     p.add_argument("--allow-data-change", action="store_true",
                    help="let --resume continue on data whose pieces or split changed (it says what changed)")
+    p.add_argument("--state-passing", action="store_true", help="start each crop from the detached final state "
+                   "of a previous step's crop (Buitrago Ruiz & Gu 2025); recurrent-state kernels only")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
 
@@ -417,9 +419,9 @@ def _add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="time and peak memory of attention layers per positional encoding")
     p.add_argument("--lengths", default="512,1024,2048,4096,8192,16384", help="comma-separated lengths")
     p.add_argument("--modes",
-                   help="train (one layer forward+backward), generate (one recurrent step), model (one AdamW "
-                        "step of the whole model of --config at each --model-shapes, in --rounds interleaved "
-                        "rounds); default train,generate, or nothing but the search with --longest")
+                   help="train (one layer forward+backward), generate (one recurrent step), prefill (a prompt of N "
+                        "at once), model (one AdamW step of the whole model of --config at each --model-shapes, in "
+                        "--rounds interleaved rounds); default train,generate, or only the search with --longest")
     p.add_argument("--config", help="TOML whose [model] section builds the model for --modes model and --longest "
                    "(default: the packaged demo config)")
     p.add_argument("--positionals", help="comma-separated subset of: ape, sinespe (auto), sinespe:fused|blocked|"
@@ -439,7 +441,7 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--measure-limit-mb", type=float, default=12000.0,
                    help="--longest: measure no point predicted above this; extrapolate beyond (default 12000)")
     p.add_argument("--longest-start", type=int, default=4096, help="--longest: first length (default 4096)")
-    p.add_argument("--attentions", help="subset of: softmax, performer, linear (default: those three), and "
+    p.add_argument("--attentions", help="attention kernels (default: softmax, performer, linear-elu), and "
                    "performer-pytorch (lucidrains' layer, train mode with ape/none, if installed)")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)

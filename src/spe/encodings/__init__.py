@@ -10,6 +10,8 @@
 * Mixing each projected query, key and value with its K − 1 predecessors, before all of the
   above: :class:`ShortConvolution` (fla's short convolution; decoding state
   :class:`ShortConvState`).
+* Forget gates from the layer's input, weighing the kernel's sums (``decay="gated"``,
+  ``"gated-channel"``): :class:`ScalarGate` (Mamba2's), :class:`ChannelGate` (GLA's).
 """
 
 from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -18,6 +20,7 @@ from spe.encodings.code import DenseCode, SineCode, SPECode
 from spe.encodings.conv import ConvSPE
 from spe.encodings.cosformer import CosFormerReweighting
 from spe.encodings.filter import SPEFilter, apply_code_reference, apply_sine_code_fused
+from spe.encodings.gates import ChannelGate, ScalarGate
 from spe.encodings.lrpe import LRPE
 from spe.encodings.music_relative import MusicRelativePosition
 from spe.encodings.permute import PermuteFeatures
@@ -28,8 +31,8 @@ from spe.encodings.short_conv import ShortConvolution, ShortConvState, depthwise
 from spe.encodings.sine import SineSPE, sine_phase
 
 __all__ = [
-    "LRPE", "ALiBi", "ConvSPE", "CosFormerReweighting", "DenseCode", "PermuteFeatures", "LearnedPositionalEmbedding", "MusicRelativePosition", "RotaryEncoding",
-    "POSITIONAL_SPECS", "PositionalSpec", "SPECode", "SPEFilter", "ShawRelativePosition", "ShortConvState",
+    "LRPE", "ALiBi", "ChannelGate", "ConvSPE", "CosFormerReweighting", "DenseCode", "PermuteFeatures", "LearnedPositionalEmbedding", "MusicRelativePosition", "RotaryEncoding",
+    "POSITIONAL_SPECS", "PositionalSpec", "SPECode", "SPEFilter", "ScalarGate", "ShawRelativePosition", "ShortConvState",
     "ShortConvolution", "SineCode", "SineSPE", "SinusoidalPositionalEncoding",
     "alibi_slopes", "apply_code_reference", "apply_sine_code_fused", "depthwise_conv", "depthwise_conv_reference",
     "positional_names", "positional_spec", "rotate",

@@ -1,7 +1,8 @@
 """Plans of variants × seeds, trained and evaluated resumably (``spe sweep``).
 
 A plan is a TOML file: top-level keys are training options shared by every variant (on top
-of the packaged demo config), ``[model]`` shared model options, and one
+of the packaged demo config), ``[model]`` shared model options, ``[eval]`` shared evaluation
+options, and one
 ``[variants.NAME]`` table per variant with its own training keys, a ``model`` table and
 optionally an ``eval`` table (``num_realizations``, ``num_draws``; ``max_length`` and
 ``bucket_width``, by default 3× and 1× the variant's training length; ``window``, the sliding
@@ -94,12 +95,12 @@ def _check_eval(where: str, evaluation: dict) -> None:
             raise ValueError(f"{where}: eval option {key} must be an integer ≥ 1, got {value!r}")
 
 
-def _variant(where: str, spec: dict, variants: dict, base: dict, base_model: dict) -> dict:
+def _variant(where: str, spec: dict, variants: dict, base: dict, base_model: dict, base_eval: dict) -> dict:
     spec = dict(spec)
     of = spec.pop("checkpoints_of", None)
     if of is not None and (of not in variants or variants[of].get("checkpoints_of")):
         raise ValueError(f"{where}: checkpoints_of must name a variant that trains")
-    evaluation = spec.pop("eval", {})
+    evaluation = {**base_eval, **spec.pop("eval", {})}
     _check_eval(where, evaluation)
     description = spec.pop("description", "")
     train_options = {**base, **spec, "model": {**base_model, **spec.pop("model", {})}}
@@ -128,11 +129,12 @@ def load_plan(path_or_name: str) -> Plan:
         raise ValueError(f"plan {path}: reference {reference!r} is not one of its variants ({', '.join(variants)})")
     base = load_config_file(packaged_config("demo"))
     base_model = {**base.pop("model", {}), **raw.pop("model", {})}
+    base_eval = raw.pop("eval", {})  # every variant's eval options, under its own
     base.update(raw)
     plan = Plan(path=str(path), title=title, seeds=[int(s) for s in seeds], reference=reference)
     for name, spec in variants.items():
         check_name(name, f"plan {path}, variant {name!r}")
-        plan.variants[name] = _variant(f"plan {path}, variant {name!r}", spec, variants, base, base_model)
+        plan.variants[name] = _variant(f"plan {path}, variant {name!r}", spec, variants, base, base_model, base_eval)
     for name, spec in plan.variants.items():  # refused now rather than after the training it would follow
         source = spec["of"] or name
         if spec["eval"].get("split") == "test" and not plan.variants[source]["train"].get("test_min_tokens"):

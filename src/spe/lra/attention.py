@@ -87,10 +87,16 @@ def cls_attention(model: EncoderClassifier, tokens: Tensor, lengths: Tensor | No
     fq, fk, extra = attn._linear_inputs(q, k, seen["positions"])  # noqa: SLF001 - the layer's own features
     if "normalizer" in extra:  # RoPE: the unrotated features give the (positive) weights' normaliser
         fq, fk = extra["normalizer"]
-    log_decay = attn.log_decay()
+    log_decay = attn.log_decay(seen["x"], mask)
     if log_decay is not None:  # the CLS query sits at position 0, so key n weighs γ^n (γ^|m−n| of encoders)
-        lags = torch.arange(fk.shape[1], device=fk.device, dtype=torch.float32)[:, None] * log_decay  # (L, H)
-        extra["key_log_scale"] = extra.get("key_log_scale", torch.zeros(fk.shape[:3], device=fk.device)) + lags
+        if log_decay.dim() == 1:
+            lags = torch.arange(fk.shape[1], device=fk.device, dtype=torch.float32)[:, None] * log_decay  # (L, H)
+        else:  # a gate: key n weighs exp(Σ_{0<t≤n} G_t), (B, L, H) or per channel (B, L, H, M)
+            lags = torch.cat([torch.zeros_like(log_decay[:, :1]), log_decay[:, 1:].cumsum(1)], dim=1)
+        if lags.dim() == 4:
+            fk = fk * torch.exp(lags)
+        else:
+            extra["key_log_scale"] = extra.get("key_log_scale", torch.zeros(fk.shape[:3], device=fk.device)) + lags
     if "key_log_scale" in extra:  # padding at −∞, so it can never be the common scale (as in the kernel)
         fk, _ = rescale_keys(fk, None, extra["key_log_scale"].masked_fill(mask[..., None], -math.inf))
     weights = torch.einsum("bhm,blhm->bhl", fq[:, 0].float(), fk.float()).masked_fill(mask[:, None], 0.0)

@@ -56,7 +56,19 @@ class Block(nn.Module):
         """x: (B, L, C); code: the SPE code of these L positions (SPE only); positions: (L,)
         for RoPE (default 0 … L − 1); key_padding_mask: (B, L) bool, True at padding (non-causal
         blocks, see :meth:`~spe.attention.MultiHeadAttention.forward`). Returns (B, L, C)."""
-        x = x + self.drop(self.attn(self.norm1(x), code, positions=positions, key_padding_mask=key_padding_mask))
+        return self._residuals(x, self.attn(self.norm1(x), code, positions=positions,
+                                            key_padding_mask=key_padding_mask))
+
+    def forward_with_state(self, x: Tensor, code: SPECode | None,
+                           state: LayerState | None) -> tuple[Tensor, LayerState]:
+        """:meth:`forward` of a causal block going on from the attention's ``state`` (None: position
+        0), dropout included: x (B, L, C) -> (B, L, C) and the attention's state after these
+        positions (:meth:`~spe.attention.MultiHeadAttention.prefill`)."""
+        y, state = self.attn.prefill(self.norm1(x), code, state)
+        return self._residuals(x, y), state
+
+    def _residuals(self, x: Tensor, y: Tensor) -> Tensor:
+        x = x + self.drop(y)
         return x + self.drop(self.ffn(self.norm2(x)))
 
     def step(self, x: Tensor, code: SPECode | None,

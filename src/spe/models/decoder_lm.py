@@ -72,7 +72,8 @@ class DecoderLM(Trunk):
         self.config.attention_window = window
 
     def forward(self, tokens: Tensor, *, positions: Tensor | None = None,
-                generator: torch.Generator | None = None, num_realizations: int | None = None) -> Tensor:
+                generator: torch.Generator | None = None, num_realizations: int | None = None,
+                state: DecodingState | None = None, return_state: bool = False):
         """Args:
             tokens: (B, L) token ids in [0, V).
             positions: (L,) positions shared by the batch (default 0 … L−1). With ``sinespe``
@@ -81,16 +82,25 @@ class DecoderLM(Trunk):
                 (``shaw``, ``music-relative``, ``alibi``) use index distances and take none.
             generator: source of the SPE code in training mode.
             num_realizations: R for this pass (default: the config's), e.g. a test-time R.
+            state, return_state: go on from a decoding state and/or return the final one, as
+                :meth:`forward_with_state` (through ``model(...)``, so that DDP and
+                ``torch.compile`` wrappers see the call); positions then run on from the state's.
 
         Returns:
-            (B, L, V) logits of the next token at each position.
+            (B, L, V) logits of the next token at each position; with ``return_state`` also
+            the :class:`DecodingState` after them.
 
         Raises:
             ValueError: on a tensor that is not (batch, length), ids out of range (checked
                 on the CPU; on CUDA a device-side assertion, see
-                :func:`~spe.models.trunk.check_in_range`), positions with a score encoding,
-                or ``ape-learned`` positions beyond ``max_positions``.
+                :func:`~spe.models.trunk.check_in_range`), positions with a score encoding
+                or with a state, or ``ape-learned`` positions beyond ``max_positions``.
         """
+        if state is not None or return_state:
+            if positions is not None:
+                raise ValueError("positions run on from the decoding state's: pass none with a state")
+            logits, state = self._forward_with_state(tokens, state, generator, num_realizations)
+            return (logits, state) if return_state else logits
         self.check_tokens(tokens)
         n = tokens.shape[1]
         if positions is not None and self.spec.acts_on == "scores":
@@ -100,6 +110,54 @@ class DecoderLM(Trunk):
         elif positions.shape != (n,):
             raise ValueError(f"positions must have shape ({n},) like the tokens' length, got {tuple(positions.shape)}")
         return self.head(self.hidden(tokens, positions, generator=generator, num_realizations=num_realizations))
+
+    def forward_with_state(self, tokens: Tensor, state: DecodingState | None = None, *,
+                           generator: torch.Generator | None = None) -> tuple[Tensor, DecodingState]:
+        """The causal parallel forward going on from a decoding state, with gradients, and the final state.
+
+        Positions run from ``state.position`` (p; 0 without a state): tokens, SPE codes, RoPE
+        and feature transforms are those of positions p … p + L − 1, and every layer's kernel
+        starts from its carried state (:meth:`~spe.models.block.Block.forward_with_state`),
+        so the logits are those of :meth:`forward` over the whole sequence that left ``state``
+        followed by ``tokens``, restricted to the last L positions, when the SPE code is the same
+        realisation (draw both from generators of one seed: the noise does not depend on the
+        positions asked for). Dropout and codes as :meth:`forward` in the current mode. Used by
+        state passing in training (:mod:`spe.train.state_passing`); the returned state keeps
+        its autograd graph: detach it before carrying it over an optimizer step.
+
+        Args:
+            tokens: (B, L) token ids of positions p … p + L − 1, L ≥ 1.
+            state: the state after position p − 1 (:meth:`step`, :meth:`prefill` or an earlier
+                call), or None.
+            generator: source of the SPE code in training mode (as :meth:`forward`).
+
+        Returns:
+            (B, L, V) logits and the state after position p + L − 1.
+
+        Raises:
+            ValueError: as :meth:`forward`; a state of another number of layers or window, or a
+                softmax KV cache (softmax goes on from one with :meth:`step` only).
+            TypeError: on a layer state of the wrong kind.
+        """
+        return self(tokens, generator=generator, state=state, return_state=True)
+
+    def _forward_with_state(self, tokens: Tensor, state: DecodingState | None, generator: torch.Generator | None,
+                            num_realizations: int | None) -> tuple[Tensor, DecodingState]:
+        self.check_tokens(tokens)
+        if tokens.shape[1] == 0:
+            raise ValueError("a forward from a state takes at least one token per sequence, got length 0")
+        if state is not None and len(state.layers) != len(self.blocks):
+            raise ValueError(f"the decoding state holds {len(state.layers)} layer states, this model has "
+                             f"{len(self.blocks)} blocks")
+        start = 0 if state is None else state.position
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        x = self.drop(self.embed_tokens(tokens, positions))  # (B, L, C)
+        codes = self.draw_codes(positions, generator=generator, num_realizations=num_realizations)
+        layers = []
+        for i, (block, code) in enumerate(zip(self.blocks, codes)):
+            x, layer_state = block.forward_with_state(x, code, None if state is None else state.layers[i])
+            layers.append(layer_state)
+        return self.head(self.norm(x)), DecodingState(position=start + tokens.shape[1], layers=layers)
 
     @torch.no_grad()
     def step(self, tokens: Tensor, state: DecodingState | None = None) -> tuple[Tensor, DecodingState]:

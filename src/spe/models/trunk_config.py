@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar, Self
 
-from spe.attention.kernels import kernel_spec
-from spe.attention.layer import ACCEPTS, ATTENTIONS
+from spe.attention.kernels import kernel_spec, numerator_transform_kernels
+from spe.attention.layer import ACCEPTS, ATTENTIONS, check_decay
 from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.lrpe import LRPE_ANGLES
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
 from spe.encodings.short_conv import check_short_conv
 from spe.encodings.sine import CODE_NOISES, FREQUENCY_INITS
-from spe.ops.decay import NO_DECAY, check_decay_mode
+from spe.ops.decay import NO_DECAY
 
 __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "TrunkConfig"]
 
@@ -48,7 +48,9 @@ class TrunkConfig:
             ``alibi``; on the kernel's features φ (linear kernels only) ``lrpe``
             (performer or linear-elu), ``permute`` (PermuteFormer), ``cosformer``; or
             ``none``. Which of them a model takes is its own config's rule.
-        attention: ``softmax``, ``performer``, ``linear-relu`` or ``linear-elu``.
+        attention: ``softmax``, ``performer``, ``linear-relu``, ``linear-elu`` or ``linear``
+            (normaliser-free: identity features, no denominator, a per-head RMS norm of the
+            output; RetNet, GLA, fla's ``linear_attn``).
         gated: SPE gating (eq. 23-25), for ``sinespe``/``convspe``. Off by default: on the
             Bach chorales ungated sineSPE was better than gated in every position bucket
             (docs/ablation.md).
@@ -84,9 +86,17 @@ class TrunkConfig:
             positions (a position ≥ L_max raises ValueError); None: ``max_positions``.
         decay: one of ``DECAY_MODES``: ``none`` (default), ``fixed`` (RetNet's γ_h = 1 −
             2^(−5−h) per head on the lag, weights γ^{|m−n|}) or ``learned`` (γ_h =
-            sigmoid(logit_h) initialised there, one (H,) parameter per layer). With any
-            positional encoding (``rope`` + ``fixed`` is RetNet's scheme); linear kernels only
-            (:mod:`spe.ops.decay`).
+            sigmoid(logit_h) initialised there, one (H,) parameter per layer), linear kernels
+            only (:mod:`spe.ops.decay`); or a forget gate from each layer's input, key n
+            weighing exp(Σ_{n<t≤m} G_t) at query m (:mod:`spe.encodings.gates`): ``gated``,
+            one per head and position (Mamba2's −softplus(wᵀx + b)·exp(A_log), starting at
+            RetNet's fixed decays), every kernel (with softmax it is FoX: decoders only, no
+            score encoding; ``none`` is FoX's own positional choice), ``gated-channel``, one
+            per feature channel (GLA's logsigmoid(W₂W₁x)/16, rank 16), linear kernels but
+            performer, no feature transform (RoPE: tied over rotated pairs). Decays and gates
+            act on the kernel's sums, so they compose with every queries-keys encoding
+            (``rope`` + ``fixed`` is RetNet's scheme); gate parameters are positional (never
+            weight-decayed).
         short_conv: K, a depthwise convolution of width K then SiLU on each layer's projected
             queries, keys and values (fla's ``ShortConvolution``, K = 4 there), before SPE,
             RoPE and the feature maps: causal in decoders, which then carry the last K − 1
@@ -102,8 +112,9 @@ class TrunkConfig:
         ValueError: naming the option and the value received, for an unknown encoding or
             kernel, an encoding the kernel cannot take, a size that is not a positive
             integer, ``d_model`` not divisible by ``num_heads``, a dropout outside [0, 1), an
-            unknown ``decay`` or a decay with softmax attention, a ``short_conv`` that is not
-            0 or an integer ≥ 2.
+            unknown ``decay`` or one the kernel or encoding does not take
+            (:func:`spe.attention.layer.check_decay`), a ``short_conv`` that is not 0 or an
+            integer ≥ 2.
     """
 
     causal: ClassVar[bool] = True
@@ -150,9 +161,9 @@ class TrunkConfig:
             raise ValueError(f"positional {self.positional!r} "
                              f"{what.format(where=where, attention=self.attention)}; with {self.attention} "
                              f"choose one of {allowed}, or use attention {taking}")
-        if POSITIONAL_SPECS[self.positional].positive_features and not kernel.positive_features:
+        if POSITIONAL_SPECS[self.positional].positive_features and not kernel.numerator_transforms:
             raise ValueError(f"positional {self.positional!r} with linear attention needs strictly positive features: "
-                             "use attention performer or linear-elu, not linear-relu")
+                             f"use attention {' or '.join(numerator_transform_kernels())}, not {self.attention}")
         require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
             "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
             "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions")})
@@ -167,11 +178,11 @@ class TrunkConfig:
         check_short_conv(self.short_conv)
 
     def _check_decay(self) -> None:
-        check_decay_mode(self.decay)
-        if self.decay != NO_DECAY and not kernel_spec(self.attention).decay:
-            takers = [name for name in ATTENTIONS if kernel_spec(name).decay]
-            raise ValueError(f"decay {self.decay!r} acts on the sums of linear attention; {self.attention} attention "
-                             f"does not take one: use attention {', '.join(takers)}, or decay 'none'")
+        where = POSITIONALS[self.positional]
+        named = f"positional {self.positional!r}"
+        check_decay(kernel_spec(self.attention), self.decay, causal=self.causal,
+                    score_encoding=named if where == "scores" else None,
+                    feature_transform=named if where == "features" else None)
 
     def _check_feature_options(self) -> None:
         for name, allowed in (("code_noise", CODE_NOISES), ("frequency_init", FREQUENCY_INITS)):

@@ -30,9 +30,10 @@ from torch import Tensor
 __all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "NO_DECAY", "check_log_decay", "check_decay_mode", "decay_attention_reference", "decayed_running_max",
            "retnet_decay_logits", "retnet_log_decay"]
 
-# The decays a model can ask for (ModelConfig.decay, --decay): none, RetNet's fixed γ_h, or
-# γ_h = sigmoid(logit_h) learned from RetNet's values.
-DECAY_MODES = ("none", "fixed", "learned")
+# The decays a model can ask for (ModelConfig.decay, --decay): none, RetNet's fixed γ_h,
+# γ_h = sigmoid(logit_h) learned from RetNet's values, or a forget gate from the layer's input
+# (spe.ops.gates; spe.encodings.gates): per head and position, or per feature channel.
+DECAY_MODES = ("none", "fixed", "learned", "gated", "gated-channel")
 NO_DECAY = DECAY_MODES[0]  # a name of its own: "none" is also a positional encoding's
 
 

@@ -19,7 +19,9 @@ run through :mod:`spe.ops.gated`; the slow twin of both is
 :func:`spe.ops.decay.decay_attention_reference`.
 
 The normaliser has no fixed ε (:func:`normalise`); all sums run in at least float32 with
-autocast off.
+autocast off. ``normalize=False`` gives the numerator alone, Σ_n w_mn φ(q_m)ᵀφ(k_n) v_n
+(normaliser-free linear attention: RetNet, GLA, fla's ``linear_attn``), by the same sums:
+without key scales every sum is relative to e^0, so it is the absolute numerator.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from spe.ops.state import (
 )
 
 __all__ = ["LinearState", "causal_linear_attention", "causal_linear_attention_reference",
-           "causal_linear_attention_with_state", "check_linear_state", "kernel_dtype", "linear_attention", "normalise",
-           "rescale_keys"]
+           "causal_linear_attention_with_state", "check_linear_state", "check_normalize", "kernel_dtype",
+           "linear_attention", "normalise", "rescale_keys"]
 
 # What causal linear attention continues from and returns: running sums (whole past) or the
 # recent keys (window), each with a ``Scaled`` subclass for keys with log scales.
@@ -114,8 +116,24 @@ def normalise(num: Tensor, den: Tensor, eps: float = 0.0) -> Tensor:
     return torch.where(nonzero, num / torch.where(nonzero, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
-def _normalised(num_den: Tensor, eps: float) -> Tensor:
-    return normalise(num_den[..., :-1], num_den[..., -1:], eps)
+def _normalised(num_den: Tensor, eps: float | None) -> Tensor:
+    # eps None: normalize=False, the numerator alone (the normaliser column is still summed, so
+    # the states keep one form)
+    return num_den[..., :-1] if eps is None else normalise(num_den[..., :-1], num_den[..., -1:], eps)
+
+
+def check_normalize(normalize: bool, eps: float, normalizer, key_log_scale) -> float | None:
+    """The ``eps`` the sums go on with: None for ``normalize=False`` (the numerator alone).
+
+    Raises:
+        ValueError: on ``normalize=False`` with a separate normaliser, an eps or key log scales.
+    """
+    if normalize:
+        return eps
+    if normalizer is not None or key_log_scale is not None or eps:
+        raise ValueError("normalize=False gives the numerator Σ_n w_mn φ(q_m)ᵀφ(k_n) v_n alone: it takes no "
+                         "separate normalizer, no eps and no key_log_scale (sums relative to a scale)")
+    return None
 
 
 def rescale_keys(phi_k: Tensor, normalizer, key_log_scale: Tensor | None):
@@ -164,7 +182,7 @@ def _check_normalizer(normalizer, phi_q: Tensor, phi_k: Tensor) -> tuple[Tensor,
 def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.0,
                      normalizer: tuple[Tensor, Tensor] | None = None, key_log_scale: Tensor | None = None,
                      key_padding_mask: Tensor | None = None, log_decay: Tensor | None = None,
-                     chunk_size: int = 64) -> Tensor:
+                     chunk_size: int = 64, normalize: bool = True) -> Tensor:
     """Non-causal linear attention.
 
     Args:
@@ -188,14 +206,19 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
             from t in both directions; :func:`spe.ops.gated.gated_bidirectional_sums`).
             None: none.
         chunk_size: C of those scans (unused without a decay).
+        normalize: divide by the normaliser; False: the numerator Σ_n w_mn φ(q_m)ᵀφ(k_n) v_n
+            alone (normaliser-free linear attention, fla's ``normalize=False``; no
+            ``normalizer``, ``eps`` or ``key_log_scale``).
 
     Returns:
         (B, Lq, H, E).
 
     Raises:
         ValueError: on a bad padding mask or normaliser, a bad ``log_decay`` (or a channel
-            gate with key scales), or a decay with Lq ≠ Lk.
+            gate with key scales), a decay with Lq ≠ Lk, or ``normalize=False`` with a
+            normaliser, eps or key scales.
     """
+    eps = check_normalize(normalize, eps, normalizer, key_log_scale)
     if key_padding_mask is not None:
         phi_k, v, normalizer, key_log_scale = _mask_keys(key_padding_mask, phi_k, v, normalizer, key_log_scale)
     if log_decay is not None:
@@ -266,7 +289,8 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
                             group_size: int | None = None, eps: float = 0.0,
                             normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
                             initial_state: LinearState | None = None, key_log_scale: Tensor | None = None,
-                            output_final_state: bool = False, log_decay: Tensor | None = None) -> Tensor:
+                            output_final_state: bool = False, log_decay: Tensor | None = None,
+                            normalize: bool = True) -> Tensor:
     """Causal linear attention, chunked; never allocates anything of size L × L.
 
     Inside a chunk of C positions: the masked C × C product. Across chunks: the carried state
@@ -316,6 +340,9 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
             doubling; a channel gate's chunks are at most 16 long; ``group_size`` is ignored);
             an initial state continues exactly (a windowed one keeps the kept positions'
             gates). None: no decay.
+        normalize: divide by the normaliser; False: the numerator Σ_n w_mn φ(q_m)ᵀφ(k_n) v_n
+            alone (normaliser-free linear attention, fla's ``normalize=False``; no
+            ``normalizer``, ``eps`` or ``key_log_scale``); the state keeps its form.
 
     Returns:
         (B, L, H, E) in ``v``'s dtype (:func:`causal_linear_attention_with_state` also gives
@@ -325,8 +352,9 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
     Raises:
         ValueError: on mismatched lengths, a non-positive chunk size or window, a window
             with ``group_size``, a bad ``log_decay`` (shape, dtype, a value > 0 or not finite,
-            a channel gate with key scales), or an initial state of another window,
-            normaliser, key-scale or gate form.
+            a channel gate with key scales), an initial state of another window,
+            normaliser, key-scale or gate form, or ``normalize=False`` with a normaliser,
+            eps or key scales.
         TypeError: on an initial state that is not a linear-attention state.
     """
     if output_final_state:  # the earlier flag returned Tensor | tuple; one return type now
@@ -334,15 +362,15 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
                         "causal_linear_attention_with_state for (output, final state)")
     return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size, eps=eps,
                           normalizer=normalizer, window=window, initial_state=initial_state,
-                          key_log_scale=key_log_scale, log_decay=log_decay)[0]
+                          key_log_scale=key_log_scale, log_decay=log_decay, normalize=normalize)[0]
 
 
 def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
                                        group_size: int | None = None, eps: float = 0.0,
                                        normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
                                        initial_state: LinearState | None = None,
-                                       key_log_scale: Tensor | None = None,
-                                       log_decay: Tensor | None = None) -> tuple[Tensor, LinearState]:
+                                       key_log_scale: Tensor | None = None, log_decay: Tensor | None = None,
+                                       normalize: bool = True) -> tuple[Tensor, LinearState]:
     """:func:`causal_linear_attention` that also returns the state after these L positions
     (flash-linear-attention's ``output_final_state``).
 
@@ -357,7 +385,7 @@ def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, 
     """
     return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size, eps=eps,
                           normalizer=normalizer, window=window, initial_state=initial_state,
-                          key_log_scale=key_log_scale, log_decay=log_decay)
+                          key_log_scale=key_log_scale, log_decay=log_decay, normalize=normalize)
 
 
 def check_linear_state(state, *, window: int | None, scaled: bool, who: str = "initial state",
@@ -387,7 +415,9 @@ def check_linear_state(state, *, window: int | None, scaled: bool, who: str = "i
 @_full_precision
 def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, group_size: int | None,
                    eps: float, normalizer, window: int | None, initial_state: LinearState | None,
-                   key_log_scale: Tensor | None, log_decay: Tensor | None = None) -> tuple[Tensor, LinearState]:
+                   key_log_scale: Tensor | None, log_decay: Tensor | None = None,
+                   normalize: bool = True) -> tuple[Tensor, LinearState]:
+    eps = check_normalize(normalize, eps, normalizer, key_log_scale)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     check_window(window)

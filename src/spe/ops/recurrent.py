@@ -19,7 +19,7 @@ from torch import Tensor
 
 from spe.ops.decay import check_log_decay
 from spe.ops.gates import check_gates, is_gate, suffix_sums
-from spe.ops.linear import LinearState, check_linear_state, kernel_dtype, normalise
+from spe.ops.linear import LinearState, check_normalize, check_linear_state, kernel_dtype, normalise
 from spe.ops.softmax import attend, check_window, softmax_gates
 from spe.ops.state import (
     KVCache,
@@ -41,8 +41,8 @@ def _check_one_position(**tensors: Tensor) -> None:
 
 def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: LinearState | None = None, *,
                           normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
-                          key_log_scale: Tensor | None = None,
-                          log_decay: Tensor | None = None) -> tuple[Tensor, LinearState]:
+                          key_log_scale: Tensor | None = None, log_decay: Tensor | None = None,
+                          normalize: bool = True) -> tuple[Tensor, LinearState]:
     """One causal linear-attention step: y = φ(q)ᵀ S / ψ(q)ᵀ z with S, z updated by this key.
 
     Whole past: S ← S + φ(k) vᵀ, z ← z + ψ(k), O(M·E) per step at any position
@@ -68,16 +68,21 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Linear
             position's gate (:mod:`spe.ops.gates`): (B, 1, H) G, S ← e^G S + φ(k) vᵀ (c ← max(c
             + G, a) with key scales), or (B, 1, H, M) per feature channel, S ← diag(e^G) S + …;
             with a window the state keeps the kept positions' gates.
+        normalize: divide by the normaliser; False: y = φ(q)ᵀ S alone (normaliser-free, as
+            :func:`~spe.ops.linear.causal_linear_attention`'s; no ``normalizer`` or
+            ``key_log_scale``); the state keeps its form.
 
     Returns:
         (B, 1, H, E) output in ``v``'s dtype, and the new state (position + 1).
 
     Raises:
-        ValueError: on more than one position, a bad ``log_decay``, or a state of another
-            window, normaliser, key-scale or gate form.
+        ValueError: on more than one position, a bad ``log_decay``, a state of another
+            window, normaliser, key-scale or gate form, or ``normalize=False`` with a
+            normaliser or key scales.
         TypeError: on a state that is not a linear-attention state.
     """
     _check_one_position(phi_q=phi_q, phi_k=phi_k, v=v)
+    normalized = check_normalize(normalize, 0.0, normalizer, key_log_scale) is not None
     gates = None
     if is_gate(log_decay):
         gates = check_gates(log_decay, phi_q.shape, key_log_scale=key_log_scale is not None,
@@ -104,7 +109,9 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Linear
                                       gates=gates.to(dtype))
         else:
             kv, z, new = _window_step(state, fk, vf, None if normalizer is None else nk, a, window, position, lam)
-        y = normalise(torch.einsum("blhm,bhme->blhe", fq, kv), torch.einsum("blhm,bhm->blh", nq, z)[..., None])
+        y = torch.einsum("blhm,bhme->blhe", fq, kv)
+        if normalized:
+            y = normalise(y, torch.einsum("blhm,bhm->blh", nq, z)[..., None])
     return y.to(v.dtype), new
 
 

@@ -88,12 +88,14 @@ def softmax_gates(log_decay: Tensor, shape: tuple[int, ...]) -> Tensor:
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool = False) -> Tensor:
     """softmax(q kᵀ / √D + mask) v by PyTorch's fused kernel, autocast off, in at least float32
     on the CPU: q (B, Lq, H, D), k (B, Lk, H, D), v (B, Lk, H, E); mask None, bool (True:
-    attend) or a float bias, broadcastable to (B, H, Lq, Lk). Returns (B, Lq, H, E) in ``v``'s
-    dtype."""
+    attend) or a float bias, broadcastable to (B, H, Lq, Lk), whose dtype the scores take at
+    least (CUDA too). Returns (B, Lq, H, E) in ``v``'s dtype."""
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     if q.device.type != "cuda":
         dtype = torch.promote_types(dtype, torch.float32)
     if mask is not None and mask.is_floating_point():
+        # a FoX bias of sums of gates (hundreds of nats) keeps its float32 precision: the scores follow it
+        dtype = torch.promote_types(dtype, mask.dtype)
         mask = mask.to(dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
         out = F.scaled_dot_product_attention(q.to(dtype).transpose(1, 2), k.to(dtype).transpose(1, 2),

@@ -19,6 +19,7 @@ from spe.encodings.registry import POSITIONAL_SPECS
 from spe.models.config import ModelConfig
 from spe.options import check_options
 from spe.train.precision import check_precision
+from spe.train.state_passing import chain_steps
 
 __all__ = ["TrainConfig", "load_config_file", "packaged_config", "resolve_model_options"]
 
@@ -104,6 +105,11 @@ class TrainConfig:
             compilation is unavailable or fails, a warning and the uncompiled model).
         allow_data_change: let a resume continue on data whose pieces or split changed since
             the run started (with a warning naming the change); off: such a resume is refused.
+        state_passing: start each training crop from the detached final state of a crop of the
+            previous step (Buitrago Ruiz & Gu 2025; :mod:`spe.train.state_passing`), positions
+            running on from it, chains of up to 16 steps; recurrent-state kernels only (not
+            softmax). Validation is unchanged. May be switched on when resuming (the paper
+            post-trains with it).
         model: overrides of :class:`~spe.ModelConfig` fields (vocab_size comes from the data);
             completed by :func:`resolve_model_options` when the config is made.
     """
@@ -135,6 +141,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     compile: bool = False
     allow_data_change: bool = False
+    state_passing: bool = False
     model: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -165,6 +172,8 @@ class TrainConfig:
             what = ("ape-learned embeddings (max_positions)" if model.positional == "ape-learned" else
                     "positions cosformer attends within (L_max: cosformer_max_length, default max_positions)")
             raise ValueError(f"seq_len {self.seq_len} exceeds the {limit} {what}; raise that option or lower seq_len")
+        if self.state_passing:
+            chain_steps(model, self.seq_len)
 
     def to_dict(self) -> dict:
         return asdict(self)

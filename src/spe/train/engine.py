@@ -232,6 +232,8 @@ def _restore(run: _Run) -> None:
     run.seconds_before = float(ts.get("seconds", best.pop("seconds", 0.0)))  # format 1 kept it in the record
     best.pop("seconds", None)
     run.step, run.best, run.running_loss = ts["step"], best or None, ts.get("running_loss")
+    if hasattr(run.task, "load_state_dict"):
+        run.task.load_state_dict(ts["task"][run.ctx.rank] if "task" in ts else None, step=run.step)
     run.last_saved = run.step
     if run.ctx.is_main:
         _repair_best(run)
@@ -364,16 +366,19 @@ def _evaluate(run: _Run) -> dict:
 
 def _save(run: _Run, evaluation: dict, improved: bool) -> None:
     """Checkpoint unit of every process's state, written by rank 0; links ``best/`` first when improved."""
-    rng = [global_rng_states()]
+    mine = (global_rng_states(), run.task.state_dict() if hasattr(run.task, "state_dict") else None)
+    every = [mine]
     if run.ctx.enabled:
         import torch.distributed as dist
 
-        rng = [None] * run.ctx.world_size
-        dist.all_gather_object(rng, global_rng_states())
+        every = [None] * run.ctx.world_size
+        dist.all_gather_object(every, mine)
     if run.ctx.is_main:
+        rng, tasks = (list(column) for column in zip(*every))
         state = {"optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict(),
                  "world_size": run.ctx.world_size, "rng": rng, "best": run.best, "running_loss": run.running_loss,
-                 "seconds": run.seconds(), **{f"{name}_gen": g.get_state() for name, g in run.gens.items()}}
+                 "seconds": run.seconds(), **{f"{name}_gen": g.get_state() for name, g in run.gens.items()},
+                 **({"task": tasks} if any(t is not None for t in tasks) else {})}
         layout = run.task.layout
         best = (lambda folder: link(folder / MODEL_FILE, run.out / layout.best / MODEL_FILE)) \
             if improved and layout.best else None

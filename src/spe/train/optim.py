@@ -9,7 +9,8 @@ The parameter-group rule is decided by module type, not by parameter names:
   class is defined in the :mod:`spe.encodings` package (SPE frequencies, phases, gains and
   filters, the SPE gates of :class:`~spe.encodings.filter.SPEFilter`, learned absolute
   embeddings, Shaw and Music Transformer relative embeddings, the short convolution of
-  queries, keys and values), even where such a module holds an ``nn.Linear``.
+  queries, keys and values, the forget gates of ``decay="gated"``/``"gated-channel"``), even
+  where such a module holds an ``nn.Linear``.
 
 Decaying a positional parameter pulls it towards zero: for an SPE gate that means a gate
 halfway open whatever the data says; for sineSPE gains it means no positional signal.

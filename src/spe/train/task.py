@@ -122,6 +122,11 @@ class Task(Protocol):
             this order (``feature`` is the one feature redraws use).
         layout: where the run folder keeps its latest and best models.
         best_metric: the evaluation key whose highest value marks the best checkpoint, or None.
+
+    A task that carries something of its own from one step to the next (the states of state
+    passing) may also define ``state_dict() -> dict | None`` (data only: tensors, numbers,
+    containers; None: nothing) and ``load_state_dict(saved, *, step)``: the engine saves each
+    process's in ``train_state.pt`` and hands it back on resume (None where none was saved).
     """
 
     label: str

@@ -3,7 +3,9 @@
 Random crops of L + 1 tokens from the training pieces (optionally transposed), next-token
 cross-entropy, and at every evaluation the validation cross-entropy within the training
 length (prefixes of L + 1 tokens) and beyond it (positions [L, 2L) of prefixes of 2L + 1
-tokens, where the model can take them). Letters: B = batch, L = training length, V = vocabulary.
+tokens, where the model can take them). With ``state_passing`` each crop starts from the
+detached final state of a crop of the previous step (:mod:`spe.train.state_passing`).
+Letters: B = batch, L = training length, V = vocabulary.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spe.attention.kernels import kernel_spec
 from spe.checkpoint import max_positions
 from spe.models.decoder_lm import DecoderLM
 from spe.models.loss import cross_entropy
 from spe.train import distributed as dist_
 from spe.train.config import TrainConfig
+from spe.train.state_passing import CarriedBatch, StatePassing, chain_steps
 from spe.train.status import check_resume, check_run, data_record
 from spe.train.task import EngineSettings, RunLayout, StepStats
 from spe.train.validation import validation_sums
@@ -62,6 +66,7 @@ class LMTask:
     layout: RunLayout = field(default_factory=lambda: RunLayout(latest="", best=None, extra_files=("loss.png",)))
     best_metric: str | None = None
     meta: dict = field(default_factory=dict)
+    passing: StatePassing | None = None
 
     def prepare(self, ctx: dist_.Distributed, *, resume: bool) -> None:
         """Checks the run folder, loads the split (rank 0 tokenises and caches it first)."""
@@ -104,18 +109,37 @@ class LMTask:
     def build_model(self) -> DecoderLM:
         model = build_model(self.cfg, self.vocab_size)
         self.label = f"train {model.config.positional}"
+        if self.cfg.state_passing:  # feature redraws restart chains where there are random features
+            redraws = self.cfg.feature_redraw_every if kernel_spec(model.config.attention).random_features else 0
+            self.passing = StatePassing(chain_steps(model.config, self.cfg.seq_len), redraws)
         limit = max_positions(model.config)
         if limit is not None and 2 * self.cfg.seq_len > limit:  # no room for the beyond-range validation
             self.val_long = self.val_long[:0]
         return model
 
-    def batch(self, gens: dict[str, torch.Generator], ctx: dist_.Distributed, device: torch.device) -> torch.Tensor:
-        """This process's (B / N, L + 1) slice of B crops."""
-        return dist_.shard(self.sampler.sample(self.cfg.batch_size, gens["data"]), ctx).to(device)
+    def batch(self, gens: dict[str, torch.Generator], ctx: dist_.Distributed,
+              device: torch.device) -> torch.Tensor | CarriedBatch:
+        """This process's (B / N, L + 1) slice of B crops (with state passing: and their states)."""
+        crops = dist_.shard(self.sampler.sample(self.cfg.batch_size, gens["data"]), ctx).to(device)
+        return crops if self.passing is None else self.passing.batch(crops, gens["code"])
 
-    def loss(self, model, batch: torch.Tensor, gens: dict[str, torch.Generator]) -> torch.Tensor:
+    def loss(self, model, batch: torch.Tensor | CarriedBatch, gens: dict[str, torch.Generator]) -> torch.Tensor:
+        if isinstance(batch, CarriedBatch):  # through model(...): DDP and compiled wrappers see the call
+            logits, final = model(batch.tokens[:, :-1], generator=batch.code_generator(), state=batch.state,
+                                  return_state=True)
+            self.passing.carry(final)
+            return cross_entropy(logits, batch.tokens[:, 1:])
         logits = model(batch[:, :-1], generator=gens["code"])  # (B, L, V)
         return cross_entropy(logits, batch[:, 1:])
+
+    def state_dict(self) -> dict | None:
+        """This process's carried states (state passing), for the training state; None without."""
+        return None if self.passing is None else self.passing.state_dict()
+
+    def load_state_dict(self, saved: dict | None, *, step: int) -> None:
+        """Goes on from :meth:`state_dict`'s output saved at ``step`` (None: nothing saved)."""
+        if self.passing is not None:
+            self.passing.load_state_dict(saved, step=step)
 
     def evaluate(self, model: DecoderLM, ctx: dist_.Distributed, device: torch.device) -> dict:
         """``val_loss`` (within L) and ``val_loss_beyond`` ([L, 2L)) in nats/token, None without data."""
