@@ -1,0 +1,115 @@
+"""Writes the generated part of docs/gates.md from the `gates` sweeps (issue 30).
+
+Run after the sweeps named in the page::
+
+    .venv/bin/python scripts/gates_doc.py [--runs runs/gates] [--doc docs/gates.md]
+
+For each corpus folder under ``--runs`` (``bach`` with ``--plan gates``, ``palestrina`` with
+``--plan gates-palestrina``) that holds a sweep's ``results.json``: per variant the mean ±
+sample std over seeds of the test pieces' cross-entropy in [0, L), [3L, 4L) and [15L, 16L),
+the growth from the first to the last bucket, the best groups (within one standard deviation
+of the best mean) in the first and last buckets, and a plot of cross-entropy against
+position on a log axis (``docs/gates/CORPUS.png``). The prose around the block is a person's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from doc_block import replace_block
+from peers_doc import best_group
+
+from spe.experiments.sweep import load_plan, summarize_runs
+
+BEGIN, END = "<!-- gates:begin (scripts/gates_doc.py) -->", "<!-- gates:end -->"
+CORPORA = {"bach": ("gates", "Bach chorales, L = 64, 30 held-out chorales of ≥ 1,025 tokens", ""),
+           "palestrina": ("gates-palestrina", "Palestrina (every 2nd score), L = 256, 30 held-out scores of "
+                          "≥ 4,097 tokens", "--data music21:palestrina/2")}
+SHOWN = (0, 3, 15)  # buckets [0, L), [3L, 4L), [15L, 16L)
+
+
+def _cell(mean: float, std: float) -> str:
+    return f"{mean:.3f}" if math.isnan(std) else f"{mean:.3f} ± {std:.3f}"
+
+
+def table(rows: list[dict]) -> list[str]:
+    edges = rows[0]["bucket_edges"]
+    shown = [b for b in SHOWN if b < len(edges)]
+    lines = ["| variant | seeds | " + " | ".join(f"[{edges[b][0]},{edges[b][1]})" for b in shown)
+             + " | growth [0,L) → last | train s | description |",
+             "|---|---|" + "---|" * len(shown) + "---|---|---|"]
+    for r in sorted(rows, key=lambda r: r["buckets"][len(r["buckets"]) - 1][0]):
+        g, gs = r["growth"]
+        growth = f"{100 * g:+.1f}%" + ("" if math.isnan(gs) else f" ± {100 * gs:.1f}")
+        t = "" if r["train_s"] is None else f"{r['train_s']:.0f}"
+        cells = " | ".join(_cell(*r["buckets"][b]) if b < len(r["buckets"]) else "–" for b in shown)
+        lines.append(f"| {r['variant']} | {len(r['seeds'])} | {cells} | {growth} | {t} | {r['description']} |")
+    return lines
+
+
+def plot(rows: list[dict], png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for r in sorted(rows, key=lambda r: r["buckets"][-1][0]):
+        centres = [(a + b) / 2 for a, b in r["bucket_edges"]]
+        means = [m for m, _ in r["buckets"]]
+        style = "-" if "spe" in r["variant"] else "--"
+        ax.plot(centres, means, marker="o", markersize=3, linestyle=style, label=r["variant"])
+    ax.set_xscale("log", base=2)
+    trained = rows[0]["bucket_edges"][0][1]
+    ax.axvline(trained, color="grey", linewidth=0.8)
+    ax.text(trained, ax.get_ylim()[1], " training length", va="top", fontsize=8, color="grey")
+    ax.set_xlabel("token position (bucket centre, log scale)")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+
+
+def corpus_section(key: str, doc: dict, png: Path, link: str) -> list[str]:
+    plan_name, title, data = CORPORA[key]
+    rows = summarize_runs(doc, load_plan(plan_name))
+    seeds = sorted({s for r in rows for s in r["seeds"]})
+    lines = [f"### {title}", "", "```bash",
+             f"spe sweep --plan {plan_name} --out runs/gates/{key} {data}".strip(), "```", "",
+             "Cross-entropy of the held-out test pieces (nats/token), mean ± sample std (n − 1) over the "
+             "seeds; growth = last bucket / first bucket − 1 per seed, then averaged; sorted by the last "
+             "bucket.", "", *table(rows), ""]
+    last = len(rows[0]["buckets"]) - 1
+    for bucket, label in ((0, "within the trained range [0, L)"), (last, "at 16× the training length")):
+        group, note = best_group(rows, bucket)
+        lines.append(f"* Best group {label}: {', '.join(group)} ({note}).")
+    plot(rows, png, f"{title}: seeds {','.join(map(str, seeds))}")
+    return [*lines, "", f"![cross-entropy by position, {key}]({link})", ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default="runs/gates")
+    parser.add_argument("--doc", default="docs/gates.md")
+    args = parser.parse_args()
+    doc_path, body = Path(args.doc), []
+    for key in CORPORA:
+        results = Path(args.runs) / key / "results.json"
+        if results.exists():
+            body += corpus_section(key, json.loads(results.read_text()), doc_path.parent / "gates" / f"{key}.png",
+                                   f"gates/{key}.png")
+    if not body:
+        raise SystemExit(f"no results.json under {args.runs}/{{{','.join(CORPORA)}}}")
+    if not replace_block(doc_path, BEGIN, END, "\n".join(body).rstrip()):
+        raise SystemExit(f"{doc_path} lacks the markers {BEGIN} … {END}")
+    print(f"wrote {doc_path}")
+
+
+if __name__ == "__main__":
+    main()
