@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 
 from doc_block import replace_block
-from peers_doc import best_group
+from peers_doc import best_group, plot
 
 from spe.experiments.sweep import load_plan, summarize_runs
 
@@ -50,32 +50,6 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def plot(rows: list[dict], png: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for r in sorted(rows, key=lambda r: r["buckets"][-1][0]):
-        centres = [(a + b) / 2 for a, b in r["bucket_edges"]]
-        means = [m for m, _ in r["buckets"]]
-        style = "-" if "spe" in r["variant"] else "--"
-        ax.plot(centres, means, marker="o", markersize=3, linestyle=style, label=r["variant"])
-    ax.set_xscale("log", base=2)
-    trained = rows[0]["bucket_edges"][0][1]
-    ax.axvline(trained, color="grey", linewidth=0.8)
-    ax.text(trained, ax.get_ylim()[1], " training length", va="top", fontsize=8, color="grey")
-    ax.set_xlabel("token position (bucket centre, log scale)")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
-
-
 def corpus_section(key: str, doc: dict, png: Path, link: str) -> list[str]:
     plan_name, title, data = CORPORA[key]
     rows = summarize_runs(doc, load_plan(plan_name))
@@ -89,7 +63,7 @@ def corpus_section(key: str, doc: dict, png: Path, link: str) -> list[str]:
     for bucket, label in ((0, "within the trained range [0, L)"), (last, "at 16× the training length")):
         group, note = best_group(rows, bucket)
         lines.append(f"* Best group {label}: {', '.join(group)} ({note}).")
-    plot(rows, png, f"{title}: seeds {','.join(map(str, seeds))}")
+    plot(rows, png, f"{title}: seeds {','.join(map(str, seeds))}", log_x=True)
     return [*lines, "", f"![cross-entropy by position, {key}]({link})", ""]
 
 

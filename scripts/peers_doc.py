@@ -51,7 +51,9 @@ def best_group(rows: list[dict], bucket: int) -> tuple[list[str], str]:
     return [v for m, _, v in sorted(scored) if m <= mean + std], f"best {mean:.3f} ± {std:.3f}"
 
 
-def plot(rows: list[dict], png: Path, title: str) -> None:
+def plot(rows: list[dict], png: Path, title: str, *, log_x: bool = False) -> None:
+    """Cross-entropy against position per variant (mean ± std over seeds); ``log_x``: position
+    on a log axis (base 2), for evaluations far beyond the training length."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,10 +66,12 @@ def plot(rows: list[dict], png: Path, title: str) -> None:
         stds = [0.0 if math.isnan(s) else s for _, s in r["buckets"]]
         style = "-" if "spe" in r["variant"] else "--"
         ax.errorbar(centres, means, yerr=stds, marker="o", linestyle=style, capsize=3, label=r["variant"])
+    if log_x:
+        ax.set_xscale("log", base=2)
     trained = rows[0]["bucket_edges"][0][1]
     ax.axvline(trained, color="grey", linewidth=0.8)
     ax.text(trained, ax.get_ylim()[0], " training length", va="bottom", fontsize=8, color="grey")
-    ax.set_xlabel("token position (bucket centre)")
+    ax.set_xlabel("token position (bucket centre" + (", log scale)" if log_x else ")"))
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
