@@ -97,16 +97,14 @@ def test_the_cli_stays_thin():
 
 
 def test_names_from_before_the_move_still_import():
-    from spe.cli.main import evaluate_checkpoints, generate_midi
     from spe.cli.report import build_report, pe_metrics, probe_plan, probe_tokens, publish_report, r_grids
     from spe.cli.sweep import load_plan, results_table, run_sweep, summarize
-    from spe.evaluation.checkpoints import evaluate_checkpoints as moved_evaluate
     from spe.experiments import sweep
     from spe.train.loop import TRAIN_STATE_FILE
 
-    assert evaluate_checkpoints is moved_evaluate and summarize is sweep.summarize_runs
+    assert summarize is sweep.summarize_runs
     assert run_sweep is sweep.run_sweep and load_plan is sweep.load_plan and results_table is sweep.results_table
-    assert generate_midi.__module__ == "spe.generation_midi" and build_report.__module__ == "spe.evaluation.report"
+    assert build_report.__module__ == "spe.evaluation.report"
     assert {f.__module__ for f in (pe_metrics, probe_plan, probe_tokens)} == {"spe.metrics.pe_probe"}
     assert publish_report.__module__ == "spe.evaluation.publish" and r_grids.__module__ == "spe.evaluation.r_grid"
     assert TRAIN_STATE_FILE == "train_state.pt"

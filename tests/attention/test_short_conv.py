@@ -200,3 +200,12 @@ def test_a_toml_model_table_sets_the_width(tmp_path):
     assert cfg.model_config(vocab_size=30).short_conv == 4
     with pytest.raises(TypeError, match="model option short_conv must be int, got 4.0"):
         TrainConfig(model={"short_conv": 4.0})
+
+
+def test_cli_short_conv_flag_reaches_the_config():
+    from spe.cli.main import _train_config, build_parser
+
+    args = build_parser().parse_args(["train", "--short-conv", "4", "--decay", "gated"])
+    assert _train_config(args).model["short_conv"] == 4
+    with pytest.raises(ValueError, match="short_conv"):
+        _train_config(build_parser().parse_args(["train", "--short-conv", "-1"]))

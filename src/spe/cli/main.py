@@ -19,26 +19,13 @@ __all__ = ["UsageError", "build_parser", "main"]
 log = logging.getLogger("spe")
 
 _MODEL_FLAGS = ("positional", "attention", "num_realizations", "num_sines", "kernel_size", "d_model", "num_layers",
-                "num_heads", "max_distance", "max_positions", "lrpe_angles", "cosformer_max_length", "decay")
+                "num_heads", "max_distance", "max_positions", "lrpe_angles", "cosformer_max_length", "decay", "short_conv")
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
                 "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens")
 
 
 class UsageError(ValueError):
     """A command-line mistake, reported without a traceback."""
-
-
-def __getattr__(name: str):
-    # Names that lived here before issue 11 moved them into the library.
-    if name == "evaluate_checkpoints":
-        from spe.evaluation.checkpoints import evaluate_checkpoints
-
-        return evaluate_checkpoints
-    if name == "generate_midi":
-        from spe.generation_midi import generate_midi
-
-        return generate_midi
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _train_config(args: argparse.Namespace, **overrides):
@@ -124,6 +111,8 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--lrpe-angles", choices=("fixed", "learned"), help="lrpe angles (default fixed)")
     p.add_argument("--cosformer-max-length", type=int,
                    help="cosformer's L_max: it attends within L_max positions only (default: max positions)")
+    p.add_argument("--short-conv", type=int, metavar="K", help="width of a causal depthwise convolution on "
+                   "queries, keys and values (fla's ShortConvolution, 4 there; default 0: none)")
     p.add_argument("--d-model", type=int)
     p.add_argument("--num-layers", type=int)
     p.add_argument("--num-heads", type=int)
