@@ -4,7 +4,7 @@ Run after the sweeps listed in the page (see ``COMMANDS``)::
 
     .venv/bin/python scripts/ablation_doc.py [--runs runs] [--out docs/ablation.md]
 
-Tables come from ``spe sweep``'s own summary (spe.experiments.sweep.results_table); the final
+Tables come from ``spe sweep``'s own summary (spe.lab.experiments.sweep.results_table); the final
 comparison pairs every variant with APE seed by seed. The prose at the end is
 ``scripts/ablation_analysis.md``, written by a person after reading the tables.
 """
@@ -16,7 +16,7 @@ import json
 import statistics
 from pathlib import Path
 
-from spe.experiments.sweep import load_plan, results_table
+from spe.lab.experiments.sweep import load_plan, results_table
 
 CORPORA = {
     "bach": {

@@ -3,7 +3,7 @@
 Usage: python scripts/bench_doc.py [BENCH_JSON] [DOC]
 (default runs/bench_final/bench.json and docs/bench.md). Replaces the text between the
 markers <!-- bench-results:begin --> and <!-- bench-results:end --> in DOC with the run's
-command, the load it ran under and its report (spe.bench.run.bench_markdown); prints it
+command, the load it ran under and its report (spe.lab.bench.run.bench_markdown); prints it
 otherwise.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from doc_block import replace_block
 
-from spe.bench.run import bench_markdown
+from spe.lab.bench.run import bench_markdown
 
 BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
 

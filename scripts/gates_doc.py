@@ -22,7 +22,7 @@ from pathlib import Path
 from doc_block import replace_block
 from peers_doc import best_group, plot
 
-from spe.experiments.sweep import load_plan, summarize_runs
+from spe.lab.experiments.sweep import load_plan, summarize_runs
 
 BEGIN, END = "<!-- gates:begin (scripts/gates_doc.py) -->", "<!-- gates:end -->"
 CORPORA = {"bach": ("gates", "Bach chorales, L = 64, 30 held-out chorales of ≥ 1,025 tokens", ""),

@@ -39,8 +39,8 @@ from pathlib import Path
 import torch
 
 from spe.checkpoint import load
-from spe.lra import LRAConfig, load_splits
-from spe.lra.evaluate import model_inputs
+from spe.lab.lra import LRAConfig, load_splits
+from spe.lab.lra.evaluate import model_inputs
 from spe.ops.linear import rescale_keys
 
 

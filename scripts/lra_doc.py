@@ -14,9 +14,9 @@ from pathlib import Path
 
 from doc_block import replace_block
 
-from spe.lra import collect_study, load_study
-from spe.lra.report import results_tables
-from spe.lra.study_results import study_markdown
+from spe.lab.lra import collect_study, load_study
+from spe.lab.lra.report import results_tables
+from spe.lab.lra.study_results import study_markdown
 
 BEGIN, END = "<!-- lra-results:begin -->", "<!-- lra-results:end -->"
 STUDY_BEGIN, STUDY_END = "<!-- lra-study:begin -->", "<!-- lra-study:end -->"

@@ -22,8 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from spe.lra import build_classifier, load_splits, preset_config
-from spe.lra.evaluate import model_inputs
+from spe.lab.lra import build_classifier, load_splits, preset_config
+from spe.lab.lra.evaluate import model_inputs
 
 # name -> (positional, attention, model options beside the preset)
 SETTINGS = {

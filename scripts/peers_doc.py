@@ -5,7 +5,7 @@ Run after the sweeps named in the page::
     .venv/bin/python scripts/peers_doc.py [--runs runs/peers] [--doc docs/peers.md]
 
 For each corpus folder under ``--runs`` (``bach``, ``palestrina``) that holds a sweep's
-``results.json``: the sweep's own table (:func:`spe.experiments.sweep.results_table`), the
+``results.json``: the sweep's own table (:func:`spe.lab.experiments.sweep.results_table`), the
 group of variants within one standard deviation of the best mean in each bucket, and a plot
 of cross-entropy against position (``docs/peers/CORPUS.png``). If ``--runs``/bench/bench.json
 exists (the ``spe bench`` run named in :data:`BENCH_COMMAND`), the cost table: one AdamW step
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from doc_block import replace_block
 
-from spe.experiments.sweep import load_plan, results_table, summarize_runs
+from spe.lab.experiments.sweep import load_plan, results_table, summarize_runs
 
 BEGIN, END = "<!-- peers:begin (scripts/peers_doc.py) -->", "<!-- peers:end -->"
 CORPORA = {"bach": ("Bach chorales (music21), the default corpus", ""),
@@ -105,7 +105,7 @@ def cost_section(bench: dict) -> list[str]:
     """The cost table of one ``spe bench`` run (:data:`BENCH_COMMAND`): per encoding, the whole
     model's AdamW step at the main job's shape and the per-token decoding step of one layer at
     512 and 16,384 positions."""
-    from spe.bench.targets import record_decay
+    from spe.lab.bench.targets import record_decay
 
     model = {(r["positional"], record_decay(r)): r for r in bench.get("model", []) if r.get("rounds")}
     decode = {(r["positional"], record_decay(r), r["length"]): r for r in bench["records"]

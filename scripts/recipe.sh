@@ -25,7 +25,7 @@ for v in "${VARIANTS[@]}"; do CHECKPOINTS+=(--checkpoint "$OUT/ablation/$v/seed0
 spe report "${CHECKPOINTS[@]}" --r-test 8,32,64,128 --max-length 768 --out "$OUT/report" "${DATA_FLAG[@]}"
 python - "$OUT/report" "$DOC" <<'PY'
 import sys
-from spe.evaluation.publish import publish_report
+from spe.lab.evaluation.publish import publish_report
 
 preamble = ("<!-- produced by scripts/recipe.sh: spe sweep --plan ablation (seed 0) + spe report; "
             "do not edit by hand -->\n\n")

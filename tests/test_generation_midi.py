@@ -11,9 +11,9 @@ from safetensors.torch import load_file, save_file
 from symusic import Note, Score, TimeSignature, Track
 
 import spe
-from spe.cli.main import main
-from spe.data.music import make_tokenizer, tokenizer_to_json
-from spe.generation_midi import prompt_ids
+from spe.lab.cli.main import main
+from spe.lab.data.music import make_tokenizer, tokenizer_to_json
+from spe.lab.generation_midi import prompt_ids
 from spe.models import ModelConfig
 from spe.models.decoder_lm import DecoderLM
 

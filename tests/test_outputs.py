@@ -7,10 +7,10 @@ import pytest
 from conftest import write_midi
 from tiny_run import tiny_config
 
-import spe.bench.run as bench_run
-from spe.cli.main import main
-from spe.outputs import check_output_file, check_output_folder
-from spe.train.loop import train
+import spe.lab.bench.run as bench_run
+from spe.lab.cli.main import main
+from spe.lab.outputs import check_output_file, check_output_folder
+from spe.lab.train.loop import train
 
 
 @pytest.fixture(scope="module")

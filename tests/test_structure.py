@@ -61,7 +61,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_package_has_no_import_cycle():
     graph = _import_graph()
-    assert {"spe.cli.main", "spe.evaluation.report", "spe.experiments.sweep"} <= set(graph)
+    assert {"spe.lab.cli.main", "spe.lab.evaluation.report", "spe.lab.experiments.sweep"} <= set(graph)
     assert _find_cycle(graph) is None, " -> ".join(_find_cycle(graph))
 
 
@@ -73,15 +73,31 @@ def test_the_cycle_finder_finds_cycles():
 
 def test_only_the_cli_imports_the_cli():
     graph = _import_graph()
-    users = {name for name, edges in graph.items() if any(e.startswith("spe.cli") for e in edges)}
-    assert users <= {n for n in graph if n.startswith("spe.cli") or n == "spe.__main__"}
-    assert "spe.cli.main" not in graph["spe.cli.report"] | graph["spe.cli.sweep"]
+    users = {name for name, edges in graph.items() if any(e.startswith("spe.lab.cli") for e in edges)}
+    assert users <= {n for n in graph if n.startswith("spe.lab.cli") or n == "spe.__main__"}
+    assert "spe.lab.cli.main" not in graph["spe.lab.cli.report"] | graph["spe.lab.cli.sweep"]
 
 
 def test_library_imports_without_the_cli():
-    code = ("import sys, spe.evaluation, spe.metrics, spe.experiments, spe.generation_midi; "
-            "import spe.evaluation.report; "
-            "print(sorted(m for m in sys.modules if m.startswith('spe.cli')))")
+    code = ("import sys, spe.lab.evaluation, spe.lab.metrics, spe.lab.experiments, spe.lab.generation_midi; "
+            "import spe.lab.evaluation.report; "
+            "print(sorted(m for m in sys.modules if m.startswith('spe.lab.cli')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_library_never_imports_the_lab():
+    graph = _import_graph()
+    library = {name for name in graph if not name.startswith("spe.lab") and name != "spe.__main__"}
+    assert {"spe.ops.linear", "spe.encodings.sine", "spe.attention.layer", "spe.checkpoint"} <= library
+    offenders = {name: sorted(e for e in graph[name] if e.startswith("spe.lab")) for name in library}
+    assert not {name: edges for name, edges in offenders.items() if edges}
+
+
+def test_import_spe_loads_no_experiment_dependency():
+    extras = ("music21", "miditok", "symusic", "matplotlib", "sklearn", "tensorboard", "spe.lab")
+    code = ("import sys, spe, spe.checkpoint, spe.generation; "
+            f"print(sorted({{m.split('.')[0] if not m.startswith('spe.') else m for m in sys.modules}} & {set(extras)!r}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
@@ -92,19 +108,19 @@ def test_python_dash_m_spe_runs_the_cli():
 
 
 def test_the_cli_stays_thin():
-    lines = sum(len(p.read_text().splitlines()) for p in (SRC / "cli").glob("*.py"))
+    lines = sum(len(p.read_text().splitlines()) for p in (SRC / "lab" / "cli").glob("*.py"))
     assert lines < 700, f"cli/ has {lines} lines: move logic into the library"
 
 
 def test_names_from_before_the_move_still_import():
-    from spe.cli.report import build_report, pe_metrics, probe_plan, probe_tokens, publish_report, r_grids
-    from spe.cli.sweep import load_plan, results_table, run_sweep, summarize
-    from spe.experiments import sweep
-    from spe.train.loop import TRAIN_STATE_FILE
+    from spe.lab.cli.report import build_report, pe_metrics, probe_plan, probe_tokens, publish_report, r_grids
+    from spe.lab.cli.sweep import load_plan, results_table, run_sweep, summarize
+    from spe.lab.experiments import sweep
+    from spe.lab.train.loop import TRAIN_STATE_FILE
 
     assert summarize is sweep.summarize_runs
     assert run_sweep is sweep.run_sweep and load_plan is sweep.load_plan and results_table is sweep.results_table
-    assert build_report.__module__ == "spe.evaluation.report"
-    assert {f.__module__ for f in (pe_metrics, probe_plan, probe_tokens)} == {"spe.metrics.pe_probe"}
-    assert publish_report.__module__ == "spe.evaluation.publish" and r_grids.__module__ == "spe.evaluation.r_grid"
+    assert build_report.__module__ == "spe.lab.evaluation.report"
+    assert {f.__module__ for f in (pe_metrics, probe_plan, probe_tokens)} == {"spe.lab.metrics.pe_probe"}
+    assert publish_report.__module__ == "spe.lab.evaluation.publish" and r_grids.__module__ == "spe.lab.evaluation.r_grid"
     assert TRAIN_STATE_FILE == "train_state.pt"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import write_midi
 
-from spe.train.config import TrainConfig
+from spe.lab.train.config import TrainConfig
 
 # Dropout and feature redraws on, so that resuming must restore the global RNG and the feature generator.
 TINY_MODEL = {"d_model": 32, "num_layers": 1, "num_heads": 2, "d_ff": 64, "num_realizations": 4,
@@ -51,7 +51,7 @@ def subprocess_env() -> dict:
 
 PYTHON = sys.executable
 
-_HOLD = ("import sys, time\nfrom spe.train.run_folder import run_lock\nwith run_lock(sys.argv[1]):\n"
+_HOLD = ("import sys, time\nfrom spe.lab.train.run_folder import run_lock\nwith run_lock(sys.argv[1]):\n"
          "    print('locked', flush=True)\n    time.sleep(120)\n")
 
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from spe.cli.main import main
+from spe.lab.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

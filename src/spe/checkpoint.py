@@ -18,17 +18,16 @@ from pathlib import Path
 import torch
 
 from spe.models.classifier_config import ClassifierConfig
-from spe.models.config import ModelConfig
+from spe.models.config import ModelConfig, decode_window
 from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
-from spe.options import decode_window
 
 __all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write",
            "check_finite_weights", "fsync_dir", "load", "load_checkpoint", "load_metadata", "max_positions",
            "save"]
 
 MODEL_FILE = "model.safetensors"
-# Optimizer step, optimizer and random states of a run, beside MODEL_FILE (see spe.train.loop).
+# Optimizer step, optimizer and random states of a run, beside MODEL_FILE (see spe.lab.train.loop).
 TRAIN_STATE_FILE = "train_state.pt"
 # The header's ``spe_model_kind`` names the model class (files without one hold decoders).
 DEFAULT_MODEL_KIND = "decoder-lm"
@@ -399,7 +398,7 @@ class LoadedCheckpoint:
 
     def set_window(self, window: int | None) -> None:
         """Sets the model's sliding attention window: None keeps the trained one; otherwise
-        :func:`spe.options.decode_window` decodes it (0: the whole past, W > 0: W positions).
+        :func:`spe.models.config.decode_window` decodes it (0: the whole past, W > 0: W positions).
 
         Raises:
             ValueError: if ``window`` is negative or not an int, or the model cannot take a

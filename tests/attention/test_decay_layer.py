@@ -13,7 +13,7 @@ from spe.models.classifier_config import ClassifierConfig
 from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
 from spe.ops.decay import retnet_log_decay
-from spe.train.optim import decayed_parameter_names, param_groups
+from spe.lab.train.optim import decayed_parameter_names, param_groups
 
 SMALL = {"d_model": 16, "num_heads": 2, "num_layers": 2, "d_ff": 32}
 
@@ -121,7 +121,7 @@ def test_encoder_with_decay_ignores_padding():
 
 
 def test_cli_decay_flag_reaches_the_config():
-    from spe.cli.main import _train_config, build_parser
+    from spe.lab.cli.main import _train_config, build_parser
 
     args = build_parser().parse_args(["train", "--decay", "learned", "--positional", "rope"])
     assert _train_config(args).model["decay"] == "learned"

@@ -13,14 +13,14 @@ from spe import checkpoint
 from spe.attention.layer import MultiHeadAttention
 from spe.encodings.gates import ChannelGate, ScalarGate
 from spe.encodings.rope import RotaryEncoding
-from spe.lra.attention import cls_attention
+from spe.lab.lra.attention import cls_attention
 from spe.models import ModelConfig
 from spe.models.classifier_config import ClassifierConfig
 from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
 from spe.ops import causal_linear_attention
 from spe.ops.decay import retnet_log_decay
-from spe.train.optim import decayed_parameter_names, param_groups
+from spe.lab.train.optim import decayed_parameter_names, param_groups
 
 TINY = {"d_model": 32, "num_layers": 2, "num_heads": 2, "d_ff": 64, "dropout": 0.0, "num_realizations": 8,
         "num_sines": 2, "num_features": 16, "chunk_size": 8}

@@ -2,8 +2,8 @@
 
 import json
 
-from spe.bench.run import layer_flops
-from spe.cli.main import main
+from spe.lab.bench.run import layer_flops
+from spe.lab.cli.main import main
 
 
 def test_bench_writes_records_table_and_plots(tmp_path):
@@ -36,7 +36,7 @@ def test_layer_flops_grow_linearly_for_linear_kernels_and_quadratically_for_soft
 def test_positional_names_select_implementations_and_aliases():
     import pytest
 
-    from spe.bench.run import SERIES, parse_series, series_name
+    from spe.lab.bench.run import SERIES, parse_series, series_name
 
     assert parse_series("sinespe,sinespe:reference,sinespe:blocked") == [
         ("sinespe", "-"), ("sinespe", "reference"), ("sinespe", "blocked")]
@@ -69,7 +69,7 @@ def test_bench_measures_each_spe_implementation_and_records_the_automatic_choice
 def test_pairs_measure_exactly_the_named_cases_and_reject_unknown_ones(tmp_path):
     import pytest
 
-    from spe.bench.run import parse_pairs
+    from spe.lab.bench.run import parse_pairs
 
     assert parse_pairs("ape+softmax,sinespe:blocked+performer,ape+softmax") == [
         ("ape", "-", "softmax"), ("sinespe", "blocked", "performer")]

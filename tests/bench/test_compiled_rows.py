@@ -5,8 +5,8 @@ import functools
 import pytest
 import torch
 
-from spe.bench.model import merge_rounds
-from spe.bench.tables import model_lines
+from spe.lab.bench.model import merge_rounds
+from spe.lab.bench.tables import model_lines
 
 
 def _rec(pos, times, compiled):
@@ -27,7 +27,7 @@ def test_compiled_rows_are_pooled_apart_and_compared_with_the_compiled_ape():
 
 
 def test_a_compiled_model_step_trains(monkeypatch):
-    from spe.bench.worker import model_step
+    from spe.lab.bench.worker import model_step
 
     # inductor takes minutes on a CPU: dynamo's eager backend exercises the same compiled-call path
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from spe.bench import model as model_bench
-from spe.bench import run
-from spe.bench.model import extrapolate_longest, longest_length, merge_rounds, parse_longest, parse_shapes
-from spe.bench.worker import measure_model
-from spe.cli.main import main
+from spe.lab.bench import model as model_bench
+from spe.lab.bench import run
+from spe.lab.bench.model import extrapolate_longest, longest_length, merge_rounds, parse_longest, parse_shapes
+from spe.lab.bench.worker import measure_model
+from spe.lab.cli.main import main
 
 TINY = {"d_model": 16, "num_layers": 1, "num_heads": 2, "d_ff": 32, "num_realizations": 4, "num_sines": 2}
 
@@ -148,7 +148,7 @@ def test_one_run_can_measure_layer_pairs_and_other_model_encodings(tmp_path, mon
 
 def _layer_in_process(case, timeout):
     """run.run_case for layer modes without a subprocess (wiring only, like _in_process)."""
-    from spe.bench.worker import _decay, measure_generate, measure_train
+    from spe.lab.bench.worker import _decay, measure_generate, measure_train
 
     measure = {"train": measure_train, "generate": measure_generate}[case["mode"]]
     return {**case, **measure(case, torch.device("cpu")), "decay": _decay(case)}
@@ -183,7 +183,7 @@ def test_decay_modes_are_measured_side_by_side_in_one_run(tmp_path, monkeypatch)
 
 
 def test_the_bench_layer_and_model_are_built_with_the_case_decay():
-    from spe.bench.worker import build
+    from spe.lab.bench.worker import build
 
     case = {"num_heads": 2, "head_dim": 4, "positional": "rope", "attention": "performer", "impl": "-",
             "num_realizations": 4, "num_sines": 2, "kernel_size": 4, "num_features": 8, "chunk_size": 4,

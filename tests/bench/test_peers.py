@@ -6,9 +6,9 @@ import sys
 import pytest
 import torch
 
-from spe.bench import worker
-from spe.bench.peers import build_peer_layer
-from spe.bench.run import run_bench
+from spe.lab.bench import worker
+from spe.lab.bench.peers import build_peer_layer
+from spe.lab.bench.run import run_bench
 
 CASE = dict(mode="train", positional="ape", impl="-", attention="performer-pytorch", batch=1, length=16,
             num_heads=2, head_dim=8, num_realizations=4, num_sines=2, kernel_size=4, num_features=8,
@@ -43,7 +43,7 @@ def test_a_missing_peer_package_gives_a_skipped_record(monkeypatch, capsys):
 
 
 def test_peers_are_planned_in_train_mode_with_ape_only(monkeypatch):
-    import spe.bench.run as run
+    import spe.lab.bench.run as run
 
     planned = []
     monkeypatch.setattr(run, "run_case", lambda case, timeout: planned.append(case) or {**case, "skipped": "x"})

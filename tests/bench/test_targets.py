@@ -1,7 +1,7 @@
 """The issue-13 target table reads the right records, in the right direction, with the stated limits."""
 
-from spe.bench.run import bench_markdown
-from spe.bench.targets import TARGETS, target_rows
+from spe.lab.bench.run import bench_markdown
+from spe.lab.bench.targets import TARGETS, target_rows
 
 
 def _rec(mode, pos, impl, att, n, ms, mb):

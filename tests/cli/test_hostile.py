@@ -12,8 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tiny_run import clean_midi, tiny_config, toml_text
 
-from spe.cli.main import main
-from spe.train.loop import train
+from spe.lab.cli.main import main
+from spe.lab.train.loop import train
 
 # The existing run: ape-learned with 40 position embeddings, trained at length 32.
 MODEL = {"positional": "ape-learned", "attention": "softmax", "max_positions": 40, "dropout": 0.0}

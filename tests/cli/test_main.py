@@ -5,7 +5,7 @@ import json
 import pytest
 
 from spe.checkpoint import load_metadata
-from spe.cli.main import main
+from spe.lab.cli.main import main
 
 TINY = ["--seq-len", "32", "--batch-size", "2", "--d-model", "32", "--num-layers", "1", "--num-heads", "2",
         "--num-realizations", "4", "--eval-every", "2", "--threads", "1"]
@@ -90,7 +90,7 @@ def test_score_encodings_pick_softmax_unless_attention_is_given(midi_folder, tmp
 
 
 def test_spe_models_get_a_window_of_the_training_length_unless_told_otherwise():
-    from spe.cli.main import _train_config, build_parser
+    from spe.lab.cli.main import _train_config, build_parser
 
     def model_of(*flags):
         return _train_config(build_parser().parse_args(["train", *flags])).model

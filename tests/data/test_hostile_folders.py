@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import write_midi
 
-import spe.data.music as music
-from spe.data.music import MAX_PIECE_TOKENS, DataError, display_name, find_midi_files, load_corpus
+import spe.lab.data.music as music
+from spe.lab.data.music import MAX_PIECE_TOKENS, DataError, display_name, find_midi_files, load_corpus
 
 # One note, then one 10^7 ticks later at 1 tick per quarter (format 0, 45 bytes). Without a
 # bound MidiTok writes a Bar and a TimeSig token for each of its 2.5 M bars: 5 M tokens.

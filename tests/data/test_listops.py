@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from spe.data.listops import (
+from spe.lab.data.listops import (
     OPERATORS,
     SPLIT_FILES,
     ListOpsTokenizer,

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from spe.data.listops import ListOpsTokenizer, generate, load_listops, read_tsv, write_splits
+from spe.lab.data.listops import ListOpsTokenizer, generate, load_listops, read_tsv, write_splits
 
 # [MAX 2 9 [MIN 0 1 ] [SM 3 [MED 4 5 6 ] ] ] in LRA's binarised layout
 TEXT = ("( ( ( ( ( [MAX 2 ) 9 ) ( ( ( [MIN 0 ) 1 ) ] ) ) ( ( ( [SM 3 ) ( ( ( ( [MED 4 ) 5 ) 6 ) ] ) ) ] ) ) ] )")

@@ -11,9 +11,9 @@ import pytest
 from conftest import write_midi
 from tiny_run import tiny_config
 
-from spe.data.music import DataError, load_corpus
-from spe.data.split import hold_out_test_pieces, load_split, split_of_run
-from spe.train.config import TrainConfig
+from spe.lab.data.music import DataError, load_corpus
+from spe.lab.data.split import hold_out_test_pieces, load_split, split_of_run
+from spe.lab.train.config import TrainConfig
 
 L = 8
 MIN_TOKENS = 16 * L + 1
@@ -92,7 +92,7 @@ def test_test_pieces_too_short_to_test_anything_are_refused_before_any_data_is_r
 
 
 def test_training_never_crops_a_test_piece(corpus, tmp_path):
-    from spe.train.tasks.lm import LMTask
+    from spe.lab.train.tasks.lm import LMTask
 
     data, cache = corpus
     cfg = tiny_config(tmp_path, "run", data=data, cache_dir=cache, seq_len=L, test_min_tokens=MIN_TOKENS,
@@ -108,7 +108,7 @@ def test_training_never_crops_a_test_piece(corpus, tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(corpus, tmp_path_factory):
-    from spe.train.loop import train
+    from spe.lab.train.loop import train
 
     data, cache = corpus
     cfg = tiny_config(tmp_path_factory.mktemp("run"), "run", data=data, cache_dir=cache, seq_len=L, steps=2,
@@ -118,7 +118,7 @@ def trained(corpus, tmp_path_factory):
 
 
 def test_evaluate_split_test_reads_the_test_pieces_in_buckets_of_l_up_to_16_l(trained, tmp_path, capsys):
-    from spe.cli.main import main
+    from spe.lab.cli.main import main
 
     cfg = trained
     expected = load_split(cfg.data, cache_dir=cfg.cache_dir, test_min_tokens=MIN_TOKENS, num_test_pieces=3)
@@ -136,7 +136,7 @@ def test_evaluate_split_test_reads_the_test_pieces_in_buckets_of_l_up_to_16_l(tr
 
 
 def test_a_run_without_a_test_split_says_so_and_its_options_cannot_change_on_resume(trained, tmp_path):
-    from spe.train.status import run_status
+    from spe.lab.train.status import run_status
 
     old = {k: v for k, v in trained.to_dict().items() if k not in ("test_min_tokens", "num_test_pieces")}
     with pytest.raises(ValueError, match=r"the run holds no test split .*sets test_min_tokens"):

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from spe.data.lra.dataset import CLS_ID, PAD_ID, PairDataset, SequenceDataset, pack, pad_sequences, split_off
-from spe.data.lra.image import grey_levels, load_cifar10, read_cifar_batch
-from spe.data.lra.retrieval import load_aan, read_aan_tsv
-from spe.data.lra.text import load_imdb
+from spe.lab.data.lra.dataset import CLS_ID, PAD_ID, PairDataset, SequenceDataset, pack, pad_sequences, split_off
+from spe.lab.data.lra.image import grey_levels, load_cifar10, read_cifar_batch
+from spe.lab.data.lra.retrieval import load_aan, read_aan_tsv
+from spe.lab.data.lra.text import load_imdb
 
 
 def _decode(tokens, length):
@@ -181,8 +181,8 @@ def test_cifar_reads_the_python2_module_name_of_the_official_files(tmp_path):
 
 
 def test_load_task_gives_three_splits_for_every_task(tmp_path, imdb):
-    from spe.data.listops import write_splits
-    from spe.data.lra import TASKS, load_task
+    from spe.lab.data.listops import write_splits
+    from spe.lab.data.lra import TASKS, load_task
 
     write_splits(tmp_path / "listops", num_train=6, num_val=2, num_test=2, max_depth=4, min_length=5,
                  max_length=40)

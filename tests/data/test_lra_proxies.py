@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from spe.data.lra.proxies import MASS_SECTIONS, image_proxy, palestrina_movements, retrieval_proxy, text_proxy
+from spe.lab.data.lra.proxies import MASS_SECTIONS, image_proxy, palestrina_movements, retrieval_proxy, text_proxy
 
 pytest.importorskip("music21")
 

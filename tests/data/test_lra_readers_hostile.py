@@ -11,12 +11,12 @@ import warnings
 import numpy as np
 import pytest
 
-from spe.cli.main import main
-from spe.data.listops import SPLIT_FILES, evaluate, load_listops, read_tsv
-from spe.data.lra import load_task
-from spe.data.lra.image import read_cifar_batch
-from spe.data.lra.retrieval import read_aan_tsv
-from spe.data.lra.text import load_imdb
+from spe.lab.cli.main import main
+from spe.lab.data.listops import SPLIT_FILES, evaluate, load_listops, read_tsv
+from spe.lab.data.lra import load_task
+from spe.lab.data.lra.image import read_cifar_batch
+from spe.lab.data.lra.retrieval import read_aan_tsv
+from spe.lab.data.lra.text import load_imdb
 
 ROW = "( ( ( [MAX 2 ) 9 ) ] )\t9\n"
 

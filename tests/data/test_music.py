@@ -5,9 +5,9 @@ import warnings
 import numpy as np
 import pytest
 
-from spe.data.dataset import CropSampler, PitchShifter, prefix_batch
-from spe.data.grammar import REMIGrammar
-from spe.data.music import DataError, find_midi_files, load_corpus, make_tokenizer
+from spe.lab.data.dataset import CropSampler, PitchShifter, prefix_batch
+from spe.lab.data.grammar import REMIGrammar
+from spe.lab.data.music import DataError, find_midi_files, load_corpus, make_tokenizer
 
 
 def test_folder_is_read_recursively_and_corrupt_files_are_named(midi_folder, tmp_path):
@@ -85,7 +85,7 @@ def test_grammar_follows_remi_and_positions_increase_within_a_bar():
 
 
 def test_music21_corpus_names_and_strides_are_parsed_or_refused():
-    from spe.data.music import DataError, _parse_music21, music21_corpus_midi
+    from spe.lab.data.music import DataError, _parse_music21, music21_corpus_midi
 
     assert _parse_music21("music21:palestrina") == ("palestrina", 1)
     assert _parse_music21("music21:palestrina/4") == ("palestrina", 4)
@@ -99,7 +99,7 @@ def test_music21_corpus_names_and_strides_are_parsed_or_refused():
 def test_stored_tokenizer_rebuilds_with_the_corpus_token_ids():
     import json
 
-    from spe.data.music import make_tokenizer, same_tokenizer, tokenizer_from_json, tokenizer_to_json
+    from spe.lab.data.music import make_tokenizer, same_tokenizer, tokenizer_from_json, tokenizer_to_json
 
     fresh = make_tokenizer()
     stored = tokenizer_to_json(fresh)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from spe.checkpoint import load_metadata
-from spe.cli.main import main
+from spe.lab.cli.main import main
 
 TINY = ["--seq-len", "16", "--batch-size", "2", "--d-model", "16", "--num-layers", "1", "--num-heads", "2",
         "--eval-every", "2", "--threads", "1", "--steps", "2", "--no-progress"]
@@ -43,7 +43,7 @@ def test_bench_measures_them_with_linear_kernels_only(tmp_path):
 
 @pytest.mark.parametrize("positional", ["lrpe", "permute", "cosformer"])
 def test_lra_presets_build_them(positional):
-    from spe.lra.config import preset_config
+    from spe.lab.lra.config import preset_config
 
     cfg = preset_config("listops", positional, "performer", preset="cpu-small")
     assert cfg.positional == positional

@@ -5,9 +5,9 @@ import json
 import pytest
 from tiny_run import clean_midi, tiny_config
 
-from spe.cli.main import main
-from spe.data.split import same_data
-from spe.train.loop import train
+from spe.lab.cli.main import main
+from spe.lab.data.split import same_data
+from spe.lab.train.loop import train
 
 
 def _strict(path) -> dict:
@@ -59,7 +59,7 @@ def test_same_data_compares_resolved_folders(tmp_path, monkeypatch):
 
 
 def test_strict_json_writes_null_for_non_finite_floats():
-    from spe.strict_json import dumps
+    from spe.lab.strict_json import dumps
 
     assert json.loads(dumps({"a": float("nan"), "b": [1.5, float("inf")], "c": (float("-inf"),)})) == \
         {"a": None, "b": [1.5, None], "c": [None]}

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from spe import DecoderLM, ModelConfig
-from spe.evaluation.extrapolation import bucket_means, per_position_cross_entropy
+from spe.lab.evaluation.extrapolation import bucket_means, per_position_cross_entropy
 
 
 def _model():

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from spe.checkpoint import LoadedCheckpoint
-from spe.data.split import CorpusSplit
-from spe.evaluation.checkpoints import evaluate_models
+from spe.lab.data.split import CorpusSplit
+from spe.lab.evaluation.checkpoints import evaluate_models
 from spe.models import ModelConfig
 from spe.models.decoder_lm import DecoderLM
 

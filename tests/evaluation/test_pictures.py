@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from spe.evaluation.pictures import (
+from spe.lab.evaluation.pictures import (
     attention_matrices,
     plot_attention,
     plot_kernels,

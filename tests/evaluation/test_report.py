@@ -6,11 +6,11 @@ import shutil
 
 import pytest
 
-from spe.cli.main import main
-from spe.evaluation.audio import render_audio
-from spe.evaluation.music_prompt import bar_start
-from spe.evaluation.r_grid import r_grids
-from spe.metrics.pe_probe import probe_plan, probe_tokens
+from spe.lab.cli.main import main
+from spe.lab.evaluation.audio import render_audio
+from spe.lab.evaluation.music_prompt import bar_start
+from spe.lab.evaluation.r_grid import r_grids
+from spe.lab.metrics.pe_probe import probe_plan, probe_tokens
 
 TINY = ["--seq-len", "32", "--batch-size", "2", "--d-model", "32", "--num-layers", "1", "--num-heads", "2",
         "--num-realizations", "4", "--eval-every", "2", "--threads", "1", "--steps", "2", "--no-progress"]
@@ -45,7 +45,7 @@ def test_report_on_two_checkpoints(runs, monkeypatch, capsys):
     out = root / "out"
     monkeypatch.setattr(shutil, "which", lambda name: None)
     import spe.checkpoint
-    import spe.data.music
+    import spe.lab.data.music
 
     calls = {"weights": 0, "corpus": 0}
 
@@ -56,7 +56,7 @@ def test_report_on_two_checkpoints(runs, monkeypatch, capsys):
         return wrapper
 
     monkeypatch.setattr(spe.checkpoint, "_load_model", counting("weights", spe.checkpoint._load_model))
-    monkeypatch.setattr(spe.data.music, "load_corpus", counting("corpus", spe.data.music.load_corpus))
+    monkeypatch.setattr(spe.lab.data.music, "load_corpus", counting("corpus", spe.lab.data.music.load_corpus))
     assert main(["report", "--checkpoint", spe_run, "--checkpoint", ape_run, "--out", str(out), "--length", "24",
                  "--probe-tokens", "3", "--r-test", "2,8", "--no-progress"]) == 0
     assert str(out / "report.md") in capsys.readouterr().out
@@ -184,7 +184,7 @@ def test_audio_is_rendered_with_fluidsynth_and_a_soundfont(tmp_path, monkeypatch
 
 
 def test_publish_report_copies_images_and_drops_music_links(tmp_path):
-    from spe.evaluation.publish import publish_report
+    from spe.lab.evaluation.publish import publish_report
 
     src = tmp_path / "report"
     (src / "figures").mkdir(parents=True)
@@ -200,7 +200,7 @@ def test_publish_report_copies_images_and_drops_music_links(tmp_path):
 
 
 def test_model_names_are_the_shortest_unique_run_paths():
-    from spe.evaluation.report import run_names
+    from spe.lab.evaluation.report import run_names
 
     assert run_names(["runs/ablation/ape/seed0", "runs/ablation/sinespe/seed0"]) == ["ape", "sinespe"]
     assert run_names(["runs/a", "runs/b"]) == ["a", "b"]

@@ -5,8 +5,8 @@ import warnings
 
 import pytest
 
-from spe.cli.main import main
-from spe.experiments.sweep import load_plan
+from spe.lab.cli.main import main
+from spe.lab.experiments.sweep import load_plan
 
 PLAN = """
 title = "tiny"
@@ -96,7 +96,7 @@ def test_the_packaged_ablation_keeps_its_runs_whole_past():
     # Its runs were trained before SPE models got a window of the training length by default:
     # unless a variant sets one, the resolved model attends to the whole past, so finished
     # runs still match their plan.
-    from spe.train.config import TrainConfig
+    from spe.lab.train.config import TrainConfig
 
     plan = load_plan("ablation")
     windows = {name: TrainConfig.from_dict(v["train"]).model_config(300).attention_window
@@ -106,8 +106,8 @@ def test_the_packaged_ablation_keeps_its_runs_whole_past():
 
 
 def test_threads_override_every_variant_and_a_finished_run_is_still_reused(tmp_path):
-    from spe.experiments.sweep import variant_config
-    from spe.train.status import RESUME_KEYS
+    from spe.lab.experiments.sweep import variant_config
+    from spe.lab.train.status import RESUME_KEYS
 
     plan = load_plan("peers")
     assert variant_config(plan, "sinespe", 0, tmp_path).threads == 2  # the main job's
@@ -121,7 +121,7 @@ def test_every_peer_builds_and_reaches_three_times_its_training_length(tmp_path)
     import torch
 
     from spe.checkpoint import max_positions
-    from spe.experiments.sweep import variant_config
+    from spe.lab.experiments.sweep import variant_config
     from spe.models import DecoderLM
 
     plan = load_plan("peers")
@@ -143,7 +143,7 @@ def test_every_peer_builds_and_reaches_three_times_its_training_length(tmp_path)
 def test_side_by_side_sweeps_add_their_runs_instead_of_replacing_each_others(tmp_path):
     """Two sweeps on one folder (``--only`` lists, one core each) each read results.json when they
     start; a save must keep what the other wrote since, and this sweep's new runs must win."""
-    from spe.experiments.sweep import _save_results
+    from spe.lab.experiments.sweep import _save_results
 
     plan = load_plan("peers")
 
@@ -217,7 +217,7 @@ def test_every_gates_variant_builds_and_decodes_its_16x_test_length(tmp_path, pl
 
     import torch
 
-    from spe.experiments.sweep import variant_config
+    from spe.lab.experiments.sweep import variant_config
     from spe.models import DecoderLM
 
     plan = load_plan(plan_name)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from spe.lra.attention import cls_attention
+from spe.lab.lra.attention import cls_attention
 from spe.models import ClassifierConfig, EncoderClassifier
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spe.lra import preset_config
-from spe.lra.run import default_folder
-from spe.lra.task import LRATask
-from spe.lra.train import train_seed
+from spe.lab.lra import preset_config
+from spe.lab.lra.run import default_folder
+from spe.lab.lra.task import LRATask
+from spe.lab.lra.train import train_seed
 
 from test_lra_experiments import _splits, _tiny_config
 
@@ -36,7 +36,7 @@ def test_redrawn_every_step_the_projections_change_and_never_otherwise(tmp_path)
                    splits, 0, tmp_path / name, progress=False)
     never, every = _projections(tmp_path / "never"), _projections(tmp_path / "every")
     assert never and never.keys() == every.keys()
-    from spe.lra import build_classifier
+    from spe.lab.lra import build_classifier
     torch.manual_seed(0)
     initial = {k: v for k, v in build_classifier(_tiny_config(), splits["train"]).state_dict().items()
                if k.endswith("projection")}

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from test_lra_experiments import _splits, _tiny_config
 
-from spe.lra.train import train_seed
+from spe.lab.lra.train import train_seed
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is unavailable")

@@ -13,11 +13,11 @@ from safetensors.torch import load_file
 from test_lra_experiments import _splits, _tiny_config
 
 from spe.checkpoint import TRAIN_STATE_FILE
-import spe.lra.train as lra_train
-from spe.cli.main import main
-from spe.lra.train import train_seed
-from spe.train import engine, state
-from spe.train.state import CHECKPOINTS_DIR
+import spe.lab.lra.train as lra_train
+from spe.lab.cli.main import main
+from spe.lab.lra.train import train_seed
+from spe.lab.train import engine, state
+from spe.lab.train.state import CHECKPOINTS_DIR
 
 # 6 steps, a validation and a checkpoint unit every 2; the best validation is at step 2.
 STEPS = 6
@@ -195,7 +195,7 @@ def test_compile_failures_fall_back_with_a_message_and_train_as_eager(where, tmp
 
 
 def test_the_new_lra_flags_reach_the_configuration(tmp_path, monkeypatch):
-    import spe.lra as lra
+    import spe.lab.lra as lra
 
     seen = {}
 
@@ -215,9 +215,9 @@ def test_the_new_lra_flags_reach_the_configuration(tmp_path, monkeypatch):
 
 
 def test_options_that_only_change_how_a_run_is_carried_out_may_change_between_reruns(tmp_path, monkeypatch):
-    import spe.data.lra.tasks as tasks
+    import spe.lab.data.lra.tasks as tasks
 
-    from spe.lra import run_lra
+    from spe.lab.lra import run_lra
 
     monkeypatch.setattr(tasks, "load_task", lambda *a, **k: _splits())
     first = run_lra(_cfg(steps=2), [0], tmp_path, progress=False)

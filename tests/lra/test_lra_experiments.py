@@ -1,4 +1,4 @@
-"""spe.lra: one training step per task × kernel × encoding, the schedule, best checkpoints,
+"""spe.lab.lra: one training step per task × kernel × encoding, the schedule, best checkpoints,
 results over seeds, resumption, and the ``spe lra`` command."""
 
 import json
@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from spe.cli.main import main
-from spe.data.lra.dataset import PairDataset, SequenceDataset
-from spe.lra import LRAConfig, build_classifier, preset_config, run_lra
-from spe.lra.train import learning_rate_factor, make_optimizer, train_seed, training_step
+from spe.lab.cli.main import main
+from spe.lab.data.lra.dataset import PairDataset, SequenceDataset
+from spe.lab.lra import LRAConfig, build_classifier, preset_config, run_lra
+from spe.lab.lra.train import learning_rate_factor, make_optimizer, train_seed, training_step
 
 TINY_MODEL = {"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 16, "num_realizations": 8, "num_sines": 2,
               "kernel_size": 3, "num_features": 8, "gated": True, "dropout": 0.0}
@@ -81,7 +81,7 @@ def _splits():
 
 def test_a_seed_keeps_its_best_validation_checkpoint_and_tests_it(tmp_path):
     from spe.checkpoint import load, load_metadata
-    from spe.lra import accuracy
+    from spe.lab.lra import accuracy
 
     splits = _splits()
     result = train_seed(_tiny_config(), splits, 0, tmp_path / "seed0", progress=False)
@@ -97,7 +97,7 @@ def test_a_seed_keeps_its_best_validation_checkpoint_and_tests_it(tmp_path):
 def test_an_interrupted_seed_resumes_to_the_same_weights(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    from spe.lra.task import LRATask
+    from spe.lab.lra.task import LRATask
 
     splits = _splits()
     whole = train_seed(_tiny_config(), splits, 0, tmp_path / "whole", progress=False)
@@ -126,8 +126,8 @@ def test_an_interrupted_seed_resumes_to_the_same_weights(tmp_path, monkeypatch):
 
 
 def test_results_over_seeds_and_finished_seeds_are_not_rerun(tmp_path, monkeypatch):
-    import spe.data.lra.tasks as tasks
-    import spe.lra.run as run_module
+    import spe.lab.data.lra.tasks as tasks
+    import spe.lab.lra.run as run_module
 
     monkeypatch.setattr(tasks, "load_task", lambda *a, **k: _splits())
     summary = run_lra(_tiny_config(), [0, 1], tmp_path, progress=False)
@@ -158,7 +158,7 @@ def test_the_command_end_to_end_on_the_embedded_image_proxy(tmp_path, capsys, mo
     # cpu-small image preset cut to 2 steps: trains, picks the best checkpoint, tests it,
     # writes results and the CLS attention map. The proxy's splits are cut to 24 images each
     # (evaluating 350 images of 1,025 tokens would dominate the test's time).
-    from spe.data.lra import proxies
+    from spe.lab.data.lra import proxies
 
     full = proxies.image_proxy
     monkeypatch.setattr(proxies, "image_proxy", lambda **k: {name: split.subset(range(24))
@@ -192,7 +192,7 @@ def test_an_unknown_task_is_refused_by_the_parser(capsys):
 
 
 def test_results_tables_put_each_run_beside_the_papers_value_for_its_kernel_and_encoding(tmp_path):
-    from spe.lra.report import results_tables
+    from spe.lab.lra.report import results_tables
 
     def write(name, task, attention, positional, accs):
         results = [{"seed": i, "test_accuracy": a / 100, "best_step": 10, "seconds": 120.0} for i, a in enumerate(accs)]

@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from spe.cli.main import main
-from spe.lra import preset_config
-from spe.lra.config import model_option_names, parse_model_option
-from spe.lra.run import _check_config
+from spe.lab.cli.main import main
+from spe.lab.lra import preset_config
+from spe.lab.lra.config import model_option_names, parse_model_option
+from spe.lab.lra.run import _check_config
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -41,10 +41,10 @@ def _fake_run(seen):
 
 @pytest.fixture
 def seen(monkeypatch, tmp_path):
-    import spe.lra
+    import spe.lab.lra
 
     found = {}
-    monkeypatch.setattr(spe.lra, "run_lra", _fake_run(found))
+    monkeypatch.setattr(spe.lab.lra, "run_lra", _fake_run(found))
     monkeypatch.chdir(tmp_path)
     return found
 
@@ -77,7 +77,7 @@ def test_folders_without_options_keep_their_names(seen):
 
 def test_text_values_are_made_safe_for_a_folder_name(seen):
     assert main(["lra", "--task", "listops", "--model-option", 'spe_impl="a/b c"']) != 0  # refused by the config
-    from spe.lra import default_folder
+    from spe.lab.lra import default_folder
 
     cfg = preset_config("text", "sinespe", "performer")
     assert default_folder(cfg, {"spe_impl": "a/b c"}).name == "text-performer-sinespe-spe_impl-a_b_c"

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from spe.cli.main import main
-from spe.lra import LRAConfig, preset_config
-from spe.lra.run import _check_config, load_splits
+from spe.lab.cli.main import main
+from spe.lab.lra import LRAConfig, preset_config
+from spe.lab.lra.run import _check_config, load_splits
 
 
 def test_the_pipeline_is_part_of_the_config_and_validated():
@@ -21,7 +21,7 @@ def test_the_pipeline_is_part_of_the_config_and_validated():
 
 
 def test_the_loader_gets_the_pipeline(monkeypatch):
-    import spe.data.lra.tasks as tasks
+    import spe.lab.data.lra.tasks as tasks
 
     seen = {}
     monkeypatch.setattr(tasks, "load_task", lambda *a, **k: seen.update(k))
@@ -43,7 +43,7 @@ def test_a_folder_of_one_pipeline_refuses_the_other(tmp_path):
 
 
 def test_the_command_line_flag_reaches_the_run_and_names_the_default_folder(monkeypatch, tmp_path, capsys):
-    import spe.lra
+    import spe.lab.lra
 
     seen = {}
 
@@ -53,7 +53,7 @@ def test_the_command_line_flag_reaches_the_run_and_names_the_default_folder(monk
         (out / "results.md").write_text("table\n")
         return {"mean": 17.0, "std": 0.0}
 
-    monkeypatch.setattr(spe.lra, "run_lra", fake_run)
+    monkeypatch.setattr(spe.lab.lra, "run_lra", fake_run)
     monkeypatch.chdir(tmp_path)
     assert main(["lra", "--task", "listops", "--positional", "ape", "--listops-pipeline", "lra-2021"]) == 0
     assert seen["cfg"].listops_pipeline == "lra-2021"
@@ -76,9 +76,9 @@ def test_an_spe_oracle_takes_its_spe_s_preset_options():
 def test_one_lra_training_step_with_a_score_encoding_moves_its_parameters(positional):
     import torch
 
-    from spe.data.lra.dataset import SequenceDataset
-    from spe.lra import build_classifier
-    from spe.lra.train import make_optimizer, training_step
+    from spe.lab.data.lra.dataset import SequenceDataset
+    from spe.lab.lra import build_classifier
+    from spe.lab.lra.train import make_optimizer, training_step
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)

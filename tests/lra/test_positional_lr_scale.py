@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spe.lra import LRAConfig, build_classifier, preset_config
-from spe.lra.train import make_optimizer, train_seed, training_step
-from spe.train import engine, optim
+from spe.lab.lra import LRAConfig, build_classifier, preset_config
+from spe.lab.lra.train import make_optimizer, train_seed, training_step
+from spe.lab.train import engine, optim
 
 from test_lra_experiments import TINY_MODEL, _dataset, _splits, _tiny_config
 

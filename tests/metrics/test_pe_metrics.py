@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from spe import POSITIONALS, DecoderLM, ModelConfig
-from spe.metrics import identical_token_attention, monotonicity, translation_invariance
+from spe.lab.metrics import identical_token_attention, monotonicity, translation_invariance
 
 
 def _lower(rows):

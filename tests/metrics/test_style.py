@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from symusic import Note, Score, Track
 
-from spe.metrics import onset_duration_profile, split_equal_parts, style_similarity, time_pitch_profile
+from spe.lab.metrics import onset_duration_profile, split_equal_parts, style_similarity, time_pitch_profile
 
 TPQ = 480  # ticks per beat; bins of 1/6 beat are 80 ticks
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from spe.checkpoint import load_metadata
-from spe.train.config import TrainConfig, load_config_file, packaged_config, resolve_model_options
+from spe.lab.train.config import TrainConfig, load_config_file, packaged_config, resolve_model_options
 
 # The packaged demo config with a tiny model; neither the window nor the attention is set.
 TINY = {"seq_len": 16, "batch_size": 2, "steps": 1, "eval_every": 1, "threads": 1}
@@ -44,8 +44,8 @@ def test_score_encodings_get_softmax_and_spe_a_window_unless_set():
 
 @pytest.mark.parametrize("positional", ["sinespe", "shaw"])
 def test_train_sweep_and_python_build_the_same_model_from_the_same_toml(positional, midi_folder, tmp_path):
-    from spe.cli.main import main
-    from spe.train.loop import train
+    from spe.lab.cli.main import main
+    from spe.lab.train.loop import train
 
     toml = tmp_path / "run.toml"
     toml.write_text(_toml(positional))
@@ -78,7 +78,7 @@ def test_train_sweep_and_python_build_the_same_model_from_the_same_toml(position
                                          ({"positional": "cosformer", "max_positions": 64}, 64),
                                          ({"positional": "cosformer", "cosformer_max_length": 48}, 48)])
 def test_training_crops_longer_than_the_model_reaches_are_refused_before_any_data(model, limit, tmp_path):
-    from spe.train.config import TrainConfig
+    from spe.lab.train.config import TrainConfig
 
     base = {"data": str(tmp_path), "out": str(tmp_path / "run"), "model": {"attention": "performer", **model}}
     assert TrainConfig.from_dict({**base, "seq_len": limit}).seq_len == limit

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from tiny_run import PYTHON, subprocess_env, tiny_config, toml_text
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE
-from spe.train.loop import train
-from spe.train.state import CHECKPOINTS_DIR
+from spe.lab.train.loop import train
+from spe.lab.train.state import CHECKPOINTS_DIR
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is unavailable")
@@ -92,7 +92,7 @@ def test_two_processes_match_one_with_the_same_global_batch_and_resume_identical
 
 
 def test_the_global_batch_must_split_evenly(tmp_path, monkeypatch):
-    from spe.train import distributed
+    from spe.lab.train import distributed
 
     monkeypatch.setattr(distributed, "setup", lambda device_type: distributed.Distributed(0, 3, 0))
     with pytest.raises(ValueError, match="batch_size 4 .*global batch.* 3 processes"):
@@ -101,7 +101,7 @@ def test_the_global_batch_must_split_evenly(tmp_path, monkeypatch):
 
 
 def test_shard_takes_this_ranks_rows():
-    from spe.train.distributed import Distributed, shard
+    from spe.lab.train.distributed import Distributed, shard
 
     batch = torch.arange(12).reshape(6, 2)
     parts = [shard(batch, Distributed(rank, 3, rank)) for rank in range(3)]
@@ -110,7 +110,7 @@ def test_shard_takes_this_ranks_rows():
 
 
 def _group_worker(rank: int, init_file: str, results: str) -> None:
-    from spe.train.distributed import Distributed, all_sum, check_same
+    from spe.lab.train.distributed import Distributed, all_sum, check_same
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     ctx, cpu = Distributed(rank, 2, rank), torch.device("cpu")

@@ -12,16 +12,16 @@ from tiny_run import tiny_config
 from torch import nn
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE
-from spe.cli.main import main
+from spe.lab.cli.main import main
 from spe.models import ModelConfig
 from spe.models.classifier_config import ClassifierConfig
 from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
-from spe.train import engine, state
-from spe.train.loop import train
-from spe.train.metrics_log import read_records, trim_records
-from spe.train.optim import decayed_parameter_names, learning_rate_factor, param_groups
-from spe.train.state import CHECKPOINTS_DIR
+from spe.lab.train import engine, state
+from spe.lab.train.loop import train
+from spe.lab.train.metrics_log import read_records, trim_records
+from spe.lab.train.optim import decayed_parameter_names, learning_rate_factor, param_groups
+from spe.lab.train.state import CHECKPOINTS_DIR
 
 SMALL = {"d_model": 16, "num_heads": 2, "num_layers": 2, "d_ff": 32}
 
@@ -188,7 +188,7 @@ def test_spe_train_resume_refuses_a_state_that_would_run_code_in_one_line(tmp_pa
 
 
 def test_spe_train_compile_flag_reaches_the_configuration(monkeypatch, tmp_path):
-    import spe.train.loop as loop
+    import spe.lab.train.loop as loop
 
     seen = []
     monkeypatch.setattr(loop, "train", lambda cfg, **kwargs: seen.append(cfg) or tmp_path)

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from tiny_run import PYTHON, subprocess_env, tiny_config, toml_text
 
 from spe.checkpoint import MODEL_FILE, load_checkpoint, load_metadata
-from spe.train.loop import train
-from spe.train.state import latest_checkpoint
+from spe.lab.train.loop import train
+from spe.lab.train.state import latest_checkpoint
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
 

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from spe.cli.main import main
-from spe.lra.config import LRAConfig, parse_seeds
-from spe.train.config import TrainConfig
+from spe.lab.cli.main import main
+from spe.lab.lra.config import LRAConfig, parse_seeds
+from spe.lab.train.config import TrainConfig
 
 NAN, INF = math.nan, math.inf
 POSITIVE = "a positive integer"
@@ -88,14 +88,14 @@ def test_the_bounds_themselves_are_accepted_where_the_rule_says_so():
 @pytest.fixture
 def no_work(monkeypatch):
     """Reading the data or building the model fails the test: options are checked before either."""
-    import spe.data.split
-    import spe.train.tasks.lm
+    import spe.lab.data.split
+    import spe.lab.train.tasks.lm
 
     def never(*args, **kwargs):
         raise AssertionError("reached past the option checks")
 
-    monkeypatch.setattr(spe.data.split, "load_split", never)
-    monkeypatch.setattr(spe.train.tasks.lm, "DecoderLM", never)
+    monkeypatch.setattr(spe.lab.data.split, "load_split", never)
+    monkeypatch.setattr(spe.lab.train.tasks.lm, "DecoderLM", never)
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -124,7 +124,7 @@ def test_spe_train_refuses_a_flag_value_in_the_same_words(tmp_path, no_work, cap
 @pytest.mark.parametrize("option,value", [("grad_clip", -1.0), ("lr", float("inf")), ("warmup_steps", -5),
                                           ("min_lr_ratio", 2.0), ("seed", -1)])
 def test_the_engine_settings_keep_the_same_rules_for_python_callers(option, value):
-    from spe.train.task import EngineSettings
+    from spe.lab.train.task import EngineSettings
 
     base = {"steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 0, "eval_every": 1, "seed": 0}
     with pytest.raises(ValueError, match=rf"{option} must be"):

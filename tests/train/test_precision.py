@@ -6,9 +6,9 @@ from safetensors.torch import load_file
 from tiny_run import tiny_config
 
 from spe.checkpoint import MODEL_FILE
-from spe.train.config import TrainConfig
-from spe.train.loop import build_model
-from spe.train.precision import autocast, check_precision, grad_scaler
+from spe.lab.train.config import TrainConfig
+from spe.lab.train.loop import build_model
+from spe.lab.train.precision import autocast, check_precision, grad_scaler
 
 
 def _loss(model, batch, precision):
@@ -43,7 +43,7 @@ def test_a_bf16_step_is_close_to_fp32_on_the_same_batch(tmp_path):
 
 
 def test_bf16_training_writes_float32_checkpoints(tmp_path):
-    from spe.train.loop import train
+    from spe.lab.train.loop import train
 
     run = train(tiny_config(tmp_path, "bf16", steps=2, precision="bf16"), progress=False)
     weights = load_file(str(run / MODEL_FILE))

@@ -12,9 +12,9 @@ from conftest import write_midi
 from tiny_run import tiny_config, toml_text
 
 from spe.checkpoint import load_metadata
-from spe.cli.main import main
-from spe.train.loop import train
-from spe.train.status import RunStatus, check_resume, data_record
+from spe.lab.cli.main import main
+from spe.lab.train.loop import train
+from spe.lab.train.status import RunStatus, check_resume, data_record
 
 
 def _pieces(*lengths):
@@ -89,7 +89,7 @@ def test_spe_train_resume_on_a_grown_data_folder_is_refused_and_allowed_only_whe
 
 
 def _lra_splits():
-    from spe.data.lra.dataset import SequenceDataset
+    from spe.lab.data.lra.dataset import SequenceDataset
 
     def dataset(n, seed):
         g = torch.Generator().manual_seed(seed)
@@ -100,8 +100,8 @@ def _lra_splits():
 
 
 def test_an_lra_seed_resumed_on_other_splits_is_refused_and_allowed_only_when_asked(tmp_path):
-    from spe.lra import LRAConfig
-    from spe.lra.train import RESULT_FILE, train_seed
+    from spe.lab.lra import LRAConfig
+    from spe.lab.lra.train import RESULT_FILE, train_seed
 
     def cfg(**options):
         return LRAConfig(task="listops", positional="ape", attention="performer", steps=2, batch_size=4,

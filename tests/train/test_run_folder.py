@@ -10,11 +10,11 @@ import pytest
 from safetensors.torch import load_file
 from tiny_run import PYTHON, hold_lock, subprocess_env, tiny_config, toml_text
 
-from spe.cli.main import main
-from spe.experiments.sweep import load_plan, run_sweep
-from spe.train.loop import train
-from spe.train.metrics_log import read_records
-from spe.train.run_folder import LOCK_FILE, RunFolderBusy, check_name, run_lock
+from spe.lab.cli.main import main
+from spe.lab.experiments.sweep import load_plan, run_sweep
+from spe.lab.train.loop import train
+from spe.lab.train.metrics_log import read_records
+from spe.lab.train.run_folder import LOCK_FILE, RunFolderBusy, check_name, run_lock
 
 
 def _snapshot(root: Path) -> dict:

@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 from tiny_run import tiny_config
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, load_metadata
-from spe.train import engine
-from spe.train.loop import train
-from spe.train.state import CHECKPOINTS_DIR, latest_checkpoint, repair_run_folder
+from spe.lab.train import engine
+from spe.lab.train.loop import train
+from spe.lab.train.state import CHECKPOINTS_DIR, latest_checkpoint, repair_run_folder
 
 
 def _losses(run) -> list[tuple]:

@@ -11,14 +11,14 @@ from test_engine import _Kill, _same_weights
 from tiny_run import tiny_config, toml_text
 
 from spe.checkpoint import TRAIN_STATE_FILE
-from spe.cli.main import main
+from spe.lab.cli.main import main
 from spe.models import ModelConfig
 from spe.models.decoder_lm import DecoderLM, DecodingState
-from spe.train import engine
-from spe.train.config import TrainConfig
-from spe.train.loop import train
-from spe.train.state_passing import StatePassing, chain_steps
-from spe.train.tasks import lm
+from spe.lab.train import engine
+from spe.lab.train.config import TrainConfig
+from spe.lab.train.loop import train
+from spe.lab.train.state_passing import StatePassing, chain_steps
+from spe.lab.train.tasks import lm
 
 # Recurrent models of each state kind: FAVOR+ sums with SPE, a gate with RoPE, a window's kept
 # keys with their gates, a short convolution's cache with GLA's channel gate and convSPE.

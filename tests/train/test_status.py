@@ -5,8 +5,8 @@ import json
 from safetensors.torch import save_file
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE
-from spe.train.config import TrainConfig
-from spe.train.status import run_status
+from spe.lab.train.config import TrainConfig
+from spe.lab.train.status import run_status
 
 MODEL = {"positional": "ape", "d_model": 16, "num_layers": 1, "num_heads": 2, "d_ff": 32}
 

@@ -5,7 +5,7 @@ import json
 import pytest
 from tiny_run import tiny_config
 
-from spe.train.loop import train
+from spe.lab.train.loop import train
 
 
 def test_event_files_hold_the_metrics_scalars(tmp_path):

@@ -129,7 +129,7 @@ class MultiHeadAttention(nn.Module):
             ``MusicRelativePosition``, ``ALiBi``): any module with
             ``attend(q, k, v, *, query_offset) -> y`` and ``score_bias(q, num_keys, *,
             query_offset) -> (B, H, Lq, Lk)`` (the term it adds to q·k/√D, read by
-            :mod:`spe.metrics.capture`); softmax attention only.
+            :mod:`spe.lab.metrics.capture`); softmax attention only.
         feature_transform: a transform of the kernel's features φ(q), φ(k) by position
             (:class:`~spe.encodings.LRPE`, :class:`~spe.encodings.PermuteFeatures`,
             :class:`~spe.encodings.CosFormerReweighting`): a module ``(features (B, L, H, M),

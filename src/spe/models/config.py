@@ -8,9 +8,28 @@ from typing import ClassVar
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS
 from spe.models.trunk_config import POSITIONALS, SCORE_ENCODINGS, TrunkConfig
-from spe.options import decode_window
 
-__all__ = ["POSITIONALS", "SCORE_ENCODINGS", "ModelConfig"]
+__all__ = ["POSITIONALS", "SCORE_ENCODINGS", "ModelConfig", "decode_window"]
+
+
+def decode_window(value: int | None, name: str = "window") -> int | None:
+    """A sliding attention window option W in positions: 0 means the whole past (None).
+
+    Args:
+        value: None (keep what the model has), 0 (the whole past) or W > 0 positions.
+        name: how the caller names the option in messages (``--window``, ``attention_window``).
+
+    Returns:
+        None for 0 (and for None), else W.
+
+    Raises:
+        ValueError: naming ``name`` and the value, unless it is None or an int ≥ 0 (bools refused).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be 0 (the whole past) or a positive number of positions, got {value!r}")
+    return value or None
 
 
 @dataclass

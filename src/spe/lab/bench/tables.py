@@ -1,0 +1,69 @@
+"""Markdown tables of the whole-model benchmark (:mod:`spe.lab.bench.model`).
+
+Letters: B = batch, N = sequence length (tokens), MB = 2^20 bytes.
+"""
+
+from __future__ import annotations
+
+from spe.lab.bench.targets import record_decay
+
+__all__ = ["longest_lines", "model_lines"]
+
+
+def _name(r: dict) -> str:
+    impl = r["impl"]
+    if r["positional"] == "sinespe" and impl == "-":
+        impl = f"auto → {r['resolved_impl']}" if r.get("resolved_impl") else "auto"
+    suffix = "" if impl in ("-", "fft") else f" ({impl})"
+    decay = record_decay(r)
+    return (f"{r['positional']}{suffix} + {r['attention']}" + ("" if decay == "none" else f" + decay {decay}")
+            + (" (compiled)" if r.get("compiled") else ""))
+
+
+def model_lines(merged: list[dict]) -> list[str]:
+    """One table per (batch, length): median ms and peak MB of one AdamW step, ratios to APE."""
+    if not merged:
+        return []
+    first = next((r for r in merged if r.get("rounds")), merged[0])
+    opts = ", ".join(f"{k} {v}" for k, v in first["model"].items() if k not in ("positional", "attention", "decay"))
+    lines = [f"### model: one AdamW step of the whole DecoderLM (vocabulary {first['vocab_size']}; {opts})", ""]
+    for batch, length in dict.fromkeys((r["batch"], r["length"]) for r in merged):
+        lines += [f"Batch {batch}, N = {length:,}:", "",
+                  "| positional + attention | parameters | step ms | peak MB | time / APE | memory / APE | "
+                  "tokens/s | steps (rounds) |", "|---|---|---|---|---|---|---|---|"]
+        for r in (x for x in merged if (x["batch"], x["length"]) == (batch, length)):
+            if not r.get("rounds"):
+                lines.append(f"| {_name(r)} | | {r.get('skipped', 'failed')} | | | | | |")
+                continue
+            ratio = (f"{r['time_vs_ape']:.2f}× | {r['memory_vs_ape']:.2f}×" if "time_vs_ape" in r else "– | –")
+            lines.append(f"| {_name(r)} | {r['parameters']:,} | {r['median_ms']:,.0f} | {r['peak_mb']:,.0f} | {ratio} | "
+                         f"{r['tokens_per_s']:,.0f} | {len(r['times_ms'])} ({r['rounds']}) |")
+        lines.append("")
+    return lines
+
+
+def _fit_text(fit: dict) -> str:
+    coef = fit["coefficients_mb"]
+    text = f"{coef[0]:,.0f} MB + {coef[1] * 1024:,.1f} MB per 1,024 tokens"
+    if len(coef) > 2:
+        text += f" + {coef[2] * 2**20:,.3f} MB per (1,024 tokens)²"
+    return f"{text} (least squares through N = {', '.join(f'{n:,}' for n in fit['points'])})"
+
+
+def longest_lines(results: list[dict], budget_mb: float | None) -> list[str]:
+    """The longest-length search: measured points, the answer, and whether it is extrapolated."""
+    if not results:
+        return []
+    lines = [f"### longest trainable length, batch 1, within {budget_mb:,.0f} MB (whole process)", "",
+             "| positional + attention | measured N: total MB (step s) | longest N | how |", "|---|---|---|---|"]
+    for r in results:
+        pts = ", ".join(f"{n:,}: {mb:,.0f} ({ms / 1000:.1f})" for n, mb, ms in r["points"])
+        if r["longest"] is None:
+            how = r["why"]
+        elif r["extrapolated"]:
+            how = f"extrapolated: {_fit_text(r['fit'])}; stopped: {r['why']}"
+        else:
+            how = "measured (bisection)"
+        longest = "–" if r["longest"] is None else f"{r['longest']:,}"
+        lines.append(f"| {_name({**r, 'resolved_impl': None})} | {pts} | {longest} | {how} |")
+    return [*lines, ""]

@@ -1,0 +1,256 @@
+"""One benchmark measurement, run in its own process so that peak memory can be read.
+
+Usage: ``python -m spe.lab.bench.worker '<json case>'``; prints one JSON line.
+Peak memory on CPU is the growth of the process's maximum resident set size over the
+workload (``ru_maxrss``); on CUDA, ``torch.cuda.max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+from spe.attention.layer import MultiHeadAttention
+from spe.lab.bench.peers import PEER_ATTENTIONS, build_peer_layer
+from spe.encodings.conv import ConvSPE
+from spe.encodings.filter import IMPLS, choose_sine_impl
+from spe.encodings.registry import positional_spec
+from spe.ops.state import KVCache, LinearAttentionState, ScaledLinearAttentionState
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _head_dim(config) -> int:
+    return config.d_model // config.num_heads
+
+
+def _spe_impl(case: dict) -> str:
+    """``ModelConfig.spe_impl`` of a case: its sineSPE ``impl``, or ``auto`` ("-", and convSPE's
+    "fft"/"direct", which concern the code, not its application)."""
+    return case["impl"] if case["positional"] == "sinespe" and case["impl"] in IMPLS else "auto"
+
+
+def _layer_config(case: dict):
+    """The ModelConfig whose fields the registry's builders read, for one bench layer."""
+    from spe.models import ModelConfig
+
+    h, d = case["num_heads"], case["head_dim"]
+    return ModelConfig(vocab_size=1, d_model=h * d, num_heads=h, positional=case["positional"],
+                       attention=case["attention"],
+                       num_realizations=case["num_realizations"], num_sines=case["num_sines"],
+                       kernel_size=case["kernel_size"], max_distance=case.get("max_distance", 256),
+                       max_positions=case["length"] + 1, gated=True, num_features=case["num_features"],
+                       chunk_size=case["chunk_size"], spe_impl=_spe_impl(case), decay=_decay(case))
+
+
+def _decay(case: dict) -> str:
+    """The case's decay (``--decay``), for linear kernels only: softmax takes none."""
+    return "none" if case["attention"] == "softmax" else case.get("decay", "none")
+
+
+def build(case: dict):
+    """(attention layer, SPE code generator or None, token encoding or None) from the registry.
+
+    The registry builds what a DecoderLM layer would get, with the case's sineSPE ``impl`` as
+    ``ModelConfig.spe_impl``; a convSPE ``impl`` then picks how ConvSPE filters its noise.
+    """
+    peer = case["attention"] in PEER_ATTENTIONS
+    config = _layer_config({**case, "attention": "performer"} if peer else case)
+    spec = positional_spec(case["positional"])
+    per_model = spec.build_model_module(config)
+    layer_module = spec.build_layer_module(config, causal=True)
+    encoding = per_model if spec.stochastic else None
+    ape = per_model if spec.acts_on == "tokens" else None
+    if isinstance(encoding, ConvSPE):
+        encoding.impl = "direct" if case["impl"] == "direct" else "fft"
+    if peer:  # another package's layer, with APE or nothing (spe.lab.bench.peers)
+        return build_peer_layer(case["attention"], config.num_heads, _head_dim(config), config.num_features), None, ape
+    keyword = {spec.layer_keyword: layer_module} if layer_module is not None else {}
+    layer = MultiHeadAttention(config.d_model, config.num_heads, attention=config.attention, causal=True,
+                               num_realizations=config.num_realizations if spec.stochastic else None,
+                               num_features=config.num_features, chunk_size=config.chunk_size,
+                               decay=config.decay, **keyword)
+    return layer, encoding, ape
+
+
+def measure_model(case: dict, device: torch.device) -> dict:
+    """One optimizer step (forward, backward, AdamW) of a whole DecoderLM; reports its parameters
+    (see :func:`model_step`)."""
+    run, extra = model_step(case, device)
+    return {**_timed(run, case, device), **extra}
+
+
+def model_step(case: dict, device: torch.device):
+    """(a function doing one AdamW step of a whole DecoderLM, {"parameters", "attention_window",
+    "decay"(, "resolved_impl")}).
+
+    With ``case["compiled"]`` the model's forward is ``torch.compile``d (the timed steps follow
+    the untimed, compiling first one). The model is the one ``spe train --seq-len N`` builds from ``case["model"]``: the config
+    layer's defaults apply (:func:`spe.lab.train.config.resolve_model_options`), so SPE gets a
+    sliding window of N positions, which at length N reaches the whole past (the kernels then
+    take their whole-past path). A sineSPE ``impl`` other than "-" becomes ``ModelConfig.spe_impl``.
+    """
+    from spe.models import DecoderLM, ModelConfig
+    from spe.models.loss import cross_entropy
+    from spe.lab.train.config import resolve_model_options
+
+    n, b = case["length"], case["batch"]
+    options = dict(case["model"])
+    options.update(positional=case["positional"], attention=case["attention"])
+    if "decay" in case:  # --decay's mode for this case, over the model options'
+        options["decay"] = case["decay"]
+    if options.get("decay", "none") != "none" and options["attention"] == "softmax":
+        options["decay"] = "none"  # softmax takes no decay: its rows of a --decay run stay without
+    options = resolve_model_options(options, seq_len=n)
+    options["max_positions"] = max(options.get("max_positions", 2048), n)
+    config = ModelConfig(vocab_size=case["vocab_size"], **{**options, "spe_impl": _spe_impl(case)})
+    model = DecoderLM(config).to(device).train()
+    forward = torch.compile(model) if case.get("compiled") else model  # as spe train --compile does
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator(device=device).manual_seed(0)
+    tokens = torch.randint(0, case["vocab_size"], (b, n + 1), generator=g, device=device)
+
+    def run() -> None:
+        cross_entropy(forward(tokens[:, :-1]), tokens[:, 1:]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    extra = {"parameters": model.num_parameters(), "attention_window": config.attention_window,
+             "decay": config.decay}
+    if case["positional"] == "sinespe" and case["impl"] == "-":
+        extra["resolved_impl"] = choose_sine_impl(b, n, config.num_heads, config.d_model // config.num_heads,
+                                                  config.num_sines, config.num_realizations)
+    return run, extra
+
+
+def measure_train(case: dict, device: torch.device) -> dict:
+    layer, encoding, ape = build(case)
+    layer.to(device)
+    if encoding is not None:
+        encoding.to(device)
+    n, b = case["length"], case["batch"]
+    x = torch.randn(b, n, case["num_heads"] * case["head_dim"], device=device, requires_grad=True)
+    g = torch.Generator().manual_seed(0)
+    params = list(layer.parameters()) + (list(encoding.parameters()) if encoding is not None else [])
+
+    def run() -> None:
+        inp = ape(x, torch.arange(n, device=device)) if ape is not None else x
+        code = encoding(n, generator=g) if encoding is not None else None
+        layer(inp, code).square().mean().backward()
+        for p in params + [x]:
+            p.grad = None
+
+    return _timed(run, case, device)
+
+
+@torch.no_grad()
+def measure_generate(case: dict, device: torch.device) -> dict:
+    """Per-token cost of one recurrent step at position ``length`` (state of that many tokens)."""
+    layer, encoding, ape = build(case)
+    layer.to(device)
+    if encoding is not None:
+        encoding.to(device)
+    n, b, h, d = case["length"], case["batch"], case["num_heads"], case["head_dim"]
+    x = torch.randn(b, 1, h * d, device=device)
+    if case["attention"] == "softmax":
+        e = case["num_realizations"] if encoding is not None else d
+        state = KVCache(keys=torch.randn(b, n, h, e, device=device), values=torch.randn(b, n, h, d, device=device),
+                        position=n)
+    else:
+        m, m_den = layer.feature_sizes()  # feature transforms (LRPE, cosFormer) double M
+        sums = {"kv": torch.rand(b, h, m, d, device=device), "normalizer": torch.rand(b, h, m_den, device=device),
+                "position": n}
+        # FAVOR+ sums are kept relative to a running log scale (spe.ops.scaled); 0 = absolute
+        state = (ScaledLinearAttentionState(**sums, log_scale=torch.zeros(b, h, device=device))
+                 if case["attention"] == "performer" else LinearAttentionState(**sums))
+    pos = torch.tensor([n], device=device)
+
+    def run() -> None:
+        inp = ape(x, pos) if ape is not None else x
+        code = encoding(positions=pos, generator=torch.Generator().manual_seed(0)) if encoding is not None else None
+        layer.step(inp, code, state)  # the state is not advanced: every call costs the same
+
+    return _timed(run, case, device)
+
+
+@torch.no_grad()
+def measure_prefill(case: dict, device: torch.device) -> dict:
+    """One causal layer reading a prompt of ``length`` positions in one pass (``prefill``: the
+    output and the decoding state), the parallel counterpart of ``length`` generate steps."""
+    layer, encoding, ape = build(case)
+    layer.to(device)
+    if encoding is not None:
+        encoding.to(device)
+    n, b, h, d = case["length"], case["batch"], case["num_heads"], case["head_dim"]
+    x = torch.randn(b, n, h * d, device=device)
+    pos = torch.arange(n, device=device)
+
+    def run() -> None:
+        inp = ape(x, pos) if ape is not None else x
+        code = encoding(positions=pos, generator=torch.Generator().manual_seed(0)) if encoding is not None else None
+        layer.prefill(inp, code)
+
+    return _timed(run, case, device)
+
+
+def _timed(run, case: dict, device: torch.device) -> dict:
+    """Median time of ``repeats`` calls after a warm-up call, and the peak memory over all;
+    ``repeats`` 0 times the warm-up call itself (a memory probe: the first step already holds
+    everything a later one does, e.g. AdamW's moments)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss_mb()
+    t = time.perf_counter()
+    run()  # warm-up
+    times = [] if case["repeats"] else [time.perf_counter() - t]
+    deadline = time.perf_counter() + case.get("max_seconds", 30.0)
+    for _ in range(case["repeats"]):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        if time.perf_counter() > deadline and len(times) >= 3:
+            break
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else _rss_mb() - base
+    return {"median_ms": 1000 * statistics.median(times), "peak_mb": peak, "repeats": len(times),
+            "times_ms": [1000 * t for t in times], "base_mb": base if device.type != "cuda" else base / 2**20}
+
+
+def main() -> None:
+    case = json.loads(sys.argv[1])
+    torch.set_num_threads(case.get("threads") or torch.get_num_threads())
+    device = torch.device(case.get("device", "cpu"))
+    measure = {"train": measure_train, "generate": measure_generate, "prefill": measure_prefill,
+               "model": measure_model}[case["mode"]]
+    try:
+        result = measure(case, device)
+    except ImportError as e:  # an optional peer package (spe.lab.bench.peers) is not installed
+        if case["attention"] not in PEER_ATTENTIONS:
+            raise
+        print(json.dumps({**case, "skipped": f"{PEER_ATTENTIONS[case['attention']]} not installed ({e})"}))
+        return
+    if case["mode"] in ("generate", "prefill"):
+        result["per_token_ms"] = result["median_ms"] / (case["length"] if case["mode"] == "prefill" else 1)
+    if case["mode"] != "model" and case["attention"] not in PEER_ATTENTIONS:
+        result["decay"] = _decay(case)  # what the layer was built with (softmax: none)
+    if case["positional"] == "sinespe" and case["impl"] == "-" and case["mode"] != "model":
+        length = case["length"] if case["mode"] == "train" else 1
+        result["resolved_impl"] = choose_sine_impl(case["batch"], length, case["num_heads"], case["head_dim"],
+                                                   case["num_sines"], case["num_realizations"])
+    print(json.dumps({**case, **result}))
+
+
+if __name__ == "__main__":
+    main()

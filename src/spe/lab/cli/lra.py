@@ -1,0 +1,114 @@
+"""``spe lra``: parsing and printing only; the work is :func:`spe.lab.lra.run_lra` (one experiment) and
+:func:`spe.lab.lra.study.run_study` (``--plan``: the rows of a study plan).
+
+Runs under ``torchrun`` as ``spe train`` does (e.g. ``torchrun --nproc-per-node 2 -m spe lra ...``):
+each seed's batch is shared between the processes and only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+__all__ = ["add_lra_parser", "cmd_lra"]
+
+_TASKS = ("listops", "text", "retrieval", "image")
+# Flags that define an experiment: a study plan sets them per row. Run flags go to every row.
+_EXPERIMENT_FLAGS = ("task", "positional", "attention", "decay", "preset", "listops_pipeline", "batch_size",
+                     "eval_every", "max_length", "num_realizations", "model_option", "positional_lr_scale")
+_RUN_FLAGS = ("data", "steps", "device", "precision", "keep_checkpoints", "tensorboard", "compile")
+
+
+def cmd_lra(args: argparse.Namespace) -> int:
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be positive, got {args.threads}")
+    if args.num_realizations is not None and args.num_realizations < 1:
+        raise ValueError(f"--num-realizations must be positive, got {args.num_realizations}")
+    if args.plan or args.collect or args.only:
+        out, line = _cmd_plan(args)
+    elif args.task is None:
+        raise ValueError("give --task (listops, text, retrieval, image) or a study --plan")
+    else:
+        out, line = _cmd_experiment(args)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 reports
+        print((out / "results.md").read_text(), end="")
+        print(line)
+    return 0
+
+
+def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
+    from spe.lab.lra import default_folder, model_options, parse_seeds, preset_config, run_lra
+
+    model = model_options(args.model_option or [], decay=args.decay)
+    cfg = preset_config(args.task, args.positional or "sinespe", args.attention or "performer",
+                        preset=args.preset or "cpu-small", listops_pipeline=args.listops_pipeline, model=model or None,
+                        positional_lr_scale=args.positional_lr_scale, num_realizations=args.num_realizations,
+                        max_length=args.max_length, batch_size=args.batch_size, eval_every=args.eval_every,
+                        **{f: getattr(args, f) for f in _RUN_FLAGS if getattr(args, f) is not False})
+    out = Path(args.out) if args.out else default_folder(cfg, model)
+    summary = run_lra(cfg, parse_seeds(args.seeds or "0"), out, threads=args.threads, progress=not args.no_progress)
+    return out, f"results: {out / 'results.json'} (mean {summary['mean']:.2f} ± {summary['std']:.2f} %)"
+
+
+def _cmd_plan(args: argparse.Namespace) -> tuple[Path, str]:
+    """--plan: every row (or --only) of a study plan; --collect: only the results of what has run."""
+    from spe.lab.lra import collect_study, load_study, parse_seeds, run_study
+
+    given = [f"--{f.replace('_', '-')}" for f in _EXPERIMENT_FLAGS if getattr(args, f) not in (None, False, [])]
+    if not args.plan:
+        raise ValueError("--only and --collect select rows of a study: give --plan")
+    if given:
+        raise ValueError(f"a study plan sets {', '.join(given)} per row: leave them out, or write a plan")
+    plan = load_study(args.plan)
+    out = Path(args.out or f"runs/lra/{plan.preset}/{Path(plan.path).stem}")
+    if args.collect:
+        collect_study(plan, out)
+    else:
+        only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
+        run_study(plan, out, only=only, seeds=parse_seeds(args.seeds) if args.seeds else None, threads=args.threads,
+                  progress=not args.no_progress, **{f: v for f in _RUN_FLAGS if (v := getattr(args, f)) is not False})
+    return out, f"results: {out / 'results.json'}, {out / 'results.md'}, {out / 'loss.png'}"
+
+
+def add_lra_parser(sub) -> None:
+    p = sub.add_parser("lra", help="Long Range Arena: train encoder classifiers over seeds, test the best checkpoints")
+    p.add_argument("--task", choices=_TASKS, help="the task (required unless --plan is given)")
+    p.add_argument("--data", help="the task's folder in its official layout (default: the embedded data)")
+    p.add_argument("--positional",
+                   help="ape, ape-learned, sinespe, convspe, convspe-2d (image), rope, none; with linear kernels "
+                        "also lrpe, permute, cosformer; with softmax also shaw, music-relative, alibi and the "
+                        "SPE oracles sinespe-exact, convspe-exact (default sinespe)")
+    p.add_argument("--attention", help="performer (default), linear-relu, linear-elu, linear, softmax")
+    p.add_argument("--decay", choices=("none", "fixed", "learned", "gated", "gated-channel"),
+                   help="fixed (RetNet's γ_h = 1 − 2^(−5−h)), learned from there, gated (per head, from the "
+                   "input) or gated-channel (GLA's), linear kernels (default: the preset's, none)")
+    p.add_argument("--preset", help="paper or cpu-small (default)")
+    p.add_argument("--listops-pipeline", choices=("lossless", "lra-2021"),
+                   help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "
+                        "operators without '[', digits, no ']' and no parentheses)")
+    p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's)")
+    p.add_argument("--steps", type=int, help="optimizer steps per seed (default: the preset's)")
+    p.add_argument("--batch-size", type=int, help="examples per step (default: the preset's)")
+    p.add_argument("--eval-every", type=int, help="steps between validations (default: the preset's)")
+    p.add_argument("--max-length", type=int, help="tokens per sequence / document (default: the preset's)")
+    p.add_argument("--num-realizations", type=int, help="R for SPE (default: the preset's)")
+    p.add_argument("--model-option", action="append", metavar="KEY=VALUE", help="any classifier option, e.g. "
+                   "gated=false, gate_init=-2, code_noise=orthogonal (VALUE read as TOML, else text; repeatable)")
+    p.add_argument("--positional-lr-scale", type=float, help="lr multiplier of positional parameters (default 1)")
+    p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, + -lra-2021, "
+                   "+ -KEY-VALUE per option, sorted; with --plan runs/lra/PRESET/PLAN)")
+    p.add_argument("--plan", help="study plan (TOML, or listops-study): rows × seeds into OUT/ROW, then OUT/results.*")
+    p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
+    p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                   help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient scaler (CUDA)")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write TensorBoard scalars to OUT/seedK/tensorboard (needs: pip install 'spe[log]')")
+    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept per seed in OUT/seedK/checkpoints (default 2)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model for training (falls back to the uncompiled model with a warning)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_lra)

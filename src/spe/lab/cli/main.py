@@ -1,0 +1,552 @@
+"""The ``spe`` command: argument parsing and printing only.
+
+Every command calls the library below it (:mod:`spe.lab.train`, :mod:`spe.lab.evaluation`,
+:mod:`spe.lab.generation_midi`, :mod:`spe.lab.experiments`, :mod:`spe.lab.bench`), which raises
+``ValueError``/``OSError`` on user errors; :func:`main` turns those into one-line messages
+and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["UsageError", "build_parser", "main"]
+
+log = logging.getLogger("spe")
+
+_MODEL_FLAGS = ("positional", "attention", "num_realizations", "num_sines", "kernel_size", "d_model", "num_layers",
+                "num_heads", "max_distance", "max_positions", "lrpe_angles", "cosformer_max_length", "decay", "short_conv")
+_TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
+                "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens")
+
+
+class UsageError(ValueError):
+    """A command-line mistake, reported without a traceback."""
+
+
+def _train_config(args: argparse.Namespace, **overrides):
+    """The TrainConfig of --config (default: the packaged demo config) with the flags given on top.
+
+    Defaults that depend on other options (softmax for score encodings, a window of the
+    training length for SPE) are the config layer's: :func:`spe.lab.train.config.resolve_model_options`.
+    """
+    from spe.lab.options import decode_window
+    from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
+
+    raw = load_config_file(args.config or packaged_config("demo"))
+    model = raw.pop("model", {})
+    if not isinstance(model, dict):
+        raise UsageError(f"config file {args.config}: model must be a [model] table, got {model!r}")
+    model = dict(model)
+    for flag in _TRAIN_FLAGS:
+        if getattr(args, flag, None) is not None:
+            raw[flag] = getattr(args, flag)
+    for flag in _MODEL_FLAGS:
+        if getattr(args, flag, None) is not None:
+            model[flag] = getattr(args, flag)
+    if getattr(args, "attention_window", None) is not None:
+        model["attention_window"] = decode_window(args.attention_window, "--attention-window")
+    if getattr(args, "ungated", False) or getattr(args, "gated", False):
+        model["gated"] = bool(args.gated)
+    for flag in ("tensorboard", "compile", "allow_data_change", "state_passing"):
+        if getattr(args, flag, False):
+            raw[flag] = True
+    raw.update(overrides)
+    raw["model"] = model
+    try:
+        return TrainConfig.from_dict(raw)
+    except TypeError as err:  # flags are typed by argparse: a wrong type comes from the file
+        raise UsageError(f"config file {args.config}: {err}") from None
+    except ValueError as err:
+        if not args.config:
+            raise
+        where = "" if str(err).startswith("unknown") else " (options of that file and the command line)"
+        raise UsageError(f"config file {args.config}: {err}{where}") from None
+
+
+def _add_piece_bound_flag(p: argparse.ArgumentParser, default: str = "65536") -> None:
+    p.add_argument("--max-piece-tokens", type=int,
+                   help=f"longest piece kept, in REMI tokens: longer ones are cropped to their first N tokens "
+                   f"and counted (default {default}, 3.8 times the longest Bach chorale)")
+
+
+def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> None:
+    p.add_argument("--config", help="TOML file of options (default: the packaged demo config)")
+    p.add_argument("--data", help="folder of .mid/.midi files, or music21:NAME for a composer of music21's "
+                   "corpus (e.g. music21:palestrina); default: the Bach chorales")
+    p.add_argument("--cache-dir", help="cache for converted MIDI and tokens (default ~/.cache/spe)")
+    _add_piece_bound_flag(p)
+    if with_out:
+        p.add_argument("--out", help="run folder for checkpoint, logs and plots")
+    p.add_argument("--steps", type=int, help="optimizer steps")
+    p.add_argument("--seq-len", type=int, help="training length in tokens")
+    p.add_argument("--batch-size", type=int,
+                   help="crops per step over all processes (under torchrun each takes its share)")
+    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
+    p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
+    p.add_argument("--positional", help="ape, ape-learned, sinespe, convspe, rope, none; with softmax attention "
+                   "also shaw, music-relative, alibi (these select softmax unless --attention is given); with "
+                   "linear kernels also lrpe (not linear-relu), permute (PermuteFormer), cosformer")
+    p.add_argument("--attention", help="softmax, performer, linear-relu, linear-elu, linear (no normaliser)")
+    p.add_argument("--decay", choices=("none", "fixed", "learned", "gated", "gated-channel"),
+                   help="fixed (RetNet's γ_h = 1 − 2^(−5−h)), learned from there, gated (a forget gate per "
+                   "head from the input; softmax: FoX) or gated-channel (GLA's, per channel); default none")
+    gate = p.add_mutually_exclusive_group()
+    gate.add_argument("--gated", action="store_true", help="SPE with gating (eq. 23-25)")
+    gate.add_argument("--ungated", action="store_true", help="SPE without gating (the default)")
+    p.add_argument("--attention-window", type=int,
+                   help="sliding attention window W in positions, kept at test time (0: the whole past; "
+                   "default: the training length for sinespe and convspe, the whole past otherwise)")
+    p.add_argument("--num-realizations", type=int, help="R, SPE noise realisations")
+    p.add_argument("--num-sines", type=int, help="K, sinusoids per feature (sinespe)")
+    p.add_argument("--kernel-size", type=int, help="P, filter length (convspe)")
+    p.add_argument("--max-distance", type=int, help="clipping distance (shaw) / learned distances (music-relative)")
+    p.add_argument("--max-positions", type=int, help="number of learned position embeddings (ape-learned); "
+                   "cosformer's default L_max")
+    p.add_argument("--lrpe-angles", choices=("fixed", "learned"), help="lrpe angles (default fixed)")
+    p.add_argument("--cosformer-max-length", type=int,
+                   help="cosformer's L_max: it attends within L_max positions only (default: max positions)")
+    p.add_argument("--short-conv", type=int, metavar="K", help="width of a causal depthwise convolution on "
+                   "queries, keys and values (fla's ShortConvolution, 4 there; default 0: none)")
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--num-layers", type=int)
+    p.add_argument("--num-heads", type=int)
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--device", help="cpu or cuda")
+    p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                   help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient "
+                   "scaler (CUDA)")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install 'spe[log]')")
+    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints (default 2)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model for training (off by default; falls back to the uncompiled model "
+                   "with a warning where compilation is unavailable)")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from spe.lab.train.loop import train
+
+    out = train(_train_config(args), resume=args.resume, progress=not args.no_progress,
+                overwrite=args.overwrite)
+    log.info("checkpoint: %s", out / "model.safetensors")
+    return 0
+
+
+def _print_summary(summary: dict) -> None:
+    models = summary["models"]
+    buckets = models[0]["buckets"]
+    print("| model | " + " | ".join(f"[{b['start']},{b['end']})" for b in buckets) + " | within | beyond |")
+    print("|" + "---|" * (len(buckets) + 3))
+    for m in models:
+        print(f"| {m['label']} | " + " | ".join(f"{b['ce']:.3f}" for b in m["buckets"])
+              + f" | {m['within']:.3f} | {m['beyond']:.3f} |")
+    print("| unigram | " + " | ".join(f"{b['ce']:.3f}" for b in summary["unigram_buckets"])
+          + f" | {summary['unigram']:.3f} | |")
+    print(f"({summary['num_sequences']} sequences of {summary['max_length']} positions from the "
+          f"{summary.get('split', 'validation')} pieces; nats per token)")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from spe.lab.evaluation.checkpoints import evaluate_checkpoints
+
+    summary = evaluate_checkpoints(args.checkpoint, Path(args.out), max_length=args.max_length, data=args.data,
+                                   cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
+                                   json_path=args.json, progress=not args.no_progress,
+                                   num_realizations=args.num_realizations, num_draws=args.num_draws,
+                                   window=args.window, split=args.split, max_piece_tokens=args.max_piece_tokens)
+    _print_summary(summary)
+    log.info("wrote %s", ", ".join(str(Path(args.out) / f) for f in ("per_position.csv", "extrapolation.png", "summary.json")))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from spe.lab.generation_midi import generate_midi
+
+    info = generate_midi(args.checkpoint, args.out, length=args.length, prompt=args.prompt,
+                         prompt_bars=args.prompt_bars, seed=args.seed, top_p=args.top_p,
+                         temperature=args.temperature, device=args.device, progress=not args.no_progress,
+                         window=args.window)
+    print(f"wrote {info['out']}: {info['total_tokens']} tokens ({info['prompt_tokens']} from the prompt), "
+          f"{info['notes']} notes, {info['bars']} bars, {info['beats']:.1f} beats")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from spe.lab.evaluation.report import build_report
+
+    if args.probe_tokens < 1:
+        raise UsageError(f"--probe-tokens must be positive, got {args.probe_tokens}")
+    path = build_report(args.checkpoint, Path(args.out), data=args.data, cache_dir=args.cache_dir,
+                        max_length=args.max_length, r_test=_int_list(args.r_test, "--r-test") if args.r_test else (),
+                        generate_length=args.length, num_probe_tokens=args.probe_tokens, device=args.device,
+                        progress=not args.no_progress)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """train each positional encoding -> evaluate them together -> generate with the first."""
+    from spe.lab.experiments.demo import run_demo
+
+    out = Path(args.out)
+    positionals = [p.strip() for p in args.positionals.split(",") if p.strip()]
+    if not positionals:
+        raise UsageError("--positionals must name at least one encoding")
+    configs = []
+    for positional in positionals:
+        args.positional = positional
+        configs.append(_train_config(args, out=str(out / positional)))
+    result = run_demo(configs, out, max_length=args.max_length, length=args.length, seed=args.seed or 0,
+                      data=args.data, cache_dir=args.cache_dir, device=args.device or "cpu",
+                      progress=not args.no_progress)
+    info = result["generated"]
+    print()
+    _print_summary(result["summary"])
+    print(f"\ngenerated {info['out']}: {info['total_tokens']} tokens (training length {info['training_length']}), "
+          f"{info['notes']} notes, {info['bars']} bars, {info['beats']:.1f} beats")
+    print("wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result["timings_s"].items()))
+    print(f"plots: {out / 'evaluation' / 'extrapolation.png'}, {out / positionals[0] / 'loss.png'}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from spe.lab.experiments.sweep import load_plan, run_sweep
+    from spe.lab.options import parse_seeds
+
+    plan = load_plan(args.plan)
+    seeds = parse_seeds(args.seeds) if args.seeds else None
+    only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
+    out = Path(args.out)
+    run_sweep(plan, out, seeds=seeds, only=only, data=args.data, cache_dir=args.cache_dir, steps=args.steps,
+              threads=args.threads, progress=not args.no_progress)
+    print((out / "results.md").read_text())
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} takes positive integers, got {text!r}")
+    return values
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from spe.lab.bench.peers import PEER_ATTENTIONS
+    from spe.lab.bench.run import (BENCH_ATTENTIONS, KERNEL_NAMES, MODES, bench_outputs, parse_decays, parse_pairs, parse_series,
+                               run_bench, summarize_bench, write_outputs)
+    from spe.lab.train.config import load_config_file, packaged_config
+
+    if args.modes is None:  # --longest alone runs only the search
+        args.modes = "" if args.longest else "train,generate"
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if (not modes and not args.longest) or set(modes) - set(MODES):
+        raise UsageError(f"--modes takes {', '.join(MODES)}, got {args.modes!r}")
+    attentions = [a.strip() for a in args.attentions.split(",")] if args.attentions else None
+    if attentions and set(attentions) - {*KERNEL_NAMES, *PEER_ATTENTIONS}:
+        raise UsageError(f"--attentions takes {', '.join([*KERNEL_NAMES, *PEER_ATTENTIONS])}, "
+                         f"got {args.attentions!r}")
+    try:
+        series = parse_series(args.positionals)
+        pairs = parse_pairs(args.pairs) if args.pairs else None
+        model_series = parse_series(args.model_positionals) if args.model_positionals else series
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    model = load_config_file(args.config or packaged_config("demo")).get("model", {})
+    try:
+        decays = parse_decays(args.decay, model.get("decay", "none"))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    out, json_path = bench_outputs(args.out, args.json)  # checked before measuring, not at the final write
+    layer_modes = [m for m in modes if m != "model"]
+    result = {"records": [], "matmul_gflops": None, "config": {}, "lengths": []}
+    if layer_modes:
+        result = run_bench(lengths=_int_list(args.lengths, "--lengths"), modes=layer_modes, series=series,
+                           attentions=attentions or BENCH_ATTENTIONS, batch=args.batch_size,
+                           num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
+                           device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs,
+                           decay=decays)
+    if "model" in modes or args.longest:
+        result.update(_bench_model(args, model, model_series, attentions, decays))
+    if result["matmul_gflops"] is None:
+        from spe.lab.bench.run import matmul_gflops
+
+        result["matmul_gflops"] = matmul_gflops()
+    if args.code_errors:
+        from spe.lab.bench.codes import code_errors
+
+        result["code_errors"] = code_errors([4, 8, 16, 32, 64, 128])
+    result["command"] = "spe " + " ".join(getattr(args, "argv", ["bench"]))
+    write_outputs(result, json_path, out)
+    print((out / "bench.md").read_text())
+    for key, value in summarize_bench(result)["exponents"].items():
+        print(f"scaling exponent {key}: {value['exponent']:.2f} (N={value['from']}..{value['to']})")
+    log.info("wrote %s, %s and plots in %s", json_path, out / "bench.md", out)
+    return 0
+
+
+def _bench_model(args: argparse.Namespace, model: dict, series, attentions, decays: list[str]) -> dict:
+    """``--modes model`` (interleaved rounds of one AdamW step per encoding) and ``--longest``."""
+    from spe.lab.bench.model import longest_length, merge_rounds, parse_longest, parse_shapes, run_model_rounds
+    from spe.models import ModelConfig
+
+    default_attention = model.get("attention", ModelConfig.attention)
+    common = dict(model=model, vocab_size=_remi_vocab_size(), repeats=args.repeats, device=args.device,
+                  threads=args.threads, max_seconds=args.budget_s)
+    timeout = max(120.0, 8 * args.budget_s)
+    out: dict = {"memory_budget_mb": args.memory_budget_mb}
+    if args.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
+    try:
+        shapes = parse_shapes(args.model_shapes)
+        longest = parse_longest(args.longest, default_attention) if args.longest else []
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if "model" in [m.strip() for m in args.modes.split(",")]:
+        from spe.lab.bench.peers import PEER_ATTENTIONS
+
+        model_attentions = [a for a in attentions or [default_attention] if a not in PEER_ATTENTIONS]
+        triples = [(p, i, a) for a in model_attentions or [default_attention] for p, i in series]
+        raw = run_model_rounds(common, triples, shapes, args.rounds, timeout, progress=not args.no_progress,
+                               compiled=(False, True) if args.compile else (False,), decays=decays)
+        out.update(model_rounds=raw, model=merge_rounds(raw))
+    out["longest"] = [longest_length(common, p, i, a, budget_mb=args.memory_budget_mb,
+                                     measure_limit_mb=args.measure_limit_mb, start=args.longest_start,
+                                     max_step_s=args.budget_s, timeout=timeout, progress=not args.no_progress)
+                     for p, i, a in longest]
+    return out
+
+
+def _remi_vocab_size() -> int:
+    """Vocabulary of the REMI tokenizer used for music (300 if MidiTok is not installed)."""
+    try:
+        from spe.lab.data.music import make_tokenizer
+    except ImportError:
+        return 300
+    return len(make_tokenizer())
+
+
+def _add_train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a decoder LM on MIDI (default: Bach chorales)")
+    _add_train_flags(p)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out (its checkpoints, metrics and plots) instead of refusing")
+    p.add_argument("--allow-data-change", action="store_true",
+                   help="let --resume continue on data whose pieces or split changed (it says what changed)")
+    p.add_argument("--state-passing", action="store_true", help="start each crop from the detached final state "
+                   "of a previous step's crop (Buitrago Ruiz & Gu 2025); recurrent-state kernels only")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+
+def _add_evaluate_parser(sub) -> None:
+    p = sub.add_parser("evaluate", help="cross-entropy per position, within and beyond the training length")
+    p.add_argument("--checkpoint", action="append", required=True, help="run folder or .safetensors (repeatable)")
+    p.add_argument("--data", help="MIDI folder (default: the checkpoint's training data)")
+    p.add_argument("--split", choices=("validation", "train", "all", "test"),
+                   help="pieces of the data to evaluate (default: validation for the checkpoint's own "
+                   "training data, all for any other --data; test: those its test_min_tokens held out)")
+    p.add_argument("--cache-dir")
+    _add_piece_bound_flag(p, "the checkpoint's run's, else 65536")
+    p.add_argument("--max-length", type=int, help="positions (default: 3 × training length; test: test_min_tokens − 1)")
+    p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")
+    p.add_argument("--json", help="also write bucket means (start, end, ce, n) to this file")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--num-realizations", type=int, help="SPE realisations R at test time (default: as trained)")
+    p.add_argument("--num-draws", type=int, default=1,
+                   help="SPE codes whose predicted probabilities are averaged (default 1)")
+    p.add_argument("--window", type=int,
+                   help="sliding attention window W in positions (0: the whole past; default: as trained)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_evaluate)
+
+
+def _add_report_parser(sub) -> None:
+    p = sub.add_parser("report", help="Markdown report: extrapolation, PE metrics, pictures, generations")
+    p.add_argument("--checkpoint", action="append", required=True, help="run folder or .safetensors (repeatable)")
+    p.add_argument("--out", required=True, help="folder for report.md, report.json, figures and MIDI")
+    p.add_argument("--data", help="MIDI folder (default: the first checkpoint's training data)")
+    p.add_argument("--cache-dir")
+    p.add_argument("--max-length", type=int, help="evaluated positions (default: 2 × training length)")
+    p.add_argument("--r-test", help="comma-separated test-time R for the R ablation of SPE models, e.g. 8,32,64")
+    p.add_argument("--length", type=int, default=1024, help="tokens generated after the prompt, per model")
+    p.add_argument("--probe-tokens", type=int, default=16, help="vocabulary tokens for identical-token probing")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_report)
+
+
+def _add_generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="sample new music (nucleus sampling) to a MIDI file")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--prompt", help="MIDI file whose first bars start the piece")
+    p.add_argument("--prompt-bars", type=int, default=2, help="bars of the prompt to keep")
+    p.add_argument("--length", type=int, default=1024, help="tokens to generate (may exceed the training length)")
+    p.add_argument("--out", default="generated.mid")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--temperature", type=float, default=1.2)
+    p.add_argument("--window", type=int,
+                   help="sliding attention window W in positions (0: the whole past; default: as trained)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_generate)
+
+
+def _add_bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="time and peak memory of attention layers per positional encoding")
+    p.add_argument("--lengths", default="512,1024,2048,4096,8192,16384", help="comma-separated lengths")
+    p.add_argument("--modes",
+                   help="train (one layer forward+backward), generate (one recurrent step), prefill (a prompt of N "
+                        "at once), model (one AdamW step of the whole model of --config at each --model-shapes, in "
+                        "--rounds interleaved rounds); default train,generate, or only the search with --longest")
+    p.add_argument("--config", help="TOML whose [model] section builds the model for --modes model and --longest "
+                   "(default: the packaged demo config)")
+    p.add_argument("--positionals", help="comma-separated subset of: ape, sinespe (auto), sinespe:fused|blocked|"
+                   "materialized|reference, convspe (fft), convspe:direct, ape-learned, rope, shaw, music-relative, "
+                   "alibi, lrpe, permute, cosformer, sinespe-exact, convspe-exact, none (default: all)")
+    p.add_argument("--pairs", help="train/generate modes: exactly these POSITIONAL+ATTENTION cases, e.g. "
+                   "ape+softmax,ape+performer,sinespe:blocked+performer (instead of every --positionals × "
+                   "--attentions pair)")
+    p.add_argument("--model-positionals", help="--modes model: the encodings to step (default: --positionals)")
+    p.add_argument("--model-shapes", default="8x2048,2x8192",
+                   help="BATCHxLENGTH pairs for --modes model (default 8x2048,2x8192)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="--modes model: rounds, each cycling through the encodings (default 2)")
+    p.add_argument("--longest", help="search the longest length at batch 1 within --memory-budget-mb for these "
+                   "encodings, e.g. ape,sinespe,convspe,ape+softmax (+ATTENTION overrides the config's)")
+    p.add_argument("--memory-budget-mb", type=float, default=16384.0, help="--longest: budget (default 16384)")
+    p.add_argument("--measure-limit-mb", type=float, default=12000.0,
+                   help="--longest: measure no point predicted above this; extrapolate beyond (default 12000)")
+    p.add_argument("--longest-start", type=int, default=4096, help="--longest: first length (default 4096)")
+    p.add_argument("--attentions", help="attention kernels (default: softmax, performer, linear-elu), and "
+                   "performer-pytorch (lucidrains' layer, train mode with ape/none, if installed)")
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--num-realizations", type=int, default=64)
+    p.add_argument("--decay", metavar="DECAYS", help="decay modes (none, fixed, learned), each measured for every "
+                   "linear-kernel case in one run (softmax once), e.g. none,fixed: RoPE and RoPE + decay side by "
+                   "side as ratios to APE without decay (default: the --config's, none)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
+    p.add_argument("--compile", action="store_true",
+                   help="--modes model: also measure every encoding with torch.compile (rows marked compiled)")
+    p.add_argument("--code-errors", action="store_true",
+                   help="also measure sineSPE estimation error vs R, Gaussian vs orthogonal noise")
+    p.add_argument("--budget-s", type=float, default=30.0, help="skip cases predicted to take longer per run")
+    p.add_argument("--json", help="records file (default OUT/bench.json)")
+    p.add_argument("--out", default="runs/bench", help="folder for JSON, Markdown table and plots")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+
+def _add_sweep_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="train and evaluate the variants × seeds of a plan file (resumable)")
+    p.add_argument("--plan", default="ablation", help="plan TOML, or the name of a packaged plan (ablation, peers)")
+    p.add_argument("--out", default="runs/sweep", help="sweep folder: runs, results.json, results.md")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the plan's)")
+    p.add_argument("--only", help="comma-separated variants to run (default: all)")
+    p.add_argument("--data", help="training data for every variant (folder or music21:NAME; default Bach)")
+    p.add_argument("--cache-dir")
+    p.add_argument("--steps", type=int, help="override every variant's optimizer steps")
+    p.add_argument("--threads", type=int,
+                   help="override every variant's CPU threads (0: PyTorch's default; 1 to run sweeps side by side)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_sweep)
+
+
+def _add_demo_parser(sub) -> None:
+    p = sub.add_parser("demo", help="the main job: train sinespe and ape, evaluate, generate")
+    _add_train_flags(p, with_out=False)
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--positionals", default="sinespe,ape", help="comma-separated encodings to train")
+    p.add_argument("--max-length", type=int, help="evaluated positions (default 3 × training length)")
+    p.add_argument("--length", type=int, default=1024, help="tokens to generate")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spe", description="Stochastic positional encoding for linear Transformers, "
+                                     "trained on symbolic music (REMI tokens).")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_train_parser, _add_evaluate_parser, _add_report_parser, _add_generate_parser,
+                _add_bench_parser, _add_sweep_parser, _add_demo_parser):
+        add(sub)
+    from spe.lab.cli.lra import add_lra_parser  # LRA: its own module (parsing only)
+
+    add_lra_parser(sub)
+    return parser
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    device = getattr(args, "device", None)
+    if device is not None:
+        if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+            raise UsageError(f"--device must be cpu or cuda, got {device!r}")
+        if device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UsageError("--device cuda was asked for but PyTorch sees no CUDA device")
+    for flag in ("batch_size", "max_length", "length", "steps", "seq_len", "repeats", "prompt_bars",
+                 "max_piece_tokens"):
+        value = getattr(args, flag, None)
+        if value is not None and value < (0 if flag == "prompt_bars" else 1):
+            raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+    _check_library_options(args)
+
+
+def _check_library_options(args: argparse.Namespace) -> None:
+    """Flags whose rule the library owns, checked by the library's own validator before any work."""
+    from spe.lab.options import check_threads, decode_window
+
+    decode_window(getattr(args, "window", None), "--window")
+    check_threads(getattr(args, "threads", None), "--threads")
+    if getattr(args, "temperature", None) is not None:
+        from spe.generation import check_sampling
+
+        check_sampling(top_p=args.top_p, temperature=args.temperature, top_p_name="--top-p",
+                       temperature_name="--temperature")
+
+
+def _one_line(err: BaseException) -> str:
+    """The error's message on one line (library messages are; wrapped third-party ones may not be)."""
+    return " ".join(str(err).split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    # Under torchrun only rank 0 reports progress; the others report warnings and errors.
+    quiet = args.quiet or os.environ.get("RANK", "0") != "0"
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s")
+    try:
+        _check_args(args)
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("spe: interrupted", file=sys.stderr)
+        return 130
+    except ModuleNotFoundError as err:
+        print(f"spe {args.command}: error: {err}; install the music extra: pip install 'spe[music]'",
+              file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as err:
+        print(f"spe {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""The training engine: the one optimisation loop under ``spe train`` and ``spe lra``.
+
+A :class:`~spe.lab.train.task.Task` says what is trained (model, batches, loss, evaluation,
+best metric); :func:`run` does the rest, the same way for every task:
+
+* AdamW with the one parameter-group rule of :mod:`spe.lab.train.optim`, warmup + cosine or
+  rsqrt schedule, gradient-norm clipping;
+* ``fp32``/``bf16``/``fp16`` autocast with a gradient scaler for fp16 (:mod:`spe.lab.train.precision`);
+* one process, or N under ``torchrun`` (:mod:`spe.lab.train.distributed`): ``batch_size`` is the
+  global batch, every process draws it from identically seeded generators and trains on
+  its slice, DDP averages the gradients;
+* ``torch.compile`` of the model on request (``compile``), with a warning and the
+  uncompiled model where compilation is unavailable or fails;
+* periodic evaluation, and a crash-safe checkpoint unit at every evaluation
+  (:mod:`spe.lab.train.state`: model + optimizer, scaler, step, every random state, the best
+  record), the last K kept, the best model linked to ``best/`` when the task tracks one;
+* resume from the newest complete unit (refused in one line when its model and state
+  disagree, or when the number of processes changed);
+* ``metrics.jsonl`` (:mod:`spe.lab.train.metrics_log`), TensorBoard scalars, a tqdm bar;
+* a stop with :class:`TrainingDiverged` when the loss is not finite, the last good
+  checkpoint left as it was.
+
+Sources: the loop follows nanoGPT's ``train.py`` (one loop, DDP, ``torch.compile``,
+``GradScaler``) and torchtune's recipes (shared training utilities under thin recipes).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, check_finite_weights, load_metadata
+from spe.lab.train import distributed as dist_
+from spe.lab.train.metrics_log import append_record, trim_records
+from spe.lab.train.optim import adamw, learning_rate_factor, scaled_lr
+from spe.lab.train.precision import autocast, grad_scaler
+from spe.lab.train.run_folder import METRICS_FILE, check_foreign_files, clear_run, mark_run, run_lock
+from spe.lab.train.state import (CHECKPOINTS_DIR, checkpoint_folder, global_rng_states, latest_unit, link, load_unit,
+                             repair_run_folder, restore_global_rng, save_checkpoint)
+from spe.lab.train.task import EngineSettings, StepStats, Task
+
+__all__ = ["METRICS_FILE", "Outcome", "TrainingDiverged", "apply_gradients", "compute_gradients", "run"]
+
+log = logging.getLogger(__name__)
+
+# Seeds of dropout on ranks > 0: their masks differ from rank 0's, as they would between slices of one batch.
+_RANK_SEED_STRIDE = 1_000_003
+
+
+class TrainingDiverged(ValueError):
+    """The loss became NaN or infinite; the last good checkpoint is kept as it was."""
+
+
+@dataclass
+class Outcome:
+    """What a finished :func:`run` leaves.
+
+    Attributes:
+        out: the run folder.
+        step: the step reached (``settings.steps``).
+        best: ``{"step", best_metric: value}`` of the best evaluation, or None.
+        seconds: wall time of the run, summed over resumptions.
+        model: the trained model (unwrapped, in train mode).
+        is_main: this process is rank 0 (the one that writes files).
+    """
+
+    out: Path
+    step: int
+    best: dict | None
+    seconds: float
+    model: nn.Module
+    is_main: bool = True
+
+
+@dataclass
+class _Run:
+    """Everything the loop touches, built once by :func:`run`."""
+
+    task: Task
+    settings: EngineSettings
+    ctx: dist_.Distributed
+    model: nn.Module  # the model itself (saved, evaluated)
+    step_model: nn.Module  # what a training step calls: the model, compiled and/or wrapped by DDP
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    gens: dict[str, torch.Generator]
+    device: torch.device
+    out: Path
+    step: int = 0
+    best: dict | None = None
+    running_loss: float | None = None
+    seconds_before: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+    last_saved: int | None = None
+    first_step: int = 0  # where this process's loop started (for the progress rate)
+    compile_pending: bool = False  # compiled, and not yet seen to run
+    tb: object | None = None
+
+    def seconds(self) -> float:
+        return self.seconds_before + time.perf_counter() - self.started
+
+
+def run(task: Task, settings: EngineSettings, out: str | Path, *, resume: bool, overwrite: bool = False,
+        progress: bool = True) -> Outcome:
+    """Trains ``task`` into the run folder ``out``, from its newest checkpoint when ``resume``.
+
+    Under ``torchrun`` (``WORLD_SIZE`` > 1) every process calls this with the same arguments;
+    only rank 0 writes files.
+
+    Args:
+        task: the experiment (see :class:`~spe.lab.train.task.Task`).
+        settings: optimisation and run options.
+        out: the run folder.
+        resume: continue from the newest complete checkpoint unit in ``out``, if there is one.
+        overwrite: remove a previous run's files from ``out`` first (nothing else in it).
+        progress: show a progress bar (rank 0).
+
+    Returns:
+        The :class:`Outcome`.
+
+    Raises:
+        ValueError: for an unusable configuration (no CUDA, a batch the processes cannot
+            share, TensorBoard missing), a checkpoint unit that cannot be resumed, or a loss
+            that became NaN or infinite (:class:`TrainingDiverged`).
+    """
+    device_type = "cuda" if str(settings.device).startswith("cuda") else "cpu"
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but PyTorch sees no CUDA device")
+    if settings.tensorboard:
+        from spe.lab.train.tensorboard import require_tensorboard
+
+        require_tensorboard()
+    with dist_.session(device_type) as ctx, run_lock(out, ctx):
+        return _run(task, settings, Path(out), ctx, resume=resume, overwrite=overwrite,
+                    progress=progress and ctx.is_main)
+
+
+def _run(task: Task, settings: EngineSettings, out: Path, ctx: dist_.Distributed, *, resume: bool,
+         overwrite: bool, progress: bool) -> Outcome:
+    if settings.batch_size % ctx.world_size:
+        raise ValueError(f"batch_size {settings.batch_size} (the global batch) is not divisible by the "
+                         f"{ctx.world_size} processes")
+    device = dist_.process_device(settings.device, ctx)
+    if ctx.is_main:
+        check_foreign_files(out, task.layout)
+    if ctx.is_main and not overwrite:
+        repair_run_folder(out, task.layout.latest)  # a crash between two renames leaves a mismatched pair
+    dist_.barrier(ctx)
+    task.prepare(ctx, resume=resume)
+    torch.manual_seed(settings.seed)
+    model = task.build_model().to(device)
+    if ctx.rank:
+        torch.manual_seed(settings.seed + _RANK_SEED_STRIDE * ctx.rank)
+    run = _Run(task, settings, ctx, model, model, adamw(model, lr=settings.lr, weight_decay=settings.weight_decay,
+                                                          positional_lr_scale=settings.positional_lr_scale),
+               grad_scaler(settings.precision, device.type),
+               {name: torch.Generator().manual_seed(settings.seed + k) for k, name in enumerate(task.generators)},
+               device, out)
+    _wrap(run)
+    if resume and latest_unit(out, task.layout.latest) is not None:
+        _restore(run)
+    _check_generators(run)
+    if ctx.is_main:
+        _start_files(run, overwrite)
+    log.info("%s: %.2f M parameters; %d process(es), %s%s", task.label,
+             sum(p.numel() for p in model.parameters()) / 1e6, ctx.world_size, settings.precision,
+             ", compiled" if run.compile_pending else "")
+    try:
+        _loop(run, progress)
+    finally:
+        if run.tb is not None:
+            run.tb.close()
+    return Outcome(out, run.step, run.best, run.seconds(), model, ctx.is_main)
+
+
+def _wrap(run: _Run) -> None:
+    """``step_model``: the model, compiled on request, wrapped by DDP under torchrun."""
+    compiled = run.model
+    if run.settings.compile:
+        try:
+            compiled = torch.compile(run.model)
+            run.compile_pending = True
+        except Exception as err:  # noqa: BLE001 - any failure falls back to eager mode
+            _compile_failed(err)
+    run.step_model = _ddp(compiled, run)
+
+
+def _ddp(model: nn.Module, run: _Run) -> nn.Module:
+    if not run.ctx.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+
+
+def _compile_failed(err: BaseException) -> None:
+    reason = " ".join(str(err).split())[:200] or type(err).__name__
+    warnings.warn(f"--compile: torch.compile is unavailable or failed here ({type(err).__name__}: {reason}); "
+                  "training continues uncompiled", RuntimeWarning, stacklevel=3)
+
+
+def _restore(run: _Run) -> None:
+    """Loads weights, optimizer, scaler, random states and records of the newest complete checkpoint unit."""
+    from safetensors.torch import load_file
+
+    unit = latest_unit(run.out, run.task.layout.latest)
+    _, ts = load_unit(unit, what=f"cannot resume {run.out}")
+    world = ts.get("world_size", 1)
+    if world != run.ctx.world_size:
+        raise ValueError(f"--resume: {run.out} was trained by {world} process(es), now {run.ctx.world_size}: "
+                         f"resume with the same number (torchrun --nproc-per-node {world}); batch slices and "
+                         "random states are per process")
+    weights = load_file(str(unit.model))
+    check_finite_weights(unit.model, weights)  # a resumed NaN would only diverge again, later
+    if getattr(run.model.config, "tie_embeddings", False):
+        weights["head.weight"] = weights["embed.weight"]
+    run.model.load_state_dict(weights)
+    _load_optimizer(run, ts, unit.state)
+    if ts.get("scaler"):
+        run.scaler.load_state_dict(ts["scaler"])
+    restore_global_rng(ts["rng"][run.ctx.rank] if "rng" in ts else {"torch": ts["torch_rng"]})
+    for name, gen in run.gens.items():
+        gen.set_state(ts[f"{name}_gen"])
+    best = dict(ts.get("best") or {})
+    run.seconds_before = float(ts.get("seconds", best.pop("seconds", 0.0)))  # format 1 kept it in the record
+    best.pop("seconds", None)
+    run.step, run.best, run.running_loss = ts["step"], best or None, ts.get("running_loss")
+    if hasattr(run.task, "load_state_dict"):
+        run.task.load_state_dict(ts["task"][run.ctx.rank] if "task" in ts else None, step=run.step)
+    run.last_saved = run.step
+    if run.ctx.is_main:
+        _repair_best(run)
+    log.info("resuming %s at step %d", run.out, run.step)
+
+
+def _load_optimizer(run: _Run, ts: dict, file: Path) -> None:
+    saved = [len(g["params"]) for g in ts["optimizer"]["param_groups"]]
+    current = [len(g["params"]) for g in run.optimizer.param_groups]
+    if saved != current:
+        raise ValueError(f"cannot resume {run.out}: {file} holds an optimizer over parameter groups of "
+                         f"{saved} tensors, this model's are {current} (a state written by an older spe, "
+                         "with another weight-decay rule): delete the run folder to train it again")
+    run.optimizer.load_state_dict(ts["optimizer"])
+
+
+def _repair_best(run: _Run) -> None:
+    """Points ``best/`` at the checkpoint the state's best record names (a kill can leave it behind)."""
+    best_dir = run.task.layout.best
+    if best_dir is None or run.best is None:
+        return
+    target = run.out / best_dir / MODEL_FILE
+    if target.is_file() and load_metadata(target).get("step") == run.best["step"]:
+        return
+    source = checkpoint_folder(run.out, run.best["step"]) / MODEL_FILE
+    if not source.is_file():
+        raise ValueError(f"cannot resume {run.out}: the best checkpoint (step {run.best['step']}) is neither in "
+                         f"{target} nor in {source.parent}: delete the run folder to train it again")
+    link(source, target)
+
+
+def _check_generators(run: _Run) -> None:
+    for name, gen in run.gens.items():
+        dist_.check_same(gen.get_state(), f"the {name} generator", run.ctx, run.device)
+
+
+def _start_files(run: _Run, overwrite: bool) -> None:
+    """Rank 0: clears a run replaced by ``overwrite``, trims the metrics, opens TensorBoard."""
+    run.out.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        clear_run(run.out, run.task.layout)
+    mark_run(run.out, run.task.label)
+    trim_records(run.out / METRICS_FILE, run.step)
+    if run.settings.tensorboard:
+        from spe.lab.train.tensorboard import ScalarLog
+
+        run.tb = ScalarLog(run.out / "tensorboard", purge_step=run.step + 1 if run.step else None)
+
+
+def _train_step(run: _Run) -> float:
+    """One optimizer step on this process's slice of the global batch; returns the global mean loss."""
+    s = run.settings
+    lr = s.lr * learning_rate_factor(run.step, steps=s.steps, warmup_steps=s.warmup_steps, schedule=s.schedule,
+                                     min_lr_ratio=s.min_lr_ratio)
+    for group in run.optimizer.param_groups:
+        group["lr"] = scaled_lr(group, lr)
+    if s.feature_redraw_every and run.step % s.feature_redraw_every == 0 and run.step and "feature" in run.gens:
+        run.model.redraw_features(run.gens["feature"])
+    batch = run.task.batch(run.gens, run.ctx, run.device)
+    loss = _forward_backward(run, batch)
+    (total,) = dist_.all_sum([loss.item()], run.ctx, run.device)
+    mean = total / run.ctx.world_size
+    if not math.isfinite(mean):
+        raise TrainingDiverged(_diverged_message(run, run.step + 1, mean))
+    apply_gradients(run.optimizer, run.model.parameters(), grad_clip=s.grad_clip, scaler=run.scaler)
+    return mean
+
+
+def compute_gradients(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
+    """Replaces the gradients of ``optimizer``'s parameters by those of ``loss`` (scaled by ``scaler`` for fp16)."""
+    optimizer.zero_grad(set_to_none=True)
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
+def apply_gradients(optimizer: torch.optim.Optimizer, parameters, *, grad_clip: float,
+                    scaler: torch.amp.GradScaler | None = None) -> None:
+    """One optimizer step: unscales (fp16), clips the global gradient norm at ``grad_clip`` (0: no clip), steps."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+
+
+def _forward_backward(run: _Run, batch) -> torch.Tensor:
+    """The loss of ``batch`` and its gradients; a compiled model that fails on its first step is dropped."""
+    if not run.compile_pending:
+        return _loss_and_grads(run, batch)
+    saved = {name: g.get_state() for name, g in run.gens.items()}, torch.get_rng_state()
+    try:
+        loss = _loss_and_grads(run, batch)
+    except Exception as err:  # noqa: BLE001 - inductor raises many types; any of them means eager mode
+        _compile_failed(err)
+        for name, state in saved[0].items():  # the eager step draws what the failed one drew
+            run.gens[name].set_state(state)
+        torch.set_rng_state(saved[1])
+        run.step_model = _ddp(run.model, run)
+        loss = _loss_and_grads(run, batch)
+    run.compile_pending = False
+    return loss
+
+
+def _loss_and_grads(run: _Run, batch) -> torch.Tensor:
+    with autocast(run.settings.precision, run.device.type):
+        loss = run.task.loss(run.step_model, batch, run.gens)
+    compute_gradients(loss, run.optimizer, run.scaler)
+    return loss
+
+
+def _diverged_message(run: _Run, step: int, loss: float) -> str:
+    lr = run.optimizer.param_groups[0]["lr"]
+    model = run.out / run.task.layout.latest / MODEL_FILE
+    kept = (f"the last good checkpoint is {model} (step {run.last_saved}), left as it was; resume it after "
+            "lowering the learning rate (--lr)" if run.last_saved else "no checkpoint had been written yet")
+    return f"training stopped: the loss is {loss} at step {step} (lr {lr:.3g}); {kept}"
+
+
+@torch.no_grad()
+def _evaluate(run: _Run) -> dict:
+    run.model.eval()
+    try:
+        return run.task.evaluate(run.model, run.ctx, run.device)
+    finally:
+        run.model.train()
+
+
+def _save(run: _Run, evaluation: dict, improved: bool) -> None:
+    """Checkpoint unit of every process's state, written by rank 0; links ``best/`` first when improved."""
+    mine = (global_rng_states(), run.task.state_dict() if hasattr(run.task, "state_dict") else None)
+    every = [mine]
+    if run.ctx.enabled:
+        import torch.distributed as dist
+
+        every = [None] * run.ctx.world_size
+        dist.all_gather_object(every, mine)
+    if run.ctx.is_main:
+        rng, tasks = (list(column) for column in zip(*every))
+        state = {"optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict(),
+                 "world_size": run.ctx.world_size, "rng": rng, "best": run.best, "running_loss": run.running_loss,
+                 "seconds": run.seconds(), **{f"{name}_gen": g.get_state() for name, g in run.gens.items()},
+                 **({"task": tasks} if any(t is not None for t in tasks) else {})}
+        layout = run.task.layout
+        best = (lambda folder: link(folder / MODEL_FILE, run.out / layout.best / MODEL_FILE)) \
+            if improved and layout.best else None
+        save_checkpoint(run.out, run.model, state, step=run.step, metadata=run.task.metadata(run.step, evaluation),
+                        keep=run.settings.keep_checkpoints, latest=layout.latest, before_links=best)
+    run.last_saved = run.step
+    dist_.barrier(run.ctx)
+
+
+def _after_step(run: _Run, loss: float, bar) -> None:
+    """Records, evaluation, best tracking and the checkpoint of the step just done."""
+    run.running_loss = loss if run.running_loss is None else 0.95 * run.running_loss + 0.05 * loss
+    s = run.settings
+    checkpoint = run.step % s.eval_every == 0 or run.step == s.steps
+    evaluation = _evaluate(run) if checkpoint else None
+    metric = run.task.best_metric
+    improved = bool(evaluation and metric and (run.best is None or evaluation[metric] > run.best[metric]))
+    if improved:
+        run.best = {"step": run.step, metric: evaluation[metric]}
+    examples = (run.step - run.first_step) * s.batch_size
+    stats = StepStats(run.step, loss, run.running_loss, run.optimizer.param_groups[0]["lr"],
+                      examples * s.units_per_example / max(time.perf_counter() - run.started, 1e-9), run.seconds())
+    record = run.task.record(stats, evaluation)
+    bar.set_postfix(loss=f"{run.running_loss:.3f}", refresh=False)
+    bar.update(1)
+    # the record goes first: a kill before the checkpoint leaves a record that resuming trims
+    if run.ctx.is_main and record is not None:
+        append_record(run.out / METRICS_FILE, record)
+        if run.tb is not None:
+            run.tb.write(record)
+    if checkpoint:
+        _check_generators(run)
+        _save(run, evaluation, improved)
+        if run.ctx.is_main:
+            shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in evaluation.items())
+            line = f"step {run.step}: loss {run.running_loss:.3f} (running mean), {shown}"
+            bar.write(line) if not bar.disable else log.info("%s", line)
+
+
+def _loop(run: _Run, progress: bool) -> None:
+    """Optimizer steps from ``run.step`` to ``settings.steps``."""
+    from tqdm.auto import tqdm
+
+    run.first_step = run.step
+    run.started = time.perf_counter()
+    run.model.train()
+    bar = tqdm(total=run.settings.steps, initial=run.step, desc=run.task.label, unit="step", disable=not progress,
+               dynamic_ncols=True)
+    while run.step < run.settings.steps:
+        loss = _train_step(run)
+        run.step += 1
+        _after_step(run, loss, bar)
+    bar.close()

@@ -1,0 +1,161 @@
+"""The music language model as a task of the training engine (``spe train``).
+
+Random crops of L + 1 tokens from the training pieces (optionally transposed), next-token
+cross-entropy, and at every evaluation the validation cross-entropy within the training
+length (prefixes of L + 1 tokens) and beyond it (positions [L, 2L) of prefixes of 2L + 1
+tokens, where the model can take them). With ``state_passing`` each crop starts from the
+detached final state of a crop of the previous step (:mod:`spe.lab.train.state_passing`).
+Letters: B = batch, L = training length, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from spe.attention.kernels import kernel_spec
+from spe.checkpoint import max_positions
+from spe.models.decoder_lm import DecoderLM
+from spe.models.loss import cross_entropy
+from spe.lab.train import distributed as dist_
+from spe.lab.train.config import TrainConfig
+from spe.lab.train.state_passing import CarriedBatch, StatePassing, chain_steps
+from spe.lab.train.status import check_resume, check_run, data_record
+from spe.lab.train.task import EngineSettings, RunLayout, StepStats
+from spe.lab.train.validation import validation_sums
+
+__all__ = ["LMTask", "build_model", "engine_settings"]
+
+log = logging.getLogger(__name__)
+
+
+def build_model(cfg: TrainConfig, vocab_size: int) -> DecoderLM:
+    """The model ``cfg`` trains, initialised from ``cfg.seed`` (the same weights for the same config)."""
+    torch.manual_seed(cfg.seed)
+    return DecoderLM(cfg.model_config(vocab_size))
+
+
+def engine_settings(cfg: TrainConfig) -> EngineSettings:
+    """The engine options of a music training configuration."""
+    return EngineSettings(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                          eval_every=cfg.eval_every, seed=cfg.seed, weight_decay=cfg.weight_decay,
+                          grad_clip=cfg.grad_clip, schedule="cosine", min_lr_ratio=cfg.min_lr_ratio,
+                          device=cfg.device, precision=cfg.precision, tensorboard=cfg.tensorboard,
+                          keep_checkpoints=cfg.keep_checkpoints, compile=cfg.compile,
+                          feature_redraw_every=cfg.feature_redraw_every, units_per_example=cfg.seq_len)
+
+
+@dataclass
+class LMTask:
+    """Next-token prediction on REMI crops (see the module docstring).
+
+    Args:
+        cfg: the training configuration.
+        overwrite: the run replaces a previous one (checked by :func:`~spe.lab.train.status.check_run`).
+        progress: show the corpus conversion's progress.
+    """
+
+    cfg: TrainConfig
+    overwrite: bool = False
+    progress: bool = True
+    label: str = "train"
+    generators: tuple[str, ...] = ("data", "code", "feature")
+    layout: RunLayout = field(default_factory=lambda: RunLayout(latest="", best=None, extra_files=("loss.png",)))
+    best_metric: str | None = None
+    meta: dict = field(default_factory=dict)
+    passing: StatePassing | None = None
+
+    def prepare(self, ctx: dist_.Distributed, *, resume: bool) -> None:
+        """Checks the run folder, loads the split (rank 0 tokenises and caches it first)."""
+        status = check_run(self.cfg, resume, self.overwrite)
+        if not ctx.is_main:
+            dist_.barrier(ctx)
+        self._load_data(self.progress and ctx.is_main)
+        if ctx.is_main:
+            dist_.barrier(ctx)
+        data = data_record(train=self.split.train_pieces, validation=self.split.val_pieces)
+        if resume:
+            check_resume(status, self.split.tokenizer_json, data, allow_data_change=self.cfg.allow_data_change)
+        self.meta = {"tokenizer": self.split.tokenizer_json, "train": self.cfg.to_dict(), "data": data,
+                     "num_train_pieces": len(self.split.train_pieces),
+                     "num_val_pieces": len(self.split.val_pieces), "world_size": ctx.world_size}
+        log.info("%d training / %d validation pieces%s", len(self.split.train_pieces), len(self.split.val_pieces),
+                 f" ({len(self.split.test_pieces)} test pieces of ≥ {self.cfg.test_min_tokens} tokens held out)"
+                 if self.split.test_pieces else "")
+
+    def _load_data(self, progress: bool) -> None:
+        """The split, the crop sampler, and validation prefixes of L + 1 and 2L + 1 tokens."""
+        from spe.lab.data.dataset import CropSampler, PitchShifter, prefix_batch
+        from spe.lab.data.music import make_tokenizer
+        from spe.lab.data.split import load_split
+
+        cfg = self.cfg
+        self.split = load_split(cfg.data, cache_dir=cfg.cache_dir, val_fraction=cfg.val_fraction,
+                                split_seed=cfg.split_seed, progress=progress, max_piece_tokens=cfg.max_piece_tokens,
+                                test_min_tokens=cfg.test_min_tokens, num_test_pieces=cfg.num_test_pieces)
+        tokenizer = make_tokenizer()
+        self.vocab_size = len(tokenizer)
+        shifter = PitchShifter(tokenizer.vocab, cfg.max_transpose) if cfg.max_transpose > 0 else None
+        self.sampler = CropSampler(self.split.train_pieces, cfg.seq_len, shifter)
+        self.val_batch = prefix_batch(self.split.val_pieces, cfg.seq_len + 1)  # (N, L + 1)
+        if len(self.val_batch) == 0:
+            warnings.warn(f"no validation piece has {cfg.seq_len + 1} tokens: training runs without validation "
+                          f"(lower --seq-len or raise val_fraction)", stacklevel=4)
+        self.val_long = prefix_batch(self.split.val_pieces, 2 * cfg.seq_len + 1)  # (N', 2L + 1)
+
+    def build_model(self) -> DecoderLM:
+        model = build_model(self.cfg, self.vocab_size)
+        self.label = f"train {model.config.positional}"
+        if self.cfg.state_passing:  # feature redraws restart chains where there are random features
+            redraws = self.cfg.feature_redraw_every if kernel_spec(model.config.attention).random_features else 0
+            self.passing = StatePassing(chain_steps(model.config, self.cfg.seq_len), redraws)
+        limit = max_positions(model.config)
+        if limit is not None and 2 * self.cfg.seq_len > limit:  # no room for the beyond-range validation
+            self.val_long = self.val_long[:0]
+        return model
+
+    def batch(self, gens: dict[str, torch.Generator], ctx: dist_.Distributed,
+              device: torch.device) -> torch.Tensor | CarriedBatch:
+        """This process's (B / N, L + 1) slice of B crops (with state passing: and their states)."""
+        crops = dist_.shard(self.sampler.sample(self.cfg.batch_size, gens["data"]), ctx).to(device)
+        return crops if self.passing is None else self.passing.batch(crops, gens["code"])
+
+    def loss(self, model, batch: torch.Tensor | CarriedBatch, gens: dict[str, torch.Generator]) -> torch.Tensor:
+        if isinstance(batch, CarriedBatch):  # through model(...): DDP and compiled wrappers see the call
+            logits, final = model(batch.tokens[:, :-1], generator=batch.code_generator(), state=batch.state,
+                                  return_state=True)
+            self.passing.carry(final)
+            return cross_entropy(logits, batch.tokens[:, 1:])
+        logits = model(batch[:, :-1], generator=gens["code"])  # (B, L, V)
+        return cross_entropy(logits, batch[:, 1:])
+
+    def state_dict(self) -> dict | None:
+        """This process's carried states (state passing), for the training state; None without."""
+        return None if self.passing is None else self.passing.state_dict()
+
+    def load_state_dict(self, saved: dict | None, *, step: int) -> None:
+        """Goes on from :meth:`state_dict`'s output saved at ``step`` (None: nothing saved)."""
+        if self.passing is not None:
+            self.passing.load_state_dict(saved, step=step)
+
+    def evaluate(self, model: DecoderLM, ctx: dist_.Distributed, device: torch.device) -> dict:
+        """``val_loss`` (within L) and ``val_loss_beyond`` ([L, 2L)) in nats/token, None without data."""
+        results = []
+        for batch, start in ((self.val_batch, 0), (self.val_long, self.cfg.seq_len)):
+            mine = batch[ctx.rank::ctx.world_size]
+            total, count = validation_sums(model, mine, batch_size=self.cfg.batch_size, device=device,
+                                            precision=self.cfg.precision, start=start) if len(mine) else (0.0, 0)
+            total, count = dist_.all_sum([total, float(count)], ctx, device)
+            results.append(total / count if count else None)
+        return {"val_loss": results[0], "val_loss_beyond": results[1]}
+
+    def record(self, stats: StepStats, evaluation: dict | None) -> dict:
+        """Every step: loss (nats/token), lr, tokens/s; validation at evaluations."""
+        record = {"step": stats.step, "loss": stats.loss, "lr": stats.lr, "tokens_per_s": stats.units_per_s}
+        return {**record, **evaluation} if evaluation is not None else record
+
+    def metadata(self, step: int, evaluation: dict | None) -> dict:
+        return {**self.meta, "step": step, "val_loss": (evaluation or {}).get("val_loss")}
