@@ -1,4 +1,4 @@
-"""Writes docs/ablation.md from the issue-6 sweeps' results.json files.
+"""Writes docs/ablation.md from the ablation sweeps' results.json files.
 
 Run after the sweeps listed in the page (see ``COMMANDS``)::
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 from spe.lab.experiments.sweep import load_plan, results_table
+from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
 
 CORPORA = {
     "bach": {
@@ -65,15 +65,13 @@ def merged(runs_dir: Path, dirs: list[str]) -> dict:
 
 
 def _fmt(values: list[float], pct: bool = False) -> str:
+    """``m ± s`` over seeds (spe.lab.stats); ``pct``: a relative change, signed, in %."""
     if not values:
         return "–"
-    scale, unit = (100.0, " %") if pct else (1.0, "")
-    mean = scale * statistics.fmean(values)
-    sign = "+" if pct else ""
-    text = f"{mean:{sign}.1f}" if pct else f"{mean:.3f}"
-    if len(values) > 1:
-        text += f" ± {scale * statistics.stdev(values):.1f}" if pct else f" ± {statistics.stdev(values):.3f}"
-    return text + unit
+    mean, std = mean_and_std(values)
+    if pct:
+        return format_mean_std(100 * mean, 100 * std, digits=1, signed=True) + " %"
+    return format_mean_std(mean, std, digits=3)
 
 
 def final_comparison(doc: dict) -> list[str]:
@@ -112,7 +110,7 @@ def main() -> None:
         finals += [f"**{corpus['short']}**", "", *final_comparison(doc), ""]
         out += [f"## {corpus['title']}", "", *([corpus["note"], ""] if "note" in corpus else []), "```bash", *corpus["commands"], "```", "", *results_table(doc, plan), ""]
     out[2:2] = ["## Final comparison", "",
-                "Nats/token, mean ± std over seeds. Targets of issue 6: [0,256) within 5 % of APE; "
+                f"Nats/token, {SEED_SPREAD}. Targets: [0,256) within 5 % of APE; "
                 "[512,768) at most 10 % above the model's own [0,256). "
                 "The test-time windows re-evaluate the checkpoints of the row above them.", "", *finals]
     out += [(here / "ablation_analysis.md").read_text().rstrip(), ""]

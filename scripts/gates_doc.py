@@ -1,4 +1,4 @@
-"""Writes the generated part of docs/gates.md from the `gates` sweeps (issue 30).
+"""Writes the generated part of docs/gates.md from the `gates` sweeps.
 
 Run after the sweeps named in the page::
 
@@ -6,7 +6,7 @@ Run after the sweeps named in the page::
 
 For each corpus folder under ``--runs`` (``bach`` with ``--plan gates``, ``palestrina`` with
 ``--plan gates-palestrina``) that holds a sweep's ``results.json``: per variant the mean ±
-sample std over seeds of the test pieces' cross-entropy in [0, L), [3L, 4L) and [15L, 16L),
+sample std (n − 1) over seeds of the test pieces' cross-entropy in [0, L), [3L, 4L) and [15L, 16L),
 the growth from the first to the last bucket, the best groups (within one standard deviation
 of the best mean) in the first and last buckets, and a plot of cross-entropy against
 position on a log axis (``docs/gates/CORPUS.png``). The prose around the block is a person's.
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 from doc_block import replace_block
 from peers_doc import best_group, plot
 
 from spe.lab.experiments.sweep import load_plan, summarize_runs
+from spe.lab.stats import SEED_SPREAD, format_mean_std
 
 BEGIN, END = "<!-- gates:begin (scripts/gates_doc.py) -->", "<!-- gates:end -->"
 CORPORA = {"bach": ("gates", "Bach chorales, L = 64, 30 held-out chorales of ≥ 1,025 tokens", ""),
@@ -32,7 +32,7 @@ SHOWN = (0, 3, 15)  # buckets [0, L), [3L, 4L), [15L, 16L)
 
 
 def _cell(mean: float, std: float) -> str:
-    return f"{mean:.3f}" if math.isnan(std) else f"{mean:.3f} ± {std:.3f}"
+    return format_mean_std(mean, std, digits=3)
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -43,7 +43,7 @@ def table(rows: list[dict]) -> list[str]:
              "|---|---|" + "---|" * len(shown) + "---|---|---|"]
     for r in sorted(rows, key=lambda r: r["buckets"][len(r["buckets"]) - 1][0]):
         g, gs = r["growth"]
-        growth = f"{100 * g:+.1f}%" + ("" if math.isnan(gs) else f" ± {100 * gs:.1f}")
+        growth = format_mean_std(100 * g, 100 * gs, digits=1, signed=True) + " %"
         t = "" if r["train_s"] is None else f"{r['train_s']:.0f}"
         cells = " | ".join(_cell(*r["buckets"][b]) if b < len(r["buckets"]) else "–" for b in shown)
         lines.append(f"| {r['variant']} | {len(r['seeds'])} | {cells} | {growth} | {t} | {r['description']} |")
@@ -56,8 +56,7 @@ def corpus_section(key: str, doc: dict, png: Path, link: str) -> list[str]:
     seeds = sorted({s for r in rows for s in r["seeds"]})
     lines = [f"### {title}", "", "```bash",
              f"spe sweep --plan {plan_name} --out runs/gates/{key} {data}".strip(), "```", "",
-             "Cross-entropy of the held-out test pieces (nats/token), mean ± sample std (n − 1) over the "
-             "seeds; growth = last bucket / first bucket − 1 per seed, then averaged; sorted by the last "
+             f"Cross-entropy of the held-out test pieces (nats/token), {SEED_SPREAD}; growth = last bucket / first bucket − 1 per seed, then averaged; sorted by the last "
              "bucket.", "", *table(rows), ""]
     last = len(rows[0]["buckets"]) - 1
     for bucket, label in ((0, "within the trained range [0, L)"), (last, "at 16× the training length")):

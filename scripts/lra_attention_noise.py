@@ -8,9 +8,10 @@ Issue 20's study found that sineSPE + Performer learns ListOps with one fixed co
 a fresh code per step, while SPE + softmax (fresh codes) and APE + Performer with its
 projections redrawn at every step both learn. This measures, on the best checkpoint of each
 row (the study's folders), the attention weights w_m = (w_mn)_n of every real query m, head
-and layer on validation expressions, as the layer's own kernel forms them (FAVOR+: the
-projections and key scales of the layer; softmax: softmax(q·k/√E)), and reports mean total
-variation distances ½ Σ_n |w_mn − w'_mn| between
+and layer on validation expressions, as the layer's own kernel forms them (the layer's
+``attention_weights``; FAVOR+: the projections and key scales of the layer; softmax:
+softmax(q·k/√E) with the layer's terms), and reports mean total variation distances
+½ Σ_n |w_mn − w'_mn| between
 
 * **code**: two SPE codes (what changes from one training step to the next with fresh codes;
   for a fixed-code model, what a fresh code would do to it);
@@ -32,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -41,7 +41,6 @@ import torch
 from spe.checkpoint import load
 from spe.lab.lra import LRAConfig, load_splits
 from spe.lab.lra.evaluate import model_inputs
-from spe.ops.linear import rescale_keys
 
 
 def capture(model, inputs, generator):
@@ -61,17 +60,10 @@ def capture(model, inputs, generator):
 
 
 def weights(attn, x, code, mask, positions, *, exact: bool) -> torch.Tensor:
-    """(B, H, L, L) attention weights of every query over the real keys (float64)."""
-    q, k, _ = attn.project(x, code)  # (B, L, H, E)
-    keep = ~mask[:, None, None, :]  # (B, 1, 1, L)
-    if exact or attn.kernel.feature_map is None:
-        scores = torch.einsum("bmhe,bnhe->bhmn", q.double(), k.double()) / math.sqrt(q.shape[-1])
-        return torch.softmax(scores.masked_fill(~keep, -math.inf), dim=-1)
-    fq, fk, extra = attn._linear_inputs(q, k, positions)  # noqa: SLF001 - the layer's own features
-    if "key_log_scale" in extra:
-        fk, _ = rescale_keys(fk, None, extra["key_log_scale"].masked_fill(mask[..., None], -math.inf))
-    w = torch.einsum("bmhf,bnhf->bhmn", fq.double(), fk.double()).masked_fill(~keep, 0.0)
-    return w / w.sum(-1, keepdim=True).clamp_min(1e-300)
+    """(B, H, L, L) attention weights of every query over the real keys (float64): the layer's
+    own (exact: the softmax attention of its q̂, k̂, which FAVOR+ estimates)."""
+    return attn.attention_weights(x, code, positions=positions, key_padding_mask=mask, exact=exact,
+                                  dtype=torch.float64)
 
 
 def tv(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
@@ -160,7 +152,7 @@ def main() -> int:
             splits = load_splits(cfg)
         val = splits["val"]
         inputs, _ = model_inputs(val, torch.arange(min(args.examples, len(val))), "cpu")
-        model = load(folder / f"seed{args.seed}" / "best", device="cpu")
+        model = load(folder / f"seed{args.seed}" / "best", device="cpu").model
         swap = code_swap_accuracy(model, splits["test"], args.draws)
         rows.append({"row": name, "positional": cfg.positional, "attention": cfg.attention,
                      "fixed_code": bool(model.config.fixed_code), **measure(model, inputs, args.draws), **swap})

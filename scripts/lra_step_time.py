@@ -2,7 +2,7 @@
 
 Usage: python scripts/lra_step_time.py [--rounds 5] [--steps 20] [--threads 1] [--json PATH]
 
-Issue 20's step-time target (the recommended SPE setting at most 1.5× APE + Performer) is a
+The ListOps study's step-time target (the recommended SPE setting at most 1.5× APE + Performer) is a
 benchmark, not a number read off training logs, whose intervals include validation and share
 the machine with whatever else runs. Every setting below is the cpu-small ListOps classifier
 (`preset_config("listops", ...)`) trained with AdamW on the same real batches of the training

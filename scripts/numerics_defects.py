@@ -23,7 +23,8 @@ def key_features(k, w) -> tuple:
     """(key features, kernel keyword arguments) as the attention layer forms them."""
     if favor_key_features is None:
         return favor_feature_map(k, w, is_query=False), {}
-    fk, log_scale = favor_key_features(k, w)
+    keys = favor_key_features(k, w)  # ScaledFeatures now, a (features, log_scale) tuple before
+    fk, log_scale = (keys.features, keys.log_scale) if hasattr(keys, "features") else keys
     return fk, {"key_log_scale": log_scale}
 
 

@@ -1,4 +1,4 @@
-"""Writes the generated part of docs/peers.md from the `peers` sweeps (issue 19).
+"""Writes the generated part of docs/peers.md from the `peers` sweeps.
 
 Run after the sweeps named in the page::
 
@@ -10,7 +10,7 @@ group of variants within one standard deviation of the best mean in each bucket,
 of cross-entropy against position (``docs/peers/CORPUS.png``). If ``--runs``/bench/bench.json
 exists (the ``spe bench`` run named in :data:`BENCH_COMMAND`), the cost table: one AdamW step
 of the main job's model and one decoding step of each encoding, as ratios to APE, against
-issue 19's targets. The prose around the block is written by a person after reading it.
+the cost targets. The prose around the block is written by a person after reading it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 from doc_block import replace_block
 
 from spe.lab.experiments.sweep import load_plan, results_table, summarize_runs
+from spe.lab.stats import SEED_SPREAD, format_mean_std
 
 BEGIN, END = "<!-- peers:begin (scripts/peers_doc.py) -->", "<!-- peers:end -->"
 CORPORA = {"bach": ("Bach chorales (music21), the default corpus", ""),
@@ -32,7 +33,7 @@ CORPORA = {"bach": ("Bach chorales (music21), the default corpus", ""),
 BENCH_COMMAND = ("spe bench --modes generate,model --lengths 512,2048,8192,16384 --batch-size 1 "
                  "--attentions performer --positionals ape,rope,sinespe,convspe,lrpe,permute,cosformer,none "
                  "--decay none,fixed --model-shapes 8x256 --rounds 3 --out runs/peers/bench")
-TRAIN_LIMIT, FLAT_LIMIT = 1.5, 1.2  # issue 19: ≤ 1.5× APE's step; "flat": 16,384 within 1.2× of 512
+TRAIN_LIMIT, FLAT_LIMIT = 1.5, 1.2  # the cost targets: ≤ 1.5× APE's step; "flat": 16,384 within 1.2× of 512
 # (positional, decay) of the plan's variants; other pairs of the bench run keep a plain label
 VARIANT_OF = {("ape", "none"): "ape", ("none", "fixed"): "decay", ("rope", "fixed"): "rope-decay",
               ("sinespe", "fixed"): "sinespe-decay"}
@@ -48,11 +49,12 @@ def best_group(rows: list[dict], bucket: int) -> tuple[list[str], str]:
     mean, std, best = min(scored)
     if math.isnan(std):
         return [best], "one seed: no spread, only the lowest mean"
-    return [v for m, _, v in sorted(scored) if m <= mean + std], f"best {mean:.3f} ± {std:.3f}"
+    return [v for m, _, v in sorted(scored) if m <= mean + std], f"best {format_mean_std(mean, std, digits=3)}"
 
 
 def plot(rows: list[dict], png: Path, title: str, *, log_x: bool = False) -> None:
-    """Cross-entropy against position per variant (mean ± std over seeds); ``log_x``: position
+    """Cross-entropy against position per variant (mean ± sample std over seeds, no bar for one
+    seed); ``log_x``: position
     on a log axis (base 2), for evaluations far beyond the training length."""
     import matplotlib
 
@@ -87,7 +89,8 @@ def corpus_section(key: str, doc: dict, plan, png: Path, link: str) -> list[str]
     seeds = sorted({s for r in rows for s in r["seeds"]})
     lines = [f"### {title}", "", "```bash",
              f"spe sweep --plan peers --out runs/peers/{key} {data} --seeds {','.join(map(str, seeds))}".replace("  ", " "),
-             "```", "", *results_table(doc, plan), ""]
+             "```", "", f"Teacher-forced cross-entropy (nats/token) by position bucket, {SEED_SPREAD}; growth = "
+             "last bucket / first bucket − 1 per seed, then averaged.", "", *results_table(doc, plan), ""]
     for bucket, label in ((0, "within the trained range"), (len(rows[0]["buckets"]) - 1, "at 3× the training length")):
         group, note = best_group(rows, bucket)
         lines.append(f"* Best group {label}: {', '.join(group)} ({note}).")

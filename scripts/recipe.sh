@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The experiment behind docs/results.md (issue 5): train APE, sineSPE (gated, ungated),
+# The experiment behind docs/results.md: train APE, sineSPE (gated, ungated),
 # convSPE (gated, ungated) and RoPE, plus sineSPE with R = 8 and 64 for the R grid, on the
 # Bach chorales (or on DATA: a MIDI folder or music21:NAME), all with the main job's model
 # and 500 steps; then `spe report` over them and a copy of the report into docs/.

@@ -107,7 +107,7 @@ def test_classifier_checkpoints_are_checked_against_their_own_class(tmp_path):
     model = EncoderClassifier(ClassifierConfig(vocab_size=20, num_classes=3, grid=(2, 2), positional="convspe-2d",
                                                **TINY))
     file = spe.save(model, tmp_path / "clf")
-    assert isinstance(spe.load(file), EncoderClassifier)
+    assert isinstance(spe.load(file).model, EncoderClassifier)
     _variant(file, tmp_path / "bad", config={"num_classes": 4})
     with pytest.raises(ValueError, match=r"head\.\S+ has shape .*the configuration gives .*num_classes = 4"):
         spe.load(tmp_path / "bad")

@@ -1,8 +1,9 @@
-"""Options decoded once: "window 0 means the whole past" and thread counts (spe.lab.options)."""
+"""Options decoded once: "window 0 means the whole past" and thread counts (spe.models.config, spe.lab.options)."""
 
 import pytest
 
-from spe.lab.options import check_threads, decode_window
+from spe.lab.options import check_threads
+from spe.models.config import decode_window
 
 
 def test_window_zero_is_the_whole_past_and_a_positive_window_is_kept():

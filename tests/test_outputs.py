@@ -1,4 +1,4 @@
-"""Outputs never replace inputs (issue 29, F3 and F12): --json and --out are checked before any work."""
+"""Outputs never replace inputs: --json and --out are checked before any work."""
 
 import re
 from pathlib import Path

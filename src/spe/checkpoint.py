@@ -2,9 +2,10 @@
 
 Files are written to a temporary name in the same folder, flushed to disk (``fsync`` of the
 file, then of the folder after the rename), and renamed, so after a crash or a power cut a
-checkpoint is either the old one or the new one, never half-written. :func:`load_checkpoint` reads a
-checkpoint once into a :class:`LoadedCheckpoint` (model, configurations, tokenizer,
-metadata) that evaluation, generation, the report and the sweep pass around.
+checkpoint is either the old one or the new one, never half-written. :func:`load` (the one
+loader; ``load_checkpoint`` is the same function under its earlier name) reads a checkpoint
+once into a :class:`LoadedCheckpoint` (model, configuration, tokenizer, metadata) that
+evaluation, generation, the report and the sweep pass around; ``load(path).model`` is the model.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from spe.field_types import field_value_types
 from spe.models.classifier_config import ClassifierConfig
 from spe.models.config import ModelConfig, decode_window
 from spe.models.decoder_lm import DecoderLM
@@ -99,11 +101,11 @@ def _resolve(path: str | os.PathLike) -> Path:
     return path
 
 
-def save(model: DecoderLM, path: str | os.PathLike, *, metadata: dict | None = None) -> Path:
-    """Writes the model's weights and configuration atomically.
+def save(model: DecoderLM | EncoderClassifier, path: str | os.PathLike, *, metadata: dict | None = None) -> Path:
+    """Writes the model's weights and configuration atomically; :func:`load` reads them back.
 
     Args:
-        model: the model.
+        model: a :class:`~spe.DecoderLM` or :class:`~spe.models.EncoderClassifier`.
         path: a ``.safetensors`` file, or a folder (then ``folder/model.safetensors``).
         metadata: JSON-serialisable extras (e.g. the tokenizer's parameters, training step).
 
@@ -156,10 +158,6 @@ def _short(value) -> str:
 
 # Metadata entries other modules read, and the JSON types they may have (None: absent or null).
 _METADATA_TYPES = {"step": (int, type(None)), "train": (dict,), "tokenizer": (str, type(None)), "lra": (dict,)}
-# A config field's annotation (as written, postponed) -> the JSON types its value may have.
-_FIELD_TYPES = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,),
-                "int | None": (int, type(None)), "str | None": (str, type(None)),
-                "tuple[int, int] | None": (list, tuple, type(None))}
 _JSON_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a JSON object",
                list: "a list", tuple: "a list", type(None): "null"}
 # Entries of spe_metadata.train that loading reads back (the run's data, split and length).
@@ -213,30 +211,8 @@ def _metadata(file: Path, header: dict) -> dict:
     meta["model_kind"] = header.get("spe_model_kind", DEFAULT_MODEL_KIND)  # older files: decoders
     if meta["model_kind"] in MODEL_KINDS:
         config_class = MODEL_KINDS[meta["model_kind"]][0]
-        field_types = {f.name: _FIELD_TYPES.get(str(f.type)) for f in fields(config_class)}
-        _check_types(file, meta["config"], field_types, "spe_config")
+        _check_types(file, meta["config"], field_value_types(config_class), "spe_config")
     return meta
-
-
-def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> DecoderLM | EncoderClassifier:
-    """Loads a model saved by :func:`save`, in eval mode.
-
-    Args:
-        path: the ``.safetensors`` file or the folder holding ``model.safetensors``.
-        device: where to put the weights.
-
-    Returns:
-        A :class:`~spe.DecoderLM` (``model(tokens)`` maps (batch, length) ids to
-        (batch, length, vocab_size) logits), or the class the header's ``spe_model_kind`` names
-        (an :class:`~spe.models.EncoderClassifier` for ``spe lra`` checkpoints).
-
-    Raises:
-        FileNotFoundError: if there is no checkpoint there.
-        ValueError: if the file is not an spe checkpoint or its tensors do not fit the config.
-    """
-    file = _resolve(path)
-    metadata = load_metadata(file)
-    return _load_model(file, metadata["config"], device, metadata["model_kind"])
 
 
 def _load_model(file: Path, config: dict, device: str | torch.device,
@@ -321,7 +297,8 @@ def _suspects(model_config: ModelConfig, expected: dict, given: dict) -> str:
     if set(expected) != set(given):
         return ""
     name = next(k for k in sorted(expected) if expected[k] != given[k])
-    sizes = [(f.name, getattr(model_config, f.name)) for f in fields(model_config) if str(f.type) == "int"]
+    sizes = [(name, getattr(model_config, name)) for name, kinds in field_value_types(type(model_config)).items()
+             if kinds == (int,)]
     named = [f"{field} = {value}" for field, value in sizes if value in expected[name] and value not in given[name]]
     return f"; header spe_config: {', '.join(named)}" if named else ""
 
@@ -343,18 +320,25 @@ def _state_mismatch(expected: dict[str, tuple[int, ...]], given: dict[str, tuple
 
 @dataclass
 class LoadedCheckpoint:
-    """A checkpoint read once: the model and everything its run recorded.
+    """A checkpoint read once: the model and everything its run recorded (what :func:`load` returns).
 
     Attributes:
         path: what was asked for (run folder or ``.safetensors`` file), as given.
-        model: the :class:`~spe.DecoderLM`, in eval mode.
+        model: the :class:`~spe.DecoderLM` (``model(tokens)`` maps (batch, length) ids to
+            (batch, length, vocab_size) logits), or the class the header's ``spe_model_kind``
+            names (an :class:`~spe.models.EncoderClassifier` for ``spe lra`` checkpoints), in
+            eval mode.
         metadata: the header's metadata (``step``, ``val_loss``, ``tokenizer``, ``train``,
-            ``config``), as :func:`load_metadata` returns it.
+            ``config``, ``model_kind``), as :func:`load_metadata` returns it.
     """
 
     path: str
-    model: DecoderLM
+    model: DecoderLM | EncoderClassifier
     metadata: dict
+
+    def __call__(self, *args, **kwargs):
+        # spe.load returned the bare model before: say where it went rather than "not callable"
+        raise TypeError("a LoadedCheckpoint is not the model: call its .model (spe.load(path).model(tokens))")
 
     @property
     def config(self) -> ModelConfig:
@@ -413,18 +397,27 @@ class LoadedCheckpoint:
             raise ValueError(f"{self.path}: {err}") from None
 
 
-def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> LoadedCheckpoint:
-    """Reads a checkpoint once: its header and its weights.
+def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> LoadedCheckpoint:
+    """Reads a checkpoint written by :func:`save` once: its header and its weights.
 
     Args:
         path: the ``.safetensors`` file or the folder holding ``model.safetensors``.
         device: where to put the weights.
 
+    Returns:
+        A :class:`LoadedCheckpoint`: ``.model`` (in eval mode), ``.metadata``, ``.config``,
+        ``.step``, ``.tokenizer_json`` (the REMI tokenizer of a music run, or None), ...
+
     Raises:
         FileNotFoundError: if there is no checkpoint there.
-        ValueError: if the file is not an spe checkpoint or its tensors do not fit the config.
+        ValueError: naming the file, if it is not an spe checkpoint, holds a newer format or
+            non-finite weights, or its tensors do not fit its configuration.
     """
     file = _resolve(path)
     metadata = load_metadata(file)
     return LoadedCheckpoint(path=str(path), model=_load_model(file, metadata["config"], device, metadata["model_kind"]),
                             metadata=metadata)
+
+
+# The loader's earlier name (lab code and notebooks use it): the same function.
+load_checkpoint = load

@@ -94,31 +94,47 @@ def generate(model: DecoderLM, prompt: list[int], num_tokens: int, *, top_p: flo
     mode its positional code is the one the parallel forward uses, and with linear attention
     every token costs the same whatever its position, so generation may run far past the
     training length. The draws are those of feeding the prompt step by step (the same
-    logits within float rounding).
+    logits within float rounding). Each token is drawn by :func:`sample_next`: the
+    ``allowed_next`` mask, then ``temperature``, then nucleus (top-p) filtering. One sequence
+    at a time (batch 1); the model is put in eval mode.
 
     Args:
-        model: the language model.
-        prompt: token ids to start from (may be empty).
-        num_tokens: tokens to add.
-        top_p: nucleus mass (appendix C.1 of Liutkus et al. 2021: 0.9).
-        temperature: softmax temperature (appendix C.1: 1.2).
-        allowed_next: maps the sequence so far to a (V,) mask of allowed next tokens.
-        generator: sampling randomness.
-        progress: show a progress bar.
+        model: the language model (``spe.load(path).model`` for a saved one).
+        prompt: token ids in [0, V) to start from (may be empty: the first token is then
+            drawn from uniform logits, restricted by ``allowed_next``).
+        num_tokens: tokens to add, ≥ 0.
+        top_p: nucleus mass, in (0, 1] (appendix C.1 of Liutkus et al. 2021: 0.9).
+        temperature: softmax temperature, finite and > 0 (appendix C.1: 1.2).
+        allowed_next: maps the sequence so far (a list of ids) to a (V,) bool mask of the
+            allowed next tokens (a grammar); None: every token.
+        generator: source of the sampling randomness (a seeded CPU generator makes the
+            draws reproducible).
+        progress: show a progress bar (needs ``tqdm``).
 
     Returns:
-        prompt + the new tokens.
+        ``prompt`` + the new tokens: a list of ``len(prompt) + num_tokens`` ints.
 
     Raises:
-        ValueError: if ``num_tokens`` is negative or not an int, or as :func:`check_sampling`,
-            before any token is computed.
+        TypeError: if ``model`` has no ``prefill``/``step`` (e.g. a
+            :class:`~spe.checkpoint.LoadedCheckpoint`: pass its ``.model``).
+        ValueError: if ``num_tokens`` is negative or not an int, a prompt id is not an int
+            in [0, V), or as :func:`check_sampling`, before any token is computed.
     """
     check_sampling(top_p=top_p, temperature=temperature)
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
         raise ValueError(f"num_tokens must be an integer ≥ 0, got {num_tokens!r}")
+    if not (callable(getattr(model, "prefill", None)) and callable(getattr(model, "step", None))):
+        hint = ": pass its .model" if hasattr(model, "model") else ""
+        raise TypeError(f"generate needs a decoder language model (with prefill and step), got "
+                        f"{type(model).__name__}{hint}")
+    vocab = model.config.vocab_size
+    bad = [t for t in prompt
+           if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"prompt ids must be integers in [0, {vocab}), got {_short_list(bad)}")
     model.eval()
     device = next(model.parameters()).device
-    seq = list(prompt)
+    seq = [int(t) for t in prompt]
     state, logits = None, torch.zeros(model.config.vocab_size)  # no prompt: the grammar picks
     if seq:
         logits, state = model.prefill(torch.tensor([seq], device=device))
@@ -136,3 +152,7 @@ def generate(model: DecoderLM, prompt: list[int], num_tokens: int, *, top_p: flo
             logits, state = model.step(torch.tensor([seq[-1]], device=device), state)
             logits = logits[0]
     return seq
+
+
+def _short_list(values: list) -> str:
+    return repr(values[:5])[:-1] + (", ...]" if len(values) > 5 else "]")

@@ -246,7 +246,7 @@ def test_a_gated_checkpoint_round_trips(tmp_path):
     assert ModelConfig.from_dict(config.to_dict()) == config
     model = DecoderLM(config).eval()
     _stir_gates(model)
-    loaded = checkpoint.load(checkpoint.save(model, tmp_path / "model.safetensors"))
+    loaded = checkpoint.load(checkpoint.save(model, tmp_path / "model.safetensors")).model
     assert loaded.config.decay == "gated-channel" and loaded.config.attention == "linear"
     x = torch.randint(0, 30, (1, 9))
     with torch.no_grad():

@@ -188,7 +188,7 @@ def test_configs_and_checkpoints_carry_the_width_and_older_ones_load_with_0(tmp_
     assert "short_conv" not in old and ModelConfig.from_dict(old).short_conv == 0
     assert ClassifierConfig.from_dict(ClassifierConfig(**TINY, num_classes=2, short_conv=3).to_dict()).short_conv == 3
     model = DecoderLM(config).eval()
-    loaded = checkpoint.load(checkpoint.save(model, tmp_path / "run"))
+    loaded = checkpoint.load(checkpoint.save(model, tmp_path / "run")).model
     assert loaded.config.short_conv == 4
     torch.testing.assert_close(loaded.blocks[1].attn.qkv_conv.weight, model.blocks[1].attn.qkv_conv.weight)
 
@@ -198,7 +198,7 @@ def test_a_toml_model_table_sets_the_width(tmp_path):
     path.write_text("steps = 2\n[model]\nshort_conv = 4\nd_model = 16\nnum_heads = 2\n")
     cfg = TrainConfig.from_dict(load_config_file(path))
     assert cfg.model_config(vocab_size=30).short_conv == 4
-    with pytest.raises(TypeError, match="model option short_conv must be int, got 4.0"):
+    with pytest.raises(TypeError, match="model option short_conv must be an integer, got 4.0"):
         TrainConfig(model={"short_conv": 4.0})
 
 

@@ -1,4 +1,4 @@
-"""The issue-13 target table reads the right records, in the right direction, with the stated limits."""
+"""The engine's target table reads the right records, in the right direction, with the stated limits."""
 
 from spe.lab.bench.run import bench_markdown
 from spe.lab.bench.targets import TARGETS, target_rows
@@ -78,5 +78,5 @@ def test_crossing_a_limit_flips_the_verdict():
 
 def test_the_report_starts_with_the_targets_and_renders_from_the_json_payload():
     text = bench_markdown(_payload(model=[], longest=[]))
-    assert text.startswith("### Targets (issue 13)")
+    assert text.startswith("### Targets\n")
     assert "| one layer, N = 8,192: chunked causal linear attention ≥ 3× faster than SDPA causal softmax | 3.50× | met |" in text

@@ -103,9 +103,9 @@ CASES = [
     ("unknown model key", lambda r, c: _train(r, c, "unknown_model", *_run(r)),
      r"unknown_model\.toml: unknown model option\(s\) \['d_modle'\]; known: \[.*'d_model'", ()),
     ("wrong type (string steps)", lambda r, c: _train(r, c, "steps_str", *_run(r)),
-     r"steps_str\.toml: training option steps must be int, got 'ten' \(str\)", ()),
+     r"steps_str\.toml: training option steps must be an integer, got 'ten' \(str\)", ()),
     ("wrong type (list lr)", lambda r, c: _train(r, c, "lr_list", *_run(r)),
-     r"lr_list\.toml: training option lr must be float, got \[1\] \(list\)", ()),
+     r"lr_list\.toml: training option lr must be a number, got \[1\] \(list\)", ()),
     ("threads -1 in a config file", lambda r, c: _train(r, c, "threads_neg", *_new(r)),
      r"threads_neg\.toml: threads must be 0 \(PyTorch's default\) or a positive number of CPU threads, got -1 "
      r"\(options of that file and the command line\)$", ()),

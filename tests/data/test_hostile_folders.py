@@ -1,4 +1,4 @@
-"""Hostile MIDI folders (issue 18): non-UTF-8 names, folder links and cycles, absurdly long pieces."""
+"""Hostile MIDI folders: non-UTF-8 names, folder links and cycles, absurdly long pieces."""
 
 import os
 import warnings

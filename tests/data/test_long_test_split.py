@@ -1,4 +1,4 @@
-"""The 16× protocol's test split (issue 30): long pieces held out before the training / validation
+"""The 16× protocol's test split (the gates study): long pieces held out before the training / validation
 split, never trained or validated on, evaluated in buckets of L up to 16 L by ``spe evaluate --split test``.
 
 Scaled down: L = 8, so 16 L + 1 = 129 tokens; pieces of 10-20 notes are shorter, of 26-46 notes longer.

@@ -1,4 +1,4 @@
-"""LRA readers on hostile inputs (issue 29, F7 F8 F9 F11): empty splits, FIFOs and folders
+"""LRA readers on hostile inputs: empty splits, FIFOs and folders
 where files are expected, fields longer than csv's default limit, deep nesting, bytes that are
 not UTF-8 and labels that are digits only to Unicode."""
 

@@ -1,4 +1,4 @@
-"""Python API edges of the encodings (issue 29, F15): dtypes, batch 0, head counts, sizes."""
+"""Python API edges of the encodings: dtypes, batch 0, head counts, sizes."""
 
 import pytest
 import torch

@@ -72,7 +72,7 @@ def test_gate_one_removes_positional_dependence():
         scores = torch.einsum("bmhr,bnhr->bhmn", qh, kh)
         torch.testing.assert_close(scores, scores[..., :1, :1].expand_as(scores))
         # ...while with δ = 0.5 the scores do depend on the positions.
-        qh, kh = SPEFilter(2, 4, gate_init=0.0)(x, x, enc(30, generator=torch.Generator().manual_seed(0)))
+        qh, kh = SPEFilter(2, 4, gated=True, gate_init=0.0)(x, x, enc(30, generator=torch.Generator().manual_seed(0)))
         scores = torch.einsum("bmhr,bnhr->bhmn", qh, kh)
         assert (scores - scores[..., :1, :1]).abs().max() > 1e-3
 
@@ -117,7 +117,7 @@ def _gated_kernel_z_scores(enc, filt, lags, key_position, r, seed):
 @pytest.mark.parametrize(("kind", "impl"), [("sine", "reference"), ("sine", "materialized"), ("sine", "fused"),
                                             ("sine", "blocked"), ("conv", "reference"), ("conv", "materialized")])
 def test_gated_kernel_monte_carlo_mean_is_mixture_at_rate_one_over_sqrt_r(kind, impl):
-    # Issue 12, defect 5: replacing √(1−δ), √δ by (1−δ), δ in any path shifts the mean to
+    # Replacing √(1−δ), √δ by (1−δ), δ in any path shifts the mean to
     # (1−δ)²P + δ² (≈ 0.5 away at δ = ½), i.e. z ≈ 3 at R = 64 and 11 at R = 1,024: red.
     torch.manual_seed(0)
     h, d = 4, 32

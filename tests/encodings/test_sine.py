@@ -112,7 +112,7 @@ def test_orthogonal_noise_is_unbiased_and_exact_per_feature():
 
 @pytest.mark.parametrize("noise", ["gaussian", "orthogonal"])
 def test_float32_and_float64_modules_draw_the_same_code_from_the_same_seed(noise):
-    # Issue 12, defect 4: the noise used to be drawn in the module dtype, so a float64 copy
+    # The noise used to be drawn in the module dtype, so a float64 copy
     # drew different numbers (outputs moved by ≈ 5.6). Now only float32 rounding separates them.
     enc32 = SineSPE(2, 4, num_realizations=8, num_sines=3, noise=noise)
     enc64 = SineSPE(2, 4, num_realizations=8, num_sines=3, noise=noise)

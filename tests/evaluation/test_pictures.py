@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from spe.lab.evaluation.pictures import (
-    attention_matrices,
     plot_attention,
     plot_kernels,
     plot_piano_roll,
     plot_r_grid,
     plot_style_similarity,
 )
+from spe.lab.metrics.capture import attention_matrices
 from spe.models import DecoderLM, ModelConfig
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

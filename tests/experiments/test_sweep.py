@@ -116,7 +116,7 @@ def test_threads_override_every_variant_and_a_finished_run_is_still_reused(tmp_p
 
 
 def test_every_peer_builds_and_reaches_three_times_its_training_length(tmp_path):
-    """The peers plan is the comparison of issue 19: each variant's model must build, and its
+    """The peers plan is the comparison with the encodings the field ships for linear attention: each variant's model must build, and its
     positions must reach the evaluation's 3× the training length (cosFormer's L_max)."""
     import torch
 
@@ -178,7 +178,7 @@ def test_variant_names_are_names_not_paths(tmp_path, name, problem, capsys):
 
 
 def test_a_variant_evaluates_the_test_split_in_buckets_of_l_up_to_16_l(midi_folder, tmp_path):
-    """Issue 30's 16× protocol in a sweep, scaled down to L = 8: test pieces of at least 129 tokens."""
+    """The gates study's 16× protocol in a sweep, scaled down to L = 8: test pieces of at least 129 tokens."""
     plan = tmp_path / "plan.toml"
     plan.write_text('seeds = [0]\nseq_len = 8\nbatch_size = 2\nsteps = 2\neval_every = 2\nthreads = 1\n'
                     'test_min_tokens = 129\nnum_test_pieces = 2\n'
@@ -210,7 +210,7 @@ def test_a_plan_evaluating_a_split_its_runs_do_not_hold_is_refused(tmp_path, var
 
 @pytest.mark.parametrize("plan_name,length", [("gates", 64), ("gates-palestrina", 256)])
 def test_every_gates_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan_name, length):
-    """Issue 30's study: every row builds, is evaluated on the held-out test split in buckets of
+    """The gates study: every row builds, is evaluated on the held-out test split in buckets of
     L up to 16 L, and a shrunken copy of its model runs 16 L positions (the test pieces' length)
     with step-by-step decoding equal to the parallel forward where it matters, at the end."""
     import dataclasses
@@ -238,3 +238,22 @@ def test_every_gates_variant_builds_and_decodes_its_16x_test_length(tmp_path, pl
                 step, state = model.step(tokens[:, t], state)
                 torch.testing.assert_close(step, logits[:, t], rtol=1e-4, atol=1e-4)
         assert torch.isfinite(logits).all(), name
+
+
+def test_the_table_gives_the_sample_std_over_seeds_and_a_dash_for_one_seed():
+    from spe.lab.experiments.sweep import results_table, summarize_runs
+
+    def run(variant, seed, ce0, ce1):
+        return {"variant": variant, "seed": seed, "buckets": [{"start": 0, "end": 256, "ce": ce0},
+                                                             {"start": 256, "end": 512, "ce": ce1}]}
+
+    # ape, 3 seeds: [0,256) ce 1, 2, 4 (mean 7/3, sample std √(7/3) = 1.528); [256,512) 2, 3, 4 (std 1);
+    # growth per seed 1, 0.5, 0 (mean 0.5, sample std 0.5). rope, one seed: no spread.
+    runs = [run("ape", 0, 1.0, 2.0), run("ape", 1, 2.0, 3.0), run("ape", 2, 4.0, 4.0), run("rope", 0, 1.5, 3.0)]
+    doc = {"runs": {f"{r['variant']}/seed{r['seed']}": r for r in runs}}
+    plan = load_plan("peers")
+    rows = {r["variant"]: r for r in summarize_runs(doc, plan)}
+    assert rows["ape"]["buckets"][0][1] == pytest.approx((7 / 3) ** 0.5, rel=1e-12)
+    lines = {line.split(" | ")[0]: line for line in results_table(doc, plan) if line.startswith("| ")}
+    assert "| 2.333 ± 1.528 | 3.000 ± 1.000 | +50.0 ± 50.0 % | +0.0% |" in lines["| ape"]
+    assert "| 1.500 ± – | 3.000 ± – | +100.0 ± – % | -35.7% |" in lines["| rope"]

@@ -1,6 +1,6 @@
 """feature_redraw_every: an LRA run redraws its FAVOR+ projections on schedule, from its own stream.
 
-Issue 20's control (APE + Performer with features redrawn at every step) rests on these runs
+The ListOps study's control (APE + Performer with features redrawn at every step) rests on these runs
 really redrawing, and on runs without the option keeping the generators they always had.
 """
 

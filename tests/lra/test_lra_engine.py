@@ -74,14 +74,14 @@ def _kill_once(monkeypatch, module, name, when):
 
 
 KILLS = {
-    # the unit's training state is written, its model is not (the "between the model and the state")
+    # the unit's training state is written, its model is not
     "between state and model": (state, "save", lambda model, folder, **k: "step-0000004" in str(folder)),
     # the unit is complete, the run folder still names the previous one
     "between the unit and the run folder's links": (state, "link", lambda source, target: "step-0000004" in
                                                     str(source) and target.name == TRAIN_STATE_FILE),
     "between the two links": (state, "link", lambda source, target: "step-0000004" in str(source)
                               and target.parent.name == "last"),
-    # the unit names step 2 the best, best/ was not written yet (the "before the best record")
+    # the unit names step 2 the best, best/ was not written yet
     "just before the best record": (engine, "link", lambda source, target: target.parent.name == "best"),
     "before result.json": (lra_train, "atomic_write", lambda path, write: path.name == "result.json"),
 }

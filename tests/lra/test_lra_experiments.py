@@ -2,6 +2,7 @@
 results over seeds, resumption, and the ``spe lra`` command."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -91,7 +92,7 @@ def test_a_seed_keeps_its_best_validation_checkpoint_and_tests_it(tmp_path):
     meta = load_metadata(tmp_path / "seed0" / "best")
     assert (meta["step"], meta["val_accuracy"]) == (best["step"], best["val_accuracy"]) == \
         (result["best_step"], result["val_accuracy"])
-    assert result["test_accuracy"] == accuracy(load(tmp_path / "seed0" / "best"), splits["test"])
+    assert result["test_accuracy"] == accuracy(load(tmp_path / "seed0" / "best").model, splits["test"])
 
 
 def test_an_interrupted_seed_resumes_to_the_same_weights(tmp_path, monkeypatch):
@@ -133,7 +134,8 @@ def test_results_over_seeds_and_finished_seeds_are_not_rerun(tmp_path, monkeypat
     summary = run_lra(_tiny_config(), [0, 1], tmp_path, progress=False)
     accs = [100 * r["test_accuracy"] for r in summary["results"]]
     assert summary["seeds"] == [0, 1] and summary["mean"] == pytest.approx(sum(accs) / 2)
-    assert summary["std"] == pytest.approx(abs(accs[0] - accs[1]) / 2)  # population std of two values
+    # sample std of two values: deviations ±|a − b|/2 from the mean, squares summed |a − b|²/2, / (n − 1 = 1)
+    assert summary["std"] == pytest.approx(abs(accs[0] - accs[1]) / math.sqrt(2))
     assert "± " in (tmp_path / "results.md").read_text()
     monkeypatch.setattr(run_module, "train_seed", lambda cfg, splits, seed, folder, **k:
                         json.loads((folder / "result.json").read_text()) if (folder / "result.json").exists()
@@ -142,6 +144,18 @@ def test_results_over_seeds_and_finished_seeds_are_not_rerun(tmp_path, monkeypat
     assert again["results"] == summary["results"]
     with pytest.raises(ValueError, match="another LRA experiment"):
         run_lra(_tiny_config(steps=6), [0], tmp_path, progress=False)
+
+
+def test_one_seed_has_no_std_and_is_written_as_a_dash():
+    from spe.lab import strict_json
+    from spe.lab.lra.run import _markdown, summarize
+
+    one = [{"seed": 3, "test_accuracy": 0.25, "val_accuracy": 0.3, "best_step": 2, "steps": 4, "seconds": 1.0}]
+    summary = summarize(one)
+    assert summary["mean"] == 25.0 and summary["std"] is None  # null in results.json, never NaN
+    assert json.loads(strict_json.dumps(summary))["std"] is None
+    assert "Test accuracy 25.00 ± – % over 1 seed(s)" in _markdown(_tiny_config(), summary, one)
+    assert summarize([])["mean"] is None and summarize([])["std"] is None
 
 
 def test_presets_merge_task_positional_and_explicit_options():
@@ -198,6 +212,7 @@ def test_results_tables_put_each_run_beside_the_papers_value_for_its_kernel_and_
         results = [{"seed": i, "test_accuracy": a / 100, "best_step": 10, "seconds": 120.0} for i, a in enumerate(accs)]
         summary = {"config": {"task": task, "attention": attention, "positional": positional, "steps": 20},
                    "results": results, "test_accuracy": accs, "mean": sum(accs) / len(accs), "std": 1.0}
+        # "std" 1.0 stands for whatever an older file stored (the population std): the table recomputes it
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps(summary))
 
@@ -210,8 +225,10 @@ def test_results_tables_put_each_run_beside_the_papers_value_for_its_kernel_and_
             line.startswith("| linear")]
     assert rows[:3] == [["| performer", "sinespe"], ["| performer", "none"], ["| linear-relu", "convspe"]]
     assert text.index("### ListOps") < text.index("### Image")  # the paper's task order
-    assert "| performer | convspe-2d | **31.00 ± 1.00** | 2 | 30.0, 32.0 | 10, 10 / 20 | 2.0 | 40.06 |" in text
-    assert "| linear-relu | convspe | **20.00 ± 1.00** | 1 | 20.0 | 10 / 20 | 2.0 | 9.50 ± 1.17 |" in text
+    # [30, 32]: sample std |30 − 32| / √2 = 1.414; one seed has no spread ("–"); the paper's column as printed
+    assert "| performer | convspe-2d | **31.00 ± 1.41** | 2 | 30.0, 32.0 | 10, 10 / 20 | 2.0 | 40.06 |" in text
+    assert "| linear-relu | convspe | **20.00 ± –** | 1 | 20.0 | 10 / 20 | 2.0 | 9.50 ± 1.17 |" in text
+    assert "mean ± sample std (n − 1) over seeds; – for one seed" in text.splitlines()[0]
     assert "Transformer 36.37" in text
 
 

@@ -1,6 +1,7 @@
 """LRA study plans (spe lra --plan): the packaged ListOps plan, plan errors, and a tiny study run end to end."""
 
 import json
+import math
 import signal
 import statistics
 
@@ -66,7 +67,7 @@ attention = "performer"
 """
 
 
-def test_the_packaged_listops_plan_is_the_issue_s_study():
+def test_the_packaged_listops_plan_is_the_controlled_study():
     assert "listops-study" in packaged_studies()
     plan = load_study("listops-study")
     assert (plan.task, plan.preset, plan.seeds, plan.reference, plan.baseline) == \
@@ -123,7 +124,7 @@ def test_every_row_of_the_packaged_plan_builds_its_model():
     (lambda t: t.replace('title = "tiny study"', 'tittle = "x"'), "unknown top-level key\\(s\\) \\['tittle'\\]"),
     (lambda t: t.split("[rows.ape]")[0], "has no \\[rows.NAME\\] tables"),
     (lambda t: t + "\n[[", "is not valid TOML"),
-    # plan names become folders under --out: never a path (issue 29, F4)
+    # plan names become folders under --out: never a path
     *[(lambda t, n=name: t.replace("[rows.never]", f"[rows.{n}]"), f"row .*: the name .* {problem}")
       for name, problem in (('"../../x"', "holds a path separator"), ('".."', "holds '..'"), ('"/tmp/x"', "separator"),
                             ('""', "is empty"), ('"."', "starts with a dot"), ('".hidden"', "starts with a dot"),
@@ -167,7 +168,8 @@ def test_a_tiny_study_runs_resumes_and_reports_what_has_not_run(tmp_path, monkey
         row = rows[name]
         assert row["seeds"] == [0, 1] and row["test_accuracy"] == accs
         assert row["mean"] == pytest.approx((accs[0] + accs[1]) / 2)
-        assert row["std"] == pytest.approx(abs(accs[0] - accs[1]) / 2)  # population std of two values
+        # sample std (n − 1) of two values: |a − b| / √2 (see tests/test_stats.py)
+        assert row["std"] == pytest.approx(abs(accs[0] - accs[1]) / math.sqrt(2))
         assert row["best_val_mean"] == pytest.approx(50 * (results[0]["val_accuracy"] + results[1]["val_accuracy"]))
         assert row["step_seconds"] == pytest.approx(_expected_step_seconds([out / name / "seed0", out / name / "seed1"]))
         curves = [[(r["step"], r["train_loss"]) for r in read_records(out / name / f"seed{s}" / "metrics.jsonl")]
@@ -182,6 +184,7 @@ def test_a_tiny_study_runs_resumes_and_reports_what_has_not_run(tmp_path, monkey
     assert "not run" in never
     sine = next(line for line in md.splitlines() if line.startswith("| sine |"))
     assert f"**{rows['sine']['mean']:.2f} ± {rows['sine']['std']:.2f}**" in sine
+    assert "mean ± sample std (n − 1) over seeds; – for one seed" in md
     assert f"{rows['sine']['mean'] - rows['ape']['mean']:+.2f}" in sine
     assert (out / "loss.png").stat().st_size > 0
     assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary file
@@ -194,6 +197,24 @@ def test_a_tiny_study_runs_resumes_and_reports_what_has_not_run(tmp_path, monkey
     monkeypatch.setattr(run_module, "train_seed", no_training)
     again = run_study(plan, out, only=["ape", "sine"], progress=False)
     assert [r["test_accuracy"] for r in again["rows"]] == [r["test_accuracy"] for r in doc["rows"]]
+
+
+def test_the_study_table_recomputes_the_sample_std_of_an_older_results_file():
+    from spe.lab.lra.study_results import study_markdown
+
+    def row(name, accs, std):
+        return {"name": name, "group": "g", "description": "", "positional": "ape", "attention": "performer",
+                "changes": {}, "status": "done", "seeds": list(range(len(accs))), "test_accuracy": accs,
+                "mean": sum(accs) / len(accs), "std": std, "best_val_mean": 20.0, "step_seconds": 0.1}
+
+    # written before the convention: 3 seeds [24.1, 26.0, 26.1] with their population std (0.92); the
+    # sample std is √(Σ(a − 25.4)² / 2) = √(2.54 / 2) = 1.127; one seed: std null, written "–"
+    doc = {"title": "t", "task": "listops", "preset": "cpu-small", "seeds": [0, 1, 2], "reference": "old",
+           "groups": {"g": "G"}, "rows": [row("old", [24.1, 26.0, 26.1], statistics.pstdev([24.1, 26.0, 26.1])),
+                                          row("one", [20.0], None)]}
+    lines = study_markdown(doc).splitlines()
+    assert "**25.40 ± 1.13**" in next(line for line in lines if line.startswith("| old |"))
+    assert "**20.00 ± –** | -5.40 |" in next(line for line in lines if line.startswith("| one |"))
 
 
 def test_runner_errors_before_any_run(tmp_path, capsys):

@@ -93,7 +93,7 @@ def test_models_attention_and_capture_name_no_positional_encoding():
     import spe
 
     root = Path(spe.__file__).parent
-    for rel in ("models/block.py", "models/decoder_lm.py", "attention/layer.py", "metrics/capture.py"):
+    for rel in ("models/block.py", "models/decoder_lm.py", "attention/layer.py", "lab/metrics/capture.py"):
         tree = ast.parse((root / rel).read_text())
         docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                       if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body

@@ -8,7 +8,7 @@ import torch
 import spe
 from spe import ATTENTIONS, DecoderLM, ModelConfig
 from spe.attention.layer import ACCEPTS
-from spe.models.config import POSITIONALS as WHERE
+from spe.models.trunk_config import POSITIONALS as WHERE
 
 POSITIONALS = [("ape", True), ("ape-learned", True), ("none", True), ("sinespe", True), ("sinespe", False),
                ("convspe", True), ("convspe", False), ("rope", True), ("shaw", True), ("music-relative", True),
@@ -100,7 +100,7 @@ def test_per_layer_encodings_give_each_layer_its_own_code_and_decode_recurrently
     torch.testing.assert_close(torch.stack(steps, 1), parallel, atol=1e-4, rtol=1e-4)
     spe.save(model, tmp_path / "run")
     with torch.no_grad():
-        torch.testing.assert_close(spe.load(tmp_path / "run")(x), parallel)
+        torch.testing.assert_close(spe.load(tmp_path / "run").model(x), parallel)
     model.train()  # the second layer's encoding is trained through its own code
     model.loss(torch.randint(0, 50, (2, 17)), generator=torch.Generator().manual_seed(0)).backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.layer_encoding(1).parameters())
@@ -109,7 +109,7 @@ def test_per_layer_encodings_give_each_layer_its_own_code_and_decode_recurrently
 def test_checkpoint_round_trip(tmp_path):
     model = _model("sinespe", "performer")
     path = spe.save(model, tmp_path / "run", metadata={"step": 3})
-    loaded = spe.load(tmp_path / "run")
+    loaded = spe.load(tmp_path / "run").model
     x = torch.randint(0, 50, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x))

@@ -172,7 +172,7 @@ def test_classifier_checkpoints_round_trip(tmp_path):
 
     model = EncoderClassifier(_config("convspe", "linear-relu", interaction="concat")).eval()
     save(model, tmp_path, metadata={"step": 3})
-    loaded = load(tmp_path)
+    loaded = load(tmp_path).model
     assert isinstance(loaded, EncoderClassifier) and load_metadata(tmp_path)["model_kind"] == "encoder-classifier"
     t = torch.randint(2, 12, (2, 6))
     with torch.no_grad():

@@ -111,7 +111,7 @@ def test_checkpoints_with_old_headers_load(tmp_path):
                                       ("clf", classifier, old_classifier, (tokens, None, tokens.flip(1)))):
         path = save(model, tmp_path / name)
         _rewrite_header(path, config)
-        loaded = load(path)
+        loaded = load(path).model
         assert type(loaded) is type(model) and loaded.config == model.config
         with torch.no_grad():
             assert torch.equal(loaded(*args), model(*args))

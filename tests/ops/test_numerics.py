@@ -1,4 +1,4 @@
-"""Issue 12's numerical defects, each with a test that failed before its fix:
+"""The kernels' numerical defects (docs/numerics.md), each with a test that failed before its fix:
 
 1. the normaliser's fixed ε = 1e-6 shrank outputs of sharp FAVOR+ attention;
 2. wide sliding windows lost precision in float32 (differences of prefix sums);
@@ -41,7 +41,8 @@ def _sharp_favor(spread, n=256, heads=2, dim=32, features=64):
 @pytest.mark.parametrize("scaled", [False, True])
 def test_all_ones_values_give_one_for_sharp_favor_attention(spread, scaled):
     # Any weighted mean of ones is 1: only float32 rounding may show (before: 0.17 at spread 6).
-    fq, fk, (fk_scaled, log_scale) = _sharp_favor(spread)
+    fq, fk, scaled_keys = _sharp_favor(spread)
+    fk_scaled, log_scale = scaled_keys.features, scaled_keys.log_scale
     extra = {"key_log_scale": log_scale} if scaled else {}
     fk = fk_scaled if scaled else fk
     ones = torch.ones(1, fq.shape[1], 2, 8)
@@ -116,9 +117,9 @@ def test_favor_kernel_is_exact_for_keys_beyond_the_old_clamp():
     w, keys = _aligned_keys()
     keys = keys.flip(1)  # the weaker key first, so the query at position 1 sees both
     v = torch.tensor([0.0, 1.0]).view(1, 2, 1, 1)
-    fk, log_scale = favor_key_features(keys, w)
+    fk = favor_key_features(keys, w)  # ScaledFeatures: the kernel reads the scale
     fq = favor_feature_map(keys, w, is_query=True, eps=0.0)
-    y = causal_linear_attention(fq, fk, v, key_log_scale=log_scale)
+    y = causal_linear_attention(fq, fk, v)
     torch.testing.assert_close(y.double(), _float64_attention(keys, keys, v, w), rtol=1e-5, atol=1e-6)
 
 
@@ -126,11 +127,11 @@ def test_favor_sums_do_not_overflow_at_large_test_time_r():
     # 4,096 keys at the clamp gave sums of 4096·e^80/8·|v| = 3e44 for |v| = 1e7: inf, then NaN.
     w, keys = _aligned_keys()
     keys = keys[:, :1].expand(1, 4096, 1, keys.shape[-1])
-    fk, log_scale = favor_key_features(keys, w)
+    fk = favor_key_features(keys, w)
     fq = favor_feature_map(keys, w, is_query=True)
     v = torch.full((1, 4096, 1, 2), 1e7)
     for window in (None, 1000):
-        y = causal_linear_attention(fq, fk, v, key_log_scale=log_scale, window=window)
+        y = causal_linear_attention(fq, fk, v, window=window)
         torch.testing.assert_close(y, torch.full_like(y, 1e7), rtol=1e-5, atol=0)
 
 
@@ -143,8 +144,8 @@ def test_favor_attention_matches_float64_at_any_test_time_r(dim):
     x = x / x.norm(dim=-1, keepdim=True) * dim ** 0.25
     v = torch.randn(1, 64, 1, 3, generator=g)
     w = orthogonal_random_features(1, 64, dim, generator=g)
-    fk, log_scale = favor_key_features(x, w)
-    y = causal_linear_attention(favor_feature_map(x, w, is_query=True, eps=0.0), fk, v, key_log_scale=log_scale)
+    fk = favor_key_features(x, w)
+    y = causal_linear_attention(favor_feature_map(x, w, is_query=True, eps=0.0), fk, v)
     torch.testing.assert_close(y.double(), _float64_attention(x, x, v, w), rtol=1e-4, atol=1e-5)
 
 
@@ -171,7 +172,7 @@ def test_attention_layer_keeps_float32_sums_under_bf16_autocast(attention, rotar
 
 @pytest.mark.parametrize("window", [None, 1, 3, 7, 40])
 def test_windows_of_keys_whose_log_scales_all_lie_below_the_old_sentinel(window):
-    # Issue 18: empty blocks and keys outside a window had log scale −10⁴; with every real key's
+    # Empty blocks and keys outside a window had log scale −10⁴; with every real key's
     # below it, that became the window's scale and every weight underflowed (outputs 0).
     g = torch.Generator().manual_seed(6)
     fq, fk = (torch.rand(2, 17, 3, 4, generator=g, dtype=torch.float64) + 0.1 for _ in range(2))

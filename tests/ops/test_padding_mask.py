@@ -41,10 +41,9 @@ def test_favor_key_scales_of_padding_cannot_change_the_common_scale():
     k = k.clone()
     k[mask] = 40.0
     fq = torch.exp(torch.einsum("blhe,hme->blhm", q * 4 ** -0.25, projection))
-    fk, log_scale = favor_key_features(k, projection)
-    out = linear_attention(fq, fk, v, key_log_scale=log_scale, key_padding_mask=mask)
-    fk6, ls6 = favor_key_features(k[:1, :6], projection)
-    torch.testing.assert_close(out[:1], linear_attention(fq[:1], fk6, v[:1, :6], key_log_scale=ls6))
+    out = linear_attention(fq, favor_key_features(k, projection), v, key_padding_mask=mask)
+    fk6 = favor_key_features(k[:1, :6], projection)
+    torch.testing.assert_close(out[:1], linear_attention(fq[:1], fk6, v[:1, :6]))
     assert torch.isfinite(out).all()
 
 
@@ -87,17 +86,18 @@ def _far_keys(how):
     projection = orthogonal_random_features(3, 8, 4, generator=g)
     fq = favor_feature_map(q, projection, is_query=True)
     if how == "huge keys":
-        fk, log_scale = favor_key_features(1e3 * k / k.norm(dim=-1, keepdim=True), projection)
+        keys = favor_key_features(1e3 * k / k.norm(dim=-1, keepdim=True), projection)
+        fk, log_scale = keys.features, keys.log_scale
     else:
-        fk, log_scale = favor_key_features(k, projection)
-        log_scale = log_scale - 2e4
+        keys = favor_key_features(k, projection)
+        fk, log_scale = keys.features, keys.log_scale - 2e4
     assert log_scale.max() < -1e4
     return fq, fk, v, log_scale
 
 
 @pytest.mark.parametrize("how", ["huge keys", "direct"])
 def test_padding_never_becomes_the_common_scale_of_keys_below_its_old_sentinel(how):
-    # Issue 18: the padding log scale was −10⁴; once every real key's lies below it, padding set
+    # The padding log scale was −10⁴; once every real key's lies below it, padding set
     # the common scale, every real weight e^{a_n − (−10⁴)} underflowed and the output was 0.
     fq, fk, v, log_scale = _far_keys(how)
     mask = torch.zeros(2, 9, dtype=torch.bool)

@@ -1,5 +1,5 @@
 """The blocked sineSPE products equal their reference twin forward and backward (float64),
-whatever the blocks, and pass gradcheck; the old import path still works."""
+whatever the blocks, and pass gradcheck."""
 
 import pytest
 import torch
@@ -54,14 +54,3 @@ def test_blocked_products_pass_gradcheck_with_uneven_blocks(product):
         assert torch.autograd.gradcheck(lambda a: fn(a, freqs.detach(), phases.detach(), positions, w.detach(), block),
                                         (x,))
         assert torch.autograd.gradcheck(lambda f, c: fn(x.detach(), f, None, positions, c, block), (freqs, w))
-
-
-def test_the_old_import_paths_still_work():
-    from spe.encodings import filter as old_filter
-    from spe.encodings.phases import sine_phase
-    from spe.encodings.sine_products import FusedSineProduct as Old
-    from spe.ops import phases, sine_costs
-
-    assert Old is FusedSineProduct and sine_phase is phases.sine_phase
-    assert old_filter.choose_sine_impl is sine_costs.choose_sine_impl
-    assert old_filter.BLOCKED_EFFICIENCY == sine_costs.BLOCKED_EFFICIENCY

@@ -1,12 +1,13 @@
 """One rule per numeric option, shared by spe train (TrainConfig) and spe lra (LRAConfig), checked
-before any data is read or any model is built (issue 29, F5 and F13)."""
+before any data is read or any model is built."""
 
 import math
 
 import pytest
 
 from spe.lab.cli.main import main
-from spe.lab.lra.config import LRAConfig, parse_seeds
+from spe.lab.lra.config import LRAConfig
+from spe.lab.options import parse_seeds
 from spe.lab.train.config import TrainConfig
 
 NAN, INF = math.nan, math.inf

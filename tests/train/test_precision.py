@@ -7,8 +7,8 @@ from tiny_run import tiny_config
 
 from spe.checkpoint import MODEL_FILE
 from spe.lab.train.config import TrainConfig
-from spe.lab.train.loop import build_model
 from spe.lab.train.precision import autocast, check_precision, grad_scaler
+from spe.lab.train.tasks.lm import build_model
 
 
 def _loss(model, batch, precision):

@@ -1,5 +1,5 @@
 """A resume compares the data, not only its path: pieces added, removed, edited or moved between
-the splits are refused by name (or, with allow_data_change, continued with a warning) (issue 29, F6)."""
+the splits are refused by name (or, with allow_data_change, continued with a warning)."""
 
 import json
 import re

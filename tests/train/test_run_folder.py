@@ -1,4 +1,4 @@
-"""A run folder belongs to one run: the lock, --overwrite removing spe's files only (issue 29, F1 and F2)."""
+"""A run folder belongs to one run: the lock, --overwrite removing spe's files only."""
 
 import json
 import os

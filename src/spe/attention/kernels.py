@@ -333,8 +333,8 @@ def favor_features(q: Tensor, k: Tensor, projection: Tensor | None) -> tuple[Ten
     (no clamp, no overflow; :func:`~spe.ops.feature_maps.favor_key_features`)."""
     if projection is None:
         raise ValueError("performer attention needs its random projection (H, M, E)")
-    fk, log_scale = favor_key_features(k, projection)
-    return favor_feature_map(q, projection, is_query=True), fk, log_scale
+    keys = favor_key_features(k, projection)
+    return favor_feature_map(q, projection, is_query=True), keys.features, keys.log_scale
 
 
 _LINEAR_STATES = (LinearAttentionState, RecentKeys)

@@ -22,6 +22,9 @@ which is :func:`check_decay`'s rule, the one :class:`~spe.models.TrunkConfig` as
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -44,8 +47,9 @@ from spe.encodings.rope import RotaryEncoding
 from spe.encodings.short_conv import ShortConvolution, ShortConvState, check_short_conv
 from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
 from spe.ops.feature_maps import orthogonal_random_features
+from spe.ops.gates import gate_bias
 from spe.ops.linear import kernel_dtype
-from spe.ops.softmax import check_key_padding_mask, check_window
+from spe.ops.softmax import check_key_padding_mask, check_window, softmax_gates
 from spe.ops.state import AttentionState, check_state_window, legacy_state
 
 __all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "LayerState", "MultiHeadAttention",
@@ -120,7 +124,15 @@ class MultiHeadAttention(nn.Module):
             (normaliser-free: identity features, no denominator, then ``output_norm``).
         causal: mask the future.
         spe_filter: applies an SPE code to queries and keys (then the kernel sees dimension R).
-        num_realizations: R, required with ``spe_filter`` for the performer projection size.
+        num_realizations: R, the number of realisations of SPE codes (``spe_filter`` only). The
+            codes carry it (:attr:`SPECode.num_realizations`), so it may be left out: the layer
+            then takes R from the first code it receives, drawing performer's projection (H, M, R)
+            from the global generator at that call (or reading it from a state dict loaded
+            before). Given, it is the layer's R from the start (performer's projection is drawn
+            here), and every code is checked against it where the layer holds something of
+            size R: a ``gated-channel`` gate (R channels) takes codes of that R only (ValueError
+            naming both). Other layers take a test-time R of any size (performer: projections of
+            the new size drawn from a fixed seed, so the same input gives the same output).
         num_features: M, random features for ``performer``.
         chunk_size: chunk length of causal linear attention.
         rotary: RoPE; rotates queries and keys (softmax) or their features (linear kernels,
@@ -168,7 +180,9 @@ class MultiHeadAttention(nn.Module):
             not positive, not causal or combined with a score encoding, an unknown decay or a
             decay a kernel does not take (what each kernel accepts: its spec in
             :mod:`spe.attention.kernels`; the rule: :func:`check_decay`), or a
-            ``short_conv`` that is not 0 or an int ≥ 2.
+            ``short_conv`` that is not 0 or an int ≥ 2; ``num_realizations`` that is not a
+            positive int, given without ``spe_filter``, or left out with SPE and decay
+            ``gated-channel`` (whose gate is built for R channels).
 
     Normaliser-free kernels (``linear``: ``KernelSpec.normalizer_free``) get a per-head RMS norm
     of their output before the output projection, ``output_norm`` (fla's ``linear_attn`` and
@@ -194,13 +208,14 @@ class MultiHeadAttention(nn.Module):
         self.qkv_conv = (ShortConvolution(3 * d_model, short_conv, causal=causal)
                          if check_short_conv(short_conv) else None)
         self.spe_filter = spe_filter
+        _check_realizations(num_realizations, spe_filter)
+        # R: the codes carry it; given here, it is the layer's from the start, else the first code's
+        self.num_realizations = num_realizations
         self.kernel_dim = num_realizations if spe_filter is not None else self.head_dim
         if self.kernel.random_features:
-            if self.kernel_dim is None:
-                raise ValueError(f"{attention} attention with SPE needs num_realizations")
             self.num_features = num_features
-            self.register_buffer("projection", orthogonal_random_features(num_heads, num_features,
-                                                                          self.kernel_dim))
+            self.register_buffer("projection", None if self.kernel_dim is None else
+                                 orthogonal_random_features(num_heads, num_features, self.kernel_dim))
         _check_positional(self.kernel, causal, spe_filter, rotary, score_encoding, feature_transform)
         self.rotary, self.score_encoding = rotary, score_encoding
         check_decay(self.kernel, decay, causal=causal,
@@ -212,6 +227,9 @@ class MultiHeadAttention(nn.Module):
         elif decay == "gated":
             self.decay_gate = ScalarGate(d_model, num_heads)
         elif decay == "gated-channel":  # over the kernel's features: head_dim, or R with SPE
+            if self.kernel_dim is None:
+                raise ValueError("decay 'gated-channel' with SPE gates the R channels of q̂ and k̂, so it is built "
+                                 "for one R: pass num_realizations")
             tied = 2 if rotary is not None else 1  # RoPE: one gate per rotated pair
             self.decay_gate = ChannelGate(d_model, num_heads, self.kernel_dim, tied=tied)
         self.output_norm = (nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS) if self.kernel.normalizer_free
@@ -280,8 +298,9 @@ class MultiHeadAttention(nn.Module):
 
     @torch.no_grad()
     def redraw_features(self, generator: torch.Generator | None = None) -> None:
-        """Draws new FAVOR+ projections (no-op for kernels without random features)."""
-        if self.kernel.random_features:
+        """Draws new FAVOR+ projections (no-op for kernels without random features, and for a
+        layer still waiting for its first SPE code to know R)."""
+        if self.kernel.random_features and self.projection is not None:
             self.projection.copy_(orthogonal_random_features(
                 self.num_heads, self.num_features, self.kernel_dim, generator=generator))
 
@@ -317,10 +336,43 @@ class MultiHeadAttention(nn.Module):
         if self.spe_filter is not None:
             if code is None:
                 raise ValueError("this attention layer uses SPE: pass the code drawn for this forward")
+            self._take_realizations(code)
             q, k = self.spe_filter(q, k, code)  # (B, L, H, R)
         return q, k, v, conv_cache
 
+    def _take_realizations(self, code: SPECode) -> None:
+        """R from ``code``: the layer's own if it had none yet; refused if it differs from the R
+        of a gate per channel of q̂, k̂ (its parameters are sized by it).
+
+        Raises:
+            ValueError: naming the code's R and the layer's.
+        """
+        r = code.num_realizations
+        if self.kernel_dim is None:
+            self._set_realizations(r)
+        elif r != self.kernel_dim and self.decay == "gated-channel":
+            raise ValueError(f"the SPE code has num_realizations {r} but this layer's decay 'gated-channel' gates "
+                             f"num_realizations {self.kernel_dim} channels: draw codes of R = {self.kernel_dim}")
+
+    def _set_realizations(self, r: int) -> None:
+        """Fixes the layer's R (it had none): performer then draws its projection (H, M, R)."""
+        self.num_realizations = self.kernel_dim = r
+        if self.kernel.random_features:
+            # a buffer made under inference mode could not be used by a later training forward
+            with torch.inference_mode(False), torch.no_grad():
+                projection = orthogonal_random_features(self.num_heads, self.num_features, r)
+                self.projection = projection.to(self.qkv.weight)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        saved = state_dict.get(prefix + "projection")
+        if self.kernel.random_features and self.kernel_dim is None and saved is not None:
+            self._set_realizations(saved.shape[-1])  # a layer still waiting for its first code takes the saved R
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def _projection_for(self, dim: int) -> Tensor:
+        if self.projection is None:
+            raise ValueError("this performer layer takes R from its first SPE code: run it on a code first, or "
+                             "build it with num_realizations")
         if dim == self.projection.shape[-1]:
             return self.projection
         # A test-time R differs from the trained one: FAVOR+ needs projections of the new size;
@@ -339,17 +391,18 @@ class MultiHeadAttention(nn.Module):
     def feature_sizes(self) -> tuple[int, int]:
         """(M, M'): the feature sizes of a linear kernel's numerator and normaliser, hence of its
         decoding sums S (M × D) and z (M'), after any transform (LRPE and cosFormer double M;
-        LRPE's normaliser keeps M). Softmax: the query/key size, twice."""
+        LRPE's normaliser keeps M). Softmax: the query/key size, twice.
+
+        Raises:
+            ValueError: for an SPE layer that does not know R yet (built without
+                ``num_realizations`` and not run on a code).
+        """
+        if self.kernel_dim is None:
+            raise ValueError("this SPE layer takes R from its first code: run it on a code first, or build it "
+                             "with num_realizations")
         probe = torch.zeros(1, 1, self.num_heads, self.kernel_dim, device=self.qkv.weight.device)
         f = self.features(probe, probe, torch.zeros(1, dtype=torch.int64, device=probe.device))
         return f.q.shape[-1], (f.q if f.normalizer is None else f.normalizer[0]).shape[-1]
-
-    def _linear_inputs(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor, dict]:
-        """The earlier form of :meth:`features` for linear kernels: φ(q), φ(k) and a dict with
-        ``key_log_scale`` (FAVOR+) and ``normalizer`` (RoPE) where present."""
-        f = self.features(q, k, positions)
-        extra = {"key_log_scale": f.key_log_scale, "normalizer": f.normalizer}
-        return f.q, f.k, {name: value for name, value in extra.items() if value is not None}
 
     def _options(self, x: Tensor, key_padding_mask: Tensor | None = None) -> KernelOptions:
         """The kernel options of a call on the layer's input x (B, L, C) (gates come from x)."""
@@ -472,18 +525,94 @@ class MultiHeadAttention(nn.Module):
             ValueError: on a padding mask with a causal layer or of the wrong shape;
                 positions with a score encoding.
         """
-        n = x.shape[1]
-        if positions is not None and self.score_encoding is not None:
-            raise ValueError(f"{type(self.score_encoding).__name__} works on index distances; it takes no positions")
-        if key_padding_mask is not None and self.causal:
-            raise ValueError("key_padding_mask needs a non-causal layer, got causal=True")
+        self._check_call(positions, key_padding_mask)
         q, k, v = self.project(x, code, key_padding_mask=key_padding_mask)
-        if self._transform is not None and positions is None:
-            positions = torch.arange(n, device=x.device)
+        positions = self._positions(positions, x)
         options = self._options(x, key_padding_mask)
         self.kernel.check(options)
         y = self.kernel.parallel(self.features(q, k, positions), v, options)
         return self._output(y)
+
+    def attention_weights(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
+                          key_padding_mask: Tensor | None = None, exact: bool = False,
+                          dtype: torch.dtype | None = None) -> Tensor:
+        """The attention matrix A this layer applies in :meth:`forward`: before the output
+        projection, y[b, m, h] = Σ_n A[b, h, m, n] v[b, n, h].
+
+        Softmax: A = softmax_n(q_m·k_n/√E + s(m, n)), formed explicitly with what the layer
+        adds: RoPE's rotation of q and k, the score encoding's term s (ALiBi's; Shaw's and Music
+        Transformer's q_m·a_{n−m}/√D; the SPE oracle's own scores, ``weights``), FoX's gate
+        Σ_{n<t≤m} G_t, the causal mask, the window and the key padding. Shaw's value term is no
+        weight: its output is A v + Σ_n A_mn a^V_{n−m}.
+
+        Linear kernels: the matrix the kernel estimates, formed by the kernel's own parallel
+        function on one-hot values v_n = e_n (y is linear in v, so column n of its output is
+        A's), hence with every term of :meth:`forward` as forward applies it: A_mn =
+        w_mn φ(q̂_m)·φ(k̂_n) / Σ_n' w_mn' ψ(q̂_m)·ψ(k̂_n'), with the SPE code's q̂, k̂, FAVOR+'s
+        key scales, RoPE or a feature transform, the decay or gates w, the window and the
+        padding; ψ = φ except under numerator-only transforms (RoPE, LRPE), whose normaliser
+        keeps the untransformed features (rows then need not sum to 1, entries may be
+        negative). ``linear`` (normaliser-free) has no denominator: A_mn = w_mn q̂_m·k̂_n,
+        unnormalised, and its ``output_norm`` acts on the rows of A v (the output), not of A.
+
+        Args:
+            x, code, positions, key_padding_mask: as :meth:`forward`.
+            exact: the softmax attention of the layer's queries and keys instead:
+                softmax_n(q̂_m·k̂_n/√E + log w_mn) with the layer's masks and decay (a
+                constant γ^{|m−n|} or the gates between m and n): what FAVOR+ estimates, and
+                for other linear kernels the softmax attention they stand in for (the offline
+                A of appendix D.1, Liutkus et al. 2021). Softmax layers: the same as False.
+            dtype: the dtype A is formed in (scores, softmax, the kernel's sums); q and k are
+                projected in the layer's dtype, then cast. Default: the kernel's (the widest
+                of q, k and float32); float64 for offline analysis.
+
+        Returns:
+            (B, H, L, L) in ``dtype``: A[b, h, m, n], the weight of key n in query m's output.
+            Entries of padding keys are 0, as are keys after m in causal layers and keys
+            W or more positions back under a window W; rows sum to 1 for softmax (and
+            ``exact``) and for linear kernels with normalised, untransformed denominators.
+            Rows of padded queries are what the layer computes there (meaningless). Memory
+            O(B·H·L²).
+
+        Raises:
+            ValueError: as :meth:`forward`; with ``exact``, for a linear kernel's feature
+                transform (RoPE, LRPE, PermuteFormer, cosFormer act on φ, which softmax has
+                not) or a gate per feature channel (no term of the logits).
+        """
+        self._check_call(positions, key_padding_mask)
+        q, k, _ = self.project(x, code, key_padding_mask=key_padding_mask)
+        dtype = kernel_dtype(q, k) if dtype is None else dtype
+        q, k = q.to(dtype), k.to(dtype)
+        positions = self._positions(positions, x)
+        options = self._options(x, key_padding_mask)
+        self.kernel.check(options)
+        if options.decay is not None:  # gates in float32 would round a float64 matrix's weights
+            options = replace(options, decay=options.decay.to(torch.promote_types(options.decay.dtype, dtype)))
+        if self.kernel.feature_map is None:  # softmax: RoPE rotates q and k themselves
+            f = self.features(q, k, positions)
+            return _softmax_weights(f.q, f.k, options)
+        if exact:
+            if self._transform is not None:
+                raise ValueError(f"exact weights are the softmax of q̂·k̂: {self._transform.name} transforms the "
+                                 f"features φ of {self.attention} attention, which softmax has not")
+            return _softmax_weights(q, k, options)
+        b, n = x.shape[:2]
+        one_hot = torch.eye(n, dtype=dtype, device=x.device)[None, :, None, :].expand(b, n, self.num_heads, n)
+        y = self.kernel.parallel(self.features(q, k, positions), one_hot, options)  # (B, Lq, H, Lk)
+        return y.permute(0, 2, 1, 3)
+
+    def _check_call(self, positions: Tensor | None, key_padding_mask: Tensor | None) -> None:
+        """:meth:`forward`'s refusals: positions with a score encoding, padding in a causal layer."""
+        if positions is not None and self.score_encoding is not None:
+            raise ValueError(f"{type(self.score_encoding).__name__} works on index distances; it takes no positions")
+        if key_padding_mask is not None and self.causal:
+            raise ValueError("key_padding_mask needs a non-causal layer, got causal=True")
+
+    def _positions(self, positions: Tensor | None, x: Tensor) -> Tensor | None:
+        """The (L,) positions of RoPE or the feature transform: as given, else 0 … L − 1."""
+        if self._transform is not None and positions is None:
+            return torch.arange(x.shape[1], device=x.device)
+        return positions
 
 
 def _check_positional(kernel, causal: bool, spe_filter, rotary, score_encoding, feature_transform=None) -> None:
@@ -513,3 +642,56 @@ def _check_feature_dim(feature_transform, feature_dim: int, random_features: boo
     if built_for is not None and built_for != feature_dim:
         raise ValueError(f"{feature_transform.label} was built for {built_for} features but this kernel has "
                          f"{feature_dim} ({'num_features' if random_features else 'head_dim'})")
+
+
+def _check_realizations(num_realizations, spe_filter) -> None:
+    """R, if given, is a positive int and the R of the layer's SPE codes (so it needs a filter)."""
+    if num_realizations is None:
+        return
+    if isinstance(num_realizations, bool) or not isinstance(num_realizations, int) or num_realizations < 1:
+        raise ValueError(f"num_realizations must be a positive int, got {num_realizations!r}")
+    if spe_filter is None:
+        raise ValueError(f"num_realizations ({num_realizations}) is the R of SPE codes, but this layer has no "
+                         f"spe_filter: leave it out")
+
+
+def _softmax_weights(q: Tensor, k: Tensor, options: KernelOptions) -> Tensor:
+    """(B, H, L, L) softmax attention of q, k (B, L, H, E), formed explicitly with the score term,
+    decay, causal mask, window and key padding of ``options`` (the softmax kernel's terms)."""
+    term = options.score_term
+    mask = options.key_padding_mask
+    if term is not None and hasattr(term, "weights"):  # the SPE oracle: its scores depend on the keys
+        return term.weights(q, k, key_padding_mask=mask).to(q.dtype)
+    n = q.shape[1]
+    scores = torch.einsum("bmhe,bnhe->bhmn", q, k) / math.sqrt(q.shape[-1])
+    if term is not None:  # Shaw, Music Transformer, ALiBi: a term added to q·k/√D
+        scores = scores + term.score_bias(q, n).to(scores.dtype)
+    if options.decay is not None:
+        scores = scores + _decay_logits(options.decay, q.shape, causal=options.causal).to(scores.dtype)
+    i = torch.arange(n, device=q.device)
+    lag = i[:, None] - i[None, :]
+    visible = (lag >= 0) if options.causal else torch.ones_like(lag, dtype=torch.bool)
+    if options.window is not None:
+        visible = visible & (lag < options.window)
+    visible = visible[None, None]  # (1, 1, L, L)
+    if mask is not None:
+        visible = visible & check_key_padding_mask(mask, k)  # (B, 1, 1, L)
+    return scores.masked_fill(~visible, -math.inf).softmax(dim=-1)
+
+
+def _decay_logits(log_decay: Tensor, shape: torch.Size, *, causal: bool) -> Tensor:
+    """(B, H, L, L) log w_mn of a decay (H,) or gate (B, L, H) on the logits: Σ_{n<t≤m} G_t (FoX's,
+    :func:`~spe.ops.gates.gate_bias`; −∞ after m) when causal, else the gates between m and n
+    either way, −|F_m − F_n| with F their running sums (G ≤ 0). A constant decay is the gate λ_h.
+
+    Raises:
+        ValueError: for a gate per feature channel (B, L, H, M), which is no term of the logits.
+    """
+    if log_decay.dim() == 4:
+        raise ValueError("decay 'gated-channel' weighs each channel of φ(q̂)·φ(k̂) apart: it is no term of "
+                         "softmax's logits, so its layers have no exact (softmax) weights")
+    gates = softmax_gates(log_decay, tuple(shape))  # (B, L, H)
+    if causal:
+        return gate_bias(gates)
+    f = gates.cumsum(dim=1).transpose(1, 2)  # (B, H, L)
+    return -(f[..., :, None] - f[..., None, :]).abs()

@@ -49,8 +49,10 @@ class ConvSPE(nn.Module):
     Args:
         num_heads: H.
         head_dim: D.
-        num_realizations: R, default noise realisations per draw.
-        kernel_size: P, filter length in positions; the kernel vanishes for |lag| ≥ P.
+        num_realizations: R, default noise realisations per draw (default 32).
+        kernel_size: P, filter length in positions; the kernel vanishes for |lag| ≥ P
+            (default 64). Both defaults are :class:`~spe.models.ModelConfig`'s (tests keep
+            them equal).
         impl: ``fft`` (one real FFT of the noise shared by Q̄ and K̄, O(N log N), appendix
             A.2), ``direct`` (``conv1d``, O(N·P), the twin) or ``auto`` (fft when P ≥ 16).
             Same numbers either way.
@@ -65,8 +67,8 @@ class ConvSPE(nn.Module):
         ValueError: if a size is not a positive integer or ``impl`` is unknown.
     """
 
-    def __init__(self, num_heads: int, head_dim: int, num_realizations: int = 64,
-                 kernel_size: int = 128, *, impl: str = "auto", causal: bool = True) -> None:
+    def __init__(self, num_heads: int, head_dim: int, num_realizations: int = 32,
+                 kernel_size: int = 64, *, impl: str = "auto", causal: bool = True) -> None:
         super().__init__()
         if impl not in ("auto", "fft", "direct"):
             raise ValueError(f"ConvSPE: impl must be 'auto', 'fft' or 'direct', got {impl!r}")

@@ -152,7 +152,9 @@ class SPEFilter(nn.Module):
     Args:
         num_heads: H.
         head_dim: D.
-        gated: learn a gate per (head, feature).
+        gated: learn a gate per (head, feature). Off by default, as
+            :class:`~spe.models.ModelConfig` (ungated sineSPE was the better one on the Bach
+            chorales; tests keep the two defaults equal).
         impl: how sineSPE codes are applied, same numbers either way: ``fused`` (never forms
             the (L, H, D, R) code; recomputes it per example), ``blocked`` (forms each block
             of positions' code once for the batch, never the whole code; fewer FLOPs than
@@ -173,7 +175,7 @@ class SPEFilter(nn.Module):
             unknown.
     """
 
-    def __init__(self, num_heads: int, head_dim: int, *, gated: bool = True, impl: str = "auto",
+    def __init__(self, num_heads: int, head_dim: int, *, gated: bool = False, impl: str = "auto",
                  gate_init: float = 0.0) -> None:
         super().__init__()
         if impl not in IMPLS:

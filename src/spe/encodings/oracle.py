@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.conv import ConvSPE
-from spe.encodings.phases import sine_features
 from spe.encodings.positions import require_positive
 from spe.encodings.sine import SineSPE
+from spe.ops.phases import sine_features
 from spe.ops.softmax import check_key_padding_mask
 
 __all__ = ["ExactSPEScores", "alias_gate_keys", "exact_spe_attention_reference", "gated_kernel",

@@ -67,8 +67,9 @@ class SineSPE(nn.Module):
         num_heads: H.
         head_dim: D, the query/key dimension per head.
         num_realizations: R, the default number of noise realisations (may be overridden
-            per call, e.g. at test time).
-        num_sines: K, sinusoids per feature.
+            per call, e.g. at test time). Default 32, as
+            :class:`~spe.models.ModelConfig` (tests keep them equal).
+        num_sines: K, sinusoids per feature (default 5, as ModelConfig).
         frequency_init: ``"low"`` (the original code's choice: logits N(-4, 1), periods of
             roughly 100 positions) or ``"spread"`` (log-uniform periods from 2 to 1,024).
         noise: ``"gaussian"`` (i.i.d. N(0, 1), the paper) or ``"orthogonal"`` (variance
@@ -84,7 +85,7 @@ class SineSPE(nn.Module):
         self,
         num_heads: int,
         head_dim: int,
-        num_realizations: int = 64,
+        num_realizations: int = 32,
         num_sines: int = 5,
         *,
         frequency_init: str = "low",

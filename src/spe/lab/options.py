@@ -1,12 +1,12 @@
 """User options decoded and checked in one place, shared by the library and the ``spe`` command.
 
 Config files and command-line flags have no null, so some options spell "none" as 0; each
-such convention is decoded here once (issue 18: "window 0 means None" was decoded three
-times). The numeric options of training (``spe train``'s :class:`~spe.lab.train.config.TrainConfig`,
+such convention is decoded once ("window 0 means None" was once decoded in three
+places). The numeric options of training (``spe train``'s :class:`~spe.lab.train.config.TrainConfig`,
 ``spe lra``'s :class:`~spe.lab.lra.config.LRAConfig`, config files, sweep and study rows) have one
 rule each, in :data:`OPTION_RULES`, so that an option means the same and is refused the same
-way whichever front end sets it, before any data is read or any model built (issue 29: a
-``grad_clip`` of -1 turned ``spe train`` into gradient ascent while ``spe lra`` refused it).
+way whichever front end sets it, before any data is read or any model built (a
+``grad_clip`` of -1 once turned ``spe train`` into gradient ascent while ``spe lra`` refused it).
 No torch import: the CLI checks its flags before loading anything heavy.
 """
 
@@ -16,9 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from spe.models.config import decode_window
-
-__all__ = ["OPTION_RULES", "OptionRule", "check_option", "check_options", "check_threads", "decode_window", "parse_seeds"]
+__all__ = ["OPTION_RULES", "OptionRule", "check_option", "check_options", "check_threads", "parse_seeds"]
 
 
 @dataclass(frozen=True)

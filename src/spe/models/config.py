@@ -7,9 +7,9 @@ from typing import ClassVar
 
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS
-from spe.models.trunk_config import POSITIONALS, SCORE_ENCODINGS, TrunkConfig
+from spe.models.trunk_config import POSITIONALS, TrunkConfig
 
-__all__ = ["POSITIONALS", "SCORE_ENCODINGS", "ModelConfig", "decode_window"]
+__all__ = ["ModelConfig", "decode_window"]
 
 
 def decode_window(value: int | None, name: str = "window") -> int | None:

@@ -11,12 +11,11 @@ import torch
 from torch import Tensor, nn
 
 from spe.attention.layer import LayerState
-from spe.models.block import Block
 from spe.models.config import ModelConfig
 from spe.models.loss import cross_entropy
 from spe.models.trunk import Trunk, check_token_ids
 
-__all__ = ["Block", "DecoderLM", "DecodingState"]
+__all__ = ["DecoderLM", "DecodingState"]
 
 
 @dataclass

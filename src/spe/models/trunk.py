@@ -132,9 +132,6 @@ class Trunk(nn.Module):
         self.register_state_dict_post_hook(alias_gate_keys)
         self.register_load_state_dict_pre_hook(unalias_gate_keys)
 
-    # Kept for code that called the decoder's static method.
-    _init_weights = staticmethod(init_weights)
-
     def build_head(self) -> nn.Module:
         """The head on top of the (B, L, C) final-norm states; implemented by each model."""
         raise NotImplementedError(f"{type(self).__name__} must define build_head()")

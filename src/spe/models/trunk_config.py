@@ -69,7 +69,7 @@ class TrunkConfig:
         fixed_code: draw the SPE code from ``code_seed`` in training too, so that every step
             (and evaluation) sees the same code, instead of a fresh draw per step. A fresh
             code re-randomises the R coordinates of q̂, k̂ at every step, which a kernel with
-            fixed random features (FAVOR+) cannot adapt to (docs/lra.md, issue 20's study).
+            fixed random features (FAVOR+) cannot adapt to (docs/lra.md, the ListOps study).
         max_positions: number of ``ape-learned`` embeddings (longer inputs raise ValueError).
         rope_base: ``rope`` frequency base.
         spe_impl: how ``sinespe`` codes are applied (same numbers either way; see

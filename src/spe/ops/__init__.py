@@ -1,6 +1,7 @@
 """Pure attention kernels and feature maps. Layout: (batch, length, num_heads, dim)."""
 
 from spe.ops.feature_maps import (
+    ScaledFeatures,
     elu_feature_map,
     favor_feature_map,
     favor_key_features,
@@ -34,8 +35,8 @@ from spe.ops.state import (
 )
 
 __all__ = [
-    "AttentionState", "KVCache", "LinearAttentionState", "RecentKeys", "ScaledLinearAttentionState",
-    "ScaledRecentKeys", "append_to_cache", "causal_linear_attention", "causal_linear_attention_reference",
+    "AttentionState", "KVCache", "LinearAttentionState", "RecentKeys", "ScaledFeatures",
+    "ScaledLinearAttentionState", "ScaledRecentKeys", "append_to_cache", "causal_linear_attention", "causal_linear_attention_reference",
     "causal_linear_attention_with_state", "elu_feature_map", "favor_feature_map", "favor_key_features",
     "kernel_dtype", "linear_attention", "linear_attention_step", "music_relative_attention",
     "music_relative_attention_reference", "normalise", "orthogonal_random_features", "prefill_cache", "relative_shift",

@@ -82,7 +82,7 @@ def _chunk_window_sums(kv: Tensor, whole: int) -> Tensor:
     Blocks of 2^p chunks are built as sums of two blocks of 2^(p−1) and added for each set bit
     of ``whole``: every output is a plain sum of the in-window chunk states, so rounding is
     relative to the window's own terms (a difference of prefix sums would carry residues of
-    every earlier key, issue 12 defect 2). O(N log whole) work, three (N + whole) arrays.
+    every earlier key: docs/numerics.md). O(N log whole) work, three (N + whole) arrays.
     """
     nc = kv.shape[1]
     block = torch.cat([torch.zeros_like(kv[:, :whole]), kv], dim=1)  # chunk j at index j + whole

@@ -27,6 +27,8 @@ import math
 import torch
 from torch import Tensor
 
+from spe.ops.feature_maps import split_key_features
+
 __all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "NO_DECAY", "check_log_decay", "check_decay_mode", "decay_attention_reference", "decayed_running_max",
            "retnet_decay_logits", "retnet_log_decay"]
 
@@ -161,12 +163,14 @@ def decay_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_decay
         causal, window: as :func:`~spe.ops.linear.causal_linear_attention`.
         normalizer: (ψ(q), ψ(k)) (B, L, H, M') for the denominator, or None (ψ = φ).
         key_log_scale: (B, L, H) a_n, φ(k_n) = phi_k_n · e^{a_n} (taken relative to the
-            largest a_n of each example and head; keep them within ±700 nats).
+            largest a_n of each example and head; keep them within ±700 nats); None when
+            ``phi_k`` is :class:`~spe.ops.feature_maps.ScaledFeatures`, which carries it.
         key_padding_mask: (B, L) bool, True at padding.
 
     Returns:
         (B, L, H, E) in float64.
     """
+    phi_k, key_log_scale = split_key_features(phi_k, key_log_scale, who="decay_attention_reference")
     f64 = torch.float64
     phi_q, phi_k, v, lam = phi_q.to(f64), phi_k.to(f64), v.to(f64), log_decay.to(f64)
     nq, nk = (phi_q, phi_k) if normalizer is None else (normalizer[0].to(f64), normalizer[1].to(f64))

@@ -6,13 +6,71 @@ Letters: B = batch, L = length, H = num_heads, E = query/key dimension, M = num_
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["elu_feature_map", "favor_feature_map", "favor_key_features", "orthogonal_random_features",
-           "relu_feature_map"]
+__all__ = ["ScaledFeatures", "elu_feature_map", "favor_feature_map", "favor_key_features",
+           "orthogonal_random_features", "relu_feature_map", "split_key_features"]
+
+
+@dataclass(frozen=True, eq=False)
+class ScaledFeatures:
+    """Key features that travel with their scale: φ(k_n) = features_n · exp(log_scale_n).
+
+    What :func:`favor_key_features` returns. Pass it whole as ``phi_k`` to any linear kernel
+    (:func:`~spe.ops.linear.linear_attention`, :func:`~spe.ops.linear.causal_linear_attention`,
+    :func:`~spe.ops.recurrent.linear_attention_step`, …): the kernel reads the scale, as if
+    given ``key_log_scale=log_scale``. ``features`` alone is *not* φ(k) (each key is divided by
+    its own largest feature), so the object does not unpack like a tuple: that would make it
+    easy to pass the features without their scale, a silently different attention.
+
+    Attributes:
+        features: (B, L, H, M) features relative to the scale, in (0, 1/√M] for FAVOR+.
+        log_scale: (B, L, H) a_n, natural log of each key's scale.
+
+    Raises:
+        ValueError: if ``log_scale``'s shape is not ``features``' without its last axis.
+    """
+
+    features: Tensor
+    log_scale: Tensor
+
+    def __post_init__(self) -> None:
+        if tuple(self.log_scale.shape) != tuple(self.features.shape[:-1]):
+            raise ValueError(f"ScaledFeatures: log_scale must have the features' shape without the last "
+                             f"axis, {tuple(self.features.shape[:-1])}, got {tuple(self.log_scale.shape)}")
+
+    def __iter__(self):
+        # refuse tuple unpacking (the return type of earlier versions): see the class docstring
+        raise TypeError("ScaledFeatures is not a (features, log_scale) tuple: pass it whole as phi_k (the "
+                        "kernels read its scale), or pass .features together with key_log_scale=.log_scale")
+
+    def positions(self, index: slice | int) -> ScaledFeatures:
+        """The features and scales of some positions (axis 1): ``positions(slice(a, b))``, or
+        ``positions(t)``, position t with the axis kept (features (B, 1, H, M), log_scale
+        (B, 1, H)), what one decoding step takes."""
+        if isinstance(index, int):
+            index = slice(index, index + 1 if index != -1 else None)
+        return ScaledFeatures(self.features[:, index], self.log_scale[:, index])
+
+
+def split_key_features(phi_k: Tensor | ScaledFeatures, key_log_scale: Tensor | None, *,
+                       who: str = "linear attention") -> tuple[Tensor, Tensor | None]:
+    """(features, log scale or None) of a kernel's ``phi_k`` and ``key_log_scale`` arguments.
+
+    Raises:
+        ValueError: if ``phi_k`` is :class:`ScaledFeatures` and ``key_log_scale`` is given too
+            (two scales for the same keys).
+    """
+    if not isinstance(phi_k, ScaledFeatures):
+        return phi_k, key_log_scale
+    if key_log_scale is not None:
+        raise ValueError(f"{who}: phi_k is ScaledFeatures, which carries its own log scale; pass "
+                         "key_log_scale=None (got a tensor too)")
+    return phi_k.features, phi_k.log_scale
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
@@ -91,21 +149,24 @@ def favor_feature_map(x: Tensor, projection: Tensor, *, is_query: bool, eps: flo
     return torch.exp(logits.clamp(max=80.0)) / math.sqrt(m)
 
 
-def favor_key_features(x: Tensor, projection: Tensor) -> tuple[Tensor, Tensor]:
+def favor_key_features(x: Tensor, projection: Tensor) -> ScaledFeatures:
     """FAVOR+ key features with their scale apart: φ(k_n) = features_n · exp(log_scale_n).
 
     Each key is divided by its own largest feature (detached), so features lie in (0, 1/√M]
-    whatever R and the keys' norms; the kernels take ``key_log_scale`` and bring keys to a
-    common scale with a causal running maximum (:func:`spe.ops.linear.causal_linear_attention`),
-    so nothing overflows and no key's weight is clipped (issue 12, defect 6).
+    whatever R and the keys' norms; the kernels read the scale from the returned
+    :class:`ScaledFeatures` (pass it as ``phi_k``) and bring keys to a common scale with a
+    causal running maximum (:func:`spe.ops.linear.causal_linear_attention`), so nothing
+    overflows and no key's weight is clipped.
 
     Args:
         x: (B, L, H, E) keys.
         projection: (H, M, E).
 
     Returns:
-        features (B, L, H, M) and log_scale (B, L, H), in at least float32.
+        :class:`ScaledFeatures` with features (B, L, H, M) and log_scale (B, L, H), in at
+        least float32.
     """
     logits = _favor_logits(x, projection)
     log_scale = logits.amax(dim=-1).detach()
-    return torch.exp(logits - log_scale[..., None]) / math.sqrt(projection.shape[1]), log_scale
+    features = torch.exp(logits - log_scale[..., None]) / math.sqrt(projection.shape[1])
+    return ScaledFeatures(features, log_scale)

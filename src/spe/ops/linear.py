@@ -34,6 +34,7 @@ from torch import Tensor
 
 from spe.ops.chunked import causal_sums
 from spe.ops.decay import bidirectional_decay_sums, check_log_decay, decayed_running_max
+from spe.ops.feature_maps import ScaledFeatures, split_key_features
 from spe.ops.gated import gated_bidirectional_sums, gated_causal_sums
 from spe.ops.gates import check_gates, is_gate
 from spe.ops.scaled import running_max
@@ -61,10 +62,15 @@ def _full_precision(fn):
     The carried state sums up to L outer products: in bfloat16/float16 it would lose most of
     its precision (and overflow in float16) long before L = 10⁴. Tensors in ``initial_state``
     and ``normalizer`` are promoted too; a returned final state stays in the kernel's dtype.
+    A ``phi_k`` given as :class:`~spe.ops.feature_maps.ScaledFeatures` becomes its features and
+    ``key_log_scale`` first, so every decorated kernel accepts one.
     """
 
     @functools.wraps(fn)
-    def wrapper(phi_q: Tensor, phi_k: Tensor, v: Tensor, **kwargs):
+    def wrapper(phi_q: Tensor, phi_k: Tensor | ScaledFeatures, v: Tensor, **kwargs):
+        phi_k, key_log_scale = split_key_features(phi_k, kwargs.get("key_log_scale"))
+        if key_log_scale is not None:
+            kwargs["key_log_scale"] = key_log_scale
         dtype = kernel_dtype(phi_q, v)
         if kwargs.get("normalizer") is not None:
             kwargs["normalizer"] = tuple(t.to(dtype) for t in kwargs["normalizer"])
@@ -103,7 +109,7 @@ def normalise(num: Tensor, den: Tensor, eps: float = 0.0) -> Tensor:
     With non-negative features den = Σ_n φ(q_m)ᵀφ(k_n) ≥ 0 and num is the same weighted sum
     of values, so the ratio is a weighted mean of values for any den > 0, however small: a
     fixed ε would instead shrink outputs whose den falls near it (FAVOR+ key features have no
-    absolute scale; issue 12, defect 1). den = 0 means no key has any weight (ReLU features):
+    absolute scale). den = 0 means no key has any weight (ReLU features):
     the output is then 0, with zero gradient.
 
     Args:
@@ -187,14 +193,17 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
 
     Args:
         phi_q: (B, Lq, H, M) feature-mapped queries.
-        phi_k: (B, Lk, H, M) feature-mapped keys.
+        phi_k: (B, Lk, H, M) feature-mapped keys, or :class:`~spe.ops.feature_maps.ScaledFeatures`
+            (what :func:`~spe.ops.feature_maps.favor_key_features` returns), whose scale is
+            then read as ``key_log_scale``.
         v: (B, Lk, H, E) values.
         eps: added to the normaliser (default none: see :func:`normalise`).
         normalizer: optional (queries, keys) features, (B, Lq, H, M') and (B, Lk, H, M'), for
             the denominator only (RoFormer's linear form: rotated features above, positive
             unrotated ones below); default: ``phi_q``, ``phi_k``.
         key_log_scale: (B, Lk, H) a_n, keys' features being φ(k_n) = phi_k_n · e^{a_n} (and
-            the normaliser's likewise), from :func:`~spe.ops.feature_maps.favor_key_features`.
+            the normaliser's likewise); None when ``phi_k`` carries its scale
+            (:class:`~spe.ops.feature_maps.ScaledFeatures`) or has none.
         key_padding_mask: (B, Lk) bool, True at padding keys (PyTorch's convention): their
             features, values and normaliser features are zeroed, so they add nothing to
             Σ φ(k_n) v_nᵀ or Σ φ(k_n), and their log scale cannot raise the common scale.
@@ -215,8 +224,9 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
 
     Raises:
         ValueError: on a bad padding mask or normaliser, a bad ``log_decay`` (or a channel
-            gate with key scales), a decay with Lq ≠ Lk, or ``normalize=False`` with a
-            normaliser, eps or key scales.
+            gate with key scales), a decay with Lq ≠ Lk, ``normalize=False`` with a
+            normaliser, eps or key scales, or ``phi_k`` as ScaledFeatures with a
+            ``key_log_scale`` too.
     """
     eps = check_normalize(normalize, eps, normalizer, key_log_scale)
     if key_padding_mask is not None:
@@ -302,7 +312,9 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
 
     Args:
         phi_q: (B, L, H, M) feature-mapped queries.
-        phi_k: (B, L, H, M) feature-mapped keys.
+        phi_k: (B, L, H, M) feature-mapped keys, or :class:`~spe.ops.feature_maps.ScaledFeatures`
+            (what :func:`~spe.ops.feature_maps.favor_key_features` returns), whose scale is
+            then read as ``key_log_scale``.
         v: (B, L, H, E) values.
         chunk_size: C, positions per chunk (any positive value; L need not be a multiple).
         group_size: positions per group of chunks (rounded to a multiple of C); None: all.
@@ -322,7 +334,8 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
             window, :class:`~spe.ops.state.LinearAttentionState` without, their ``Scaled``
             subclasses with ``key_log_scale``.
         key_log_scale: (B, L, H) a_n, keys' features being φ(k_n) = phi_k_n · e^{a_n} (and the
-            normaliser's likewise), from :func:`~spe.ops.feature_maps.favor_key_features`:
+            normaliser's likewise; None when ``phi_k`` is
+            :class:`~spe.ops.feature_maps.ScaledFeatures`, which carries it):
             sums are then kept relative to the causal running maximum of a (:mod:`spe.ops.scaled`;
             chunk by chunk, so slower), so that no key scale can overflow float32.
         log_decay: (H,) λ_h = log γ_h ≤ 0, RetNet's decay: key n weighs γ^{m−n} at query m,
@@ -353,8 +366,8 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         ValueError: on mismatched lengths, a non-positive chunk size or window, a window
             with ``group_size``, a bad ``log_decay`` (shape, dtype, a value > 0 or not finite,
             a channel gate with key scales), an initial state of another window,
-            normaliser, key-scale or gate form, or ``normalize=False`` with a normaliser,
-            eps or key scales.
+            normaliser, key-scale or gate form, ``normalize=False`` with a normaliser,
+            eps or key scales, or ``phi_k`` as ScaledFeatures with a ``key_log_scale`` too.
         TypeError: on an initial state that is not a linear-attention state.
     """
     if output_final_state:  # the earlier flag returned Tensor | tuple; one return type now

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from spe.ops.decay import check_log_decay
+from spe.ops.feature_maps import ScaledFeatures, split_key_features
 from spe.ops.gates import check_gates, is_gate, suffix_sums
 from spe.ops.linear import LinearState, check_normalize, check_linear_state, kernel_dtype, normalise
 from spe.ops.softmax import attend, check_window, softmax_gates
@@ -39,7 +40,8 @@ def _check_one_position(**tensors: Tensor) -> None:
             raise ValueError(f"a decoding step takes one position, {name} of shape (B, 1, H, ·), got {tuple(t.shape)}")
 
 
-def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: LinearState | None = None, *,
+def linear_attention_step(phi_q: Tensor, phi_k: Tensor | ScaledFeatures, v: Tensor,
+                          state: LinearState | None = None, *,
                           normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
                           key_log_scale: Tensor | None = None, log_decay: Tensor | None = None,
                           normalize: bool = True) -> tuple[Tensor, LinearState]:
@@ -54,14 +56,16 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Linear
 
     Args:
         phi_q: (B, 1, H, M) feature-mapped query of the new position.
-        phi_k: (B, 1, H, M) its key features.
+        phi_k: (B, 1, H, M) its key features, or :class:`~spe.ops.feature_maps.ScaledFeatures`
+            (FAVOR+: ``favor_key_features(k, projection)``), whose scale is read as ``key_log_scale``.
         v: (B, 1, H, E) its value.
         state: from the previous step or from
             :func:`~spe.ops.linear.causal_linear_attention_with_state`; None at position 0.
         normalizer: optional (query, key) features (B, 1, H, M') for the denominator only
             (RoPE: ``phi_q``, ``phi_k`` rotated, these unrotated).
         window: W, or None for the whole past; must match the state's.
-        key_log_scale: (B, 1, H) a, the key's features being phi_k · e^a (FAVOR+).
+        key_log_scale: (B, 1, H) a, the key's features being phi_k · e^a (FAVOR+); None when
+            ``phi_k`` carries it.
         log_decay: (H,) λ = log γ (RetNet): S ← γ S + φ(k) vᵀ, z ← γ z + ψ(k) (with key
             scales: the state's log scale c + λ, then c ← max(c + λ, a)); with a window the
             kept keys weigh γ^{lag}. Must be the decay the state was built with. Or this
@@ -77,10 +81,11 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Linear
 
     Raises:
         ValueError: on more than one position, a bad ``log_decay``, a state of another
-            window, normaliser, key-scale or gate form, or ``normalize=False`` with a
-            normaliser or key scales.
+            window, normaliser, key-scale or gate form, ``normalize=False`` with a
+            normaliser or key scales, or ScaledFeatures with a ``key_log_scale`` too.
         TypeError: on a state that is not a linear-attention state.
     """
+    phi_k, key_log_scale = split_key_features(phi_k, key_log_scale, who="linear_attention_step")
     _check_one_position(phi_q=phi_q, phi_k=phi_k, v=v)
     normalized = check_normalize(normalize, 0.0, normalizer, key_log_scale) is not None
     gates = None

@@ -41,7 +41,6 @@ SERIES = [("ape", "-"), *[(name, impl) for name in positional_names(stochastic=T
 # Kernels by their registry names ("linear" meant linear-elu here before the normaliser-free kernel of that name).
 BENCH_ATTENTIONS = ["softmax", "performer", "linear-elu"]
 KERNEL_NAMES = tuple(KERNELS)  # what --attentions may name
-ATTENTIONS = BENCH_ATTENTIONS  # the earlier name (spe.attention has its own ATTENTIONS)
 # Encodings that add a term to the scores exist for softmax attention only.
 SCORE_ENCODINGS = positional_names(acts_on="scores")
 # Encodings that transform a feature map's features exist for linear kernels only.
@@ -266,7 +265,7 @@ def _label(r: dict) -> str:
 
 
 def summarize_bench(result: dict) -> dict:
-    """Scaling exponents, ratios to APE-Performer and the issue's target figures."""
+    """Scaling exponents, ratios to APE-Performer and the target figures."""
     recs = [r for r in result["records"] if "median_ms" in r]
 
     def get(mode, pos, impl, att, n):
@@ -327,8 +326,6 @@ def summarize_bench(result: dict) -> dict:
     return out
 
 
-summarize = summarize_bench  # the earlier name (spe.lab.evaluation has its own summarize)
-
 
 def bench_outputs(out_dir: str | os.PathLike, json_path: str | os.PathLike | None) -> tuple[Path, Path]:
     """The output folder and JSON file of a run (default ``OUT/bench.json``), checked before anything is measured.
@@ -360,7 +357,7 @@ def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
 
 def bench_markdown(payload: dict) -> str:
     """The Markdown report of one run, from its JSON payload (what ``write_outputs`` writes):
-    the issue-13 targets, the whole-model and longest-length tables, the one-layer tables."""
+    the targets, the whole-model and longest-length tables, the one-layer tables."""
     lengths = payload.get("lengths") or sorted({r["length"] for r in payload["records"]})
     lines = targets_markdown(payload)
     lines += model_lines(payload.get("model") or []) + longest_lines(payload.get("longest") or [],

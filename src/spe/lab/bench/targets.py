@@ -1,4 +1,4 @@
-"""The engine targets of issue 13, read from one ``spe bench`` run: measured value and verdict.
+"""The engine's performance targets, read from one ``spe bench`` run: measured value and verdict.
 
 Each row is (target, measured, verdict) with verdict ``met``, ``missed`` or ``not measured``
 (the run did not include the cases the target needs). Ratios are taken within the run
@@ -149,7 +149,7 @@ def _layer_rows(records: list[dict]) -> list[tuple[str, str, str]]:
 
 
 def target_rows(payload: dict) -> list[tuple[str, str, str]]:
-    """(target, measured, verdict) for every issue-13 target, from a ``spe bench`` JSON payload
+    """(target, measured, verdict) for every target, from a ``spe bench`` JSON payload
     (``records``, and ``model`` / ``longest`` when the run had them)."""
     return (_model_rows(payload.get("model") or []) + _longest_rows(payload.get("longest") or [])
             + _layer_rows(payload.get("records") or []))
@@ -157,6 +157,6 @@ def target_rows(payload: dict) -> list[tuple[str, str, str]]:
 
 def targets_markdown(payload: dict) -> list[str]:
     """The targets as a Markdown table (lines)."""
-    lines = ["### Targets (issue 13)", "", "| target | measured | verdict |", "|---|---|---|"]
+    lines = ["### Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {v} |" for t, m, v in target_rows(payload)]
     return [*lines, ""]

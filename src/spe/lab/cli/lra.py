@@ -39,6 +39,7 @@ def cmd_lra(args: argparse.Namespace) -> int:
 
 def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
     from spe.lab.lra import default_folder, model_options, parse_seeds, preset_config, run_lra
+    from spe.lab.stats import format_mean_std  # one seed: std None, written "–"
 
     model = model_options(args.model_option or [], decay=args.decay)
     cfg = preset_config(args.task, args.positional or "sinespe", args.attention or "performer",
@@ -48,7 +49,7 @@ def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
                         **{f: getattr(args, f) for f in _RUN_FLAGS if getattr(args, f) is not False})
     out = Path(args.out) if args.out else default_folder(cfg, model)
     summary = run_lra(cfg, parse_seeds(args.seeds or "0"), out, threads=args.threads, progress=not args.no_progress)
-    return out, f"results: {out / 'results.json'} (mean {summary['mean']:.2f} ± {summary['std']:.2f} %)"
+    return out, f"results: {out / 'results.json'} (mean {format_mean_std(summary['mean'], summary['std'])} %)"
 
 
 def _cmd_plan(args: argparse.Namespace) -> tuple[Path, str]:

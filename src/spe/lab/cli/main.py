@@ -34,7 +34,7 @@ def _train_config(args: argparse.Namespace, **overrides):
     Defaults that depend on other options (softmax for score encodings, a window of the
     training length for SPE) are the config layer's: :func:`spe.lab.train.config.resolve_model_options`.
     """
-    from spe.lab.options import decode_window
+    from spe.models.config import decode_window
     from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
 
     raw = load_config_file(args.config or packaged_config("demo"))
@@ -511,7 +511,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _check_library_options(args: argparse.Namespace) -> None:
     """Flags whose rule the library owns, checked by the library's own validator before any work."""
-    from spe.lab.options import check_threads, decode_window
+    from spe.lab.options import check_threads
+    from spe.models.config import decode_window
 
     decode_window(getattr(args, "window", None), "--window")
     check_threads(getattr(args, "threads", None), "--threads")

@@ -8,7 +8,7 @@
   warning naming each; pieces longer than ``max_piece_tokens`` are cropped and counted; the
   result is cached, keyed by the files, the tokenizer and ``max_piece_tokens``.
 
-Hostile folders (issue 18): links to folders are followed, and a folder or file reached a
+Hostile folders: links to folders are followed, and a folder or file reached a
 second time (a cycle, or a second link to it) is read once, with a warning that counts and
 names them; file names that are not valid UTF-8 are read like any other, and shown with their
 undecodable bytes escaped (``bad\\xff.mid``, :func:`display_name`) in piece names and messages.

@@ -1,6 +1,6 @@
 """The one training / validation (/ test) split of a corpus, shared by training, evaluation and the report.
 
-The test split (issue 30's 16× protocol) is held out before the training / validation split:
+The test split (the gates study's 16× protocol, docs/gates.md) is held out before the training / validation split:
 ``num_test_pieces`` pieces of at least ``test_min_tokens`` tokens that neither training nor
 validation ever sees, chosen by a hash of their tokens (:func:`hold_out_test_pieces`), so that
 every run on a corpus, whatever its seeds, is tested on the same pieces.
@@ -22,7 +22,7 @@ from spe.lab.data.dataset import prefix_batch
 __all__ = ["NUM_TEST_PIECES", "SPLITS", "CorpusSplit", "hold_out_test_pieces", "load_split", "same_data",
            "split_of_run", "validation_sequences"]
 
-# Test pieces a run holds out by default when it asks for a test split (issue 30: at least 30 per corpus).
+# Test pieces a run holds out by default when it asks for a test split (the gates study asks for at least 30 per corpus).
 NUM_TEST_PIECES = 30
 
 # What ``spe evaluate --split`` evaluates: the held-out pieces, the training pieces, every piece,

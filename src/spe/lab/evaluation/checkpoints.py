@@ -225,7 +225,7 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
         device: where paths are loaded.
         json_path: see :func:`write_evaluation`.
         window: every model's sliding attention window (None: as trained; else decoded by
-            :func:`spe.lab.options.decode_window`: 0 is the whole past).
+            :func:`spe.models.config.decode_window`: 0 is the whole past).
         max_piece_tokens: the longest piece kept, in tokens (None: the first run's; see
             :func:`spe.lab.data.split.split_of_run`).
 

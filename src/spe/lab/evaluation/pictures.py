@@ -2,7 +2,7 @@
 
 * :func:`plot_kernels`: learned positional templates (Figure 7 of Liutkus et al. 2021).
 * :func:`plot_attention`: full attention matrices computed offline (Figures 8-12), from
-  :func:`attention_matrices` (re-exported from :mod:`spe.lab.metrics.capture`).
+  :func:`spe.lab.metrics.capture.attention_matrices`.
 * :func:`plot_piano_roll`: a generated piece, prompt marked.
 * :func:`plot_r_grid`: cross-entropy for trained R × test R (Figure 14's layout).
 * :func:`plot_style_similarity`: prompt-to-continuation style similarity per part (Figure 5).
@@ -30,7 +30,7 @@ from spe.lab.metrics.capture import layer_index, attention_matrices
 if TYPE_CHECKING:
     from spe.models.decoder_lm import DecoderLM
 
-__all__ = ["attention_matrices", "effective_kernels", "plot_attention", "plot_kernels", "plot_piano_roll", "plot_r_grid",
+__all__ = ["effective_kernels", "plot_attention", "plot_kernels", "plot_piano_roll", "plot_r_grid",
            "plot_style_similarity"]
 
 _SCALES = ("power", "log", "linear")

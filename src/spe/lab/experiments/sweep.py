@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import statistics
 import time
 import tomllib
@@ -35,15 +34,16 @@ from spe.lab import strict_json
 from spe.checkpoint import atomic_write, load_checkpoint
 from spe.lab.data.split import SPLITS
 from spe.lab.evaluation.checkpoints import evaluate_checkpoints
-from spe.lab.options import decode_window
+from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
 from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
 from spe.lab.train.loop import train
 from spe.lab.train.run_folder import check_name, run_lock
 from spe.lab.train.status import run_status
+from spe.models.config import decode_window
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Plan", "load_plan", "results_table", "run_sweep", "summarize", "summarize_runs", "variant_config",
+__all__ = ["Plan", "load_plan", "results_table", "run_sweep", "summarize_runs", "variant_config",
            "write_results"]
 
 EVAL_KEYS = ("num_realizations", "num_draws", "max_length", "bucket_width", "window", "split")
@@ -275,23 +275,18 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
     return _save_results(doc, plan, out, new)
 
 
-def _mean_and_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (NaN for a single value)."""
-    mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) if len(values) > 1 else math.nan)
-
-
 def summarize_runs(doc: dict, plan: Plan) -> list[dict]:
-    """Per variant: mean ± std over seeds of each bucket, the growth of the last bucket over
-    the first, and the first bucket relative to the reference variant's."""
+    """Per variant: (mean, sample std) over seeds of each bucket (:func:`spe.lab.stats.mean_and_std`,
+    std NaN for one seed), the growth of the last bucket over the first, and the first bucket
+    relative to the reference variant's."""
     rows = []
     for name, spec in plan.variants.items():
         runs = [r for r in doc.get("runs", {}).values() if r["variant"] == name]
         if not runs:
             continue
         nb = min(len(r["buckets"]) for r in runs)
-        buckets = [_mean_and_std([r["buckets"][i]["ce"] for r in runs]) for i in range(nb)]
-        growth = _mean_and_std([r["buckets"][nb - 1]["ce"] / r["buckets"][0]["ce"] - 1 for r in runs])
+        buckets = [mean_and_std([r["buckets"][i]["ce"] for r in runs]) for i in range(nb)]
+        growth = mean_and_std([r["buckets"][nb - 1]["ce"] / r["buckets"][0]["ce"] - 1 for r in runs])
         times = [r["train_s"] for r in runs if r.get("train_s")]
         rows.append({"variant": name, "description": spec["description"], "seeds": sorted(r["seed"] for r in runs),
                      "bucket_edges": [(b["start"], b["end"]) for b in runs[0]["buckets"][:nb]],
@@ -314,9 +309,9 @@ def results_table(doc: dict, plan: Plan) -> list[str]:
              f"{ref} | train s | description |",
              "|---|---|" + "---|" * len(edges) + "---|---|---|---|"]
     for r in rows:
-        cells = " | ".join(f"{m:.3f} ± {s:.3f}" if not math.isnan(s) else f"{m:.3f}" for m, s in r["buckets"])
+        cells = " | ".join(format_mean_std(m, s, digits=3) for m, s in r["buckets"])
         g, gs = r["growth"]
-        growth = f"{100 * g:+.1f}%" + ("" if math.isnan(gs) else f" ± {100 * gs:.1f}")
+        growth = format_mean_std(100 * g, 100 * gs, digits=1, signed=True) + " %"
         vs = "" if r["vs_reference"] is None else f"{100 * r['vs_reference']:+.1f}%"
         t = "" if r["train_s"] is None else f"{r['train_s']:.0f}"
         lines.append(f"| {r['variant']} | {len(r['seeds'])} | {cells} | {growth} | {vs} | {t} | {r['description']} |")
@@ -332,9 +327,7 @@ def write_results(doc: dict, plan: Plan, path: Path) -> None:
     if not table:
         return
     lines = [f"# {doc.get('title', 'sweep')}", "",
-             (f"Data: {doc.get('data')}. Teacher-forced cross-entropy (nats/token) by position bucket, mean ± std "
-              "over seeds; growth = last bucket / first bucket − 1 (per seed, then averaged)."), "", *table]
+             (f"Data: {doc.get('data')}. Teacher-forced cross-entropy (nats/token) by position bucket, "
+              f"{SEED_SPREAD}; growth = last bucket / first bucket − 1 (per seed, then averaged)."), "", *table]
     atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
 
-
-summarize = summarize_runs  # the name before issue 11 (spe.lab.cli.sweep.summarize)

@@ -3,15 +3,15 @@
 Letters: B = batch, L = length with the CLS token, H = num_heads, E = kernel dimension,
 M = features, Y × X = grid.
 
-The weights are the ones the layer's own kernel applies: softmax(q·k/√E) for softmax
-attention, φ(q_CLS)ᵀφ(k_n) / Σ_n φ(q_CLS)ᵀφ(k_n) for linear kernels (FAVOR+ with its key
-scales), padding keys excluded. The layer's input is captured with a forward pre-hook and
-its own projection (and SPE filter) forms q and k.
+The weights are the ones the layer's own kernel applies
+(:meth:`~spe.attention.MultiHeadAttention.attention_weights`): softmax(q·k/√E) with the layer's
+score term for softmax attention, φ(q_CLS)ᵀφ(k_n) / Σ_n φ(q_CLS)ᵀφ(k_n) for linear kernels
+(FAVOR+ with its key scales, decays and gates included), padding keys excluded. The layer's
+input is captured with a forward pre-hook.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 from pathlib import Path
 
@@ -19,7 +19,6 @@ import torch
 from torch import Tensor
 
 from spe.models.encoder_classifier import EncoderClassifier
-from spe.ops.linear import rescale_keys
 
 __all__ = ["cls_attention", "plot_cls_attention"]
 
@@ -59,7 +58,11 @@ def cls_attention(model: EncoderClassifier, tokens: Tensor, lengths: Tensor | No
         layer: block index (negative from the last).
 
     Returns:
-        (B, H, L) weights summing to 1 over the real positions (CLS itself at index 0).
+        (B, H, L) weights, 0 at padding (CLS itself at index 0), in the layer's kernel dtype
+        (at least float32). They sum to 1 over the real positions, except where the layer's
+        kernel does not normalise them so: ``linear`` (no denominator), RoPE or LRPE with a
+        linear kernel (the denominator keeps the unrotated features), ReLU features of a CLS
+        query that meet no key (all 0).
 
     Raises:
         ValueError: if the model does not pool at a CLS token, or on a bad layer.
@@ -72,35 +75,9 @@ def cls_attention(model: EncoderClassifier, tokens: Tensor, lengths: Tensor | No
         attn, seen = _capture(model, layer, tokens, lengths)
     finally:
         model.train(was_training)
-    q, k, _ = attn.project(seen["x"], seen["code"])  # (B, L, H, E)
-    mask = seen["mask"]
-    if attn.kernel.feature_map is None:  # softmax: the weights themselves
-        if attn.rotary is not None:
-            q, k = attn.rotary(q.float(), seen["positions"]), attn.rotary(k.float(), seen["positions"])
-        term = attn.score_encoding
-        if term is not None and hasattr(term, "weights"):  # an SPE oracle: its scores depend on the keys
-            return term.weights(q[:, :1].float(), k.float(), key_padding_mask=mask)[:, :, 0]
-        scores = torch.einsum("bhe,blhe->bhl", q[:, 0].float(), k.float()) / q.shape[-1] ** 0.5
-        if term is not None:  # Shaw, Music Transformer, ALiBi: their term for the query at position 0
-            scores = scores + term.score_bias(q[:, :1].float(), k.shape[1])[:, :, 0]
-        return torch.softmax(scores.masked_fill(mask[:, None], float("-inf")), dim=-1)
-    fq, fk, extra = attn._linear_inputs(q, k, seen["positions"])  # noqa: SLF001 - the layer's own features
-    if "normalizer" in extra:  # RoPE: the unrotated features give the (positive) weights' normaliser
-        fq, fk = extra["normalizer"]
-    log_decay = attn.log_decay(seen["x"], mask)
-    if log_decay is not None:  # the CLS query sits at position 0, so key n weighs γ^n (γ^|m−n| of encoders)
-        if log_decay.dim() == 1:
-            lags = torch.arange(fk.shape[1], device=fk.device, dtype=torch.float32)[:, None] * log_decay  # (L, H)
-        else:  # a gate: key n weighs exp(Σ_{0<t≤n} G_t), (B, L, H) or per channel (B, L, H, M)
-            lags = torch.cat([torch.zeros_like(log_decay[:, :1]), log_decay[:, 1:].cumsum(1)], dim=1)
-        if lags.dim() == 4:
-            fk = fk * torch.exp(lags)
-        else:
-            extra["key_log_scale"] = extra.get("key_log_scale", torch.zeros(fk.shape[:3], device=fk.device)) + lags
-    if "key_log_scale" in extra:  # padding at −∞, so it can never be the common scale (as in the kernel)
-        fk, _ = rescale_keys(fk, None, extra["key_log_scale"].masked_fill(mask[..., None], -math.inf))
-    weights = torch.einsum("bhm,blhm->bhl", fq[:, 0].float(), fk.float()).masked_fill(mask[:, None], 0.0)
-    return weights / weights.sum(-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+    weights = attn.attention_weights(seen["x"], seen["code"], positions=seen["positions"],
+                                     key_padding_mask=seen["mask"])  # (B, H, L, L)
+    return weights[:, :, 0]
 
 
 def plot_cls_attention(weights: Tensor, grid: tuple[int, int], png: str | Path, *, images: Tensor | None = None,

@@ -16,12 +16,12 @@ from importlib import resources
 from spe.lab.data.listops import PIPELINES as LISTOPS_PIPELINES
 from spe.lab.data.lra.tasks import TASKS
 from spe.encodings.registry import EXACT_TWINS
-from spe.lab.options import check_option, check_options, parse_seeds  # parse_seeds re-exported
-from spe.lab.train.optim import SCHEDULES  # one list of schedules, re-exported here
-from spe.lab.train.optim import check_lr_scale
+from spe.field_types import check_field_types, describe_types, field_value_types
+from spe.lab.options import check_option, check_options
+from spe.lab.train.optim import SCHEDULES, check_lr_scale
 
-__all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "SCHEDULES", "LRAConfig", "load_preset",
-           "model_option_names", "model_options", "parse_model_option", "parse_seeds", "preset_config"]
+__all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "LRAConfig", "load_preset",
+           "model_option_names", "model_options", "parse_model_option", "preset_config"]
 
 PRESETS = ("paper", "cpu-small")
 # Options that change how a run is carried out, not what it computes: an experiment folder may be
@@ -80,7 +80,7 @@ class LRAConfig:
             (SPE frequencies, gains, filters and gates, learned embeddings; see
             :func:`spe.lab.train.optim.param_groups`); 1.0: the model's learning rate.
         feature_redraw_every: steps between redraws of the FAVOR+ projections (0: never, LRA's
-            setting). Issue 20's control: redrawn at every step, APE + Performer meets in
+            setting). The ListOps study's control: redrawn at every step, APE + Performer meets in
             distribution what a fresh SPE code per step does to the features (docs/lra.md).
         allow_data_change: let an interrupted seed resume on splits that changed since it
             started (with a warning naming the change); off: refused.
@@ -116,6 +116,10 @@ class LRAConfig:
     allow_data_change: bool = False
 
     def __post_init__(self) -> None:
+        try:
+            check_field_types(self.__dict__, type(self), "LRA option")
+        except TypeError as err:
+            raise ValueError(str(err)) from None
         if self.task not in TASKS:
             raise ValueError(f"unknown LRA task {self.task!r}; choose from {', '.join(TASKS)}")
         if self.schedule not in SCHEDULES:
@@ -186,20 +190,14 @@ def _check_model_option(key: str, value, base: dict) -> None:
         where = f"it is set by {_MODEL_KEYS_FROM_RUN[key]}" if key in _MODEL_KEYS_FROM_RUN else \
             f"allowed: {', '.join(allowed)}"
         raise ValueError(f"unknown model option {key}={value!r}; {where}")
-    default = _model_defaults().get(key)
-    kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(type(default))
-    if kind and not _of_kind(value, type(default)):
-        raise ValueError(f"model option {key} must be {kind} (default {default!r}), got {value!r}")
+    kinds = field_value_types(ClassifierConfig)[key]
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        raise ValueError(f"model option {key} must be {describe_types(kinds)} (default "
+                         f"{_model_defaults().get(key)!r}), got {value!r}")
     try:
         ClassifierConfig(**base, **{key: value})
     except (TypeError, ValueError) as err:
         raise ValueError(f"model option {key}={value!r}: {err}") from None
-
-
-def _of_kind(value, kind: type) -> bool:
-    if kind is bool or isinstance(value, bool):
-        return isinstance(value, bool) and kind is bool
-    return isinstance(value, int | float) if kind is float else isinstance(value, kind)
 
 
 def parse_model_option(text: str) -> tuple[str, bool | int | float | str]:

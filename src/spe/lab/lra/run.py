@@ -1,15 +1,16 @@
-"""An LRA experiment: one configuration over several seeds, summarised as mean ± std.
+"""An LRA experiment: one configuration over several seeds, summarised as mean ± sample std.
 
 ``out/`` holds ``config.json`` (the experiment), ``seed<k>/`` per seed (see
 :mod:`spe.lab.lra.train`), ``results.json`` and ``results.md`` (test accuracy per seed, mean and
-standard deviation over the finished seeds), and for images ``attention_seed<k>.png``.
+sample standard deviation over the finished seeds, as :mod:`spe.lab.stats`), and for images
+``attention_seed<k>.png``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import statistics
+import math
 from dataclasses import MISSING, fields
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from spe.checkpoint import atomic_write
 from spe.lab.lra.config import RUN_ONLY_KEYS, LRAConfig
 from spe.lab.lra.train import train_seed
 from spe.models.classifier_config import ClassifierConfig
+from spe.lab import strict_json
 from spe.lab.options import check_threads
+from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
 from spe.lab.train import distributed as dist_
 from spe.lab.train.run_folder import run_lock
 
@@ -66,17 +69,18 @@ def default_folder(cfg: LRAConfig, model_options: dict | None = None) -> Path:
 
 
 def summarize(results: list[dict]) -> dict:
-    """Mean and standard deviation (population, ddof 0, as 0 for one seed) of test accuracy in %."""
+    """Test accuracy in % per seed, their mean and sample standard deviation (n − 1, as
+    :func:`spe.lab.stats.mean_and_std`; None for one seed, both None for none)."""
     accs = [100 * r["test_accuracy"] for r in results]
-    return {"seeds": [r["seed"] for r in results], "test_accuracy": accs,
-            "mean": statistics.fmean(accs) if accs else None,
-            "std": statistics.pstdev(accs) if accs else None,
-            "seconds": [r["seconds"] for r in results]}
+    mean, std = mean_and_std(accs) if accs else (None, math.nan)
+    return {"seeds": [r["seed"] for r in results], "test_accuracy": accs, "mean": mean,
+            "std": None if math.isnan(std) else std, "seconds": [r["seconds"] for r in results]}
 
 
 def _markdown(cfg: LRAConfig, summary: dict, results: list[dict]) -> str:
     lines = [f"# LRA {cfg.task}: {cfg.attention} + {cfg.positional} ({cfg.preset})", "",
-             f"Test accuracy {summary['mean']:.2f} ± {summary['std']:.2f} % over {len(results)} seed(s).", "",
+             f"Test accuracy {format_mean_std(summary['mean'], summary['std'])} % over {len(results)} seed(s) "
+             f"({SEED_SPREAD}).", "",
              "| seed | test accuracy (%) | best val accuracy (%) | best step | steps | wall time (s) |",
              "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['seed']} | {100 * r['test_accuracy']:.2f} | {100 * r['val_accuracy']:.2f} | {r['best_step']} "
@@ -133,7 +137,8 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
                 _attention_map(out, seed, splits["test"], cfg)
         summary = {"config": cfg.to_dict(), "results": results, **summarize(results)}
         if ctx.is_main:
-            atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
+            atomic_write(out / "results.json",
+                         lambda tmp: Path(tmp).write_text(strict_json.dumps(summary, indent=2)))
             atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(_markdown(cfg, summary, results)))
         dist_.barrier(ctx)
     return summary
@@ -175,7 +180,7 @@ def _attention_map(out: Path, seed: int, test, cfg: LRAConfig) -> None:
     png = out / f"attention_seed{seed}.png"
     if png.exists():
         return
-    model = load(out / f"seed{seed}" / "best", device=cfg.device)
+    model = load(out / f"seed{seed}" / "best", device=cfg.device).model
     tokens, lengths, labels = test.batch(torch.arange(min(4, len(test))))
     weights = cls_attention(model, tokens.to(cfg.device), lengths.to(cfg.device), layer=-1)
     plot_cls_attention(weights, test.grid, png, images=tokens, title=f"{cfg.attention} + {cfg.positional}")

@@ -6,8 +6,8 @@ row folders hold (``OUT/ROW/seedK/result.json`` and ``metrics.jsonl``), never fr
 ``results.json``: runners sharing ``OUT`` cannot lose each other's rows, and each file is
 replaced atomically. A row with no finished seed is reported as not run.
 
-Per row: test accuracy (%) per seed, mean ± population standard deviation over the finished
-seeds (as :func:`spe.lab.lra.run.summarize`), best validation accuracy (%), median seconds per
+Per row: test accuracy (%) per seed, mean ± sample standard deviation (n − 1; None for one
+seed) over the finished seeds (as :func:`spe.lab.lra.run.summarize`), best validation accuracy (%), median seconds per
 optimizer step and the mean training-loss curve. Seconds per step are read from the
 validation records: (seconds between two records) / (steps between them), median over the
 intervals of every finished seed; each interval includes its validation and checkpoint
@@ -28,6 +28,7 @@ from spe.lab import strict_json
 from spe.checkpoint import atomic_write
 from spe.lab.lra.run import summarize
 from spe.lab.lra.train import RESULT_FILE
+from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
 from spe.lab.train.engine import METRICS_FILE
 from spe.lab.train.metrics_log import read_records
 
@@ -129,7 +130,8 @@ def _markdown_row(row: dict, ref: dict | None) -> str:
              if ref and row["step_seconds"] and ref.get("step_seconds") else "–")
     seeds = f"{len(row['seeds'])}" + ("" if row["status"] == "done" else " (partial)")
     per_seed = ", ".join(f"{a:.1f}" for a in row["test_accuracy"])
-    return (f"{head} **{row['mean']:.2f} ± {row['std']:.2f}** | {vs} | {per_seed} | {row['best_val_mean']:.2f} "
+    accuracy = format_mean_std(*mean_and_std(row["test_accuracy"]))  # from the seeds, whatever std was stored
+    return (f"{head} **{accuracy}** | {vs} | {per_seed} | {row['best_val_mean']:.2f} "
             f"| {step} | {ratio} | {seeds} |")
 
 
@@ -140,7 +142,7 @@ def study_markdown(doc: dict) -> str:
     vs = f" vs {doc['reference']}" if doc.get("reference") else ""
     lines = [f"# {doc['title']}", "",
              f"Task {doc['task']}, preset {doc['preset']}, seeds {doc['seeds']}. Test accuracy of each seed's best "
-             "validation checkpoint, mean ± population std over the finished seeds; best val = mean of the "
+             f"validation checkpoint, {SEED_SPREAD} (finished seeds only); best val = mean of the "
              "seeds' best validation accuracies; s/step = median seconds per optimizer step (validation "
              "included).", ""]
     for group, title in doc["groups"].items():

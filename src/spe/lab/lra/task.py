@@ -25,7 +25,7 @@ from spe.lab.train.state import latest_unit
 from spe.lab.train.status import check_data, data_record
 from spe.lab.train.task import EngineSettings, RunLayout, StepStats
 
-__all__ = ["LRATask", "build_classifier", "correct_count", "engine_settings"]
+__all__ = ["LRATask", "build_classifier", "engine_settings"]
 
 
 def build_classifier(cfg: LRAConfig, train: SequenceDataset | PairDataset) -> EncoderClassifier:

@@ -30,15 +30,15 @@ import torch
 from spe.checkpoint import atomic_write, load, load_metadata
 from spe.lab.data.lra.dataset import PairDataset, SequenceDataset
 from spe.lab.lra.config import LRAConfig
-from spe.lab.lra.evaluate import model_inputs
-from spe.lab.lra.task import LRATask, build_classifier, correct_count, engine_settings
+from spe.lab.lra.evaluate import correct_count, model_inputs
+from spe.lab.lra.task import LRATask, engine_settings
 from spe.models.encoder_classifier import EncoderClassifier
 from spe.models.loss import cross_entropy
 from spe.lab.train import distributed as dist_
 from spe.lab.train import engine, optim
 from spe.lab.train.run_folder import run_lock
 
-__all__ = ["RESULT_FILE", "build_classifier", "learning_rate_factor", "make_optimizer", "train_seed", "training_step"]
+__all__ = ["RESULT_FILE", "learning_rate_factor", "make_optimizer", "train_seed", "training_step"]
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def train_seed(cfg: LRAConfig, splits: dict, seed: int, folder: str | Path, *, p
                              resume=True, progress=progress)
         started = time.perf_counter()
         device = dist_.process_device(cfg.device, ctx)
-        model = load(folder / "best", device=device)
+        model = load(folder / "best", device=device).model
         stored = load_metadata(folder / "best")
         if stored.get("step") != outcome.best["step"]:  # the engine repairs best/ on resume: a bug otherwise
             raise RuntimeError(f"{folder / 'best'} holds step {stored.get('step')}, the run's best is "

@@ -3,9 +3,10 @@
 Linear-attention models never form the L × L attention matrix, but it can be computed
 offline from the queries and keys the kernel sees: "A = exp(Q K^T / √D) (APE), or
 A = exp(Q^ K^^T / √R) (SPEs); then apply row-wise softmax operation on A as normalization"
-(appendix D.1, Figures 8-12). :func:`layer_queries_keys` captures those queries and keys
-with a forward pre-hook on the layer's attention and the layer's own projection;
-:func:`attention_matrices` turns them into softmax-normalised causal attention.
+(appendix D.1, Figures 8-12). A forward pre-hook on the layer's attention captures its input;
+:func:`layer_queries_keys` forms the queries and keys from it with the layer's own projection,
+and :func:`attention_matrices` asks the layer for that softmax attention
+(:meth:`~spe.attention.MultiHeadAttention.attention_weights` with ``exact=True``).
 
 Letters: B = batch, L = length, H = num_heads, D = head_dim, E = the dimension the attention
 kernel sees (R with SPE, D otherwise), W = relative positions of a score encoding.
@@ -13,7 +14,6 @@ kernel sees (R with SPE, D otherwise), W = relative positions of a score encodin
 
 from __future__ import annotations
 
-import math
 import operator
 
 import torch
@@ -74,11 +74,28 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
             rotates kernel features, not queries and keys) or a feature transform (LRPE,
             PermuteFormer, cosFormer).
     """
+    attn, captured = _capture(model, tokens, layer)
+    q, k, _ = attn.project(captured["x"], captured["code"])  # (B, L, H, E)
+    if attn.rotary is not None:  # softmax RoPE rotates q and k after the projection, as forward does
+        positions = captured["positions"]
+        if positions is None:
+            positions = torch.arange(q.shape[1], device=q.device)
+        q, k = attn.rotary(q, positions), attn.rotary(k, positions)
+    return q, k
+
+
+@torch.no_grad()
+def _capture(model: DecoderLM, tokens: Tensor, layer: int):
+    """(the layer's attention, {"x", "code", "positions"} of its call) in one eval-mode forward.
+
+    Raises:
+        ValueError: on a layer that does not exist, or one whose positional encoding acts on the
+            kernel features (RoPE with a linear kernel, a feature transform).
+    """
     blocks = _blocks(model)
     layer = layer_index(layer, len(blocks))
     attn = blocks[layer].attn
-    rotary = attn.rotary
-    if rotary is not None and attn.kernel.feature_map is not None:
+    if attn.rotary is not None and attn.kernel.feature_map is not None:
         raise ValueError(f"with {attn.attention} attention RoPE rotates the kernel features, not the queries "
                          "and keys, so q·k/√D is not what the model computes; only softmax RoPE models can "
                          "be read this way")
@@ -97,26 +114,12 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
     try:
         model.eval()
         model(tokens.to(next(model.parameters()).device))
-        if "x" not in captured:
-            raise RuntimeError(f"layer {layer}'s attention was not called by the model's forward")
-        q, k, _ = attn.project(captured["x"], captured["code"])  # (B, L, H, E)
-        if rotary is not None:  # softmax RoPE rotates q and k after the projection, as forward does
-            positions = captured["positions"]
-            if positions is None:
-                positions = torch.arange(q.shape[1], device=q.device)
-            q, k = rotary(q, positions), rotary(k, positions)
     finally:
         handle.remove()
         model.train(was_training)
-    return q, k
-
-
-def _score_term(attn, q: Tensor) -> Tensor | None:
-    """(H, L, L) term that the layer's score encoding adds to q·k / √D (None without one);
-    only the causal entries are meaningful (the caller masks the rest)."""
-    if attn.score_encoding is None:
-        return None
-    return attn.score_encoding.score_bias(q[None], q.shape[0])[0]
+    if "x" not in captured:
+        raise RuntimeError(f"layer {layer}'s attention was not called by the model's forward")
+    return attn, captured
 
 
 @torch.no_grad()
@@ -127,12 +130,15 @@ def attention_matrices(model: DecoderLM, tokens, *, layer: int = 0) -> Tensor:
 
         A[h, m, n] = softmax_n(q_m · k_n / √E + s_h(m, n)) over n <= m,   0 for n > m,
 
-    with q, k from :func:`layer_queries_keys` (after the SPE filter: E = R; or RoPE: rotated),
-    and s the score encoding's term if any (ALiBi bias; Shaw's and Music Transformer's
-    q·e_{n−m} / √D). For softmax models this is the attention the layer computes. For linear
-    kernels it is the softmax attention that the kernel stands for (the paper's offline
-    A = exp(Q^ K^^T / √R), row-normalised): a Performer approximates it with random
-    features, and ReLU/ELU kernels replace it by another similarity.
+    with q, k as :func:`layer_queries_keys` forms them (after the SPE filter: E = R; or RoPE:
+    rotated), and s what the layer adds to the logits: the score encoding's term (ALiBi bias;
+    Shaw's and Music Transformer's q·e_{n−m} / √D; the SPE oracle's scores), a decay's or
+    gate's log weight (FoX), and −∞ beyond a sliding window. This is
+    :meth:`~spe.attention.MultiHeadAttention.attention_weights` with ``exact=True``: for
+    softmax models the attention the layer computes; for linear kernels the softmax attention
+    that the kernel stands for (the paper's offline A = exp(Q^ K^^T / √R), row-normalised): a
+    Performer approximates it with random features, and ReLU/ELU kernels replace it by
+    another similarity.
 
     Args:
         model: a :class:`~spe.models.DecoderLM`.
@@ -145,7 +151,8 @@ def attention_matrices(model: DecoderLM, tokens, *, layer: int = 0) -> Tensor:
 
     Raises:
         ValueError: on tokens that are not one sequence of ids in range, a layer that does not
-            exist, or RoPE with a linear kernel.
+            exist, RoPE with a linear kernel or a feature transform, or a gate per feature
+            channel (``gated-channel``, no term of the logits).
         TypeError: if ``model`` is not a DecoderLM.
     """
     _blocks(model)
@@ -155,17 +162,7 @@ def attention_matrices(model: DecoderLM, tokens, *, layer: int = 0) -> Tensor:
     if tokens.dim() != 2 or tokens.shape[0] != 1 or tokens.shape[1] < 1:
         raise ValueError(f"tokens must be one non-empty sequence of shape (L,) or (1, L), got shape "
                          f"{tuple(tokens.shape)}")
-    q, k = layer_queries_keys(model, tokens, layer=layer)
-    q, k = q[0].to("cpu", torch.float64), k[0].to("cpu", torch.float64)  # (L, H, E)
-    n = q.shape[0]
-    logits = torch.einsum("mhe,nhe->hmn", q, k) / math.sqrt(q.shape[-1])  # (H, L, L)
-    attn = model.blocks[layer_index(layer, len(model.blocks))].attn
-    term = _score_term(attn, q)
-    if term is not None:
-        logits = logits + term
-    lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-    visible = lag >= 0
-    window = attn.window
-    if window is not None:  # keys beyond a sliding window are out of the layer's reach
-        visible &= lag < window
-    return logits.masked_fill(~visible, -math.inf).softmax(dim=-1)
+    attn, captured = _capture(model, tokens, layer)
+    weights = attn.attention_weights(captured["x"], captured["code"], positions=captured["positions"], exact=True,
+                                     dtype=torch.float64)  # (1, H, L, L)
+    return weights[0].cpu()

@@ -16,6 +16,7 @@ from pathlib import Path
 from spe.lab.data.music import MAX_PIECE_TOKENS
 from spe.lab.data.split import NUM_TEST_PIECES
 from spe.encodings.registry import POSITIONAL_SPECS
+from spe.field_types import check_field_types
 from spe.models.config import ModelConfig
 from spe.lab.options import check_options
 from spe.lab.train.precision import check_precision
@@ -145,10 +146,10 @@ class TrainConfig:
     model: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_types(self.__dict__, fields(self), "training option")
+        check_field_types(self.__dict__, type(self), "training option")
         if not isinstance(self.model, dict):
             raise TypeError(f"model must be a table of model options, got {self.model!r}")
-        _check_types(self.model, fields(ModelConfig), "model option")
+        check_field_types(self.model, ModelConfig, "model option")
         check_options(self.__dict__)  # the rules spe lra's options follow too, before any data is read
         if 0 < self.test_min_tokens <= self.seq_len + 1:
             raise ValueError(f"test_min_tokens {self.test_min_tokens} leaves no test position beyond seq_len "
@@ -189,23 +190,6 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training option(s) {sorted(unknown)}; known: {sorted(known)}")
         return cls(**values)
-
-
-# Annotation (as written, postponed) -> the Python types a value of it may have; bool is not an int here.
-_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,),
-          "str | None": (str, type(None)), "int | None": (int, type(None))}
-
-
-def _check_types(values: dict, declared, kind: str) -> None:
-    """Raises TypeError naming the option, the value and the type expected, for a value of another type."""
-    annotations = {f.name: str(f.type) for f in declared}
-    for name, value in values.items():
-        allowed = _TYPES.get(annotations.get(name, ""))
-        if allowed is None:
-            continue
-        if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
-            raise TypeError(f"{kind} {name} must be {annotations[name].replace('None', 'unset')}, "
-                            f"got {value!r} ({type(value).__name__})")
 
 
 def load_config_file(path: str | Path) -> dict:

@@ -36,14 +36,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, check_finite_weights, load_metadata
+from spe.checkpoint import MODEL_FILE, check_finite_weights, load_metadata
 from spe.lab.train import distributed as dist_
 from spe.lab.train.metrics_log import append_record, trim_records
 from spe.lab.train.optim import adamw, learning_rate_factor, scaled_lr
 from spe.lab.train.precision import autocast, grad_scaler
 from spe.lab.train.run_folder import METRICS_FILE, check_foreign_files, clear_run, mark_run, run_lock
-from spe.lab.train.state import (CHECKPOINTS_DIR, checkpoint_folder, global_rng_states, latest_unit, link, load_unit,
-                             repair_run_folder, restore_global_rng, save_checkpoint)
+from spe.lab.train.state import (checkpoint_folder, global_rng_states, latest_unit, link, load_unit, repair_run_folder,
+                             restore_global_rng, save_checkpoint)
 from spe.lab.train.task import EngineSettings, StepStats, Task
 
 __all__ = ["METRICS_FILE", "Outcome", "TrainingDiverged", "apply_gradients", "compute_gradients", "run"]
@@ -212,7 +212,7 @@ def _restore(run: _Run) -> None:
 
     unit = latest_unit(run.out, run.task.layout.latest)
     _, ts = load_unit(unit, what=f"cannot resume {run.out}")
-    world = ts.get("world_size", 1)
+    world = ts["world_size"]
     if world != run.ctx.world_size:
         raise ValueError(f"--resume: {run.out} was trained by {world} process(es), now {run.ctx.world_size}: "
                          f"resume with the same number (torchrun --nproc-per-node {world}); batch slices and "
@@ -225,13 +225,11 @@ def _restore(run: _Run) -> None:
     _load_optimizer(run, ts, unit.state)
     if ts.get("scaler"):
         run.scaler.load_state_dict(ts["scaler"])
-    restore_global_rng(ts["rng"][run.ctx.rank] if "rng" in ts else {"torch": ts["torch_rng"]})
+    restore_global_rng(ts["rng"][run.ctx.rank])
     for name, gen in run.gens.items():
         gen.set_state(ts[f"{name}_gen"])
-    best = dict(ts.get("best") or {})
-    run.seconds_before = float(ts.get("seconds", best.pop("seconds", 0.0)))  # format 1 kept it in the record
-    best.pop("seconds", None)
-    run.step, run.best, run.running_loss = ts["step"], best or None, ts.get("running_loss")
+    run.seconds_before = float(ts["seconds"])
+    run.step, run.best, run.running_loss = ts["step"], ts["best"], ts.get("running_loss")
     if hasattr(run.task, "load_state_dict"):
         run.task.load_state_dict(ts["task"][run.ctx.rank] if "task" in ts else None, step=run.step)
     run.last_saved = run.step

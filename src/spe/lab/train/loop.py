@@ -13,14 +13,13 @@ from pathlib import Path
 
 import torch
 
-from spe.checkpoint import TRAIN_STATE_FILE
 from spe.lab.train import engine
 from spe.lab.train.config import TrainConfig
 from spe.lab.train.engine import TrainingDiverged
-from spe.lab.train.tasks.lm import LMTask, build_model, engine_settings
-from spe.lab.train.validation import plot_losses, validation_loss
+from spe.lab.train.tasks.lm import LMTask, engine_settings
+from spe.lab.train.validation import plot_losses
 
-__all__ = ["TRAIN_STATE_FILE", "TrainingDiverged", "build_model", "train", "validation_loss"]
+__all__ = ["TrainingDiverged", "train"]
 
 log = logging.getLogger(__name__)
 

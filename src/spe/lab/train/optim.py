@@ -16,7 +16,7 @@ Decaying a positional parameter pulls it towards zero: for an SPE gate that mean
 halfway open whatever the data says; for sineSPE gains it means no positional signal.
 
 The same positional parameters may learn at a multiple of the learning rate
-(``positional_lr_scale``, issue 20): they then form a third group whose ``lr_scale`` the
+(``positional_lr_scale``): they then form a third group whose ``lr_scale`` the
 training engine multiplies into every step's learning rate. At 1.0 the groups are exactly the
 two above, so optimizer states saved before the option existed still load.
 """

@@ -18,9 +18,8 @@ The training state holds what resuming needs to continue the same trajectory: th
 the run's generators (crop order, SPE codes, feature redraws) and, for every process, the
 global random states (torch CPU and CUDA, Python ``random``, NumPy), as tensors, lists and
 numbers only: :func:`load_train_state` reads it with ``torch.load(..., weights_only=True)``,
-so a state file cannot run code (a crafted pickle is refused, naming the file). States of
-format version 1 held NumPy's state as an array; those are still read, by allowing exactly
-NumPy's array constructor.
+so a state file cannot run code (a crafted pickle is refused, naming the file). A state of
+another format version than :data:`STATE_FORMAT_VERSION` is refused, naming the file.
 
 A run's checkpoint and its training state are one unit: :func:`load_unit` refuses a pair
 whose steps differ.
@@ -67,20 +66,13 @@ def global_rng_states() -> dict:
 
 
 def restore_global_rng(states: dict) -> None:
-    """Restores :func:`global_rng_states` output (CUDA states only where CUDA is in use).
-
-    NumPy's state may be the plain dict of format 2 or the tuple of format 1.
-    """
+    """Restores :func:`global_rng_states` output (CUDA states only where CUDA is in use)."""
     torch.set_rng_state(states["torch"])
-    if "python" in states:
-        version, internal, gauss = states["python"]
-        random.setstate((version, tuple(internal), gauss))
-    numpy_state = states.get("numpy")
-    if isinstance(numpy_state, dict):
-        numpy_state = (numpy_state["kind"], np.asarray(numpy_state["key"], dtype=np.uint32), numpy_state["pos"],
-                       numpy_state["has_gauss"], numpy_state["cached_gaussian"])
-    if numpy_state is not None:
-        np.random.set_state(numpy_state)
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy_state = states["numpy"]
+    np.random.set_state((numpy_state["kind"], np.asarray(numpy_state["key"], dtype=np.uint32), numpy_state["pos"],
+                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
 
@@ -153,8 +145,6 @@ def link(source: Path, target: Path) -> None:
     atomic_write(target, write)
 
 
-_link = link  # the name before it was public
-
 
 def repair_run_folder(out: str | os.PathLike, latest: str = "") -> int | None:
     """Points ``out/LATEST/model.safetensors`` and ``out/train_state.pt`` at the newest complete checkpoint.
@@ -217,27 +207,17 @@ def save_checkpoint(out: Path, model, state: dict, *, step: int, metadata: dict,
     return folder
 
 
-def _numpy_array_globals() -> list:
-    """NumPy's array constructor, the only non-torch global of format-1 states (NumPy's random state)."""
-    try:
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # NumPy 1
-        from numpy.core.multiarray import _reconstruct
-    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-
-
 def load_train_state(folder: Path, *, what: str = "--resume") -> dict:
     """Reads ``folder/train_state.pt`` (or the file ``folder``) with ``weights_only=True``: no code runs.
 
     Raises:
         ValueError: in one line naming the file, if it cannot be read, holds anything but
             tensors, numbers, strings and containers of them (e.g. a pickle that would
-            call a function), or was written by a newer spe.
+            call a function), or has another format version than this spe writes.
     """
     file = folder if folder.suffix == ".pt" else folder / TRAIN_STATE_FILE
     try:
-        with torch.serialization.safe_globals(_numpy_array_globals()):
-            state = torch.load(file, weights_only=True, map_location="cpu")
+        state = torch.load(file, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as err:
         found = re.search(r"(?:GLOBAL|global) ([\w.]+)", str(err))
         detail = f"it holds {found.group(1)}, which is not data" if found else "it holds something other than data"
@@ -251,6 +231,10 @@ def load_train_state(folder: Path, *, what: str = "--resume") -> dict:
     if version > STATE_FORMAT_VERSION:
         raise ValueError(f"{what}: {file} has training-state format version {version}, newer than the "
                          f"{STATE_FORMAT_VERSION} this spe reads: upgrade spe")
+    if version < STATE_FORMAT_VERSION:
+        raise ValueError(f"{what}: {file} has training-state format version {version}, older than the "
+                         f"{STATE_FORMAT_VERSION} this spe reads: resume it with the spe that wrote it, or delete "
+                         "the run folder to start again")
     return state
 
 
