@@ -4,7 +4,7 @@ Usage: python scripts/lra_attention_noise.py [--study runs/lra/listops-study] [-
        [--rows ape-performer,ape-redraw,sinespe-performer,fixed-code,sinespe-softmax]
        [--examples 64] [--draws 4] [--json runs/lra/attention-noise.json]
 
-Issue 20's study found that sineSPE + Performer learns ListOps with one fixed code and not with
+The ListOps study (docs/lra.md) found that sineSPE + Performer learns ListOps with one fixed code and not with
 a fresh code per step, while SPE + softmax (fresh codes) and APE + Performer with its
 projections redrawn at every step both learn. This measures, on the best checkpoint of each
 row (the study's folders), the attention weights w_m = (w_mn)_n of every real query m, head

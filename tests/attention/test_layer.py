@@ -40,11 +40,11 @@ def test_score_encodings_refuse_positions_and_rope_states_need_their_position():
     with pytest.raises(ValueError, match="index distances"):
         layer(torch.zeros(1, 3, 16), positions=torch.arange(3))
     rope = MultiHeadAttention(16, 2, attention="linear-elu", rotary=RotaryEncoding())
-    with pytest.warns(DeprecationWarning, match="typed"), pytest.raises(ValueError, match="position"):
+    with pytest.raises(TypeError, match="decodes with a LinearAttentionState or RecentKeys, got dict"):
         rope.step(torch.zeros(1, 1, 16), None, {"s": torch.zeros(1, 2, 8, 8), "z": torch.zeros(1, 2, 8)})
 
 
-def test_steps_take_typed_states_of_their_kernel_and_convert_old_dicts():
+def test_steps_take_typed_states_of_their_kernel():
     torch.manual_seed(0)
     x = torch.randn(1, 3, 16)
     soft = MultiHeadAttention(16, 2, attention="softmax")
@@ -53,12 +53,5 @@ def test_steps_take_typed_states_of_their_kernel_and_convert_old_dicts():
     linear = MultiHeadAttention(16, 2, attention="performer", num_features=8)
     with pytest.raises(TypeError, match="LinearAttentionState"):
         linear.step(x[:, :1], None, cache)
-    # an old-style dict state (as benchmarks built them) continues exactly like the typed one
     y0, state = linear.step(x[:, :1], None, None)
     assert isinstance(state, LinearAttentionState) and state.position == 1
-    old = {"s": torch.cat([state.kv * torch.exp(state.log_scale)[..., None, None],
-                           (state.normalizer * torch.exp(state.log_scale)[..., None])[..., None]], -1), "position": 1}
-    with pytest.warns(DeprecationWarning):
-        y_old, _ = linear.step(x[:, 1:2], None, old)
-    y_new, _ = linear.step(x[:, 1:2], None, state)
-    torch.testing.assert_close(y_old, y_new)

@@ -14,7 +14,6 @@ from spe.ops import (
     causal_linear_attention,
     causal_linear_attention_with_state,
 )
-from spe.ops.state import legacy_state
 
 B, H, M, E, T = 2, 3, 4, 5, 6
 
@@ -94,22 +93,11 @@ def test_the_kernel_returns_the_type_of_its_form_and_refuses_the_others(window, 
         causal_linear_attention(fq, fk, v, initial_state=KVCache(keys=fk, values=v, position=7))
 
 
-def test_old_dicts_convert_to_the_typed_states():
-    kv, z = torch.randn(B, H, M, E), torch.rand(B, H, M)
-    with pytest.warns(DeprecationWarning):
-        state = legacy_state({"s": torch.cat([kv, z[..., None]], -1), "position": 4}, LinearAttentionState)
-    assert type(state) is LinearAttentionState and state.position == 4
-    torch.testing.assert_close(state.normalizer, z)
-    with pytest.warns(DeprecationWarning):
-        state = legacy_state({"s": kv, "z": z, "position": 4}, ScaledLinearAttentionState, scaled=True)
-    assert type(state) is ScaledLinearAttentionState and torch.equal(state.log_scale, torch.zeros(B, H))
-    keys, values = torch.rand(B, 3, H, M), torch.randn(B, 3, H, E)
-    with pytest.warns(DeprecationWarning):
-        state = legacy_state({"recent_keys": keys, "recent_values": values, "window": 3, "position": 9},
-                             RecentKeys, scaled=True)
-    assert type(state) is ScaledRecentKeys and state.window == 3 and state.log_scales.shape == (B, 3, H)
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="window"):
-        legacy_state({"recent_keys": keys, "recent_values": values, "position": 9}, RecentKeys)
-    with pytest.warns(DeprecationWarning):
-        cache = legacy_state({"keys": keys, "values": values, "position": 3}, KVCache)
-    assert type(cache) is KVCache and cache.window is None
+def test_a_dict_state_is_refused_with_the_typed_state_named():
+    from spe.attention import MultiHeadAttention
+
+    layer = MultiHeadAttention(16, 2, attention="linear-elu")
+    with pytest.raises(TypeError, match="decodes with a LinearAttentionState.*got dict"):
+        layer.step(torch.randn(1, 1, 16), None, {"s": torch.zeros(1), "position": 4})
+
+

@@ -10,7 +10,7 @@ path for ``forward``, one for ``step`` and one for ``prefill``:
    are the queries and keys themselves): ``(q, k, projection) -> (φ(q), φ(k), key log scale)``;
 2. **feature transforms** (:class:`FeatureTransform`) by position, on φ(q), φ(k): RoPE today
    (softmax: rotated q and k; linear kernels: RoFormer eq. 19); LRPE, PermuteFormer and
-   cosFormer are transforms of this kind (/work/shared/PEERS-NOTES.md);
+   cosFormer are transforms of this kind (docs/conventions.md);
 3. the kernel's **parallel** function ``(features, v, options) -> y``, its **step**
    function ``(features, v, state, options) -> (y, state)`` or its **prefill** function
    ``(features, v, options, state) -> (y, state)`` (a prompt at once, then steps), with
@@ -273,9 +273,8 @@ def kernel_features(spec: KernelSpec, q: Tensor, k: Tensor, *, projection: Tenso
 
 def _softmax_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
     if o.score_term is not None:
-        if o.key_padding_mask is None:  # score terms written before masks existed still work
-            return o.score_term.attend(f.q, f.k, v)
-        check_key_padding_mask(o.key_padding_mask, f.k)
+        if o.key_padding_mask is not None:
+            check_key_padding_mask(o.key_padding_mask, f.k)
         return o.score_term.attend(f.q, f.k, v, key_padding_mask=o.key_padding_mask)
     return softmax_attention(f.q, f.k, v, causal=o.causal, window=o.window,
                              key_padding_mask=o.key_padding_mask, log_decay=o.decay)

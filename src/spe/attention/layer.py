@@ -50,10 +50,10 @@ from spe.ops.feature_maps import orthogonal_random_features
 from spe.ops.gates import gate_bias
 from spe.ops.linear import kernel_dtype
 from spe.ops.softmax import check_key_padding_mask, check_window, softmax_gates
-from spe.ops.state import AttentionState, check_state_window, legacy_state
+from spe.ops.state import AttentionState, check_state_window
 
 __all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "LayerState", "MultiHeadAttention",
-           "check_decay", "legacy_state"]
+           "check_decay"]
 
 # The kernels' names and where a positional encoding may act with each, from the kernel
 # registry (spe.attention.kernels): "tokens" (added to embeddings), "queries-keys" (SPE codes,
@@ -418,7 +418,7 @@ class MultiHeadAttention(nn.Module):
         return self.out(y.flatten(2))
 
     def step(self, x: Tensor, code: SPECode | None,
-             state: LayerState | dict | None) -> tuple[Tensor, LayerState]:
+             state: LayerState | None) -> tuple[Tensor, LayerState]:
         """One causal decoding step with an explicit state; equals :meth:`forward` position by position.
 
         The kernel's step function does the work (:mod:`spe.attention.kernels`, over
@@ -433,8 +433,7 @@ class MultiHeadAttention(nn.Module):
         Args:
             x: (B, 1, C) the new position's input.
             code: SPE code for this single position (queries and keys).
-            state: the previous step's state, or None at position 0 (a dict of earlier
-                versions is converted, with a DeprecationWarning).
+            state: the previous step's state, or None at position 0.
 
         Returns:
             (B, 1, C) output and the new state.
@@ -460,8 +459,6 @@ class MultiHeadAttention(nn.Module):
                                 f"got {type(state).__name__}")
             state, cache = state.inner, state.cache
         kinds = self.kernel.state_types
-        if isinstance(state, dict):
-            state = legacy_state(state, kinds[0], scaled=self.kernel.key_scales)
         if state is not None and not isinstance(state, kinds):
             raise TypeError(f"{self.attention} attention decodes with a {' or '.join(t.__name__ for t in kinds)}, "
                             f"got {type(state).__name__}")

@@ -11,11 +11,11 @@ from torch import Tensor, nn
 
 from spe.encodings.code import SineCode, SPECode
 from spe.encodings.positions import require_positive
-from spe.ops.sine_costs import BLOCKED_EFFICIENCY, MATERIALIZE_LIMIT, choose_sine_impl, sine_costs
+from spe.ops.sine_costs import choose_sine_impl
 from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
 
-__all__ = ["BLOCKED_EFFICIENCY", "IMPLS", "MATERIALIZE_LIMIT", "SPEFilter", "apply_code", "apply_code_reference",
-           "apply_sine_code_blocked", "apply_sine_code_fused", "choose_sine_impl", "sine_costs"]
+__all__ = ["IMPLS", "SPEFilter", "apply_code", "apply_code_reference",
+           "apply_sine_code_blocked", "apply_sine_code_fused"]
 
 
 def _check(queries: Tensor, keys: Tensor, code: SPECode, num_heads: int, head_dim: int) -> None:
@@ -119,7 +119,7 @@ def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None,
 def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | None, positions: Tensor,
                             weights: Tensor, gate: Tensor | None, gate_noise: Tensor, *,
                             block_elements: int = 1 << 21) -> Tensor:
-    """Batch-shared blocked sineSPE filter (issue 13): each block's code is formed once for the batch.
+    """Batch-shared blocked sineSPE filter: each block's code is formed once for the batch.
 
     Same value as :func:`apply_code_reference`. Per block of positions, the (l, H, D, R) code
     Q̄ = Ω diag(λ̈) Z / √(2K) of eq. (20)-(21) is formed once, applied to every example

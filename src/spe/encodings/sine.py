@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.code import SineCode
-from spe.encodings.phases import sine_phase
+from spe.ops.phases import sine_phase
 from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
 
 __all__ = ["CODE_NOISES", "FREQUENCY_INITS", "SineSPE", "orthogonal_noise", "sine_phase"]

@@ -24,7 +24,6 @@ hold without looking inside.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
@@ -34,7 +33,7 @@ from torch import Tensor
 from spe.ops.softmax import check_window
 
 __all__ = ["AttentionState", "KVCache", "LinearAttentionState", "RecentKeys", "ScaledLinearAttentionState",
-           "ScaledRecentKeys", "check_state_window", "legacy_state"]
+           "ScaledRecentKeys", "check_state_window"]
 
 
 def _cast(state, dtype: torch.dtype):
@@ -226,38 +225,3 @@ def check_state_window(state, window: int | None) -> None:
     if state is not None and state.window != window:
         raise ValueError(f"this decoding state was built with attention window {state.window}, the kernel now "
                          f"has {window}: start decoding again from a fresh state")
-
-
-def legacy_state(state: dict, kind: type, *, scaled: bool = False) -> AttentionState:
-    """Converts the string-keyed state dicts of earlier versions (``keys``/``values``; ``s`` with a
-    trailing normaliser column, or ``s`` and ``z``; ``recent_keys``/``recent_values`` with
-    ``window``) to the typed states, with a DeprecationWarning.
-
-    Args:
-        state: the dict; it must say its ``position``.
-        kind: :class:`KVCache` for softmax, any linear-attention state type otherwise.
-        scaled: the kernel now carries FAVOR+ key scales, and the old sums were in absolute
-            scale (log scale 0).
-
-    Raises:
-        ValueError: if the dict does not say its ``position`` (or, with recent keys, its window).
-    """
-    warnings.warn("decoding states are typed now (spe.ops.KVCache, spe.ops.LinearAttentionState, "
-                  "spe.ops.RecentKeys); string-keyed dicts will stop working", DeprecationWarning, stacklevel=3)
-    if "position" not in state:
-        raise ValueError("a decoding state given as a dict must carry its 'position' (the next position's index)")
-    position = state["position"]
-    if issubclass(kind, KVCache):
-        return KVCache(keys=state["keys"], values=state["values"], position=position, window=state.get("window"))
-    if "recent_keys" in state:
-        keys, window = state["recent_keys"], state.get("window")
-        if window is None:
-            raise ValueError("a windowed decoding state given as a dict must carry its 'window'")
-        if scaled:
-            return ScaledRecentKeys(keys=keys, values=state["recent_values"], window=window, position=position,
-                                    log_scales=keys.new_zeros(keys.shape[:3]))
-        return RecentKeys(keys=keys, values=state["recent_values"], window=window, position=position)
-    kv, z = (state["s"], state["z"]) if "z" in state else (state["s"][..., :-1], state["s"][..., -1])
-    if scaled:
-        return ScaledLinearAttentionState(kv=kv, normalizer=z, position=position, log_scale=kv.new_zeros(kv.shape[:2]))
-    return LinearAttentionState(kv=kv, normalizer=z, position=position)
