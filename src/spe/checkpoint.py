@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from spe.encodings.registry import positional_spec
 from spe.field_types import field_value_types
 from spe.models.classifier_config import ClassifierConfig
 from spe.models.config import ModelConfig, decode_window
@@ -374,11 +375,8 @@ class LoadedCheckpoint:
     def check_length(self, length: int, what: str) -> None:
         """Raises ValueError naming ``what`` if ``length`` positions exceed :attr:`max_length`."""
         if self.max_length is not None and length > self.max_length:
-            if self.model.config.positional == "cosformer":
-                raise ValueError(f"{what} needs {length} positions but {self.path} is a cosFormer that attends "
-                                 f"within L_max = {self.max_length} positions only")
-            raise ValueError(f"{what} needs {length} positions but {self.path} has {self.max_length} learned "
-                             f"position embeddings (ape-learned max_positions)")
+            limit = positional_spec(self.model.config.positional).limit_text
+            raise ValueError(f"{what} needs {length} positions but {self.path} takes {self.max_length} {limit}")
 
     def set_window(self, window: int | None) -> None:
         """Sets the model's sliding attention window: None keeps the trained one; otherwise

@@ -11,8 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
+from spe.encodings.spec import PositionalSpec
 
-__all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding"]
+__all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding", "SPECS"]
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -93,3 +94,13 @@ class LearnedPositionalEmbedding(nn.Module):
                              f"{int(positions.max()) if int(positions.min()) >= 0 else int(positions.min())}; "
                              "use shorter sequences or a model with a larger max_positions")
         return x + self.weight[positions]
+
+
+SPECS = (
+    PositionalSpec("ape", "tokens", source="sinusoidal, Vaswani et al. 2017", scale_embeddings=True,
+                   model_module=lambda c: SinusoidalPositionalEncoding(c.d_model)),
+    PositionalSpec("ape-learned", "tokens", source="trainable embeddings (GPT-style)",
+                   model_module=lambda c: LearnedPositionalEmbedding(c.max_positions, c.d_model),
+                   position_limit=lambda c: c.max_positions,
+                   limit_text="learned position embeddings (ape-learned: max_positions)"),
+)

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
+from spe.encodings.spec import PositionalSpec
 
-__all__ = ["ALiBi", "alibi_slopes"]
+__all__ = ["ALiBi", "alibi_slopes", "SPEC"]
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -72,3 +73,7 @@ class ALiBi(nn.Module):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=bias)
         return out.transpose(1, 2)
+
+
+SPEC = PositionalSpec("alibi", "scores", source="Press et al. 2022",
+                      layer_module=lambda c, causal: ALiBi(c.num_heads, causal=causal))

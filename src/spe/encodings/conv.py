@@ -27,8 +27,10 @@ from torch import Tensor, nn
 
 from spe.encodings.code import DenseCode
 from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
+from spe.encodings.filter import build_filter
+from spe.encodings.spec import PositionalSpec, head_dim
 
-__all__ = ["NOISE_BLOCK", "ConvSPE"]
+__all__ = ["NOISE_BLOCK", "ConvSPE", "SPEC"]
 
 # Noise Z is indexed by absolute time and drawn in blocks of this many positions, each from
 # its own seed, so a code for positions [0, N) agrees with the code for [0, N') on their
@@ -244,3 +246,14 @@ def _direct_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
     y = F.conv1d(x, weight, groups=h * d)  # (R, H·D·c, L)
     y = y.view(r, h, d, len(filters), -1).permute(3, 4, 1, 2, 0)  # (c, L, H, D, R)
     return [code.contiguous() for code in y]
+
+
+def build_conv(config) -> ConvSPE:
+    """The model's convSPE code generator from a model config (R, P); an encoder
+    (``config.causal`` False) takes the centred filter, whose kernel covers both signs of the lag."""
+    return ConvSPE(config.num_heads, head_dim(config), config.num_realizations, config.kernel_size,
+                   causal=getattr(config, "causal", True))
+
+
+SPEC = PositionalSpec("convspe", "queries-keys", stochastic=True, windowed_by_default=True,
+                      source="Liutkus et al. 2021, eq. (22)", model_module=build_conv, layer_module=build_filter)

@@ -19,8 +19,10 @@ from torch import Tensor, nn
 
 from spe.encodings.code import DenseCode
 from spe.encodings.positions import require_positive
+from spe.encodings.filter import build_filter
+from spe.encodings.spec import PositionalSpec, head_dim
 
-__all__ = ["ConvSPE2d", "filter_noise_2d", "filter_noise_2d_direct"]
+__all__ = ["ConvSPE2d", "filter_noise_2d", "filter_noise_2d_direct", "SPEC"]
 
 
 def _check(z: Tensor, filters: Tensor) -> tuple[int, int]:
@@ -163,3 +165,9 @@ class ConvSPE2d(nn.Module):
         valid = ((rows >= 0) & (rows < p1))[:, :, None] & ((cols >= 0) & (cols < p2))[:, None, :]
         fk = self.filters_k[:, :, rows.clamp(0, p1 - 1)[:, :, None], cols.clamp(0, p2 - 1)[:, None, :]]
         return (self.filters_q[:, :, None] * fk * valid).sum((-2, -1))  # (H, D, T)
+
+
+SPEC = PositionalSpec("convspe-2d", "queries-keys", stochastic=True, needs_grid=True,
+                      source="Liutkus et al. 2021, eq. (22) with a 2-D filter (images)",
+                      model_module=lambda c: ConvSPE2d(c.num_heads, head_dim(c), c.num_realizations, c.kernel_size),
+                      layer_module=build_filter)

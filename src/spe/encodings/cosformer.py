@@ -27,8 +27,9 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
+from spe.encodings.spec import PositionalSpec
 
-__all__ = ["CosFormerReweighting", "cosformer_features", "cosformer_weights_reference"]
+__all__ = ["CosFormerReweighting", "cosformer_features", "cosformer_weights_reference", "SPEC"]
 
 
 def cosformer_features(x: Tensor, positions: Tensor, max_length: int) -> Tensor:
@@ -98,3 +99,15 @@ class CosFormerReweighting(nn.Module):
 
     def extra_repr(self) -> str:
         return f"max_length={self.max_length}"
+
+
+def _max_length(config) -> int:
+    # L_max: cosformer_max_length, else the model's max_positions
+    return config.max_positions if config.cosformer_max_length is None else config.cosformer_max_length
+
+
+SPEC = PositionalSpec("cosformer", "features", source="Qin et al. 2022 (ICLR), attends within L_max only",
+                      layer_module=lambda c, causal: CosFormerReweighting(_max_length(c)),
+                      position_limit=_max_length,
+                      limit_text="positions cosFormer attends within (L_max: cosformer_max_length, "
+                                 "default max_positions)")

@@ -13,9 +13,10 @@ from spe.encodings.code import SineCode, SPECode
 from spe.encodings.positions import require_positive
 from spe.ops.sine_costs import choose_sine_impl
 from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
+from spe.encodings.spec import head_dim
 
 __all__ = ["IMPLS", "SPEFilter", "apply_code", "apply_code_reference",
-           "apply_sine_code_blocked", "apply_sine_code_fused"]
+           "apply_sine_code_blocked", "apply_sine_code_fused", "build_filter"]
 
 
 def _check(queries: Tensor, keys: Tensor, code: SPECode, num_heads: int, head_dim: int) -> None:
@@ -232,3 +233,7 @@ class SPEFilter(nn.Module):
         return apply(queries, qbar, gate, code.gate_noise), apply(keys, kbar, gate, code.gate_noise)
 
 
+def build_filter(config, causal: bool) -> SPEFilter:
+    """The per-layer SPE filter of a model config (``gated``, ``gate_init``, ``spe_impl``)."""
+    return SPEFilter(config.num_heads, head_dim(config), gated=config.gated, gate_init=config.gate_init,
+                     impl=config.spe_impl)

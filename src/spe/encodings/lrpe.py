@@ -28,8 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
+from spe.encodings.spec import PositionalSpec
 
-__all__ = ["LRPE", "LRPE_ANGLES", "lrpe_angles", "lrpe_features", "lrpe_weights_reference"]
+__all__ = ["LRPE", "LRPE_ANGLES", "lrpe_angles", "lrpe_features", "lrpe_weights_reference", "SPEC"]
 
 LRPE_ANGLES = ("fixed", "learned")
 
@@ -129,3 +130,7 @@ class LRPE(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, feature_dim={self.feature_dim}, angles={self.mode}, base={self.base:g}"
+
+
+SPEC = PositionalSpec("lrpe", "features", source="Qin et al. 2023 (TMLR), cosine form", positive_features=True,
+                      layer_module=lambda c, causal: LRPE(c.num_heads, c.feature_dim, angles=c.lrpe_angles))

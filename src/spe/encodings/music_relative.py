@@ -16,8 +16,9 @@ from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
 from spe.ops.relative import music_relative_attention, music_relative_attention_reference
+from spe.encodings.spec import PositionalSpec, head_dim
 
-__all__ = ["MusicRelativePosition"]
+__all__ = ["MusicRelativePosition", "SPEC"]
 
 
 class MusicRelativePosition(nn.Module):
@@ -92,3 +93,8 @@ class MusicRelativePosition(nn.Module):
 
     def extra_repr(self) -> str:
         return f"max_distance={self.max_distance}, causal={self.causal}"
+
+
+SPEC = PositionalSpec("music-relative", "scores", source="Huang et al. 2018, skewing, O(LD) memory",
+                      layer_module=lambda c, causal: MusicRelativePosition(c.num_heads, head_dim(c), c.max_distance,
+                                                                           causal=causal))

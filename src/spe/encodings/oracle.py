@@ -33,9 +33,12 @@ from spe.encodings.positions import require_positive
 from spe.encodings.sine import SineSPE
 from spe.ops.phases import sine_features
 from spe.ops.softmax import check_key_padding_mask
+from spe.encodings.conv import build_conv
+from spe.encodings.sine import build_sine
+from spe.encodings.spec import PositionalSpec, head_dim
 
 __all__ = ["ExactSPEScores", "alias_gate_keys", "exact_spe_attention_reference", "gated_kernel",
-           "unalias_gate_keys"]
+           "unalias_gate_keys", "SPECS"]
 
 # Where the per-layer module sits in an attention layer (spe.encodings.registry.LAYER_KEYWORDS)
 # and where SPE's filter, holding the same gate, sits: the state dict uses the latter.
@@ -306,3 +309,19 @@ def unalias_gate_keys(module: nn.Module, state_dict: dict, prefix: str, local_me
     """Load-state-dict pre-hook, the inverse of :func:`alias_gate_keys`: an SPE checkpoint's
     gates go to the oracle's layers."""
     _rename(state_dict, prefix, _SPE_GATE, _ORACLE_GATE)
+
+
+def _exact_scores(config, causal: bool) -> ExactSPEScores:
+    # The oracle's model module is SPE's own (build_sine, build_conv): same parameters, same values.
+    return ExactSPEScores(config.num_heads, head_dim(config), gated=config.gated, gate_init=config.gate_init,
+                          causal=causal)
+
+
+_EXACT_SOURCE = "Liutkus et al. 2021, eq. (8), (16)–(17), exact expectation"
+
+# The SPE oracles: softmax attention with the scores SPE estimates; deterministic, O(L²) memory
+# (plus O(L·P·D) for conv's band), for diagnosis.
+SPECS = (
+    PositionalSpec("sinespe-exact", "scores", source=_EXACT_SOURCE, model_module=build_sine, layer_module=_exact_scores),
+    PositionalSpec("convspe-exact", "scores", source=_EXACT_SOURCE, model_module=build_conv, layer_module=_exact_scores),
+)

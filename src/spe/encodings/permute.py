@@ -25,8 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
+from spe.encodings.spec import PositionalSpec
 
-__all__ = ["PermuteFeatures", "cycle_tables", "permutation_powers", "permute_weights_reference", "random_permutations"]
+__all__ = ["PermuteFeatures", "cycle_tables", "permutation_powers", "permute_weights_reference", "random_permutations", "SPEC"]
 
 
 def random_permutations(num_heads: int, size: int, *, generator: torch.Generator) -> Tensor:
@@ -190,3 +191,7 @@ class PermuteFeatures(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, feature_dim={self.feature_dim}"
+
+
+SPEC = PositionalSpec("permute", "features", source="Chen 2021 (EMNLP), PermuteFormer",
+                      layer_module=lambda c, causal: PermuteFeatures(c.num_heads, c.feature_dim, seed=c.permute_seed))

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from spe.encodings.spec import PositionalSpec
 
-__all__ = ["RotaryEncoding", "rotate"]
+__all__ = ["RotaryEncoding", "rotate", "SPEC"]
 
 
 def rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0) -> Tensor:
@@ -63,3 +64,7 @@ class RotaryEncoding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"base={self.base:g}"
+
+
+SPEC = PositionalSpec("rope", "queries-keys", source="Su et al. 2021", positive_features=True,
+                      layer_module=lambda c, causal: RotaryEncoding(c.rope_base))

@@ -15,8 +15,9 @@ from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
 from spe.ops.relative import shaw_attention
+from spe.encodings.spec import PositionalSpec, head_dim
 
-__all__ = ["ShawRelativePosition"]
+__all__ = ["ShawRelativePosition", "SPEC"]
 
 
 class ShawRelativePosition(nn.Module):
@@ -81,3 +82,7 @@ class ShawRelativePosition(nn.Module):
 
     def extra_repr(self) -> str:
         return f"max_distance={self.max_distance}, causal={self.causal}"
+
+
+SPEC = PositionalSpec("shaw", "scores", source="Shaw et al. 2018, O(L²D) memory",
+                      layer_module=lambda c, causal: ShawRelativePosition(head_dim(c), c.max_distance, causal=causal))

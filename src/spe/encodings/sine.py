@@ -13,8 +13,10 @@ from torch import Tensor, nn
 from spe.encodings.code import SineCode
 from spe.ops.phases import sine_phase
 from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
+from spe.encodings.filter import build_filter
+from spe.encodings.spec import PositionalSpec, head_dim
 
-__all__ = ["CODE_NOISES", "FREQUENCY_INITS", "SineSPE", "orthogonal_noise", "sine_phase"]
+__all__ = ["CODE_NOISES", "FREQUENCY_INITS", "SineSPE", "orthogonal_noise", "sine_phase", "SPEC"]
 
 # the accepted values of SineSPE's ``noise`` and ``frequency_init`` (ModelConfig checks them too)
 CODE_NOISES = ("gaussian", "orthogonal")
@@ -183,3 +185,13 @@ class SineSPE(nn.Module):
         lags = torch.as_tensor(lags, device=self.frequency_logits.device)
         angle = sine_phase(self.frequencies, lags).permute(1, 2, 0, 3) + self.phases[:, :, None]
         return (self.gains[:, :, None] ** 2 * torch.cos(angle)).sum(-1) / (2 * self.num_sines)
+
+
+def build_sine(config) -> SineSPE:
+    """The model's sineSPE code generator from a model config (R, K, frequency init, noise)."""
+    return SineSPE(config.num_heads, head_dim(config), config.num_realizations, config.num_sines,
+                   frequency_init=config.frequency_init, noise=config.code_noise)
+
+
+SPEC = PositionalSpec("sinespe", "queries-keys", stochastic=True, windowed_by_default=True,
+                      source="Liutkus et al. 2021, eq. (18)-(21)", model_module=build_sine, layer_module=build_filter)

@@ -15,7 +15,7 @@ from spe.attention.layer import ACCEPTS, ATTENTIONS, check_decay
 from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.lrpe import LRPE_ANGLES
 from spe.encodings.positions import require_positive
-from spe.encodings.registry import POSITIONAL_SPECS, positional_names
+from spe.encodings.registry import POSITIONAL_SPECS, positional_names, positional_spec
 from spe.encodings.short_conv import check_short_conv
 from spe.encodings.sine import CODE_NOISES, FREQUENCY_INITS
 from spe.ops.decay import NO_DECAY
@@ -204,12 +204,10 @@ class TrunkConfig:
 
     @property
     def position_limit(self) -> int | None:
-        """The most positions a model of this config takes: ``max_positions`` learned
-        embeddings for ``ape-learned``, L_max (``cosformer_max_length`` or ``max_positions``)
-        for ``cosformer``, whose re-weighting turns negative beyond it; None: any length."""
-        if self.positional == "cosformer":
-            return self.cosformer_max_length or self.max_positions
-        return self.max_positions if self.positional == "ape-learned" else None
+        """The most positions a model of this config takes (its encoding's
+        :meth:`~spe.encodings.spec.PositionalSpec.max_positions`: learned embeddings,
+        cosFormer's L_max); None: any length."""
+        return positional_spec(self.positional).max_positions(self)
 
     def to_dict(self) -> dict:
         """The options as a JSON-serialisable dict (what checkpoint headers store). ``decay`` is

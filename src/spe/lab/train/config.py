@@ -15,7 +15,7 @@ from pathlib import Path
 
 from spe.lab.data.music import MAX_PIECE_TOKENS
 from spe.lab.data.split import NUM_TEST_PIECES
-from spe.encodings.registry import POSITIONAL_SPECS
+from spe.encodings.registry import POSITIONAL_SPECS, positional_spec
 from spe.field_types import check_field_types
 from spe.models.config import ModelConfig
 from spe.lab.options import check_options
@@ -170,8 +170,7 @@ class TrainConfig:
         model = ModelConfig(vocab_size=1, **self.model)  # reject bad names before any data is read
         limit = model.position_limit
         if limit is not None and self.seq_len > limit:
-            what = ("ape-learned embeddings (max_positions)" if model.positional == "ape-learned" else
-                    "positions cosformer attends within (L_max: cosformer_max_length, default max_positions)")
+            what = positional_spec(model.positional).limit_text
             raise ValueError(f"seq_len {self.seq_len} exceeds the {limit} {what}; raise that option or lower seq_len")
         if self.state_passing:
             chain_steps(model, self.seq_len)

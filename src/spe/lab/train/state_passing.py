@@ -79,9 +79,9 @@ def chain_steps(model: ModelConfig, seq_len: int) -> int:
     if limit is None:
         return CHAIN_STEPS
     if limit < 2 * seq_len:
-        option = "max_positions" if model.positional == "ape-learned" else "cosformer_max_length, its L_max"
+        what = positional_spec(model.positional).limit_text
         raise ValueError(f"state_passing carries crops on to positions [{seq_len}, {2 * seq_len}) and beyond, "
-                         f"but {model.positional} takes {limit} positions ({option}): raise it to at least "
+                         f"but {model.positional} takes {limit} {what}: raise it to at least "
                          f"2 × seq_len = {2 * seq_len}, or train without state_passing")
     return min(CHAIN_STEPS, limit // seq_len)
 

@@ -1,6 +1,6 @@
 """Seconds per training step of cpu-small ListOps encoders, measured side by side.
 
-Usage: python scripts/lra_step_time.py [--rounds 5] [--steps 20] [--threads 1] [--json PATH]
+Usage: python tools/analysis/lra_step_time.py [--rounds 5] [--steps 20] [--threads 1] [--json PATH]
 
 The ListOps study's step-time target (the recommended SPE setting at most 1.5× APE + Performer) is a
 benchmark, not a number read off training logs, whose intervals include validation and share

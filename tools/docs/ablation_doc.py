@@ -2,11 +2,11 @@
 
 Run after the sweeps listed in the page (see ``COMMANDS``)::
 
-    .venv/bin/python scripts/ablation_doc.py [--runs runs] [--out docs/ablation.md]
+    .venv/bin/python tools/docs/ablation_doc.py [--runs runs] [--out docs/ablation.md]
 
 Tables come from ``spe sweep``'s own summary (spe.lab.experiments.sweep.results_table); the final
 comparison pairs every variant with APE seed by seed. The prose at the end is
-``scripts/ablation_analysis.md``, written by a person after reading the tables.
+``tools/docs/ablation_analysis.md``, written by a person after reading the tables.
 """
 
 from __future__ import annotations

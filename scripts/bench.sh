@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one `spe bench` run behind docs/bench.md (issue 13's targets), then the page rendered from it.
-# Usage: scripts/bench_issue13.sh [OUT]   (default runs/bench_final). Run it on an otherwise idle
+# The one `spe bench` run behind docs/bench.md (the speed and memory targets), then the page rendered from it.
+# Usage: scripts/bench.sh [OUT]   (default runs/bench_final). Run it on an otherwise idle
 # machine: every case is its own process, and its 1-minute load average is recorded.
 set -eu
 OUT=${1:-runs/bench_final}
@@ -12,4 +12,4 @@ $PY -m spe bench --modes train,generate,model \
   --model-shapes 8x2048,2x8192 --rounds 2 \
   --longest ape,sinespe,convspe,ape+softmax --measure-limit-mb 9500 \
   --repeats 2 --budget-s 200 --threads 2 --out "$OUT"
-$PY scripts/bench_doc.py "$OUT/bench.json" docs/bench.md
+$PY tools/docs/bench_doc.py "$OUT/bench.json" docs/bench.md

@@ -1,6 +1,6 @@
 """How much a trained ListOps encoder's attention moves between two SPE codes or two FAVOR+ draws.
 
-Usage: python scripts/lra_attention_noise.py [--study runs/lra/listops-study] [--seed 0]
+Usage: python tools/analysis/lra_attention_noise.py [--study runs/lra/listops-study] [--seed 0]
        [--rows ape-performer,ape-redraw,sinespe-performer,fixed-code,sinespe-softmax]
        [--examples 64] [--draws 4] [--json runs/lra/attention-noise.json]
 

@@ -2,7 +2,7 @@
 
 Run after the sweeps named in the page::
 
-    .venv/bin/python scripts/gates_doc.py [--runs runs/gates] [--doc docs/gates.md]
+    .venv/bin/python tools/docs/gates_doc.py [--runs runs/gates] [--doc docs/gates.md]
 
 For each corpus folder under ``--runs`` (``bach`` with ``--plan gates``, ``palestrina`` with
 ``--plan gates-palestrina``) that holds a sweep's ``results.json``: per variant the mean ±
@@ -24,7 +24,7 @@ from peers_doc import best_group, plot
 from spe.lab.experiments.sweep import load_plan, summarize_runs
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 
-BEGIN, END = "<!-- gates:begin (scripts/gates_doc.py) -->", "<!-- gates:end -->"
+BEGIN, END = "<!-- gates:begin (tools/docs/gates_doc.py) -->", "<!-- gates:end -->"
 CORPORA = {"bach": ("gates", "Bach chorales, L = 64, 30 held-out chorales of ≥ 1,025 tokens", ""),
            "palestrina": ("gates-palestrina", "Palestrina (every 2nd score), L = 256, 30 held-out scores of "
                           "≥ 4,097 tokens", "--data music21:palestrina/2")}

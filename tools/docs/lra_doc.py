@@ -1,6 +1,6 @@
 """Renders the results tables of docs/lra.md from `spe lra` runs.
 
-Usage: python scripts/lra_doc.py [RUNS_FOLDER] [DOC] [STUDY_FOLDER]
+Usage: python tools/docs/lra_doc.py [RUNS_FOLDER] [DOC] [STUDY_FOLDER]
 (defaults runs/lra/cpu-small, docs/lra.md and runs/lra/listops-study). Replaces the text between
 <!-- lra-results:begin --> and <!-- lra-results:end --> in DOC with the tables of RUNS_FOLDER, and
 between <!-- lra-study:begin --> and <!-- lra-study:end --> with the ListOps study collected from

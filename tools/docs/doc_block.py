@@ -1,4 +1,4 @@
-"""Replaces the generated block of a Markdown page (shared by scripts/bench_doc.py and lra_doc.py)."""
+"""Replaces the generated block of a Markdown page (shared by tools/docs/bench_doc.py and lra_doc.py)."""
 
 from pathlib import Path
 

@@ -2,7 +2,7 @@
 
 Run after the sweeps named in the page::
 
-    .venv/bin/python scripts/peers_doc.py [--runs runs/peers] [--doc docs/peers.md]
+    .venv/bin/python tools/docs/peers_doc.py [--runs runs/peers] [--doc docs/peers.md]
 
 For each corpus folder under ``--runs`` (``bach``, ``palestrina``) that holds a sweep's
 ``results.json``: the sweep's own table (:func:`spe.lab.experiments.sweep.results_table`), the
@@ -25,7 +25,7 @@ from doc_block import replace_block
 from spe.lab.experiments.sweep import load_plan, results_table, summarize_runs
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 
-BEGIN, END = "<!-- peers:begin (scripts/peers_doc.py) -->", "<!-- peers:end -->"
+BEGIN, END = "<!-- peers:begin (tools/docs/peers_doc.py) -->", "<!-- peers:end -->"
 CORPORA = {"bach": ("Bach chorales (music21), the default corpus", ""),
            "palestrina": ("Palestrina (music21, every 4th of its 1,318 scores: 330 pieces)",
                           "--data music21:palestrina/4")}

@@ -1,6 +1,6 @@
 """Renders the results part of docs/bench.md from one `spe bench` run's JSON.
 
-Usage: python scripts/bench_doc.py [BENCH_JSON] [DOC]
+Usage: python tools/docs/bench_doc.py [BENCH_JSON] [DOC]
 (default runs/bench_final/bench.json and docs/bench.md). Replaces the text between the
 markers <!-- bench-results:begin --> and <!-- bench-results:end --> in DOC with the run's
 command, the load it ran under and its report (spe.lab.bench.run.bench_markdown); prints it
