@@ -19,6 +19,7 @@ def test_nucleus_keeps_smallest_set_reaching_p():
         nucleus_filter(probs, 0.0)
 
 
+@pytest.mark.slow
 def test_sampling_respects_the_mask_and_frequencies():
     logits = torch.log(torch.tensor([0.6, 0.3, 0.1]))
     g = torch.Generator().manual_seed(0)

@@ -30,6 +30,7 @@ def _bytes(folder: Path) -> dict:
     ("train_state.pt", "is a training state"),
     (".", "is a folder: give a file name"),
 ])
+@pytest.mark.slow
 def test_evaluate_json_never_replaces_the_checkpoint_or_the_run(run, tmp_path, capsys, target, message):
     before = _bytes(run)
     code = main(["evaluate", "--checkpoint", str(run), "--json", str(run / target), "--out", str(tmp_path / "ev"),

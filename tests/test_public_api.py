@@ -44,6 +44,7 @@ def test_the_names_a_user_needs_are_exported():
     assert needed <= set(spe.__all__) and len(set(spe.__all__)) == len(spe.__all__)
 
 
+@pytest.mark.slow
 def test_import_spe_loads_no_lab_module():
     # a fresh interpreter: this one may have imported the lab for other tests
     code = "import sys, spe; print(sorted(m for m in sys.modules if m == 'spe.lab' or m.startswith('spe.lab.')))"

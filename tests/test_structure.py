@@ -1,5 +1,6 @@
 """The package's layering: no import cycle, the library importable without the CLI, a thin CLI."""
 
+import pytest
 import ast
 import subprocess
 import sys
@@ -59,6 +60,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_the_package_has_no_import_cycle():
     graph = _import_graph()
     assert {"spe.lab.cli.main", "spe.lab.evaluation.report", "spe.lab.experiments.sweep"} <= set(graph)
@@ -71,12 +73,14 @@ def test_the_cycle_finder_finds_cycles():
     assert _find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
+@pytest.mark.slow
 def test_only_the_cli_imports_the_cli():
     graph = _import_graph()
     users = {name for name, edges in graph.items() if any(e.startswith("spe.lab.cli") for e in edges)}
     assert users <= {n for n in graph if n.startswith("spe.lab.cli") or n == "spe.__main__"}
 
 
+@pytest.mark.slow
 def test_library_imports_without_the_cli():
     code = ("import sys, spe.lab.evaluation, spe.lab.metrics, spe.lab.experiments, spe.lab.generation_midi; "
             "import spe.lab.evaluation.report; "
@@ -85,6 +89,7 @@ def test_library_imports_without_the_cli():
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_the_library_never_imports_the_lab():
     graph = _import_graph()
     library = {name for name in graph if not name.startswith("spe.lab") and name != "spe.__main__"}
@@ -93,6 +98,7 @@ def test_the_library_never_imports_the_lab():
     assert not {name: edges for name, edges in offenders.items() if edges}
 
 
+@pytest.mark.slow
 def test_import_spe_loads_no_experiment_dependency():
     extras = ("music21", "miditok", "symusic", "matplotlib", "sklearn", "tensorboard", "spe.lab")
     code = ("import sys, spe, spe.checkpoint, spe.generation; "
@@ -101,6 +107,7 @@ def test_import_spe_loads_no_experiment_dependency():
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_python_dash_m_spe_runs_the_cli():
     done = subprocess.run([sys.executable, "-m", "spe", "--help"], capture_output=True, text=True, check=True)
     assert "usage: spe" in done.stdout and "report" in done.stdout

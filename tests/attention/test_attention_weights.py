@@ -83,6 +83,7 @@ CASES = [(kernel, "none", "none") for kernel in KERNELS] + [
     ("linear-elu", "rope", "gated-channel")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("attention,positional,decay", CASES)
 def test_the_weights_times_the_values_are_the_layers_output(attention, positional, decay, dtype):

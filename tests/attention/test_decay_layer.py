@@ -18,6 +18,7 @@ from spe.lab.train.optim import decayed_parameter_names, param_groups
 SMALL = {"d_model": 16, "num_heads": 2, "num_layers": 2, "d_ff": 32}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["performer", "linear-elu", "linear-relu"])
 @pytest.mark.parametrize("decay", ["fixed", "learned"])
 @pytest.mark.parametrize("rope", [False, True])
@@ -38,6 +39,7 @@ def test_layer_forward_equals_steps(attention, decay, rope, window):
     assert torch.allclose(y, torch.cat(steps, 1), atol=1e-10, rtol=0)
 
 
+@pytest.mark.slow
 def test_decay_changes_the_output_and_learned_logits_get_gradients():
     torch.manual_seed(0)
     plain = MultiHeadAttention(32, 4, attention="performer")
@@ -52,6 +54,7 @@ def test_decay_changes_the_output_and_learned_logits_get_gradients():
     assert learned.decay_logit.grad.abs().min() > 0
 
 
+@pytest.mark.slow
 def test_state_dict_keys_without_decay_are_unchanged():
     keys = set(MultiHeadAttention(32, 4).state_dict())
     assert set(MultiHeadAttention(32, 4, decay="fixed").state_dict()) == keys  # computed, not stored
@@ -77,6 +80,7 @@ def test_old_config_dicts_load_without_decay():
     assert ModelConfig.from_dict({**old, "decay": "fixed"}).decay == "fixed"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positional", ["sinespe", "rope", "none", "ape"])
 def test_decoder_with_decay_generates_as_it_trains(positional):
     """The whole model: forward logits == step-by-step logits (SPE, RoPE + decay = RetNet's scheme)."""
@@ -107,6 +111,7 @@ def test_decay_logits_are_never_weight_decayed():
         assert not any(p is named[n] for p in decay["params"] for n in logits)
 
 
+@pytest.mark.slow
 def test_encoder_with_decay_ignores_padding():
     torch.manual_seed(0)
     config = ClassifierConfig(vocab_size=30, num_classes=3, decay="fixed", dropout=0.0, positional="none",

@@ -59,6 +59,7 @@ KINDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: "-".join(str(v) for v in k.values()))
 def test_steps_and_prefill_equal_the_parallel_forward(kind):
     torch.manual_seed(0)
@@ -90,6 +91,7 @@ def test_the_scalar_gate_starts_at_retnets_fixed_decay():
     assert gate.weight.grad.abs().min() > 0 and gate.bias.grad.abs().min() > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["performer", "linear-elu", "linear"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_a_gated_model_at_initialisation_is_the_fixed_decay_model(attention, causal):
@@ -226,6 +228,7 @@ def test_an_encoder_takes_gates_on_linear_kernels_but_not_fox():
 
 @pytest.mark.parametrize("attention,decay", [("linear-elu", "gated"), ("linear", "gated-channel"),
                                              ("performer", "gated")])
+@pytest.mark.slow
 def test_an_encoder_with_gates_runs_and_ignores_padding(attention, decay):
     torch.manual_seed(0)
     model = EncoderClassifier(ClassifierConfig(vocab_size=30, num_classes=3, attention=attention, decay=decay,
@@ -240,6 +243,7 @@ def test_an_encoder_with_gates_runs_and_ignores_padding(attention, decay):
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_gated_checkpoint_round_trips(tmp_path):
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=30, attention="linear", decay="gated-channel", positional="rope", **TINY)
@@ -270,6 +274,7 @@ def test_the_gates_of_a_step_come_from_the_steps_input():
         layer.log_decay()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention,decay", [("performer", "gated"), ("linear-elu", "gated-channel")])
 def test_the_cls_attention_map_of_a_gated_encoder_is_what_its_layer_applies(attention, decay):
     torch.manual_seed(0)

@@ -77,6 +77,7 @@ KINDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: "-".join(str(v) for v in k.values()))
 def test_decoding_step_by_step_and_after_a_prefill_equals_the_parallel_forward(kind):
     torch.manual_seed(0)
@@ -128,6 +129,7 @@ BEFORE_KEYS = {f"blocks.{i}.{name}" for i in range(2) for name in (
     "norm.weight"}
 
 
+@pytest.mark.slow
 def test_short_conv_0_leaves_outputs_state_dict_and_header_as_before():
     torch.manual_seed(0)
     config = ModelConfig(**TINY, short_conv=0)
@@ -153,6 +155,7 @@ def test_conv_weights_are_positional_parameters_never_weight_decayed():
         assert all(any(p is named[n] for p in scaled["params"]) for n in convs) and scaled["lr_scale"] == 3.0
 
 
+@pytest.mark.slow
 def test_encoders_take_a_centred_conv_that_padding_never_reaches():
     torch.manual_seed(0)
     config = ClassifierConfig(**{**TINY, "vocab_size": 12}, num_classes=3, positional="rope",
@@ -181,6 +184,7 @@ def test_bad_widths_are_refused_naming_the_value(value):
     assert check_short_conv(0) == 0 and check_short_conv(4) == 4
 
 
+@pytest.mark.slow
 def test_configs_and_checkpoints_carry_the_width_and_older_ones_load_with_0(tmp_path):
     config = ModelConfig(**TINY, short_conv=4)
     assert config.to_dict()["short_conv"] == 4 and ModelConfig.from_dict(config.to_dict()) == config

@@ -1,11 +1,13 @@
 """`spe bench` writes one record per measurement with the documented fields, a table and plots."""
 
+import pytest
 import json
 
 from spe.lab.bench.run import layer_flops
 from spe.lab.cli.main import main
 
 
+@pytest.mark.slow
 def test_bench_writes_records_table_and_plots(tmp_path):
     out = tmp_path / "bench"
     assert main(["bench", "--lengths", "32,64", "--positionals", "ape,sinespe:fused", "--attentions",
@@ -49,6 +51,7 @@ def test_positional_names_select_implementations_and_aliases():
         parse_series("sinespe:magic")
 
 
+@pytest.mark.slow
 def test_bench_measures_each_spe_implementation_and_records_the_automatic_choice(tmp_path):
     out = tmp_path / "bench"
     assert main(["bench", "--lengths", "24", "--modes", "train,generate", "--attentions", "performer",
@@ -66,6 +69,7 @@ def test_bench_measures_each_spe_implementation_and_records_the_automatic_choice
     assert "| convspe (direct) + performer |" in table
 
 
+@pytest.mark.slow
 def test_pairs_measure_exactly_the_named_cases_and_reject_unknown_ones(tmp_path):
     import pytest
 
@@ -89,6 +93,7 @@ def test_pairs_measure_exactly_the_named_cases_and_reject_unknown_ones(tmp_path)
     assert main(["bench", "--pairs", "ape+favor", "--out", str(out)]) == 2
 
 
+@pytest.mark.slow
 def test_prefill_mode_times_a_prompt_in_one_pass_beside_its_token_by_token_cost(tmp_path):
     out = tmp_path / "bench"
     assert main(["bench", "--lengths", "32", "--pairs", "ape+softmax,sinespe+performer", "--modes", "generate,prefill",

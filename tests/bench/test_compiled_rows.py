@@ -26,6 +26,7 @@ def test_compiled_rows_are_pooled_apart_and_compared_with_the_compiled_ape():
     assert "| sinespe (auto) + performer (compiled) | 10 | 30 |" in table and "| sinespe (auto) + performer | 10 | 40 |" in table
 
 
+@pytest.mark.slow
 def test_a_compiled_model_step_trains(monkeypatch):
     from spe.lab.bench.worker import model_step
 

@@ -103,6 +103,7 @@ def test_longest_length_bisects_when_the_budget_is_measurable():
     assert 4000 - 2048 // 16 <= r["longest"] <= 4000
 
 
+@pytest.mark.slow
 def test_model_worker_sets_the_impl_and_the_training_window():
     case = {"model": TINY, "vocab_size": 11, "positional": "sinespe", "impl": "blocked", "attention": "performer",
             "batch": 1, "length": 12, "repeats": 1, "max_seconds": 5}
@@ -114,6 +115,7 @@ def test_model_worker_sets_the_impl_and_the_training_window():
     assert measure_model({**case, "positional": "ape"}, torch.device("cpu"))["attention_window"] is None
 
 
+@pytest.mark.slow
 def test_cli_model_mode_and_longest_write_tables_and_strict_json(tmp_path, monkeypatch):
     monkeypatch.setattr(model_bench, "run_case", _in_process)
     monkeypatch.setattr(run, "matmul_gflops", lambda: 100.0)  # the real one takes seconds on a loaded machine
@@ -135,6 +137,7 @@ def test_cli_model_mode_and_longest_write_tables_and_strict_json(tmp_path, monke
     assert data["matmul_gflops"] == 100.0
 
 
+@pytest.mark.slow
 def test_one_run_can_measure_layer_pairs_and_other_model_encodings(tmp_path, monkeypatch):
     config, out = _tiny_bench(tmp_path, monkeypatch)
     assert main(["bench", "--modes", "train,model", "--lengths", "16", "--pairs", "ape+linear",
@@ -154,6 +157,7 @@ def _layer_in_process(case, timeout):
     return {**case, **measure(case, torch.device("cpu")), "decay": _decay(case)}
 
 
+@pytest.mark.slow
 def test_decay_modes_are_measured_side_by_side_in_one_run(tmp_path, monkeypatch):
     """``--decay none,fixed``: every linear-kernel case twice (softmax once), each record built with
     its own decay, decay rows divided by APE without decay, and labelled apart in the tables."""

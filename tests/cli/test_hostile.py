@@ -134,7 +134,7 @@ CASES = [
      lambda r, c: ["generate", "--checkpoint", f"{r}/run", "--prompt", f"{r}/long_prompt.mid",
                    "--prompt-bars", "100", "--length", "4", "--out", f"{r}/run/x.mid"],
      r"the prompt .*long_prompt\.mid \(\d+ tokens\) plus --length 4 needs \d+ positions "
-     r"but .*run has 40 learned",
+     r"but .*run takes 40 learned",
      ()),
     ("every data file corrupt", lambda r, c: _train(r, c, "run", *_new(r, "--data", f"{r}/corrupt")),
      r"no readable MIDI file with notes in .*corrupt \(2 tried\)", ()),

@@ -11,6 +11,7 @@ TINY = ["--seq-len", "32", "--batch-size", "2", "--d-model", "32", "--num-layers
         "--num-realizations", "4", "--eval-every", "2", "--threads", "1"]
 
 
+@pytest.mark.slow
 def test_train_resume_evaluate_generate(midi_folder, tmp_path, capsys):
     cache, run = str(tmp_path / "cache"), tmp_path / "run"
     base = ["train", "--data", str(midi_folder), "--cache-dir", cache, "--out", str(run), *TINY, "--no-progress"]

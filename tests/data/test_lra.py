@@ -180,6 +180,7 @@ def test_cifar_reads_the_python2_module_name_of_the_official_files(tmp_path):
     assert data.shape == (1, 3072) and labels.tolist() == [3]
 
 
+@pytest.mark.slow
 def test_load_task_gives_three_splits_for_every_task(tmp_path, imdb):
     from spe.lab.data.listops import write_splits
     from spe.lab.data.lra import TASKS, load_task

@@ -18,6 +18,7 @@ def movements():
     return palestrina_movements()
 
 
+@pytest.mark.slow
 def test_text_proxy_is_balanced_disjoint_seeded_and_hides_the_section(movements):
     data = text_proxy(max_length=1000, seed=0)
     assert [len(data[s]) for s in ("train", "val", "test")] == [756, 96, 90]
@@ -42,6 +43,7 @@ def test_text_proxy_is_balanced_disjoint_seeded_and_hides_the_section(movements)
     assert not torch.equal(text_proxy(max_length=1000, seed=1)["val"].tokens, data["val"].tokens)
 
 
+@pytest.mark.slow
 def test_retrieval_proxy_pairs_share_a_mass_exactly_when_labelled_one(movements):
     data = retrieval_proxy(max_length=4000, seed=0, per_mass=5)
     mass_of = {}

@@ -128,6 +128,7 @@ def test_a_field_beyond_the_csv_default_limit_is_read_and_the_limit_restored(tmp
     assert data["train"].lengths.tolist() == [10, 140_003]
 
 
+@pytest.mark.slow
 def test_fifty_thousand_nested_operators_are_read_and_evaluated_without_recursion(tmp_path):
     deep = "[MAX " * 50_000 + "7 " + "] " * 50_000
     folder = _listops(tmp_path / "lo", f"{deep}\t7\n".encode())

@@ -28,6 +28,7 @@ def test_kernel_matches_explicit_sum_and_vanishes_beyond_kernel_size():
     assert torch.all(got[..., lags.abs() >= 5] == 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [True, False])
 def test_kernel_is_mean_of_code_products_at_rate_one_over_sqrt_r(causal):
     # Both lag signs: a centred (non-causal) filter shifts Q̄ and K̄ alike, so kernel() holds.

@@ -29,6 +29,7 @@ def test_train_then_generate(midi_folder, tmp_path, positional, extra):
                  "--no-progress"]) == 0
 
 
+@pytest.mark.slow
 def test_bench_measures_them_with_linear_kernels_only(tmp_path):
     out = tmp_path / "bench"
     assert main(["bench", "--lengths", "16", "--positionals", "lrpe,permute,cosformer", "--attentions",

@@ -47,6 +47,7 @@ def test_fused_and_materialized_equal_reference_forward_and_backward(gated):
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow
 def test_score_scale_makes_exponent_an_unbiased_estimate_of_eq_8():
     # E[q̂·k̂ / √R] = Σ_d q_d P_d(m−n) k_d / √D: average many independent draws.
     enc, filt = _setup(gated=False, h=1, d=4, r=16)

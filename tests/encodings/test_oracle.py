@@ -162,6 +162,7 @@ def _layer0(model, tokens):
     return x, q, k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spe", EXACT.values())
 def test_spe_scores_are_unbiased_with_the_predicted_variance_and_attention_converges_as_one_over_sqrt_r(spe):
     torch.set_num_threads(1)

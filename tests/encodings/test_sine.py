@@ -89,6 +89,7 @@ def test_realizations_may_change_at_test_time_and_bad_arguments_raise():
         SineSPE(2, 4, 8, 2, frequency_init="nope")
 
 
+@pytest.mark.slow
 def test_orthogonal_noise_is_unbiased_and_exact_per_feature():
     enc = _encoding(h=2, d=8, k=3)
     enc.noise = "orthogonal"

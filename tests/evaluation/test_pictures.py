@@ -118,6 +118,7 @@ def test_plot_kernels_applies_the_layer_gate(tmp_path):
     np.testing.assert_allclose(values[..., 0], gate[..., 0], rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_plot_attention_draws_each_layer_once(tmp_path):
     model = _model("sinespe")
     maps = plot_attention(model, TOKENS, tmp_path / "a.png", layers=(0, 1, -1), training_length=6)
@@ -141,6 +142,7 @@ def test_plot_piano_roll(tmp_path):
         plot_piano_roll(tmp_path / "missing.mid", tmp_path / "x.png")
 
 
+@pytest.mark.slow
 def test_plot_r_grid_and_style_similarity(tmp_path):
     grid = {"label": "sinespe", "trained": [4, 16], "test": [4, 16], "within": [[1.0, 1.2], [1.1, 0.9]],
             "beyond": [[1.5, float("nan")], [1.4, 1.0]]}

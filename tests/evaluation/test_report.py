@@ -40,6 +40,7 @@ def _is_png(path):
     return len(data) > 8 and data[:8] == PNG_SIGNATURE
 
 
+@pytest.mark.slow
 def test_report_on_two_checkpoints(runs, monkeypatch, capsys):
     root, (spe_run, ape_run) = runs
     out = root / "out"

@@ -140,10 +140,12 @@ def test_every_peer_builds_and_reaches_three_times_its_training_length(tmp_path)
     assert variant_config(plan, "decay", 0, tmp_path).model["decay"] == "fixed"
 
 
-def test_side_by_side_sweeps_add_their_runs_instead_of_replacing_each_others(tmp_path):
-    """Two sweeps on one folder (``--only`` lists, one core each) each read results.json when they
-    start; a save must keep what the other wrote since, and this sweep's new runs must win."""
-    from spe.lab.experiments.sweep import _save_results
+def test_side_by_side_sweeps_and_an_older_results_file_keep_every_run(tmp_path):
+    """Sweeps on one folder (``--only`` lists, one core each) rebuild results.json from the runs' own
+    records, so neither loses the other's; a results.json written before runs held their records
+    (every run recorded there only) is adopted: its runs keep their numbers and count as finished."""
+    from spe.lab.experiments.sweep import collect_sweep
+    from spe.lab.plans import read_result, write_result
 
     plan = load_plan("peers")
 
@@ -151,15 +153,20 @@ def test_side_by_side_sweeps_add_their_runs_instead_of_replacing_each_others(tmp
         return {"variant": variant, "seed": seed, "step": 500, "eval": {}, "buckets": [{"start": 0, "end": 256, "ce": value, "std": 0.0, "n": 1}],
                 "within": value, "beyond": value, "num_sequences": 1, "train_s": 1.0}
 
-    stale = {"title": plan.title, "runs": {"ape/seed0": run("ape", 0, 1.0)}}  # this sweep's snapshot at start
-    (tmp_path / "results.json").write_text(json.dumps(
-        {"title": plan.title, "runs": {"ape/seed0": run("ape", 0, 1.5), "rope/seed0": run("rope", 0, 2.0)}}))
-    written = _save_results(stale, plan, tmp_path, {"sinespe/seed0": run("sinespe", 0, 3.0)})
+    unigram = [{"start": 0, "end": 256, "ce": 4.0}]
+    (tmp_path / "results.json").write_text(json.dumps(  # an older sweep's: ape and rope recorded only here
+        {"title": plan.title, "runs": {"ape/seed0": run("ape", 0, 1.5), "rope/seed0": run("rope", 0, 2.0)},
+         "unigram_buckets": unigram}))
+    write_result(tmp_path / "ape" / "seed0", run("ape", 0, 1.0))  # ape since run again: its own record wins
+    write_result(tmp_path / "sinespe" / "seed0", {**run("sinespe", 0, 3.0), "unigram_buckets": unigram})  # another runner's
+    written = collect_sweep(plan, tmp_path)
     on_disk = json.loads((tmp_path / "results.json").read_text())
-    assert on_disk == written
+    assert on_disk == written and on_disk["unigram_buckets"] == unigram
     assert {k: r["within"] for k, r in on_disk["runs"].items()} == {
-        "ape/seed0": 1.5, "rope/seed0": 2.0, "sinespe/seed0": 3.0}  # the other's rows kept, the newer file wins
-    assert "sinespe" in (tmp_path / "results.md").read_text()
+        "ape/seed0": 1.0, "rope/seed0": 2.0, "sinespe/seed0": 3.0}
+    assert read_result(tmp_path / "rope" / "seed0") == {**run("rope", 0, 2.0), "unigram_buckets": unigram}
+    assert "unigram_buckets" not in on_disk["runs"]["sinespe/seed0"]
+    assert "| sinespe |" in (tmp_path / "results.md").read_text()
 
 
 @pytest.mark.parametrize("name,problem", [("../../x", "holds a path separator"), ("/tmp/abs", "holds a path separator"),

@@ -10,7 +10,9 @@ import torch
 from spe.lab.cli.main import main
 from spe.lab.data.lra.dataset import PairDataset, SequenceDataset
 from spe.lab.lra import LRAConfig, build_classifier, preset_config, run_lra
-from spe.lab.lra.train import learning_rate_factor, make_optimizer, train_seed, training_step
+from spe.lab.lra.task import engine_settings
+from spe.lab.lra.train import train_seed
+from spe.lab.train.optim import learning_rate_factor
 
 TINY_MODEL = {"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 16, "num_realizations": 8, "num_sines": 2,
               "kernel_size": 3, "num_features": 8, "gated": True, "dropout": 0.0}
@@ -44,30 +46,42 @@ STEP_CASES = [(task, attention, positional)
 
 
 @pytest.mark.parametrize("task,attention,positional", STEP_CASES)
-def test_one_training_step_per_task_kernel_and_encoding(task, attention, positional):
-    torch.manual_seed(0)
+def test_one_training_step_per_task_kernel_and_encoding(task, attention, positional, tmp_path):
+    """One step of the engine (spe lra's code path): a positive finite loss, and every part learns."""
+    from safetensors.torch import load_file
+
     train = _dataset(task)
-    cfg = LRAConfig(task=task, positional=positional, attention=attention, model=TINY_MODEL, batch_size=4)
+    cfg = LRAConfig(task=task, positional=positional, attention=attention, model=TINY_MODEL, batch_size=4, steps=1,
+                    eval_every=1)
+    torch.manual_seed(0)  # the engine builds the model of seed s right after torch.manual_seed(s)
     model = build_classifier(cfg, train)
     assert (model.config.interaction == "nli") == (task == "retrieval")
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    loss = training_step(model, make_optimizer(model, cfg), train, torch.arange(4), cfg,
-                         generator=torch.Generator().manual_seed(1))
-    assert torch.isfinite(torch.tensor(loss)) and loss > 0
-    moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    before = model.state_dict()
+    train_seed(cfg, {"train": train, "val": train, "test": train}, 0, tmp_path, progress=False)
+    loss = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["train_loss"]
+    assert math.isfinite(loss) and loss > 0
+    after = load_file(str(tmp_path / "last" / "model.safetensors"))
+    moved = [k for k, v in after.items() if not torch.equal(v, before[k])]
     assert any(k.startswith("blocks.0.attn.qkv") for k in moved) and any(k.startswith("head") for k in moved)
     if positional in ("sinespe", "convspe", "convspe-2d"):  # the encoding's own parameters learn too
         assert any(k.startswith("encoding") for k in moved) and "blocks.0.attn.spe_filter.gate_logits" in moved
 
 
+def _factor(step: int, cfg: LRAConfig) -> float:
+    """lr(step) / lr as the engine computes it from the settings of ``cfg``."""
+    s = engine_settings(cfg, 0)
+    return learning_rate_factor(step, steps=s.steps, warmup_steps=s.warmup_steps, schedule=s.schedule,
+                                min_lr_ratio=s.min_lr_ratio)
+
+
 def test_learning_rate_schedules():
     cosine = LRAConfig(task="listops", positional="ape", attention="performer", steps=110, warmup_steps=10)
-    assert learning_rate_factor(0, cosine) == pytest.approx(0.1)
-    assert learning_rate_factor(9, cosine) == pytest.approx(1.0)
-    assert learning_rate_factor(60, cosine) == pytest.approx(0.5)  # halfway through the cosine
-    assert learning_rate_factor(110, cosine) == pytest.approx(0.0, abs=1e-12)
+    assert _factor(0, cosine) == pytest.approx(0.1)
+    assert _factor(9, cosine) == pytest.approx(1.0)
+    assert _factor(60, cosine) == pytest.approx(0.5)  # halfway through the cosine
+    assert _factor(110, cosine) == pytest.approx(0.0, abs=1e-12)  # LRA's cosine ends at 0
     rsqrt = LRAConfig(task="listops", positional="ape", attention="performer", schedule="rsqrt", warmup_steps=10)
-    assert learning_rate_factor(39, rsqrt) == pytest.approx(0.5)  # sqrt(10 / 40), LRA's rsqrt_decay
+    assert _factor(39, rsqrt) == pytest.approx(0.5)  # sqrt(10 / 40), LRA's rsqrt_decay
 
 
 def _tiny_config(**kw):

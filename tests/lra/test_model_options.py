@@ -131,3 +131,17 @@ def test_a_stored_model_without_an_option_is_the_model_with_its_default(tmp_path
     _check_config(tmp_path, preset_config("listops", "ape", "performer", model={"fixed_code": False}))
     with pytest.raises(ValueError, match=r"model \{'fixed_code': False\} -> \{'fixed_code': True\}"):
         _check_config(tmp_path, preset_config("listops", "ape", "performer", model={"fixed_code": True}))
+
+
+def test_a_folder_written_before_min_lr_ratio_existed_is_the_same_experiment(tmp_path):
+    """config.json without min_lr_ratio reads as its default 0, the value the engine was given then;
+    another value is another experiment."""
+    import json
+
+    _check_config(tmp_path, preset_config("listops", "ape", "performer"))
+    stored = json.loads((tmp_path / "config.json").read_text())
+    assert stored.pop("min_lr_ratio") == 0.0
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    _check_config(tmp_path, preset_config("listops", "ape", "performer"))
+    with pytest.raises(ValueError, match="min_lr_ratio 0.0 -> 0.1"):
+        _check_config(tmp_path, preset_config("listops", "ape", "performer", min_lr_ratio=0.1))

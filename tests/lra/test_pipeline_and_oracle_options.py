@@ -73,26 +73,29 @@ def test_an_spe_oracle_takes_its_spe_s_preset_options():
 
 
 @pytest.mark.parametrize("positional", ["sinespe-exact", "convspe-exact", "alibi"])
-def test_one_lra_training_step_with_a_score_encoding_moves_its_parameters(positional):
+def test_one_lra_training_step_with_a_score_encoding_moves_its_parameters(positional, tmp_path):
+    """One step of the engine (spe lra's code path) on softmax + a score encoding: a finite loss, and
+    gradients reach the attention and, for an SPE oracle, SPE's own parameters and the gate."""
     import torch
+    from safetensors.torch import load_file
 
     from spe.lab.data.lra.dataset import SequenceDataset
-    from spe.lab.lra import build_classifier
-    from spe.lab.lra.train import make_optimizer, training_step
+    from spe.lab.lra import build_classifier, train_seed
 
-    torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(2, 11, (8,), generator=g)
     tokens = torch.randint(2, 16, (8, 10), generator=g).masked_fill(torch.arange(10)[None] >= lengths[:, None], 0)
     train = SequenceDataset(tokens, lengths, torch.randint(0, 10, (8,), generator=g), vocab_size=16, num_classes=10)
-    cfg = LRAConfig(task="listops", positional=positional, attention="softmax", batch_size=4,
+    cfg = LRAConfig(task="listops", positional=positional, attention="softmax", batch_size=4, steps=1, eval_every=1,
                     listops_pipeline="lra-2021", model={"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 16,
                                                         "num_sines": 2, "kernel_size": 3, "gated": True})
-    model = build_classifier(cfg, train)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    loss = training_step(model, make_optimizer(model, cfg), train, torch.arange(4), cfg,
-                         generator=torch.Generator().manual_seed(1))
-    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
-    assert torch.isfinite(torch.tensor(loss)) and "blocks.0.attn.qkv.weight" in moved
+    torch.manual_seed(0)  # the engine builds the model of seed s right after torch.manual_seed(s)
+    before = build_classifier(cfg, train).state_dict()
+    train_seed(cfg, {"train": train, "val": train, "test": train}, 0, tmp_path, progress=False)
+    after = load_file(str(tmp_path / "last" / "model.safetensors"))
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == 1 and torch.isfinite(torch.tensor(record["train_loss"]))
+    moved = {k for k, v in after.items() if not torch.equal(v, before[k])}
+    assert "blocks.0.attn.qkv.weight" in moved
     if positional.endswith("-exact"):  # gradients reach SPE's own parameters and the gate
         assert any(k.startswith("encoding.") for k in moved) and "blocks.0.attn.spe_filter.gate_logits" in moved

@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 from spe.lab.lra import LRAConfig, build_classifier, preset_config
-from spe.lab.lra.train import make_optimizer, train_seed, training_step
+from spe.lab.lra.train import train_seed
 from spe.lab.train import engine, optim
 
 from test_lra_experiments import TINY_MODEL, _dataset, _splits, _tiny_config
@@ -50,18 +50,25 @@ def test_a_scale_moves_exactly_the_positional_parameters_into_a_third_group():
     assert optim.scaled_lr(groups[2], 1e-3) == pytest.approx(4e-3) and optim.scaled_lr(groups[1], 1e-3) == 1e-3
 
 
-def test_one_adamw_step_moves_positional_parameters_scale_times_as_far():
-    """Adam's first step is lr · g / (|g| + ε) per element (no decay on these parameters): linear in the lr."""
-    moves = {}
+def test_the_optimizer_starts_positional_parameters_at_scale_times_the_lr():
+    cfg, model = _model()
+    optimizer = optim.adamw(model, lr=1e-2, weight_decay=cfg.weight_decay, positional_lr_scale=4.0)
+    assert [g["lr"] for g in optimizer.param_groups] == [1e-2, 1e-2, pytest.approx(4e-2)]
+
+
+def test_one_adamw_step_moves_positional_parameters_scale_times_as_far(tmp_path):
+    """Adam's first step is lr · g / (|g| + ε) per element (no decay on these parameters): linear in the lr.
+
+    The step is the engine's (spe lra's code path): one step, no warmup, so the scheduled lr is the peak.
+    """
+    splits, moves = _splits(), {}
     for scale in (1.0, 4.0):
-        cfg, model = _model()
-        cfg = LRAConfig(**{**cfg.to_dict(), "lr": 1e-2, "positional_lr_scale": scale})
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        optimizer = make_optimizer(model, cfg)
-        assert optimizer.param_groups[-1]["lr"] == pytest.approx(1e-2 * scale)
-        training_step(model, optimizer, _dataset("listops"), torch.arange(4), cfg,
-                      generator=torch.Generator().manual_seed(1))
-        moves[scale] = {n: p.detach() - before[n] for n, p in model.named_parameters()}
+        cfg = _tiny_config(steps=1, eval_every=1, warmup_steps=0, lr=1e-2, positional_lr_scale=scale)
+        torch.manual_seed(0)  # the engine builds the model of seed s right after torch.manual_seed(s)
+        before = build_classifier(cfg, splits["train"]).state_dict()
+        train_seed(cfg, splits, 0, tmp_path / str(scale), progress=False)
+        after = load_file(str(tmp_path / str(scale) / "last" / "model.safetensors"))
+        moves[scale] = {n: after[n] - before[n] for n in after if before[n].is_floating_point()}
     positional = [n for n in moves[1.0] if n.startswith("encoding") or "spe_filter" in n]
     for name in positional:
         # float32 rounding of p + δ and of (p + δ) − p: a few ulps of the parameter's magnitude
@@ -92,7 +99,14 @@ def test_the_engine_applies_the_scale_at_every_step(tmp_path):
     assert groups[2]["lr"] == pytest.approx(0.25 * groups[0]["lr"]) and groups[1]["lr"] == groups[0]["lr"]
 
 
-@pytest.mark.parametrize("value", [0, -1.0, float("nan"), True, "2"])
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf")])
 def test_bad_scales_are_refused_by_name(value):
-    with pytest.raises(ValueError, match=f"positional_lr_scale must be a finite number > 0.*got {value!r}"):
+    with pytest.raises(ValueError, match=rf"^positional_lr_scale must be a finite number > 0 \(1.0: the model's "
+                                         rf"learning rate\), got {value!r}$"):
+        preset_config("listops", "sinespe", "performer", positional_lr_scale=value)
+
+
+@pytest.mark.parametrize("value", [True, "2"])
+def test_a_scale_that_is_no_number_is_refused_by_the_type_checker(value):
+    with pytest.raises(ValueError, match=f"positional_lr_scale must be a number, got {value!r}"):
         preset_config("listops", "sinespe", "performer", positional_lr_scale=value)

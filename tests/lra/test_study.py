@@ -72,7 +72,7 @@ def test_the_packaged_listops_plan_is_the_controlled_study():
     plan = load_study("listops-study")
     assert (plan.task, plan.preset, plan.seeds, plan.reference, plan.baseline) == \
         ("listops", "cpu-small", [0, 1, 2], "ape-performer", "sinespe-performer")
-    assert list(plan.groups) == ["decomposition", "features", "ablation", "peers", "pipeline"]
+    assert list(plan.groups) == ["decomposition", "features", "ablation", "peers", "pipeline", "gates"]
     decomposition = {(r["attention"], r["positional"]) for r in plan.rows.values() if r["group"] == "decomposition"}
     assert {("softmax", "ape"), ("softmax", "sinespe-exact"), ("softmax", "sinespe"), ("performer", "sinespe"),
             ("softmax", "convspe-exact"), ("softmax", "convspe"), ("performer", "convspe"),

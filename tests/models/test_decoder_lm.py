@@ -205,6 +205,7 @@ def test_learned_ape_refuses_lengths_beyond_its_embeddings_and_score_encodings_r
 WINDOW_PAIRS = [(att, pos) for att, pos in PAIRS if WHERE[pos[0]] != "scores"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention,pos", WINDOW_PAIRS)
 def test_sliding_window_decodes_recurrently_and_forgets_beyond_its_reach(attention, pos):
     window, n = 7, 40

@@ -34,6 +34,7 @@ def _valid(positional, attention):
 PAIRS = [(p, a) for p, a in itertools.product(POSITIONALS, ATTENTIONS) if _valid(p, a)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positional,attention", PAIRS)
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_padding_and_its_content_never_change_a_prediction(positional, attention, pooling):
@@ -136,6 +137,7 @@ def test_per_layer_codes_differ_and_shared_codes_do_not():
     assert own.layer_encodings is not None and shared.layer_encodings is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sinespe", "convspe", "convspe-centred"])
 def test_non_causal_spe_scores_depend_on_the_lag_only(kind):
     # Same content at every position: q̂_m·k̂_n / √R has expectation Σ_d q_d k_d P_d(m − n) / √D

@@ -261,6 +261,7 @@ def _float32_tolerance(length, chunk, spread, values):
 @pytest.mark.parametrize("kind,scaled,causal", [("head", False, True), ("head", True, True),
                                                 ("channel", False, True), ("head", False, False)],
                          ids=["head", "head-scales", "channel", "bidirectional"])
+@pytest.mark.slow
 def test_strong_gates_over_a_long_sequence(kind, scaled, causal):
     """L = 1,200 with e^{−30} gates and gate sums reaching −9,000 nats (the exponential of any
     running sum underflows): the float64 kernel == the float64 reference, and float32 is

@@ -40,6 +40,7 @@ def test_products_equal_the_reference_forward_and_backward(product, with_phases,
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("product", ["fused", "shared"])
 def test_blocked_products_pass_gradcheck_with_uneven_blocks(product):
     x, freqs, phases, positions, w = _inputs()

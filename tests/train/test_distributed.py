@@ -50,6 +50,7 @@ def _records(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_with_the_same_global_batch_and_resume_identically(tmp_path):
     # Dropout off: its masks are drawn per process (as they would be per slice), so they
     # cannot match one process's; everything else (crops, SPE codes, features) is shared.
@@ -126,6 +127,7 @@ def _group_worker(rank: int, init_file: str, results: str) -> None:
         json.dump(found, fh)
 
 
+@pytest.mark.slow
 def test_generators_that_differ_between_processes_are_caught_and_sums_are_exact(tmp_path):
     import torch.multiprocessing as mp
 

@@ -115,6 +115,7 @@ def straight(tmp_path_factory):
     return train(tiny_config(tmp_path_factory.mktemp("music"), "straight"), progress=False)
 
 
+@pytest.mark.slow
 def test_music_killed_between_the_state_and_the_model_resumes_to_the_same_weights(tmp_path, monkeypatch,
                                                                                    straight):
     original = state.save
@@ -165,6 +166,7 @@ class _Payload:
         return open, (self.marker, "w")
 
 
+@pytest.mark.slow
 def test_spe_train_resume_refuses_a_state_that_would_run_code_in_one_line(tmp_path, capsys, straight):
     from tiny_run import toml_text
 

@@ -23,6 +23,7 @@ def _metrics_lines(run) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume(tmp_path):
     # A checkpoint every 3 steps; each kill comes 1-12 steps after the restart's first step, then
     # 0-40 ms later (about one step): moments inside a step, inside validation or a checkpoint.

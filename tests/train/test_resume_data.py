@@ -57,6 +57,7 @@ def test_what_changed_is_named_and_older_checkpoints_are_compared_on_what_they_r
     check_resume(_status(tmp_path), "", grown)
 
 
+@pytest.mark.slow
 def test_spe_train_resume_on_a_grown_data_folder_is_refused_and_allowed_only_when_asked(tmp_path, capsys):
     cfg = tiny_config(tmp_path, "run")
     train(cfg, progress=False)

@@ -61,6 +61,7 @@ def test_overwrite_removes_spe_files_and_keeps_every_other_file(tmp_path):
     assert not (run / LOCK_FILE).exists()  # released with the run
 
 
+@pytest.mark.slow
 def test_a_second_process_on_a_held_folder_is_refused_naming_the_holder(tmp_path):
     cfg = tiny_config(tmp_path, "run", steps=2)
     holder = hold_lock(Path(cfg.out))
@@ -82,6 +83,7 @@ def test_the_lock_is_reentrant_within_a_process_and_removes_the_folder_it_create
     assert not folder.exists()
 
 
+@pytest.mark.slow
 def test_two_trainings_started_together_leave_one_undisturbed_run(tmp_path):
     cfg = tiny_config(tmp_path, "shared", steps=6)
     (tmp_path / "run.toml").write_text(toml_text(cfg))
@@ -106,6 +108,7 @@ PLAN = ("seeds = [0]\nseq_len = 16\nbatch_size = 2\nsteps = 2\neval_every = 2\nt
         '[variants.ape]\nmodel = { positional = "ape" }\n')
 
 
+@pytest.mark.slow
 def test_a_sweep_runner_is_refused_a_run_another_process_holds(tmp_path):
     (tmp_path / "plan.toml").write_text(PLAN)
     data = tiny_config(tmp_path, "unused").data

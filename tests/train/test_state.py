@@ -23,6 +23,7 @@ class _Crash(BaseException):
     """Stands for a kill right after a checkpoint: nothing after it runs (not an Exception, like SIGKILL)."""
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_continues_the_same_trajectory_bit_for_bit(tmp_path, monkeypatch):
     straight = train(tiny_config(tmp_path, "straight"), progress=False)
     again = train(tiny_config(tmp_path, "again"), progress=False)
@@ -83,6 +84,7 @@ def test_a_crash_between_the_two_renames_is_repaired_to_a_matching_pair(tmp_path
     assert latest_checkpoint(run) == run / CHECKPOINTS_DIR / "step-0000004"
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_a_run_and_only_its_files(tmp_path):
     run = train(tiny_config(tmp_path, "run", steps=6, keep_checkpoints=3), progress=False)
     (run / "notes.txt").write_text("the user's own file")

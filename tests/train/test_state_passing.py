@@ -94,6 +94,7 @@ def _losses(run) -> list[float]:
     return [r["loss"] for r in _records(run)]
 
 
+@pytest.mark.slow
 def test_spe_train_state_passing_trains_from_the_previous_steps_states(tmp_path):
     # No code and no dropout: the first step (from no state) is the plain run's, the next are not.
     model = {"attention": "linear-elu", "positional": "none", "decay": "gated", "dropout": 0.0}
@@ -124,6 +125,7 @@ def test_kernels_without_a_recurrent_state_are_refused_before_any_work(tmp_path,
     assert not (tmp_path / "refused").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_its_carried_states_bit_for_bit(tmp_path, monkeypatch):
     # A window's kept keys and gates inside a short convolution's state: every carried field saved.
     def config(name):
@@ -146,6 +148,7 @@ def test_a_killed_run_resumes_its_carried_states_bit_for_bit(tmp_path, monkeypat
     assert _losses(straight) == _losses(tmp_path / "killed")
 
 
+@pytest.mark.slow
 def test_state_passing_can_start_when_a_plain_run_resumes(tmp_path):
     # The paper post-trains with it: switched on at a resume, a chain starts at the next step.
     train(tiny_config(tmp_path, "run", steps=4), progress=False)
@@ -154,6 +157,7 @@ def test_state_passing_can_start_when_a_plain_run_resumes(tmp_path):
     assert saved["step"] == 6 and saved["task"][0]["state"]["position"] == 2 * 32
 
 
+@pytest.mark.slow
 @needs_gloo
 def test_two_processes_carry_their_own_slices_states_and_match_one(tmp_path):
     def config(name):

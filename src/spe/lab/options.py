@@ -2,7 +2,7 @@
 
 Config files and command-line flags have no null, so some options spell "none" as 0; each
 such convention is decoded once ("window 0 means None" was once decoded in three
-places). The numeric options of training (``spe train``'s :class:`~spe.lab.train.config.TrainConfig`,
+places). The options of training (``spe train``'s :class:`~spe.lab.train.config.TrainConfig`,
 ``spe lra``'s :class:`~spe.lab.lra.config.LRAConfig`, config files, sweep and study rows) have one
 rule each, in :data:`OPTION_RULES`, so that an option means the same and is refused the same
 way whichever front end sets it, before any data is read or any model built (a
@@ -16,19 +16,26 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["OPTION_RULES", "OptionRule", "check_option", "check_options", "check_threads", "parse_seeds"]
+__all__ = ["OPTION_RULES", "SCHEDULES", "OptionRule", "check_option", "check_options", "check_threads",
+           "parse_seeds"]
+
+# The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
+# beside their rule, so that a schedule is checked as the other options are, without torch.
+SCHEDULES = ("cosine", "rsqrt")
 
 
 @dataclass(frozen=True)
 class OptionRule:
-    """What values a numeric option takes: an integer or a finite number within bounds.
+    """What values an option takes: an integer or a finite number within bounds, or one of a few names.
 
     Attributes:
         integer: an int is required (else an int or a float); bools are refused either way.
+            Ignored where ``choices`` are given.
         low, high: the bounds (±inf: none); ``low_open``, ``high_open``: a bound itself is excluded.
         note: what a special value means, shown in the message (``0: no clipping``).
         optional: None is allowed too (the option is unset).
         text: the allowed values in words, where the bounds alone would say it less well.
+        choices: the names the option takes (a string option, e.g. a schedule); empty: a number.
     """
 
     integer: bool
@@ -39,11 +46,15 @@ class OptionRule:
     note: str = ""
     optional: bool = False
     text: str = ""
+    choices: tuple[str, ...] = ()
 
     def allowed(self) -> str:
-        """The allowed values in words (``an integer ≥ 0 (0: never)``, ``a number in [0, 1]``)."""
+        """The allowed values in words (``an integer ≥ 0 (0: never)``, ``a number in [0, 1]``,
+        ``one of cosine, rsqrt``)."""
         if self.text:
             return self.text
+        if self.choices:
+            return f"one of {', '.join(self.choices)}"
         if self.integer and self.low == 1 and self.high == math.inf:
             words = "a positive integer"
         elif self.high < math.inf:
@@ -57,6 +68,8 @@ class OptionRule:
     def accepts(self, value) -> bool:
         if value is None:
             return self.optional
+        if self.choices:
+            return isinstance(value, str) and value in self.choices
         if isinstance(value, bool) or not isinstance(value, int if self.integer else int | float):
             return False
         if not math.isfinite(value):
@@ -87,6 +100,8 @@ OPTION_RULES: dict[str, OptionRule] = {
     "weight_decay": OptionRule(integer=False, low=0),
     "grad_clip": OptionRule(integer=False, low=0, note="0: no clipping"),
     "min_lr_ratio": OptionRule(integer=False, low=0, high=1),
+    "schedule": OptionRule(integer=False, choices=SCHEDULES),
+    "positional_lr_scale": OptionRule(integer=False, low=0, low_open=True, note="1.0: the model's learning rate"),
     "val_fraction": OptionRule(integer=False, low=0, high=1, low_open=True, high_open=True),
     "warmup_steps": OptionRule(integer=True, low=0),
     "eval_examples": OptionRule(integer=True, low=0, note="0: the whole split"),

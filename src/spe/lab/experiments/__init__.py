@@ -4,6 +4,7 @@ This layer sits above :mod:`spe.lab.train` and :mod:`spe.lab.evaluation` (it use
 :mod:`spe.lab.cli`, so that neither of those two imports the other.
 """
 
-from spe.lab.experiments.sweep import Plan, load_plan, results_table, run_sweep, summarize_runs, write_results
+from spe.lab.experiments.sweep import (Plan, collect_sweep, load_plan, results_table, run_sweep, summarize_runs,
+                                       write_results)
 
-__all__ = ["Plan", "load_plan", "results_table", "run_sweep", "summarize_runs", "write_results"]
+__all__ = ["Plan", "collect_sweep", "load_plan", "results_table", "run_sweep", "summarize_runs", "write_results"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from spe.lab.plans import Column, markdown_table
 from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
 
 __all__ = ["LRA_BASELINES", "PAPER_TABLE1", "collect_results", "results_tables"]
@@ -48,19 +49,24 @@ def collect_results(folder: str | Path) -> list[dict]:
                                         rank(_POSITIONAL_ORDER, r["config"]["positional"])))
 
 
-def _row(summary: dict) -> str:
+def _paper(summary: dict) -> str:
     cfg = summary["config"]
-    family = _FAMILY.get(cfg["positional"], cfg["positional"])
-    paper = PAPER_TABLE1.get((cfg["attention"], family), {}).get(cfg["task"], "–")
-    n = len(summary["results"])
-    minutes = [r["seconds"] / 60 for r in summary["results"]]
-    # recomputed from the per-seed accuracies: a results.json written with the population std
-    # (before spe.lab.stats) renders with the sample std like a new one
-    accuracy = format_mean_std(*mean_and_std(summary["test_accuracy"]))
-    accs = ", ".join(f"{a:.1f}" for a in summary["test_accuracy"])
-    best = ", ".join(str(r["best_step"]) for r in summary["results"])
-    return (f"| {cfg['attention']} | {cfg['positional']} | **{accuracy}** | {n} "
-            f"| {accs} | {best} / {cfg['steps']} | {sum(minutes) / n:.1f} | {paper} |")
+    return PAPER_TABLE1.get((cfg["attention"], _FAMILY.get(cfg["positional"], cfg["positional"])), {}).get(
+        cfg["task"], "–")
+
+
+# recomputed from the per-seed accuracies: a results.json written with the population std
+# (before spe.lab.stats) renders with the sample std like a new one
+_COLUMNS = [Column("kernel", cell=lambda s: s["config"]["attention"]),
+            Column("encoding", cell=lambda s: s["config"]["positional"]),
+            Column("test accuracy (%)", cell=lambda s: f"**{format_mean_std(*mean_and_std(s['test_accuracy']))}**"),
+            Column("seeds", cell=lambda s: str(len(s["results"]))),
+            Column("per seed", cell=lambda s: ", ".join(f"{a:.1f}" for a in s["test_accuracy"])),
+            Column("best step / steps", cell=lambda s: ", ".join(str(r["best_step"]) for r in s["results"])
+                   + f" / {s['config']['steps']}"),
+            Column("minutes per run",
+                   cell=lambda s: f"{sum(r['seconds'] for r in s['results']) / 60 / len(s['results']):.1f}"),
+            Column("paper, Table 1", cell=_paper)]
 
 
 def results_tables(folder: str | Path) -> str:
@@ -75,12 +81,10 @@ def results_tables(folder: str | Path) -> str:
     parts = [f"Test accuracy (%) of each seed's best validation checkpoint, {SEED_SPREAD}. "
              "The paper's column is as printed in its Table 1.", ""]
     for task, title in TASK_TITLES.items():
-        rows = [_row(r) for r in results if r["config"]["task"] == task]
+        rows = [r for r in results if r["config"]["task"] == task]
         if not rows:
             continue
         baselines = ", ".join(f"{name} {v[task]}" for name, v in LRA_BASELINES.items() if task in v)
-        parts += [f"### {title}", "",
-                  "| kernel | encoding | test accuracy (%) | seeds | per seed | best step / steps | minutes per run "
-                  "| paper, Table 1 |", "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows, "",
+        parts += [f"### {title}", "", *markdown_table(rows, _COLUMNS), "",
                   f"LRA's own baselines (Tay et al. 2021, full scale): {baselines}.", ""]
     return "\n".join(parts) if len(parts) > 2 else ""

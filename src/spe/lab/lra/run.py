@@ -20,13 +20,14 @@ from spe.checkpoint import atomic_write
 from spe.lab.lra.config import RUN_ONLY_KEYS, LRAConfig
 from spe.lab.lra.train import train_seed
 from spe.models.classifier_config import ClassifierConfig
-from spe.lab import strict_json
+from spe.lab import plans, strict_json
 from spe.lab.options import check_threads
-from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
+from spe.lab.stats import SEED_SPREAD, format_mean_std
 from spe.lab.train import distributed as dist_
 from spe.lab.train.run_folder import run_lock
 
-__all__ = ["default_folder", "load_splits", "run_lra", "summarize"]
+__all__ = ["attention_map", "default_folder", "load_splits", "open_experiment", "run_lra", "summarize",
+           "write_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,10 @@ def default_folder(cfg: LRAConfig, model_options: dict | None = None) -> Path:
 
 def summarize(results: list[dict]) -> dict:
     """Test accuracy in % per seed, their mean and sample standard deviation (n − 1, as
-    :func:`spe.lab.stats.mean_and_std`; None for one seed, both None for none)."""
-    accs = [100 * r["test_accuracy"] for r in results]
-    mean, std = mean_and_std(accs) if accs else (None, math.nan)
-    return {"seeds": [r["seed"] for r in results], "test_accuracy": accs, "mean": mean,
+    :func:`spe.lab.plans.summarize`; None for one seed, both None for none)."""
+    stats = plans.summarize({r["seed"]: r for r in results}, {"accuracy": lambda r: 100 * r["test_accuracy"]})
+    mean, std = stats["accuracy"] or (None, math.nan)
+    return {"seeds": stats["seeds"], "test_accuracy": [100 * r["test_accuracy"] for r in results], "mean": mean,
             "std": None if math.isnan(std) else std, "seconds": [r["seconds"] for r in results]}
 
 
@@ -88,6 +89,35 @@ def _markdown(cfg: LRAConfig, summary: dict, results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_summary(out: str | Path, cfg: LRAConfig, results: list[dict]) -> dict:
+    """Writes the experiment's ``results.json`` and ``results.md`` (atomically) from its seeds' results;
+    returns the summary (``config``, ``results`` and :func:`summarize`'s keys)."""
+    out = Path(out)
+    summary = {"config": cfg.to_dict(), "results": results, **summarize(results)}
+    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(summary, indent=2)))
+    atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(_markdown(cfg, summary, results)))
+    return summary
+
+
+def open_experiment(out: str | Path, cfg: LRAConfig, ctx=None) -> None:
+    """Writes ``out/config.json``, or refuses a folder that holds another experiment
+    (:func:`_check_config`), under the folder's lock; under ``torchrun`` (``ctx``) rank 0 writes."""
+    out = Path(out)
+    if ctx is None or ctx.is_main:
+        with run_lock(out):  # two runners starting one new experiment: one writes config.json, the other checks it
+            _check_config(out, cfg)
+    if ctx is not None:
+        dist_.barrier(ctx)
+        if not ctx.is_main:
+            _check_config(out, cfg)
+
+
+def attention_map(out: str | Path, seed: int, splits: dict, cfg: LRAConfig) -> None:
+    """Draws ``out/attention_seed<k>.png`` (once) for image tasks read through the CLS token."""
+    if getattr(splits["test"], "grid", None) is not None and cfg.model.get("pooling", "cls") == "cls":
+        _attention_map(Path(out), seed, splits["test"], cfg)
+
+
 def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int | None = None,
             progress: bool = True, splits: dict | None = None) -> dict:
     """Trains and tests ``cfg`` once per seed (resumable), then writes the summary.
@@ -98,12 +128,12 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
 
     Args:
         cfg: the experiment.
-        seeds: one run per seed; finished seeds are read back, not rerun.
+        seeds: one run per seed (``out/seed<k>``, :func:`spe.lab.plans.run_once`); finished
+            seeds are read back, not rerun.
         out: the experiment folder; it must not hold a different configuration.
         threads: torch CPU threads (None or 0: torch's default).
         progress: tqdm bars.
-        splits: the task's splits as :func:`load_splits` gives them for ``cfg`` (None: loaded
-            here); lets a study load them once for several experiments.
+        splits: the task's splits as :func:`load_splits` gives them for ``cfg`` (None: loaded here).
 
     Returns:
         The summary (``results.json``'s content).
@@ -120,26 +150,20 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
         torch.set_num_threads(threads)
     out = Path(out)
     with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx:
-        if ctx.is_main:
-            with run_lock(out):  # two runners starting one new experiment: one writes config.json, the other checks it
-                _check_config(out, cfg)
-        dist_.barrier(ctx)
-        if not ctx.is_main:
-            _check_config(out, cfg)
+        open_experiment(out, cfg, ctx)
         log.info("%s: %d seed(s), %d process(es)", out, len(seeds), ctx.world_size)
         splits = load_splits(cfg) if splits is None else splits
         results = []
         for seed in seeds:
-            results.append(train_seed(cfg, splits, seed, out / f"seed{seed}", progress=progress))
+            results.append(plans.run_once(out / f"seed{seed}", lambda folder, seed=seed: train_seed(
+                cfg, splits, seed, folder, progress=progress), ctx=ctx))
             log.info("%s seed %d: test accuracy %.4f", out, seed, results[-1]["test_accuracy"])
-            if ctx.is_main and getattr(splits["test"], "grid", None) is not None and \
-                    cfg.model.get("pooling", "cls") == "cls":
-                _attention_map(out, seed, splits["test"], cfg)
-        summary = {"config": cfg.to_dict(), "results": results, **summarize(results)}
+            if ctx.is_main:
+                attention_map(out, seed, splits, cfg)
         if ctx.is_main:
-            atomic_write(out / "results.json",
-                         lambda tmp: Path(tmp).write_text(strict_json.dumps(summary, indent=2)))
-            atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(_markdown(cfg, summary, results)))
+            summary = write_summary(out, cfg, results)
+        else:
+            summary = {"config": cfg.to_dict(), "results": results, **summarize(results)}
         dist_.barrier(ctx)
     return summary
 

@@ -22,28 +22,31 @@ A study plan is a TOML file (packaged: ``src/spe/lab/configs/lra/NAME.toml``, e.
     model = { gated = false }           # any model option (``spe lra --model-option``)
 
 Later tables win: preset < ``[defaults]`` < row < run options (``--steps``, ``--device`` …).
-``OUT/NAME`` is the row's ``spe lra`` experiment folder (``config.json``, ``seedK/``, its own
-``results.json``), so finished seeds are skipped and interrupted ones resume (:func:`run_lra`);
-after every row ``OUT/results.json``, ``results.md`` and ``loss.png`` are rewritten from what
-the row folders hold (:func:`spe.lab.lra.study_results.collect_study`), atomically, so runners
+The plan is read and run by :mod:`spe.lab.plans`: ``OUT/NAME`` is the row's ``spe lra``
+experiment folder (``config.json``, ``seedK/``, its own ``results.json``), finished seeds
+(``seedK/result.json``) are skipped and interrupted ones resume (:func:`~spe.lab.lra.train_seed`);
+after every run ``OUT/results.json``, ``results.md`` and ``loss.png`` are rebuilt from what the
+row folders hold (:func:`spe.lab.lra.study_results.collect_study`), atomically, so runners
 with disjoint ``only`` lists may share ``OUT`` and a last call collects everything.
 """
 
 from __future__ import annotations
 
 import logging
-import tomllib
-from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
-from spe.lab.lra.config import PRESETS, LRAConfig, preset_config
-from spe.lab.lra.run import load_splits, run_lra
-from spe.lab.lra.study_results import collect_study
-from spe.lab.train.engine import TrainingDiverged
-from spe.lab.train.run_folder import check_name
+import torch
 
-__all__ = ["StudyPlan", "load_study", "packaged_studies", "row_config", "run_study"]
+from spe.lab import plans
+from spe.lab.lra.config import PRESETS, LRAConfig, preset_config
+from spe.lab.lra.run import attention_map, load_splits, open_experiment, write_summary
+from spe.lab.lra.study_results import collect_study
+from spe.lab.lra.train import train_seed
+from spe.lab.options import check_threads
+from spe.lab.train import distributed as dist_
+from spe.lab.train.engine import TrainingDiverged
+
+__all__ = ["STUDY_FORMAT", "StudyPlan", "load_study", "packaged_studies", "row_config", "run_study"]
 
 log = logging.getLogger(__name__)
 
@@ -51,70 +54,63 @@ _ROW_KEYS_REFUSED = ("task", "preset")  # one task and one preset per study
 _SPLIT_KEYS = ("task", "data", "max_length", "listops_pipeline", "data_options")
 
 
-@dataclass
-class StudyPlan:
-    """A parsed study plan (see the module docstring).
+class StudyPlan(plans.Plan):
+    """A study plan (:class:`spe.lab.plans.Plan`, see the module docstring).
 
-    Attributes:
-        path: the plan file.
-        title: the results' title.
-        task, preset: of every row.
-        seeds: seeds of every row.
-        reference: the row others are compared with, or None.
-        baseline: the row that other rows change one thing of, or None (the loss plot draws it
-            and the reference in every panel).
-        groups: group name -> title, in the order of the results and the plot's panels.
-        rows: name -> ``{"group", "description", "positional", "attention", "options", "changes"}``,
-            options being the row's :class:`LRAConfig` overrides (``model`` included, ``[defaults]``
-            merged in), changes the row's own, in plan order.
+    Rows: name -> ``{"group", "description", "positional", "attention", "options", "changes"}``,
+    options being the row's :class:`LRAConfig` overrides (``model`` included, ``[defaults]``
+    merged in), changes the row's own, in plan order. :attr:`task`, :attr:`preset`,
+    :attr:`baseline` (the row that other rows change one thing of, or None: the loss plot draws
+    it and the reference in every panel) and :attr:`groups` (group name -> title, in the order
+    of the results and the plot's panels) are its settings.
     """
 
-    path: str
-    title: str
-    task: str
-    preset: str
-    seeds: list[int]
-    reference: str | None
-    baseline: str | None = None
-    groups: dict[str, str] = field(default_factory=dict)
-    rows: dict[str, dict] = field(default_factory=dict)
+    task = property(lambda self: self.settings["task"])
+    preset = property(lambda self: self.settings["preset"])
+    baseline = property(lambda self: self.settings["baseline"])
+    groups = property(lambda self: self.settings["groups"])
+
+
+def _settings(top: dict) -> dict:
+    if "task" not in top:
+        raise ValueError("give task (e.g. task = \"listops\")")
+    return {"task": top["task"], "preset": top.get("preset", "cpu-small"), "baseline": top.get("baseline"),
+            "groups": dict(top.get("groups", {})), "defaults": top.get("defaults", {})}
+
+
+def _row(spec: dict, settings: dict) -> dict:
+    """One row's parsed table, its configuration checked (without data) by :class:`LRAConfig`."""
+    refused = [k for k in _ROW_KEYS_REFUSED if k in spec]
+    if refused:
+        raise ValueError(f"{', '.join(refused)} is set once for the whole plan, not per row")
+    missing = [k for k in ("positional", "attention") if k not in spec]
+    if missing:
+        raise ValueError(f"give {' and '.join(missing)}")
+    row = {"group": str(spec.pop("group", "rows")), "positional": spec.pop("positional"),
+           "attention": spec.pop("attention")}
+    base, own_model = dict(settings["defaults"]), spec.pop("model", {})
+    row["options"] = {**base, **spec, "model": {**base.pop("model", {}), **own_model}}
+    row["changes"] = {**({"model": own_model} if own_model else {}), **spec}  # what the row adds to the defaults
+    preset_config(settings["task"], row["positional"], row["attention"], preset=settings["preset"], **row["options"])
+    return row
+
+
+def _check_plan(plan: StudyPlan) -> None:
+    if plan.baseline is not None and plan.baseline not in plan.rows:
+        raise ValueError(f"{plan.where()}: baseline {plan.baseline!r} is not one of its rows")
+    for row in plan.rows.values():
+        plan.groups.setdefault(row["group"], row["group"])
+
+
+STUDY_FORMAT = plans.PlanFormat(
+    kind="study plan", rows_key="rows", row_word="row", folder="configs/lra", not_plans=PRESETS,
+    top_keys=("task", "preset", "baseline", "groups", "defaults"), settings=_settings, row=_row,
+    check=_check_plan, plan_class=StudyPlan)
 
 
 def packaged_studies() -> tuple[str, ...]:
     """Names of the packaged study plans (``src/spe/lab/configs/lra/*.toml`` that are not presets)."""
-    folder = resources.files("spe.lab") / "configs" / "lra"
-    return tuple(sorted(p.name[:-5] for p in folder.iterdir()
-                        if p.name.endswith(".toml") and p.name[:-5] not in PRESETS))
-
-
-def _read(path_or_name: str) -> tuple[str, dict]:
-    path = Path(path_or_name)
-    if not path.is_file():
-        if path_or_name not in packaged_studies():
-            raise ValueError(f"study plan {path_or_name!r} is neither a file nor a packaged plan "
-                             f"({', '.join(packaged_studies())})")
-        path = Path(str(resources.files("spe.lab") / "configs" / "lra" / f"{path_or_name}.toml"))
-    try:
-        return str(path), tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"study plan {path} is not valid TOML: {err}") from None
-
-
-def _row(where: str, spec: dict, defaults: dict) -> dict:
-    """One row's parsed table, its configuration checked (without data) by :class:`LRAConfig`."""
-    spec = dict(spec)
-    refused = [k for k in _ROW_KEYS_REFUSED if k in spec]
-    if refused:
-        raise ValueError(f"{where}: {', '.join(refused)} is set once for the whole plan, not per row")
-    missing = [k for k in ("positional", "attention") if k not in spec]
-    if missing:
-        raise ValueError(f"{where}: give {' and '.join(missing)}")
-    row = {"group": str(spec.pop("group", "rows")), "description": str(spec.pop("description", "")),
-           "positional": spec.pop("positional"), "attention": spec.pop("attention")}
-    base, own_model = dict(defaults), spec.pop("model", {})
-    row["options"] = {**base, **spec, "model": {**base.pop("model", {}), **own_model}}
-    row["changes"] = {**({"model": own_model} if own_model else {}), **spec}  # what the row adds to the defaults
-    return row
+    return tuple(plans.packaged_plans(STUDY_FORMAT))
 
 
 def load_study(path_or_name: str) -> StudyPlan:
@@ -127,33 +123,7 @@ def load_study(path_or_name: str) -> StudyPlan:
         ValueError: naming the file (and the row) on a missing file, invalid TOML, a missing
             or unknown option, or a value :class:`LRAConfig` refuses.
     """
-    path, raw = _read(path_or_name)
-    rows = raw.pop("rows", None)
-    if not rows or not isinstance(rows, dict):
-        raise ValueError(f"study plan {path} has no [rows.NAME] tables")
-    task, preset = raw.pop("task", None), raw.pop("preset", "cpu-small")
-    if task is None:
-        raise ValueError(f"study plan {path}: give task (e.g. task = \"listops\")")
-    plan = StudyPlan(path=path, title=str(raw.pop("title", Path(path).stem)), task=task, preset=preset,
-                     seeds=[int(s) for s in raw.pop("seeds", [0, 1, 2])], reference=raw.pop("reference", None),
-                     baseline=raw.pop("baseline", None), groups=dict(raw.pop("groups", {})))
-    defaults = raw.pop("defaults", {})
-    if raw:
-        raise ValueError(f"study plan {path}: unknown top-level key(s) {sorted(raw)}; known: title, task, preset, "
-                         "seeds, reference, baseline, groups, defaults, rows")
-    for key in ("reference", "baseline"):
-        if getattr(plan, key) is not None and getattr(plan, key) not in rows:
-            raise ValueError(f"study plan {path}: {key} {getattr(plan, key)!r} is not one of its rows")
-    for name, spec in rows.items():
-        where = f"study plan {path}, row {name!r}"
-        check_name(name, where)
-        plan.rows[name] = _row(where, spec, defaults)
-        plan.groups.setdefault(plan.rows[name]["group"], plan.rows[name]["group"])
-        try:
-            row_config(plan, name)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{where}: {err}") from None
-    return plan
+    return plans.load_plan(path_or_name, STUDY_FORMAT)
 
 
 def row_config(plan: StudyPlan, name: str, **run_options) -> LRAConfig:
@@ -163,31 +133,19 @@ def row_config(plan: StudyPlan, name: str, **run_options) -> LRAConfig:
     Raises:
         ValueError: on an unknown row, or as :func:`~spe.lab.lra.preset_config`.
     """
-    if name not in plan.rows:
-        raise ValueError(f"unknown row {name!r} of study plan {plan.path}; rows: {', '.join(plan.rows)}")
-    row = plan.rows[name]
+    row = plan.rows[plans.select_rows(plan, [name])[0]]
     options = {**row["options"], **{k: v for k, v in run_options.items() if v is not None}}
     return preset_config(plan.task, row["positional"], row["attention"], preset=plan.preset, **options)
 
 
-def _selected(plan: StudyPlan, only: list[str] | None) -> list[str]:
-    if not only:
-        return list(plan.rows)
-    unknown = [n for n in only if n not in plan.rows]
-    if unknown:
-        raise ValueError(f"unknown row(s) {', '.join(unknown)} of study plan {plan.path}; rows: "
-                         f"{', '.join(plan.rows)}")
-    return [n for n in plan.rows if n in only]
-
-
 def run_study(plan: StudyPlan, out: str | Path, *, only: list[str] | None = None, seeds: list[int] | None = None,
               threads: int | None = None, progress: bool = True, **run_options) -> dict:
-    """Runs the rows of ``plan`` (each over every seed, resumably) into ``out/ROW``, then collects.
+    """Runs the rows of ``plan`` (each over every seed, resumably) into ``out/ROW``, collecting after each run.
 
     Row by row, so that each row folder is a whole ``spe lra`` experiment as soon as it is
     done (run ``seeds=[0]`` first to have every row at one seed early). The splits are loaded
-    once for consecutive rows that read the same data. A row whose training diverges is
-    reported at the end; the other rows still run.
+    once for consecutive rows that read the same data. A run whose training diverges is
+    reported at the end; the other runs still run.
 
     Args:
         plan: from :func:`load_study`.
@@ -204,24 +162,39 @@ def run_study(plan: StudyPlan, out: str | Path, *, only: list[str] | None = None
 
     Raises:
         ValueError: on an unknown row, a row folder that holds another configuration, as
-            :func:`run_lra`, or naming the rows that diverged (after the others ran).
+            :func:`~spe.lab.lra.train_seed`, or naming the runs that diverged (after the others ran).
     """
-    out = Path(out)
-    names = _selected(plan, only)
-    configs = {name: row_config(plan, name, **run_options) for name in names}  # every mistake before any run
-    diverged, cached = {}, (None, None)
-    for name, cfg in configs.items():
+    out, seeds = Path(out), list(seeds or plan.seeds)
+    configs = {name: row_config(plan, name, **run_options) for name in plans.select_rows(plan, only)}
+    check_threads(threads)
+    if threads:
+        torch.set_num_threads(threads)
+    cached: dict = {}
+
+    def splits(cfg: LRAConfig) -> dict:
         key = tuple(str(getattr(cfg, k)) for k in _SPLIT_KEYS)
-        if cached[0] != key:
-            cached = (None, None)  # frees the previous splits before loading others
-            cached = (key, load_splits(cfg))
+        if key not in cached:
+            cached.clear()  # frees the previous splits before loading others
+            cached[key] = load_splits(cfg)
+        return cached[key]
+
+    def after(name: str, seed: int, result: dict) -> None:
+        if ctx.is_main:
+            done = plans.read_results(out / name)
+            write_summary(out / name, configs[name], [done[s] for s in seeds if s in done])
+            attention_map(out / name, seed, splits(configs[name]), configs[name])
+            collect_study(plan, out)
+
+    device = next((str(c.device) for c in configs.values()), "cpu")
+    with dist_.session("cuda" if device.startswith("cuda") else "cpu") as ctx:
+        for name, cfg in configs.items():  # a folder holding another experiment is refused before any run
+            open_experiment(out / name, cfg, ctx)
         try:
-            run_lra(cfg, seeds or plan.seeds, out / name, threads=threads, progress=progress, splits=cached[1])
-        except TrainingDiverged as err:
-            log.warning("study row %s: %s", name, err)
-            diverged[name] = str(err)
-        collect_study(plan, out)
-    if diverged:
-        raise ValueError(f"row(s) {', '.join(diverged)} diverged (the others ran; results in {out}): "
-                         + "; ".join(f"{k}: {v}" for k, v in diverged.items()))
+            plans.run_plan(plan, out, lambda name, seed, folder: train_seed(configs[name], splits(configs[name]), seed,
+                                                                            folder, progress=progress),
+                           rows=list(configs), seeds=seeds, by_seed=False, after=after, ctx=ctx,
+                           failures=(TrainingDiverged,))
+        except plans.RunsFailed:
+            collect_study(plan, out)
+            raise
     return collect_study(plan, out)

@@ -2,9 +2,9 @@
 
 ``OUT/results.json`` (one record per plan row), ``OUT/results.md`` (one table per group) and
 ``OUT/loss.png`` (the training-loss curves, one panel per group) are rebuilt from what the
-row folders hold (``OUT/ROW/seedK/result.json`` and ``metrics.jsonl``), never from a previous
-``results.json``: runners sharing ``OUT`` cannot lose each other's rows, and each file is
-replaced atomically. A row with no finished seed is reported as not run.
+row folders hold (``OUT/ROW/seedK/result.json``, :func:`spe.lab.plans.read_results`, and
+``metrics.jsonl``), never from a previous ``results.json``: runners sharing ``OUT`` cannot lose
+each other's rows, and each file is replaced atomically. A row with no finished seed is reported as not run.
 
 Per row: test accuracy (%) per seed, mean ± sample standard deviation (n − 1; None for one
 seed) over the finished seeds (as :func:`spe.lab.lra.run.summarize`), best validation accuracy (%), median seconds per
@@ -24,10 +24,10 @@ import statistics
 import textwrap
 from pathlib import Path
 
-from spe.lab import strict_json
 from spe.checkpoint import atomic_write
+from spe.lab import plans, strict_json
 from spe.lab.lra.run import summarize
-from spe.lab.lra.train import RESULT_FILE
+from spe.lab.plans import Column, markdown_table
 from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
 from spe.lab.train.engine import METRICS_FILE
 from spe.lab.train.metrics_log import read_records
@@ -35,15 +35,6 @@ from spe.lab.train.metrics_log import read_records
 __all__ = ["collect_row", "collect_study", "plot_study_losses", "study_markdown"]
 
 log = logging.getLogger(__name__)
-
-
-def _seed_results(folder: Path) -> list[tuple[dict, list[dict]]]:
-    """(result, metrics records) of each finished seed of a row folder, by seed."""
-    found = []
-    for file in folder.glob(f"seed*/{RESULT_FILE}"):
-        result = json.loads(file.read_text())
-        found.append((result, read_records(file.parent / METRICS_FILE)))
-    return sorted(found, key=lambda item: item[0]["seed"])
 
 
 def _step_seconds(records: list[dict]) -> list[float]:
@@ -75,20 +66,20 @@ def collect_row(folder: str | Path, name: str, row: dict, planned_seeds: list[in
             ``changes``).
         planned_seeds: the plan's seeds (``status`` is ``done`` once all of them are finished).
     """
-    found = _seed_results(Path(folder))
+    runs = plans.read_results(folder)
     record = {"name": name, "group": row["group"], "description": row["description"],
               "positional": row["positional"], "attention": row["attention"], "options": row["options"],
               "changes": row.get("changes", row["options"])}
-    if not found:
+    if not runs:
         return {**record, "status": "not run", "seeds": [], "test_accuracy": [], "mean": None, "std": None,
                 "val_accuracy": [], "best_val_mean": None, "step_seconds": None, "loss_curve": [],
                 "seed_loss_curves": {}}
-    results = [r for r, _ in found]
-    summary = summarize(results)
-    curves = {r["seed"]: [(m["step"], m["train_loss"]) for m in records if m.get("train_loss") is not None]
-              for r, records in found}
-    intervals = [t for _, records in found for t in _step_seconds(records)]
-    val = [100 * r["val_accuracy"] for r in results]
+    summary = summarize(list(runs.values()))
+    records = {seed: read_records(Path(folder) / f"seed{seed}" / METRICS_FILE) for seed in runs}
+    curves = {seed: [(m["step"], m["train_loss"]) for m in rs if m.get("train_loss") is not None]
+              for seed, rs in records.items()}
+    intervals = [t for rs in records.values() for t in _step_seconds(rs)]
+    val = [100 * r["val_accuracy"] for r in runs.values()]
     done = set(planned_seeds) <= set(summary["seeds"])
     return {**record, "status": "done" if done else "partial", "seeds": summary["seeds"],
             "test_accuracy": summary["test_accuracy"], "mean": summary["mean"], "std": summary["std"],
@@ -100,16 +91,17 @@ def collect_row(folder: str | Path, name: str, row: dict, planned_seeds: list[in
 
 def collect_study(plan, out: str | Path) -> dict:
     """Collects every row of ``plan`` (:class:`~spe.lab.lra.study.StudyPlan`) from ``out`` and rewrites
-    ``out/results.json``, ``out/results.md`` and ``out/loss.png`` (atomically). Returns the document."""
+    ``out/results.json``, ``out/results.md`` and ``out/loss.png`` (atomically, one runner at a time).
+    Returns the document."""
     out = Path(out)
-    rows = [collect_row(out / name, name, row, plan.seeds) for name, row in plan.rows.items()]
-    doc = {"title": plan.title, "plan": plan.path, "task": plan.task, "preset": plan.preset, "seeds": plan.seeds,
-           "reference": plan.reference, "baseline": plan.baseline, "groups": plan.groups, "rows": rows}
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(doc, indent=2)))
-    atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(study_markdown(doc)))
-    if any(r["loss_curve"] for r in rows):
-        plot_study_losses(doc, out / "loss.png")
+    with plans.results_lock(out):
+        rows = [collect_row(out / name, name, row, plan.seeds) for name, row in plan.rows.items()]
+        doc = {"title": plan.title, "plan": plan.path, "task": plan.task, "preset": plan.preset, "seeds": plan.seeds,
+               "reference": plan.reference, "baseline": plan.baseline, "groups": plan.groups, "rows": rows}
+        atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(doc, indent=2)))
+        atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(study_markdown(doc)))
+        if any(r["loss_curve"] for r in rows):
+            plot_study_losses(doc, out / "loss.png")
     return doc
 
 
@@ -120,26 +112,36 @@ def _options(row: dict) -> str:
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in [*model.items(), *options.items()]) or "–"
 
 
-def _markdown_row(row: dict, ref: dict | None) -> str:
-    head = f"| {row['name']} | {row['attention']} + {row['positional']} | {_options(row)} |"
-    if row["status"] == "not run":
-        return head + " not run | – | – | – | – | – | 0 |"
-    vs = f"{row['mean'] - ref['mean']:+.2f}" if ref and ref.get("mean") is not None else "–"
-    step = f"{row['step_seconds']:.3f}" if row["step_seconds"] is not None else "–"
-    ratio = (f"{row['step_seconds'] / ref['step_seconds']:.2f}×"
-             if ref and row["step_seconds"] and ref.get("step_seconds") else "–")
-    seeds = f"{len(row['seeds'])}" + ("" if row["status"] == "done" else " (partial)")
-    per_seed = ", ".join(f"{a:.1f}" for a in row["test_accuracy"])
-    accuracy = format_mean_std(*mean_and_std(row["test_accuracy"]))  # from the seeds, whatever std was stored
-    return (f"{head} **{accuracy}** | {vs} | {per_seed} | {row['best_val_mean']:.2f} "
-            f"| {step} | {ratio} | {seeds} |")
+def _columns(ref: dict | None, vs: str) -> list[Column]:
+    """The study table's columns; a row that has not run shows ``not run`` and dashes."""
+
+    def ran(cell):
+        return lambda r: "–" if r["status"] == "not run" else cell(r)
+
+    def accuracy(r: dict) -> str:  # from the seeds, whatever std an older file stored
+        return "not run" if r["status"] == "not run" else f"**{format_mean_std(*mean_and_std(r['test_accuracy']))}**"
+
+    def ratio(r: dict) -> str:
+        return (f"{r['step_seconds'] / ref['step_seconds']:.2f}×"
+                if ref and r["step_seconds"] and ref.get("step_seconds") else "–")
+
+    return [Column("row", cell=lambda r: r["name"]),
+            Column("kernel + encoding", cell=lambda r: f"{r['attention']} + {r['positional']}"),
+            Column("options", cell=_options), Column("test accuracy (%)", cell=accuracy),
+            Column(f"Δ{vs} (points)", cell=ran(lambda r: f"{r['mean'] - ref['mean']:+.2f}"
+                                                if ref and ref.get("mean") is not None else "–")),
+            Column("per seed", cell=ran(lambda r: ", ".join(f"{a:.1f}" for a in r["test_accuracy"]))),
+            Column("best val (%)", cell=ran(lambda r: f"{r['best_val_mean']:.2f}")),
+            Column("s/step", cell=ran(lambda r: "–" if r["step_seconds"] is None else f"{r['step_seconds']:.3f}")),
+            Column(f"step time{vs}", cell=ran(ratio)),
+            Column("seeds", cell=lambda r: f"{len(r['seeds'])}" + ("" if r["status"] != "partial" else " (partial)"))]
 
 
 def study_markdown(doc: dict) -> str:
     """Markdown: one table per group of the collected rows (see the module docstring for the columns)."""
     rows = doc["rows"]
-    ref = next((r for r in rows if r["name"] == doc.get("reference")), None)
-    vs = f" vs {doc['reference']}" if doc.get("reference") else ""
+    ref = next((r for r in rows if r["name"] == doc.get("reference") and r["status"] != "not run"), None)
+    columns = _columns(ref, f" vs {doc['reference']}" if doc.get("reference") else "")
     lines = [f"# {doc['title']}", "",
              f"Task {doc['task']}, preset {doc['preset']}, seeds {doc['seeds']}. Test accuracy of each seed's best "
              f"validation checkpoint, {SEED_SPREAD} (finished seeds only); best val = mean of the "
@@ -147,13 +149,8 @@ def study_markdown(doc: dict) -> str:
              "included).", ""]
     for group, title in doc["groups"].items():
         members = [r for r in rows if r["group"] == group]
-        if not members:
-            continue
-        lines += [f"## {title}", "",
-                  f"| row | kernel + encoding | options | test accuracy (%) | Δ{vs} (points) | per seed "
-                  f"| best val (%) | s/step | step time{vs} | seeds |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-                  *(_markdown_row(r, ref) for r in members), ""]
+        if members:
+            lines += [f"## {title}", "", *markdown_table(members, columns), ""]
     described = [f"* **{r['name']}**: {r['description']}" for r in rows if r["description"]]
     return "\n".join(lines + (["Rows:", "", *described, ""] if described else []))
 

@@ -50,14 +50,9 @@ def build_classifier(cfg: LRAConfig, train: SequenceDataset | PairDataset) -> En
 
 
 def engine_settings(cfg: LRAConfig, seed: int) -> EngineSettings:
-    """The engine options of one seed of an LRA experiment."""
-    return EngineSettings(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
-                          eval_every=cfg.eval_every, seed=seed, weight_decay=cfg.weight_decay,
-                          grad_clip=cfg.grad_clip, schedule=cfg.schedule, min_lr_ratio=0.0, device=cfg.device,
-                          precision=cfg.precision, tensorboard=cfg.tensorboard,
-                          keep_checkpoints=cfg.keep_checkpoints, compile=cfg.compile,
-                          positional_lr_scale=cfg.positional_lr_scale,
-                          feature_redraw_every=cfg.feature_redraw_every)
+    """The engine options of one seed of an LRA experiment: its options of the same names, the
+    seed, and ``units_per_example = 1`` (the progress rate counts examples)."""
+    return EngineSettings.from_options(cfg, seed=seed, units_per_example=1)
 
 
 @dataclass

@@ -25,50 +25,19 @@ import logging
 import time
 from pathlib import Path
 
-import torch
-
 from spe.checkpoint import atomic_write, load, load_metadata
-from spe.lab.data.lra.dataset import PairDataset, SequenceDataset
 from spe.lab.lra.config import LRAConfig
-from spe.lab.lra.evaluate import correct_count, model_inputs
+from spe.lab.lra.evaluate import correct_count
 from spe.lab.lra.task import LRATask, engine_settings
-from spe.models.encoder_classifier import EncoderClassifier
-from spe.models.loss import cross_entropy
 from spe.lab.train import distributed as dist_
-from spe.lab.train import engine, optim
+from spe.lab.train import engine
 from spe.lab.train.run_folder import run_lock
 
-__all__ = ["RESULT_FILE", "learning_rate_factor", "make_optimizer", "train_seed", "training_step"]
+__all__ = ["RESULT_FILE", "train_seed"]
 
 log = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
-
-
-def learning_rate_factor(step: int, cfg: LRAConfig) -> float:
-    """lr(step) / lr: linear warmup, then cosine decay to 0 or LRA's sqrt(warmup / step)
-    (:func:`spe.lab.train.optim.learning_rate_factor`)."""
-    return optim.learning_rate_factor(step, steps=cfg.steps, warmup_steps=cfg.warmup_steps, schedule=cfg.schedule)
-
-
-def make_optimizer(model: EncoderClassifier, cfg: LRAConfig) -> torch.optim.Optimizer:
-    """AdamW (β = 0.9, 0.98) with ``cfg.weight_decay`` on the weight matrices :func:`spe.lab.train.optim.param_groups`
-    names, positional parameters at ``cfg.positional_lr_scale`` × the lr."""
-    return optim.adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, positional_lr_scale=cfg.positional_lr_scale)
-
-
-def training_step(model: EncoderClassifier, optimizer: torch.optim.Optimizer, train: SequenceDataset | PairDataset,
-                  index: torch.Tensor, cfg: LRAConfig, *, generator: torch.Generator | None = None) -> float:
-    """One AdamW step on examples ``index`` (cross-entropy, gradient clipped at ``cfg.grad_clip``), outside a run.
-
-    Returns:
-        The batch's mean cross-entropy (nats) before the step.
-    """
-    inputs, labels = model_inputs(train, index, cfg.device)
-    loss = cross_entropy(model(*inputs, generator=generator), labels)
-    engine.compute_gradients(loss, optimizer)
-    engine.apply_gradients(optimizer, model.parameters(), grad_clip=cfg.grad_clip)
-    return float(loss.detach())
 
 
 def train_seed(cfg: LRAConfig, splits: dict, seed: int, folder: str | Path, *, progress: bool = True) -> dict:

@@ -67,6 +67,20 @@ def resolve_model_options(model: dict, seq_len: int) -> dict:
 class TrainConfig:
     """How to train.
 
+    The options the training engine takes (:class:`~spe.lab.train.task.EngineSettings`) have the
+    same names and rules as :class:`~spe.lab.lra.config.LRAConfig`'s, and two of them other
+    defaults, each the setting its experiments were run with:
+
+    * ``min_lr_ratio`` 0.1 (LRA: 0): the music runs decay to a tenth of the peak learning rate,
+      as nanoGPT's recipe does (min_lr ≈ lr / 10), and the results of docs/results.md and
+      docs/ablation.md were trained so; LRA's cosine decays to 0.
+    * ``feature_redraw_every`` 1,000 (LRA: 0, never, LRA's setting): FAVOR+ projections redrawn
+      at performer-pytorch's interval (``feature_redraw_interval = 1000``); the 500 steps of the
+      packaged main job (``demo.toml``) end before the first redraw.
+
+    ``threads`` is an option here; ``spe lra`` takes it as an argument of the run
+    (:func:`spe.lab.lra.run_lra`), not of the experiment.
+
     Attributes:
         data: folder of MIDI files, music21:NAME (a composer of music21's corpus), or None for the
             Bach chorales of music21.
@@ -78,10 +92,14 @@ class TrainConfig:
             processes each trains on ``batch_size / N`` of the same crops (N must divide it), so
             the same config trains the same model on 1 or N processes.
         lr: peak learning rate (AdamW).
-        warmup_steps: linear warmup; then cosine decay to ``lr * min_lr_ratio``.
-        min_lr_ratio: final learning rate as a fraction of ``lr``.
+        warmup_steps: linear warmup; then ``schedule``.
+        schedule: ``cosine`` (decay to ``lr * min_lr_ratio`` at ``steps``) or ``rsqrt`` (LRA's
+            lr·sqrt(warmup / step), no floor); see :func:`spe.lab.train.optim.learning_rate_factor`.
+        min_lr_ratio: final learning rate of the cosine as a fraction of ``lr`` (0.1; see above).
         weight_decay: AdamW decay (not applied to norms, biases, embeddings, SPE parameters).
-        grad_clip: global gradient-norm clip.
+        grad_clip: global gradient-norm clip (0: none).
+        positional_lr_scale: learning-rate multiplier of the positional-encoding parameters
+            (:func:`spe.lab.train.optim.param_groups`); 1.0: the model's learning rate.
         eval_every: steps between validation passes and checkpoints.
         val_fraction: share of pieces held out for validation (split by piece).
         split_seed: seed of the split (fixed, independent of ``seed``).
@@ -93,7 +111,7 @@ class TrainConfig:
             the 16× protocol (next-token targets at 16 L positions). 0: no test split.
         num_test_pieces: how many test pieces (chosen by
             :func:`spe.lab.data.split.hold_out_test_pieces`); ignored when ``test_min_tokens`` is 0.
-        feature_redraw_every: steps between FAVOR+ redraws (0: never).
+        feature_redraw_every: steps between FAVOR+ redraws (0: never; 1,000, see above).
         seed: seed of initialisation, crops and SPE codes.
         device: ``cpu`` or ``cuda`` (under ``torchrun``: each process takes the GPU of its local rank).
         threads: CPU threads (0: PyTorch's default).
@@ -123,9 +141,11 @@ class TrainConfig:
     batch_size: int = 8
     lr: float = 1e-3
     warmup_steps: int = 100
+    schedule: str = "cosine"
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    positional_lr_scale: float = 1.0
     eval_every: int = 250
     val_fraction: float = 0.05
     split_seed: int = 0
@@ -151,6 +171,7 @@ class TrainConfig:
             raise TypeError(f"model must be a table of model options, got {self.model!r}")
         check_field_types(self.model, ModelConfig, "model option")
         check_options(self.__dict__)  # the rules spe lra's options follow too, before any data is read
+        self.positional_lr_scale = float(self.positional_lr_scale)  # 10 and 10.0 are one setting
         if 0 < self.test_min_tokens <= self.seq_len + 1:
             raise ValueError(f"test_min_tokens {self.test_min_tokens} leaves no test position beyond seq_len "
                              f"{self.seq_len}: use 0 (no test split) or more than seq_len + 1 (16 × seq_len + 1 "

@@ -28,11 +28,12 @@ import math
 import torch
 from torch import nn
 
+from spe.lab.options import SCHEDULES  # named beside the option's rule (no torch there)
+
 __all__ = ["ADAM_BETAS", "SCHEDULES", "adamw", "check_lr_scale", "decayed_parameter_names", "is_positional_module",
            "learning_rate_factor", "param_groups", "scaled_lr"]
 
 ADAM_BETAS = (0.9, 0.98)
-SCHEDULES = ("cosine", "rsqrt")
 _POSITIONAL_PACKAGE = "spe.encodings"
 
 

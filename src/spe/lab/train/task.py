@@ -11,7 +11,7 @@ train``) and the Long Range Arena classifier (:class:`spe.lab.lra.task.LRATask`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import torch
@@ -75,6 +75,39 @@ class EngineSettings:
     def __post_init__(self) -> None:
         # the one rule per option of spe train and spe lra, also for Python callers of the engine
         check_options(self.__dict__)
+
+    @classmethod
+    def from_options(cls, options: object, /, **fixed) -> EngineSettings:
+        """The engine settings of an experiment's options: the one mapping of ``spe train`` and ``spe lra``.
+
+        Every field is either read from ``options`` (the attribute of the same name) or given in
+        ``fixed`` (what the configuration has not, or names otherwise: LRA's per-run ``seed``, the
+        music's ``units_per_example = seq_len``), never both, and none is left to its default:
+        an engine option added here must be taken up by every task, or building its settings fails.
+
+        Args:
+            options: a configuration (:class:`~spe.lab.train.config.TrainConfig`,
+                :class:`~spe.lab.lra.config.LRAConfig`, any object with such attributes).
+            fixed: values of the fields ``options`` has no attribute for.
+
+        Raises:
+            ValueError: naming the fields given both ways, or neither way; as the class for
+                values outside an option's rule.
+        """
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(fixed) - set(names))
+        if unknown:
+            raise ValueError(f"{unknown} are not engine settings; the settings are {', '.join(names)}")
+        read = {name: getattr(options, name) for name in names if hasattr(options, name)}
+        both = sorted(set(read) & set(fixed))
+        missing = [name for name in names if name not in read and name not in fixed]
+        kind = type(options).__name__
+        if both:
+            raise ValueError(f"{both}: {kind} has these options and they are given explicitly too; give each one way")
+        if missing:
+            raise ValueError(f"engine setting(s) {missing} are neither options of {kind} nor given explicitly: "
+                             "add the option to the configuration or pass its value")
+        return cls(**read, **fixed)
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,9 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> DecoderLM:
 
 
 def engine_settings(cfg: TrainConfig) -> EngineSettings:
-    """The engine options of a music training configuration."""
-    return EngineSettings(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
-                          eval_every=cfg.eval_every, seed=cfg.seed, weight_decay=cfg.weight_decay,
-                          grad_clip=cfg.grad_clip, schedule="cosine", min_lr_ratio=cfg.min_lr_ratio,
-                          device=cfg.device, precision=cfg.precision, tensorboard=cfg.tensorboard,
-                          keep_checkpoints=cfg.keep_checkpoints, compile=cfg.compile,
-                          feature_redraw_every=cfg.feature_redraw_every, units_per_example=cfg.seq_len)
+    """The engine options of a music training configuration: its options of the same names, and
+    ``units_per_example = seq_len`` (the progress rate counts tokens)."""
+    return EngineSettings.from_options(cfg, units_per_example=cfg.seq_len)
 
 
 @dataclass

@@ -1,0 +1,367 @@
+"""Plans of rows × seeds, run resumably into one folder: the runner under ``spe sweep`` and ``spe lra --plan``.
+
+A plan is a TOML file::
+
+    title = "..."          # the results' title (default: the file's name)
+    seeds = [0, 1, 2]      # every row runs once per seed (default [0, 1, 2])
+    reference = "ape"      # optional: the row the others are compared with
+    ...                    # the task's own top-level keys
+    [ROWS.NAME]            # one table per row: ROWS is "variants" for spe sweep, "rows" for spe lra
+    description = "..."
+    ...                    # the row's options, as the task reads them
+
+A task says how its plans read (:class:`PlanFormat`: its top-level keys, how a row's table becomes
+options); every row is checked when the plan is loaded, so that a mistake is reported, naming the
+file and the row, before anything runs.
+
+Run (ROW, S) lives in ``OUT/ROW/seedS`` and is finished once ``OUT/ROW/seedS/result.json``
+exists: :func:`run_plan` skips it (unless the task finds the stored result out of date) and
+runs each other one under its folder's lock (:func:`~spe.lab.train.run_folder.run_lock`),
+writing its result there. Results are collected from those files (:func:`collect`), never
+from an earlier results table, so runners with disjoint row lists may share ``OUT``;
+:func:`summarize` gives a row's mean ± sample std per metric (:mod:`spe.lab.stats`) and
+:func:`markdown_table` its table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from spe.checkpoint import atomic_write
+from spe.lab import strict_json
+from spe.lab.stats import format_mean_std, mean_and_std
+from spe.lab.train.run_folder import check_name, run_lock
+
+__all__ = ["PLAN_KEYS", "RESULT_FILE", "Column", "Plan", "PlanFormat", "RunsFailed", "collect", "load_plan",
+           "markdown_table", "packaged_plans", "read_result", "read_results", "results_lock", "run_folder",
+           "run_once", "run_plan", "select_rows", "summarize", "write_result"]
+
+log = logging.getLogger(__name__)
+
+RESULT_FILE = "result.json"  # a run is finished once its folder holds it
+PLAN_KEYS = ("title", "seeds", "reference")  # the top-level keys of every plan
+_SEED_FOLDER = re.compile(r"seed(\d+)")
+
+
+@dataclass(frozen=True)
+class PlanFormat:
+    """How one task's plan files read.
+
+    Attributes:
+        kind: how messages name a plan file (``"plan"``, ``"study plan"``).
+        rows_key: the top-level table of the rows (``"variants"``, ``"rows"``).
+        row_word: how messages name a row (``"variant"``, ``"row"``).
+        folder: the packaged plans' folder, relative to the ``spe.lab`` package.
+        top_keys: the task's own top-level keys (beside :data:`PLAN_KEYS` and ``rows_key``).
+        settings: the task's top-level keys (a dict, possibly empty) -> its settings, kept as
+            :attr:`Plan.settings`; raises ValueError or TypeError on a mistake.
+        row: (a row's table without ``description``, the settings) -> the row's options, a dict;
+            raises ValueError or TypeError on a mistake.
+        check: the whole plan, once every row is read -> None; raises ValueError (naming the
+            file and the row) on a mistake between rows.
+        not_plans: names of TOML files in ``folder`` that are not plans (configs, presets).
+        plan_class: the :class:`Plan` subclass built.
+    """
+
+    kind: str
+    rows_key: str
+    row_word: str
+    folder: str
+    top_keys: tuple[str, ...]
+    settings: Callable[[dict], dict]
+    row: Callable[[dict, dict], dict]
+    check: Callable[[Plan], None] = lambda plan: None
+    not_plans: tuple[str, ...] = ()
+    plan_class: type = None  # Plan when None
+
+
+@dataclass
+class Plan:
+    """A parsed plan.
+
+    Attributes:
+        path: the plan file.
+        title: the results' title.
+        seeds: the seeds every row runs with.
+        rows: name -> the row's options as the task read them, ``description`` included, in plan order.
+        reference: the row the others are compared with, or None.
+        settings: the task's top-level settings.
+        format: how the plan was read (names rows and the file in messages).
+    """
+
+    path: str
+    title: str
+    seeds: list[int]
+    rows: dict[str, dict] = field(default_factory=dict)
+    reference: str | None = None
+    settings: dict = field(default_factory=dict)
+    format: PlanFormat | None = field(default=None, repr=False, compare=False)
+
+    def where(self, name: str | None = None) -> str:
+        """The plan (and row) as messages name them: ``plan FILE, variant 'NAME'``."""
+        kind, word = (self.format.kind, self.format.row_word) if self.format else ("plan", "row")
+        return f"{kind} {self.path}" + ("" if name is None else f", {word} {name!r}")
+
+
+def packaged_plans(fmt: PlanFormat) -> dict[str, Path]:
+    """Name -> file of the plans shipped in ``spe/lab/<fmt.folder>``, by name."""
+    folder = resources.files("spe.lab").joinpath(*fmt.folder.split("/"))
+    found = {p.name[:-5]: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".toml")}
+    return {name: found[name] for name in sorted(found) if name not in fmt.not_plans}
+
+
+def _read(path_or_name: str, fmt: PlanFormat) -> tuple[Path, dict]:
+    path = Path(path_or_name)
+    if not path.is_file():
+        packaged = packaged_plans(fmt)
+        if path_or_name not in packaged:
+            raise ValueError(f"{fmt.kind} {path_or_name!r} is neither a file nor a packaged plan "
+                             f"({', '.join(packaged)})")
+        path = packaged[path_or_name]
+    try:
+        return path, tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{fmt.kind} {path} is not valid TOML: {err}") from None
+
+
+def _seeds(where: str, seeds: object) -> list[int]:
+    ok = isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                   for s in seeds) and len(set(seeds)) == len(seeds)
+    if not ok:
+        raise ValueError(f"{where}: seeds must be a non-empty list of distinct integers ≥ 0, got {seeds!r}")
+    return list(seeds)
+
+
+def load_plan(path_or_name: str, fmt: PlanFormat) -> Plan:
+    """Reads a plan file, or the name of one shipped in ``fmt.folder``, and checks every row.
+
+    Raises:
+        ValueError: naming the file (and the row) on a missing file, invalid TOML, no rows, an
+            unknown top-level key, bad seeds, a reference that is not a row, a row name that
+            is not a plain folder name (:func:`~spe.lab.train.run_folder.check_name`), or
+            whatever the task refuses in its settings, a row or the whole plan.
+    """
+    path, raw = _read(path_or_name, fmt)
+    where = f"{fmt.kind} {path}"
+    rows = raw.pop(fmt.rows_key, None)
+    if not rows or not isinstance(rows, dict):
+        raise ValueError(f"{where} has no [{fmt.rows_key}.NAME] tables")
+    known = (*PLAN_KEYS, *fmt.top_keys, fmt.rows_key)
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown top-level key(s) {unknown}; known: {', '.join(known)}")
+    reference = raw.pop("reference", None)
+    if reference is not None and reference not in rows:
+        raise ValueError(f"{where}: reference {reference!r} is not one of its {fmt.row_word}s ({', '.join(rows)})")
+    plan = (fmt.plan_class or Plan)(path=str(path), title=str(raw.pop("title", path.stem)),
+                                    seeds=_seeds(where, raw.pop("seeds", [0, 1, 2])), reference=reference,
+                                    format=fmt)
+    try:
+        plan.settings = fmt.settings(raw)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {err}") from None
+    for name, table in rows.items():
+        check_name(name, plan.where(name))
+        if not isinstance(table, dict):
+            raise ValueError(f"{plan.where(name)}: give a table ([{fmt.rows_key}.{name}]), got {table!r}")
+        table = dict(table)
+        description = str(table.pop("description", ""))
+        try:
+            plan.rows[name] = {**fmt.row(table, plan.settings), "description": description}
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{plan.where(name)}: {err}") from None
+    fmt.check(plan)
+    return plan
+
+
+def select_rows(plan: Plan, only: Iterable[str] | None) -> list[str]:
+    """The rows named in ``only`` (all when None or empty), in plan order.
+
+    Raises:
+        ValueError: naming the plan, on a name that is not one of its rows.
+    """
+    only = list(only or ())
+    unknown = [n for n in only if n not in plan.rows]
+    if unknown:
+        word = plan.format.row_word if plan.format else "row"
+        raise ValueError(f"unknown {word}(s) {', '.join(unknown)} of {plan.where()}; {word}s: {', '.join(plan.rows)}")
+    return [n for n in plan.rows if not only or n in only]
+
+
+def run_folder(out: str | Path, name: str, seed: int) -> Path:
+    """``out/NAME/seedS``: the folder of run (row ``name``, ``seed``)."""
+    return Path(out) / name / f"seed{seed}"
+
+
+def read_result(folder: str | Path) -> dict | None:
+    """The result stored in a run folder, or None while the run is not finished."""
+    file = Path(folder) / RESULT_FILE
+    return json.loads(file.read_text()) if file.is_file() else None
+
+
+def write_result(folder: str | Path, result: dict) -> None:
+    """Stores a run's result (atomically): the run is finished from then on."""
+    atomic_write(Path(folder) / RESULT_FILE, lambda tmp: Path(tmp).write_text(strict_json.dumps(result, indent=2)))
+
+
+def read_results(folder: str | Path) -> dict[int, dict]:
+    """Seed -> result of every finished run in a row's folder (``seedS/result.json``), by seed."""
+    folder, found = Path(folder), {}
+    for sub in folder.iterdir() if folder.is_dir() else ():
+        match = _SEED_FOLDER.fullmatch(sub.name)
+        if match and (result := read_result(sub)) is not None:
+            found[int(match.group(1))] = result
+    return dict(sorted(found.items()))
+
+
+def collect(plan: Plan, out: str | Path) -> dict[str, dict[int, dict]]:
+    """Row -> seed -> result of every finished run of the plan's rows under ``out`` (any seed)."""
+    return {name: read_results(Path(out) / name) for name in plan.rows}
+
+
+def run_once(folder: str | Path, run: Callable[[Path], dict], *, current: Callable[[dict], bool] | None = None,
+             ctx=None) -> dict:
+    """The result of the run in ``folder``: the stored one if the run is finished (and ``current``
+    accepts it), otherwise ``run(folder)``'s, run under the folder's lock and then stored.
+
+    Args:
+        folder: the run folder.
+        run: trains (or resumes) and evaluates the run; returns its result, a JSON-able dict.
+        current: stored result -> whether it still answers the plan (None: always); it may
+            raise to refuse the folder.
+        ctx: the :class:`~spe.lab.train.distributed.Distributed` context under ``torchrun``
+            (rank 0 locks and writes), None for one process.
+
+    Raises:
+        RunFolderBusy: if another process holds the folder.
+    """
+    folder = Path(folder)
+    stored = read_result(folder)
+    if stored is not None and (current is None or current(stored)):
+        return stored
+    with run_lock(folder, ctx):
+        stored = read_result(folder)  # finished by another runner since
+        if stored is not None and (current is None or current(stored)):
+            return stored
+        result = run(folder)
+        if ctx is None or ctx.is_main:
+            write_result(folder, result)
+    return result
+
+
+class RunsFailed(ValueError):
+    """Runs of a plan failed (after the others ran)."""
+
+
+def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict], *,
+             rows: Sequence[str] | None = None, seeds: Sequence[int] | None = None, by_seed: bool = True,
+             current: Callable[[str, int, dict], bool] | None = None,
+             after: Callable[[str, int, dict], None] | None = None,
+             failures: tuple[type[Exception], ...] = (), ctx=None) -> dict[str, dict[int, dict]]:
+    """Runs every (row, seed) not finished yet (:func:`run_once`); returns row -> seed -> result.
+
+    Args:
+        plan: the plan.
+        out: the plan's folder; run (ROW, S) lives in ``out/ROW/seedS``.
+        run: (row, seed, run folder) -> the run's result; trains one run, the task's part.
+        rows: the rows to run, in this order (default: all, in plan order).
+        seeds: the seeds (default: the plan's).
+        by_seed: seed by seed (every row at the first seeds early), else row by row (each row
+            whole early).
+        current: (row, seed, stored result) -> whether it still answers the plan (default: yes).
+        after: called with (row, seed, result) after each run that ran (not after skipped ones).
+        failures: exceptions of one run that do not stop the others; they are raised together
+            at the end as :class:`RunsFailed`.
+        ctx: as :func:`run_once`.
+
+    Raises:
+        RunsFailed: (a ValueError) naming the runs that raised one of ``failures``.
+    """
+    rows, seeds = list(plan.rows if rows is None else rows), list(plan.seeds if seeds is None else seeds)
+    pairs = [(r, s) for s in seeds for r in rows] if by_seed else [(r, s) for r in rows for s in seeds]
+    results, failed = {}, {}
+    for name, seed in pairs:
+        ran = []
+
+        def run_here(folder: Path, name=name, seed=seed) -> dict:
+            ran.append(True)
+            return run(name, seed, folder)
+
+        check = None if current is None else (lambda stored, name=name, seed=seed: current(name, seed, stored))
+        try:
+            result = run_once(run_folder(out, name, seed), run_here, current=check, ctx=ctx)
+        except failures as err:
+            log.warning("%s/seed%d: %s", name, seed, err)
+            failed[f"{name}/seed{seed}"] = str(err)
+            continue
+        results.setdefault(name, {})[seed] = result
+        if ran and after is not None:
+            after(name, seed, result)
+    if failed:
+        raise RunsFailed(f"run(s) {', '.join(failed)} failed (the others ran; results in {out}): "
+                         + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+    return results
+
+
+@contextlib.contextmanager
+def results_lock(out: str | Path) -> Iterator[Path]:
+    """Waits for, then holds, ``out``'s results lock: runners sharing ``out`` collect and write
+    its results tables one at a time, so that the last writer's tables hold every finished run."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".results.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield out
+
+
+def summarize(runs: Mapping[int, dict], metrics: Mapping[str, Callable[[dict], float]]) -> dict:
+    """A row's summary over its runs: ``seeds`` (as given) and, per metric, ``(mean, sample std)``
+    (:func:`spe.lab.stats.mean_and_std`: std NaN for one run; None for no run).
+
+    Args:
+        runs: seed -> result.
+        metrics: name -> result -> value.
+    """
+    summary = {"seeds": list(runs)}
+    for key, value in metrics.items():
+        summary[key] = mean_and_std(value(r) for r in runs.values()) if runs else None
+    return summary
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a results table.
+
+    Attributes:
+        header: the column's title.
+        metric: a ``(mean, std)`` of the row's summary, written ``m ± s`` (``–`` for no spread,
+            and for a row without it).
+        digits: decimals of ``metric``.
+        cell: row summary -> the cell's text, instead of ``metric``.
+    """
+
+    header: str
+    metric: str | None = None
+    digits: int = 2
+    cell: Callable[[dict], str] | None = None
+
+    def text(self, row: dict) -> str:
+        if self.cell is not None:
+            return self.cell(row)
+        value = row.get(self.metric)
+        return "–" if value is None else format_mean_std(*value, digits=self.digits)
+
+
+def markdown_table(rows: Iterable[dict], columns: Sequence[Column]) -> list[str]:
+    """The Markdown lines of a table: one line per row summary, one cell per column."""
+    return ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(c.text(r) for c in columns) + " |" for r in rows)]

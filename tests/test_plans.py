@@ -1,0 +1,171 @@
+"""The shared plan runner (spe.lab.plans) on a fake task: a run returns a score from its options and seed, no training."""
+
+import json
+import math
+
+import pytest
+
+from spe.lab import plans
+from spe.lab.plans import Column, PlanFormat
+
+
+def _row(table: dict, settings: dict) -> dict:
+    unknown = sorted(set(table) - {"scale"})
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}; known: scale")
+    return {"scale": float(table.get("scale", 1.0)) * settings["factor"]}
+
+
+FAKE = PlanFormat(kind="fake plan", rows_key="rows", row_word="row", folder="configs", not_plans=("demo",),
+                  top_keys=("factor",), settings=lambda top: {"factor": top.get("factor", 1.0)}, row=_row)
+
+PLAN = """
+title = "fake"
+seeds = [0, 1, 2]
+reference = "a"
+factor = 2.0
+[rows.a]
+description = "first"
+scale = 1.0
+[rows.b]
+scale = 3.0
+"""
+
+
+def _load(tmp_path, text=PLAN):
+    path = tmp_path / "plan.toml"
+    path.write_text(text)
+    return plans.load_plan(str(path), FAKE)
+
+
+class FakeTask:
+    """run(): score = scale × (seed + 1); records every call."""
+
+    def __init__(self, plan):
+        self.plan, self.calls = plan, []
+
+    def run(self, name, seed, folder):
+        self.calls.append((name, seed))
+        return {"seed": seed, "score": self.plan.rows[name]["scale"] * (seed + 1)}
+
+
+def test_a_plan_reads_title_seeds_reference_settings_and_rows(tmp_path):
+    plan = _load(tmp_path)
+    assert (plan.title, plan.seeds, plan.reference, plan.settings) == ("fake", [0, 1, 2], "a", {"factor": 2.0})
+    assert plan.rows == {"a": {"scale": 2.0, "description": "first"}, "b": {"scale": 6.0, "description": ""}}
+    defaults = _load(tmp_path, "[rows.x]\n")
+    assert (defaults.title, defaults.seeds, defaults.reference) == ("plan", [0, 1, 2], None)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.replace("[rows.b]", '[rows."../b"]'), r"fake plan .*plan.toml, row '../b': the name .* path separator"),
+    (lambda t: t.replace("[rows.b]", '[rows.".b"]'), r"plan.toml, row '.b': the name .* starts with a dot"),
+    (lambda t: t.replace("scale = 3.0", "scael = 3.0"), r"plan.toml, row 'b': unknown option\(s\) \['scael'\]"),
+    (lambda t: t.replace("factor = 2.0", "factr = 2.0"), r"plan.toml: unknown top-level key\(s\) \['factr'\]; "
+                                                         "known: title, seeds, reference, factor, rows"),
+    (lambda t: t.replace("seeds = [0, 1, 2]", "seeds = []"), r"plan.toml: seeds must be a non-empty list of "
+                                                              r"distinct integers ≥ 0, got \[\]"),
+    (lambda t: t.replace("seeds = [0, 1, 2]", "seeds = [0, 0]"), "plan.toml: seeds must be"),
+    (lambda t: t.replace("seeds = [0, 1, 2]", "seeds = [-1]"), "plan.toml: seeds must be"),
+    (lambda t: t.replace("seeds = [0, 1, 2]", 'seeds = "0,1"'), "plan.toml: seeds must be"),
+    (lambda t: t.replace('reference = "a"', 'reference = "c"'), r"plan.toml: reference 'c' is not one of its rows \(a, b\)"),
+    (lambda t: t.split("[rows.a]")[0], r"plan.toml has no \[rows.NAME\] tables"),
+    (lambda t: t + "\n[[", "plan.toml is not valid TOML"),
+    (lambda t: t.replace("[rows.b]\n", "").replace("scale = 3.0", "[rows]\nb = 3"), r"row 'b': give a table"),
+])
+def test_plan_mistakes_are_refused_naming_the_file_and_the_row(tmp_path, edit, message):
+    with pytest.raises(ValueError, match=message):
+        _load(tmp_path, edit(PLAN))
+
+
+def test_a_missing_plan_names_the_packaged_ones(tmp_path):
+    with pytest.raises(ValueError, match=r"fake plan '.*nowhere.toml' is neither a file nor a packaged plan \(.*ablation"):
+        plans.load_plan(str(tmp_path / "nowhere.toml"), FAKE)
+    assert "demo" not in plans.packaged_plans(FAKE)
+
+
+def test_runs_are_resumed_finished_ones_skipped_and_a_missing_one_rerun(tmp_path):
+    plan, out = _load(tmp_path), tmp_path / "out"
+    task = FakeTask(plan)
+    results = plans.run_plan(plan, out, task.run)
+    assert task.calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]  # seed by seed
+    assert results["b"] == {0: {"seed": 0, "score": 6.0}, 1: {"seed": 1, "score": 12.0}, 2: {"seed": 2, "score": 18.0}}
+    assert json.loads((out / "b" / "seed2" / plans.RESULT_FILE).read_text()) == {"seed": 2, "score": 18.0}
+
+    task.calls.clear()
+    after = []
+    again = plans.run_plan(plan, out, task.run, after=lambda *call: after.append(call))
+    assert task.calls == [] and after == [] and again == results  # everything finished: read back
+
+    (out / "a" / "seed1" / plans.RESULT_FILE).unlink()  # e.g. a run stopped before its end
+    assert plans.run_plan(plan, out, task.run, by_seed=False) == results
+    assert task.calls == [("a", 1)] and after == []
+
+    task.calls.clear()
+    stale = plans.run_plan(plan, out, task.run, rows=["b"], seeds=[0, 5],
+                           current=lambda name, seed, stored: stored["score"] != 6.0, after=lambda *c: after.append(c))
+    assert task.calls == [("b", 0), ("b", 5)] and [c[:2] for c in after] == [("b", 0), ("b", 5)]
+    assert stale == {"b": {0: {"seed": 0, "score": 6.0}, 5: {"seed": 5, "score": 36.0}}}
+    # collected from the folders: every seed found, nothing from a neighbouring folder
+    (out / "a" / "seed0-evaluation").mkdir()
+    (out / "a" / "seed0-evaluation" / plans.RESULT_FILE).write_text("{}")
+    assert list(plans.collect(plan, out)["b"]) == [0, 1, 2, 5] and list(plans.collect(plan, out)["a"]) == [0, 1, 2]
+
+
+def test_a_failing_run_does_not_stop_the_others_and_is_named_at_the_end(tmp_path):
+    plan, out = _load(tmp_path), tmp_path / "out"
+
+    def run(name, seed, folder):
+        if (name, seed) == ("a", 1):
+            raise ArithmeticError("loss became NaN")
+        return {"seed": seed}
+
+    with pytest.raises(plans.RunsFailed, match=r"run\(s\) a/seed1 failed .*a/seed1: loss became NaN"):
+        plans.run_plan(plan, out, run, failures=(ArithmeticError,))
+    assert sorted(plans.collect(plan, out)["a"]) == [0, 2] and sorted(plans.collect(plan, out)["b"]) == [0, 1, 2]
+    with pytest.raises(KeyError):  # any other error stops the plan at once
+        plans.run_plan(plan, tmp_path / "other", lambda *a: {}[0], failures=(ArithmeticError,))
+
+
+def test_rows_are_selected_by_name_in_plan_order(tmp_path):
+    plan = _load(tmp_path)
+    assert plans.select_rows(plan, ["b", "a"]) == ["a", "b"] and plans.select_rows(plan, None) == ["a", "b"]
+    with pytest.raises(ValueError, match=r"unknown row\(s\) c of fake plan .*plan.toml; rows: a, b"):
+        plans.select_rows(plan, ["c"])
+
+
+def test_the_summary_is_the_mean_and_sample_std_and_one_seed_shows_a_dash(tmp_path):
+    plan, out = _load(tmp_path), tmp_path / "out"
+    plans.run_plan(plan, out, FakeTask(plan).run, rows=["a"])
+    plans.run_plan(plan, out, FakeTask(plan).run, rows=["b"], seeds=[0])
+    collected = plans.collect(plan, out)
+    metrics = {"score": lambda r: r["score"], "half": lambda r: r["score"] / 2}
+    a = plans.summarize(collected["a"], metrics)
+    # a: scores 2, 4, 6: mean 4; squared deviations 4 + 0 + 4 = 8, / (n − 1) = 4, sample std 2
+    # (the population std would be √(8/3) = 1.633)
+    assert a["seeds"] == [0, 1, 2]
+    assert a["score"] == pytest.approx((4.0, 2.0), rel=1e-15) and a["half"] == pytest.approx((2.0, 1.0), rel=1e-15)
+    b = plans.summarize(collected["b"], metrics)  # one seed: score 6, no spread
+    assert b["seeds"] == [0] and b["score"][0] == 6.0 and math.isnan(b["score"][1])
+    assert plans.summarize({}, metrics) == {"seeds": [], "score": None, "half": None}
+    rows = [{"name": "a", **a}, {"name": "b", **b}, {"name": "c", "score": None}]
+    table = plans.markdown_table(rows, [Column("row", cell=lambda r: r["name"]), Column("score", metric="score"),
+                                        Column("half", metric="half", digits=1)])
+    assert table == ["| row | score | half |", "|---|---|---|", "| a | 4.00 ± 2.00 | 2.0 ± 1.0 |",
+                     "| b | 6.00 ± – | 3.0 ± – |", "| c | – | – |"]
+
+
+def test_run_once_locks_the_folder_and_reads_a_result_written_meanwhile(tmp_path):
+    from spe.lab.train.run_folder import RunFolderBusy
+    from tiny_run import hold_lock
+
+    folder = tmp_path / "row" / "seed0"
+    holder = hold_lock(folder)
+    try:
+        with pytest.raises(RunFolderBusy, match="in use by another spe process"):
+            plans.run_once(folder, lambda f: {"x": 1})
+        plans.write_result(folder, {"x": 2})  # the other runner finished it
+        assert plans.run_once(folder, lambda f: pytest.fail("ran again")) == {"x": 2}
+    finally:
+        holder.kill()
+        holder.wait()
