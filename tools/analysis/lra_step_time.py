@@ -33,6 +33,9 @@ SETTINGS = {
     "convspe-performer, fixed code (preset)": ("convspe", "performer", {}),
     "ape-linear-relu": ("ape", "linear-relu", {}),
     "sinespe-linear-relu, fixed code (preset)": ("sinespe", "linear-relu", {}),
+    "none-performer + gate (bidirectional)": ("none", "performer", {"decay": "gated"}),
+    "none-linear-elu + channel gate (bidirectional)": ("none", "linear-elu", {"decay": "gated-channel"}),
+    "sinespe-performer + gate, fixed code": ("sinespe", "performer", {"decay": "gated"}),
 }
 REFERENCE = "ape-performer"
 

@@ -82,7 +82,7 @@ def test_too_few_long_pieces_is_an_error_naming_the_corpus_the_count_and_the_lon
         load_split(data, cache_dir=cache, test_min_tokens=50, num_test_pieces=11)  # every piece is that long
 
 
-@pytest.mark.parametrize(("options", "message"), [  # each option's own range: tests/train/test_option_rules.py
+@pytest.mark.parametrize(("options", "message"), [  # each option's own range: tests/lab/train/test_option_rules.py
     ({"test_min_tokens": L + 1}, "test_min_tokens 9 leaves no test position beyond seq_len 8"),
     ({"test_min_tokens": MIN_TOKENS, "max_piece_tokens": 100}, "test_min_tokens 129 exceeds max_piece_tokens 100"),
 ])

@@ -168,7 +168,7 @@ def test_a_tiny_study_runs_resumes_and_reports_what_has_not_run(tmp_path, monkey
         row = rows[name]
         assert row["seeds"] == [0, 1] and row["test_accuracy"] == accs
         assert row["mean"] == pytest.approx((accs[0] + accs[1]) / 2)
-        # sample std (n − 1) of two values: |a − b| / √2 (see tests/test_stats.py)
+        # sample std (n − 1) of two values: |a − b| / √2 (see tests/lab/test_stats.py)
         assert row["std"] == pytest.approx(abs(accs[0] - accs[1]) / math.sqrt(2))
         assert row["best_val_mean"] == pytest.approx(50 * (results[0]["val_accuracy"] + results[1]["val_accuracy"]))
         assert row["step_seconds"] == pytest.approx(_expected_step_seconds([out / name / "seed0", out / name / "seed1"]))
