@@ -95,6 +95,7 @@ def _token_by_token(model, prompt, num_tokens, seed):
                                   {"positional": "convspe", "attention": "linear-elu"},
                                   {"positional": "sinespe", "attention": "performer", "attention_window": 8}],
                          ids=lambda k: "-".join(str(v) for v in k.values()))
+@pytest.mark.slow
 def test_a_prompt_is_prefilled_in_one_pass_and_samples_the_same_piece(kind):
     torch.manual_seed(0)
     model = DecoderLM(ModelConfig(vocab_size=30, d_model=16, num_layers=2, num_heads=2, d_ff=32, num_features=8,

@@ -104,6 +104,7 @@ def test_the_weights_times_the_values_are_the_layers_output(attention, positiona
     ("softmax", "music-relative", "none"), ("performer", "none", "fixed"), ("performer", "sinespe", "gated"),
     ("linear-relu", "none", "gated-channel"), ("linear-elu", "none", "none"), ("linear", "sinespe", "fixed"),
     ("linear-elu", "rope", "none")])
+@pytest.mark.slow
 def test_padding_keys_get_no_weight_in_an_encoder(attention, positional, decay):
     layer = _layer(attention, positional, decay=decay, causal=False, dtype=torch.float64)
     x, code = _inputs(torch.float64), _code(layer, torch.float64)
@@ -121,6 +122,7 @@ def test_padding_keys_get_no_weight_in_an_encoder(attention, positional, decay):
     torch.testing.assert_close(moved[1, :, :5], weights[1, :, :5], rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_causal_rows_do_not_see_the_future():
     """Changing the inputs from position t on leaves the rows of queries before t unchanged."""
     for attention, decay in (("softmax", "gated"), ("performer", "fixed"), ("linear-relu", "gated-channel")):
@@ -171,6 +173,7 @@ def test_linear_kernels_weights_are_the_formula():
             torch.testing.assert_close(layer.attention_weights(x), expected, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [True, False])
 def test_exact_weights_are_the_softmax_the_kernel_stands_for(causal):
     """softmax(q̂·k̂/√R + λ|m − n|) for FAVOR+ with a fixed decay and SPE; a softmax layer's own."""
@@ -230,6 +233,7 @@ def _spe_layer(attention, num_realizations=None, **kw):
                               num_realizations=num_realizations, num_features=8, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", KERNELS)
 def test_r_is_taken_from_the_code(attention):
     layer = _spe_layer(attention)
@@ -244,6 +248,7 @@ def test_r_is_taken_from_the_code(attention):
     assert layer.feature_sizes() == ((8, 8) if attention == "performer" else (R, R))
 
 
+@pytest.mark.slow
 def test_a_layer_awaiting_its_code_loads_a_saved_projection():
     trained = _spe_layer("performer", num_realizations=R)
     fresh = _spe_layer("performer")

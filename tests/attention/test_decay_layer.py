@@ -61,6 +61,7 @@ def test_state_dict_keys_without_decay_are_unchanged():
     assert set(MultiHeadAttention(32, 4, decay="learned").state_dict()) == keys | {"decay_logit"}
 
 
+@pytest.mark.slow
 def test_softmax_and_unknown_decays_are_refused():
     with pytest.raises(ValueError, match="softmax attention does not take a decay"):
         MultiHeadAttention(32, 4, attention="softmax", decay="fixed")

@@ -155,6 +155,7 @@ def test_fox_equals_an_explicit_float64_softmax_with_the_gate_sums(window, rope)
     torch.testing.assert_close(layer(x), layer.out(y.flatten(2)), atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decay", ["none", "fixed", "gated", "gated-channel"])
 @pytest.mark.parametrize("causal,window", [(True, None), (True, 5), (False, None)])
 def test_the_linear_kernel_is_the_unnormalised_sum_then_an_rms_norm(decay, causal, window):

@@ -15,6 +15,7 @@ def test_score_encodings_need_softmax(attention):
         MultiHeadAttention(16, 2, attention=attention, score_encoding=ALiBi(2))
 
 
+@pytest.mark.slow
 def test_one_positional_encoding_per_layer_and_matching_causality():
     with pytest.raises(ValueError, match="one positional encoding"):
         MultiHeadAttention(16, 2, attention="softmax", rotary=RotaryEncoding(), score_encoding=ALiBi(2))

@@ -60,6 +60,7 @@ def test_half_precision_queries_give_half_precision_outputs_in_every_impl(kind, 
     torch.testing.assert_close(kh.float(), ref_k, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,impl", CASES)
 def test_bf16_autocast_as_the_model_calls_it_gives_bf16_in_every_impl(kind, impl):
     enc, filt = _setup(kind, impl)

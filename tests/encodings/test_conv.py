@@ -51,6 +51,7 @@ def test_kernel_is_mean_of_code_products_at_rate_one_over_sqrt_r(causal):
     assert 4 * (1 - 4 / math.sqrt(n)) < ratio < 4 * (1 + 4 / math.sqrt(n))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("p", [1, 4, 33])
 def test_fft_equals_direct_convolution_forward_and_backward(p, causal):
@@ -102,6 +103,7 @@ def test_float32_and_float64_modules_draw_the_same_code_from_the_same_seed():
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fft_path_equals_explicit_sum_over_the_documented_noise():
     # The FFT path reads noise_span (time-last blocks); the explicit sum reads noise(times):
     # both must see the same Z(t) and apply Q̄(t) = Σ_p Φ(p) Z(t − p + c).

@@ -37,6 +37,7 @@ def test_fft_equals_direct_on_the_same_noise_forward_and_backward():
     torch.testing.assert_close(slow[y * 5 + x].detach(), by_hand)
 
 
+@pytest.mark.slow
 def test_module_impls_give_the_same_code_for_the_same_generator():
     a, b = _encoding(impl="fft"), _encoding(impl="direct")
     ca = a((5, 7), generator=torch.Generator().manual_seed(3))
@@ -71,6 +72,7 @@ def test_expected_code_product_is_the_kernel_of_the_offset_exactly():
     torch.testing.assert_close(enc.kernel(torch.tensor([tau]))[0, 0, 0], by_hand)
 
 
+@pytest.mark.slow
 def test_monte_carlo_mean_converges_to_the_kernel_at_rate_one_over_sqrt_r():
     enc = _encoding(p=(3, 3), h=2, d=16)
     grid = (5, 5)

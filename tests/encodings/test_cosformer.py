@@ -59,6 +59,7 @@ def test_layers_and_models_refuse_positions_beyond_l_max_in_forward_and_decoding
         ModelConfig(**{**config.to_dict(), "cosformer_max_length": 0})
 
 
+@pytest.mark.slow
 def test_no_state_dict_entries():
     model = DecoderLM(ModelConfig(vocab_size=10, d_model=8, num_heads=2, num_layers=1, d_ff=8,
                                   positional="cosformer"))

@@ -13,6 +13,7 @@ TINY = ["--seq-len", "16", "--batch-size", "2", "--d-model", "16", "--num-layers
 
 @pytest.mark.parametrize("positional,extra", [("lrpe", ["--lrpe-angles", "learned"]), ("permute", []),
                                               ("cosformer", ["--cosformer-max-length", "48"])])
+@pytest.mark.slow
 def test_train_then_generate(midi_folder, tmp_path, positional, extra):
     run = tmp_path / positional
     with pytest.warns(UserWarning, match="broken.mid"):

@@ -72,6 +72,7 @@ def _grads(layer, out):
     return torch.autograd.grad(out.square().sum(), params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("name,kernel", PAIRS)
 def test_layer_equals_its_slow_twin_forward_and_backward(name, kernel, causal):
@@ -87,6 +88,7 @@ def test_layer_equals_its_slow_twin_forward_and_backward(name, kernel, causal):
         assert grads["feature_transform.angles"].abs().max() > 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kernel", PAIRS)
 def test_the_transform_changes_the_outputs(name, kernel):
     # guards the twin test against a transform that does nothing
@@ -97,6 +99,7 @@ def test_the_transform_changes_the_outputs(name, kernel):
     assert (layer(x) - plain(x)).abs().max() > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kernel", PAIRS)
 def test_recurrent_steps_equal_the_parallel_pass_outputs_state_and_gradients(name, kernel):
     layer = _layer(name, kernel, chunk=3)
@@ -120,6 +123,7 @@ def test_recurrent_steps_equal_the_parallel_pass_outputs_state_and_gradients(nam
         torch.testing.assert_close(a, b, **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kernel", PAIRS)
 def test_causal_outputs_ignore_the_future(name, kernel):
     layer = _layer(name, kernel)
@@ -153,6 +157,7 @@ def test_weights_depend_on_the_lag_only(name, kernel, causal):
         torch.testing.assert_close(layer(y, positions=torch.arange(10) + shift), base, **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kernel", PAIRS)
 def test_encoder_outputs_at_real_positions_ignore_padding(name, kernel):
     layer = _layer(name, kernel, causal=False)

@@ -117,6 +117,7 @@ def _gated_kernel_z_scores(enc, filt, lags, key_position, r, seed):
 
 @pytest.mark.parametrize(("kind", "impl"), [("sine", "reference"), ("sine", "materialized"), ("sine", "fused"),
                                             ("sine", "blocked"), ("conv", "reference"), ("conv", "materialized")])
+@pytest.mark.slow
 def test_gated_kernel_monte_carlo_mean_is_mixture_at_rate_one_over_sqrt_r(kind, impl):
     # Replacing √(1−δ), √δ by (1−δ), δ in any path shifts the mean to
     # (1−δ)²P + δ² (≈ 0.5 away at δ = ½), i.e. z ≈ 3 at R = 64 and 11 at R = 1,024: red.

@@ -43,6 +43,7 @@ def test_evaluate_json_never_replaces_the_checkpoint_or_the_run(run, tmp_path, c
     assert not (tmp_path / "ev").exists()  # refused before evaluating
 
 
+@pytest.mark.slow
 def test_generate_never_writes_over_its_prompt_or_a_checkpoint(run, capsys):
     prompt = run.parent / "prompt.mid"
     before = prompt.read_bytes()

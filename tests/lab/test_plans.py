@@ -155,6 +155,7 @@ def test_the_summary_is_the_mean_and_sample_std_and_one_seed_shows_a_dash(tmp_pa
                      "| b | 6.00 ± – | 3.0 ± – |", "| c | – | – |"]
 
 
+@pytest.mark.slow
 def test_run_once_locks_the_folder_and_reads_a_result_written_meanwhile(tmp_path):
     from spe.lab.train.run_folder import RunFolderBusy
     from tiny_run import hold_lock

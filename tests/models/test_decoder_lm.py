@@ -79,6 +79,7 @@ def test_code_is_shared_across_layers_each_with_its_own_gate():
     assert gates[0] is not gates[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positional", ["sinespe", "convspe"])
 def test_per_layer_encodings_give_each_layer_its_own_code_and_decode_recurrently(positional, tmp_path):
     model = _model(positional, "performer", share_across_layers=False)
@@ -129,6 +130,7 @@ def test_invalid_configuration_and_input_raise():
         model(torch.tensor([[1, 50]]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention,pos", PAIRS)
 def test_recurrent_decoding_equals_parallel_forward(attention, pos):
     model = _model(pos[0], attention, gated=pos[1])

@@ -34,6 +34,7 @@ def _model(**kind):
     return DecoderLM(cfg).eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: "-".join(str(v) for v in k.values()))
 def test_prefill_gives_the_logits_and_state_of_token_by_token_steps(kind):
     model = _model(**kind)

@@ -230,6 +230,7 @@ def test_long_sequence_float32(gamma, scaled):
     assert torch.isfinite(y_bi).all() and (y_bi.double() - y_bi64).abs().max() < 2 * tol
 
 
+@pytest.mark.slow
 def test_long_sequence_float64_matches_reference():
     """The float64 chunked form at L = 1024 (≫ C) against the explicit sum, γ = 0.5 and ≈ 1."""
     (fq, fk, v, _), extra = _inputs(1024, seed=8, scaled=True, batch=1)

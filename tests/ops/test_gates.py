@@ -283,6 +283,7 @@ def test_strong_gates_over_a_long_sequence(kind, scaled, causal):
     assert (y32.double() - ref).abs().max() < (2 if not causal else 1) * tol
 
 
+@pytest.mark.slow
 def test_strong_gates_gradients_match_the_reference():
     """Gradients (q, k, v, G) with e^{−30} gates and sums of −2,000 nats, float64, against the
     explicit sum: finite and equal (weights below 10⁻³⁰⁸ are 0 in both)."""

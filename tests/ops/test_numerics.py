@@ -37,6 +37,7 @@ def _sharp_favor(spread, n=256, heads=2, dim=32, features=64):
     return favor_feature_map(q, w, is_query=True), favor_feature_map(k, w, is_query=False), favor_key_features(k, w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spread", [4.0, 6.0])
 @pytest.mark.parametrize("scaled", [False, True])
 def test_all_ones_values_give_one_for_sharp_favor_attention(spread, scaled):

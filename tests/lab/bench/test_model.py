@@ -186,6 +186,7 @@ def test_decay_modes_are_measured_side_by_side_in_one_run(tmp_path, monkeypatch)
     assert main(["bench", "--decay", "none,exponential", "--out", str(out)]) == 2
 
 
+@pytest.mark.slow
 def test_the_bench_layer_and_model_are_built_with_the_case_decay():
     from spe.lab.bench.worker import build
 

@@ -191,6 +191,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("argv", "message", "may_change"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_hostile_input_is_one_line_exit_2_and_nothing_is_overwritten(world, argv, message, may_change,
                                                                       capsys):
@@ -220,6 +221,7 @@ def test_a_tiny_temperature_generates_the_greedy_continuation(world, tmp_path, c
     assert outs[0].read_bytes() == outs[1].read_bytes()
 
 
+@pytest.mark.slow
 def test_a_hostile_data_folder_trains_with_every_skip_named_and_counted(world, tmp_path):
     """A non-UTF-8 name, folder links (one a cycle) and over-long pieces no longer stop or silently shrink a run."""
     import os

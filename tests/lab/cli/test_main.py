@@ -77,6 +77,7 @@ def test_bad_flags_and_corrupt_checkpoints_are_one_line_errors(tmp_path, capsys)
     assert "not a readable safetensors file" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_score_encodings_pick_softmax_unless_attention_is_given(midi_folder, tmp_path, capsys):
     cache = str(tmp_path / "cache")
     run = tmp_path / "shaw"

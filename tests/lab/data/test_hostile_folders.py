@@ -124,6 +124,7 @@ def test_a_bad_bound_is_refused_naming_it(tmp_path, bound):
         load_corpus(tmp_path, cache_dir=tmp_path / "cache", max_piece_tokens=bound)
 
 
+@pytest.mark.slow
 def test_the_tokenised_pieces_are_those_of_before_for_ordinary_files(midi_folder, tmp_path):
     """Clipping only ever applies to pieces above the bound: ordinary files tokenise as MidiTok does."""
     from symusic import Score

@@ -94,6 +94,7 @@ def symbol_length(source):
     return sum(s not in "()" for s in source.split())
 
 
+@pytest.mark.slow
 def test_evaluate_matches_a_recursive_tree_evaluator_on_random_nested_expressions():
     rng = random.Random(1)
     seen_ops, single = set(), 0
@@ -164,6 +165,7 @@ def _argument_counts(source):
     return out
 
 
+@pytest.mark.slow
 def test_generate_with_lra_defaults_is_deterministic_by_seed():
     a = generate(8, seed=0)
     assert a == generate(8, seed=0) and a != generate(8, seed=1)
@@ -310,6 +312,7 @@ def _all_trees(depth: int, max_depth: int, max_args: int, budget: int) -> list[t
 
 @pytest.mark.parametrize(("max_depth", "max_args", "min_length", "max_length"),
                          [(1, 2, 0, 2), (2, 2, 3, 5), (2, 3, 0, 7), (3, 2, 0, 9), (3, 3, 4, 8), (4, 2, 5, 10)])
+@pytest.mark.slow
 def test_the_count_of_distinct_expressions_matches_an_enumeration(max_depth, max_args, min_length, max_length):
     texts = {t for t, n in _all_trees(1, max_depth, max_args, max_length) if min_length < n}
     assert count_expressions(max_depth=max_depth, max_args=max_args, min_length=min_length,

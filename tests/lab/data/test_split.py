@@ -117,6 +117,7 @@ def trained(corpus, tmp_path_factory):
     return cfg
 
 
+@pytest.mark.slow
 def test_evaluate_split_test_reads_the_test_pieces_in_buckets_of_l_up_to_16_l(trained, tmp_path, capsys):
     from spe.lab.cli.main import main
 
@@ -135,6 +136,7 @@ def test_evaluate_split_test_reads_the_test_pieces_in_buckets_of_l_up_to_16_l(tr
     assert (out / "extrapolation.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_run_without_a_test_split_says_so_and_its_options_cannot_change_on_resume(trained, tmp_path):
     from spe.lab.train.status import run_status
 

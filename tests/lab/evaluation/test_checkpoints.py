@@ -32,6 +32,7 @@ def trained(tmp_path_factory):
     ("user", None, "all", 4),  # another folder: every piece of it
     ("user", "validation", "validation", 1),  # 5 % of 4 pieces, at least one
 ])
+@pytest.mark.slow
 def test_which_pieces_are_evaluated(trained, which, split, expected, pieces, tmp_path, capsys):
     tmp, cfg = trained
     data = cfg.data if which == "own" else str(clean_midi(tmp_path / "user", pieces=4))

@@ -94,6 +94,7 @@ def test_attention_errors():
         attention_matrices(_model("ape"), torch.zeros(2, 3, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_plot_kernels_shows_the_encoding_kernel(tmp_path):
     with pytest.raises(ValueError, match="SPE model"):
         plot_kernels(_model("ape"), tmp_path / "k.png")
@@ -106,6 +107,7 @@ def test_plot_kernels_shows_the_encoding_kernel(tmp_path):
     np.testing.assert_allclose(values, expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_plot_kernels_applies_the_layer_gate(tmp_path):
     model = _model("convspe", kernel_size=5, gated=True)
     with torch.no_grad():
@@ -133,6 +135,7 @@ def test_plot_attention_draws_each_layer_once(tmp_path):
         plot_attention(model, TOKENS, tmp_path / "x.png", heads=[2])
 
 
+@pytest.mark.slow
 def test_plot_piano_roll(tmp_path):
     from conftest import write_midi
 

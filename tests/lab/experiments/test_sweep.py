@@ -34,6 +34,7 @@ eval = { num_draws = 2, num_realizations = 8 }
 """
 
 
+@pytest.mark.slow
 def test_sweep_trains_each_variant_and_seed_once_and_tabulates(midi_folder, tmp_path, capsys):
     plan = tmp_path / "plan.toml"
     plan.write_text(PLAN)
@@ -77,6 +78,7 @@ def test_plan_errors_name_the_file_and_variant(tmp_path):
     assert plan.reference == "ape" and plan.seeds == [0, 1, 2] and "sinespe" in plan.variants
 
 
+@pytest.mark.slow
 def test_sweep_refuses_to_reuse_a_run_trained_with_other_options(midi_folder, tmp_path, capsys):
     plan = tmp_path / "plan.toml"
     plan.write_text(PLAN.replace("seeds = [0, 1]", "seeds = [0]"))
@@ -115,6 +117,7 @@ def test_threads_override_every_variant_and_a_finished_run_is_still_reused(tmp_p
     assert "threads" not in RESUME_KEYS  # how many cores trained a run does not make it another run
 
 
+@pytest.mark.slow
 def test_every_peer_builds_and_reaches_three_times_its_training_length(tmp_path):
     """The peers plan is the comparison with the encodings the field ships for linear attention: each variant's model must build, and its
     positions must reach the evaluation's 3× the training length (cosFormer's L_max)."""
@@ -184,6 +187,7 @@ def test_variant_names_are_names_not_paths(tmp_path, name, problem, capsys):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["plan.toml"]  # nothing written, inside --out or not
 
 
+@pytest.mark.slow
 def test_a_variant_evaluates_the_test_split_in_buckets_of_l_up_to_16_l(midi_folder, tmp_path):
     """The gates study's 16× protocol in a sweep, scaled down to L = 8: test pieces of at least 129 tokens."""
     plan = tmp_path / "plan.toml"
@@ -215,6 +219,7 @@ def test_a_plan_evaluating_a_split_its_runs_do_not_hold_is_refused(tmp_path, var
         load_plan(str(bad))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan_name,length", [("gates", 64), ("gates-palestrina", 256)])
 def test_every_gates_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan_name, length):
     """The gates study: every row builds, is evaluated on the held-out test split in buckets of

@@ -26,6 +26,7 @@ def test_only_runs_with_redraws_get_a_feature_stream():
     assert LRATask(_tiny_config(feature_redraw_every=1), {}).generators == ("data", "code", "feature")
 
 
+@pytest.mark.slow
 def test_redrawn_every_step_the_projections_change_and_never_otherwise(tmp_path):
     """The projections are buffers (no gradient): only a redraw moves them, and one at step 3 is
     not the draw of initialisation, while weights, data and codes see the same streams."""

@@ -56,6 +56,7 @@ def _records(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_processes_train_a_seed_as_one_does(tmp_path):
     import torch.multiprocessing as mp
 

@@ -87,6 +87,7 @@ KILLS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", list(KILLS))
 def test_a_kill_in_any_window_then_the_same_command_gives_the_uninterrupted_run(window, tmp_path, monkeypatch,
                                                                                 uninterrupted):
@@ -101,6 +102,7 @@ def test_a_kill_in_any_window_then_the_same_command_gives_the_uninterrupted_run(
     _assert_same_run(folder, uninterrupted)
 
 
+@pytest.mark.slow
 def test_a_torn_metrics_line_is_dropped_with_a_warning_naming_the_file(tmp_path, monkeypatch, uninterrupted):
     restore = _kill_once(monkeypatch, engine, "_save", lambda run, *a: run.step == 4)
     folder = tmp_path / "seed0"
@@ -114,6 +116,7 @@ def test_a_torn_metrics_line_is_dropped_with_a_warning_naming_the_file(tmp_path,
     _assert_same_run(folder, uninterrupted)
 
 
+@pytest.mark.slow
 def test_a_model_and_state_of_different_steps_are_refused_in_one_line(tmp_path, monkeypatch):
     restore = _kill_once(monkeypatch, engine, "_save", lambda run, *a: run.step == 6)
     folder = tmp_path / "seed0"
@@ -161,6 +164,7 @@ def test_a_training_state_that_would_run_code_is_refused_and_nothing_runs(tmp_pa
     assert "nothing in it was run" in message
 
 
+@pytest.mark.slow
 def test_compiled_training_gives_the_eager_weights(tmp_path, monkeypatch):
     # Inductor takes minutes on a CPU: the engine's compile path runs with dynamo's eager backend
     # (the same graph capture, executed op by op), which must reproduce the uncompiled run exactly.
@@ -172,6 +176,7 @@ def test_compiled_training_gives_the_eager_weights(tmp_path, monkeypatch):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["torch.compile", "first step"])
 def test_compile_failures_fall_back_with_a_message_and_train_as_eager(where, tmp_path, monkeypatch):
     def unavailable(model, **kwargs):

@@ -109,6 +109,7 @@ def test_a_seed_keeps_its_best_validation_checkpoint_and_tests_it(tmp_path):
     assert result["test_accuracy"] == accuracy(load(tmp_path / "seed0" / "best").model, splits["test"])
 
 
+@pytest.mark.slow
 def test_an_interrupted_seed_resumes_to_the_same_weights(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
@@ -140,6 +141,7 @@ def test_an_interrupted_seed_resumes_to_the_same_weights(tmp_path, monkeypatch):
     assert records[0] == records[1]
 
 
+@pytest.mark.slow
 def test_results_over_seeds_and_finished_seeds_are_not_rerun(tmp_path, monkeypatch):
     import spe.lab.data.lra.tasks as tasks
     import spe.lab.lra.run as run_module
@@ -182,6 +184,7 @@ def test_presets_merge_task_positional_and_explicit_options():
     assert small.data_options["drop_parentheses"] is True and small.steps < paper.steps
 
 
+@pytest.mark.slow
 def test_the_command_end_to_end_on_the_embedded_image_proxy(tmp_path, capsys, monkeypatch):
     # cpu-small image preset cut to 2 steps: trains, picks the best checkpoint, tests it,
     # writes results and the CLS attention map. The proxy's splits are cut to 24 images each

@@ -56,6 +56,7 @@ def test_the_optimizer_starts_positional_parameters_at_scale_times_the_lr():
     assert [g["lr"] for g in optimizer.param_groups] == [1e-2, 1e-2, pytest.approx(4e-2)]
 
 
+@pytest.mark.slow
 def test_one_adamw_step_moves_positional_parameters_scale_times_as_far(tmp_path):
     """Adam's first step is lr · g / (|g| + ε) per element (no decay on these parameters): linear in the lr.
 
@@ -79,6 +80,7 @@ def test_one_adamw_step_moves_positional_parameters_scale_times_as_far(tmp_path)
         assert torch.equal(moves[4.0][name], moves[1.0][name]), name
 
 
+@pytest.mark.slow
 def test_scale_one_trains_bit_identically_to_the_optimizer_of_before(tmp_path, monkeypatch):
     splits = _splits()
     train_seed(_tiny_config(steps=3, eval_every=3), splits, 0, tmp_path / "now", progress=False)

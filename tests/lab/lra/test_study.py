@@ -99,6 +99,7 @@ def test_the_packaged_listops_plan_is_the_controlled_study():
     assert len(set(dumps)) == len(dumps)
 
 
+@pytest.mark.slow
 def test_every_row_of_the_packaged_plan_builds_its_model():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -147,6 +148,7 @@ def _expected_step_seconds(folders):
     return statistics.median(intervals)
 
 
+@pytest.mark.slow
 def test_a_tiny_study_runs_resumes_and_reports_what_has_not_run(tmp_path, monkeypatch, capsys):
     plan_file = tmp_path / "tiny.toml"
     plan_file.write_text(TINY_PLAN)
@@ -229,6 +231,7 @@ def test_runner_errors_before_any_run(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_study_runner_is_refused_a_seed_another_process_holds(tmp_path):
     plan_file = tmp_path / "tiny.toml"
     plan_file.write_text(TINY_PLAN)

@@ -42,6 +42,7 @@ def test_score_encodings_get_softmax_and_spe_a_window_unless_set():
         TrainConfig(model={"positional": "alibi", "attention": "performer"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positional", ["sinespe", "shaw"])
 def test_train_sweep_and_python_build_the_same_model_from_the_same_toml(positional, midi_folder, tmp_path):
     from spe.lab.cli.main import main

@@ -135,6 +135,7 @@ def test_music_killed_between_the_state_and_the_model_resumes_to_the_same_weight
     assert _same_weights(straight, tmp_path / "killed")
 
 
+@pytest.mark.slow
 def test_a_state_of_an_older_format_is_refused_naming_the_file(tmp_path, monkeypatch):
     original = engine._save
 

@@ -42,6 +42,7 @@ def test_a_bf16_step_is_close_to_fp32_on_the_same_batch(tmp_path):
                if p.grad is not None)
 
 
+@pytest.mark.slow
 def test_bf16_training_writes_float32_checkpoints(tmp_path):
     from spe.lab.train.loop import train
 

@@ -44,6 +44,7 @@ def test_overwrite_refuses_a_folder_that_holds_no_spe_run_and_changes_nothing(tm
         assert _snapshot(Path(cfg.out)) == before
 
 
+@pytest.mark.slow
 def test_overwrite_removes_spe_files_and_keeps_every_other_file(tmp_path):
     run = train(tiny_config(tmp_path, "run", steps=4, keep_checkpoints=3), progress=False)
     foreign = {"checkpoints/lightning/epoch=99.ckpt": "lightning", "tensorboard/events.out.tfevents.1.host": "theirs",

@@ -51,6 +51,7 @@ def test_resume_after_a_crash_continues_the_same_trajectory_bit_for_bit(tmp_path
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_keeps_the_last_k_checkpoints_and_links_the_latest(tmp_path):
     run = train(tiny_config(tmp_path, "run", keep_checkpoints=2), progress=False)
     kept = sorted(p.name for p in (run / CHECKPOINTS_DIR).iterdir())
@@ -66,6 +67,7 @@ def test_keeps_the_last_k_checkpoints_and_links_the_latest(tmp_path):
     assert oct(os.stat(run / MODEL_FILE).st_mode & 0o777) != "0o600"  # usual permissions, not mkstemp's
 
 
+@pytest.mark.slow
 def test_a_crash_between_the_two_renames_is_repaired_to_a_matching_pair(tmp_path):
     run = train(tiny_config(tmp_path, "run", steps=4, keep_checkpoints=3), progress=False)
     older = run / CHECKPOINTS_DIR / "step-0000002"

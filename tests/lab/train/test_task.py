@@ -186,6 +186,7 @@ def test_one_list_of_schedules_and_one_message_for_a_learning_rate_scale():
 
 # --- the music task trains with the options it gained --------------------------------------------
 
+@pytest.mark.slow
 def test_spe_train_trains_with_the_rsqrt_schedule_and_a_positional_lr_scale(tmp_path):
     from spe.lab.train.loop import train
 

@@ -8,6 +8,7 @@ from tiny_run import tiny_config
 from spe.lab.train.loop import train
 
 
+@pytest.mark.slow
 def test_event_files_hold_the_metrics_scalars(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

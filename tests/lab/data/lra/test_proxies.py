@@ -62,6 +62,7 @@ def test_retrieval_proxy_pairs_share_a_mass_exactly_when_labelled_one(movements)
     assert torch.equal(again.tokens1, data["test"].tokens1) and torch.equal(again.labels, data["test"].labels)
 
 
+@pytest.mark.slow
 def test_image_proxy_is_the_digits_upsampled_balanced_and_seeded():
     datasets = pytest.importorskip("sklearn.datasets")
     digits = datasets.load_digits()
