@@ -31,8 +31,8 @@ from types import EllipsisType
 from spe.encodings import absolute, alibi, conv, conv2d, cosformer, lrpe, music_relative, oracle, permute, rope, shaw, sine
 from spe.encodings.spec import LAYER_KEYWORDS, PLACES, PositionalSpec
 
-__all__ = ["EXACT_TWINS", "LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec", "positional_names",
-           "positional_spec"]
+__all__ = ["EXACT_TWINS", "LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec", "positional_help",
+           "positional_names", "positional_spec"]
 
 POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
     *absolute.SPECS, sine.SPEC, conv.SPEC, conv2d.SPEC, rope.SPEC, shaw.SPEC, music_relative.SPEC, alibi.SPEC,
@@ -43,6 +43,14 @@ POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
 
 # Each SPE oracle and the SPE whose parameters (and so whose checkpoints and preset options) it shares.
 EXACT_TWINS = {"sinespe-exact": "sinespe", "convspe-exact": "convspe"}
+
+
+def positional_help() -> str:
+    """The registered names grouped by where they act, for command-line help."""
+    groups = {"tokens": "added to tokens", "queries-keys": "on queries and keys",
+              "scores": "in softmax's scores", "features": "on a linear kernel's features"}
+    parts = [f"{where}: {', '.join(positional_names(acts_on=place))}" for place, where in groups.items()]
+    return "; ".join(parts) + "; none"
 
 
 def positional_spec(name: str) -> PositionalSpec:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 __all__ = ["add_lra_parser", "cmd_lra"]
 
-_TASKS = ("listops", "text", "retrieval", "image")
 # Flags that define an experiment: a study plan sets them per row. Run flags go to every row.
 _EXPERIMENT_FLAGS = ("task", "positional", "attention", "decay", "preset", "listops_pipeline", "batch_size",
                      "eval_every", "max_length", "num_realizations", "model_option", "positional_lr_scale")
@@ -73,19 +72,19 @@ def _cmd_plan(args: argparse.Namespace) -> tuple[Path, str]:
 
 
 def add_lra_parser(sub) -> None:
+    from spe.lab.cli.names import flag_choices
+
     p = sub.add_parser("lra", help="Long Range Arena: train encoder classifiers over seeds, test the best checkpoints")
-    p.add_argument("--task", choices=_TASKS, help="the task (required unless --plan is given)")
+    names = flag_choices()
+    p.add_argument("--task", choices=names["tasks"], help="the task (required unless --plan is given)")
     p.add_argument("--data", help="the task's folder in its official layout (default: the embedded data)")
-    p.add_argument("--positional",
-                   help="ape, ape-learned, sinespe, convspe, convspe-2d (image), rope, none; with linear kernels "
-                        "also lrpe, permute, cosformer; with softmax also shaw, music-relative, alibi and the "
-                        "SPE oracles sinespe-exact, convspe-exact (default sinespe)")
-    p.add_argument("--attention", help="performer (default), linear-relu, linear-elu, linear, softmax")
-    p.add_argument("--decay", choices=("none", "fixed", "learned", "gated", "gated-channel"),
+    p.add_argument("--positional", help=names["positional"] + " (default sinespe; convspe-2d: image only)")
+    p.add_argument("--attention", help=", ".join(names["attention"]) + " (default performer)")
+    p.add_argument("--decay", choices=names["decay"],
                    help="fixed (RetNet's γ_h = 1 − 2^(−5−h)), learned from there, gated (per head, from the "
                    "input) or gated-channel (GLA's), linear kernels (default: the preset's, none)")
     p.add_argument("--preset", help="paper or cpu-small (default)")
-    p.add_argument("--listops-pipeline", choices=("lossless", "lra-2021"),
+    p.add_argument("--listops-pipeline", choices=names["pipelines"],
                    help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "
                         "operators without '[', digits, no ']' and no parentheses)")
     p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's)")
@@ -104,7 +103,7 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+    p.add_argument("--precision", choices=names["precision"],
                    help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient scaler (CUDA)")
     p.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard scalars to OUT/seedK/tensorboard (needs: pip install 'spe[log]')")

@@ -89,11 +89,13 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
     p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
-    p.add_argument("--positional", help="ape, ape-learned, sinespe, convspe, rope, none; with softmax attention "
-                   "also shaw, music-relative, alibi (these select softmax unless --attention is given); with "
-                   "linear kernels also lrpe (not linear-relu), permute (PermuteFormer), cosformer")
-    p.add_argument("--attention", help="softmax, performer, linear-relu, linear-elu, linear (no normaliser)")
-    p.add_argument("--decay", choices=("none", "fixed", "learned", "gated", "gated-channel"),
+    from spe.lab.cli.names import flag_choices
+
+    names = flag_choices()
+    p.add_argument("--positional", help=names["positional"] + " (score encodings select softmax unless "
+                   "--attention is given)")
+    p.add_argument("--attention", help=", ".join(names["attention"]))
+    p.add_argument("--decay", choices=names["decay"],
                    help="fixed (RetNet's γ_h = 1 − 2^(−5−h)), learned from there, gated (a forget gate per "
                    "head from the input; softmax: FoX) or gated-channel (GLA's, per channel); default none")
     gate = p.add_mutually_exclusive_group()
@@ -108,7 +110,7 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--max-distance", type=int, help="clipping distance (shaw) / learned distances (music-relative)")
     p.add_argument("--max-positions", type=int, help="number of learned position embeddings (ape-learned); "
                    "cosformer's default L_max")
-    p.add_argument("--lrpe-angles", choices=("fixed", "learned"), help="lrpe angles (default fixed)")
+    p.add_argument("--lrpe-angles", choices=names["lrpe_angles"], help="lrpe angles (default fixed)")
     p.add_argument("--cosformer-max-length", type=int,
                    help="cosformer's L_max: it attends within L_max positions only (default: max positions)")
     p.add_argument("--short-conv", type=int, metavar="K", help="width of a causal depthwise convolution on "
@@ -119,7 +121,7 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--device", help="cpu or cuda")
     p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+    p.add_argument("--precision", choices=names["precision"],
                    help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient "
                    "scaler (CUDA)")
     p.add_argument("--tensorboard", action="store_true",
