@@ -238,10 +238,15 @@ class KernelSpec:
         if options.score_term is not None and options.decay is not None:
             raise ValueError(f"{self.name} attention does not take {DECAY_FORMS[form]} together with a score "
                              f"term, which forms the scores itself")
-        if transform is not None and transform.numerator_only and not self.numerator_transforms:
-            # ReLU features can make the untransformed normaliser exactly 0 while the transformed
-            # numerator is not (RoFormer eq. 19 needs strictly positive features).
-            raise ValueError(f"{transform.name} with linear attention needs strictly positive features: use "
+        if transform is not None and transform.numerator_only:
+            self.check_numerator_transform(transform.name)
+
+    def check_numerator_transform(self, name: str) -> None:
+        """Raises ValueError if a transform of the numerator only (``name``: RoPE, LRPE) cannot
+        run on this kernel: ReLU features can make the untransformed normaliser exactly 0 while
+        the transformed numerator is not (RoFormer eq. 19 needs strictly positive features)."""
+        if not self.numerator_transforms:
+            raise ValueError(f"{name} with linear attention needs strictly positive features: use "
                              f"{' or '.join(numerator_transform_kernels())}, not {self.name}")
 
     def features(self, q: Tensor, k: Tensor, projection: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:

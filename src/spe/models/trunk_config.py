@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar, Self
 
-from spe.attention.kernels import kernel_spec, numerator_transform_kernels
+from spe.attention.kernels import kernel_spec
 from spe.attention.layer import ACCEPTS, ATTENTIONS, check_decay
 from spe.encodings.filter import IMPLS as SPE_IMPLS
 from spe.encodings.lrpe import LRPE_ANGLES
@@ -161,9 +161,8 @@ class TrunkConfig:
             raise ValueError(f"positional {self.positional!r} "
                              f"{what.format(where=where, attention=self.attention)}; with {self.attention} "
                              f"choose one of {allowed}, or use attention {taking}")
-        if POSITIONAL_SPECS[self.positional].positive_features and not kernel.numerator_transforms:
-            raise ValueError(f"positional {self.positional!r} with linear attention needs strictly positive features: "
-                             f"use attention {' or '.join(numerator_transform_kernels())}, not {self.attention}")
+        if POSITIONAL_SPECS[self.positional].positive_features:
+            kernel.check_numerator_transform(f"positional {self.positional!r}")
         require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
             "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
             "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions")})
