@@ -210,3 +210,19 @@ def test_decoding_steps_are_timed_at_least_fifty_times(monkeypatch):
                            num_heads=2, head_dim=4, num_features=8, chunk_size=4, repeats=2, progress=False)
     timed = {r["mode"]: len(r["times_ms"]) for r in result["records"]}
     assert timed == {"train": 2, "generate": run.GENERATE_MIN_REPEATS}
+
+
+@pytest.mark.slow
+def test_fox_is_measured_with_its_gate_and_one_length_makes_no_exponent(tmp_path, monkeypatch):
+    """``--decay gated`` on softmax is FoX: measured with the gate (training and a KV-cache step
+    carrying the keys' summed log gates), labelled apart from softmax; one length gives no
+    scaling exponent (no division by log 1)."""
+    config, out = _tiny_bench(tmp_path, monkeypatch)
+    monkeypatch.setattr(run, "run_case", _layer_in_process)
+    assert main(["bench", "--modes", "train,generate", "--lengths", "16", "--pairs", "none+softmax,ape+performer",
+                 "--decay", "none,gated", "--repeats", "1", "--batch-size", "1", "--config", str(config),
+                 "--out", str(out), "--threads", "1", "--no-progress"]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    fox = [r for r in data["records"] if r["attention"] == "softmax" and r["decay"] == "gated"]
+    assert sorted(r["mode"] for r in fox) == ["generate", "train"] and all(r["median_ms"] > 0 for r in fox)
+    assert "none + softmax + decay gated" in (out / "bench.md").read_text()

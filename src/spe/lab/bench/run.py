@@ -277,7 +277,7 @@ def summarize_bench(result: dict) -> dict:
     out: dict = {"exponents": {}, "ratios_to_ape_performer": {}, "targets": {}}
     for key in sorted({series_key(r) for r in recs}):
         pts = sorted((r["length"], r["median_ms"]) for r in recs if series_key(r) == key)
-        if len(pts) >= 2:
+        if len(pts) >= 2 and pts[-1][0] > pts[0][0]:  # two lengths (one length may hold several records)
             (n0, t0), (n1, t1) = pts[0], pts[-1]
             name = " ".join(key[:4]) + ("" if key[4] == "none" else f" decay-{key[4]}")
             out["exponents"][name] = {"from": n0, "to": n1, "exponent": math.log(t1 / t0) / math.log(n1 / n0)}

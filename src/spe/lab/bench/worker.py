@@ -52,8 +52,11 @@ def _layer_config(case: dict):
 
 
 def _decay(case: dict) -> str:
-    """The case's decay (``--decay``), for linear kernels only: softmax takes none."""
-    return "none" if case["attention"] == "softmax" else case.get("decay", "none")
+    """The case's decay (``--decay``) where its kernel takes it (softmax: the FoX gate only), else none."""
+    from spe.lab.bench.targets import takes_decay
+
+    decay = case.get("decay", "none")
+    return decay if decay == "none" or takes_decay(case["attention"], decay) else "none"
 
 
 def build(case: dict):
@@ -107,8 +110,7 @@ def model_step(case: dict, device: torch.device):
     options.update(positional=case["positional"], attention=case["attention"])
     if "decay" in case:  # --decay's mode for this case, over the model options'
         options["decay"] = case["decay"]
-    if options.get("decay", "none") != "none" and options["attention"] == "softmax":
-        options["decay"] = "none"  # softmax takes no decay: its rows of a --decay run stay without
+    options["decay"] = _decay({"attention": options["attention"], "decay": options.get("decay", "none")})
     options = resolve_model_options(options, seq_len=n)
     options["max_positions"] = max(options.get("max_positions", 2048), n)
     config = ModelConfig(vocab_size=case["vocab_size"], **{**options, "spe_impl": _spe_impl(case)})
@@ -162,8 +164,10 @@ def measure_generate(case: dict, device: torch.device) -> dict:
     x = torch.randn(b, 1, h * d, device=device)
     if case["attention"] == "softmax":
         e = case["num_realizations"] if encoding is not None else d
+        # FoX keeps each cached key's summed log gate up to the newest position (≤ 0)
+        gate = {"key_log_decay": -torch.rand(b, n, h, device=device)} if _decay(case) != "none" else {}
         state = KVCache(keys=torch.randn(b, n, h, e, device=device), values=torch.randn(b, n, h, d, device=device),
-                        position=n)
+                        position=n, **gate)
     else:
         m, m_den = layer.feature_sizes()  # feature transforms (LRPE, cosFormer) double M
         sums = {"kv": torch.rand(b, h, m, d, device=device), "normalizer": torch.rand(b, h, m_den, device=device),
