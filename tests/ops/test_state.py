@@ -82,8 +82,6 @@ def test_the_kernel_returns_the_type_of_its_form_and_refuses_the_others(window, 
     y, state = causal_linear_attention_with_state(fq, fk, v, chunk_size=2, window=window, **extra)
     assert type(state) is kind and state.position == 7
     assert isinstance(causal_linear_attention(fq, fk, v, chunk_size=2, window=window, **extra), torch.Tensor)
-    with pytest.raises(TypeError, match="with_state"):  # one return type: the old flag is refused
-        causal_linear_attention(fq, fk, v, window=window, output_final_state=True, **extra)
     other = {} if scaled else {"key_log_scale": torch.zeros(B, 7, H)}
     with pytest.raises(ValueError, match="key_log_scale"):
         causal_linear_attention(fq, fk, v, window=window, initial_state=state, **other)

@@ -103,8 +103,8 @@ def _with_ones(v: Tensor) -> Tensor:
     return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
 
 
-def normalise(num: Tensor, den: Tensor, eps: float = 0.0) -> Tensor:
-    """num / (den + eps), with 0 where that denominator is exactly 0.
+def normalise(num: Tensor, den: Tensor) -> Tensor:
+    """num / den, with 0 where den is exactly 0.
 
     With non-negative features den = Σ_n φ(q_m)ᵀφ(k_n) ≥ 0 and num is the same weighted sum
     of values, so the ratio is a weighted mean of values for any den > 0, however small: a
@@ -115,31 +115,27 @@ def normalise(num: Tensor, den: Tensor, eps: float = 0.0) -> Tensor:
     Args:
         num: (…, E) numerators.
         den: (…, 1) denominators.
-        eps: added to den (0: none; kept for callers that relied on the old ε = 1e-6).
     """
-    den = den + eps if eps else den
     nonzero = den != 0
     return torch.where(nonzero, num / torch.where(nonzero, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
-def _normalised(num_den: Tensor, eps: float | None) -> Tensor:
-    # eps None: normalize=False, the numerator alone (the normaliser column is still summed, so
-    # the states keep one form)
-    return num_den[..., :-1] if eps is None else normalise(num_den[..., :-1], num_den[..., -1:], eps)
+def _normalised(num_den: Tensor, normalize: bool) -> Tensor:
+    # normalize False: the numerator alone (the normaliser column is still summed, so the states
+    # keep one form)
+    return normalise(num_den[..., :-1], num_den[..., -1:]) if normalize else num_den[..., :-1]
 
 
-def check_normalize(normalize: bool, eps: float, normalizer, key_log_scale) -> float | None:
-    """The ``eps`` the sums go on with: None for ``normalize=False`` (the numerator alone).
+def check_normalize(normalize: bool, normalizer, key_log_scale) -> bool:
+    """``normalize``, checked: False (the numerator alone) takes no normaliser and no key scales.
 
     Raises:
-        ValueError: on ``normalize=False`` with a separate normaliser, an eps or key log scales.
+        ValueError: on ``normalize=False`` with a separate normaliser or key log scales.
     """
-    if normalize:
-        return eps
-    if normalizer is not None or key_log_scale is not None or eps:
+    if not normalize and (normalizer is not None or key_log_scale is not None):
         raise ValueError("normalize=False gives the numerator Σ_n w_mn φ(q_m)ᵀφ(k_n) v_n alone: it takes no "
-                         "separate normalizer, no eps and no key_log_scale (sums relative to a scale)")
-    return None
+                         "separate normalizer and no key_log_scale (sums relative to a scale)")
+    return normalize
 
 
 def rescale_keys(phi_k: Tensor, normalizer, key_log_scale: Tensor | None):
@@ -185,7 +181,7 @@ def _check_normalizer(normalizer, phi_q: Tensor, phi_k: Tensor) -> tuple[Tensor,
 
 
 @_full_precision
-def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.0,
+def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
                      normalizer: tuple[Tensor, Tensor] | None = None, key_log_scale: Tensor | None = None,
                      key_padding_mask: Tensor | None = None, log_decay: Tensor | None = None,
                      chunk_size: int = 64, normalize: bool = True) -> Tensor:
@@ -197,7 +193,6 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
             (what :func:`~spe.ops.feature_maps.favor_key_features` returns), whose scale is
             then read as ``key_log_scale``.
         v: (B, Lk, H, E) values.
-        eps: added to the normaliser (default none: see :func:`normalise`).
         normalizer: optional (queries, keys) features, (B, Lq, H, M') and (B, Lk, H, M'), for
             the denominator only (RoFormer's linear form: rotated features above, positive
             unrotated ones below); default: ``phi_q``, ``phi_k``.
@@ -217,7 +212,7 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
         chunk_size: C of those scans (unused without a decay).
         normalize: divide by the normaliser; False: the numerator Σ_n w_mn φ(q_m)ᵀφ(k_n) v_n
             alone (normaliser-free linear attention, fla's ``normalize=False``; no
-            ``normalizer``, ``eps`` or ``key_log_scale``).
+            ``normalizer`` or ``key_log_scale``).
 
     Returns:
         (B, Lq, H, E).
@@ -225,25 +220,25 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.
     Raises:
         ValueError: on a bad padding mask or normaliser, a bad ``log_decay`` (or a channel
             gate with key scales), a decay with Lq ≠ Lk, ``normalize=False`` with a
-            normaliser, eps or key scales, or ``phi_k`` as ScaledFeatures with a
+            normaliser or key scales, or ``phi_k`` as ScaledFeatures with a
             ``key_log_scale`` too.
     """
-    eps = check_normalize(normalize, eps, normalizer, key_log_scale)
+    normalize = check_normalize(normalize, normalizer, key_log_scale)
     if key_padding_mask is not None:
         phi_k, v, normalizer, key_log_scale = _mask_keys(key_padding_mask, phi_k, v, normalizer, key_log_scale)
     if log_decay is not None:
-        return _bidirectional_decay(phi_q, phi_k, v, normalizer, key_log_scale, log_decay, chunk_size, eps)
+        return _bidirectional_decay(phi_q, phi_k, v, normalizer, key_log_scale, log_decay, chunk_size, normalize)
     phi_k, normalizer = rescale_keys(phi_k, normalizer, key_log_scale)
     if normalizer is None:
         kv = torch.einsum("blhm,blhe->bhme", phi_k, _with_ones(v))
-        return _normalised(torch.einsum("blhm,bhme->blhe", phi_q, kv), eps)
+        return _normalised(torch.einsum("blhm,bhme->blhe", phi_q, kv), normalize)
     nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
     num = torch.einsum("blhm,bhme->blhe", phi_q, torch.einsum("blhm,blhe->bhme", phi_k, v))
     den = torch.einsum("blhm,bhm->blh", nq, nk.sum(dim=1))[..., None]
-    return normalise(num, den, eps)
+    return normalise(num, den)
 
 
-def _bidirectional_decay(phi_q, phi_k, v, normalizer, key_log_scale, log_decay, chunk_size, eps):
+def _bidirectional_decay(phi_q, phi_k, v, normalizer, key_log_scale, log_decay, chunk_size, normalize):
     """:func:`linear_attention` with a decay γ^{|m−n|} or a gate (keys already masked)."""
     sums = bidirectional_decay_sums
     if is_gate(log_decay):
@@ -259,11 +254,11 @@ def _bidirectional_decay(phi_q, phi_k, v, normalizer, key_log_scale, log_decay, 
                          f"and {phi_k.shape[1]}")
     a = phi_k.new_zeros(phi_k.shape[:3]) if key_log_scale is None else key_log_scale
     if normalizer is None:
-        return _normalised(sums(phi_q, phi_k, _with_ones(v), a, log_decay, chunk_size)[0], eps)
+        return _normalised(sums(phi_q, phi_k, _with_ones(v), a, log_decay, chunk_size)[0], normalize)
     nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
     num = sums(phi_q, phi_k, v, a, log_decay, chunk_size)[0]
     den = sums(nq, nk, torch.ones_like(v[..., :1]), a, log_decay, chunk_size)[0]
-    return normalise(num, den, eps)  # both relative to the same scale (it depends on a and the decay only)
+    return normalise(num, den)  # both relative to the same scale (it depends on a and the decay only)
 
 
 def _prefix_sums(terms: Tensor, window: int | None) -> Tensor:
@@ -276,7 +271,7 @@ def _prefix_sums(terms: Tensor, window: int | None) -> Tensor:
 
 
 @_full_precision
-def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, eps: float = 0.0,
+def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
                                       normalizer: tuple[Tensor, Tensor] | None = None,
                                       window: int | None = None, key_log_scale: Tensor | None = None) -> Tensor:
     """Causal linear attention by cumulative sums; memory O(L·M·E) (O(L·W·M·E) with a window).
@@ -288,18 +283,18 @@ def causal_linear_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, *
     phi_k, normalizer = rescale_keys(phi_k, normalizer, key_log_scale)
     if normalizer is None:
         states = _prefix_sums(torch.einsum("blhm,blhe->blhme", phi_k, _with_ones(v)), window)
-        return _normalised(torch.einsum("blhm,blhme->blhe", phi_q, states), eps)
+        return _normalised(torch.einsum("blhm,blhme->blhe", phi_q, states), True)
     nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
     num = torch.einsum("blhm,blhme->blhe", phi_q, _prefix_sums(torch.einsum("blhm,blhe->blhme", phi_k, v), window))
     den = torch.einsum("blhm,blhm->blh", nq, _prefix_sums(nk, window))[..., None]
-    return normalise(num, den, eps)
+    return normalise(num, den)
 
 
 def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
-                            group_size: int | None = None, eps: float = 0.0,
+                            group_size: int | None = None,
                             normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
                             initial_state: LinearState | None = None, key_log_scale: Tensor | None = None,
-                            output_final_state: bool = False, log_decay: Tensor | None = None,
+                            log_decay: Tensor | None = None,
                             normalize: bool = True) -> Tensor:
     """Causal linear attention, chunked; never allocates anything of size L × L.
 
@@ -319,7 +314,6 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         chunk_size: C, positions per chunk (any positive value; L need not be a multiple).
         group_size: positions per group of chunks (rounded to a multiple of C); None: all.
             Ignored with ``key_log_scale`` (all chunks at once, by a log-depth scan).
-        eps: added to the normaliser (default none: see :func:`normalise`).
         normalizer: optional (queries, keys) features for the denominator only, each
             (B, L, H, M'); see :func:`linear_attention`. Costs a second, narrow pass.
         window: W, sliding-window attention: position m attends to n ∈ (m − W, m] only
@@ -355,31 +349,27 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
             gates). None: no decay.
         normalize: divide by the normaliser; False: the numerator Σ_n w_mn φ(q_m)ᵀφ(k_n) v_n
             alone (normaliser-free linear attention, fla's ``normalize=False``; no
-            ``normalizer``, ``eps`` or ``key_log_scale``); the state keeps its form.
+            ``normalizer`` or ``key_log_scale``); the state keeps its form.
 
     Returns:
         (B, L, H, E) in ``v``'s dtype (:func:`causal_linear_attention_with_state` also gives
-            the final state; the ``output_final_state`` flag of earlier versions now raises
-            TypeError: one return type per function).
+            the final state).
 
     Raises:
         ValueError: on mismatched lengths, a non-positive chunk size or window, a window
             with ``group_size``, a bad ``log_decay`` (shape, dtype, a value > 0 or not finite,
             a channel gate with key scales), an initial state of another window,
             normaliser, key-scale or gate form, ``normalize=False`` with a normaliser,
-            eps or key scales, or ``phi_k`` as ScaledFeatures with a ``key_log_scale`` too.
+            key scales, or ``phi_k`` as ScaledFeatures with a ``key_log_scale`` too.
         TypeError: on an initial state that is not a linear-attention state.
     """
-    if output_final_state:  # the earlier flag returned Tensor | tuple; one return type now
-        raise TypeError("causal_linear_attention returns the output only; call "
-                        "causal_linear_attention_with_state for (output, final state)")
-    return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size, eps=eps,
+    return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size,
                           normalizer=normalizer, window=window, initial_state=initial_state,
                           key_log_scale=key_log_scale, log_decay=log_decay, normalize=normalize)[0]
 
 
 def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
-                                       group_size: int | None = None, eps: float = 0.0,
+                                       group_size: int | None = None,
                                        normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
                                        initial_state: LinearState | None = None,
                                        key_log_scale: Tensor | None = None, log_decay: Tensor | None = None,
@@ -396,7 +386,7 @@ def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, 
         ``key_log_scale``; :func:`~spe.ops.recurrent.linear_attention_step` or another call
         continues from it.
     """
-    return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size, eps=eps,
+    return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size,
                           normalizer=normalizer, window=window, initial_state=initial_state,
                           key_log_scale=key_log_scale, log_decay=log_decay, normalize=normalize)
 
@@ -427,10 +417,10 @@ def check_linear_state(state, *, window: int | None, scaled: bool, who: str = "i
 
 @_full_precision
 def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, group_size: int | None,
-                   eps: float, normalizer, window: int | None, initial_state: LinearState | None,
+                   normalizer, window: int | None, initial_state: LinearState | None,
                    key_log_scale: Tensor | None, log_decay: Tensor | None = None,
                    normalize: bool = True) -> tuple[Tensor, LinearState]:
-    eps = check_normalize(normalize, eps, normalizer, key_log_scale)
+    normalize = check_normalize(normalize, normalizer, key_log_scale)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     check_window(window)
@@ -449,19 +439,19 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, 
     nq, nk = (None, None) if normalizer is None else _check_normalizer(normalizer, phi_q, phi_k)
     position = n + (0 if initial_state is None else initial_state.position)
     if gates is not None:
-        return _gated_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps, key_log_scale,
+        return _gated_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, normalize, key_log_scale,
                              position, gates)
     if log_decay is not None:
-        return _decayed_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps, key_log_scale,
+        return _decayed_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, normalize, key_log_scale,
                                position, log_decay)
     if window is not None:  # each key relative to its own scale (spe.ops.scaled.scaled_window_sums)
-        return _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, eps,
+        return _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, initial_state, normalize,
                                    key_log_scale, position)
-    return _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, group_size, initial_state, eps,
+    return _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, group_size, initial_state, normalize,
                                  key_log_scale, position)
 
 
-def _decayed_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, key_log_scale, position, log_decay):
+def _decayed_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, state, normalize, key_log_scale, position, log_decay):
     """The causal cases with a decay: keys without log scales get zero ones (the decayed running
     maximum of zeros is exactly 0), so that one algorithm, :mod:`spe.ops.scaled`'s, serves both;
     plain states are converted on the way in and out."""
@@ -471,10 +461,10 @@ def _decayed_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, key
         key_log_scale = phi_k.new_zeros(phi_k.shape[:3])
         state = None if state is None else to_scaled_state(state)
     if window is not None:
-        y, state = _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, key_log_scale,
+        y, state = _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, normalize, key_log_scale,
                                        position, log_decay)
     else:
-        y, state = _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, None, state, eps, key_log_scale,
+        y, state = _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, None, state, normalize, key_log_scale,
                                          position, log_decay)
     return y, (to_plain_state(state) if plain else state)
 
@@ -503,7 +493,7 @@ def to_plain_state(state: LinearState) -> LinearState:
     return state
 
 
-def _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, group_size, state, eps, key_log_scale, position,
+def _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, group_size, state, normalize, key_log_scale, position,
                           log_decay=None):
     """The case without a window: the chunked sums continue ``state``'s running sums (relative
     to the running maximum c_n of the key scales, :mod:`spe.ops.scaled`, if any; the decayed
@@ -519,20 +509,20 @@ def _whole_past_attention(phi_q, phi_k, v, nq, nk, chunk_size, group_size, state
         s0 = None if state is None else torch.cat([state.kv, state.normalizer[..., None]], -1)
         out, s, c = causal_sums(phi_q, phi_k, _with_ones(v), chunk_size, group_size, s0, scale=scale,
                                 state_scale=s_scale, log_decay=log_decay)
-        y, kv, z = _normalised(out, eps), s[..., :-1], s[..., -1]
+        y, kv, z = _normalised(out, normalize), s[..., :-1], s[..., -1]
     else:
         s0, z0 = (None, None) if state is None else (state.kv, state.normalizer[..., None])
         num, kv, c = causal_sums(phi_q, phi_k, v, chunk_size, group_size, s0, scale=scale, state_scale=s_scale,
                                  log_decay=log_decay)
         den, z, _ = causal_sums(nq, nk, torch.ones_like(v[..., :1]), chunk_size, group_size, z0, scale=scale,
                                 state_scale=s_scale, log_decay=log_decay)
-        y, z = normalise(num, den, eps), z[..., 0]
+        y, z = normalise(num, den), z[..., 0]
     if c is None:
         return y, LinearAttentionState(kv=kv, normalizer=z, position=position)
     return y, ScaledLinearAttentionState(kv=kv, normalizer=z, position=position, log_scale=c)
 
 
-def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, scale, position, log_decay=None):
+def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, normalize, scale, position, log_decay=None):
     """The windowed case: earlier keys of ``state`` are prepended (with queries that are then
     dropped), so the first positions see them (positions stay contiguous, so a decay's lags
     hold); the final state keeps the last W keys."""
@@ -547,11 +537,11 @@ def _windowed_attention(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps,
     sums = functools.partial(causal_sums, chunk_size=chunk_size, group_size=None, window=reach, scale=sums_scale,
                              log_decay=log_decay)
     if nq is None:
-        y = _normalised(sums(phi_q, sk, _with_ones(v))[0], eps)
+        y = _normalised(sums(phi_q, sk, _with_ones(v))[0], normalize)
     else:
         num = sums(phi_q, sk, v)[0]
         den = sums(nq, snk, torch.ones_like(v[..., :1]))[0]
-        y = normalise(num, den, eps)
+        y = normalise(num, den)
     return y[:, r:], _recent_keys(phi_k, v, nk, scale, window, position)
 
 
@@ -585,7 +575,7 @@ def _recent_keys(phi_k, v, nk, scale, window, position, gates=None) -> RecentKey
     return ScaledRecentKeys(**kept, log_scales=scale[:, -window:])
 
 
-def _gated_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, key_log_scale, position, gates):
+def _gated_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, state, normalize, key_log_scale, position, gates):
     """The causal cases with a gate (B, L, H, G) (:mod:`spe.ops.gated`): keys without log scales
     get zero ones; a windowed state's kept keys come first, with their gates (as in
     :func:`_windowed_attention`); a whole-past state is the sums' initial state."""
@@ -601,12 +591,12 @@ def _gated_causal(phi_q, phi_k, v, nq, nk, chunk_size, window, state, eps, key_l
                              state_scale=c0)
     if nq is None:
         out, _, s, c = sums(phi_q, phi_k, _with_ones(v), state=None if s0 is None else torch.cat([s0, z0], -1))
-        y = _normalised(out, eps)
+        y = _normalised(out, normalize)
         kv, z = (None, None) if s is None else (s[..., :-1], s[..., -1])
     else:
         num, _, kv, c = sums(phi_q, phi_k, v, state=s0)
         den, _, z, _ = sums(nq, nk, torch.ones_like(v[..., :1]), state=z0)
-        y, z = normalise(num, den, eps), None if z is None else z[..., 0]
+        y, z = normalise(num, den), None if z is None else z[..., 0]
     if window is not None:
         return y[:, r:], _recent_keys(phi_k, v, nk, None if key_log_scale is None else a, window,
                                          position, gates)

@@ -87,7 +87,7 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor | ScaledFeatures, v: Tens
     """
     phi_k, key_log_scale = split_key_features(phi_k, key_log_scale, who="linear_attention_step")
     _check_one_position(phi_q=phi_q, phi_k=phi_k, v=v)
-    normalized = check_normalize(normalize, 0.0, normalizer, key_log_scale) is not None
+    normalized = check_normalize(normalize, normalizer, key_log_scale)
     gates = None
     if is_gate(log_decay):
         gates = check_gates(log_decay, phi_q.shape, key_log_scale=key_log_scale is not None,
