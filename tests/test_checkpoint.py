@@ -8,7 +8,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import spe
-from spe.checkpoint import load_checkpoint, load_metadata
+from spe.checkpoint import load, load_metadata
 from spe.models import ModelConfig
 from spe.models.classifier_config import ClassifierConfig
 from spe.models.decoder_lm import DecoderLM
@@ -80,7 +80,7 @@ def test_a_bad_header_is_one_value_error_naming_the_file_and_nothing_is_allocate
 
     monkeypatch.setattr(DecoderLM, "__init__", recording_init)
     with pytest.raises(ValueError, match=message) as err:
-        load_checkpoint(tmp_path / "bad")
+        load(tmp_path / "bad")
     assert str(err.value).startswith(f"{file}: ") or str(err.value).startswith(f"{file} ")
     # at most a skeleton on the meta device was built: no parameter storage was ever allocated
     assert all(device.type == "meta" for device in built)
@@ -96,7 +96,7 @@ def test_metadata_is_checked_by_load_metadata_too(saved, tmp_path):
 def test_good_checkpoints_still_load_with_the_same_weights_and_random_state(saved):
     model, source = saved
     rng = torch.get_rng_state()
-    loaded = load_checkpoint(source)
+    loaded = load(source)
     assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(), model.state_dict().values()))
     assert loaded.step == 3 and loaded.seq_len == 32
     torch.set_rng_state(rng)
@@ -118,7 +118,7 @@ def test_classifier_checkpoints_are_checked_against_their_own_class(tmp_path):
 
 def test_the_test_time_window_is_decoded_by_the_shared_helper(saved):
     _, source = saved
-    loaded = load_checkpoint(source)
+    loaded = load(source)
     loaded.set_window(5)
     assert loaded.config.attention_window == 5
     loaded.set_window(None)  # None keeps the window the model has
@@ -144,6 +144,5 @@ def test_non_finite_weights_are_refused_at_load_naming_the_tensor(saved, tmp_pat
     save_file(state, str(file), metadata=header)
     message = (rf"^{file}: tensor blocks\.1\.attn\.qkv\.weight holds 3 non-finite values \(NaN/inf\) of 768 "
                r"\(1 other tensor too\): the checkpoint is unusable$")
-    for load in (load_checkpoint, spe.load):
-        with pytest.raises(ValueError, match=message):
-            load(tmp_path / "bad")
+    with pytest.raises(ValueError, match=message):
+        spe.load(tmp_path / "bad")

@@ -170,7 +170,6 @@ def test_load_returns_the_model_with_its_metadata(tmp_path):
     assert isinstance(loaded, LoadedCheckpoint) and isinstance(loaded.model, spe.DecoderLM)
     assert not loaded.model.training and loaded.step == 5 and loaded.config == model.config
     assert loaded.tokenizer_json == '{"pitch_range": [21, 109]}'  # spe.load used to drop it
-    assert spe.checkpoint.load_checkpoint is spe.load  # the earlier name, the same loader
     with pytest.raises(TypeError, match=r"not the model: call its \.model"):
         loaded(torch.zeros(1, 3, dtype=torch.long))
 

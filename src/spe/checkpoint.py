@@ -3,8 +3,7 @@
 Files are written to a temporary name in the same folder, flushed to disk (``fsync`` of the
 file, then of the folder after the rename), and renamed, so after a crash or a power cut a
 checkpoint is either the old one or the new one, never half-written. :func:`load` (the one
-loader; ``load_checkpoint`` is the same function under its earlier name) reads a checkpoint
-once into a :class:`LoadedCheckpoint` (model, configuration, tokenizer, metadata) that
+loader) reads a checkpoint once into a :class:`LoadedCheckpoint` (model, configuration, tokenizer, metadata) that
 evaluation, generation, the report and the sweep pass around; ``load(path).model`` is the model.
 """
 
@@ -26,7 +25,7 @@ from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
 
 __all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write",
-           "check_finite_weights", "fsync_dir", "load", "load_checkpoint", "load_metadata", "max_positions",
+           "check_finite_weights", "fsync_dir", "load", "load_metadata", "max_positions",
            "save"]
 
 MODEL_FILE = "model.safetensors"
@@ -416,6 +415,3 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> Load
     return LoadedCheckpoint(path=str(path), model=_load_model(file, metadata["config"], device, metadata["model_kind"]),
                             metadata=metadata)
 
-
-# The loader's earlier name (lab code and notebooks use it): the same function.
-load_checkpoint = load

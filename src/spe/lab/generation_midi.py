@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spe.checkpoint import LoadedCheckpoint, atomic_write, load_checkpoint
+from spe.checkpoint import LoadedCheckpoint, atomic_write, load
 from spe.generation import generate
 from spe.lab.outputs import check_output_file
 
@@ -152,7 +152,7 @@ def generate_midi(checkpoint: str | os.PathLike | LoadedCheckpoint, out: str, *,
     if not str(out).lower().endswith((".mid", ".midi")):
         raise ValueError(f"out must name a .mid or .midi file, got {out}")
     check_output_file(out, "--out", reads=[getattr(checkpoint, "path", checkpoint), prompt])
-    loaded = checkpoint if isinstance(checkpoint, LoadedCheckpoint) else load_checkpoint(checkpoint, device=device)
+    loaded = checkpoint if isinstance(checkpoint, LoadedCheckpoint) else load(checkpoint, device=device)
     loaded.set_window(window)
     if loaded.tokenizer_json is None:
         raise ValueError(f"{loaded.path} holds no tokenizer: it was not trained on music by `spe train`")

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from tiny_run import PYTHON, subprocess_env, tiny_config, toml_text
 
-from spe.checkpoint import MODEL_FILE, load_checkpoint, load_metadata
+from spe.checkpoint import MODEL_FILE, load, load_metadata
 from spe.lab.train.loop import train
 from spe.lab.train.state import latest_checkpoint
 
@@ -49,7 +49,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
         assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
         newest = latest_checkpoint(run)
         assert newest is not None
-        loaded = load_checkpoint(newest)  # loads, weights and header intact
+        loaded = load(newest)  # loads, weights and header intact
         steps_at_kill.append(loaded.step)
         assert loaded.step % 3 == 0 and load_metadata(run)["step"] in (loaded.step, loaded.step - 3)
     done = subprocess.run(command + ["--resume"], env=subprocess_env(), capture_output=True, text=True,

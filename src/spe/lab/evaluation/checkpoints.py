@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from spe.lab import strict_json
-from spe.checkpoint import LoadedCheckpoint, atomic_write, load_checkpoint
+from spe.checkpoint import LoadedCheckpoint, atomic_write, load
 from spe.lab.data.split import CorpusSplit, split_of_run, validation_sequences
 from spe.encodings.registry import positional_spec
 from spe.lab.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
@@ -75,7 +75,7 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
     """Teacher-forced cross-entropy of each model on the same validation sequences.
 
     Args:
-        checkpoints: loaded checkpoints (:func:`~spe.checkpoint.load_checkpoint`), at least one.
+        checkpoints: loaded checkpoints (:func:`~spe.checkpoint.load`), at least one.
         split: the corpus split whose validation pieces are evaluated and whose training
             pieces give the unigram baseline.
         max_length: T, evaluated positions (default 3 × the longest training length; on the
@@ -240,7 +240,7 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
     check_output_folder(out)
     if json_path:
         check_output_file(json_path, "--json", reads=[*sources, data])
-    loaded = [c if isinstance(c, LoadedCheckpoint) else load_checkpoint(c, device=device) for c in checkpoints]
+    loaded = [c if isinstance(c, LoadedCheckpoint) else load(c, device=device) for c in checkpoints]
     if not loaded:
         raise ValueError("give at least one checkpoint to evaluate")
     for c in loaded:

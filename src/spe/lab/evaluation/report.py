@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from spe.lab import strict_json
-from spe.checkpoint import LoadedCheckpoint, atomic_write, load_checkpoint
+from spe.checkpoint import LoadedCheckpoint, atomic_write, load
 from spe.lab.data.split import CorpusSplit, split_of_run
 from spe.encodings.registry import positional_names, positional_spec
 from spe.lab.evaluation.checkpoints import evaluate_models, stored_summary, write_evaluation
@@ -239,7 +239,7 @@ def build_report(checkpoints: list[str], out: str | os.PathLike, *, data: str | 
     r_test = [int(r) for r in r_test]
     _check_options(checkpoints, generate_length, num_probe_tokens, max_length, r_test)
     out = check_output_folder(out)
-    loaded = [load_checkpoint(c, device=device) for c in checkpoints]
+    loaded = [load(c, device=device) for c in checkpoints]
     _check_tokenizers(loaded)
     names = run_names(checkpoints)
     length = max_length or 2 * max(c.seq_len for c in loaded)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from spe.lab import strict_json
-from spe.checkpoint import load_checkpoint
+from spe.checkpoint import load
 from spe.lab.evaluation.checkpoints import evaluate_checkpoints
 from spe.lab.generation_midi import generate_midi
 from spe.lab.train.config import TrainConfig
@@ -60,7 +60,7 @@ def run_demo(configs: list[TrainConfig], out: str | Path, *, max_length: int | N
         timings[f"train {cfg.model.get('positional', 'sinespe')}"] = time.perf_counter() - t
         checkpoints.append(cfg.out)
     t = time.perf_counter()
-    loaded = [load_checkpoint(c, device=device) for c in checkpoints]
+    loaded = [load(c, device=device) for c in checkpoints]
     summary = evaluate_checkpoints(loaded, out / "evaluation", max_length=max_length, data=data, cache_dir=cache_dir,
                                    batch_size=8, device=device, json_path=None, progress=progress)
     timings["evaluate"] = time.perf_counter() - t

@@ -32,7 +32,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from spe.checkpoint import atomic_write, load_checkpoint
+from spe.checkpoint import atomic_write, load
 from spe.lab import plans, strict_json
 from spe.lab.data.split import SPLITS
 from spe.lab.evaluation.checkpoints import evaluate_checkpoints
@@ -175,7 +175,7 @@ def _evaluate_run(spec: dict, cfg: TrainConfig, out: Path) -> dict:
     """The run's checkpoint on its validation split (or the eval option ``split``) with the variant's
     eval options; ``max_length`` defaults as in :func:`~spe.lab.evaluation.checkpoints.evaluate_models`."""
     options = spec["eval"]
-    loaded = load_checkpoint(cfg.out, device=cfg.device)
+    loaded = load(cfg.out, device=cfg.device)
     return evaluate_checkpoints([loaded], out, max_length=options.get("max_length"), split=options.get("split"),
                                 data=cfg.data, cache_dir=cfg.cache_dir, batch_size=8, device=cfg.device,
                                 json_path=None, progress=False, num_realizations=options.get("num_realizations"),
