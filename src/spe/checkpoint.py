@@ -84,8 +84,9 @@ def atomic_write(path: str | os.PathLike, write) -> None:
 
 
 def max_positions(config: ModelConfig) -> int | None:
-    """The most positions a model of ``config`` takes (``ape-learned``: ``max_positions``;
-    ``cosformer``: its L_max, ``cosformer_max_length`` or ``max_positions``); None: any."""
+    """The most positions a model of ``config`` takes (its encoding's
+    :meth:`~spe.encodings.spec.PositionalSpec.max_positions`, e.g. ``max_positions`` for
+    ``ape-learned``); None: any."""
     return config.position_limit
 
 
@@ -368,7 +369,7 @@ class LoadedCheckpoint:
     @property
     def max_length(self) -> int | None:
         """The most positions the model's positional encoding supports (``ape-learned``: its
-        ``max_positions``; ``cosformer``: L_max), or None when any length works."""
+        ``max_positions``; others their spec's limit), or None when any length works."""
         return max_positions(self.model.config)
 
     def check_length(self, length: int, what: str) -> None:

@@ -9,13 +9,13 @@ path for ``forward``, one for ``step`` and one for ``prefill``:
 1. **feature map** φ (:attr:`KernelSpec.feature_map`; None for softmax, whose "features"
    are the queries and keys themselves): ``(q, k, projection) -> (φ(q), φ(k), key log scale)``;
 2. **feature transforms** (:class:`FeatureTransform`) by position, on φ(q), φ(k): RoPE today
-   (softmax: rotated q and k; linear kernels: RoFormer eq. 19); LRPE, PermuteFormer and
-   cosFormer are transforms of this kind (docs/conventions.md);
+   (softmax: rotated q and k; linear kernels: RoFormer eq. 19); the registry's feature
+   encodings (``acts_on="features"``) are transforms of this kind (docs/conventions.md);
 3. the kernel's **parallel** function ``(features, v, options) -> y``, its **step**
    function ``(features, v, state, options) -> (y, state)`` or its **prefill** function
    ``(features, v, options, state) -> (y, state)`` (a prompt at once, then steps), with
-   :class:`KernelOptions` carrying what the call adds: causality, window, key padding mask, a **score term** (Shaw,
-   Music Transformer, ALiBi; the SPE oracle, ``sinespe-exact``), a **decay** in one of the
+   :class:`KernelOptions` carrying what the call adds: causality, window, key padding mask, a **score term** (the
+   registry's score encodings: Shaw, Music Transformer …; the SPE oracle, ``sinespe-exact``), a **decay** in one of the
    forms of :data:`DECAY_FORMS` (RetNet's constant γ^{|m−n|} on the kernel's sums,
    :mod:`spe.ops.decay`; a data-dependent gate per head and position, Mamba2's and FoX's,
    or per feature channel, GLA's, :mod:`spe.ops.gates`; each spec's ``decays`` say which).
@@ -56,7 +56,7 @@ __all__ = ["DECAY_FORMS", "KERNELS", "KERNEL_PLACES", "FeatureTransform", "Kerne
 # Where a positional encoding may act, as the positional registry names the places
 # (spe.encodings.registry.PLACES): added to tokens, transforming queries/keys (RoPE: after a
 # feature map, their features), a term in the scores (softmax), or a transform of the
-# features φ (LRPE, PermuteFormer, cosFormer: linear kernels, softmax has no φ).
+# features φ (PermuteFormer …: linear kernels, softmax has no φ).
 KERNEL_PLACES = ("tokens", "queries-keys", "scores", "features")
 # The forms of KernelOptions.decay, by what the tensor holds, and how messages name them.
 DECAY_FORMS = {"constant": "a decay", "gate": "a gate per head and position",
@@ -72,7 +72,7 @@ def decay_form(log_decay: Tensor | None) -> str | None:
 
 class ScoreTerm(Protocol):
     """A module that forms softmax attention with its own term in the scores (Shaw, Music
-    Transformer, ALiBi, the SPE oracle): ``attend`` takes q (B, Lq, H, E), k (B, Lk, H, E),
+    Transformer …, the SPE oracle): ``attend`` takes q (B, Lq, H, E), k (B, Lk, H, E),
     v (B, Lk, H, Ev), the position of the first query and, in non-causal layers, a (B, Lk)
     bool key padding mask (True at padding: those keys get no weight; passed only when there
     is one), and returns (B, Lq, H, Ev)."""
@@ -89,9 +89,9 @@ class FeatureTransform:
         apply: ``(features (B, L, H, M), positions (L,)) -> (B, L, H, M')``, in the kernel's
             dtype (at least float32).
         numerator_only: with a linear kernel, the normaliser keeps the untransformed
-            features (RoPE, RoFormer eq. 19; LRPE: the product may be negative), which needs
-            strictly positive features; False: both are transformed alike (PermuteFormer,
-            cosFormer). Softmax has no separate normaliser: its q, k are transformed.
+            features (RoPE, RoFormer eq. 19: the product may be negative), which needs
+            strictly positive features (the spec's ``positive_features``); False: both are
+            transformed alike (PermuteFormer). Softmax has no separate normaliser: its q, k are transformed.
         name: for error messages.
     """
 
@@ -215,7 +215,7 @@ class KernelSpec:
 
     @property
     def numerator_transforms(self) -> bool:
-        """Takes numerator-only transforms (RoPE, LRPE): its features are strictly positive where
+        """Takes numerator-only transforms (RoPE …): its features are strictly positive where
         a normaliser keeps them untransformed, or it has no normaliser (softmax, ``linear``)."""
         return self.positive_features or not self.normalizer_features
 
@@ -242,7 +242,7 @@ class KernelSpec:
             self.check_numerator_transform(transform.name)
 
     def check_numerator_transform(self, name: str) -> None:
-        """Raises ValueError if a transform of the numerator only (``name``: RoPE, LRPE) cannot
+        """Raises ValueError if a transform of the numerator only (``name``: RoPE …) cannot
         run on this kernel: ReLU features can make the untransformed normaliser exactly 0 while
         the transformed numerator is not (RoFormer eq. 19 needs strictly positive features)."""
         if not self.numerator_transforms:

@@ -8,8 +8,8 @@ et al. 2021): q, k -> (SPEFilter) -> q̂, k̂ of size R -> φ -> linear attentio
 
 Where a positional encoding acts decides which kernels accept it (``ACCEPTS``): codes and
 rotations of queries and keys work with every kernel; a term in the attention scores
-(Shaw, Music Transformer, ALiBi) needs the explicit scores of softmax attention; a transform
-of the kernel's features (LRPE, PermuteFormer, cosFormer) needs a feature map, which softmax
+(Shaw, Music Transformer …) needs the explicit scores of softmax attention; a transform
+of the kernel's features (PermuteFormer …) needs a feature map, which softmax
 attention has not. A short convolution (``short_conv``) of the projected q, k, v comes before
 all of them and composes with every kernel.
 
@@ -138,13 +138,13 @@ class MultiHeadAttention(nn.Module):
         rotary: RoPE; rotates queries and keys (softmax) or their features (linear kernels,
             RoFormer eq. (19): rotated numerator, unrotated normaliser).
         score_encoding: a relative term in the scores (``ShawRelativePosition``,
-            ``MusicRelativePosition``, ``ALiBi``): any module with
+            ``MusicRelativePosition`` …): any module with
             ``attend(q, k, v, *, query_offset) -> y`` and ``score_bias(q, num_keys, *,
             query_offset) -> (B, H, Lq, Lk)`` (the term it adds to q·k/√D, read by
             :mod:`spe.lab.metrics.capture`); softmax attention only.
         feature_transform: a transform of the kernel's features φ(q), φ(k) by position
-            (:class:`~spe.encodings.LRPE`, :class:`~spe.encodings.PermuteFeatures`,
-            :class:`~spe.encodings.CosFormerReweighting`): a module ``(features (B, L, H, M),
+            (:class:`~spe.encodings.PermuteFeatures` and the registry's other
+            ``acts_on="features"`` encodings): a module ``(features (B, L, H, M),
             positions (L,)) -> (B, L, H, M')`` with class attributes ``numerator_only`` (the
             normaliser keeps the untransformed features, which must then be strictly positive)
             and ``label``, and optionally ``feature_dim`` (the M it was built for); linear
@@ -390,8 +390,8 @@ class MultiHeadAttention(nn.Module):
 
     def feature_sizes(self) -> tuple[int, int]:
         """(M, M'): the feature sizes of a linear kernel's numerator and normaliser, hence of its
-        decoding sums S (M × D) and z (M'), after any transform (LRPE and cosFormer double M;
-        LRPE's normaliser keeps M). Softmax: the query/key size, twice.
+        decoding sums S (M × D) and z (M'), after any transform (some double M; a
+        numerator-only one leaves the normaliser's M). Softmax: the query/key size, twice.
 
         Raises:
             ValueError: for an SPE layer that does not know R yet (built without
@@ -537,7 +537,7 @@ class MultiHeadAttention(nn.Module):
         projection, y[b, m, h] = Σ_n A[b, h, m, n] v[b, n, h].
 
         Softmax: A = softmax_n(q_m·k_n/√E + s(m, n)), formed explicitly with what the layer
-        adds: RoPE's rotation of q and k, the score encoding's term s (ALiBi's; Shaw's and Music
+        adds: RoPE's rotation of q and k, the score encoding's term s (a bias; Shaw's and Music
         Transformer's q_m·a_{n−m}/√D; the SPE oracle's own scores, ``weights``), FoX's gate
         Σ_{n<t≤m} G_t, the causal mask, the window and the key padding. Shaw's value term is no
         weight: its output is A v + Σ_n A_mn a^V_{n−m}.
@@ -547,7 +547,7 @@ class MultiHeadAttention(nn.Module):
         A's), hence with every term of :meth:`forward` as forward applies it: A_mn =
         w_mn φ(q̂_m)·φ(k̂_n) / Σ_n' w_mn' ψ(q̂_m)·ψ(k̂_n'), with the SPE code's q̂, k̂, FAVOR+'s
         key scales, RoPE or a feature transform, the decay or gates w, the window and the
-        padding; ψ = φ except under numerator-only transforms (RoPE, LRPE), whose normaliser
+        padding; ψ = φ except under numerator-only transforms (RoPE …), whose normaliser
         keeps the untransformed features (rows then need not sum to 1, entries may be
         negative). ``linear`` (normaliser-free) has no denominator: A_mn = w_mn q̂_m·k̂_n,
         unnormalised, and its ``output_norm`` acts on the rows of A v (the output), not of A.
@@ -573,7 +573,7 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
             ValueError: as :meth:`forward`; with ``exact``, for a linear kernel's feature
-                transform (RoPE, LRPE, PermuteFormer, cosFormer act on φ, which softmax has
+                transform (RoPE and the feature encodings act on φ, which softmax has
                 not) or a gate per feature channel (no term of the logits).
         """
         self._check_call(positions, key_padding_mask)
@@ -661,7 +661,7 @@ def _softmax_weights(q: Tensor, k: Tensor, options: KernelOptions) -> Tensor:
         return term.weights(q, k, key_padding_mask=mask).to(q.dtype)
     n = q.shape[1]
     scores = torch.einsum("bmhe,bnhe->bhmn", q, k) / math.sqrt(q.shape[-1])
-    if term is not None:  # Shaw, Music Transformer, ALiBi: a term added to q·k/√D
+    if term is not None:  # Shaw, Music Transformer …: a term added to q·k/√D
         scores = scores + term.score_bias(q, n).to(scores.dtype)
     if options.decay is not None:
         scores = scores + _decay_logits(options.decay, q.shape, causal=options.causal).to(scores.dtype)

@@ -5,15 +5,16 @@ Letters: B = batch, L = length, C = d_model.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import math
 
 import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
-from spe.encodings.spec import PositionalSpec
+from spe.encodings.spec import PositionalSpec, option
 
-__all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding", "SPECS"]
+__all__ = ["LearnedPositionOptions", "LearnedPositionalEmbedding", "SinusoidalPositionalEncoding", "SPECS"]
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -96,11 +97,29 @@ class LearnedPositionalEmbedding(nn.Module):
         return x + self.weight[positions]
 
 
+@dataclass(kw_only=True)
+class LearnedPositionOptions:
+    """The options of encodings with a most position.
+
+    Attributes:
+        max_positions: number of ``ape-learned`` embeddings (longer inputs raise ValueError),
+            and the default limit of other encodings with one.
+    """
+
+    max_positions: int = option(2048, "number of learned position embeddings (ape-learned); the default "
+                                "L_max of encodings with one", flag_type=int)
+
+    def check_options(self) -> None:
+        """Raises ValueError if ``max_positions`` is not a positive integer."""
+        require_positive(type(self).__name__, max_positions=self.max_positions)
+
+
 SPECS = (
     PositionalSpec("ape", "tokens", source="sinusoidal, Vaswani et al. 2017", scale_embeddings=True,
                    model_module=lambda c: SinusoidalPositionalEncoding(c.d_model)),
     PositionalSpec("ape-learned", "tokens", source="trainable embeddings (GPT-style)",
                    model_module=lambda c: LearnedPositionalEmbedding(c.max_positions, c.d_model),
                    position_limit=lambda c: c.max_positions,
-                   limit_text="learned position embeddings (ape-learned: max_positions)"),
+                   limit_text="learned position embeddings (ape-learned: max_positions)",
+                   options=(LearnedPositionOptions,)),
 )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +28,10 @@ from torch import Tensor, nn
 
 from spe.encodings.code import DenseCode
 from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
-from spe.encodings.filter import build_filter
-from spe.encodings.spec import PositionalSpec, head_dim
+from spe.encodings.filter import SPEOptions, build_filter
+from spe.encodings.spec import PositionalSpec, head_dim, option
 
-__all__ = ["NOISE_BLOCK", "ConvSPE", "SPEC"]
+__all__ = ["NOISE_BLOCK", "ConvOptions", "ConvSPE", "SPEC"]
 
 # Noise Z is indexed by absolute time and drawn in blocks of this many positions, each from
 # its own seed, so a code for positions [0, N) agrees with the code for [0, N') on their
@@ -248,6 +249,21 @@ def _direct_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
     return [code.contiguous() for code in y]
 
 
+@dataclass(kw_only=True)
+class ConvOptions:
+    """convSPE's own options (with :class:`~spe.encodings.filter.SPEOptions`).
+
+    Attributes:
+        kernel_size: P, the filter length in positions (per axis on a 2-D grid).
+    """
+
+    kernel_size: int = option(64, "P, filter length (convspe)", flag_type=int)
+
+    def check_options(self) -> None:
+        """Raises ValueError on P that is not a positive integer."""
+        require_positive(type(self).__name__, kernel_size=self.kernel_size)
+
+
 def build_conv(config) -> ConvSPE:
     """The model's convSPE code generator from a model config (R, P); an encoder
     (``config.causal`` False) takes the centred filter, whose kernel covers both signs of the lag."""
@@ -256,4 +272,5 @@ def build_conv(config) -> ConvSPE:
 
 
 SPEC = PositionalSpec("convspe", "queries-keys", stochastic=True, windowed_by_default=True,
-                      source="Liutkus et al. 2021, eq. (22)", model_module=build_conv, layer_module=build_filter)
+                      source="Liutkus et al. 2021, eq. (22)", model_module=build_conv, layer_module=build_filter,
+                      options=(SPEOptions, ConvOptions))

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from spe.encodings.code import DenseCode
 from spe.encodings.positions import require_positive
-from spe.encodings.filter import build_filter
+from spe.encodings.conv import ConvOptions
+from spe.encodings.filter import SPEOptions, build_filter
 from spe.encodings.spec import PositionalSpec, head_dim
 
 __all__ = ["ConvSPE2d", "filter_noise_2d", "filter_noise_2d_direct", "SPEC"]
@@ -170,4 +171,4 @@ class ConvSPE2d(nn.Module):
 SPEC = PositionalSpec("convspe-2d", "queries-keys", stochastic=True, needs_grid=True,
                       source="Liutkus et al. 2021, eq. (22) with a 2-D filter (images)",
                       model_module=lambda c: ConvSPE2d(c.num_heads, head_dim(c), c.num_realizations, c.kernel_size),
-                      layer_module=build_filter)
+                      layer_module=build_filter, options=(SPEOptions, ConvOptions))

@@ -21,15 +21,17 @@ test time changes every weight.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import math
 
 import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
-from spe.encodings.spec import PositionalSpec
+from spe.encodings.absolute import LearnedPositionOptions
+from spe.encodings.spec import PositionalSpec, option
 
-__all__ = ["CosFormerReweighting", "cosformer_features", "cosformer_weights_reference", "SPEC"]
+__all__ = ["CosFormerOptions", "CosFormerReweighting", "cosformer_features", "cosformer_weights_reference", "SPEC"]
 
 
 def cosformer_features(x: Tensor, positions: Tensor, max_length: int) -> Tensor:
@@ -101,6 +103,25 @@ class CosFormerReweighting(nn.Module):
         return f"max_length={self.max_length}"
 
 
+@dataclass(kw_only=True)
+class CosFormerOptions:
+    """cosFormer's options (with ``max_positions``, its default L_max).
+
+    Attributes:
+        cosformer_max_length: L_max; the encoding attends only within L_max positions (a
+            position ≥ L_max raises ValueError); None: ``max_positions``.
+    """
+
+    cosformer_max_length: int | None = option(None, "cosformer's L_max: it attends within L_max positions only "
+                                              "(default: max positions)", flag_type=int)
+
+    def check_options(self) -> None:
+        """Raises ValueError if L_max is given and not a positive integer."""
+        if self.cosformer_max_length is not None:
+            require_positive(type(self).__name__, cosformer_max_length=self.cosformer_max_length)
+            self.cosformer_max_length = int(self.cosformer_max_length)
+
+
 def _max_length(config) -> int:
     # L_max: cosformer_max_length, else the model's max_positions
     return config.max_positions if config.cosformer_max_length is None else config.cosformer_max_length
@@ -110,4 +131,5 @@ SPEC = PositionalSpec("cosformer", "features", source="Qin et al. 2022 (ICLR), a
                       layer_module=lambda c, causal: CosFormerReweighting(_max_length(c)),
                       position_limit=_max_length,
                       limit_text="positions cosFormer attends within (L_max: cosformer_max_length, "
-                                 "default max_positions)")
+                                 "default max_positions)",
+                      options=(LearnedPositionOptions, CosFormerOptions))

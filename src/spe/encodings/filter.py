@@ -6,6 +6,8 @@ H = num_heads, D = head_dim, R = num_realizations, K = num_sines.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -13,9 +15,9 @@ from spe.encodings.code import SineCode, SPECode
 from spe.encodings.positions import require_positive
 from spe.ops.sine_costs import choose_sine_impl
 from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
-from spe.encodings.spec import head_dim
+from spe.encodings.spec import head_dim, option
 
-__all__ = ["IMPLS", "SPEFilter", "apply_code", "apply_code_reference",
+__all__ = ["IMPLS", "SPEFilter", "SPEOptions", "apply_code", "apply_code_reference",
            "apply_sine_code_blocked", "apply_sine_code_fused", "build_filter"]
 
 
@@ -231,6 +233,46 @@ class SPEFilter(nn.Module):
         qbar, kbar = code.materialize()
         apply = apply_code_reference if self.impl == "reference" else apply_code
         return apply(queries, qbar, gate, code.gate_noise), apply(keys, kbar, gate, code.gate_noise)
+
+
+@dataclass(kw_only=True)
+class SPEOptions:
+    """The options every SPE variant shares (the fields of a model config it reads).
+
+    Attributes:
+        gated: SPE gating (eq. 23-25). Off by default: on the Bach chorales ungated sineSPE
+            was better than gated in every position bucket (docs/ablation.md).
+        num_realizations: R, realisations of the SPE code.
+        gate_init: initial gate logit (δ = sigmoid(gate_init)).
+        share_across_layers: one SPE (parameters and code) for all layers, as in the paper
+            (each layer keeps its own gate); False gives every layer its own SPE module and
+            its own noise draw.
+        code_seed: seed of the SPE code in eval mode (same checkpoint + input = same outputs).
+        fixed_code: draw the SPE code from ``code_seed`` in training too, so that every step
+            (and evaluation) sees the same code, instead of a fresh draw per step. A fresh
+            code re-randomises the R coordinates of q̂, k̂ at every step, which a kernel with
+            fixed random features (FAVOR+) cannot adapt to (docs/lra.md, the ListOps study).
+        spe_impl: how sineSPE codes are applied (same numbers either way; see
+            :class:`SPEFilter` and docs/bench.md): ``auto`` (default: materialised while the
+            (L, H, D, R) code has at most 2^24 elements, else fused or blocked by a cost
+            model), ``materialized`` (fastest at short lengths, holds the code and its
+            gradient), ``blocked`` (the batch-shared code formed per block of positions, in
+            forward and again in backward: the least memory), ``fused`` or ``reference``.
+    """
+
+    gated: bool = False
+    num_realizations: int = option(32, "R, SPE noise realisations", flag_type=int)
+    gate_init: float = 0.0
+    share_across_layers: bool = True
+    code_seed: int = 0
+    fixed_code: bool = False
+    spe_impl: str = "auto"
+
+    def check_options(self) -> None:
+        """Raises ValueError on R that is not a positive integer or an unknown ``spe_impl``."""
+        require_positive(type(self).__name__, num_realizations=self.num_realizations)
+        if self.spe_impl not in IMPLS:
+            raise ValueError(f"spe_impl must be one of {', '.join(IMPLS)}, got {self.spe_impl!r}")
 
 
 def build_filter(config, causal: bool) -> SPEFilter:

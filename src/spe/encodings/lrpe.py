@@ -24,13 +24,14 @@ m·θ are formed in float64 (float32 loses ~1e-3 rad at m ≈ 10⁴), as RoPE do
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
-from spe.encodings.spec import PositionalSpec
+from spe.encodings.spec import PositionalSpec, option
 
-__all__ = ["LRPE", "LRPE_ANGLES", "lrpe_angles", "lrpe_features", "lrpe_weights_reference", "SPEC"]
+__all__ = ["LRPE", "LRPEOptions", "LRPE_ANGLES", "lrpe_angles", "lrpe_features", "lrpe_weights_reference", "SPEC"]
 
 LRPE_ANGLES = ("fixed", "learned")
 
@@ -132,5 +133,23 @@ class LRPE(nn.Module):
         return f"num_heads={self.num_heads}, feature_dim={self.feature_dim}, angles={self.mode}, base={self.base:g}"
 
 
+@dataclass(kw_only=True)
+class LRPEOptions:
+    """LRPE's options.
+
+    Attributes:
+        lrpe_angles: the angles θ_d: ``fixed`` at base^(−d/M) (10,000, no parameter) or
+            ``learned`` (an (H, M) parameter per layer, initialised there).
+    """
+
+    lrpe_angles: str = option("fixed", "lrpe angles (default fixed)", flag_type=str, choices=LRPE_ANGLES)
+
+    def check_options(self) -> None:
+        """Raises ValueError on an unknown ``lrpe_angles``."""
+        if self.lrpe_angles not in LRPE_ANGLES:
+            raise ValueError(f"lrpe_angles must be one of {', '.join(LRPE_ANGLES)}, got {self.lrpe_angles!r}")
+
+
 SPEC = PositionalSpec("lrpe", "features", source="Qin et al. 2023 (TMLR), cosine form", positive_features=True,
-                      layer_module=lambda c, causal: LRPE(c.num_heads, c.feature_dim, angles=c.lrpe_angles))
+                      layer_module=lambda c, causal: LRPE(c.num_heads, c.feature_dim, angles=c.lrpe_angles),
+                      options=(LRPEOptions,))

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
 from spe.ops.relative import music_relative_attention, music_relative_attention_reference
+from spe.encodings.shaw import RelativeDistanceOptions
 from spe.encodings.spec import PositionalSpec, head_dim
 
 __all__ = ["MusicRelativePosition", "SPEC"]
@@ -97,4 +98,5 @@ class MusicRelativePosition(nn.Module):
 
 SPEC = PositionalSpec("music-relative", "scores", source="Huang et al. 2018, skewing, O(LD) memory",
                       layer_module=lambda c, causal: MusicRelativePosition(c.num_heads, head_dim(c), c.max_distance,
-                                                                           causal=causal))
+                                                                           causal=causal),
+                      options=(RelativeDistanceOptions,))

@@ -28,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spe.encodings.conv import ConvSPE
+from spe.encodings.conv import ConvOptions, ConvSPE
+from spe.encodings.filter import SPEOptions
 from spe.encodings.positions import require_positive
-from spe.encodings.sine import SineSPE
+from spe.encodings.sine import SineOptions, SineSPE
 from spe.ops.phases import sine_features
 from spe.ops.softmax import check_key_padding_mask
 from spe.encodings.conv import build_conv
@@ -322,6 +323,8 @@ _EXACT_SOURCE = "Liutkus et al. 2021, eq. (8), (16)–(17), exact expectation"
 # The SPE oracles: softmax attention with the scores SPE estimates; deterministic, O(L²) memory
 # (plus O(L·P·D) for conv's band), for diagnosis.
 SPECS = (
-    PositionalSpec("sinespe-exact", "scores", source=_EXACT_SOURCE, model_module=build_sine, layer_module=_exact_scores),
-    PositionalSpec("convspe-exact", "scores", source=_EXACT_SOURCE, model_module=build_conv, layer_module=_exact_scores),
+    PositionalSpec("sinespe-exact", "scores", source=_EXACT_SOURCE, model_module=build_sine, layer_module=_exact_scores,
+                   options=(SPEOptions, SineOptions)),
+    PositionalSpec("convspe-exact", "scores", source=_EXACT_SOURCE, model_module=build_conv, layer_module=_exact_scores,
+                   options=(SPEOptions, ConvOptions)),
 )

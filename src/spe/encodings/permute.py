@@ -21,13 +21,14 @@ m-fold composition of the index map p.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
 from spe.encodings.spec import PositionalSpec
 
-__all__ = ["PermuteFeatures", "cycle_tables", "permutation_powers", "permute_weights_reference", "random_permutations", "SPEC"]
+__all__ = ["PermuteFeatures", "PermuteOptions", "cycle_tables", "permutation_powers", "permute_weights_reference", "random_permutations", "SPEC"]
 
 
 def random_permutations(num_heads: int, size: int, *, generator: torch.Generator) -> Tensor:
@@ -193,5 +194,23 @@ class PermuteFeatures(nn.Module):
         return f"num_heads={self.num_heads}, feature_dim={self.feature_dim}"
 
 
+@dataclass(kw_only=True)
+class PermuteOptions:
+    """PermuteFormer's options.
+
+    Attributes:
+        permute_seed: seed of the permutations (drawn once, kept in the state dict; every
+            layer gets the same ones, as in PermuteFormer's code).
+    """
+
+    permute_seed: int = 0
+
+    def check_options(self) -> None:
+        """Raises ValueError if ``permute_seed`` is not an integer."""
+        if isinstance(self.permute_seed, bool) or not isinstance(self.permute_seed, int):
+            raise ValueError(f"permute_seed must be an integer, got {self.permute_seed!r}")
+
+
 SPEC = PositionalSpec("permute", "features", source="Chen 2021 (EMNLP), PermuteFormer",
-                      layer_module=lambda c, causal: PermuteFeatures(c.num_heads, c.feature_dim, seed=c.permute_seed))
+                      layer_module=lambda c, causal: PermuteFeatures(c.num_heads, c.feature_dim, seed=c.permute_seed),
+                      options=(PermuteOptions,))

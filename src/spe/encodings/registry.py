@@ -26,19 +26,41 @@ kernel's feature dimension, which they read as ``config.feature_dim``.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from types import EllipsisType
 
 from spe.encodings import absolute, alibi, conv, conv2d, cosformer, lrpe, music_relative, oracle, permute, rope, shaw, sine
 from spe.encodings.spec import LAYER_KEYWORDS, PLACES, PositionalSpec
 
-__all__ = ["EXACT_TWINS", "LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec", "positional_help",
-           "positional_names", "positional_spec"]
+__all__ = ["ENCODING_OPTIONS", "EXACT_TWINS", "LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec",
+           "encoding_flags", "positional_help", "positional_names", "positional_spec"]
 
 POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
     *absolute.SPECS, sine.SPEC, conv.SPEC, conv2d.SPEC, rope.SPEC, shaw.SPEC, music_relative.SPEC, alibi.SPEC,
     lrpe.SPEC, permute.SPEC, cosformer.SPEC, *oracle.SPECS,
     PositionalSpec("none", None, source="no positional encoding"),
 )}
+
+
+# Every registered options class once, in registry order: the bases of every model config
+# (spe.models.TrunkConfig), so that each encoding's options are flat config fields.
+ENCODING_OPTIONS: tuple[type, ...] = tuple(dict.fromkeys(cls for spec in POSITIONAL_SPECS.values()
+                                                         for cls in spec.options))
+
+
+def encoding_flags() -> list[tuple[str, dict]]:
+    """The command-line flags of the encodings' options: ``(name, argparse keywords)`` for each
+    options field declared with a flag (:func:`~spe.encodings.spec.option`), e.g.
+    ``("num_sines", {"type": int, "help": ...})``."""
+    flags = []
+    for cls in ENCODING_OPTIONS:
+        for f in fields(cls):
+            if f.metadata.get("flag"):
+                keywords = {"type": f.metadata["flag_type"], "help": f.metadata["flag"]}
+                if f.metadata.get("choices"):
+                    keywords["choices"] = f.metadata["choices"]
+                flags.append((f.name, keywords))
+    return flags
 
 
 # Each SPE oracle and the SPE whose parameters (and so whose checkpoints and preset options) it shares.

@@ -11,11 +11,12 @@ normaliser (RoFormer eq. (19)), so the normaliser stays positive.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 from spe.encodings.spec import PositionalSpec
 
-__all__ = ["RotaryEncoding", "rotate", "SPEC"]
+__all__ = ["RoPEOptions", "RotaryEncoding", "rotate", "SPEC"]
 
 
 def rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0) -> Tensor:
@@ -66,5 +67,21 @@ class RotaryEncoding(nn.Module):
         return f"base={self.base:g}"
 
 
+@dataclass(kw_only=True)
+class RoPEOptions:
+    """RoPE's options.
+
+    Attributes:
+        rope_base: the frequency base b of the angles b^(−2i/E) (10,000 in RoFormer).
+    """
+
+    rope_base: float = 10000.0
+
+    def check_options(self) -> None:
+        """Raises ValueError if ``rope_base`` is not a number above 1."""
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, int | float) or not self.rope_base > 1:
+            raise ValueError(f"rope_base must be a number above 1, got {self.rope_base!r}")
+
+
 SPEC = PositionalSpec("rope", "queries-keys", source="Su et al. 2021", positive_features=True,
-                      layer_module=lambda c, causal: RotaryEncoding(c.rope_base))
+                      layer_module=lambda c, causal: RotaryEncoding(c.rope_base), options=(RoPEOptions,))

@@ -10,14 +10,15 @@ O(L²·D) memory: this is the baseline SPE is meant to replace. Softmax attentio
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
 from spe.ops.relative import shaw_attention
-from spe.encodings.spec import PositionalSpec, head_dim
+from spe.encodings.spec import PositionalSpec, head_dim, option
 
-__all__ = ["ShawRelativePosition", "SPEC"]
+__all__ = ["RelativeDistanceOptions", "ShawRelativePosition", "SPEC"]
 
 
 class ShawRelativePosition(nn.Module):
@@ -84,5 +85,23 @@ class ShawRelativePosition(nn.Module):
         return f"max_distance={self.max_distance}, causal={self.causal}"
 
 
+@dataclass(kw_only=True)
+class RelativeDistanceOptions:
+    """The options of relative encodings with a table of distances (``shaw``, ``music-relative``).
+
+    Attributes:
+        max_distance: k, the clipping distance: relative positions |j − i| ≤ k have their own
+            embedding, farther ones share the last.
+    """
+
+    max_distance: int = option(256, "clipping distance (shaw) / learned distances (music-relative)",
+                               flag_type=int)
+
+    def check_options(self) -> None:
+        """Raises ValueError if ``max_distance`` is not a positive integer."""
+        require_positive(type(self).__name__, max_distance=self.max_distance)
+
+
 SPEC = PositionalSpec("shaw", "scores", source="Shaw et al. 2018, O(L²D) memory",
-                      layer_module=lambda c, causal: ShawRelativePosition(head_dim(c), c.max_distance, causal=causal))
+                      layer_module=lambda c, causal: ShawRelativePosition(head_dim(c), c.max_distance, causal=causal),
+                      options=(RelativeDistanceOptions,))

@@ -6,6 +6,7 @@ Letters: L = length, H = num_heads, D = head_dim, R = num_realizations, K = num_
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -13,10 +14,10 @@ from torch import Tensor, nn
 from spe.encodings.code import SineCode
 from spe.ops.phases import sine_phase
 from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
-from spe.encodings.filter import build_filter
-from spe.encodings.spec import PositionalSpec, head_dim
+from spe.encodings.filter import SPEOptions, build_filter
+from spe.encodings.spec import PositionalSpec, head_dim, option
 
-__all__ = ["CODE_NOISES", "FREQUENCY_INITS", "SineSPE", "orthogonal_noise", "sine_phase", "SPEC"]
+__all__ = ["CODE_NOISES", "FREQUENCY_INITS", "SineOptions", "SineSPE", "orthogonal_noise", "sine_phase", "SPEC"]
 
 # the accepted values of SineSPE's ``noise`` and ``frequency_init`` (ModelConfig checks them too)
 CODE_NOISES = ("gaussian", "orthogonal")
@@ -187,6 +188,28 @@ class SineSPE(nn.Module):
         return (self.gains[:, :, None] ** 2 * torch.cos(angle)).sum(-1) / (2 * self.num_sines)
 
 
+@dataclass(kw_only=True)
+class SineOptions:
+    """sineSPE's own options (with :class:`~spe.encodings.filter.SPEOptions`).
+
+    Attributes:
+        num_sines: K, sinusoids per feature.
+        frequency_init: ``low`` or ``spread`` initial frequencies.
+        code_noise: ``gaussian`` or ``orthogonal`` (variance-reduced) noise.
+    """
+
+    num_sines: int = option(5, "K, sinusoids per feature (sinespe)", flag_type=int)
+    frequency_init: str = "low"
+    code_noise: str = "gaussian"
+
+    def check_options(self) -> None:
+        """Raises ValueError on K that is not a positive integer or an unknown choice."""
+        require_positive(type(self).__name__, num_sines=self.num_sines)
+        for name, allowed in (("code_noise", CODE_NOISES), ("frequency_init", FREQUENCY_INITS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+
+
 def build_sine(config) -> SineSPE:
     """The model's sineSPE code generator from a model config (R, K, frequency init, noise)."""
     return SineSPE(config.num_heads, head_dim(config), config.num_realizations, config.num_sines,
@@ -194,4 +217,5 @@ def build_sine(config) -> SineSPE:
 
 
 SPEC = PositionalSpec("sinespe", "queries-keys", stochastic=True, windowed_by_default=True,
-                      source="Liutkus et al. 2021, eq. (18)-(21)", model_module=build_sine, layer_module=build_filter)
+                      source="Liutkus et al. 2021, eq. (18)-(21)", model_module=build_sine, layer_module=build_filter,
+                      options=(SPEOptions, SineOptions))

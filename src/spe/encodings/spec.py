@@ -8,14 +8,27 @@ every encoding, so it imports none of them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-__all__ = ["LAYER_KEYWORDS", "PLACES", "PositionalSpec", "head_dim"]
+__all__ = ["LAYER_KEYWORDS", "PLACES", "PositionalSpec", "head_dim", "option"]
 
 PLACES = ("tokens", "queries-keys", "scores", "features")
+
+
+def option(default: Any, flag: str = "", *, flag_type: type | None = None, choices: tuple | None = None) -> Any:
+    """A field of an encoding's options dataclass (see :attr:`PositionalSpec.options`).
+
+    Args:
+        default: the value a model config takes when the option is not given.
+        flag: help text of the command-line flag ``--name-with-dashes`` the option gets
+            (``spe train``); empty: none (the option is then set in a config file).
+        flag_type: the flag's value type (``int``, ``float``, ``str``).
+        choices: the values the flag accepts, if it is a choice.
+    """
+    return field(default=default, metadata={"flag": flag, "flag_type": flag_type, "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -36,16 +49,22 @@ class PositionalSpec:
         layer_module: ``(config, causal) -> nn.Module``, the part each attention layer takes
             (see ``LAYER_KEYWORDS``); None if there is none.
         positive_features: with a linear kernel it needs strictly positive features (RoPE's
-            unrotated normaliser, RoFormer eq. 19, could be 0 with ReLU features; LRPE's
-            likewise).
+            unrotated normaliser, RoFormer eq. 19, could be 0 with ReLU features; likewise any
+            transform of the numerator only).
         scale_embeddings: token embeddings are multiplied by √C to match the scale of the
             encoding added to them (sinusoidal APE, Vaswani et al.).
         position_limit: ``(config) -> int | None``, the most positions a model with this
-            encoding takes (learned embeddings, cosFormer's L_max); None: any length.
+            encoding takes (learned embeddings, an L_max); None: any length.
         limit_text: what that limit is and which option sets it, for messages.
         needs_grid: encodes positions on a 2-D grid (``convspe-2d``): its code generator is
             called with ``grid=(Y, X)`` instead of positions, so only models that know their
             grid (the encoder classifier on images) take it.
+        options: the options dataclasses whose fields the encoding's builders read (declared
+            in its file with :func:`option`, ``kw_only``, with a ``check_options(self)``
+            raising ValueError on a bad value). Every model config inherits the fields of
+            every registered options class (:data:`spe.encodings.registry.ENCODING_OPTIONS`),
+            so configs and checkpoint headers keep them flat (``num_sines = 5``); a class
+            may serve several encodings (the SPE options of ``sinespe`` and ``convspe``).
     """
 
     name: str
@@ -60,6 +79,7 @@ class PositionalSpec:
     needs_grid: bool = False
     position_limit: Callable[[Any], int | None] | None = None
     limit_text: str = ""
+    options: tuple[type, ...] = ()
 
     def build_model_module(self, config: Any) -> nn.Module | None:
         """The per-model module (token encoding or SPE code generator), or None."""

@@ -24,7 +24,7 @@ class ClassifierConfig(TrunkConfig):
     ``d_model``, ``positional``, ``attention``, ``gated``, ``num_realizations``,
     ``share_across_layers`` …). The positional encoding acts on tokens, on queries and keys
     (``ape``, ``ape-learned``, ``sinespe``, ``convspe``, ``convspe-2d`` with a ``grid``,
-    ``rope``) or on the scores of softmax attention (``shaw``, ``music-relative``, ``alibi``,
+    ``rope``) or on the scores of softmax attention (``shaw``, ``music-relative`` …,
     the SPE oracles ``sinespe-exact`` and ``convspe-exact``; their attention takes the
     padding mask), or is ``none``.
 
@@ -63,7 +63,6 @@ class ClassifierConfig(TrunkConfig):
     grid: tuple[int, int] | None = None
     cls_id: int = 1
     head_hidden: int = 0
-    max_distance: int = 256
 
     def __post_init__(self) -> None:
         if isinstance(self.grid, list):
@@ -72,7 +71,6 @@ class ClassifierConfig(TrunkConfig):
             self.interaction = None
         super().__post_init__()
         spec = positional_spec(self.positional)
-        require_positive(type(self).__name__, max_distance=self.max_distance)
         if spec.needs_grid and self.grid is None:
             raise ValueError(f"positional {self.positional!r} encodes positions on a 2-D grid: give the "
                              "classifier the images' grid (height, width)")

@@ -61,7 +61,6 @@ class ModelConfig(TrunkConfig):
     causal: ClassVar[bool] = True
 
     tie_embeddings: bool = True
-    max_distance: int = 256
     attention_window: int | None = None
 
     def __post_init__(self) -> None:
@@ -69,7 +68,6 @@ class ModelConfig(TrunkConfig):
         if POSITIONAL_SPECS[self.positional].needs_grid:
             raise ValueError(f"positional {self.positional!r} encodes positions on a 2-D grid: use it with the "
                              "encoder classifier on images (spe.models.ClassifierConfig with a grid)")
-        require_positive(type(self).__name__, max_distance=self.max_distance)
         self.attention_window = decode_window(self.attention_window, "attention_window")  # TOML has no null
         if self.attention_window is not None and POSITIONALS[self.positional] == "scores":
             raise ValueError(f"attention_window cannot be combined with positional {self.positional!r}, "

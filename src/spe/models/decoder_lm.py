@@ -78,7 +78,7 @@ class DecoderLM(Trunk):
             positions: (L,) positions shared by the batch (default 0 … L−1). With ``sinespe``
                 and ``rope`` they may be real-valued, e.g. onset times in beats (continuous
                 positions); ``convspe`` and ``ape-learned`` need integers; the score encodings
-                (``shaw``, ``music-relative``, ``alibi``) use index distances and take none.
+                (``shaw``, ``music-relative`` …) use index distances and take none.
             generator: source of the SPE code in training mode.
             num_realizations: R for this pass (default: the config's), e.g. a test-time R.
             state, return_state: go on from a decoding state and/or return the final one, as

@@ -12,12 +12,9 @@ from typing import ClassVar, Self
 
 from spe.attention.kernels import kernel_spec
 from spe.attention.layer import ACCEPTS, ATTENTIONS, check_decay
-from spe.encodings.filter import IMPLS as SPE_IMPLS
-from spe.encodings.lrpe import LRPE_ANGLES
 from spe.encodings.positions import require_positive
-from spe.encodings.registry import POSITIONAL_SPECS, positional_names, positional_spec
+from spe.encodings.registry import ENCODING_OPTIONS, POSITIONAL_SPECS, positional_names, positional_spec
 from spe.encodings.short_conv import check_short_conv
-from spe.encodings.sine import CODE_NOISES, FREQUENCY_INITS
 from spe.ops.decay import NO_DECAY
 
 __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "TrunkConfig"]
@@ -32,7 +29,7 @@ _REFUSED = {"scores": "adds a term to the attention scores, which {attention} at
 
 
 @dataclass
-class TrunkConfig:
+class TrunkConfig(*ENCODING_OPTIONS):
     """Embedding, positional encoding and Transformer blocks: what every model is made of.
 
     Attributes:
@@ -42,48 +39,23 @@ class TrunkConfig:
         num_heads: H; head_dim = d_model / num_heads.
         d_ff: hidden size of the feed-forward block.
         dropout: dropout probability in residual branches, in [0, 1).
-        positional: one of ``POSITIONALS``: added to tokens ``ape`` (sinusoidal) or
-            ``ape-learned``; on queries and keys ``sinespe``, ``convspe``, ``convspe-2d``,
-            ``rope``; in the scores (softmax attention only) ``shaw``, ``music-relative``,
-            ``alibi``; on the kernel's features φ (linear kernels only) ``lrpe``
-            (performer or linear-elu), ``permute`` (PermuteFormer), ``cosformer``; or
-            ``none``. Which of them a model takes is its own config's rule.
+        positional: one of ``POSITIONALS``, the registry's names
+            (:func:`spe.encodings.registry.positional_help` groups them by where they act:
+            tokens, queries and keys, softmax's scores, a linear kernel's features), or
+            ``none``. The kernel must accept where it acts (``ACCEPTS``); which encodings a
+            model takes is its own config's rule.
         attention: ``softmax``, ``performer``, ``linear-relu``, ``linear-elu`` or ``linear``
             (normaliser-free: identity features, no denominator, a per-head RMS norm of the
             output; RetNet, GLA, fla's ``linear_attn``).
-        gated: SPE gating (eq. 23-25), for ``sinespe``/``convspe``. Off by default: on the
-            Bach chorales ungated sineSPE was better than gated in every position bucket
-            (docs/ablation.md).
-        num_realizations: R for SPE.
-        num_sines: K for ``sinespe``.
-        kernel_size: P (positions) for ``convspe``.
-        frequency_init: ``low`` or ``spread`` initial sineSPE frequencies.
-        code_noise: ``gaussian`` or ``orthogonal`` (variance-reduced) sineSPE noise.
-        gate_init: initial gate logit (δ = sigmoid(gate_init)).
-        share_across_layers: one SPE (parameters and code) for all layers, as in the paper
-            (each layer keeps its own gate); False gives every layer its own ``sinespe`` or
-            ``convspe`` module and its own noise draw.
+        (each encoding's options): the fields of every options class the registry lists
+            (:data:`spe.encodings.registry.ENCODING_OPTIONS`), declared and checked in the
+            encoding's own file (``num_realizations``, ``gated`` … in
+            :class:`~spe.encodings.filter.SPEOptions`, ``num_sines`` in
+            :class:`~spe.encodings.sine.SineOptions`, ``kernel_size``, ``max_positions``,
+            ``max_distance``, ``rope_base`` …): keyword-only, flat in config files and
+            checkpoint headers.
         num_features: FAVOR+ random features M.
         chunk_size: chunk length of causal linear attention.
-        code_seed: seed of the SPE code in eval mode (same checkpoint + input = same outputs).
-        fixed_code: draw the SPE code from ``code_seed`` in training too, so that every step
-            (and evaluation) sees the same code, instead of a fresh draw per step. A fresh
-            code re-randomises the R coordinates of q̂, k̂ at every step, which a kernel with
-            fixed random features (FAVOR+) cannot adapt to (docs/lra.md, the ListOps study).
-        max_positions: number of ``ape-learned`` embeddings (longer inputs raise ValueError).
-        rope_base: ``rope`` frequency base.
-        spe_impl: how ``sinespe`` codes are applied (same numbers either way; see
-            :class:`~spe.SPEFilter` and docs/bench.md): ``auto`` (default: materialised while
-            the (L, H, D, R) code has at most 2^24 elements, else fused or blocked by a cost
-            model), ``materialized`` (fastest at short lengths, holds the code and its
-            gradient), ``blocked`` (the batch-shared code formed per block of positions, in
-            forward and again in backward: the least memory), ``fused`` or ``reference``.
-        lrpe_angles: ``lrpe`` angles θ_d: ``fixed`` at base^(−d/M) (10,000, no parameter) or
-            ``learned`` (an (H, M) parameter per layer, initialised there).
-        permute_seed: seed of the ``permute`` permutations (drawn once, kept in the state
-            dict; every layer gets the same ones, as in PermuteFormer's code).
-        cosformer_max_length: L_max of ``cosformer``, which attends only within L_max
-            positions (a position ≥ L_max raises ValueError); None: ``max_positions``.
         decay: one of ``DECAY_MODES``: ``none`` (default), ``fixed`` (RetNet's γ_h = 1 −
             2^(−5−h) per head on the lag, weights γ^{|m−n|}) or ``learned`` (γ_h =
             sigmoid(logit_h) initialised there, one (H,) parameter per layer), linear kernels
@@ -127,24 +99,8 @@ class TrunkConfig:
     dropout: float = 0.1
     positional: str = "sinespe"
     attention: str = "performer"
-    gated: bool = False
-    num_realizations: int = 32
-    num_sines: int = 5
-    kernel_size: int = 64
-    frequency_init: str = "low"
-    code_noise: str = "gaussian"
-    gate_init: float = 0.0
-    share_across_layers: bool = True
     num_features: int = 64
     chunk_size: int = 64
-    code_seed: int = 0
-    fixed_code: bool = False
-    max_positions: int = 2048
-    rope_base: float = 10000.0
-    spe_impl: str = "auto"
-    lrpe_angles: str = "fixed"
-    permute_seed: int = 0
-    cosformer_max_length: int | None = None
     decay: str = "none"
     short_conv: int = 0
 
@@ -164,11 +120,9 @@ class TrunkConfig:
         if POSITIONAL_SPECS[self.positional].positive_features:
             kernel.check_numerator_transform(f"positional {self.positional!r}")
         require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
-            "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_realizations",
-            "num_sines", "kernel_size", "num_features", "chunk_size", "max_positions")})
-        self._check_feature_options()
-        if self.spe_impl not in SPE_IMPLS:
-            raise ValueError(f"spe_impl must be one of {', '.join(SPE_IMPLS)}, got {self.spe_impl!r}")
+            "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_features", "chunk_size")})
+        for options in ENCODING_OPTIONS:  # every encoding's own checks, whichever encoding is chosen
+            options.check_options(self)
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:
@@ -183,18 +137,6 @@ class TrunkConfig:
                     score_encoding=named if where == "scores" else None,
                     feature_transform=named if where == "features" else None)
 
-    def _check_feature_options(self) -> None:
-        for name, allowed in (("code_noise", CODE_NOISES), ("frequency_init", FREQUENCY_INITS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if self.lrpe_angles not in LRPE_ANGLES:
-            raise ValueError(f"lrpe_angles must be one of {', '.join(LRPE_ANGLES)}, got {self.lrpe_angles!r}")
-        if isinstance(self.permute_seed, bool) or not isinstance(self.permute_seed, int):
-            raise ValueError(f"permute_seed must be an integer, got {self.permute_seed!r}")
-        if self.cosformer_max_length is not None:
-            require_positive(type(self).__name__, cosformer_max_length=self.cosformer_max_length)
-            self.cosformer_max_length = int(self.cosformer_max_length)
-
     @property
     def feature_dim(self) -> int:
         """M, the kernel's feature dimension that feature transforms act on: ``num_features``
@@ -204,8 +146,8 @@ class TrunkConfig:
     @property
     def position_limit(self) -> int | None:
         """The most positions a model of this config takes (its encoding's
-        :meth:`~spe.encodings.spec.PositionalSpec.max_positions`: learned embeddings,
-        cosFormer's L_max); None: any length."""
+        :meth:`~spe.encodings.spec.PositionalSpec.max_positions`, e.g. the number of learned
+        embeddings); None: any length."""
         return positional_spec(self.positional).max_positions(self)
 
     def to_dict(self) -> dict:

@@ -102,3 +102,17 @@ def test_spe_models_get_a_window_of_the_training_length_unless_told_otherwise():
     assert model_of("--attention-window", "0")["attention_window"] is None
     assert model_of("--attention-window", "64")["attention_window"] == 64
     assert "attention_window" not in model_of("--positional", "ape")
+
+
+def test_each_encoding_option_flag_reaches_the_model_config():
+    from spe.encodings.registry import encoding_flags
+    from spe.lab.cli.main import _train_config, build_parser
+
+    values = {"lrpe_angles": "learned"}  # the others are integers
+    flags = []
+    for i, (name, _) in enumerate(encoding_flags()):
+        values.setdefault(name, 7 + i)
+        flags += ["--" + name.replace("_", "-"), str(values[name])]
+    model = _train_config(build_parser().parse_args(["train", "--positional", "lrpe", "--attention", "linear-elu",
+                                                     *flags])).model
+    assert {name: model[name] for name in values} == values

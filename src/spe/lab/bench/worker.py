@@ -169,7 +169,7 @@ def measure_generate(case: dict, device: torch.device) -> dict:
         state = KVCache(keys=torch.randn(b, n, h, e, device=device), values=torch.randn(b, n, h, d, device=device),
                         position=n, **gate)
     else:
-        m, m_den = layer.feature_sizes()  # feature transforms (LRPE, cosFormer) double M
+        m, m_den = layer.feature_sizes()  # some feature transforms double M
         sums = {"kv": torch.rand(b, h, m, d, device=device), "normalizer": torch.rand(b, h, m_den, device=device),
                 "position": n}
         # FAVOR+ sums are kept relative to a running log scale (spe.ops.scaled); 0 = absolute

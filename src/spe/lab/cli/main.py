@@ -18,8 +18,7 @@ __all__ = ["UsageError", "build_parser", "main"]
 
 log = logging.getLogger("spe")
 
-_MODEL_FLAGS = ("positional", "attention", "num_realizations", "num_sines", "kernel_size", "d_model", "num_layers",
-                "num_heads", "max_distance", "max_positions", "lrpe_angles", "cosformer_max_length", "decay", "short_conv")
+_MODEL_FLAGS = ("positional", "attention", "d_model", "num_layers", "num_heads", "decay", "short_conv")
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
                 "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens")
 
@@ -45,7 +44,9 @@ def _train_config(args: argparse.Namespace, **overrides):
     for flag in _TRAIN_FLAGS:
         if getattr(args, flag, None) is not None:
             raw[flag] = getattr(args, flag)
-    for flag in _MODEL_FLAGS:
+    from spe.encodings.registry import encoding_flags
+
+    for flag in (*_MODEL_FLAGS, *(name for name, _ in encoding_flags())):
         if getattr(args, flag, None) is not None:
             model[flag] = getattr(args, flag)
     if getattr(args, "attention_window", None) is not None:
@@ -104,15 +105,8 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--attention-window", type=int,
                    help="sliding attention window W in positions, kept at test time (0: the whole past; "
                    "default: the training length for sinespe and convspe, the whole past otherwise)")
-    p.add_argument("--num-realizations", type=int, help="R, SPE noise realisations")
-    p.add_argument("--num-sines", type=int, help="K, sinusoids per feature (sinespe)")
-    p.add_argument("--kernel-size", type=int, help="P, filter length (convspe)")
-    p.add_argument("--max-distance", type=int, help="clipping distance (shaw) / learned distances (music-relative)")
-    p.add_argument("--max-positions", type=int, help="number of learned position embeddings (ape-learned); "
-                   "cosformer's default L_max")
-    p.add_argument("--lrpe-angles", choices=names["lrpe_angles"], help="lrpe angles (default fixed)")
-    p.add_argument("--cosformer-max-length", type=int,
-                   help="cosformer's L_max: it attends within L_max positions only (default: max positions)")
+    for name, keywords in names["encoding_flags"]:  # each encoding's options, declared in its file
+        p.add_argument("--" + name.replace("_", "-"), **keywords)
     p.add_argument("--short-conv", type=int, metavar="K", help="width of a causal depthwise convolution on "
                    "queries, keys and values (fla's ShortConvolution, 4 there; default 0: none)")
     p.add_argument("--d-model", type=int)
@@ -415,9 +409,10 @@ def _add_bench_parser(sub) -> None:
                         "--rounds interleaved rounds); default train,generate, or only the search with --longest")
     p.add_argument("--config", help="TOML whose [model] section builds the model for --modes model and --longest "
                    "(default: the packaged demo config)")
-    p.add_argument("--positionals", help="comma-separated subset of: ape, sinespe (auto), sinespe:fused|blocked|"
-                   "materialized|reference, convspe (fft), convspe:direct, ape-learned, rope, shaw, music-relative, "
-                   "alibi, lrpe, permute, cosformer, sinespe-exact, convspe-exact, none (default: all)")
+    from spe.lab.bench.run import SERIES, series_name
+
+    p.add_argument("--positionals", help="comma-separated subset of: " + ", ".join(series_name(*s) for s in SERIES)
+                   + " (sinespe: the automatic choice; convspe: fft; default: all)")
     p.add_argument("--pairs", help="train/generate modes: exactly these POSITIONAL+ATTENTION cases, e.g. "
                    "ape+softmax,ape+performer,sinespe:blocked+performer (instead of every --positionals × "
                    "--attentions pair)")

@@ -60,7 +60,7 @@ def cls_attention(model: EncoderClassifier, tokens: Tensor, lengths: Tensor | No
     Returns:
         (B, H, L) weights, 0 at padding (CLS itself at index 0), in the layer's kernel dtype
         (at least float32). They sum to 1 over the real positions, except where the layer's
-        kernel does not normalise them so: ``linear`` (no denominator), RoPE or LRPE with a
+        kernel does not normalise them so: ``linear`` (no denominator), RoPE or another numerator-only transform with a
         linear kernel (the denominator keeps the unrotated features), ReLU features of a CLS
         query that meet no key (all 0).
 

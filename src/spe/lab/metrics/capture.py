@@ -71,8 +71,7 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
     Raises:
         TypeError: if ``model`` is not a DecoderLM or ``layer`` is not an integer.
         ValueError: if the layer does not exist, or for RoPE with a linear kernel (which
-            rotates kernel features, not queries and keys) or a feature transform (LRPE,
-            PermuteFormer, cosFormer).
+            rotates kernel features, not queries and keys) or a feature transform (PermuteFormer …).
     """
     attn, captured = _capture(model, tokens, layer)
     q, k, _ = attn.project(captured["x"], captured["code"])  # (B, L, H, E)
@@ -131,7 +130,7 @@ def attention_matrices(model: DecoderLM, tokens, *, layer: int = 0) -> Tensor:
         A[h, m, n] = softmax_n(q_m · k_n / √E + s_h(m, n)) over n <= m,   0 for n > m,
 
     with q, k as :func:`layer_queries_keys` forms them (after the SPE filter: E = R; or RoPE:
-    rotated), and s what the layer adds to the logits: the score encoding's term (ALiBi bias;
+    rotated), and s what the layer adds to the logits: the score encoding's term (a bias;
     Shaw's and Music Transformer's q·e_{n−m} / √D; the SPE oracle's scores), a decay's or
     gate's log weight (FoX), and −∞ beyond a sliding window. This is
     :meth:`~spe.attention.MultiHeadAttention.attention_weights` with ``exact=True``: for

@@ -50,7 +50,7 @@ def identical_token_attention(model: DecoderLM, token: int, length: int, *, laye
     which is the paper's A = exp(Q K^T / √D) for APE/no PE and exp(Q^ K^^T / √R) for SPE
     (the filter already carries SPE's 1/(D·R)^{1/4} scale), the kernel a Performer
     approximates; with RoPE (softmax attention only) q and k are rotated first, as the layer
-    does. Encodings that add a term to the scores (Shaw, music-relative, ALiBi) are refused.
+    does. Encodings that add a term to the scores (Shaw, music-relative …) are refused.
 
     c_h is the largest causal logit of head h: a constant factor exp(−c_h) on the whole
     matrix, which keeps the entries in (0, 1] and leaves both metrics unchanged (they are

@@ -31,7 +31,7 @@ _DEFAULT_POSITIONAL = next(f.default for f in fields(ModelConfig) if f.name == "
 def resolve_model_options(model: dict, seq_len: int) -> dict:
     """Model options with the defaults that depend on the encoding and the training length filled in.
 
-    * An encoding that acts on attention scores (``shaw``, ``music-relative``, ``alibi``)
+    * An encoding that acts on attention scores (``shaw``, ``music-relative`` …)
       gets softmax attention unless ``attention`` is given (then a kernel that cannot form
       scores still fails with a clear error).
     * An encoding windowed by default (the registry's ``windowed_by_default``: ``sinespe``,

@@ -25,7 +25,7 @@ What this module does (letters: B = batch, L = training length, K = :data:`CHAIN
   and at every FAVOR+ feature redraw (the carried sums hold features of the old projection):
   positions stay below K·L, the range of
   the 16× protocol at K = 16, fewer where the model has a position limit (``ape-learned``'s
-  ``max_positions``, cosFormer's L_max); without a decay the running sums of a never-ending
+  ``max_positions``, an L_max); without a decay the running sums of a never-ending
   chain would hold an unbounded past, which no evaluation asks for;
 * the loss is the usual mean cross-entropy of the L positions of each crop; no gradient
   reaches the previous step; validation is unchanged (no state);
