@@ -57,9 +57,9 @@ def test_bool_is_not_an_integer_but_an_integer_is_a_number():
 
 
 def test_the_configs_use_it():
-    with pytest.raises(TypeError, match="training option steps must be an integer"):
+    with pytest.raises(ValueError, match="training option steps must be an integer"):
         TrainConfig(steps="10")
-    with pytest.raises(TypeError, match="model option num_heads must be an integer"):
+    with pytest.raises(ValueError, match="model option num_heads must be an integer"):
         TrainConfig(model={"num_heads": 2.0})
     with pytest.raises(ValueError, match="model option gated must be true or false"):
         LRAConfig(task="listops", positional="sinespe", attention="performer", model={"gated": 1})

@@ -37,13 +37,13 @@ def _layer(attention, positional="none", *, decay="none", causal=True, dtype=tor
     torch.manual_seed(0)
     kw = {}
     if positional == "sinespe":
-        kw = dict(spe_filter=SPEFilter(H, D), num_realizations=R)
+        kw = dict(positional=SPEFilter(H, D), num_realizations=R)
     elif positional == "rope":
-        kw = dict(rotary=RotaryEncoding())
+        kw = dict(positional=RotaryEncoding())
     elif positional == "alibi":
-        kw = dict(score_encoding=ALiBi(H, causal=causal))
+        kw = dict(positional=ALiBi(H, causal=causal))
     elif positional == "music-relative":
-        kw = dict(score_encoding=MusicRelativePosition(H, D, 4, causal=causal))
+        kw = dict(positional=MusicRelativePosition(H, D, 4, causal=causal))
     layer = MultiHeadAttention(C, H, attention=attention, causal=causal, decay=decay, num_features=8,
                                chunk_size=4, **kw).to(dtype).eval()
     _stir(layer)
@@ -229,7 +229,7 @@ def test_attention_weights_refusals():
 
 def _spe_layer(attention, num_realizations=None, **kw):
     torch.manual_seed(0)
-    return MultiHeadAttention(C, H, attention=attention, spe_filter=SPEFilter(H, D),
+    return MultiHeadAttention(C, H, attention=attention, positional=SPEFilter(H, D),
                               num_realizations=num_realizations, num_features=8, **kw)
 
 

@@ -28,7 +28,7 @@ def test_layer_forward_equals_steps(attention, decay, rope, window):
         pytest.skip("RoPE needs strictly positive features")
     torch.manual_seed(0)
     rotary = RotaryEncoding(64 if attention == "performer" else 8) if rope else None
-    layer = MultiHeadAttention(32, 4, attention=attention, decay=decay, rotary=rotary, chunk_size=4,
+    layer = MultiHeadAttention(32, 4, attention=attention, decay=decay, positional=rotary, chunk_size=4,
                                window=window).double()
     x = torch.randn(2, 19, 32, dtype=torch.float64)
     y = layer(x)

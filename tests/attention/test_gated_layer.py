@@ -143,7 +143,7 @@ def _log_weights(gates: torch.Tensor, causal: bool, window: int | None) -> torch
 def test_fox_equals_an_explicit_float64_softmax_with_the_gate_sums(window, rope):
     torch.manual_seed(0)
     layer = MultiHeadAttention(16, 2, attention="softmax", decay="gated", window=window,
-                               rotary=RotaryEncoding() if rope else None).double()
+                               positional=RotaryEncoding() if rope else None).double()
     _stir_gates(layer)
     x = torch.randn(2, 11, 16, dtype=torch.float64)
     q, k, v = layer.project(x, None)

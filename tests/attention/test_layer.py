@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from spe.attention import MultiHeadAttention
-from spe.encodings import ALiBi, RotaryEncoding, ShawRelativePosition, SPEFilter
+from spe.encodings import ALiBi, PermuteFeatures, RotaryEncoding, ShawRelativePosition, SPEFilter
 from spe.models import ModelConfig
 from spe.ops import KVCache, LinearAttentionState
 
@@ -12,35 +12,41 @@ from spe.ops import KVCache, LinearAttentionState
 @pytest.mark.parametrize("attention", ["performer", "linear-relu", "linear-elu"])
 def test_score_encodings_need_softmax(attention):
     with pytest.raises(ValueError, match="never forms"):
-        MultiHeadAttention(16, 2, attention=attention, score_encoding=ALiBi(2))
+        MultiHeadAttention(16, 2, attention=attention, positional=ALiBi(2))
 
 
-@pytest.mark.slow
-def test_one_positional_encoding_per_layer_and_matching_causality():
-    with pytest.raises(ValueError, match="one positional encoding"):
-        MultiHeadAttention(16, 2, attention="softmax", rotary=RotaryEncoding(), score_encoding=ALiBi(2))
-    with pytest.raises(ValueError, match="one positional encoding"):
-        MultiHeadAttention(16, 2, attention="performer", rotary=RotaryEncoding(), spe_filter=SPEFilter(2, 8),
-                           num_realizations=4)
+def test_the_one_positional_hook_keeps_each_module_where_it_acts_and_refuses_others():
+    from spe.attention.layer import POSITIONAL_ROLES
+
+    cases = {"spe_filter": SPEFilter(2, 8), "rotary": RotaryEncoding(), "score_encoding": ALiBi(2),
+             "feature_transform": PermuteFeatures(2, 8)}
+    attentions = {"score_encoding": "softmax", "feature_transform": "linear-elu"}
+    for role, module in cases.items():
+        layer = MultiHeadAttention(16, 2, attention=attentions.get(role, "performer"), positional=module,
+                                   num_features=8)
+        assert [getattr(layer, name) is module for name in POSITIONAL_ROLES] == [n == role for n in POSITIONAL_ROLES]
+        assert any(key.startswith(role + ".") for key in layer.state_dict()) or not list(module.state_dict())
+    with pytest.raises(TypeError, match="positional must be an SPEFilter, a RotaryEncoding, .* got Linear"):
+        MultiHeadAttention(16, 2, positional=torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="non-causal"):
-        MultiHeadAttention(16, 2, attention="softmax", causal=True, score_encoding=ShawRelativePosition(8, 3,
-                                                                                                        causal=False))
+        MultiHeadAttention(16, 2, attention="softmax", causal=True, positional=ShawRelativePosition(8, 3,
+                                                                                                     causal=False))
 
 
 def test_rope_needs_even_dimensions_and_positive_features():
     with pytest.raises(ValueError, match="even head_dim"):
-        MultiHeadAttention(15, 3, attention="softmax", rotary=RotaryEncoding())
+        MultiHeadAttention(15, 3, attention="softmax", positional=RotaryEncoding())
     with pytest.raises(ValueError, match="strictly positive"):
-        MultiHeadAttention(16, 2, attention="linear-relu", rotary=RotaryEncoding())
+        MultiHeadAttention(16, 2, attention="linear-relu", positional=RotaryEncoding())
     with pytest.raises(ValueError, match="strictly positive"):
         ModelConfig(vocab_size=10, positional="rope", attention="linear-relu")
 
 
 def test_score_encodings_refuse_positions_and_rope_states_need_their_position():
-    layer = MultiHeadAttention(16, 2, attention="softmax", score_encoding=ALiBi(2))
+    layer = MultiHeadAttention(16, 2, attention="softmax", positional=ALiBi(2))
     with pytest.raises(ValueError, match="index distances"):
         layer(torch.zeros(1, 3, 16), positions=torch.arange(3))
-    rope = MultiHeadAttention(16, 2, attention="linear-elu", rotary=RotaryEncoding())
+    rope = MultiHeadAttention(16, 2, attention="linear-elu", positional=RotaryEncoding())
     with pytest.raises(TypeError, match="decodes with a LinearAttentionState or RecentKeys, got dict"):
         rope.step(torch.zeros(1, 1, 16), None, {"s": torch.zeros(1, 2, 8, 8), "z": torch.zeros(1, 2, 8)})
 

@@ -202,7 +202,7 @@ def test_a_toml_model_table_sets_the_width(tmp_path):
     path.write_text("steps = 2\n[model]\nshort_conv = 4\nd_model = 16\nnum_heads = 2\n")
     cfg = TrainConfig.from_dict(load_config_file(path))
     assert cfg.model_config(vocab_size=30).short_conv == 4
-    with pytest.raises(TypeError, match="model option short_conv must be an integer, got 4.0"):
+    with pytest.raises(ValueError, match="model option short_conv must be an integer, got 4.0"):
         TrainConfig(model={"short_conv": 4.0})
 
 

@@ -39,7 +39,7 @@ def test_positions_beyond_l_max_raise_naming_l_max_and_the_position():
 
 
 def test_layers_and_models_refuse_positions_beyond_l_max_in_forward_and_decoding():
-    layer = MultiHeadAttention(8, 2, attention="linear-relu", feature_transform=CosFormerReweighting(4))
+    layer = MultiHeadAttention(8, 2, attention="linear-relu", positional=CosFormerReweighting(4))
     with pytest.raises(ValueError, match="L_max = 4 .* got position 4"):
         layer(torch.rand(1, 5, 8))
     state = None

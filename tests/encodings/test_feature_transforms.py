@@ -40,7 +40,7 @@ def _transform(name: str, kernel: str, max_length: int = 64):
 def _layer(name: str, kernel: str, *, causal: bool = True, seed: int = 0, chunk: int = 4) -> MultiHeadAttention:
     torch.manual_seed(seed)
     return MultiHeadAttention(H * D, H, attention=kernel, causal=causal, num_features=MF, chunk_size=chunk,
-                              feature_transform=_transform(name, kernel)).double()
+                              positional=_transform(name, kernel)).double()
 
 
 def _x(n: int, seed: int = 1, b: int = 2) -> torch.Tensor:
@@ -181,24 +181,20 @@ def test_softmax_refuses_feature_transforms_at_build_time(positional):
                                          r"does not have.*'performer' or 'linear-relu' or 'linear-elu'"):
         ModelConfig(vocab_size=10, positional=positional, attention="softmax")
     with pytest.raises(ValueError, match="softmax attention does not have"):
-        MultiHeadAttention(12, 2, attention="softmax", feature_transform=CosFormerReweighting(8))
+        MultiHeadAttention(12, 2, attention="softmax", positional=CosFormerReweighting(8))
 
 
 def test_lrpe_refuses_relu_features_like_rope():
     with pytest.raises(ValueError, match="positional 'lrpe' with linear attention needs strictly positive"):
         ModelConfig(vocab_size=10, positional="lrpe", attention="linear-relu")
     with pytest.raises(ValueError, match="LRPE with linear attention needs strictly positive features"):
-        MultiHeadAttention(12, 2, attention="linear-relu", feature_transform=LRPE(2, 6))
+        MultiHeadAttention(12, 2, attention="linear-relu", positional=LRPE(2, 6))
 
 
-def test_one_positional_per_layer_and_the_kernels_feature_size():
-    from spe.encodings import RotaryEncoding
-
-    with pytest.raises(ValueError, match="one positional encoding"):
-        MultiHeadAttention(12, 2, attention="performer", rotary=RotaryEncoding(), feature_transform=LRPE(2, 64))
+def test_a_feature_transform_gets_the_kernels_feature_size():
     with pytest.raises(ValueError, match=r"PermuteFormer was built for 6 features but this kernel has 16 "
                                          r"\(num_features\)"):
-        MultiHeadAttention(12, 2, attention="performer", num_features=16, feature_transform=PermuteFeatures(2, 6))
+        MultiHeadAttention(12, 2, attention="performer", num_features=16, positional=PermuteFeatures(2, 6))
 
 
 @pytest.mark.parametrize("positional,attention", [("lrpe", "performer"), ("permute", "linear-relu"),
@@ -230,4 +226,9 @@ def test_registry_entries_say_where_they_act():
 
     assert positional_names(acts_on="features") == ("lrpe", "permute", "cosformer")
     assert positional_spec("lrpe").positive_features and not positional_spec("permute").positive_features
-    assert {positional_spec(n).layer_keyword for n in ("lrpe", "permute", "cosformer")} == {"feature_transform"}
+    from spe.attention.layer import positional_role
+    from spe.models import ModelConfig
+
+    for name in ("lrpe", "permute", "cosformer"):
+        config = ModelConfig(vocab_size=8, d_model=16, num_heads=2, positional=name, attention="linear-elu")
+        assert positional_role(positional_spec(name).build_layer_module(config)) == "feature_transform"

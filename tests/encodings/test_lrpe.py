@@ -62,7 +62,7 @@ def test_options_are_checked():
 
 
 def test_the_normaliser_keeps_untransformed_features_and_features_double():
-    layer = MultiHeadAttention(16, 2, attention="performer", num_features=8, feature_transform=LRPE(2, 8))
+    layer = MultiHeadAttention(16, 2, attention="performer", num_features=8, positional=LRPE(2, 8))
     assert layer.feature_sizes() == (16, 8)  # numerator 2M, normaliser M
 
 

@@ -63,7 +63,7 @@ def test_linear_attention_with_separate_normaliser_chunked_equals_reference_and_
 @pytest.mark.parametrize("attention", ["softmax", "performer", "linear-elu"])
 def test_layer_output_is_invariant_to_shifting_all_positions(attention):
     torch.manual_seed(0)
-    layer = MultiHeadAttention(16, 2, attention=attention, rotary=RotaryEncoding(), num_features=8).double()
+    layer = MultiHeadAttention(16, 2, attention=attention, positional=RotaryEncoding(), num_features=8).double()
     x = torch.randn(2, 11, 16, dtype=torch.float64)
     with torch.no_grad():
         a = layer(x, positions=torch.arange(11))
@@ -75,12 +75,12 @@ def test_layer_output_is_invariant_to_shifting_all_positions(attention):
 
 def test_rope_needs_an_even_feature_dimension():
     with pytest.raises(ValueError, match="even num_features"):
-        MultiHeadAttention(16, 2, attention="performer", rotary=RotaryEncoding(), num_features=7)
+        MultiHeadAttention(16, 2, attention="performer", positional=RotaryEncoding(), num_features=7)
 
 
 def test_linear_layer_follows_roformer_eq_19_with_weights_recomputed_by_hand():
     torch.manual_seed(1)
-    layer = MultiHeadAttention(8, 2, attention="linear-elu", rotary=RotaryEncoding(base=100.0)).double()
+    layer = MultiHeadAttention(8, 2, attention="linear-elu", positional=RotaryEncoding(base=100.0)).double()
     x = torch.randn(1, 6, 8, dtype=torch.float64)
     with torch.no_grad():
         out = layer(x)

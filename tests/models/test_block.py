@@ -7,6 +7,7 @@ import torch
 
 from spe import ATTENTIONS, DecoderLM, ModelConfig
 from spe.encodings.registry import POSITIONAL_SPECS, positional_spec
+from spe.attention.layer import POSITIONAL_ROLES
 from spe.models.block import Block
 
 
@@ -67,9 +68,12 @@ def test_the_registry_decides_which_module_goes_where(positional):
     config = _config(positional, attention)
     model = DecoderLM(config)
     attn = model.blocks[0].attn
-    layer_modules = {"spe_filter": attn.spe_filter, "rotary": attn.rotary, "score_encoding": attn.score_encoding}
-    for keyword, module in layer_modules.items():
-        assert (module is not None) == (keyword == spec.layer_keyword)
+    # where the layer keeps its module follows from where the encoding acts (and whether it is SPE)
+    expected = {("queries-keys", True): "spe_filter", ("queries-keys", False): "rotary",
+                ("scores", False): "score_encoding", ("features", False): "feature_transform"}.get(
+        (spec.acts_on, spec.stochastic))
+    for role in POSITIONAL_ROLES:
+        assert (getattr(attn, role) is not None) == (role == expected), role
     assert (model.ape is not None) == (spec.acts_on == "tokens")
     # SPE code generators, and the SPE module an oracle's score terms read (sinespe-exact)
     assert (model.encoding is not None) == (spec.stochastic or (spec.acts_on == "scores" and

@@ -159,7 +159,7 @@ def test_attention_layer_keeps_float32_sums_under_bf16_autocast(attention, rotar
     # 2,048 positions in bf16 instead gave 0.013 to 0.021 (checked by making the kernels' dtype
     # bf16 under autocast), and bf16 FAVOR+ features 0.018.
     torch.manual_seed(0)
-    layer = MultiHeadAttention(32, 2, attention=attention, rotary=RotaryEncoding() if rotary else None,
+    layer = MultiHeadAttention(32, 2, attention=attention, positional=RotaryEncoding() if rotary else None,
                                num_features=32)
     with torch.no_grad():
         layer.qkv.weight.copy_(torch.cat([torch.eye(32)] * 3) * 0.5)

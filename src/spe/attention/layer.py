@@ -52,14 +52,16 @@ from spe.ops.linear import kernel_dtype
 from spe.ops.softmax import check_key_padding_mask, check_window, softmax_gates
 from spe.ops.state import AttentionState, check_state_window
 
-__all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "LayerState", "MultiHeadAttention",
-           "check_decay"]
+__all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "POSITIONAL_ROLES", "LayerState",
+           "MultiHeadAttention", "check_decay", "positional_role"]
 
 # The kernels' names and where a positional encoding may act with each, from the kernel
 # registry (spe.attention.kernels): "tokens" (added to embeddings), "queries-keys" (SPE codes,
 # rotations), "scores" (a term added to q·k before the softmax), "features" (transforms of φ).
 ATTENTIONS = tuple(KERNELS)
 ACCEPTS = {name: spec.accepts for name, spec in KERNELS.items()}
+# Where a layer's positional module acts, named by the attribute that holds it (positional_role).
+POSITIONAL_ROLES = ("spe_filter", "rotary", "score_encoding", "feature_transform")
 # What a layer's decoding step hands on: the kernel's state, wrapped with the short
 # convolution's cache in layers that have one.
 LayerState = AttentionState | ShortConvState
@@ -114,7 +116,7 @@ def check_decay(kernel: KernelSpec, decay: str, *, causal: bool = True, score_en
 
 
 class MultiHeadAttention(nn.Module):
-    """Self-attention with a pluggable kernel and an optional SPE filter.
+    """Self-attention with a pluggable kernel and one positional hook.
 
     Args:
         d_model: C.
@@ -123,7 +125,27 @@ class MultiHeadAttention(nn.Module):
             positive orthogonal random features), ``linear-relu``, ``linear-elu``, ``linear``
             (normaliser-free: identity features, no denominator, then ``output_norm``).
         causal: mask the future.
-        spe_filter: applies an SPE code to queries and keys (then the kernel sees dimension R).
+        positional: the layer's part of a positional encoding (what
+            :meth:`PositionalSpec.build_layer_module <spe.encodings.spec.PositionalSpec.build_layer_module>`
+            builds), the one hook; its kind says where it acts (:func:`positional_role`) and it
+            is kept as the attribute of that name:
+
+            * ``spe_filter``: an :class:`~spe.encodings.SPEFilter`, applying the SPE code given
+              to :meth:`forward` to queries and keys (the kernel then sees dimension R);
+            * ``rotary``: a :class:`~spe.encodings.RotaryEncoding`, rotating queries and keys
+              (softmax) or their features (linear kernels, RoFormer eq. (19): rotated
+              numerator, unrotated normaliser);
+            * ``score_encoding``: a relative term in the scores (``ShawRelativePosition``,
+              ``MusicRelativePosition`` …): any module with ``attend(q, k, v, *, query_offset)
+              -> y`` and ``score_bias(q, num_keys, *, query_offset) -> (B, H, Lq, Lk)`` (the
+              term it adds to q·k/√D, read by :meth:`attention_weights`); softmax only;
+            * ``feature_transform``: a transform of the kernel's features φ(q), φ(k) by position
+              (:class:`~spe.encodings.PermuteFeatures` and the registry's other
+              ``acts_on="features"`` encodings): a module ``(features (B, L, H, M), positions
+              (L,)) -> (B, L, H, M')`` with class attributes ``numerator_only`` (the
+              normaliser keeps the untransformed features, which must then be strictly
+              positive) and ``label``, and optionally ``feature_dim`` (the M it was built
+              for); linear kernels only.
         num_realizations: R, the number of realisations of SPE codes (``spe_filter`` only). The
             codes carry it (:attr:`SPECode.num_realizations`), so it may be left out: the layer
             then takes R from the first code it receives, drawing performer's projection (H, M, R)
@@ -135,20 +157,6 @@ class MultiHeadAttention(nn.Module):
             the new size drawn from a fixed seed, so the same input gives the same output).
         num_features: M, random features for ``performer``.
         chunk_size: chunk length of causal linear attention.
-        rotary: RoPE; rotates queries and keys (softmax) or their features (linear kernels,
-            RoFormer eq. (19): rotated numerator, unrotated normaliser).
-        score_encoding: a relative term in the scores (``ShawRelativePosition``,
-            ``MusicRelativePosition`` …): any module with
-            ``attend(q, k, v, *, query_offset) -> y`` and ``score_bias(q, num_keys, *,
-            query_offset) -> (B, H, Lq, Lk)`` (the term it adds to q·k/√D, read by
-            :mod:`spe.lab.metrics.capture`); softmax attention only.
-        feature_transform: a transform of the kernel's features φ(q), φ(k) by position
-            (:class:`~spe.encodings.PermuteFeatures` and the registry's other
-            ``acts_on="features"`` encodings): a module ``(features (B, L, H, M),
-            positions (L,)) -> (B, L, H, M')`` with class attributes ``numerator_only`` (the
-            normaliser keeps the untransformed features, which must then be strictly positive)
-            and ``label``, and optionally ``feature_dim`` (the M it was built for); linear
-            kernels only.
         window: W, causal sliding-window attention: position m attends to n ∈ (m − W, m]
             only, in :meth:`forward` and :meth:`step` alike (decoding then keeps the last W
             keys, so memory stays O(W)). None: the whole past. Settable later
@@ -175,14 +183,14 @@ class MultiHeadAttention(nn.Module):
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
             score encoding with a linear kernel, a feature transform with softmax or of
-            another feature dimension, two positional encodings at once, RoPE
-            on an odd feature dimension or with features that can be 0, or a window that is
+            another feature dimension, RoPE on an odd feature dimension or with features that can be 0, or a window that is
             not positive, not causal or combined with a score encoding, an unknown decay or a
             decay a kernel does not take (what each kernel accepts: its spec in
             :mod:`spe.attention.kernels`; the rule: :func:`check_decay`), or a
             ``short_conv`` that is not 0 or an int ≥ 2; ``num_realizations`` that is not a
-            positive int, given without ``spe_filter``, or left out with SPE and decay
+            positive int, given without an SPE filter, or left out with SPE and decay
             ``gated-channel`` (whose gate is built for R channels).
+        TypeError: for a ``positional`` module of no known kind (:func:`positional_role`).
 
     Normaliser-free kernels (``linear``: ``KernelSpec.normalizer_free``) get a per-head RMS norm
     of their output before the output projection, ``output_norm`` (fla's ``linear_attn`` and
@@ -190,13 +198,16 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
-                 causal: bool = True, spe_filter: SPEFilter | None = None,
+                 causal: bool = True, positional: nn.Module | None = None,
                  num_realizations: int | None = None, num_features: int = 64,
-                 chunk_size: int = 64, rotary: RotaryEncoding | None = None,
-                 score_encoding: nn.Module | None = None, window: int | None = None,
-                 feature_transform: nn.Module | None = None, decay: str = NO_DECAY,
+                 chunk_size: int = 64, window: int | None = None, decay: str = NO_DECAY,
                  short_conv: int = 0) -> None:
         super().__init__()
+        # the one positional hook: the module's kind says where it acts; it is kept under the
+        # attribute of that place (the state-dict keys: spe_filter.*, rotary.*, ...)
+        role = positional_role(positional)
+        spe_filter, rotary, score_encoding, feature_transform = (
+            positional if role == name else None for name in POSITIONAL_ROLES)
         self.kernel = kernel_spec(attention)
         if d_model % num_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
@@ -216,7 +227,7 @@ class MultiHeadAttention(nn.Module):
             self.num_features = num_features
             self.register_buffer("projection", None if self.kernel_dim is None else
                                  orthogonal_random_features(num_heads, num_features, self.kernel_dim))
-        _check_positional(self.kernel, causal, spe_filter, rotary, score_encoding, feature_transform)
+        _check_positional(self.kernel, causal, score_encoding, feature_transform)
         self.rotary, self.score_encoding = rotary, score_encoding
         check_decay(self.kernel, decay, causal=causal,
                     score_encoding=None if score_encoding is None else type(score_encoding).__name__,
@@ -612,13 +623,38 @@ class MultiHeadAttention(nn.Module):
         return positions
 
 
-def _check_positional(kernel, causal: bool, spe_filter, rotary, score_encoding, feature_transform=None) -> None:
-    """One positional encoding per layer, a score term only where the kernel forms scores, a
-    feature transform only where it has features, and the score term's causality the layer's
-    (the kernel's own refusals: ``KernelSpec.check``)."""
-    if sum(m is not None for m in (spe_filter, rotary, score_encoding, feature_transform)) > 1:
-        raise ValueError("an attention layer takes one positional encoding: an SPE filter, a rotary "
-                         "encoding, a score encoding or a feature transform")
+def positional_role(module: nn.Module | None) -> str | None:
+    """Where an attention layer's positional module acts, as the attribute that holds it
+    (one of :data:`POSITIONAL_ROLES`), or None for no module.
+
+    ``spe_filter``: an :class:`~spe.encodings.SPEFilter` (applies the model's SPE code to q and
+    k); ``rotary``: a :class:`~spe.encodings.RotaryEncoding`; ``score_encoding``: a module with
+    ``attend`` (a term in softmax's scores, :class:`~spe.attention.kernels.ScoreTerm`);
+    ``feature_transform``: a module with ``numerator_only`` (a transform of a linear kernel's
+    features, :class:`~spe.attention.kernels.FeatureTransform`).
+
+    Raises:
+        TypeError: for a module of none of these kinds.
+    """
+    if module is None:
+        return None
+    if isinstance(module, SPEFilter):
+        return "spe_filter"
+    if isinstance(module, RotaryEncoding):
+        return "rotary"
+    if callable(getattr(module, "attend", None)):
+        return "score_encoding"
+    if hasattr(module, "numerator_only"):
+        return "feature_transform"
+    raise TypeError(f"positional must be an SPEFilter, a RotaryEncoding, a score encoding (a module with "
+                    f"attend(q, k, v, ...)) or a feature transform (a module with numerator_only), got "
+                    f"{type(module).__name__}")
+
+
+def _check_positional(kernel, causal: bool, score_encoding, feature_transform) -> None:
+    """A score term only where the kernel forms scores, a feature transform only where it has
+    features, and the score term's causality the layer's (the kernel's own refusals:
+    ``KernelSpec.check``)."""
     if feature_transform is not None and "features" not in kernel.accepts:
         linear = [name for name, spec in KERNELS.items() if "features" in spec.accepts]
         raise ValueError(f"{feature_transform.label} transforms the features φ(q), φ(k) of a linear kernel, which "

@@ -41,7 +41,7 @@ from spe.encodings.spec import PositionalSpec, head_dim
 __all__ = ["ExactSPEScores", "alias_gate_keys", "exact_spe_attention_reference", "gated_kernel",
            "unalias_gate_keys", "SPECS"]
 
-# Where the per-layer module sits in an attention layer (spe.encodings.registry.LAYER_KEYWORDS)
+# Where the per-layer module sits in an attention layer (spe.attention.layer.positional_role)
 # and where SPE's filter, holding the same gate, sits: the state dict uses the latter.
 _ORACLE_GATE = "attn.score_encoding.gate_logits"
 _SPE_GATE = "attn.spe_filter.gate_logits"

@@ -30,9 +30,9 @@ from dataclasses import fields
 from types import EllipsisType
 
 from spe.encodings import absolute, alibi, conv, conv2d, cosformer, lrpe, music_relative, oracle, permute, rope, shaw, sine
-from spe.encodings.spec import LAYER_KEYWORDS, PLACES, PositionalSpec
+from spe.encodings.spec import PLACES, PositionalSpec
 
-__all__ = ["ENCODING_OPTIONS", "EXACT_TWINS", "LAYER_KEYWORDS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec",
+__all__ = ["ENCODING_OPTIONS", "EXACT_TWINS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec",
            "encoding_flags", "positional_help", "positional_names", "positional_spec"]
 
 POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["LAYER_KEYWORDS", "PLACES", "PositionalSpec", "head_dim", "option"]
+__all__ = ["PLACES", "PositionalSpec", "head_dim", "option"]
 
 PLACES = ("tokens", "queries-keys", "scores", "features")
 
@@ -47,7 +47,7 @@ class PositionalSpec:
             encoding (``x + pe``), the SPE code generator, or (a score encoding's) the SPE
             module whose exact kernel the layers read (``sinespe-exact``); None if there is none.
         layer_module: ``(config, causal) -> nn.Module``, the part each attention layer takes
-            (see ``LAYER_KEYWORDS``); None if there is none.
+            (its ``positional`` hook, :class:`~spe.attention.MultiHeadAttention`); None if there is none.
         positive_features: with a linear kernel it needs strictly positive features (RoPE's
             unrotated normaliser, RoFormer eq. 19, could be 0 with ReLU features; likewise any
             transform of the numerator only).
@@ -92,16 +92,6 @@ class PositionalSpec:
     def max_positions(self, config: Any) -> int | None:
         """The most positions a model of ``config`` takes with this encoding; None: any length."""
         return None if self.position_limit is None else self.position_limit(config)
-
-    @property
-    def layer_keyword(self) -> str | None:
-        """The :class:`~spe.attention.MultiHeadAttention` argument the layer module goes to."""
-        return LAYER_KEYWORDS.get((self.acts_on, self.stochastic))
-
-
-# Which MultiHeadAttention argument takes a layer module, by (where it acts, stochastic).
-LAYER_KEYWORDS = {("queries-keys", True): "spe_filter", ("queries-keys", False): "rotary",
-                  ("scores", False): "score_encoding", ("features", False): "feature_transform"}
 
 
 def head_dim(config: Any) -> int:

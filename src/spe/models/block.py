@@ -38,14 +38,13 @@ class Block(nn.Module):
         super().__init__()
         spec = positional_spec(config.positional)
         module = spec.build_layer_module(config, causal=causal)
-        positional = {} if module is None else {spec.layer_keyword: module}
         self.norm1 = nn.LayerNorm(config.d_model)
         self.attn = MultiHeadAttention(
             config.d_model, config.num_heads, attention=config.attention, causal=causal,
             num_realizations=config.num_realizations if spec.stochastic else None,
             num_features=config.num_features, chunk_size=config.chunk_size,
             window=config.attention_window, decay=getattr(config, "decay", NO_DECAY),
-            short_conv=getattr(config, "short_conv", 0), **positional)
+            short_conv=getattr(config, "short_conv", 0), positional=module)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model))

@@ -116,3 +116,21 @@ def test_each_encoding_option_flag_reaches_the_model_config():
     model = _train_config(build_parser().parse_args(["train", "--positional", "lrpe", "--attention", "linear-elu",
                                                      *flags])).model
     assert {name: model[name] for name in values} == values
+
+
+def test_spe_train_takes_any_model_option_as_key_value_and_refuses_a_contradiction():
+    from spe.lab.cli.main import _train_config, build_parser
+
+    def model_of(*flags):
+        return _train_config(build_parser().parse_args(["train", *flags])).model
+
+    model = model_of("--positional", "rope", "--model-option", "rope_base=500", "--model-option",
+                     "code_noise=orthogonal", "--model-option", "gated=true")
+    assert (model["rope_base"], model["code_noise"], model["gated"]) == (500, "orthogonal", True)
+    assert model_of("--model-option", "positional=ape", "--model-option", "positional=ape")["positional"] == "ape"
+    with pytest.raises(ValueError, match="--model-option positional='ape' contradicts --positional rope"):
+        model_of("--positional", "rope", "--model-option", "positional=ape")
+    with pytest.raises(ValueError, match="^model option rope_base must be a number, got .x."):
+        model_of("--model-option", "rope_base=x")
+    with pytest.raises(ValueError, match=r"unknown model option\(s\) \['nope'\]"):
+        model_of("--model-option", "nope=1")

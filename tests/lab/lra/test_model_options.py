@@ -6,7 +6,8 @@ import pytest
 
 from spe.lab.cli.main import main
 from spe.lab.lra import preset_config
-from spe.lab.lra.config import model_option_names, parse_model_option
+from spe.lab.experiment import parse_model_option
+from spe.lab.lra.config import model_option_names
 from spe.lab.lra.run import _check_config
 
 

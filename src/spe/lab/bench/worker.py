@@ -76,11 +76,10 @@ def build(case: dict):
         encoding.impl = "direct" if case["impl"] == "direct" else "fft"
     if peer:  # another package's layer, with APE or nothing (spe.lab.bench.peers)
         return build_peer_layer(case["attention"], config.num_heads, _head_dim(config), config.num_features), None, ape
-    keyword = {spec.layer_keyword: layer_module} if layer_module is not None else {}
     layer = MultiHeadAttention(config.d_model, config.num_heads, attention=config.attention, causal=True,
                                num_realizations=config.num_realizations if spec.stochastic else None,
                                num_features=config.num_features, chunk_size=config.chunk_size,
-                               decay=config.decay, **keyword)
+                               decay=config.decay, positional=layer_module)
     return layer, encoding, ape
 
 

@@ -45,14 +45,15 @@ def _train_config(args: argparse.Namespace, **overrides):
         if getattr(args, flag, None) is not None:
             raw[flag] = getattr(args, flag)
     from spe.encodings.registry import encoding_flags
+    from spe.lab.experiment import model_options
 
-    for flag in (*_MODEL_FLAGS, *(name for name, _ in encoding_flags())):
-        if getattr(args, flag, None) is not None:
-            model[flag] = getattr(args, flag)
+    flags = {flag: getattr(args, flag) for flag in (*_MODEL_FLAGS, *(name for name, _ in encoding_flags()))
+             if getattr(args, flag, None) is not None}
     if getattr(args, "attention_window", None) is not None:
-        model["attention_window"] = decode_window(args.attention_window, "--attention-window")
+        flags["attention_window"] = decode_window(args.attention_window, "--attention-window")
     if getattr(args, "ungated", False) or getattr(args, "gated", False):
-        model["gated"] = bool(args.gated)
+        flags["gated"] = bool(args.gated)
+    model.update(model_options(getattr(args, "model_option", None) or [], flags=flags))
     for flag in ("tensorboard", "compile", "allow_data_change", "state_passing"):
         if getattr(args, flag, False):
             raw[flag] = True
@@ -60,8 +61,8 @@ def _train_config(args: argparse.Namespace, **overrides):
     raw["model"] = model
     try:
         return TrainConfig.from_dict(raw)
-    except TypeError as err:  # flags are typed by argparse: a wrong type comes from the file
-        raise UsageError(f"config file {args.config}: {err}") from None
+    except TypeError as err:  # typed flags are argparse's: a wrong type comes from the file or --model-option
+        raise UsageError(f"config file {args.config}: {err}" if args.config else str(err)) from None
     except ValueError as err:
         if not args.config:
             raise
@@ -109,6 +110,9 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
         p.add_argument("--" + name.replace("_", "-"), **keywords)
     p.add_argument("--short-conv", type=int, metavar="K", help="width of a causal depthwise convolution on "
                    "queries, keys and values (fla's ShortConvolution, 4 there; default 0: none)")
+    p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
+                   help="any model option (a ModelConfig field; repeatable), e.g. rope_base=500000 or "
+                   "code_noise=orthogonal; VALUE read as TOML (true, 64, 1e-3), else as text")
     p.add_argument("--d-model", type=int)
     p.add_argument("--num-layers", type=int)
     p.add_argument("--num-heads", type=int)

@@ -17,10 +17,14 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from spe.lab.experiment import ExperimentOptions
 from spe.lab.options import check_options
 from spe.lab.train.distributed import Distributed
 
 __all__ = ["EngineSettings", "RunLayout", "StepStats", "Task"]
+
+
+_SHARED = {f.name: f.default for f in fields(ExperimentOptions)}
 
 
 @dataclass(frozen=True)
@@ -59,18 +63,19 @@ class EngineSettings:
     warmup_steps: int
     eval_every: int
     seed: int
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    schedule: str = "cosine"
-    min_lr_ratio: float = 0.0
-    device: str = "cpu"
-    precision: str = "fp32"
-    tensorboard: bool = False
-    keep_checkpoints: int = 2
-    compile: bool = False
-    feature_redraw_every: int = 0
+    # the experiments' shared defaults (ExperimentOptions), never a third set
+    weight_decay: float = _SHARED["weight_decay"]
+    grad_clip: float = _SHARED["grad_clip"]
+    schedule: str = _SHARED["schedule"]
+    min_lr_ratio: float = _SHARED["min_lr_ratio"]
+    device: str = _SHARED["device"]
+    precision: str = _SHARED["precision"]
+    tensorboard: bool = _SHARED["tensorboard"]
+    keep_checkpoints: int = _SHARED["keep_checkpoints"]
+    compile: bool = _SHARED["compile"]
+    feature_redraw_every: int = _SHARED["feature_redraw_every"]
     units_per_example: int = 1
-    positional_lr_scale: float = 1.0
+    positional_lr_scale: float = _SHARED["positional_lr_scale"]
 
     def __post_init__(self) -> None:
         # the one rule per option of spe train and spe lra, also for Python callers of the engine
