@@ -42,7 +42,7 @@ from spe.attention.kernels import (
 from spe.encodings.code import SPECode
 from spe.encodings.filter import SPEFilter
 from spe.encodings.gates import ChannelGate, ScalarGate
-from spe.encodings.registry import positional_names
+from spe.encodings.registry import POSITIONAL_SPECS, positional_names
 from spe.encodings.rope import RotaryEncoding
 from spe.encodings.short_conv import ShortConvolution, ShortConvState, check_short_conv
 from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
@@ -53,7 +53,7 @@ from spe.ops.softmax import check_key_padding_mask, check_window, softmax_gates
 from spe.ops.state import AttentionState, check_state_window
 
 __all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "POSITIONAL_ROLES", "LayerState",
-           "MultiHeadAttention", "check_decay", "positional_role"]
+           "MultiHeadAttention", "check_decay", "check_placement", "positional_role"]
 
 # The kernels' names and where a positional encoding may act with each, from the kernel
 # registry (spe.attention.kernels): "tokens" (added to embeddings), "queries-keys" (SPE codes,
@@ -227,7 +227,7 @@ class MultiHeadAttention(nn.Module):
             self.num_features = num_features
             self.register_buffer("projection", None if self.kernel_dim is None else
                                  orthogonal_random_features(num_heads, num_features, self.kernel_dim))
-        _check_positional(self.kernel, causal, score_encoding, feature_transform)
+        _check_positional(self.kernel, causal, role, positional)
         self.rotary, self.score_encoding = rotary, score_encoding
         check_decay(self.kernel, decay, causal=causal,
                     score_encoding=None if score_encoding is None else type(score_encoding).__name__,
@@ -651,19 +651,45 @@ def positional_role(module: nn.Module | None) -> str | None:
                     f"{type(module).__name__}")
 
 
-def _check_positional(kernel, causal: bool, score_encoding, feature_transform) -> None:
-    """A score term only where the kernel forms scores, a feature transform only where it has
-    features, and the score term's causality the layer's (the kernel's own refusals:
-    ``KernelSpec.check``)."""
-    if feature_transform is not None and "features" not in kernel.accepts:
-        linear = [name for name, spec in KERNELS.items() if "features" in spec.accepts]
-        raise ValueError(f"{feature_transform.label} transforms the features φ(q), φ(k) of a linear kernel, which "
-                         f"{kernel.name} attention does not have; use {', '.join(linear)}")
-    if score_encoding is not None and not kernel.score_terms:
-        others = positional_names(acts_on="tokens") + positional_names(acts_on="queries-keys")
-        raise ValueError(f"{type(score_encoding).__name__} adds a term to the attention scores, which "
-                         f"{kernel.name} attention never forms; use softmax attention, or a positional "
-                         f"encoding that acts on tokens or queries/keys ({', '.join(others)})")
+# Why a kernel refuses an encoding, by where the encoding acts.
+_REFUSED = {"scores": "adds a term to the attention scores, which {attention} attention never forms",
+            "features": "transforms the features φ(q), φ(k) of a linear kernel, which {attention} attention "
+                        "does not have"}
+# Where the module each role holds acts (spe.encodings.spec.PLACES).
+_ROLE_PLACE = {"spe_filter": "queries-keys", "rotary": "queries-keys", "score_encoding": "scores",
+               "feature_transform": "features"}
+
+
+def check_placement(kernel: KernelSpec, acts_on: str | None, what: str) -> None:
+    """The one rule for where a positional encoding may act with a kernel: the kernel's spec
+    must accept the place (:attr:`KernelSpec.accepts`), asked by model configs (by name) and
+    by the layer (by module) alike.
+
+    Args:
+        kernel: the attention kernel's spec.
+        acts_on: where the encoding acts (``spe.encodings.spec.PLACES``), or None (none).
+        what: how messages name the encoding (``positional 'shaw'``, ``ALiBi``).
+
+    Raises:
+        ValueError: naming the encoding, why the kernel refuses it, the encodings it takes and
+            the kernels that take this one.
+    """
+    if acts_on is None or acts_on in kernel.accepts:
+        return
+    allowed = ", ".join(name for name, spec in POSITIONAL_SPECS.items()
+                        if spec.acts_on is None or spec.acts_on in kernel.accepts)
+    taking = " or ".join(repr(name) for name, spec in KERNELS.items() if acts_on in spec.accepts)
+    why = _REFUSED.get(acts_on, "acts on {where}, which {attention} attention does not take")
+    raise ValueError(f"{what} {why.format(where=acts_on, attention=kernel.name)}; with {kernel.name} choose one "
+                     f"of {allowed}, or use attention {taking}")
+
+
+def _check_positional(kernel, causal: bool, role: str | None, module: nn.Module | None) -> None:
+    """The module's place accepted by the kernel (:func:`check_placement`) and a score term's
+    causality the layer's (the kernel's own refusals: ``KernelSpec.check``)."""
+    if role is not None:
+        check_placement(kernel, _ROLE_PLACE[role], getattr(module, "label", type(module).__name__))
+    score_encoding = module if role == "score_encoding" else None
     if score_encoding is not None and getattr(score_encoding, "causal", causal) != causal:
         raise ValueError(f"the score encoding is {'' if score_encoding.causal else 'non-'}causal but the layer "
                          f"is {'' if causal else 'non-'}causal")

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import ClassVar, Self
 
 from spe.attention.kernels import kernel_spec
-from spe.attention.layer import ACCEPTS, ATTENTIONS, check_decay
+from spe.attention.layer import check_decay, check_placement
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import ENCODING_OPTIONS, POSITIONAL_SPECS, positional_names, positional_spec
 from spe.encodings.short_conv import check_short_conv
@@ -22,10 +22,6 @@ __all__ = ["POSITIONALS", "SCORE_ENCODINGS", "TrunkConfig"]
 # Each positional encoding and where it acts (the registry's view; see spe.attention.layer.ACCEPTS).
 POSITIONALS = {name: spec.acts_on for name, spec in POSITIONAL_SPECS.items()}
 SCORE_ENCODINGS = positional_names(acts_on="scores")
-# Why a kernel refuses an encoding, by where the encoding acts.
-_REFUSED = {"scores": "adds a term to the attention scores, which {attention} attention never forms",
-            "features": "transforms the features φ(q), φ(k) of a linear kernel, which {attention} attention "
-                        "does not have"}
 
 
 @dataclass
@@ -109,14 +105,7 @@ class TrunkConfig(*ENCODING_OPTIONS):
             raise ValueError(f"unknown positional encoding {self.positional!r}; "
                              f"choose one of {', '.join(POSITIONALS)}")
         kernel = kernel_spec(self.attention)  # the registry's own "unknown attention" error
-        where = POSITIONALS[self.positional]
-        if where is not None and where not in ACCEPTS[self.attention]:
-            allowed = ", ".join(p for p, w in POSITIONALS.items() if w is None or w in ACCEPTS[self.attention])
-            taking = " or ".join(repr(a) for a in ATTENTIONS if where in ACCEPTS[a])
-            what = _REFUSED.get(where, "acts on {where}, which {attention} attention does not take")
-            raise ValueError(f"positional {self.positional!r} "
-                             f"{what.format(where=where, attention=self.attention)}; with {self.attention} "
-                             f"choose one of {allowed}, or use attention {taking}")
+        check_placement(kernel, POSITIONALS[self.positional], f"positional {self.positional!r}")
         if POSITIONAL_SPECS[self.positional].positive_features:
             kernel.check_numerator_transform(f"positional {self.positional!r}")
         require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
