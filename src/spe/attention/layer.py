@@ -668,7 +668,7 @@ def check_placement(kernel: KernelSpec, acts_on: str | None, what: str) -> None:
     Args:
         kernel: the attention kernel's spec.
         acts_on: where the encoding acts (``spe.encodings.spec.PLACES``), or None (none).
-        what: how messages name the encoding (``positional 'shaw'``, ``ALiBi``).
+        what: how messages name the encoding (``positional 'shaw'``, a module's label).
 
     Raises:
         ValueError: naming the encoding, why the kernel refuses it, the encodings it takes and
