@@ -133,3 +133,11 @@ def test_the_real_homes_of_moved_names_import():
                                      sine_features, sine_phase))
     assert isinstance(FusedSineProduct, type) and isinstance(SharedSineProduct, type)
     assert not hasattr(Trunk, "_init_weights")  # one name for one function
+
+
+@pytest.mark.parametrize("name", ["cosformer", "lrpe", "alibi"])
+def test_an_encoding_is_named_only_in_its_file_the_registry_and_the_exports(name):
+    # adding or changing an encoding is a change to its own file (its spec and options), the
+    # registry's list and the package's exports, not to every module that handles encodings
+    files = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if name in p.read_text().lower())
+    assert files == sorted([f"encodings/{name}.py", "encodings/registry.py", "encodings/__init__.py"]), files
