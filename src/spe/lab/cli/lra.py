@@ -11,6 +11,8 @@ import argparse
 import os
 from pathlib import Path
 
+from spe.lab.options import check_threads
+
 __all__ = ["add_lra_parser", "cmd_lra"]
 
 # Flags that define an experiment: a study plan sets them per row. Run flags go to every row.
@@ -20,8 +22,7 @@ _RUN_FLAGS = ("data", "steps", "device", "precision", "keep_checkpoints", "tenso
 
 
 def cmd_lra(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be positive, got {args.threads}")
+    check_threads(args.threads, "--threads")  # 0: PyTorch's default, as spe train takes it
     if args.num_realizations is not None and args.num_realizations < 1:
         raise ValueError(f"--num-realizations must be positive, got {args.num_realizations}")
     if args.plan or args.collect or args.only:
@@ -102,7 +103,7 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
     p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--threads", type=int, help="torch CPU threads (0: PyTorch's default)")
     p.add_argument("--precision", choices=names["precision"],
                    help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient scaler (CUDA)")
     p.add_argument("--tensorboard", action="store_true",
