@@ -28,7 +28,7 @@ import math
 import torch
 from torch import nn
 
-from spe.lab.options import SCHEDULES  # named beside the option's rule (no torch there)
+from spe.lab.options import SCHEDULES, check_option  # named beside the option's rule (no torch there)
 
 __all__ = ["ADAM_BETAS", "SCHEDULES", "adamw", "check_lr_scale", "decayed_parameter_names", "is_positional_module",
            "learning_rate_factor", "param_groups", "scaled_lr"]
@@ -59,13 +59,13 @@ def _decayed_ids(model: nn.Module) -> set[int]:
 
 
 def check_lr_scale(value: float, name: str = "positional_lr_scale") -> float:
-    """A learning-rate multiplier: a finite number > 0 (bools refused).
+    """A learning-rate multiplier: a finite number > 0 (bools refused), the option's own rule
+    (:data:`spe.lab.options.OPTION_RULES`), as a float.
 
     Raises:
         ValueError: naming ``name`` and the value.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0 (1.0: the model's learning rate), got {value!r}")
+    check_option("positional_lr_scale", value, name)
     return float(value)
 
 
