@@ -387,3 +387,41 @@ def test_states_of_another_gate_form_are_refused():
     with pytest.raises(ValueError, match="inconsistent RecentKeys"):  # neither 1 nor M = 4 gate channels
         RecentKeys(keys=fk[:, :3], values=v[:, :3], window=4, position=3, log_gates=torch.zeros(B, 3, H, 3))
 
+
+
+def test_the_factored_channel_gate_and_its_exact_rows_match_the_reference():
+    """A channel gate over keys without log scales factors its in-chunk weights; a query whose
+    chunk's gates up to it sum below −FACTOR_EXPONENT_LIMIT nats in some channel takes the exact
+    form. Both kinds of row in one call (head 0: gates of −9 … −6, so rows past the 8th of a
+    chunk of 16 are exact; heads 1, 2: moderate), forward and backward against the float64
+    explicit sum; and the causality of both to the bit when later gates flip rows to exact."""
+    from spe.ops.gated import FACTOR_EXPONENT_LIMIT
+
+    (fq, fk, v, _), _ = _inputs(48, seed=21, kind="channel")
+    g = torch.Generator().manual_seed(22)
+    gates = -0.5 * torch.rand(B, 48, H, M, generator=g, dtype=F64)
+    gates[:, :, 0] = -6.0 - 3.0 * torch.rand(B, 48, M, generator=g, dtype=F64)
+    gates.requires_grad_()
+    within = -torch.cumsum(gates.detach().reshape(B, 3, 16, H, M), dim=2).amax(-1)  # rows' largest exponent
+    assert (within > FACTOR_EXPONENT_LIMIT).any() and (within <= FACTOR_EXPONENT_LIMIT).any()
+    fast = causal_linear_attention(fq, fk, v, chunk_size=16, log_decay=gates)
+    slow = decay_attention_reference(fq, fk, v, gates, causal=True)
+    _check_twins(fast, slow, [fq, fk, v, gates], tol=1e-10)
+    later = gates.detach().clone()
+    later[:, 20:, 1:] = -40.0  # rows from 20 on become exact in every head
+    again = causal_linear_attention(fq, fk, v, chunk_size=16, log_decay=later)
+    assert torch.equal(fast[:, :20], again[:, :20])
+
+
+def test_moderate_channel_gates_never_form_the_exact_weights(monkeypatch):
+    """The point of the factored form: a language model's channel gates (GLA's logsigmoid / 16,
+    a few nats per chunk) never build the (C, C, M) weights."""
+    import spe.ops.gated as gated
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the exact (C, C, M) weights were formed")
+
+    monkeypatch.setattr(gated, "segment_sums", refuse)
+    (fq, fk, v, gates), _ = _inputs(64, seed=23, kind="channel", spread=2.0)
+    y = causal_linear_attention(fq, fk, v, chunk_size=16, log_decay=gates)
+    torch.testing.assert_close(y, decay_attention_reference(fq, fk, v, gates, causal=True), atol=1e-10, rtol=0)

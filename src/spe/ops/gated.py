@@ -13,8 +13,10 @@ c_m = max(c_{m−1} + G_m, a_m) without a window), so that every factor is ≤ 1
 reference only (detached: the ratio of numerator and normaliser does not depend on it).
 
 Inside a chunk: masked C × C products with factors e^{a_d + s_{jd} − top_j}, s the segment
-sums of the gates; a channel gate forms (C, C, M) factors, so its chunks are at most
-:data:`CHANNEL_CHUNK` long (GLA's sub-chunk). Across chunks: each chunk's keys summed to its
+sums of the gates; a channel gate's chunks are at most :data:`CHANNEL_CHUNK` long (GLA's
+sub-chunk), its weights factored as e^{F_j − top_j} · e^{−F_d} (F the gates summed from the
+chunk's start) where keys carry no log scale and the chunk's gates up to j stay above −60 nats,
+else formed exactly as (C, C, M) factors (:func:`_factored_chunk_sums`). Across chunks: each chunk's keys summed to its
 end, relative to their largest decayed scale; the chunks before each chunk (all of them, or
 those wholly inside the window) summed by doubling, a block of 2^p chunks carrying the sum of
 its chunks' gates, so that an earlier block decays by the sum over the blocks after it, never
@@ -34,7 +36,7 @@ from spe.ops.decay import FLOOR_LOG_SCALE
 from spe.ops.gates import segment_sums, suffix_sums
 from spe.ops.scaled import window_plan
 
-__all__ = ["CHANNEL_CHUNK", "gated_bidirectional_sums", "gated_causal_sums"]
+__all__ = ["CHANNEL_CHUNK", "FACTOR_EXPONENT_LIMIT", "gated_bidirectional_sums", "gated_causal_sums"]
 
 # Longest chunk for a channel gate: its (C, C, M) factors cost B·H·L·C·M memory (16: GLA's sub-chunk).
 CHANNEL_CHUNK = 16
@@ -128,6 +130,9 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
     b, n, h, m = phi_q.shape
     e, gc = values.shape[-1], gates.shape[-1]
     c = max(1, min(chunk_size, n, CHANNEL_CHUNK if gc > 1 else n))
+    # a channel gate on keys without log scales (every channel-gated call of a causal model)
+    # factors its in-chunk weights (_factored_chunk_sums)
+    factorable = gc > 1 and window is None and not bool(log_scale.detach().ne(0).any())
     pad = (-n) % c  # padded keys: zero, with no scale (FLOOR) and gates 0 (the final state does not decay)
     phi_q, phi_k, values, gates = (_pad_time(t, pad) for t in (phi_q, phi_k, values, gates))
     log_scale = _pad_time(log_scale, pad, FLOOR_LOG_SCALE)
@@ -139,7 +144,6 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
     else:
         whole, cuts, _ = window_plan(c, window, nc, q.device)
         whole = min(whole, nc)
-    lags = _lags(g, cuts)
 
     # the whole chunks: each chunk's keys decayed to its end, relative to their largest scale
     to_end = a[..., None] + suffix_sums(g, dim=2)  # (B, N, C, H, G)
@@ -156,6 +160,10 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
     between, between_ref = _chunks_before(kv, ref, la, whole) if whole else (None, None)
     read = None if between is None else between_ref[:, first:first + nc, None, :, None] + torch.cumsum(g, dim=2)
 
+    if factorable:
+        out, top = _factored_chunk_sums(q, k, vv, g, read, between, first, nc)
+        return _finish(out, top, b, nc, c, h, e, n, between, between_ref, window)
+    lags = _lags(g, cuts)
     # top_j: the largest decayed scale in reach (the query's own key always is)
     top = torch.full_like(a, -math.inf)
     for (shift, mask), lag in zip(cuts, lags, strict=True):
@@ -178,10 +186,61 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
     if read is not None:  # query j reads the chunks before with the gates from its chunk's start
         qr = q * torch.exp(read - top[..., None])
         out = out + torch.einsum("bnchm,bnhme->bnche", qr, between[:, first:first + nc])
+    return _finish(out, top, b, nc, c, h, e, n, between, between_ref, window)
+
+
+def _finish(out: Tensor, top: Tensor, b: int, nc: int, c: int, h: int, e: int, n: int, between: Tensor | None,
+            between_ref: Tensor | None, window: int | None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     out, top = out.reshape(b, nc * c, h, e)[:, :n], top.reshape(b, nc * c, h)[:, :n]
     if window is not None:
         return out, top, None, None
     return out, top, between[:, -1], between_ref[:, -1]
+
+
+# Largest exponent of a key's factor in the factored channel-gate weights: e^{60} keeps every
+# product a masked (future) pair forms finite in float32 (e^{88}).
+FACTOR_EXPONENT_LIMIT = 60.0
+
+
+def _factored_chunk_sums(q: Tensor, k: Tensor, vv: Tensor, g: Tensor, read: Tensor | None,
+                         between: Tensor | None, first: int, nc: int) -> tuple[Tensor, Tensor]:
+    """The in-chunk and earlier-chunk sums of a channel gate over keys without log scales, the
+    in-chunk weights factored (GLA's sub-chunk form): with F the gates summed from the chunk's
+    start (≤ 0, non-increasing),
+
+        e^{Σ_{d<t≤j} G_t − top_j} = e^{F_j − top_j} · e^{−F_d},
+
+    two (C, M) factors and one matrix product instead of the exact form's (C, C, M) weights.
+    A query j whose keys need e^{−F_d} beyond e^{FACTOR_EXPONENT_LIMIT} (the chunk's gates up to
+    j sum below −60 nats in some channel; −F_d ≤ −F_j for d ≤ j) takes the exact form instead;
+    the choice depends on gates up to j only, so outputs stay causal to the bit. Keys' factors
+    are clamped there, which changes only pairs the causal mask drops.
+    top_j is the exact form's: with every key scale 0 the query's own key (weight e^0) is the
+    largest in the chunk, so top_j = max(0, the earlier chunks' largest).
+
+    q, k: (B, N, C, H, M); vv: (B, N, C, H, E); g: (B, N, C, H, M); read: (B, N, C, H, M) log
+    weights of the earlier chunks' sums at each query, between (B, N', H, M, E) those sums.
+    Returns (out (B, N, C, H, E), top (B, N, C, H)).
+    """
+    c = q.shape[2]
+    top = torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device)
+    if read is not None:
+        top = torch.maximum(top, read.detach().amax(-1))
+    f = torch.cumsum(g, dim=2)
+    mask = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    scores = torch.einsum("bnchm,bndhm->bnhcd", q * torch.exp(f - top[..., None]),
+                          k * torch.exp((-f).clamp(max=FACTOR_EXPONENT_LIMIT)))
+    out = torch.einsum("bnhcd,bndhe->bnche", scores.masked_fill(~mask, 0.0), vv)
+    exact_rows = (-f.detach()).amax(-1) > FACTOR_EXPONENT_LIMIT  # (B, N, C, H)
+    if bool(exact_rows.any()):
+        factor = torch.exp((segment_sums(g, dim=2) - top[:, :, :, None, :, None]).masked_fill(
+            ~mask[..., None, None], 0.0))  # (B, N, C, C, H, M)
+        exact = torch.einsum("bnchm,bndhm,bncdhm->bnhcd", q, k, factor).masked_fill(~mask, 0.0)
+        out = torch.where(exact_rows[..., None], torch.einsum("bnhcd,bndhe->bnche", exact, vv), out)
+    if read is not None:  # query j reads the chunks before with the gates from its chunk's start
+        out = out + torch.einsum("bnchm,bnhme->bnche", q * torch.exp(read - top[..., None]),
+                                 between[:, first:first + nc])
+    return out, top
 
 
 def gated_bidirectional_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, log_scale: Tensor, gates: Tensor,
