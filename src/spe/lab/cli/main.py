@@ -405,6 +405,9 @@ def _add_generate_parser(sub) -> None:
 
 
 def _add_bench_parser(sub) -> None:
+    from spe.lab.cli.names import flag_choices
+
+    names = flag_choices()
     p = sub.add_parser("bench", help="time and peak memory of attention layers per positional encoding")
     p.add_argument("--lengths", default="512,1024,2048,4096,8192,16384", help="comma-separated lengths")
     p.add_argument("--modes",
@@ -435,8 +438,8 @@ def _add_bench_parser(sub) -> None:
                    "performer-pytorch (lucidrains' layer, train mode with ape/none, if installed)")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)
-    p.add_argument("--decay", metavar="DECAYS", help="decay modes (none, fixed, learned), each measured for every "
-                   "linear-kernel case in one run (softmax once), e.g. none,fixed: RoPE and RoPE + decay side by "
+    p.add_argument("--decay", metavar="DECAYS", help=f"decay modes ({', '.join(names['decay'])}), each measured "
+                   "for every case whose kernel takes it in one run, e.g. none,fixed: RoPE and RoPE + decay side by "
                    "side as ratios to APE without decay (default: the --config's, none)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--compile", action="store_true",
