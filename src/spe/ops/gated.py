@@ -13,10 +13,11 @@ c_m = max(c_{m−1} + G_m, a_m) without a window), so that every factor is ≤ 1
 reference only (detached: the ratio of numerator and normaliser does not depend on it).
 
 Inside a chunk: masked C × C products with factors e^{a_d + s_{jd} − top_j}, s the segment
-sums of the gates; a channel gate's chunks are at most :data:`CHANNEL_CHUNK` long (GLA's
-sub-chunk), its weights factored as e^{F_j − top_j} · e^{−F_d} (F the gates summed from the
-chunk's start) where keys carry no log scale and the chunk's gates up to j stay above −60 nats,
-else formed exactly as (C, C, M) factors (:func:`_factored_chunk_sums`). Across chunks: each chunk's keys summed to its
+sums of the gates. A channel gate over keys without log scales (the whole past) factors its
+weights as e^{F_j − top_j} · e^{−F_d} (F the gates summed from the chunk's start; rows whose
+chunk's gates up to j sum below −60 nats are formed exactly, :func:`_factored_chunk_sums`);
+otherwise its chunks are at most :data:`CHANNEL_CHUNK` long (GLA's sub-chunk) with (C, C, M)
+factors. Across chunks: each chunk's keys summed to its
 end, relative to their largest decayed scale; the chunks before each chunk (all of them, or
 those wholly inside the window) summed by doubling, a block of 2^p chunks carrying the sum of
 its chunks' gates, so that an earlier block decays by the sum over the blocks after it, never
@@ -38,7 +39,8 @@ from spe.ops.scaled import window_plan
 
 __all__ = ["CHANNEL_CHUNK", "FACTOR_EXPONENT_LIMIT", "gated_bidirectional_sums", "gated_causal_sums"]
 
-# Longest chunk for a channel gate: its (C, C, M) factors cost B·H·L·C·M memory (16: GLA's sub-chunk).
+# Longest chunk for a channel gate's exact form: its (C, C, M) factors cost B·H·L·C·M memory (16: GLA's
+# sub-chunk); the factored form (keys without log scales, whole past) takes the caller's chunk.
 CHANNEL_CHUNK = 16
 
 
@@ -129,10 +131,10 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
     """
     b, n, h, m = phi_q.shape
     e, gc = values.shape[-1], gates.shape[-1]
-    c = max(1, min(chunk_size, n, CHANNEL_CHUNK if gc > 1 else n))
     # a channel gate on keys without log scales (every channel-gated call of a causal model)
-    # factors its in-chunk weights (_factored_chunk_sums)
+    # factors its in-chunk weights (_factored_chunk_sums), so its chunks need not be short
     factorable = gc > 1 and window is None and not bool(log_scale.detach().ne(0).any())
+    c = max(1, min(chunk_size, n, CHANNEL_CHUNK if gc > 1 and not factorable else n))
     pad = (-n) % c  # padded keys: zero, with no scale (FLOOR) and gates 0 (the final state does not decay)
     phi_q, phi_k, values, gates = (_pad_time(t, pad) for t in (phi_q, phi_k, values, gates))
     log_scale = _pad_time(log_scale, pad, FLOOR_LOG_SCALE)
