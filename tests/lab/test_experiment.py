@@ -45,9 +45,9 @@ def test_key_value_options_read_toml_scalars_and_name_both_sources_of_a_contradi
     assert parse_model_option("gate_init=-2.5e-1") == ("gate_init", -0.25)
     with pytest.raises(ValueError, match="takes KEY=VALUE"):
         parse_model_option("gated")
-    assert model_options(["decay=fixed"], decay="fixed") == {"decay": "fixed"}
+    assert model_options(["decay=fixed"], flags={"decay": "fixed"}) == {"decay": "fixed"}
     with pytest.raises(ValueError, match="--model-option decay='gated' contradicts --decay fixed"):
-        model_options(["decay=gated"], decay="fixed")
+        model_options(["decay=gated"], flags={"decay": "fixed"})
     with pytest.raises(ValueError, match="--model-option num_sines=3 contradicts --num-sines 5"):
         model_options(["num_sines=3"], flags={"num_sines": 5})
     with pytest.raises(ValueError, match="--model-option gated=False contradicts --model-option gated=True"):

@@ -106,7 +106,7 @@ class ExperimentOptions:
         self.positional_lr_scale = float(self.positional_lr_scale)  # 10 and 10.0 are one setting
 
 
-def parse_model_option(text: str, flag: str = "--model-option") -> tuple[str, bool | int | float | str]:
+def parse_model_option(text: str) -> tuple[str, bool | int | float | str]:
     """``KEY=VALUE`` (``spe train`` and ``spe lra --model-option``) as ``(key, value)``: VALUE read
     as a TOML scalar (``true``, ``false``, ``64``, ``-2.5``, ``1e-3``, ``"text"``), else as the
     text itself (``spread``, ``orthogonal``).
@@ -119,25 +119,25 @@ def parse_model_option(text: str, flag: str = "--model-option") -> tuple[str, bo
     key, sep, raw = text.partition("=")
     key, raw = key.strip(), raw.strip()
     if not sep or not key:
-        raise ValueError(f"{flag} takes KEY=VALUE (e.g. gated=false, num_realizations=64), got {text!r}")
+        raise ValueError(f"--model-option takes KEY=VALUE (e.g. gated=false, num_realizations=64), got {text!r}")
     try:
         value = tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
         value = raw
     if not isinstance(value, bool | int | float | str):
-        raise ValueError(f"{flag} {key}: VALUE must be a number, true, false or a string, got {raw!r}")
+        raise ValueError(f"--model-option {key}: VALUE must be a number, true, false or a string, got {raw!r}")
     return key, value
 
 
-def model_options(texts: list[str], *, decay: str | None = None, flags: dict | None = None) -> dict:
+def model_options(texts: list[str], *, flags: dict | None = None) -> dict:
     """Model options given on a command line as one dict: the model flags (``flags``: option name
-    -> value, those given), ``--decay`` and every ``--model-option KEY=VALUE``.
+    -> value, those given, ``decay`` included) and every ``--model-option KEY=VALUE``.
 
     Raises:
         ValueError: as :func:`parse_model_option`, or naming the two places that give one key
             two values (``--model-option decay='gated' contradicts --decay fixed``).
     """
-    options = {**(flags or {}), **({"decay": decay} if decay else {})}
+    options = dict(flags or {})
     given = {key: f"--{key.replace('_', '-')} {value}" for key, value in options.items()}
     for text in texts:
         key, value = parse_model_option(text)

@@ -41,7 +41,7 @@ def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
     from spe.lab.lra import default_folder, model_options, parse_seeds, preset_config, run_lra
     from spe.lab.stats import format_mean_std  # one seed: std None, written "–"
 
-    model = model_options(args.model_option or [], decay=args.decay)
+    model = model_options(args.model_option or [], flags={"decay": args.decay} if args.decay else None)
     cfg = preset_config(args.task, args.positional or "sinespe", args.attention or "performer",
                         preset=args.preset or "cpu-small", listops_pipeline=args.listops_pipeline, model=model or None,
                         positional_lr_scale=args.positional_lr_scale, num_realizations=args.num_realizations,
