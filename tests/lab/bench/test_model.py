@@ -226,3 +226,21 @@ def test_fox_is_measured_with_its_gate_and_one_length_makes_no_exponent(tmp_path
     fox = [r for r in data["records"] if r["attention"] == "softmax" and r["decay"] == "gated"]
     assert sorted(r["mode"] for r in fox) == ["generate", "train"] and all(r["median_ms"] > 0 for r in fox)
     assert "none + softmax + decay gated" in (out / "bench.md").read_text()
+
+
+@pytest.mark.parametrize("positional,attention", [("ape", "performer"), ("ape", "softmax"), ("sinespe", "performer"),
+                                                  ("convspe", "performer"), ("rope", "performer"),
+                                                  ("none", "linear-elu")])
+def test_every_module_of_a_bench_case_is_on_the_case_device(positional, attention):
+    """The layer, the SPE code generator and the token encoding all move (on CUDA the sinusoidal
+    APE's frequency buffer was left on the CPU and every APE case failed)."""
+    from spe.lab.bench.worker import build
+
+    case = {"num_heads": 2, "head_dim": 4, "positional": positional, "attention": attention, "impl": "-",
+            "num_realizations": 4, "num_sines": 2, "kernel_size": 4, "num_features": 8, "chunk_size": 4,
+            "length": 8, "decay": "none"}
+    modules = [m for m in build(case, torch.device("meta")) if m is not None]
+    assert len(modules) >= 2 - (positional in ("rope", "none"))
+    for module in modules:
+        for name, t in [*module.named_parameters(), *module.named_buffers()]:
+            assert t.device.type == "meta", f"{positional}: {type(module).__name__}.{name} on {t.device}"

@@ -59,8 +59,9 @@ def _decay(case: dict) -> str:
     return decay if decay == "none" or takes_decay(case["attention"], decay) else "none"
 
 
-def build(case: dict):
-    """(attention layer, SPE code generator or None, token encoding or None) from the registry.
+def build(case: dict, device: torch.device | str = "cpu"):
+    """(attention layer, SPE code generator or None, token encoding or None) from the registry,
+    each on ``device`` (the token encoding too: sinusoidal APE keeps its frequencies in a buffer).
 
     The registry builds what a DecoderLM layer would get, with the case's sineSPE ``impl`` as
     ``ModelConfig.spe_impl``; a convSPE ``impl`` then picks how ConvSPE filters its noise.
@@ -75,12 +76,14 @@ def build(case: dict):
     if isinstance(encoding, ConvSPE):
         encoding.impl = "direct" if case["impl"] == "direct" else "fft"
     if peer:  # another package's layer, with APE or nothing (spe.lab.bench.peers)
-        return build_peer_layer(case["attention"], config.num_heads, _head_dim(config), config.num_features), None, ape
-    layer = MultiHeadAttention(config.d_model, config.num_heads, attention=config.attention, causal=True,
-                               num_realizations=config.num_realizations if spec.stochastic else None,
-                               num_features=config.num_features, chunk_size=config.chunk_size,
-                               decay=config.decay, positional=layer_module)
-    return layer, encoding, ape
+        layer = build_peer_layer(case["attention"], config.num_heads, _head_dim(config), config.num_features)
+        encoding = None
+    else:
+        layer = MultiHeadAttention(config.d_model, config.num_heads, attention=config.attention, causal=True,
+                                   num_realizations=config.num_realizations if spec.stochastic else None,
+                                   num_features=config.num_features, chunk_size=config.chunk_size,
+                                   decay=config.decay, positional=layer_module)
+    return tuple(None if m is None else m.to(device) for m in (layer, encoding, ape))
 
 
 def measure_model(case: dict, device: torch.device) -> dict:
@@ -133,10 +136,7 @@ def model_step(case: dict, device: torch.device):
 
 
 def measure_train(case: dict, device: torch.device) -> dict:
-    layer, encoding, ape = build(case)
-    layer.to(device)
-    if encoding is not None:
-        encoding.to(device)
+    layer, encoding, ape = build(case, device)
     n, b = case["length"], case["batch"]
     x = torch.randn(b, n, case["num_heads"] * case["head_dim"], device=device, requires_grad=True)
     g = torch.Generator().manual_seed(0)
@@ -155,10 +155,7 @@ def measure_train(case: dict, device: torch.device) -> dict:
 @torch.no_grad()
 def measure_generate(case: dict, device: torch.device) -> dict:
     """Per-token cost of one recurrent step at position ``length`` (state of that many tokens)."""
-    layer, encoding, ape = build(case)
-    layer.to(device)
-    if encoding is not None:
-        encoding.to(device)
+    layer, encoding, ape = build(case, device)
     n, b, h, d = case["length"], case["batch"], case["num_heads"], case["head_dim"]
     x = torch.randn(b, 1, h * d, device=device)
     if case["attention"] == "softmax":
@@ -188,10 +185,7 @@ def measure_generate(case: dict, device: torch.device) -> dict:
 def measure_prefill(case: dict, device: torch.device) -> dict:
     """One causal layer reading a prompt of ``length`` positions in one pass (``prefill``: the
     output and the decoding state), the parallel counterpart of ``length`` generate steps."""
-    layer, encoding, ape = build(case)
-    layer.to(device)
-    if encoding is not None:
-        encoding.to(device)
+    layer, encoding, ape = build(case, device)
     n, b, h, d = case["length"], case["batch"], case["num_heads"], case["head_dim"]
     x = torch.randn(b, n, h * d, device=device)
     pos = torch.arange(n, device=device)
