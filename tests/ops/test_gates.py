@@ -425,3 +425,20 @@ def test_moderate_channel_gates_never_form_the_exact_weights(monkeypatch):
     (fq, fk, v, gates), _ = _inputs(64, seed=23, kind="channel", spread=2.0)
     y = causal_linear_attention(fq, fk, v, chunk_size=16, log_decay=gates)
     torch.testing.assert_close(y, decay_attention_reference(fq, fk, v, gates, causal=True), atol=1e-10, rtol=0)
+
+
+def test_an_encoder_channel_gate_with_padding_never_forms_the_exact_weights(monkeypatch):
+    """Encoders too: the backward pass's key beyond the end and padding keys sit at the floor
+    scale (weight exactly 0), which must not push the channel gate to its (C, C, M) form."""
+    import spe.ops.gated as gated
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the exact (C, C, M) weights were formed")
+
+    (fq, fk, v, gates), _ = _inputs(45, seed=24, kind="channel", spread=2.0)
+    mask = torch.zeros(B, 45, dtype=torch.bool)
+    mask[0, -6:], mask[1, :4] = True, True
+    slow = decay_attention_reference(fq, fk, v, gates, causal=False, key_padding_mask=mask)
+    monkeypatch.setattr(gated, "segment_sums", refuse)
+    fast = linear_attention(fq, fk, v, chunk_size=16, log_decay=gates, key_padding_mask=mask)
+    _check_twins(fast, slow, [fq, fk, v, gates], tol=1e-10)

@@ -13,7 +13,8 @@ c_m = max(c_{m−1} + G_m, a_m) without a window), so that every factor is ≤ 1
 reference only (detached: the ratio of numerator and normaliser does not depend on it).
 
 Inside a chunk: masked C × C products with factors e^{a_d + s_{jd} − top_j}, s the segment
-sums of the gates. A channel gate over keys without log scales (the whole past) factors its
+sums of the gates. A channel gate over keys without log scales (the whole past; keys at the
+floor scale count as zero keys, so padded and encoder calls qualify) factors its
 weights as e^{F_j − top_j} · e^{−F_d} (F the gates summed from the chunk's start; rows whose
 chunk's gates up to j sum below −60 nats are formed exactly, :func:`_factored_chunk_sums`);
 otherwise its chunks are at most :data:`CHANNEL_CHUNK` long (GLA's sub-chunk) with (C, C, M)
@@ -131,9 +132,16 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
     """
     b, n, h, m = phi_q.shape
     e, gc = values.shape[-1], gates.shape[-1]
-    # a channel gate on keys without log scales (every channel-gated call of a causal model)
-    # factors its in-chunk weights (_factored_chunk_sums), so its chunks need not be short
-    factorable = gc > 1 and window is None and not bool(log_scale.detach().ne(0).any())
+    factorable = False
+    if gc > 1 and window is None:
+        # a channel gate on keys without log scales factors its in-chunk weights
+        # (_factored_chunk_sums), so its chunks need not be short. Keys at the floor scale weigh
+        # e^{−10³⁰} = 0 exactly (padding; the encoder's backward pass's key beyond the end): as
+        # zero keys of scale 0 they leave every sum as it was and the call factorable.
+        dead = log_scale.detach() <= FLOOR_LOG_SCALE
+        factorable = not bool(log_scale.detach().masked_fill(dead, 0.0).ne(0).any())
+        if factorable and bool(dead.any()):
+            phi_k, log_scale = phi_k.masked_fill(dead[..., None], 0.0), log_scale.masked_fill(dead, 0.0)
     c = max(1, min(chunk_size, n, CHANNEL_CHUNK if gc > 1 and not factorable else n))
     pad = (-n) % c  # padded keys: zero, with no scale (FLOOR) and gates 0 (the final state does not decay)
     phi_q, phi_k, values, gates = (_pad_time(t, pad) for t in (phi_q, phi_k, values, gates))
