@@ -244,3 +244,44 @@ def test_every_module_of_a_bench_case_is_on_the_case_device(positional, attentio
     for module in modules:
         for name, t in [*module.named_parameters(), *module.named_buffers()]:
             assert t.device.type == "meta", f"{positional}: {type(module).__name__}.{name} on {t.device}"
+
+
+@pytest.mark.parametrize("mode", ["train", "generate", "model"])
+def test_bench_precision_runs_the_timed_work_under_autocast(mode, monkeypatch):
+    """``--precision bf16``: every projection of the layer (or the whole model) runs inside bf16
+    autocast; fp32 outside any."""
+    import spe.lab.bench.worker as worker
+
+    seen = []
+    forward = torch.nn.Linear.forward
+
+    def recorded(self, x):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"))
+        return forward(self, x)
+
+    monkeypatch.setattr(torch.nn.Linear, "forward", recorded)
+    case = {"num_heads": 2, "head_dim": 4, "positional": "sinespe", "attention": "performer", "impl": "-",
+            "num_realizations": 4, "num_sines": 2, "kernel_size": 4, "num_features": 8, "chunk_size": 4,
+            "length": 8, "decay": "none", "batch": 1, "repeats": 1, "model": TINY, "vocab_size": 11}
+    measure = {"train": worker.measure_train, "generate": worker.measure_generate, "model": measure_model}[mode]
+    for precision, want in (("bf16", torch.bfloat16), ("fp32", False)):
+        seen.clear()
+        measure({**case, "precision": precision}, torch.device("cpu"))
+        assert seen and set(seen) == {want}, (precision, set(seen))
+
+
+def test_bench_refuses_fp16_on_the_cpu_before_measuring(tmp_path, capsys):
+    assert main(["bench", "--precision", "fp16", "--out", str(tmp_path / "b")]) == 2
+    assert "--precision: precision fp16 needs a CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+def test_bench_precision_is_recorded_and_named_in_the_report(tmp_path, monkeypatch):
+    config, out = _tiny_bench(tmp_path, monkeypatch)
+    assert main(["bench", "--modes", "model", "--model-shapes", "2x8", "--positionals", "ape", "--rounds", "1",
+                 "--repeats", "1", "--config", str(config), "--precision", "bf16", "--out", str(out),
+                 "--no-progress"]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert data["precision"] == "bf16" and data["model_rounds"][0]["precision"] == "bf16"
+    assert (out / "bench.md").read_text().startswith("Precision: bf16 autocast")

@@ -174,7 +174,8 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
               chunk_size: int = 64, repeats: int = 5, budget_s: float = 30.0, memory_limit_mb: float = 12000,
               device: str = "cpu", threads: int = 0, progress: bool = True, model: dict | None = None,
               vocab_size: int = 300, model_batch: int = 8,
-              pairs: list[tuple[str, str, str]] | None = None, decay: str | list[str] = "none") -> dict:
+              pairs: list[tuple[str, str, str]] | None = None, decay: str | list[str] = "none",
+              precision: str = "fp32") -> dict:
     """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
 
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
@@ -192,7 +193,8 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     ``decay`` (``none``, ``fixed``, ``learned``: :class:`~spe.models.ModelConfig`'s, or a list
     of them) multiplies the linear kernels' cases: each is measured once per decay mode, in the
     same run, so that decay costs read as ratios; softmax and other packages' cases run once,
-    without (they take none). Every record carries its ``decay``.
+    without (they take none). Every record carries its ``decay``. ``precision`` (``fp32``,
+    ``bf16``, ``fp16``) is the autocast of the timed work (:mod:`spe.lab.train.precision`).
     """
     decays = list(dict.fromkeys([decay] if isinstance(decay, str) else decay))
     series = series or SERIES
@@ -200,7 +202,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     common = dict(batch=batch, num_heads=num_heads, head_dim=head_dim, num_realizations=num_realizations,
                   num_sines=num_sines, kernel_size=kernel_size, num_features=num_features,
                   chunk_size=chunk_size, repeats=repeats, device=device, threads=threads,
-                  max_seconds=budget_s, decay=",".join(decays))
+                  max_seconds=budget_s, decay=",".join(decays), precision=precision)
     triples = pairs or [(pos, impl, att) for pos, impl in series for att in attentions]
     plan = [(mode, pos, impl, att, dec) for mode in modes for pos, impl, att in triples for dec in decays
             if (dec == "none" or takes_decay(att, dec)) and not (mode != "train" and impl == "reference")
@@ -346,7 +348,7 @@ def write_outputs(result: dict, json_path: Path, out_dir: Path) -> None:
     summary = summarize_bench(result)
     payload = {"records": result["records"], "matmul_gflops": result["matmul_gflops"], "config": result["config"],
                "lengths": sorted(result["lengths"]), "summary": summary, "code_errors": result.get("code_errors")}
-    for key in ("model", "model_rounds", "longest", "load", "memory_budget_mb", "command"):
+    for key in ("model", "model_rounds", "longest", "load", "memory_budget_mb", "command", "precision"):
         if result.get(key) is not None:
             payload[key] = result[key]
     atomic_write(json_path, lambda tmp: Path(tmp).write_text(strict_json.dumps(payload, indent=2)))
@@ -359,7 +361,9 @@ def bench_markdown(payload: dict) -> str:
     """The Markdown report of one run, from its JSON payload (what ``write_outputs`` writes):
     the targets, the whole-model and longest-length tables, the one-layer tables."""
     lengths = payload.get("lengths") or sorted({r["length"] for r in payload["records"]})
-    lines = targets_markdown(payload)
+    precision = payload.get("precision", "fp32")
+    lines = ([f"Precision: {precision} autocast of every timed step (weights float32).", ""]
+             if precision != "fp32" else []) + targets_markdown(payload)
     lines += model_lines(payload.get("model") or []) + longest_lines(payload.get("longest") or [],
                                                                      payload.get("memory_budget_mb"))
     model_rows = [r for r in payload["records"] if r["mode"] == "model"]

@@ -24,6 +24,13 @@ from spe.encodings.registry import positional_spec
 from spe.ops.state import KVCache, LinearAttentionState, ScaledLinearAttentionState
 
 
+def _autocast(case: dict, device: torch.device):
+    """The case's ``precision`` autocast (``spe bench --precision``; a no-op for fp32)."""
+    from spe.lab.train.precision import autocast
+
+    return autocast(case.get("precision", "fp32"), device.type)
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -122,9 +129,16 @@ def model_step(case: dict, device: torch.device):
     g = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, case["vocab_size"], (b, n + 1), generator=g, device=device)
 
+    from spe.lab.train.precision import grad_scaler
+
+    scaler = grad_scaler(case.get("precision", "fp32"), device.type)  # fp16: as spe train steps
+
     def run() -> None:
-        cross_entropy(forward(tokens[:, :-1]), tokens[:, 1:]).backward()
-        opt.step()
+        with _autocast(case, device):
+            loss = cross_entropy(forward(tokens[:, :-1]), tokens[:, 1:])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
 
     extra = {"parameters": model.num_parameters(), "attention_window": config.attention_window,
@@ -143,9 +157,11 @@ def measure_train(case: dict, device: torch.device) -> dict:
     params = list(layer.parameters()) + (list(encoding.parameters()) if encoding is not None else [])
 
     def run() -> None:
-        inp = ape(x, torch.arange(n, device=device)) if ape is not None else x
-        code = encoding(n, generator=g) if encoding is not None else None
-        layer(inp, code).square().mean().backward()
+        with _autocast(case, device):
+            inp = ape(x, torch.arange(n, device=device)) if ape is not None else x
+            code = encoding(n, generator=g) if encoding is not None else None
+            loss = layer(inp, code).float().square().mean()
+        loss.backward()
         for p in params + [x]:
             p.grad = None
 
@@ -174,9 +190,10 @@ def measure_generate(case: dict, device: torch.device) -> dict:
     pos = torch.tensor([n], device=device)
 
     def run() -> None:
-        inp = ape(x, pos) if ape is not None else x
-        code = encoding(positions=pos, generator=torch.Generator().manual_seed(0)) if encoding is not None else None
-        layer.step(inp, code, state)  # the state is not advanced: every call costs the same
+        with _autocast(case, device):
+            inp = ape(x, pos) if ape is not None else x
+            code = encoding(positions=pos, generator=torch.Generator().manual_seed(0)) if encoding is not None else None
+            layer.step(inp, code, state)  # the state is not advanced: every call costs the same
 
     return _timed(run, case, device)
 
@@ -191,9 +208,10 @@ def measure_prefill(case: dict, device: torch.device) -> dict:
     pos = torch.arange(n, device=device)
 
     def run() -> None:
-        inp = ape(x, pos) if ape is not None else x
-        code = encoding(positions=pos, generator=torch.Generator().manual_seed(0)) if encoding is not None else None
-        layer.prefill(inp, code)
+        with _autocast(case, device):
+            inp = ape(x, pos) if ape is not None else x
+            code = encoding(positions=pos, generator=torch.Generator().manual_seed(0)) if encoding is not None else None
+            layer.prefill(inp, code)
 
     return _timed(run, case, device)
 

@@ -266,6 +266,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         decays = parse_decays(args.decay, model.get("decay", "none"))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    from spe.lab.train.precision import check_precision
+
+    try:
+        check_precision(args.precision, "cuda" if args.device.startswith("cuda") else "cpu")
+    except ValueError as e:
+        raise UsageError(f"--precision: {e}") from None
     out, json_path = bench_outputs(args.out, args.json)  # checked before measuring, not at the final write
     layer_modes = [m for m in modes if m != "model"]
     result = {"records": [], "matmul_gflops": None, "config": {}, "lengths": []}
@@ -274,7 +280,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            attentions=attentions or BENCH_ATTENTIONS, batch=args.batch_size,
                            num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
                            device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs,
-                           decay=decays)
+                           decay=decays, precision=args.precision)
     if "model" in modes or args.longest:
         result.update(_bench_model(args, model, model_series, attentions, decays))
     if result["matmul_gflops"] is None:
@@ -286,6 +292,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         result["code_errors"] = code_errors([4, 8, 16, 32, 64, 128])
     result["command"] = "spe " + " ".join(getattr(args, "argv", ["bench"]))
+    result["precision"] = args.precision
     write_outputs(result, json_path, out)
     print((out / "bench.md").read_text())
     for key, value in summarize_bench(result)["exponents"].items():
@@ -301,7 +308,7 @@ def _bench_model(args: argparse.Namespace, model: dict, series, attentions, deca
 
     default_attention = model.get("attention", ModelConfig.attention)
     common = dict(model=model, vocab_size=_remi_vocab_size(), repeats=args.repeats, device=args.device,
-                  threads=args.threads, max_seconds=args.budget_s)
+                  threads=args.threads, max_seconds=args.budget_s, precision=args.precision)
     timeout = max(120.0, 8 * args.budget_s)
     out: dict = {"memory_budget_mb": args.memory_budget_mb}
     if args.rounds < 1:
@@ -450,6 +457,9 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--json", help="records file (default OUT/bench.json)")
     p.add_argument("--out", default="runs/bench", help="folder for JSON, Markdown table and plots")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="autocast of the timed work as spe train --precision (weights float32; fp16 on CUDA "
+                        "only, with a gradient scaler in model mode); default fp32")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_bench)
