@@ -318,6 +318,32 @@ def test_fox_matches_reference_and_steps(window):
         assert torch.allclose(out, y[:, t:t + 1], atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("window", [None, 3, 8, 20, 100])
+def test_fox_in_query_blocks_matches_reference_and_forms_one_block_of_bias_at_a_time(window, monkeypatch):
+    """Beyond FOX_QUERY_BLOCK queries FoX's bias is formed per block of queries (keys before the
+    block: the block's gates from its start + the keys' gates up to it) and recomputed in
+    backward: == the float64 reference forward and backward, for windows shorter than a block,
+    spanning blocks and past L; no bias ever holds more than one block of rows, nor keys beyond
+    what the block's queries reach."""
+    import spe.ops.softmax as softmax
+
+    monkeypatch.setattr(softmax, "FOX_QUERY_BLOCK", 8)
+    shapes, attend = [], softmax.attend
+
+    def recording(q, k, v, mask, **kw):
+        shapes.append(tuple(mask.shape))
+        return attend(q, k, v, mask, **kw)
+
+    monkeypatch.setattr(softmax, "attend", recording)
+    g = torch.Generator().manual_seed(16)
+    q, k, v = (torch.randn(B, 37, H, 4, generator=g, dtype=F64, requires_grad=True) for _ in range(3))
+    gates = (-2 * torch.rand(B, 37, H, generator=g, dtype=F64)).requires_grad_()
+    y = softmax_attention(q, k, v, causal=True, window=window, log_decay=gates)
+    _check_twins(y, gated_softmax_reference(q, k, v, gates, window=window), [q, k, v, gates], tol=1e-12)
+    reach = 37 if window is None else 8 + window - 1
+    assert len(shapes) >= 2 * 5 and all(rows <= 8 and keys <= min(reach, 37) for _, _, rows, keys in shapes)
+
+
 def test_fox_strong_gates_and_float32():
     """FoX with gate sums of −9,000 nats over L = 1,200: float32 finite and within roundoff of the
     float64 reference (logit terms are segment sums, never differences of running sums), and a

@@ -96,15 +96,23 @@ def suffix_sums(g: Tensor, dim: int) -> Tensor:
     return torch.cat([inclusive.narrow(dim, 1, g.shape[dim] - 1), torch.zeros_like(g.narrow(dim, 0, 1))], dim)
 
 
-def gate_bias(gates: Tensor, window: int | None = None) -> Tensor:
-    """FoX's logit term Σ_{n<t≤m} G_t for n ≤ m (and m − n < W), −∞ elsewhere: (B, H, L, L)
-    from gates (B, L, H)."""
+def gate_bias(gates: Tensor, window: int | None = None, start: int = 0) -> Tensor:
+    """FoX's logit term Σ_{n<t≤m} G_t for n ≤ m (and m − n < W), −∞ elsewhere, for the queries
+    m = start … L − 1 and every key: (B, H, L − start, L) from gates (B, L, H).
+
+    Each entry is a sum of its own terms (no difference of running sums): inside the rows'
+    block the segment sums; for a key n before it, Σ_{start≤t≤m} G_t + Σ_{n<t<start} G_t,
+    two sums of terms ≤ 0. Memory: the block's (L − start)² segment sums and the bias.
+    """
     n = gates.shape[1]
-    bias = segment_sums(gates, 1).permute(0, 3, 1, 2)  # (B, H, Lq, Lk)
-    i = torch.arange(n, device=gates.device)
-    lag = i[:, None] - i[None, :]
+    bias = segment_sums(gates[:, start:], 1)  # (B, Lq, Lq, H), keys start … L − 1
+    if start:
+        within = torch.cumsum(gates[:, start:], 1)  # (B, Lq, H)
+        before = suffix_sums(gates[:, :start], 1)  # (B, start, H): Σ_{n<t<start}
+        bias = torch.cat([within[:, :, None] + before[:, None], bias], dim=2)
+    lag = torch.arange(start, n, device=gates.device)[:, None] - torch.arange(n, device=gates.device)[None, :]
     keep = (lag >= 0) if window is None else (lag >= 0) & (lag < window)
-    return bias.masked_fill(~keep, -math.inf)
+    return bias.permute(0, 3, 1, 2).masked_fill(~keep, -math.inf)
 
 
 def gated_softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *,

@@ -6,11 +6,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from spe.ops.decay import check_log_decay
 from spe.ops.gates import check_gates, gate_bias, is_gate
 
-__all__ = ["attend", "check_key_padding_mask", "softmax_attention", "softmax_gates"]
+__all__ = ["FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "softmax_attention", "softmax_gates"]
+
+# Queries per block of FoX's bias beyond this length: the (B, H, L, L) bias of a long sequence
+# (and its gradient, and its segment sums) would be 66 GB at B = 2, H = 8, L = 16,384 (measured on
+# an H200); block by block, recomputed in backward, it is (B, H, FOX_QUERY_BLOCK, L) at a time.
+FOX_QUERY_BLOCK = 1024
 
 
 def check_window(window: int | None, name: str = "window") -> None:
@@ -38,7 +44,9 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
             get no weight; non-causal only; every query needs one real key.
         log_decay: FoX's forget gate, (B, L, H) log gates G_t ≤ 0 (or (H,), a constant one):
             the logits gain Σ_{n<t≤m} G_t (:func:`spe.ops.gates.gate_bias`, formed from each
-            segment's own terms; an (B, H, L, L) bias); causal only, Lq = Lk. None: none.
+            segment's own terms; a (B, H, L, L) bias up to :data:`FOX_QUERY_BLOCK` positions,
+            beyond it blocks of that many queries, each bias recomputed in backward);
+            causal only, Lq = Lk. None: none.
 
     Returns:
         (B, Lq, H, Ev), in ``v``'s dtype.
@@ -67,8 +75,30 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
         if not causal or k.shape[1] != q.shape[1]:
             raise ValueError(f"a forget gate (log_decay) needs causal attention with as many queries as keys, got "
                              f"causal={causal}, {q.shape[1]} queries and {k.shape[1]} keys")
-        mask = gate_bias(softmax_gates(log_decay, q.shape), window)  # the window's mask included
+        return _gated_attention(q, k, v, softmax_gates(log_decay, q.shape), window)
     return attend(q, k, v, mask, causal=causal and mask is None)
+
+
+def _gated_attention(q: Tensor, k: Tensor, v: Tensor, gates: Tensor, window: int | None) -> Tensor:
+    """FoX: one bias for short sequences, blocks of :data:`FOX_QUERY_BLOCK` queries beyond (each
+    reading the keys its queries reach, its bias recomputed in backward)."""
+    n = q.shape[1]
+    if n <= FOX_QUERY_BLOCK:
+        return attend(q, k, v, gate_bias(gates, window))
+    outs = []
+    for s in range(0, n, FOX_QUERY_BLOCK):
+        e = min(n, s + FOX_QUERY_BLOCK)
+        lo = 0 if window is None else max(0, s - window + 1)
+        part = (q[:, s:e], k[:, lo:e], v[:, lo:e], gates[:, lo:e])
+        if torch.is_grad_enabled() and any(t.requires_grad for t in part):
+            outs.append(checkpoint(_gated_block, *part, s - lo, window, use_reentrant=False))
+        else:
+            outs.append(_gated_block(*part, s - lo, window))
+    return torch.cat(outs, dim=1)
+
+
+def _gated_block(q: Tensor, k: Tensor, v: Tensor, gates: Tensor, start: int, window: int | None) -> Tensor:
+    return attend(q, k, v, gate_bias(gates, window, start))
 
 
 def softmax_gates(log_decay: Tensor, shape: tuple[int, ...]) -> Tensor:
