@@ -20,9 +20,10 @@ chunk's gates up to j sum below −60 nats are formed exactly, :func:`_factored_
 otherwise its chunks are at most :data:`CHANNEL_CHUNK` long (GLA's sub-chunk) with (C, C, M)
 factors. Across chunks: each chunk's keys summed to its
 end, relative to their largest decayed scale; the chunks before each chunk (all of them, or
-those wholly inside the window) summed by doubling, a block of 2^p chunks carrying the sum of
-its chunks' gates, so that an earlier block decays by the sum over the blocks after it, never
-by a difference of running sums. An initial state enters as a chunk before the first; the
+those wholly inside the window) weighed by their chunks' gates in between, never by a
+difference of running sums: for a scalar gate one product with (N, N) chunk weights, each
+from its own segment sum; for a channel gate by doubling, a block of 2^p chunks carrying the
+sum of its chunks' gates, so that an earlier block decays by the sum over the blocks after it. An initial state enters as a chunk before the first; the
 final state is what a chunk after the last would read.
 """
 
@@ -88,6 +89,22 @@ def _chunks_before(kv: Tensor, ref: Tensor, la: Tensor, whole: int) -> tuple[Ten
             bla = bla[:, :-size] + bla[:, size:]
         size *= 2
     return between, between_ref
+
+
+def _chunks_before_scalar(kv: Tensor, ref: Tensor, la: Tensor, whole: int) -> tuple[Tensor, Tensor]:
+    """:func:`_chunks_before` for a scalar gate (la (B, N, H, 1)), as one product with the
+    (N, N) chunk weights e^{ref_j + Σ_{j<t<i} la_t − r_i}, r_i their largest over the chunks
+    i − whole ≤ j < i (so each weight is ≤ 1, formed from its own segment sum): one batched
+    matrix product instead of log2(whole) elementwise merges of (M, E) sums."""
+    nc = kv.shape[1]
+    inclusive = segment_sums(la[..., 0], 1)  # (B, N_i, N_j, H): Σ_{j<t≤i}
+    lag = torch.cat([torch.zeros_like(inclusive[:, :1]), inclusive[:, :-1]], dim=1)  # Σ_{j<t<i}
+    i = torch.arange(nc, device=kv.device)
+    reach = (i[None, :] < i[:, None]) & (i[None, :] >= i[:, None] - whole)  # (N_i, N_j)
+    exponent = (ref[:, None, :, :] + lag).masked_fill(~reach[None, :, :, None], -math.inf)
+    r = exponent.detach().amax(dim=2)  # (B, N_i, H)
+    weights = torch.exp(exponent - r.masked_fill(r == -math.inf, 0.0)[:, :, None])
+    return torch.einsum("bijh,bjhme->bihme", weights, kv), r
 
 
 def _lags(g: Tensor, cuts: list[tuple[int, Tensor]]) -> list[Tensor]:
@@ -167,7 +184,8 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
         kv, la = torch.cat([kv, torch.zeros_like(kv[:, :1])], 1), torch.cat([la, torch.zeros_like(la[:, :1])], 1)
         ref = torch.cat([ref, torch.full_like(ref[:, :1], -math.inf)], 1)
     first = int(state is not None)
-    between, between_ref = _chunks_before(kv, ref, la, whole) if whole else (None, None)
+    before = _chunks_before_scalar if gc == 1 else _chunks_before
+    between, between_ref = before(kv, ref, la, whole) if whole else (None, None)
     read = None if between is None else between_ref[:, first:first + nc, None, :, None] + torch.cumsum(g, dim=2)
 
     if factorable:
