@@ -245,6 +245,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from spe.lab.bench.run import (BENCH_ATTENTIONS, KERNEL_NAMES, MODES, bench_outputs, parse_decays, parse_pairs, parse_series,
                                run_bench, summarize_bench, write_outputs)
     from spe.lab.train.config import load_config_file, packaged_config
+    from spe.lab.train.precision import check_precision
 
     if args.modes is None:  # --longest alone runs only the search
         args.modes = "" if args.longest else "train,generate"
@@ -264,14 +265,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = load_config_file(args.config or packaged_config("demo")).get("model", {})
     try:
         decays = parse_decays(args.decay, model.get("decay", "none"))
+        check_precision(args.precision, args.device.split(":")[0])
     except ValueError as e:
         raise UsageError(str(e)) from None
-    from spe.lab.train.precision import check_precision
-
-    try:
-        check_precision(args.precision, "cuda" if args.device.startswith("cuda") else "cpu")
-    except ValueError as e:
-        raise UsageError(f"--precision: {e}") from None
     out, json_path = bench_outputs(args.out, args.json)  # checked before measuring, not at the final write
     layer_modes = [m for m in modes if m != "model"]
     result = {"records": [], "matmul_gflops": None, "config": {}, "lengths": []}
