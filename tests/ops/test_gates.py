@@ -468,3 +468,22 @@ def test_an_encoder_channel_gate_with_padding_never_forms_the_exact_weights(monk
     monkeypatch.setattr(gated, "segment_sums", refuse)
     fast = linear_attention(fq, fk, v, chunk_size=16, log_decay=gates, key_padding_mask=mask)
     _check_twins(fast, slow, [fq, fk, v, gates], tol=1e-10)
+
+
+@pytest.mark.parametrize("limit", [2, 512])
+def test_scalar_gate_sums_earlier_chunks_by_product_or_doubling_alike(limit, monkeypatch):
+    """A scalar gate over the whole past sums the chunks before each chunk by one (N, N)
+    product up to SCALAR_PRODUCT_CHUNKS chunks and by doubling beyond: both == the float64
+    reference forward and backward (key scales over ±30 nats, L = 37 in chunks of 4), and the
+    product is what the default takes."""
+    import spe.ops.gated as gated
+
+    monkeypatch.setattr(gated, "SCALAR_PRODUCT_CHUNKS", limit)
+    used = []
+    for name in ("_chunks_before", "_chunks_before_scalar"):
+        original = getattr(gated, name)
+        monkeypatch.setattr(gated, name, lambda *a, _f=original, _n=name: used.append(_n) or _f(*a))
+    (fq, fk, v, gates), extra = _inputs(37, seed=25, kind="head", scaled=True)
+    fast = causal_linear_attention(fq, fk, v, chunk_size=4, log_decay=gates, **extra)
+    _check_twins(fast, decay_attention_reference(fq, fk, v, gates, causal=True, **extra), [fq, fk, v, gates])
+    assert set(used) == {"_chunks_before" if limit == 2 else "_chunks_before_scalar"}

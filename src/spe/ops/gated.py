@@ -21,8 +21,9 @@ otherwise its chunks are at most :data:`CHANNEL_CHUNK` long (GLA's sub-chunk) wi
 factors. Across chunks: each chunk's keys summed to its
 end, relative to their largest decayed scale; the chunks before each chunk (all of them, or
 those wholly inside the window) weighed by their chunks' gates in between, never by a
-difference of running sums: for a scalar gate one product with (N, N) chunk weights, each
-from its own segment sum; for a channel gate by doubling, a block of 2^p chunks carrying the
+difference of running sums: for a scalar gate over the whole past (up to
+:data:`SCALAR_PRODUCT_CHUNKS` chunks) one product with (N, N) chunk weights, each from its own
+segment sum; otherwise by doubling, a block of 2^p chunks carrying the
 sum of its chunks' gates, so that an earlier block decays by the sum over the blocks after it. An initial state enters as a chunk before the first; the
 final state is what a chunk after the last would read.
 """
@@ -44,6 +45,9 @@ __all__ = ["CHANNEL_CHUNK", "FACTOR_EXPONENT_LIMIT", "gated_bidirectional_sums",
 # Longest chunk for a channel gate's exact form: its (C, C, M) factors cost B·H·L·C·M memory (16: GLA's
 # sub-chunk); the factored form (keys without log scales, whole past) takes the caller's chunk.
 CHANNEL_CHUNK = 16
+# Most chunks (state, chunks and the empty one after) for which a scalar gate sums the chunks
+# before each chunk by one (N, N) product (:func:`_chunks_before_scalar`); beyond, by doubling.
+SCALAR_PRODUCT_CHUNKS = 512
 
 
 def _pad_time(t: Tensor, pad: int, value: float = 0.0) -> Tensor:
@@ -184,7 +188,11 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
         kv, la = torch.cat([kv, torch.zeros_like(kv[:, :1])], 1), torch.cat([la, torch.zeros_like(la[:, :1])], 1)
         ref = torch.cat([ref, torch.full_like(ref[:, :1], -math.inf)], 1)
     first = int(state is not None)
-    before = _chunks_before_scalar if gc == 1 else _chunks_before
+    # a scalar gate's (N, N) product costs N²·M·E, the doubling N·log2(N)·M·E in elementwise passes:
+    # the product wins up to SCALAR_PRODUCT_CHUNKS chunks of the whole past; a window keeps doubling
+    # (its reach of a few chunks would leave most of the product's weights zero)
+    product = gc == 1 and window is None and kv.shape[1] <= SCALAR_PRODUCT_CHUNKS
+    before = _chunks_before_scalar if product else _chunks_before
     between, between_ref = before(kv, ref, la, whole) if whole else (None, None)
     read = None if between is None else between_ref[:, first:first + nc, None, :, None] + torch.cumsum(g, dim=2)
 
