@@ -487,3 +487,54 @@ def test_scalar_gate_sums_earlier_chunks_by_product_or_doubling_alike(limit, mon
     fast = causal_linear_attention(fq, fk, v, chunk_size=4, log_decay=gates, **extra)
     _check_twins(fast, decay_attention_reference(fq, fk, v, gates, causal=True, **extra), [fq, fk, v, gates])
     assert set(used) == {"_chunks_before" if limit == 2 else "_chunks_before_scalar"}
+
+
+def test_encoder_scalar_chunk_is_the_cost_minimising_power_of_two():
+    """An encoder's scalar-gate passes cost ∝ L·C·(M + E) (exact in-chunk weights) + (L/C)²·M·E
+    (the chunks before each chunk): the chosen C is the cheapest power of two in [16, chunk_size]
+    under that model, never above the caller's C, and ListOps' cpu-small shape gets 16."""
+    from spe.ops.gated import MIN_ENCODER_CHUNK, encoder_scalar_chunk
+
+    def cost(n, m, e, c):
+        return n * c * (m + e) + (n / c) ** 2 * m * e
+
+    for n, m, e in [(170, 32, 17), (1000, 64, 65), (4096, 64, 64), (16384, 256, 1), (29, 4, 6)]:
+        chosen = encoder_scalar_chunk(n, m, e, 1024)
+        powers = [2 ** p for p in range(4, 11)]
+        assert chosen in powers
+        assert cost(n, m, e, chosen) <= 1.0001 * min(cost(n, m, e, c) for c in powers if c >= MIN_ENCODER_CHUNK)
+    assert encoder_scalar_chunk(170, 32, 17, 64) == 16
+    assert encoder_scalar_chunk(4096, 64, 64, 64) == 64  # ∛(2·4096·32) ≈ 64
+    assert encoder_scalar_chunk(100_000, 64, 64, 64) == 64  # the caller's C bounds it
+    assert encoder_scalar_chunk(170, 32, 17, 8) == 8  # a smaller caller's C is kept
+
+
+@pytest.mark.parametrize("normalizer", [False, True], ids=["ones", "normaliser"])
+def test_encoder_scalar_gate_takes_one_cost_chunk_for_numerator_and_normaliser(monkeypatch, normalizer):
+    """linear_attention with a scalar gate runs its passes at encoder_scalar_chunk's C, the same
+    for the numerator and the normaliser (their references then match to the bit), and equals the
+    float64 sum; with one chunk (L ≤ C) too."""
+    import spe.ops.linear as linear_module
+    from spe.ops.gated import encoder_scalar_chunk
+
+    seen = []
+    original = linear_module.gated_bidirectional_sums
+
+    def spy(*args):
+        seen.append(args[-1])
+        return original(*args)
+
+    monkeypatch.setattr(linear_module, "gated_bidirectional_sums", spy)
+    for n in (12, 300):
+        seen.clear()
+        (fq, fk, v, gates), extra = _inputs(n, seed=5, normalizer=normalizer, scaled=True)
+        fast = linear_attention(fq, fk, v, chunk_size=64, log_decay=gates, **extra)
+        value_dim = E + (not normalizer)
+        assert seen == [encoder_scalar_chunk(n, M, value_dim, 64)] * (1 + normalizer)
+        slow = decay_attention_reference(fq, fk, v, gates, causal=False, **extra)
+        _check_twins(fast, slow, [fq, fk, v, gates, *extra.get("normalizer", ())])
+    seen.clear()  # at 3,000 positions the per-call C would differ (32 for the values, 16 for the ones)
+    (fq, fk, v, gates), extra = _inputs(3000, seed=5, normalizer=normalizer, scaled=True)
+    with torch.no_grad():
+        linear_attention(fq, fk, v, chunk_size=64, log_decay=gates, **extra)
+    assert seen == [32] * (1 + normalizer) and encoder_scalar_chunk(3000, M, 1, 64) == 16

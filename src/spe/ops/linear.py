@@ -35,7 +35,7 @@ from torch import Tensor
 from spe.ops.chunked import causal_sums
 from spe.ops.decay import bidirectional_decay_sums, check_log_decay, decayed_running_max
 from spe.ops.feature_maps import ScaledFeatures, split_key_features
-from spe.ops.gated import gated_bidirectional_sums, gated_causal_sums
+from spe.ops.gated import encoder_scalar_chunk, gated_bidirectional_sums, gated_causal_sums
 from spe.ops.gates import check_gates, is_gate
 from spe.ops.scaled import running_max
 from spe.ops.softmax import check_window
@@ -209,7 +209,8 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
             of the positions between them, the later one's included (e^{G_t} separates t − 1
             from t in both directions; :func:`spe.ops.gated.gated_bidirectional_sums`).
             None: none.
-        chunk_size: C of those scans (unused without a decay).
+        chunk_size: C of those scans (unused without a decay; a scalar gate's at most C,
+            :func:`spe.ops.gated.encoder_scalar_chunk`).
         normalize: divide by the normaliser; False: the numerator Σ_n w_mn φ(q_m)ᵀφ(k_n) v_n
             alone (normaliser-free linear attention, fla's ``normalize=False``; no
             ``normalizer`` or ``key_log_scale``).
@@ -253,6 +254,9 @@ def _bidirectional_decay(phi_q, phi_k, v, normalizer, key_log_scale, log_decay, 
         raise ValueError(f"a decay needs as many queries as keys (one position each), got {phi_q.shape[1]} "
                          f"and {phi_k.shape[1]}")
     a = phi_k.new_zeros(phi_k.shape[:3]) if key_log_scale is None else key_log_scale
+    if is_gate(log_decay) and log_decay.shape[-1] == 1:  # the exact in-chunk form: C from the cost
+        chunk_size = encoder_scalar_chunk(phi_q.shape[1], phi_q.shape[-1], v.shape[-1] + (normalizer is None),
+                                          chunk_size)
     if normalizer is None:
         return _normalised(sums(phi_q, phi_k, _with_ones(v), a, log_decay, chunk_size)[0], normalize)
     nq, nk = _check_normalizer(normalizer, phi_q, phi_k)
