@@ -439,6 +439,38 @@ def test_the_factored_channel_gate_and_its_exact_rows_match_the_reference():
     assert torch.equal(fast[:, :20], again[:, :20])
 
 
+@pytest.mark.parametrize("chunk", [40, 64])
+def test_channel_gate_rows_past_the_limit_take_sub_chunks_and_match_the_reference(chunk, monkeypatch):
+    """Chunks longer than a sub-chunk (CHANNEL_CHUNK), 40 not a multiple of it: rows past
+    −FACTOR_EXPONENT_LIMIT take the sub-chunk form, in which keys of earlier sub-chunks reach
+    the query through e^{F_j − F_e} · e^{F_e − F_d}. One channel of head 0 forgets fast (−6 to
+    −9 nats a step, making most of its rows exact) while its other channels keep keys for
+    hundreds of steps, so earlier sub-chunks weigh in; forward and backward against the float64
+    sum, the float32 path without overflow, and the sub-chunk form is what ran."""
+    import spe.ops.gated as gated
+
+    calls = []
+    original = gated._sub_chunk_sums
+    monkeypatch.setattr(gated, "_sub_chunk_sums", lambda *a: calls.append(a[0].shape) or original(*a))
+    (fq, fk, v, _), _ = _inputs(150, seed=26, kind="channel")
+    g = torch.Generator().manual_seed(27)
+    gates = -0.5 * torch.rand(B, 150, H, M, generator=g, dtype=F64)
+    gates[:, :, 0, 1:] = -0.02 * torch.rand(B, 150, M - 1, generator=g, dtype=F64)
+    gates[:, :, 0, 0] = -6.0 - 3.0 * torch.rand(B, 150, generator=g, dtype=F64)
+    gates.requires_grad_()
+    fast = causal_linear_attention(fq, fk, v, chunk_size=chunk, log_decay=gates)
+    slow = decay_attention_reference(fq, fk, v, gates, causal=True)
+    _check_twins(fast, slow, [fq, fk, v, gates], tol=1e-10)
+    assert calls and all(shape[2] == chunk for shape in calls)
+    # float32: the fast channel's sums reach −360 nats in a chunk, far past e^{±88}; every
+    # factor the form builds stays ≤ 1 (padding included), so nothing overflows into 0 · ∞
+    fast32 = causal_linear_attention(*(t.detach().float() for t in (fq, fk, v)), chunk_size=chunk,
+                                     log_decay=gates.detach().float())
+    scale = slow.detach().abs().max()
+    assert torch.isfinite(fast32).all()
+    assert (fast32.double() - slow.detach()).abs().max() <= 1e-5 * scale  # 150 terms, each within 2⁻²⁴
+
+
 def test_moderate_channel_gates_never_form_the_exact_weights(monkeypatch):
     """The point of the factored form: a language model's channel gates (GLA's logsigmoid / 16,
     a few nats per chunk) never build the (C, C, M) weights."""

@@ -16,7 +16,8 @@ Inside a chunk: masked C × C products with factors e^{a_d + s_{jd} − top_j}, 
 sums of the gates. A channel gate over keys without log scales (the whole past; keys at the
 floor scale count as zero keys, so padded and encoder calls qualify) factors its
 weights as e^{F_j − top_j} · e^{−F_d} (F the gates summed from the chunk's start; rows whose
-chunk's gates up to j sum below −60 nats are formed exactly, :func:`_factored_chunk_sums`);
+chunk's gates up to j sum below −60 nats by sub-chunks of :data:`CHANNEL_CHUNK`, exact inside
+each, :func:`_factored_chunk_sums`);
 otherwise its chunks are at most :data:`CHANNEL_CHUNK` long (GLA's sub-chunk) with (C, C, M)
 factors. Across chunks: each chunk's keys summed to its
 end, relative to their largest decayed scale; the chunks before each chunk (all of them, or
@@ -249,8 +250,8 @@ def _factored_chunk_sums(q: Tensor, k: Tensor, vv: Tensor, g: Tensor, read: Tens
 
     two (C, M) factors and one matrix product instead of the exact form's (C, C, M) weights.
     A query j whose keys need e^{−F_d} beyond e^{FACTOR_EXPONENT_LIMIT} (the chunk's gates up to
-    j sum below −60 nats in some channel; −F_d ≤ −F_j for d ≤ j) takes the exact form instead;
-    the choice depends on gates up to j only, so outputs stay causal to the bit. Keys' factors
+    j sum below −60 nats in some channel; −F_d ≤ −F_j for d ≤ j) takes the sub-chunk form
+    instead (:func:`_sub_chunk_sums`); the choice depends on gates up to j only, so outputs stay causal to the bit. Keys' factors
     are clamped there, which changes only pairs the causal mask drops.
     top_j is the exact form's: with every key scale 0 the query's own key (weight e^0) is the
     largest in the chunk, so top_j = max(0, the earlier chunks' largest).
@@ -270,14 +271,51 @@ def _factored_chunk_sums(q: Tensor, k: Tensor, vv: Tensor, g: Tensor, read: Tens
     out = torch.einsum("bnhcd,bndhe->bnche", scores.masked_fill(~mask, 0.0), vv)
     exact_rows = (-f.detach()).amax(-1) > FACTOR_EXPONENT_LIMIT  # (B, N, C, H)
     if bool(exact_rows.any()):
-        factor = torch.exp((segment_sums(g, dim=2) - top[:, :, :, None, :, None]).masked_fill(
-            ~mask[..., None, None], 0.0))  # (B, N, C, C, H, M)
-        exact = torch.einsum("bnchm,bndhm,bncdhm->bnhcd", q, k, factor).masked_fill(~mask, 0.0)
-        out = torch.where(exact_rows[..., None], torch.einsum("bnhcd,bndhe->bnche", exact, vv), out)
+        out = torch.where(exact_rows[..., None], _sub_chunk_sums(q, k, vv, g, f, top), out)
     if read is not None:  # query j reads the chunks before with the gates from its chunk's start
         out = out + torch.einsum("bnchm,bnhme->bnche", q * torch.exp(read - top[..., None]),
                                  between[:, first:first + nc])
     return out, top
+
+
+def _sub_chunk_sums(q: Tensor, k: Tensor, vv: Tensor, g: Tensor, f: Tensor, top: Tensor) -> Tensor:
+    """The in-chunk sums of a channel gate for any gates (GLA's secondary chunking): the chunk
+    cut into sub-chunks of :data:`CHANNEL_CHUNK`; a key d of an earlier sub-chunk u reaches
+    query j through
+
+        e^{F_j − F_{e_u} − top_j} · e^{F_{e_u} − F_d},   e_u the last position of u,
+
+    both factors ≤ 1 (F non-increasing), one matrix product per sub-chunk of keys; keys of the
+    query's own sub-chunk by exact (S, S, M) weights. Costs C²·M + C·S·M a chunk where the
+    exact (C, C, M) form costs C²·M elementwise and its memory: a gate that learned to forget
+    fast in some channel (rows past −60 nats) no longer multiplies a step's time.
+
+    q, k: (B, N, C, H, M); vv: (B, N, C, H, E); g, f: (B, N, C, H, M) gates and their sums from
+    the chunk's start; top: (B, N, C, H). Returns (B, N, C, H, E), queries before earlier chunks.
+    """
+    b, nc, c, h, m = q.shape
+    s = min(CHANNEL_CHUNK, c)
+    pad = (-c) % s  # padded keys and queries are zero, their gates 0 (F stays at the chunk's last)
+    if pad:
+        q, k, vv, g = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, vv, g))
+        f = torch.cat([f, f[:, :, -1:].expand(-1, -1, pad, -1, -1)], dim=2)
+        top = F.pad(top, (0, 0, 0, pad))
+    u, e = (c + pad) // s, vv.shape[-1]
+    sub = lambda t: t.reshape(b, nc, u, s, *t.shape[3:])  # noqa: E731
+    end = sub(f)[:, :, :, -1]  # (B, N, U, H, M): F at each sub-chunk's last position
+    own = torch.arange(c + pad, device=q.device) // s
+    earlier = own[:, None] > torch.arange(u, device=q.device)[None, :]  # (C', U): sub-chunk u before j's
+    reach = (f[:, :, :, None] - end[:, :, None] - top[:, :, :, None, :, None]).masked_fill(
+        ~earlier[..., None, None], -math.inf)  # (B, N, C', U, H, M), ≤ 0 where kept
+    keys = sub(k * torch.exp(end.repeat_interleave(s, dim=2) - f))
+    inter = torch.einsum("bncuhm,bnushm->bnhcus", q[:, :, :, None] * torch.exp(reach), keys)
+    out = torch.einsum("bnhcd,bndhe->bnche", inter.reshape(b, nc, h, c + pad, c + pad), vv)
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    factor = torch.exp((segment_sums(sub(g), dim=3) - sub(top)[:, :, :, :, None, :, None]).masked_fill(
+        ~mask[..., None, None], 0.0))  # (B, N, U, S, S, H, M)
+    intra = torch.einsum("bnushm,bnuthm,bnusthm->bnuhst", sub(q), sub(k), factor).masked_fill(~mask, 0.0)
+    out = out + torch.einsum("bnuhst,bnuthe->bnushe", intra, sub(vv)).reshape(b, nc, c + pad, h, e)
+    return out[:, :, :c]
 
 
 # Shortest chunk :func:`encoder_scalar_chunk` picks: below it the per-chunk passes cost more than
