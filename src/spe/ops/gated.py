@@ -24,9 +24,9 @@ end, relative to their largest decayed scale; the chunks before each chunk (all 
 those wholly inside the window) weighed by their chunks' gates in between, never by a
 difference of running sums: for a scalar gate over the whole past (up to
 :data:`SCALAR_PRODUCT_CHUNKS` chunks) one product with (N, N) chunk weights, each from its own
-segment sum; otherwise by doubling, a block of 2^p chunks carrying the
-sum of its chunks' gates, so that an earlier block decays by the sum over the blocks after it. An initial state enters as a chunk before the first; the
-final state is what a chunk after the last would read.
+segment sum; otherwise by doubling, a block of 2^p chunks carrying the sum of its chunks'
+gates, so that an earlier block decays by the sum over the blocks after it. An initial state
+enters as a chunk before the first; the final state is what a chunk after the last would read.
 """
 
 from __future__ import annotations
@@ -251,8 +251,9 @@ def _factored_chunk_sums(q: Tensor, k: Tensor, vv: Tensor, g: Tensor, read: Tens
     two (C, M) factors and one matrix product instead of the exact form's (C, C, M) weights.
     A query j whose keys need e^{−F_d} beyond e^{FACTOR_EXPONENT_LIMIT} (the chunk's gates up to
     j sum below −60 nats in some channel; −F_d ≤ −F_j for d ≤ j) takes the sub-chunk form
-    instead (:func:`_sub_chunk_sums`); the choice depends on gates up to j only, so outputs stay causal to the bit. Keys' factors
-    are clamped there, which changes only pairs the causal mask drops.
+    instead (:func:`_sub_chunk_sums`); the choice depends on gates up to j only, so outputs stay
+    causal to the bit. Keys' factors are clamped there, which changes only pairs the causal mask
+    drops.
     top_j is the exact form's: with every key scale 0 the query's own key (weight e^0) is the
     largest in the chunk, so top_j = max(0, the earlier chunks' largest).
 
@@ -291,7 +292,8 @@ def _sub_chunk_sums(q: Tensor, k: Tensor, vv: Tensor, g: Tensor, f: Tensor, top:
     fast in some channel (rows past −60 nats) no longer multiplies a step's time.
 
     q, k: (B, N, C, H, M); vv: (B, N, C, H, E); g, f: (B, N, C, H, M) gates and their sums from
-    the chunk's start; top: (B, N, C, H). Returns (B, N, C, H, E), queries before earlier chunks.
+    the chunk's start; top: (B, N, C, H). Returns (B, N, C, H, E): the keys of the query's own
+    chunk only (the caller adds the earlier chunks').
     """
     b, nc, c, h, m = q.shape
     s = min(CHANNEL_CHUNK, c)
