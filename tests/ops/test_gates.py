@@ -471,15 +471,26 @@ def test_channel_gate_rows_past_the_limit_take_sub_chunks_and_match_the_referenc
     assert (fast32.double() - slow.detach()).abs().max() <= 1e-5 * scale  # 150 terms, each within 2⁻²⁴
 
 
+def _refuse_in_chunk_segment_sums(monkeypatch):
+    """Fail on any segment sums of the gates inside a chunk (dim 2 or 3: the exact (C, C, M)
+    weights, of a chunk or of a sub-chunk); those across chunks (dim 1, the product that sums
+    earlier chunks) are kept."""
+    import spe.ops.gated as gated
+
+    original = gated.segment_sums
+
+    def refuse(g, dim):
+        if dim != 1:
+            raise AssertionError("the exact (C, C, M) weights were formed")
+        return original(g, dim)
+
+    monkeypatch.setattr(gated, "segment_sums", refuse)
+
+
 def test_moderate_channel_gates_never_form_the_exact_weights(monkeypatch):
     """The point of the factored form: a language model's channel gates (GLA's logsigmoid / 16,
     a few nats per chunk) never build the (C, C, M) weights."""
-    import spe.ops.gated as gated
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the exact (C, C, M) weights were formed")
-
-    monkeypatch.setattr(gated, "segment_sums", refuse)
+    _refuse_in_chunk_segment_sums(monkeypatch)
     (fq, fk, v, gates), _ = _inputs(64, seed=23, kind="channel", spread=2.0)
     y = causal_linear_attention(fq, fk, v, chunk_size=16, log_decay=gates)
     torch.testing.assert_close(y, decay_attention_reference(fq, fk, v, gates, causal=True), atol=1e-10, rtol=0)
@@ -488,37 +499,37 @@ def test_moderate_channel_gates_never_form_the_exact_weights(monkeypatch):
 def test_an_encoder_channel_gate_with_padding_never_forms_the_exact_weights(monkeypatch):
     """Encoders too: the backward pass's key beyond the end and padding keys sit at the floor
     scale (weight exactly 0), which must not push the channel gate to its (C, C, M) form."""
-    import spe.ops.gated as gated
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the exact (C, C, M) weights were formed")
-
     (fq, fk, v, gates), _ = _inputs(45, seed=24, kind="channel", spread=2.0)
     mask = torch.zeros(B, 45, dtype=torch.bool)
     mask[0, -6:], mask[1, :4] = True, True
     slow = decay_attention_reference(fq, fk, v, gates, causal=False, key_padding_mask=mask)
-    monkeypatch.setattr(gated, "segment_sums", refuse)
+    _refuse_in_chunk_segment_sums(monkeypatch)
     fast = linear_attention(fq, fk, v, chunk_size=16, log_decay=gates, key_padding_mask=mask)
     _check_twins(fast, slow, [fq, fk, v, gates], tol=1e-10)
 
 
+@pytest.mark.parametrize("kind,scaled,constant", [("head", True, "SCALAR_PRODUCT_CHUNKS"),
+                                                  ("channel", False, "CHANNEL_PRODUCT_CHUNKS")], ids=["scalar", "channel"])
 @pytest.mark.parametrize("limit", [2, 512])
-def test_scalar_gate_sums_earlier_chunks_by_product_or_doubling_alike(limit, monkeypatch):
-    """A scalar gate over the whole past sums the chunks before each chunk by one (N, N)
-    product up to SCALAR_PRODUCT_CHUNKS chunks and by doubling beyond: both == the float64
-    reference forward and backward (key scales over ±30 nats, L = 37 in chunks of 4), and the
-    product is what the default takes."""
+def test_gates_sum_earlier_chunks_by_product_or_doubling_alike(limit, kind, scaled, constant, monkeypatch):
+    """A gate over the whole past sums the chunks before each chunk by one product with (N, N)
+    chunk weights (per channel for a channel gate) up to its limit of chunks and by doubling
+    beyond: both == the float64 reference forward and backward (L = 37 in chunks of 4: 11
+    chunks with the empty one after; the scalar gate with key scales over ±30 nats, the
+    channel gate with gates from 0 to −2 nats a step, other in each channel), and the product
+    is what the default takes."""
     import spe.ops.gated as gated
 
-    monkeypatch.setattr(gated, "SCALAR_PRODUCT_CHUNKS", limit)
+    assert getattr(gated, constant) >= 11  # the default takes the product at this length
+    monkeypatch.setattr(gated, constant, limit)
     used = []
-    for name in ("_chunks_before", "_chunks_before_scalar"):
+    for name in ("_chunks_before", "_chunks_before_product"):
         original = getattr(gated, name)
         monkeypatch.setattr(gated, name, lambda *a, _f=original, _n=name: used.append(_n) or _f(*a))
-    (fq, fk, v, gates), extra = _inputs(37, seed=25, kind="head", scaled=True)
+    (fq, fk, v, gates), extra = _inputs(37, seed=25, kind=kind, scaled=scaled)
     fast = causal_linear_attention(fq, fk, v, chunk_size=4, log_decay=gates, **extra)
     _check_twins(fast, decay_attention_reference(fq, fk, v, gates, causal=True, **extra), [fq, fk, v, gates])
-    assert set(used) == {"_chunks_before" if limit == 2 else "_chunks_before_scalar"}
+    assert set(used) == {"_chunks_before" if limit == 2 else "_chunks_before_product"}
 
 
 def test_encoder_scalar_chunk_is_the_cost_minimising_power_of_two():

@@ -23,8 +23,9 @@ factors. Across chunks: each chunk's keys summed to its
 end, relative to their largest decayed scale; the chunks before each chunk (all of them, or
 those wholly inside the window) weighed by their chunks' gates in between, never by a
 difference of running sums: for a scalar gate over the whole past (up to
-:data:`SCALAR_PRODUCT_CHUNKS` chunks) one product with (N, N) chunk weights, each from its own
-segment sum; otherwise by doubling, a block of 2^p chunks carrying the sum of its chunks'
+:data:`SCALAR_PRODUCT_CHUNKS` chunks; a channel gate up to :data:`CHANNEL_PRODUCT_CHUNKS`, its
+weights per channel) one product with (N, N) chunk weights, each from its own segment sum;
+otherwise (and within a window) by doubling, a block of 2^p chunks carrying the sum of its chunks'
 gates, so that an earlier block decays by the sum over the blocks after it. An initial state
 enters as a chunk before the first; the final state is what a chunk after the last would read.
 """
@@ -48,8 +49,12 @@ __all__ = ["CHANNEL_CHUNK", "FACTOR_EXPONENT_LIMIT", "encoder_scalar_chunk", "ga
 # sub-chunk); the factored form (keys without log scales, whole past) takes the caller's chunk.
 CHANNEL_CHUNK = 16
 # Most chunks (state, chunks and the empty one after) for which a scalar gate sums the chunks
-# before each chunk by one (N, N) product (:func:`_chunks_before_scalar`); beyond, by doubling.
+# before each chunk by one (N, N) product (:func:`_chunks_before_product`); beyond, by doubling.
 SCALAR_PRODUCT_CHUNKS = 512
+# The same for a channel gate, whose weights are (N, N) per channel: B·H·N²·M floats, a few tensors
+# of them held for backward. The product beat the doubling at 8–256 chunks (fwd + bwd, B 2, H 8,
+# M 64, E 65: 0.27–0.66× its time); 128 bounds the weights (67 MB each at that shape).
+CHANNEL_PRODUCT_CHUNKS = 128
 
 
 def _pad_time(t: Tensor, pad: int, value: float = 0.0) -> Tensor:
@@ -97,20 +102,23 @@ def _chunks_before(kv: Tensor, ref: Tensor, la: Tensor, whole: int) -> tuple[Ten
     return between, between_ref
 
 
-def _chunks_before_scalar(kv: Tensor, ref: Tensor, la: Tensor, whole: int) -> tuple[Tensor, Tensor]:
-    """:func:`_chunks_before` for a scalar gate (la (B, N, H, 1)), as one product with the
-    (N, N) chunk weights e^{ref_j + Σ_{j<t<i} la_t − r_i}, r_i their largest over the chunks
-    i − whole ≤ j < i (so each weight is ≤ 1, formed from its own segment sum): one batched
-    matrix product instead of log2(whole) elementwise merges of (M, E) sums."""
-    nc = kv.shape[1]
-    inclusive = segment_sums(la[..., 0], 1)  # (B, N_i, N_j, H): Σ_{j<t≤i}
+def _chunks_before_product(kv: Tensor, ref: Tensor, la: Tensor, whole: int) -> tuple[Tensor, Tensor]:
+    """:func:`_chunks_before` as one product with the chunk weights e^{ref_j + Σ_{j<t<i} la_t − r_i},
+    (N, N) per head for a scalar gate (la (B, N, H, 1)), (N, N) per head and channel for a channel
+    gate (la (B, N, H, M)); r_i their largest over the chunks i − whole ≤ j < i (and the
+    channels), so each weight is ≤ 1, formed from its own segment sum, as the doubling's merges
+    are. One batched matrix product instead of log2(whole) elementwise merges of (M, E) sums."""
+    nc, gc = kv.shape[1], la.shape[-1]
+    inclusive = segment_sums(la, 1)  # (B, N_i, N_j, H, G): Σ_{j<t≤i}
     lag = torch.cat([torch.zeros_like(inclusive[:, :1]), inclusive[:, :-1]], dim=1)  # Σ_{j<t<i}
     i = torch.arange(nc, device=kv.device)
     reach = (i[None, :] < i[:, None]) & (i[None, :] >= i[:, None] - whole)  # (N_i, N_j)
-    exponent = (ref[:, None, :, :] + lag).masked_fill(~reach[None, :, :, None], -math.inf)
-    r = exponent.detach().amax(dim=2)  # (B, N_i, H)
-    weights = torch.exp(exponent - r.masked_fill(r == -math.inf, 0.0)[:, :, None])
-    return torch.einsum("bijh,bjhme->bihme", weights, kv), r
+    exponent = (ref[:, None, :, :, None] + lag).masked_fill(~reach[None, :, :, None, None], -math.inf)
+    r = exponent.detach().amax(dim=(2, 4))  # (B, N_i, H)
+    weights = torch.exp(exponent - r.masked_fill(r == -math.inf, 0.0)[:, :, None, :, None])
+    if gc == 1:
+        return torch.einsum("bijh,bjhme->bihme", weights[..., 0], kv), r
+    return torch.einsum("bijhm,bjhme->bihme", weights, kv), r
 
 
 def _lags(g: Tensor, cuts: list[tuple[int, Tensor]]) -> list[Tensor]:
@@ -190,11 +198,11 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
         kv, la = torch.cat([kv, torch.zeros_like(kv[:, :1])], 1), torch.cat([la, torch.zeros_like(la[:, :1])], 1)
         ref = torch.cat([ref, torch.full_like(ref[:, :1], -math.inf)], 1)
     first = int(state is not None)
-    # a scalar gate's (N, N) product costs N²·M·E, the doubling N·log2(N)·M·E in elementwise passes:
-    # the product wins up to SCALAR_PRODUCT_CHUNKS chunks of the whole past; a window keeps doubling
+    # the (N, N) product costs N²·M·E, the doubling N·log2(N)·M·E in elementwise passes: the product
+    # wins up to SCALAR_PRODUCT_CHUNKS (scalar) or CHANNEL_PRODUCT_CHUNKS chunks; a window keeps doubling
     # (its reach of a few chunks would leave most of the product's weights zero)
-    product = gc == 1 and window is None and kv.shape[1] <= SCALAR_PRODUCT_CHUNKS
-    before = _chunks_before_scalar if product else _chunks_before
+    product = window is None and kv.shape[1] <= (SCALAR_PRODUCT_CHUNKS if gc == 1 else CHANNEL_PRODUCT_CHUNKS)
+    before = _chunks_before_product if product else _chunks_before
     between, between_ref = before(kv, ref, la, whole) if whole else (None, None)
     read = None if between is None else between_ref[:, first:first + nc, None, :, None] + torch.cumsum(g, dim=2)
 
