@@ -509,14 +509,15 @@ def test_an_encoder_channel_gate_with_padding_never_forms_the_exact_weights(monk
 
 
 @pytest.mark.parametrize("kind,scaled,constant", [("head", True, "SCALAR_PRODUCT_CHUNKS"),
-                                                  ("channel", False, "CHANNEL_PRODUCT_CHUNKS")], ids=["scalar", "channel"])
+                                                  ("channel", False, "CHANNEL_PRODUCT_CHUNKS")],
+                         ids=["scalar", "channel"])
 @pytest.mark.parametrize("limit", [2, 512])
 def test_gates_sum_earlier_chunks_by_product_or_doubling_alike(limit, kind, scaled, constant, monkeypatch):
     """A gate over the whole past sums the chunks before each chunk by one product with (N, N)
     chunk weights (per channel for a channel gate) up to its limit of chunks and by doubling
     beyond: both == the float64 reference forward and backward (L = 37 in chunks of 4: 11
     chunks with the empty one after; the scalar gate with key scales over ±30 nats, the
-    channel gate with gates from 0 to −2 nats a step, other in each channel), and the product
+    channel gate with gates from 0 to −2 nats a step, drawn per channel), and the product
     is what the default takes."""
     import spe.ops.gated as gated
 

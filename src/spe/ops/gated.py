@@ -201,7 +201,8 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
     # the (N, N) product costs N²·M·E, the doubling N·log2(N)·M·E in elementwise passes: the product
     # wins up to SCALAR_PRODUCT_CHUNKS (scalar) or CHANNEL_PRODUCT_CHUNKS chunks; a window keeps doubling
     # (its reach of a few chunks would leave most of the product's weights zero)
-    product = window is None and kv.shape[1] <= (SCALAR_PRODUCT_CHUNKS if gc == 1 else CHANNEL_PRODUCT_CHUNKS)
+    limit = SCALAR_PRODUCT_CHUNKS if gc == 1 else CHANNEL_PRODUCT_CHUNKS
+    product = window is None and kv.shape[1] <= limit
     before = _chunks_before_product if product else _chunks_before
     between, between_ref = before(kv, ref, la, whole) if whole else (None, None)
     read = None if between is None else between_ref[:, first:first + nc, None, :, None] + torch.cumsum(g, dim=2)
@@ -278,9 +279,9 @@ def _factored_chunk_sums(q: Tensor, k: Tensor, vv: Tensor, g: Tensor, read: Tens
     scores = torch.einsum("bnchm,bndhm->bnhcd", q * torch.exp(f - top[..., None]),
                           k * torch.exp((-f).clamp(max=FACTOR_EXPONENT_LIMIT)))
     out = torch.einsum("bnhcd,bndhe->bnche", scores.masked_fill(~mask, 0.0), vv)
-    exact_rows = (-f.detach()).amax(-1) > FACTOR_EXPONENT_LIMIT  # (B, N, C, H)
-    if bool(exact_rows.any()):
-        out = torch.where(exact_rows[..., None], _sub_chunk_sums(q, k, vv, g, f, top), out)
+    sub_chunk_rows = (-f.detach()).amax(-1) > FACTOR_EXPONENT_LIMIT  # (B, N, C, H)
+    if bool(sub_chunk_rows.any()):
+        out = torch.where(sub_chunk_rows[..., None], _sub_chunk_sums(q, k, vv, g, f, top), out)
     if read is not None:  # query j reads the chunks before with the gates from its chunk's start
         out = out + torch.einsum("bnchm,bnhme->bnche", q * torch.exp(read - top[..., None]),
                                  between[:, first:first + nc])
