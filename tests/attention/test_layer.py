@@ -26,7 +26,7 @@ def test_the_one_positional_hook_keeps_each_module_where_it_acts_and_refuses_oth
                                    num_features=8)
         assert [getattr(layer, name) is module for name in POSITIONAL_ROLES] == [n == role for n in POSITIONAL_ROLES]
         assert any(key.startswith(role + ".") for key in layer.state_dict()) or not list(module.state_dict())
-    with pytest.raises(TypeError, match="positional must be an SPEFilter, a RotaryEncoding, .* got Linear"):
+    with pytest.raises(TypeError, match="positional must be an SPEFilter, a RotaryEncoding, .*LayerEncoding.* got Linear"):
         MultiHeadAttention(16, 2, positional=torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="non-causal"):
         MultiHeadAttention(16, 2, attention="softmax", causal=True, positional=ShawRelativePosition(8, 3,

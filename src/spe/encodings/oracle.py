@@ -36,7 +36,7 @@ from spe.ops.phases import sine_features
 from spe.ops.softmax import check_key_padding_mask
 from spe.encodings.conv import build_conv
 from spe.encodings.sine import build_sine
-from spe.encodings.spec import PositionalSpec, head_dim
+from spe.encodings.spec import PositionalSpec, ScoreEncoding, head_dim
 
 __all__ = ["ExactSPEScores", "alias_gate_keys", "exact_spe_attention_reference", "gated_kernel",
            "unalias_gate_keys", "SPECS"]
@@ -100,7 +100,7 @@ def exact_spe_attention_reference(q: Tensor, k: Tensor, v: Tensor, kernel, *, ga
     return _attend(scores, v.double(), causal=causal, query_offset=query_offset, key_padding_mask=key_padding_mask)
 
 
-class ExactSPEScores(nn.Module):
+class ExactSPEScores(ScoreEncoding):
     """Per attention layer: SPE's gate and the exact expected scores (a score term, softmax only).
 
     Built by the registry for ``sinespe-exact`` and ``convspe-exact``; the model binds it to its

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
-from spe.encodings.spec import PositionalSpec
+from spe.encodings.spec import LayerEncoding, PositionalSpec
 
 __all__ = ["RoPEOptions", "RotaryEncoding", "rotate", "SPEC"]
 
@@ -46,12 +46,22 @@ def rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0) -> Tensor:
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
 
-class RotaryEncoding(nn.Module):
+class RotaryEncoding(LayerEncoding):
     """RoPE as a module (no parameters); see :func:`rotate`.
+
+    As an attention layer's positional module (:class:`~spe.encodings.spec.LayerEncoding`) it
+    transforms the kernel's features: softmax's q and k, a linear kernel's φ(q), φ(k) in the
+    numerator only (RoFormer eq. 19), the rotated pairs sharing a gate per channel.
 
     Args:
         base: the frequency base (10,000 in RoFormer).
     """
+
+    layer_attribute = "rotary"
+    transforms_features = True
+    numerator_only = True
+    channel_tie = 2
+    label = "rotary encoding"
 
     def __init__(self, base: float = 10000.0) -> None:
         super().__init__()
@@ -62,6 +72,13 @@ class RotaryEncoding(nn.Module):
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """x: (B, L, H, E), positions: (L,) → (B, L, H, E) rotated."""
         return rotate(x, positions, base=self.base)
+
+    def transform_features(self, features: Tensor, context: Tensor) -> Tensor:
+        return self(features, context)
+
+    def check_features(self, feature_dim: int, what: str) -> None:
+        if feature_dim % 2:
+            raise ValueError(f"rotary encoding needs an even {what}, got {feature_dim}")
 
     def extra_repr(self) -> str:
         return f"base={self.base:g}"
