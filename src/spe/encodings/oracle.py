@@ -318,13 +318,20 @@ def _exact_scores(config, causal: bool) -> ExactSPEScores:
                           causal=causal)
 
 
+def _exact_sine_scores(config, causal: bool) -> ExactSPEScores:
+    if config.spe_time != "index":  # its scores are sineSPE's kernel at index lags
+        raise ValueError(f"the SPE oracle's scores are sineSPE's kernel at index lags: it takes spe_time 'index', "
+                         f"got {config.spe_time!r}")
+    return _exact_scores(config, causal)
+
+
 _EXACT_SOURCE = "Liutkus et al. 2021, eq. (8), (16)–(17), exact expectation"
 
 # The SPE oracles: softmax attention with the scores SPE estimates; deterministic, O(L²) memory
 # (plus O(L·P·D) for conv's band), for diagnosis.
 SPECS = (
-    PositionalSpec("sinespe-exact", "scores", source=_EXACT_SOURCE, model_module=build_sine, layer_module=_exact_scores,
-                   options=(SPEOptions, SineOptions)),
+    PositionalSpec("sinespe-exact", "scores", source=_EXACT_SOURCE, model_module=build_sine,
+                   layer_module=_exact_sine_scores, options=(SPEOptions, SineOptions)),
     PositionalSpec("convspe-exact", "scores", source=_EXACT_SOURCE, model_module=build_conv, layer_module=_exact_scores,
                    options=(SPEOptions, ConvOptions)),
 )

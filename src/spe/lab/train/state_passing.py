@@ -48,6 +48,7 @@ from torch import Tensor
 from spe.attention.kernels import KERNELS
 from spe.encodings.registry import positional_spec
 from spe.encodings.short_conv import ShortConvState
+from spe.encodings.spec import EncodingState
 from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecodingState
 from spe.ops.state import KVCache, LinearAttentionState, RecentKeys, ScaledLinearAttentionState, ScaledRecentKeys
@@ -57,7 +58,7 @@ __all__ = ["CHAIN_STEPS", "CarriedBatch", "StatePassing", "chain_steps", "state_
 # Steps of one chain: positions reach 16 L, the end of the 16× protocol (docs/gates.md).
 CHAIN_STEPS = 16
 # The types a carried state is made of, by name (train_state.pt holds data only).
-_STATE_TYPES = {cls.__name__: cls for cls in (DecodingState, ShortConvState, LinearAttentionState,
+_STATE_TYPES = {cls.__name__: cls for cls in (DecodingState, ShortConvState, EncodingState, LinearAttentionState,
                                                ScaledLinearAttentionState, RecentKeys, ScaledRecentKeys)}
 
 
