@@ -62,3 +62,37 @@ def test_steps_take_typed_states_of_their_kernel():
         linear.step(x[:, :1], None, cache)
     y0, state = linear.step(x[:, :1], None, None)
     assert isinstance(state, LinearAttentionState) and state.position == 1
+
+
+def test_a_new_encoding_enters_the_layer_through_the_protocol_alone():
+    # an encoding the layer has never heard of: its context from the input x, a decoding state of
+    # its own, a hook on queries and keys; nothing in the layer names it
+    from spe.encodings.spec import EncodingState, LayerEncoding
+
+    class Scaled(LayerEncoding):
+        stateful = True
+
+        def prepare(self, x, positions, state=None, *, key_padding_mask=None):
+            seen = (0 if state is None else state) + x.shape[1]
+            return torch.sigmoid(x.mean(-1)), seen  # context (B, L): a scale per position
+
+        def encode_queries_keys(self, q, k, *, code, context):
+            return q * context[..., None, None], k
+
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(16, 2, attention="softmax", positional=Scaled())
+    plain = MultiHeadAttention(16, 2, attention="softmax")
+    plain.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 5, 16)
+    q, k, v = layer.project(x, None)
+    q0, k0, v0 = plain.project(x, None)
+    torch.testing.assert_close(q, q0 * torch.sigmoid(x.mean(-1))[..., None, None])
+    assert torch.equal(k, k0) and torch.equal(v, v0)
+    y = layer(x)
+    assert (y - plain(x)).abs().max() > 1e-4
+    state, steps = None, []
+    for t in range(5):
+        out, state = layer.step(x[:, t:t + 1], None, state)
+        steps.append(out)
+    assert isinstance(state, EncodingState) and state.encoding == 5 and state.position == 5
+    torch.testing.assert_close(torch.cat(steps, 1), y, rtol=1e-5, atol=1e-6)
