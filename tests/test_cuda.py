@@ -49,6 +49,9 @@ CASES = [
     ("none", "linear", {"decay": "gated"}),
     ("sinespe", "linear", {"decay": "gated"}),
     ("sinespe", "linear-elu", {"decay": "gated-channel", "short_conv": 4}),
+    ("sinespe", "linear", {"decay": "gated", "spe_time": "learned"}),  # issue 39: learned time
+    ("sinespe", "performer", {"spe_time": "learned"}),
+    ("rope", "linear-elu", {"rope_time": "learned", "decay": "gated-channel"}),
 ]
 
 
@@ -63,7 +66,12 @@ def _model(pos, att, extra):
     cfg = ModelConfig(vocab_size=50, d_model=32, num_layers=2, num_heads=2, d_ff=64, dropout=0.0,
                       positional=pos, attention=att, num_realizations=8, num_sines=2, kernel_size=6,
                       num_features=16, chunk_size=8, max_distance=6, max_positions=64, **extra)
-    return DecoderLM(cfg).eval()
+    model = DecoderLM(cfg).eval()
+    with torch.no_grad():  # learned clocks (issue 39) away from the index clock they start at
+        for name, p in model.named_parameters():
+            if ".clock." in name:
+                p.normal_(0.0, 0.5)
+    return model
 
 
 def _pair(case):
@@ -116,7 +124,7 @@ def test_cuda_recurrent_decoding_equals_the_parallel_forward(case):
     torch.testing.assert_close(torch.stack(steps, 1), parallel, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[11], CASES[13]], ids=_ids)
+@pytest.mark.parametrize("case", [CASES[0], CASES[11], CASES[13], CASES[-3]], ids=_ids)
 def test_bf16_autocast_moves_the_loss_by_bf16_rounding_only(case):
     _, fast = _pair(case)
     fast.train()

@@ -257,3 +257,25 @@ def test_the_option_is_the_encodings_checked_and_recorded_in_checkpoints(tmp_pat
     old = ModelConfig.from_dict({k: v for k, v in model.config.to_dict().items() if k not in ("rope_time", "spe_time")})
     assert old.rope_time == "index" and isinstance(DecoderLM(old).blocks[0].attn.rotary, RotaryEncoding)
     assert not isinstance(DecoderLM(old).blocks[0].attn.rotary, LearnedTimeRotary)
+
+
+@pytest.mark.parametrize("positional,extra", [("sinespe", ["--spe-time", "learned", "--decay", "gated"]),
+                                              ("rope", ["--rope-time", "learned", "--attention", "linear"])])
+@pytest.mark.slow
+def test_spe_train_trains_learned_time_and_generates_from_its_checkpoint(midi_folder, tmp_path, positional, extra):
+    from spe.checkpoint import load_metadata
+    from spe.lab.cli.main import main
+
+    run = tmp_path / positional
+    tiny = ["--seq-len", "16", "--batch-size", "2", "--d-model", "16", "--num-layers", "1", "--num-heads", "2",
+            "--eval-every", "2", "--threads", "1", "--steps", "3", "--no-progress"]
+    with pytest.warns(UserWarning, match="broken.mid"):
+        assert main(["train", "--data", str(midi_folder), "--cache-dir", str(tmp_path / "cache"), "--out", str(run),
+                     "--positional", positional, *extra, *tiny]) == 0
+    config = load_metadata(run)["config"]
+    assert config["spe_time" if positional == "sinespe" else "rope_time"] == "learned"
+    assert main(["generate", "--checkpoint", str(run), "--length", "40", "--out", str(tmp_path / "new.mid"),
+                 "--no-progress"]) == 0
+    with pytest.raises(SystemExit) as refused:  # argparse: one line, exit 2
+        main(["train", "--data", str(midi_folder), "--out", str(tmp_path / "bad"), "--spe-time", "onset", *tiny])
+    assert refused.value.code == 2
