@@ -198,8 +198,8 @@ def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None,
 
     q̂[b, m] = Σ_{d,j} x_d Ω_j(τ_bmh) (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4} with Ω the cos/sin of
     2π f_dk τ (+ θ_dk for queries), the phases reduced modulo 2π in float64
-    (:func:`~spe.ops.phases.sine_phase`). The code is no longer shared by the batch: this forms
-    the (B, L, H, D, 2K) features Ω (kept for backward) and costs B·L·H·D·2K·R multiply-adds,
+    (as :func:`~spe.ops.phases.sine_phase`). The code is no longer shared by the batch: this forms
+    the (B, L, H, D, K) cos and sin features (kept for backward) and costs B·L·H·D·2K·R multiply-adds,
     the fused index form's (:func:`~spe.encodings.filter.apply_sine_code_fused`), instead of
     the materialised form's L·H·D·2K·R + B·L·H·D·R.
 
@@ -216,15 +216,19 @@ def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None,
         (B, L, H, R) in x's dtype.
     """
     b, n, h, d = x.shape
-    two_k, r = weights.shape[-2], weights.shape[-1]
+    k, r = weights.shape[-2] // 2, weights.shape[-1]
     scale = (d * r) ** -0.25
-    angle = sine_phase(frequencies, times)  # (B, L, H, D, K)
+    # f·τ reduced modulo 1 in float64 (frac: x − trunc(x), unit gradient; cos and sin do not see
+    # the integer removed), then 2π in float32: the phase's error stays ~2π·6e-8 whatever τ
+    angle = torch.frac(times.double()[..., None, None] * frequencies.double()).to(frequencies.dtype) * (2 * math.pi)
     if phases is not None:
         angle = angle + phases
-    omega = torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1).flatten(-2)  # (B, L, H, D, 2K)
-    xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
-    y = (xs[..., None] * omega.to(x.dtype)).flatten(-2)  # (B, L, H, D·2K)
-    out = torch.einsum("blhj,hjr->blhr", y, (weights * scale).to(x.dtype).reshape(h, d * two_k, r))
+    xs = (x if gate is None else _scaled(x, torch.sqrt(1 - gate)))[..., None]  # (B, L, H, D, 1)
+    # the cos and sin halves of the code's weights (interleaved along 2K) apart: no (B, L, H, D, 2K) copy
+    w = (weights * scale).to(x.dtype).view(h, d, k, 2, r)
+    cos, sin = (torch.einsum("blhdk,hdkr->blhr", xs * trig(angle).to(x.dtype), w[:, :, :, i])
+                for i, trig in enumerate((torch.cos, torch.sin)))
+    out = cos + sin
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
