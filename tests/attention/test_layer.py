@@ -96,3 +96,25 @@ def test_a_new_encoding_enters_the_layer_through_the_protocol_alone():
         steps.append(out)
     assert isinstance(state, EncodingState) and state.encoding == 5 and state.position == 5
     torch.testing.assert_close(torch.cat(steps, 1), y, rtol=1e-5, atol=1e-6)
+
+
+def test_an_encoding_that_forms_softmax_itself_may_take_the_layers_gate():
+    # an encoding replacing softmax attention (as PaTH-FoX will) gets the gate from x through its term
+    from spe.encodings.spec import ScoreEncoding
+    from spe.ops.softmax import softmax_attention
+
+    class OwnSoftmax(ScoreEncoding):
+        causal = True
+        takes_gate = True
+
+        def attend(self, q, k, v, *, query_offset=0, key_padding_mask=None, log_decay=None):
+            return softmax_attention(q, k, v, causal=True, log_decay=log_decay)
+
+    torch.manual_seed(0)
+    own = MultiHeadAttention(16, 2, attention="softmax", positional=OwnSoftmax(), decay="gated")
+    fox = MultiHeadAttention(16, 2, attention="softmax", decay="gated")
+    fox.load_state_dict(own.state_dict())
+    x = torch.randn(2, 6, 16)
+    torch.testing.assert_close(own(x), fox(x))
+    with pytest.raises(ValueError, match="forms itself"):  # a term that does not take it is refused the gate
+        MultiHeadAttention(16, 2, attention="softmax", positional=ALiBi(2), decay="gated")

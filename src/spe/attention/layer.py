@@ -239,7 +239,8 @@ class MultiHeadAttention(nn.Module):
         # a transform that keeps channels together (RoPE's pairs) shares a gate per channel among them
         tie = positional.channel_tie if positional is not None and positional.transforms_features else 1
         check_decay(self.kernel, decay, causal=causal,
-                    score_encoding=type(positional).__name__ if _forms_scores(positional) else None,
+                    score_encoding=(type(positional).__name__
+                                    if _forms_scores(positional) and not positional.takes_gate else None),
                     feature_transform=positional.label if tie == 1 and _transforms(positional) else None)
         self.decay = decay
         if decay == "learned":

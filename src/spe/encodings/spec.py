@@ -59,7 +59,11 @@ class LayerEncoding(nn.Module):
             gate per feature channel then shares; a transform with 1 moves channels by
             position, so it takes no gate per channel.
         forms_scores: the encoding supplies softmax's scores (step 4): softmax only, no
-            window, no positions (index distances), no gate on the logits.
+            window, no positions (index distances), and no gate on the logits unless
+            ``takes_gate``.
+        takes_gate: a score-forming encoding that applies the layer's forget gate on the
+            logits itself (``decay="gated"``; its term's ``attend`` then gets ``log_decay``):
+            an encoding that replaces softmax attention altogether and adds FoX's gate to it.
         stateful: :meth:`prepare` returns a decoding state (a clock's τ): a layer's state
             from the second call on must carry it.
     """
@@ -71,6 +75,7 @@ class LayerEncoding(nn.Module):
     numerator_only: ClassVar[bool] = True
     channel_tie: ClassVar[int] = 1
     forms_scores: ClassVar[bool] = False
+    takes_gate: ClassVar[bool] = False
     stateful: ClassVar[bool] = False
 
     @property
