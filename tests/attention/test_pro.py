@@ -305,3 +305,23 @@ def test_fox_pro_trains_from_the_command_line(midi_folder, tmp_path):
     assert meta["step"] == 2 and all(meta["config"][name] is True for name in PRO_OPTIONS)
     model = checkpoint.load(run).model
     assert model.blocks[0].attn.pro.shift is not None
+
+
+FOX_PRO_ROW = """
+[variants.fox-pro]
+description = "FoX-Pro: FoX + output gate, QK-norm, token shift of k and v, output norm"
+model = { positional = "none", attention = "softmax", decay = "gated", output_gate = true, qk_norm = true, kv_shift = true, output_norm = true }
+"""
+
+
+def test_a_sweep_plan_row_builds_fox_pro(tmp_path):
+    from spe.lab.experiments.sweep import load_plan, variant_config
+
+    path = tmp_path / "fox-pro.toml"
+    path.write_text("seeds = [0]\n" + FOX_PRO_ROW)
+    model = variant_config(load_plan(str(path)), "fox-pro", 0, tmp_path / "out").model_config(vocab_size=30)
+    assert (model.attention, model.decay, model.positional) == ("softmax", "gated", "none")
+    assert all(getattr(model, name) for name in PRO_OPTIONS)
+    path.write_text("seeds = [0]\n" + FOX_PRO_ROW.replace("kv_shift = true", "kv_shift = 1"))
+    with pytest.raises(ValueError, match="fox-pro.*kv_shift"):
+        load_plan(str(path))
