@@ -334,7 +334,7 @@ class MultiHeadAttention(nn.Module):
     def project(self, x: Tensor, code: SPECode | None, *,
                 key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values as the kernel receives them in :meth:`forward` (after the
-        short convolution, if any; before RoPE and feature maps).
+        short convolution and FoX-Pro's shift and QK-norm, if any; before RoPE and feature maps).
 
         Args:
             x: (B, L, C) the layer's input.
