@@ -234,3 +234,34 @@ def test_our_side_of_table_6_is_the_reports_section_1():
     # the intro that recipe.sh writes before the report is this page's
     assert text.startswith((ROOT / "tools" / "docs" / "results_intro.md").read_text(encoding="utf-8"))
 
+
+
+# --- the renderers of docs/ -------------------------------------------------------------------
+
+def _tool(name: str):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools" / "docs"))  # the renderers import their siblings
+    try:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "docs" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "tools" / "docs"))
+
+
+def test_bench_page_shows_no_machine_path(monkeypatch):
+    portable = _tool("bench_doc").portable
+    monkeypatch.chdir(ROOT)
+    assert portable("spe bench --out /elsewhere/runs/bench_final --lengths 512") == \
+        "spe bench --out runs/bench_final --lengths 512"
+    assert portable(f"spe bench --json {ROOT}/x/b.json --out /tmp/b") == "spe bench --json x/b.json --out /tmp/b"
+    assert "/work/" not in (ROOT / "docs" / "bench.md").read_text(encoding="utf-8")
+
+
+def test_plot_lines_are_told_apart_beyond_ten_rows():
+    pytest.importorskip("matplotlib")
+    line_style = _tool("peers_doc").line_style
+    assert len({line_style(i) for i in range(17)}) == 17  # the gates plan's 17 rows
+    assert len({line_style(i) for i in range(100)}) == 100
