@@ -265,3 +265,41 @@ def test_plot_lines_are_told_apart_beyond_ten_rows():
     line_style = _tool("peers_doc").line_style
     assert len({line_style(i) for i in range(17)}) == 17  # the gates plan's 17 rows
     assert len({line_style(i) for i in range(100)}) == 100
+
+
+# --- spreads over seeds ---------------------------------------------------------------------
+
+def _per_seed_rows() -> list[tuple[str, str, list[float]]]:
+    """(page:line, "mean ± std" cell, per-seed values) of every table row with a per-seed column."""
+    rows = []
+    for page in PAGES:
+        header = None
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.startswith("|"):
+                header = None
+                continue
+            cells = _cells(line)
+            if "per seed" in cells:
+                header = cells
+                continue
+            if header is None or cells[0].startswith("---"):
+                continue
+            seeds = cells[header.index("per seed")]
+            spread = next((c for c in cells if re.fullmatch(r"\d+\.\d+ ± \d+\.\d+", c)), None)
+            if spread and re.fullmatch(r"\d+\.\d+(, \d+\.\d+)+", seeds):
+                rows.append((f"{_rel(page)}:{number}", spread, [float(v) for v in seeds.split(", ")]))
+    return rows
+
+
+def test_spreads_are_the_sample_std_of_the_seeds_printed_beside_them():
+    import statistics
+
+    rows = _per_seed_rows()
+    assert len(rows) >= 60  # the ListOps study's and results' tables, the gated rows
+    for where, spread, seeds in rows:
+        mean, std = map(float, spread.split(" ± "))
+        # per-seed values are printed to 0.1: the mean moves by at most 0.05, the sample std by
+        # at most 0.05·√(n/(n − 1)) (< 0.065 for n ≥ 3); a population std (× √((n − 1)/n)) of a
+        # spread above 0.4 is outside that
+        assert abs(statistics.mean(seeds) - mean) <= 0.051, (where, spread, seeds)
+        assert abs(statistics.stdev(seeds) - std) <= 0.065, (where, spread, seeds)
