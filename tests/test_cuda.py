@@ -31,7 +31,7 @@ DEVICE = torch.device(os.environ.get("SPE_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs CUDA")
 
 # (positional, attention, extra options): the main job, the paper's variants, the peers and the
-# gates study's layers (issue 30), each with the kernel its plan row uses.
+# gates study's layers (docs/gates.md), each with the kernel its plan row uses.
 CASES = [
     ("sinespe", "performer", {}),
     ("sinespe", "performer", {"gated": True}),
