@@ -203,6 +203,13 @@ def test_a_variant_evaluates_the_test_split_in_buckets_of_l_up_to_16_l(midi_fold
     run = json.loads((out / "results.json").read_text())["runs"]["ape/seed0"]
     assert run["num_sequences"] == 2
     assert [(b["start"], b["end"]) for b in run["buckets"]] == [(8 * k, 8 * k + 8) for k in range(16)]
+    # the split a study selects on, in the same buckets as far as its pieces reach
+    validation = run["validation"]
+    assert validation["num_sequences"] >= 1 and 8 <= validation["max_length"] <= 128
+    assert [(b["start"], b["end"]) for b in validation["buckets"]] == [
+        (8 * k, 8 * k + 8) for k in range(validation["max_length"] // 8)]
+    assert validation["buckets"][0]["ce"] != run["buckets"][0]["ce"]  # other pieces
+    assert run["train_tokens"] == 2 * 2 * 8 and run["params"] > 1000  # steps × batch × L; the model's
 
 
 @pytest.mark.parametrize(("variants", "message"), [
