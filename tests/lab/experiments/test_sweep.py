@@ -226,12 +226,25 @@ def test_a_plan_evaluating_a_split_its_runs_do_not_hold_is_refused(tmp_path, var
         load_plan(str(bad))
 
 
+GATES_ROWS = {"ape", "fox", "gated", "gated-channel", "linear-gated", "sinespe-gated", "sinespe-linear-gated",
+              "rope-gated", "permute-gated"}
+LEARNED_TIME_ROWS = {"ape", "sinespe", "gated", "gated-channel", "fox", "sinespe-gated-whole",
+                     "sinespe-gated-channel-whole"}
+# the rows of other branches, commented out in the learned-time plans until their options exist
+LEARNED_TIME_LATER = {"foxpro", "path", "path-fox", "rope-learned", "rope-learned-gated", "sinespe-onset",
+                      "sinespe-learned", "sinespe-learned-gated", "sinespe-learned-gated-channel",
+                      "sinespe-learned-linear-gated"}
+SIXTEEN_X_PLANS = [("gates", 64, GATES_ROWS), ("gates-palestrina", 256, GATES_ROWS),
+                   ("learned-time", 64, LEARNED_TIME_ROWS), ("learned-time-palestrina", 256, LEARNED_TIME_ROWS)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("plan_name,length", [("gates", 64), ("gates-palestrina", 256)])
-def test_every_gates_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan_name, length):
-    """The gates study: every row builds, is evaluated on the held-out test split in buckets of
-    L up to 16 L, and a shrunken copy of its model runs 16 L positions (the test pieces' length)
-    with step-by-step decoding equal to the parallel forward where it matters, at the end."""
+@pytest.mark.parametrize("plan_name,length,rows", SIXTEEN_X_PLANS)
+def test_every_16x_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan_name, length, rows):
+    """The gates and learned-time studies: every row builds, is evaluated on the held-out test split
+    in buckets of L up to 16 L, and a shrunken copy of its model runs 16 L positions (the test
+    pieces' length) with step-by-step decoding equal to the parallel forward where it matters, at
+    the end."""
     import dataclasses
 
     import torch
@@ -240,8 +253,7 @@ def test_every_gates_variant_builds_and_decodes_its_16x_test_length(tmp_path, pl
     from spe.models import DecoderLM
 
     plan = load_plan(plan_name)
-    assert {"ape", "fox", "gated", "gated-channel", "linear-gated", "sinespe-gated", "sinespe-linear-gated",
-            "rope-gated", "permute-gated"} <= set(plan.variants)
+    assert rows <= set(plan.variants)
     for name, spec in plan.variants.items():
         cfg = variant_config(plan, name, 0, tmp_path)
         assert (cfg.seq_len, cfg.test_min_tokens) == (length, 16 * length + 1), name
@@ -276,3 +288,44 @@ def test_the_table_gives_the_sample_std_over_seeds_and_a_dash_for_one_seed():
     lines = {line.split(" | ")[0]: line for line in results_table(doc, plan) if line.startswith("| ")}
     assert "| 2.333 ± 1.528 | 3.000 ± 1.000 | +50.0 ± 50.0 % | +0.0% |" in lines["| ape"]
     assert "| 1.500 ± – | 3.000 ± – | +100.0 ± – % | -35.7% |" in lines["| rope"]
+
+
+@pytest.mark.parametrize("plan_name,length", [("learned-time", 64), ("learned-time-palestrina", 256)])
+def test_every_learned_time_row_states_the_window_it_trains_with(tmp_path, plan_name, length):
+    """Each description says "window: L" or "window: whole past", and the resolved model has that
+    window: sineSPE alone keeps L (as in docs/gates.md), sineSPE under a gate attends to the whole
+    past like the gate rows (the confound of docs/gates.md removed)."""
+    from spe.lab.experiments.sweep import variant_config
+    from spe.lab.train.config import resolve_model_options
+
+    plan = load_plan(plan_name)
+    assert set(plan.variants) == LEARNED_TIME_ROWS and plan.seeds == [0, 1, 2]
+    for name, spec in plan.variants.items():
+        cfg = variant_config(plan, name, 0, tmp_path)
+        window = resolve_model_options(cfg.model, cfg.seq_len).get("attention_window") or None
+        said = spec["description"].rsplit("window: ", 1)[1]
+        assert said.startswith("whole past" if window is None else "L"), (name, window, said)
+        assert window in (None, length), name
+    assert "window: L" in plan.variants["sinespe"]["description"]
+    assert variant_config(plan, "fox", 0, tmp_path).data == (
+        "music21:palestrina/2" if plan_name.endswith("palestrina") else None)
+
+
+@pytest.mark.parametrize("plan_name", ["learned-time", "learned-time-palestrina"])
+def test_the_commented_rows_of_other_branches_are_plan_toml_once_uncommented(plan_name):
+    """The lead uncomments them with `sed 's/^#+ //'` after the merge: they must then be tables of
+    the plan with a description that states the window and a model table."""
+    import tomllib
+
+    from spe.lab.plans import packaged_plans
+    from spe.lab.experiments.sweep import SWEEP_FORMAT
+
+    text = packaged_plans(SWEEP_FORMAT)[plan_name].read_text()
+    uncommented = tomllib.loads("\n".join(line[3:] if line.startswith("#+ ") else line for line in text.splitlines()))
+    later = {k: v for k, v in uncommented["variants"].items() if k not in LEARNED_TIME_ROWS}
+    assert set(later) == LEARNED_TIME_LATER
+    for name, row in later.items():
+        assert "window: whole past" in row["description"] and row["model"]["positional"], name
+    assert later["foxpro"]["model"].items() >= {"output_gate": True, "qk_norm": True, "kv_shift": True}.items()
+    assert later["path-fox"]["model"]["decay"] == "gated" and later["path"]["model"]["attention"] == "softmax"
+    assert later["sinespe-learned-linear-gated"]["model"]["attention"] == "linear"
