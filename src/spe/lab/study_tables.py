@@ -13,7 +13,8 @@ The part, per study:
   64 L present), the one-sided Welch p-value against the best in the first and last shown
   buckets, best-group cells in bold, the growth from the first to the last shown bucket
   (cross-entropy only: last / first − 1 per seed, then mean ± std) and the buckets where the
-  row needs 5 seeds. Rows sorted by their mean in the last shown bucket.
+  row needs 5 seeds. Rows sorted by their mean in the last shown bucket, rows of one seed
+  (untested) after the others.
 * **Every other split (reported)**: the same rows in the same order, mean ± std and growth,
   no test and no mark: nothing is chosen on it.
 * The best groups and the rows that need 5 seeds in words, the training tokens, and the plot
@@ -31,7 +32,7 @@ from pathlib import Path
 from spe.lab.stats import format_mean_std, mean_and_std
 from spe.lab.study_rules import ALPHA, MORE_SEEDS, SELECTION_SPLIT, better, select
 
-__all__ = ["BLOCK", "drifted_blocks", "plot_study", "render_study", "replace_blocks", "shown_buckets",
+__all__ = ["BLOCK", "drifted_blocks", "image_link", "line_style", "plot_study", "render_study", "replace_blocks", "shown_buckets",
            "study_blocks"]
 
 BLOCK = re.compile(r"<!-- table:(?P<name>[A-Za-z0-9._-]+) -->\n(?P<body>.*?)<!-- /table -->", re.S)
@@ -89,9 +90,11 @@ def _growth(by_bucket: dict, first, last, variant: str) -> str:
 
 
 def _order(rows: list[str], last: dict, metric: str) -> list[str]:
+    """Rows of two seeds or more by their mean in the last bucket (best first), then rows of one
+    seed (untested) likewise, then rows without a value there, in the order given."""
     sign = 1 if better(metric) == "lower" else -1
     scored = [n for n in rows if last.get(n)]
-    ranked = sorted(scored, key=lambda n: sign * mean_and_std(last[n].values())[0])
+    ranked = sorted(scored, key=lambda n: (len(last[n]) < 2, sign * mean_and_std(last[n].values())[0]))
     return ranked + [n for n in rows if n not in ranked]
 
 
@@ -170,7 +173,7 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None) -
               for b in dict.fromkeys((shown[0], shown[-1]))}
     rows = [*meta["rows"], *sorted({r["variant"] for r in records} - set(meta["rows"]))]
     order = _order(rows, validation[shown[-1]], metric)
-    what = ("cross-entropy (nats/token) of the first positions of each piece, by position bucket"
+    what = ("cross-entropy (nats/token) by bucket of positions"
             if metric == "cross_entropy" else "accuracy (%) at each evaluated sequence length N")
     lines = [f"**{meta['title']}** ({meta['corpus_or_task']}; L = {meta['train_length']}).", "", "```bash",
              meta["command"], "```", "",
@@ -216,6 +219,20 @@ def drifted_blocks(doc: Path, render) -> list[str]:
     return [name for name, body in study_blocks(doc.read_text()).items() if body != render(name, doc)]
 
 
+def line_style(i: int) -> tuple[str, str, str]:
+    """(colour, line style, marker) of the ``i``-th row of a plot: the 10 dark then the 10 light
+    colours of matplotlib's tab20, with 4 line styles and 7 markers cycling beside them, so that
+    rows apart in the legend differ in more than one way (60 distinct triples at least)."""
+    dark_light = (2 * i) % 20 + (i // 10) % 2
+    return _TAB20[dark_light], ("-", "--", ":", "-.")[i % 4], "osv^DPX"[i % 7]
+
+
+# matplotlib's tab20 (Vega's category20), dark/light pairs, as hex: no matplotlib import to name them
+_TAB20 = ("#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
+          "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d",
+          "#17becf", "#9edae5")
+
+
 def plot_study(records: list[dict], meta: dict, png: Path) -> None:
     """Mean over seeds against position (bucket centre) or length, on a log axis, one panel per
     split, one line per row: 20 colours × 4 line styles × 7 markers keep 17+ rows apart."""
@@ -227,7 +244,6 @@ def plot_study(records: list[dict], meta: dict, png: Path) -> None:
     values, metric = _values(records), meta["metric"]
     splits = [SELECTION_SPLIT, *sorted(s for s in values if s != SELECTION_SPLIT)]
     rows = [*meta["rows"], *sorted({r["variant"] for r in records} - set(meta["rows"]))]
-    colours, styles, markers = plt.get_cmap("tab20").colors, ["-", "--", ":", "-."], "osv^DPX"
     fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits) + 2.5, 4.4), sharey=True, squeeze=False)
     for ax, split in zip(axes[0], splits):
         for i, name in enumerate(rows):
@@ -235,8 +251,9 @@ def plot_study(records: list[dict], meta: dict, png: Path) -> None:
                       for a, b in sorted(values[split])]
             points = [(x, mean_and_std(v)[0] * (100 if metric == "accuracy" else 1)) for x, v in points if v]
             if points:
-                ax.plot(*zip(*points), color=colours[(2 * i) % 20 + (i // 10) % 2], linestyle=styles[i % 4],
-                        marker=markers[i % 7], markersize=4, linewidth=1.3, label=name)
+                colour, style, marker = line_style(i)
+                ax.plot(*zip(*points), color=colour, linestyle=style, marker=marker, markersize=4, linewidth=1.3,
+                        label=name)
         ax.set_xscale("log", base=2)
         ax.axvline(meta["train_length"], color="grey", linewidth=0.8)
         ax.set_title(f"{split}{' (selection)' if split == SELECTION_SPLIT else ' (reported)'}", fontsize=10)
