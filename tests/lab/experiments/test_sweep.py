@@ -210,6 +210,16 @@ def test_a_variant_evaluates_the_test_split_in_buckets_of_l_up_to_16_l(midi_fold
         (8 * k, 8 * k + 8) for k in range(validation["max_length"] // 8)]
     assert validation["buckets"][0]["ce"] != run["buckets"][0]["ce"]  # other pieces
     assert run["train_tokens"] == 2 * 2 * 8 and run["params"] > 1000  # steps × batch × L; the model's
+    # a record from before the validation buckets is evaluated again, not trained again
+    stored = out / "ape" / "seed0" / "result.json"
+    stamp = (out / "ape" / "seed0" / "model.safetensors").stat().st_mtime_ns
+    stored.write_text(json.dumps({k: v for k, v in json.loads(stored.read_text()).items() if k != "validation"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["sweep", "--plan", str(plan), "--out", str(out), "--data", str(midi_folder),
+                     "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
+    assert json.loads(stored.read_text())["validation"] == validation
+    assert (out / "ape" / "seed0" / "model.safetensors").stat().st_mtime_ns == stamp
 
 
 @pytest.mark.parametrize(("variants", "message"), [
