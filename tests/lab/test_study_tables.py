@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spe.lab.study_data import FIELDS, check_record, read_study, sweep_study, synth_study, write_study
+from spe.lab.study_data import FIELDS, check_record, read_study, sweep_study, synth_folder_results, synth_study, \
+    write_study
 from spe.lab.study_tables import drifted_blocks, line_style, plot_study, render_study, replace_blocks, study_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,3 +191,30 @@ def test_blocks_are_found_by_name():
     assert study_blocks(text) == {"one": "A\n", "two-2": "B\n"}
     assert study_blocks(replace_blocks(text, {"two-2": "C\n"})) == {"one": "A\n", "two-2": "C\n"}
     assert math.isnan(check_record({**_records()[0], "value": None})["value"])
+
+
+def test_a_synth_plan_folder_becomes_validation_at_l_and_a_test_split_per_distribution(tmp_path):
+    """The layout of ``spe synth --plan``: OUT/ROW/config.json, OUT/ROW/seedK/result.json with the
+    validation accuracy at L and test accuracies per distribution and length."""
+    from spe.lab.plans import write_result
+
+    for row, window, acc in (("sinespe", 64, 0.9), ("fox", None, 0.99)):
+        (tmp_path / row).mkdir()
+        (tmp_path / row / "config.json").write_text(json.dumps(
+            {"task": "flip-flop", "train_length": 64, "model": {"attention_window": window}}))
+        for seed in (0, 1):
+            test = {d: {str(n): {"accuracy": acc - n / 1e5 + seed / 100, "targets": 10} for n in (64, 256, 4096)}
+                    for d in ("sparse", "dense")}
+            test["dense"]["4096"]["accuracy"] = None  # no target drawn at that length: left out
+            write_result(tmp_path / row / f"seed{seed}", {"task": "flip-flop", "seed": seed, "train_tokens": 99,
+                                                           "params": 7, "val_accuracy": acc + seed / 100, "test": test})
+    runs, rows = synth_folder_results(tmp_path, descriptions={"fox": "FoX"})
+    assert rows == {"fox": {"description": "FoX", "window": "whole past"},
+                    "sinespe": {"description": "sinespe", "window": "L = 64"}}
+    records, meta = synth_study(runs, study="ff", title="Flip-flop", command="spe synth --plan x", rows=rows)
+    splits = {(r["split"], r["bucket_start"]) for r in records}
+    assert splits == {("validation", 64), *(("test-sparse", n) for n in (64, 256, 4096)),
+                      ("test-dense", 64), ("test-dense", 256)}
+    text = render_study(records, meta)
+    assert _line(text, "| fox |").startswith("| fox | whole past | 2 | 0.00 M | **99.5 ± 0.7** | best |")
+    assert "Test-sparse split (reported only" in text and "N = 4,096 %" in text

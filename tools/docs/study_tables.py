@@ -6,9 +6,9 @@ spe.lab.study_data, spe.lab.study_tables. Commands (from the repository root)::
     # runs -> docs/data/STUDY.jsonl + STUDY.meta.json (a finished `spe sweep` folder)
     python tools/docs/study_tables.py write --plan learned-time --runs runs/learned-time/bach \
         --study learned-time-bach --corpus "Bach chorales"
-    # `spe synth` results (JSON files, each one run's result) -> the same files
-    python tools/docs/study_tables.py write-synth --results runs/synth/flip-flop --study flip-flop \
-        --title "Flip-flop language modelling" --command "spe synth --task flip-flop ..."
+    # a `spe synth --plan` folder (OUT/ROW/config.json, OUT/ROW/seedK/result.json) -> the same files
+    python tools/docs/study_tables.py write-synth --plan learned-time-flip-flop \
+        --runs runs/synth/flip-flop --study learned-time-flip-flop
     # docs/data -> every <!-- table:STUDY --> block in docs/*.md and docs/study/STUDY.png
     python tools/docs/study_tables.py
     # the blocks that differ from their data (exit 1 if any; writes nothing)
@@ -20,12 +20,11 @@ spe.lab.study_data, spe.lab.study_tables. Commands (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
-from spe.lab.study_data import read_study, sweep_study, synth_study, write_study
+from spe.lab.study_data import read_study, sweep_study, synth_folder_results, synth_study, write_study
 from spe.lab.study_rules import SELECTION_SPLIT, top_rows
 from spe.lab.study_tables import drifted_blocks, image_link, plot_study, render_study, replace_blocks, \
     shown_buckets, study_blocks
@@ -84,9 +83,16 @@ def cmd_write(args) -> int:
 
 
 def cmd_write_synth(args) -> int:
-    results = [json.loads(p.read_text()) for p in sorted(Path(args.results).rglob("*.json"))]
-    results = [r for r in results if isinstance(r, dict) and "results" in r and "variant" in r]
-    records, meta = synth_study(results, study=args.study, title=args.title, command=args.command)
+    descriptions, title = {}, args.title
+    if args.plan:  # the rows' descriptions and the title from the packaged synth plan
+        from spe.lab.synth.study import load_synth_plan
+
+        plan = load_synth_plan(args.plan)
+        descriptions, title = {n: r["description"] for n, r in plan.rows.items()}, title or plan.title
+    runs, rows = synth_folder_results(args.runs, descriptions=descriptions)
+    command = args.command or shlex.join(["spe", "synth", *(["--plan", args.plan] if args.plan else []),
+                                          "--out", args.runs])
+    records, meta = synth_study(runs, study=args.study, title=title or args.study, command=command, rows=rows)
     for path in write_study(args.data_dir, records, meta):
         print(f"wrote {path}")
     return 0
@@ -122,9 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--data", help="the sweep's --data, if any (written into the command)")
     w.add_argument("--command", help="the command that made the runs (default: spe sweep with these options)")
     w.add_argument("--data-dir", default=str(DATA))
-    s = sub.add_parser("write-synth", help="spe synth results (JSON files) -> docs/data/STUDY.jsonl and meta")
-    for flag in ("--results", "--study", "--title", "--command"):
-        s.add_argument(flag, required=True)
+    s = sub.add_parser("write-synth", help="a spe synth --plan folder -> docs/data/STUDY.jsonl and meta")
+    s.add_argument("--runs", required=True, help="the plan's --out folder (OUT/ROW/seedK/result.json)")
+    s.add_argument("--study", required=True)
+    s.add_argument("--plan", help="the synth plan (rows' descriptions, title)")
+    s.add_argument("--title")
+    s.add_argument("--command", help="the command that made the runs (default: spe synth --plan P --out RUNS)")
     s.add_argument("--data-dir", default=str(DATA))
     f = sub.add_parser("four-best", help="print the spe sweep command of the longer-budget point")
     f.add_argument("--study", required=True)

@@ -28,8 +28,8 @@ longer-budget command is written), and ``rows``: row -> ``{"description", "windo
 plan's order (the window in words: ``"L = 64"``, ``"whole past"``).
 
 **Sources.** :func:`sweep_study` reads a ``spe sweep`` folder (each run's ``result.json``: its
-eval split's ``buckets`` and, for the test split, ``validation``). :func:`synth_study` reads
-``spe synth`` results (see its docstring for the input it expects).
+eval split's ``buckets`` and, for the test split, ``validation``). :func:`synth_folder_results` reads a ``spe synth --plan`` folder and
+:func:`synth_study` turns runs (its docstring gives the input it expects) into records.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from spe.checkpoint import atomic_write
 from spe.lab import plans
 from spe.lab.study_rules import METRICS
 
-__all__ = ["FIELDS", "check_record", "read_study", "sweep_study", "synth_study", "window_words", "write_study"]
+__all__ = ["FIELDS", "check_record", "read_study", "sweep_study", "synth_folder_results", "synth_study", "window_words",
+           "write_study"]
 
 FIELDS = ("study", "corpus_or_task", "variant", "seed", "split", "bucket_start", "bucket_end", "value", "metric",
           "train_tokens", "params")
@@ -230,3 +231,37 @@ def synth_study(results: Iterable[dict], *, study: str, title: str, command: str
     rows = {n: (rows or {}).get(n, {"description": n, "window": ""}) for n in names}
     return records, {"study": study, "title": title, "command": command, "corpus_or_task": tasks.pop(),
                      "metric": "accuracy", "train_length": lengths.pop(), "rows": rows}
+
+
+def synth_folder_results(out: str | Path, *, descriptions: dict[str, str] | None = None) -> tuple[list[dict], dict]:
+    """The runs of a ``spe synth --plan`` folder in :func:`synth_study`'s input, and its rows' meta.
+
+    The folder holds one experiment per row, ``OUT/ROW/config.json`` (the row's options:
+    ``task``, ``train_length``, ``model`` with its resolved ``attention_window``) and
+    ``OUT/ROW/seedK/result.json`` per finished seed (``seed``, ``train_tokens``, ``params``,
+    ``val_accuracy``: the validation split at the training length, and ``test``: distribution ->
+    length -> ``{"accuracy", ...}``). The validation accuracy becomes split ``validation`` at
+    length L, each test distribution split ``test-DISTRIBUTION``; a length without targets
+    (accuracy null) is left out.
+
+    Args:
+        out: the plan's folder.
+        descriptions: row -> description (default: the row's name).
+
+    Returns:
+        (runs, rows): the runs, and row -> ``{"description", "window"}``.
+    """
+    runs, rows = [], {}
+    for config_file in sorted(Path(out).glob("*/config.json")):
+        row, config = config_file.parent.name, json.loads(config_file.read_text())
+        length = config["train_length"]
+        rows[row] = {"description": (descriptions or {}).get(row, row),
+                     "window": window_words(config.get("model", {}).get("attention_window"), length)}
+        for seed, result in plans.read_results(config_file.parent).items():
+            cells = [{"split": "validation", "length": length, "accuracy": result.get("val_accuracy")}]
+            cells += [{"split": f"test-{dist}", "length": int(n), "accuracy": cell.get("accuracy")}
+                      for dist, by_length in result.get("test", {}).items() for n, cell in by_length.items()]
+            runs.append({"task": config["task"], "variant": row, "seed": seed, "train_length": length,
+                         "train_tokens": result["train_tokens"], "params": result["params"],
+                         "results": [c for c in cells if c["accuracy"] is not None]})
+    return runs, rows
