@@ -106,7 +106,8 @@ def four_best_command(records: list[dict], meta: dict, *, k: int = 4, factor: in
     values = {}
     for r in records:
         if r["split"] == SELECTION_SPLIT:
-            values.setdefault((r["bucket_start"], r["bucket_end"]), {}).setdefault(r["variant"], []).append(r["value"])
+            bucket = values.setdefault((r["bucket_start"], r["bucket_end"]), {})
+            bucket.setdefault(r["variant"], []).append(r["value"])
     last = shown_buckets(list(values), meta["metric"], meta["train_length"])[-1]
     rows = top_rows(values[last], meta["metric"], k)
     parts = shlex.split(meta["command"])
@@ -118,9 +119,10 @@ def four_best_command(records: list[dict], meta: dict, *, k: int = 4, factor: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="report blocks that differ from docs/data; write nothing")
+    parser.add_argument("--check", action="store_true",
+                        help="report blocks that differ from docs/data; write nothing")
     sub = parser.add_subparsers(dest="cmd")
-    w = sub.add_parser("write", help="a finished spe sweep folder -> docs/data/STUDY.jsonl and STUDY.meta.json")
+    w = sub.add_parser("write", help="a finished spe sweep folder -> docs/data/STUDY.jsonl and .meta.json")
     w.add_argument("--plan", required=True)
     w.add_argument("--runs", required=True, help="the sweep's --out folder")
     w.add_argument("--study", required=True)
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--study", required=True)
     s.add_argument("--plan", help="the synth plan (rows' descriptions, title)")
     s.add_argument("--title")
-    s.add_argument("--command", help="the command that made the runs (default: spe synth --plan P --out RUNS)")
+    s.add_argument("--command", help="the command that made the runs (default: spe synth --plan P --out R)")
     s.add_argument("--data-dir", default=str(DATA))
     f = sub.add_parser("four-best", help="print the spe sweep command of the longer-budget point")
     f.add_argument("--study", required=True)

@@ -28,8 +28,8 @@ longer-budget command is written), and ``rows``: row -> ``{"description", "windo
 plan's order (the window in words: ``"L = 64"``, ``"whole past"``).
 
 **Sources.** :func:`sweep_study` reads a ``spe sweep`` folder (each run's ``result.json``: its
-eval split's ``buckets`` and, for the test split, ``validation``). :func:`synth_folder_results` reads a ``spe synth --plan`` folder and
-:func:`synth_study` turns runs (its docstring gives the input it expects) into records.
+eval split's ``buckets`` and, for the test split, ``validation``). :func:`synth_folder_results`
+reads a ``spe synth --plan`` folder and :func:`synth_study` turns runs (its docstring gives the input it expects) into records.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from spe.checkpoint import atomic_write
 from spe.lab import plans
 from spe.lab.study_rules import METRICS
 
-__all__ = ["FIELDS", "check_record", "read_study", "sweep_study", "synth_folder_results", "synth_study", "window_words",
-           "write_study"]
+__all__ = ["FIELDS", "check_record", "read_study", "sweep_study", "synth_folder_results", "synth_study",
+           "window_words", "write_study"]
 
-FIELDS = ("study", "corpus_or_task", "variant", "seed", "split", "bucket_start", "bucket_end", "value", "metric",
-          "train_tokens", "params")
+FIELDS = ("study", "corpus_or_task", "variant", "seed", "split", "bucket_start", "bucket_end", "value",
+          "metric", "train_tokens", "params")
 _INTS = ("seed", "bucket_start", "bucket_end", "train_tokens", "params")
 
 
@@ -65,7 +65,8 @@ def check_record(record: dict, where: str = "record") -> dict:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{where}: {key} must be an integer ≥ 0, got {value!r}")
     if record["bucket_end"] < record["bucket_start"]:
-        raise ValueError(f"{where}: bucket_end {record['bucket_end']} < bucket_start {record['bucket_start']}")
+        raise ValueError(f"{where}: bucket_end {record['bucket_end']} < bucket_start "
+                         f"{record['bucket_start']}")
     if record["metric"] not in METRICS:
         raise ValueError(f"{where}: metric must be one of {', '.join(METRICS)}, got {record['metric']!r}")
     for key in ("study", "corpus_or_task", "variant", "split"):
@@ -117,7 +118,8 @@ def write_study(folder: str | Path, records: Iterable[dict], meta: dict) -> tupl
     folder.mkdir(parents=True, exist_ok=True)
     jsonl, meta_path = folder / f"{study}.jsonl", folder / f"{study}.meta.json"
     atomic_write(jsonl, lambda tmp: Path(tmp).write_text("".join(_line(r) + "\n" for r in records)))
-    atomic_write(meta_path, lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n"))
+    meta_text = json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
+    atomic_write(meta_path, lambda tmp: Path(tmp).write_text(meta_text))
     return jsonl, meta_path
 
 
@@ -191,8 +193,8 @@ def sweep_study(plan, out: str | Path, *, study: str, corpus: str, command: str)
             if result.get("validation"):
                 splits["validation"] = result["validation"]["buckets"]
             for split, buckets in splits.items():
-                records += [{"study": study, "corpus_or_task": corpus, "variant": name, "seed": seed, "split": split,
-                             "bucket_start": b["start"], "bucket_end": b["end"],
+                records += [{"study": study, "corpus_or_task": corpus, "variant": name, "seed": seed,
+                             "split": split, "bucket_start": b["start"], "bucket_end": b["end"],
                              "value": math.nan if b["ce"] is None else b["ce"], "metric": "cross_entropy",
                              "train_tokens": tokens, "params": params} for b in buckets]
     if not records:
@@ -224,8 +226,8 @@ def synth_study(results: Iterable[dict], *, study: str, title: str, command: str
         raise ValueError(f"a study holds one task at one training length; got tasks {sorted(tasks)}, "
                          f"training lengths {sorted(lengths)}")
     records = [{"study": study, "corpus_or_task": r["task"], "variant": r["variant"], "seed": r["seed"],
-                "split": e["split"], "bucket_start": e["length"], "bucket_end": e["length"], "value": e["accuracy"],
-                "metric": "accuracy", "train_tokens": r["train_tokens"], "params": r["params"]}
+                "split": e["split"], "bucket_start": e["length"], "bucket_end": e["length"],
+                "value": e["accuracy"], "metric": "accuracy", "train_tokens": r["train_tokens"], "params": r["params"]}
                for r in results for e in r["results"]]
     names = list(dict.fromkeys(r["variant"] for r in results))
     rows = {n: (rows or {}).get(n, {"description": n, "window": ""}) for n in names}
@@ -233,7 +235,8 @@ def synth_study(results: Iterable[dict], *, study: str, title: str, command: str
                      "metric": "accuracy", "train_length": lengths.pop(), "rows": rows}
 
 
-def synth_folder_results(out: str | Path, *, descriptions: dict[str, str] | None = None) -> tuple[list[dict], dict]:
+def synth_folder_results(out: str | Path, *,
+                         descriptions: dict[str, str] | None = None) -> tuple[list[dict], dict]:
     """The runs of a ``spe synth --plan`` folder in :func:`synth_study`'s input, and its rows' meta.
 
     The folder holds one experiment per row, ``OUT/ROW/config.json`` (the row's options:

@@ -168,7 +168,8 @@ class Selection:
     @property
     def group(self) -> list[str]:
         """The best group, best first, then by mean (best to worst)."""
-        ranked = sorted((r for r in self.rows.values() if r.in_group), key=lambda r: _rank(r.mean, self.metric))
+        members = (r for r in self.rows.values() if r.in_group)
+        ranked = sorted(members, key=lambda r: _rank(r.mean, self.metric))
         return [r.name for r in ranked]
 
     @property

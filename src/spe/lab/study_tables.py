@@ -32,8 +32,8 @@ from pathlib import Path
 from spe.lab.stats import format_mean_std, mean_and_std
 from spe.lab.study_rules import ALPHA, MORE_SEEDS, SELECTION_SPLIT, better, select
 
-__all__ = ["BLOCK", "drifted_blocks", "image_link", "line_style", "plot_study", "render_study", "replace_blocks", "shown_buckets",
-           "study_blocks"]
+__all__ = ["BLOCK", "drifted_blocks", "image_link", "line_style", "plot_study", "render_study", "replace_blocks",
+           "shown_buckets", "study_blocks"]
 
 BLOCK = re.compile(r"<!-- table:(?P<name>[A-Za-z0-9._-]+) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 SHOWN_MULTIPLES = {"cross_entropy": (0, 3, 15), "accuracy": (1, 4, 16, 64)}  # bucket starts / lengths, × L
@@ -166,7 +166,8 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None) -
     """
     metric, values = meta["metric"], _values(records)
     if SELECTION_SPLIT not in values:
-        raise ValueError(f"study {meta['study']!r} holds no {SELECTION_SPLIT} split: its rows cannot be selected")
+        raise ValueError(f"study {meta['study']!r} holds no {SELECTION_SPLIT} split: "
+                         "its rows cannot be selected")
     validation = values[SELECTION_SPLIT]
     shown = shown_buckets(list(validation), metric, meta["train_length"])
     groups = {b: select({n: list(s.values()) for n, s in validation[b].items()}, metric)
@@ -177,14 +178,16 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None) -
             if metric == "cross_entropy" else "accuracy (%) at each evaluated sequence length N")
     lines = [f"**{meta['title']}** ({meta['corpus_or_task']}; L = {meta['train_length']}).", "", "```bash",
              meta["command"], "```", "",
-             f"Validation split (rows, repeats and best groups are chosen here): {what}, mean ± sample std "
-             f"(n − 1) over seeds; p: one-sided Welch test of the row being worse than the best; **bold**: the best "
-             f"group (p ≥ {ALPHA}); {MORE_SEEDS} seeds: the buckets where the row's mean lies within one of its "
-             "standard deviations of the mean at which the test would flip (docs/study-rules.md).", "",
+             f"Validation split (rows, repeats and best groups are chosen here): {what}, mean ± sample "
+             "std (n − 1) over seeds; p: one-sided Welch test of the row being worse than the best; "
+             f"**bold**: the best group (p ≥ {ALPHA}); {MORE_SEEDS} seeds: the buckets where the row's mean "
+             "lies within one of its standard deviations of the mean at which the test would flip "
+             "(docs/study-rules.md).", "",
              *_selection_table(validation, shown, groups, order, meta, _params(records)), ""]
     for split in sorted(s for s in values if s != SELECTION_SPLIT):
         split_shown = shown_buckets(list(values[split]), metric, meta["train_length"])
-        lines += [f"{split.capitalize()} split (reported only; nothing is chosen on it), same rows and order:", "",
+        lines += [f"{split.capitalize()} split (reported only; nothing is chosen on it), same rows and order:",
+                  "",
                   *_reported_table(values[split], split_shown, order, metric), ""]
     for b, sel in groups.items():
         best = sel.rows.get(sel.best)
@@ -206,7 +209,10 @@ def study_blocks(text: str) -> dict[str, str]:
 
 def replace_blocks(text: str, bodies: dict[str, str]) -> str:
     """``text`` with the body of every block named in ``bodies`` replaced."""
-    return BLOCK.sub(lambda m: f"<!-- table:{m['name']} -->\n{bodies.get(m['name'], m['body'])}<!-- /table -->", text)
+    def body(m: re.Match) -> str:
+        return f"<!-- table:{m['name']} -->\n{bodies.get(m['name'], m['body'])}<!-- /table -->"
+
+    return BLOCK.sub(body, text)
 
 
 def image_link(doc: Path, png: Path) -> str:
@@ -247,13 +253,13 @@ def plot_study(records: list[dict], meta: dict, png: Path) -> None:
     fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits) + 2.5, 4.4), sharey=True, squeeze=False)
     for ax, split in zip(axes[0], splits):
         for i, name in enumerate(rows):
-            points = [((a + b) / 2, [v for v in values[split][a, b].get(name, {}).values() if math.isfinite(v)])
-                      for a, b in sorted(values[split])]
+            points = [((a + b) / 2, [v for v in values[split][a, b].get(name, {}).values()
+                                     if math.isfinite(v)]) for a, b in sorted(values[split])]
             points = [(x, mean_and_std(v)[0] * (100 if metric == "accuracy" else 1)) for x, v in points if v]
             if points:
                 colour, style, marker = line_style(i)
-                ax.plot(*zip(*points), color=colour, linestyle=style, marker=marker, markersize=4, linewidth=1.3,
-                        label=name)
+                ax.plot(*zip(*points), color=colour, linestyle=style, marker=marker, markersize=4,
+                        linewidth=1.3, label=name)
         ax.set_xscale("log", base=2)
         ax.axvline(meta["train_length"], color="grey", linewidth=0.8)
         ax.set_title(f"{split}{' (selection)' if split == SELECTION_SPLIT else ' (reported)'}", fontsize=10)
