@@ -68,6 +68,8 @@ def test_the_validation_table_selects_and_the_test_table_only_reports():
     assert "* Best group on validation at [0,8): a, b (best a: 1.100 ± 0.100)." in text
     assert "* Rows to run at 5 seeds: b, a." in text or "* Rows to run at 5 seeds: a, b." in text
     assert "* Training tokens per run: 32." in text
+    # a row of the plan without runs is left out
+    assert "| z |" not in render_study(_records(), {**_meta(), "rows": {**_meta()["rows"], "z": {}}})
 
 
 def test_selection_ignores_the_test_split():

@@ -172,7 +172,9 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None) -
     shown = shown_buckets(list(validation), metric, meta["train_length"])
     groups = {b: select({n: list(s.values()) for n, s in validation[b].items()}, metric)
               for b in dict.fromkeys((shown[0], shown[-1]))}
-    rows = [*meta["rows"], *sorted({r["variant"] for r in records} - set(meta["rows"]))]
+    # a plan's rows without runs (the longer-budget point runs four) are left out
+    held = {r["variant"] for r in records}
+    rows = [*(n for n in meta["rows"] if n in held), *sorted(held - set(meta["rows"]))]
     order = _order(rows, validation[shown[-1]], metric)
     what = ("cross-entropy (nats/token) by bucket of positions"
             if metric == "cross_entropy" else "accuracy (%) at each evaluated sequence length N")
