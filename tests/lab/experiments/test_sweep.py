@@ -319,6 +319,10 @@ def test_every_learned_time_row_states_the_window_it_trains_with(tmp_path, plan_
     assert "window: L" in plan.variants["sinespe"]["description"]
     assert variant_config(plan, "fox", 0, tmp_path).data == (
         "music21:palestrina/2" if plan_name.endswith("palestrina") else None)
+    from spe.lab.experiments.sweep import collect_sweep  # the results name the data the plan names
+
+    assert collect_sweep(plan, tmp_path / "out")["data"] == (
+        "music21:palestrina/2" if plan_name.endswith("palestrina") else "Bach chorales (music21)")
 
 
 @pytest.mark.parametrize("plan_name", ["learned-time", "learned-time-palestrina"])

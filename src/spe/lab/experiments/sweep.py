@@ -248,7 +248,9 @@ def collect_sweep(plan: Plan, out: str | Path, *, data: str | None = None) -> di
             for seed, record in by_seed.items():
                 unigram = record.pop("unigram_buckets", None) or unigram
                 runs[f"{name}/seed{seed}"] = record
-        doc = {"title": plan.title, "plan": plan.path, "reference": plan.reference, "data": data or DEFAULT_DATA,
+        planned = next(iter(plan.rows.values()))["train"].get("data")  # a plan may name its data
+        doc = {"title": plan.title, "plan": plan.path, "reference": plan.reference,
+               "data": data or planned or DEFAULT_DATA,
                "runs": runs, "unigram_buckets": unigram}
         atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(doc, indent=2)))
         write_results(doc, plan, out / "results.md")
