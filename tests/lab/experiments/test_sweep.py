@@ -220,6 +220,14 @@ def test_a_variant_evaluates_the_test_split_in_buckets_of_l_up_to_16_l(midi_fold
                      "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
     assert json.loads(stored.read_text())["validation"] == validation
     assert (out / "ape" / "seed0" / "model.safetensors").stat().st_mtime_ns == stamp
+    # the study's records: a record from before params and train_tokens gets them from its plan and checkpoint
+    from spe.lab.study_data import sweep_study
+
+    records, _ = sweep_study(load_plan(str(plan)), out, study="s", corpus="c", command="x")
+    stored.write_text(json.dumps({k: v for k, v in json.loads(stored.read_text()).items()
+                                  if k not in ("params", "train_tokens")}))
+    assert sweep_study(load_plan(str(plan)), out, study="s", corpus="c", command="x")[0] == records
+    assert {r["split"] for r in records} == {"test", "validation"} and records[0]["params"] == run["params"]
 
 
 @pytest.mark.parametrize(("variants", "message"), [
