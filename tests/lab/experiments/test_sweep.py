@@ -348,6 +348,7 @@ def test_the_commented_rows_of_other_branches_are_plan_toml_once_uncommented(pla
     assert set(later) == LEARNED_TIME_LATER
     for name, row in later.items():
         assert "window: whole past" in row["description"] and row["model"]["positional"], name
-    assert later["foxpro"]["model"].items() >= {"output_gate": True, "qk_norm": True, "kv_shift": True}.items()
+    assert later["foxpro"]["model"].items() >= {"output_gate": True, "qk_norm": True, "kv_shift": True,
+                                                       "output_norm": True}.items()
     assert later["path-fox"]["model"]["decay"] == "gated" and later["path"]["model"]["attention"] == "softmax"
     assert later["sinespe-learned-linear-gated"]["model"]["attention"] == "linear"
