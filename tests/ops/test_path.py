@@ -183,7 +183,7 @@ def test_equals_fla_naive_path_attn():
     (lambda a: a.update(beta=a["beta"][..., None]), r"beta must be \(B, L, H\) = \(2, 5, 3\), got \(2, 5, 3, 1\)"),
     (lambda a: a.update(q=a["q"].long()), r"q must be floating point, got dtype torch.int64"),
     (lambda a: a.update(beta=a["beta"] + 2.5), r"beta must lie in \[0, 2\]"),
-    (lambda a: a.update(w=2 * a["w"]), r"w must have unit norm.*of 1 was received"),
+    (lambda a: a.update(w=2 * a["w"]), r"w must have unit norm.*a ‖w_t‖ of 2 was received"),
     (lambda a: a.update(log_decay=-a["log_decay"] + 0.1), r"log_decay|> 0"),
     (lambda a: a.update(scale=-1.0), r"scale must be a positive finite float or None \(1/√D\), got -1.0"),
 ])

@@ -229,8 +229,9 @@ class MultiHeadAttention(nn.Module):
                                  orthogonal_random_features(num_heads, num_features, self.kernel_dim))
         _check_positional(self.kernel, causal, role, positional)
         self.rotary, self.score_encoding = rotary, score_encoding
+        takes_gate = getattr(score_encoding, "takes_gate", False)  # PaTH-FoX: the gate goes into its scores
         check_decay(self.kernel, decay, causal=causal,
-                    score_encoding=None if score_encoding is None else type(score_encoding).__name__,
+                    score_encoding=None if score_encoding is None or takes_gate else type(score_encoding).__name__,
                     feature_transform=None if feature_transform is None else feature_transform.label)
         self.decay = decay
         if decay == "learned":
@@ -417,9 +418,11 @@ class MultiHeadAttention(nn.Module):
 
     def _options(self, x: Tensor, key_padding_mask: Tensor | None = None) -> KernelOptions:
         """The kernel options of a call on the layer's input x (B, L, C) (gates come from x)."""
+        term, decay = self.score_encoding, self.log_decay(x, key_padding_mask)
+        if callable(getattr(term, "for_input", None)):  # a score term of x taking the gate itself (PaTH)
+            term, decay = term.for_input(x, decay), None
         return KernelOptions(causal=self.causal, window=self.window, chunk_size=self.chunk_size,
-                             key_padding_mask=key_padding_mask, score_term=self.score_encoding,
-                             decay=self.log_decay(x, key_padding_mask))
+                             key_padding_mask=key_padding_mask, score_term=term, decay=decay)
 
     def _output(self, y: Tensor) -> Tensor:
         """The kernel's output (B, L, H, D) → the layer's (B, L, C): the RMS norm of normaliser-free
@@ -642,7 +645,7 @@ def positional_role(module: nn.Module | None) -> str | None:
         return "spe_filter"
     if isinstance(module, RotaryEncoding):
         return "rotary"
-    if callable(getattr(module, "attend", None)):
+    if callable(getattr(module, "attend", None)) or callable(getattr(module, "for_input", None)):
         return "score_encoding"
     if hasattr(module, "numerator_only"):
         return "feature_transform"

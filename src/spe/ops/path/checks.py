@@ -26,7 +26,7 @@ def check_path_inputs(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor,
     """Checks the shapes, dtypes and values of :func:`~spe.ops.path.path_attention`'s inputs.
 
     Args:
-        q, k, w: (B, L, H, D); v: (B, L, H, E); beta: (B, L, H) in [0, 2]; w_t unit norm;
+        q, k, w: (B, L, H, D); v: (B, L, H, E); beta: (B, L, H) in [0, 2]; w_t of unit norm (or 0);
         log_decay: (B, L, H) (or (H,), a constant) FoX gate ≤ 0, or None.
         scale: a positive finite float, or None for 1/√D.
 
@@ -54,10 +54,12 @@ def check_path_inputs(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor,
         bad = beta[~((beta >= 0) & (beta <= 2))][0].item()
         raise ValueError(f"beta must lie in [0, 2] (H_t = I − β_t w_t w_tᵀ, 2·sigmoid(·) ∈ (0, 2)), got {bad}")
     if w.numel():
-        off = (torch.linalg.vector_norm(w.float(), dim=-1) - 1).abs()
+        norm = torch.linalg.vector_norm(w.float(), dim=-1)
+        off = torch.minimum((norm - 1).abs(), norm)  # unit, or ~0 (H_t ≈ I: F.normalize of a zero row)
         if not bool((off <= unit_tolerance(w.dtype)).all()):  # NaN fails too
+            worst = off.nan_to_num(math.inf).flatten().argmax()
             raise ValueError(f"w must have unit norm along head_dim (normalise it first, e.g. F.normalize(w, "
-                             f"dim=-1)); a |‖w_t‖ − 1| of {off.nan_to_num(math.inf).max().item():.3g} was received")
+                             f"dim=-1)); a ‖w_t‖ of {norm.flatten()[worst].item():.3g} was received")
     if scale is None:
         scale = 1 / math.sqrt(q.shape[-1])
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:

@@ -135,7 +135,8 @@ def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *, 
         q, k: (B, L, H, D) queries and keys.
         v: (B, L, H, E) values.
         w: (B, L, H, D) directions of unit norm (required, not normalised here: ValueError
-            beyond |‖w_t‖ − 1| > max(1e-3, 8 ulps)).
+            beyond |‖w_t‖ − 1| > max(1e-3, 8 ulps); a row of norm ≈ 0, as F.normalize leaves
+            a zero row, is taken too: H_t ≈ I).
         beta: (B, L, H) β_t in [0, 2] (2·sigmoid(·) in PaTH; 0: H_t = I, plain softmax; 2: a
             reflection).
         log_decay: (B, L, H) FoX's forget gate G_t ≤ 0 (log of a factor in (0, 1]), or None.
