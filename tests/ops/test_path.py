@@ -16,14 +16,14 @@ from spe.ops.path import path_attention_reference, path_logits_reference
 B, H, D = 2, 3, 8
 
 
-def _inputs(length, *, dtype=torch.float64, seed=0, beta_range=(0.0, 2.0), sharp=1.0, gate=True, heads=H, dim=D):
+def _inputs(length, *, dtype=torch.float64, seed=0, beta_range=(0.0, 2.0), sharp=1.0, gate=True):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, length, heads, dim, generator=g, dtype=dtype) for _ in range(3))
+    q, k, v = (torch.randn(B, length, H, D, generator=g, dtype=dtype) for _ in range(3))
     q, k = q * sharp, k * sharp
-    w = F.normalize(torch.randn(B, length, heads, dim, generator=g, dtype=dtype), dim=-1)
+    w = F.normalize(torch.randn(B, length, H, D, generator=g, dtype=dtype), dim=-1)
     lo, hi = beta_range
-    beta = lo + (hi - lo) * torch.rand(B, length, heads, generator=g, dtype=dtype)
-    log_decay = 0.3 * torch.rand(B, length, heads, generator=g, dtype=dtype).log() if gate else None
+    beta = lo + (hi - lo) * torch.rand(B, length, H, generator=g, dtype=dtype)
+    log_decay = 0.3 * torch.rand(B, length, H, generator=g, dtype=dtype).log() if gate else None
     return q, k, v, w, beta, log_decay
 
 
@@ -31,7 +31,8 @@ def _grads(fn, q, k, v, w, beta, log_decay, **kwargs):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, w, beta)]
     gate = None if log_decay is None else log_decay.detach().clone().requires_grad_()
     out = fn(*leaves, log_decay=gate, **kwargs)
-    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(out.dtype)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    probe = probe.to(out.dtype)
     wrt = leaves + ([] if gate is None else [gate])
     return out, torch.autograd.grad((out * probe).sum(), wrt)
 
@@ -63,7 +64,8 @@ def test_with_beta_zero_it_is_softmax_attention_and_with_a_gate_fox(gate):
     beta = torch.zeros(B, 20, H, dtype=torch.float64)
     expected = softmax_attention(q, k, v, causal=True, log_decay=log_decay)
     for fn in (path_attention, path_attention_reference):
-        torch.testing.assert_close(fn(q, k, v, w, beta, log_decay=log_decay), expected, rtol=1e-10, atol=1e-10)
+        out = fn(q, k, v, w, beta, log_decay=log_decay)
+        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
 
 
 def test_beta_two_reflects_the_past_keys():
@@ -125,12 +127,13 @@ def test_steps_and_a_prefill_then_steps_equal_the_parallel_form(gate):
     one = lambda t: None if t is None else t[:, i:i + 1]  # noqa: E731
     for start in (0, 10):  # from nothing; after a prompt of 10 positions
         cut = slice(None, start)
+        prompt_gate = None if log_decay is None else log_decay[:, cut]
         cache = None if not start else path_prefill_cache(k[:, cut], v[:, cut], w[:, cut], beta[:, cut],
-                                                           log_decay=None if log_decay is None else log_decay[:, cut],
-                                                           chunk_size=4)
+                                                           log_decay=prompt_gate, chunk_size=4)
         outs = []
         for i in range(start, 21):
-            y, cache = path_attention_step(one(q), one(k), one(v), one(w), one(beta), cache, log_decay=one(log_decay))
+            y, cache = path_attention_step(one(q), one(k), one(v), one(w), one(beta), cache,
+                                           log_decay=one(log_decay))
             outs.append(y)
         torch.testing.assert_close(torch.cat(outs, 1), parallel[:, start:], rtol=1e-10, atol=1e-10)
         assert cache.position == 21 and cache.keys.shape[1] == 21
@@ -160,9 +163,10 @@ def test_scale_multiplies_q_dot_k_in_every_form():
 
 
 def test_equals_fla_naive_path_attn():
-    naive = pytest.importorskip("fla.ops.path_attn.naive",
-                                reason="flash-linear-attention is not installed (no network here); this compares "
-                                       "with its naive_path_attn when it is").naive_path_attn
+    naive = pytest.importorskip(
+        "fla.ops.path_attn.naive",
+        reason="flash-linear-attention is not installed (no network here); this compares with its "
+               "naive_path_attn when it is").naive_path_attn
     q, k, v, w, beta, log_decay = (t.float() for t in _inputs(70, beta_range=(1.0, 2.0)))
     scale = D ** -0.5
     ours = path_attention(q, k, v, w, beta, log_decay=log_decay)
@@ -177,10 +181,12 @@ def test_equals_fla_naive_path_attn():
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda a: a.update(q=a["q"][0]), r"q must be \(batch, length, num_heads, head_dim\), got shape \(5, 3, 8\)"),
+    (lambda a: a.update(q=a["q"][0]),
+     r"q must be \(batch, length, num_heads, head_dim\), got shape \(5, 3, 8\)"),
     (lambda a: a.update(k=a["k"][:, :4]), r"k must have q's shape \(2, 5, 3, 8\).*got \(2, 4, 3, 8\)"),
     (lambda a: a.update(v=a["v"][:, :, :2]), r"v must be \(B, L, H, E\).*got \(2, 5, 2, 8\)"),
-    (lambda a: a.update(beta=a["beta"][..., None]), r"beta must be \(B, L, H\) = \(2, 5, 3\), got \(2, 5, 3, 1\)"),
+    (lambda a: a.update(beta=a["beta"][..., None]),
+     r"beta must be \(B, L, H\) = \(2, 5, 3\), got \(2, 5, 3, 1\)"),
     (lambda a: a.update(q=a["q"].long()), r"q must be floating point, got dtype torch.int64"),
     (lambda a: a.update(beta=a["beta"] + 2.5), r"beta must lie in \[0, 2\]"),
     (lambda a: a.update(w=2 * a["w"]), r"w must have unit norm.*a ‖w_t‖ of 2 was received"),

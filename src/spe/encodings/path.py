@@ -109,8 +109,9 @@ class PathTerm:
 
     def _check_from_start(self, q: Tensor, k: Tensor, query_offset: int) -> None:
         if query_offset or q.shape[1] != k.shape[1] or k.shape[1] != self.x.shape[1]:
-            raise ValueError(f"PaTH's parallel form runs from position 0 over the layer's own {self.x.shape[1]} "
-                             f"positions (query offset {query_offset}, {k.shape[1]} keys): decode with step")
+            raise ValueError(f"PaTH's parallel form runs from position 0 over the layer's own "
+                             f"{self.x.shape[1]} positions (query offset {query_offset}, {k.shape[1]} keys): "
+                             f"decode with step")
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0,
                key_padding_mask: Tensor | None = None) -> Tensor:

@@ -45,14 +45,17 @@ def check_path_inputs(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor,
         raise ValueError(f"q must be (batch, length, num_heads, head_dim), got shape {tuple(q.shape)}")
     for name, t in (("k", k), ("w", w)):
         if t.shape != q.shape:
-            raise ValueError(f"{name} must have q's shape {tuple(q.shape)} (B, L, H, D), got {tuple(t.shape)}")
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)} (B, L, H, D), "
+                             f"got {tuple(t.shape)}")
     if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"v must be (B, L, H, E) with q's (B, L, H) = {tuple(q.shape[:3])}, got {tuple(v.shape)}")
+        raise ValueError(f"v must be (B, L, H, E) with q's (B, L, H) = {tuple(q.shape[:3])}, "
+                         f"got {tuple(v.shape)}")
     if beta.shape != q.shape[:3]:
         raise ValueError(f"beta must be (B, L, H) = {tuple(q.shape[:3])}, got {tuple(beta.shape)}")
     if beta.numel() and not bool(((beta >= 0) & (beta <= 2)).all()):
         bad = beta[~((beta >= 0) & (beta <= 2))][0].item()
-        raise ValueError(f"beta must lie in [0, 2] (H_t = I − β_t w_t w_tᵀ, 2·sigmoid(·) ∈ (0, 2)), got {bad}")
+        raise ValueError(f"beta must lie in [0, 2] (H_t = I − β_t w_t w_tᵀ, 2·sigmoid(·) ∈ (0, 2)), "
+                         f"got {bad}")
     if w.numel():
         norm = torch.linalg.vector_norm(w.float(), dim=-1)
         off = torch.minimum((norm - 1).abs(), norm)  # unit, or ~0 (H_t ≈ I: F.normalize of a zero row)

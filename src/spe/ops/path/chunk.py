@@ -70,7 +70,8 @@ def _chunk_terms(q: Tensor | None, k: Tensor, w: Tensor, beta: Tensor, c: int):
     return intra, q - qw @ twb, k_hat, product
 
 
-def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
+def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, *,
+                chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
     """q_mᵀ H_m ⋯ H_{n+1} k_n for n ≤ m, unscaled, in chunks (values above the diagonal are
     meaningless: mask them).
 
@@ -99,7 +100,8 @@ def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, *, chunk_size: in
     return grid.transpose(3, 4).reshape(b, h, num * c, num * c)[..., :n, :n]
 
 
-def path_transformed_keys(k: Tensor, w: Tensor, beta: Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
+def path_transformed_keys(k: Tensor, w: Tensor, beta: Tensor, *,
+                          chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
     """The keys carried to the last position, k̃_n = H_{L−1} ⋯ H_{n+1} k_n (a KV cache after a
     prompt of L positions: the next query needs only H_L applied to them).
 
@@ -120,8 +122,9 @@ def path_transformed_keys(k: Tensor, w: Tensor, beta: Tensor, *, chunk_size: int
     return torch.stack(out[::-1], 2).reshape(b, h, -1, d)[:, :, :n].transpose(1, 2)
 
 
-def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *, log_decay: Tensor | None = None,
-                   scale: float | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
+def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *,
+                   log_decay: Tensor | None = None, scale: float | None = None,
+                   chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
     """Causal PaTH attention (Yang et al. 2025): y_m = Σ_{n≤m} softmax_n(s_mn) v_n with
     s_mn = scale · q_mᵀ (H_m ⋯ H_{n+1}) k_n + F_m − F_n, H_t = I − β_t w_t w_tᵀ, F the running
     sum of the gate (PaTH-FoX; none without one).

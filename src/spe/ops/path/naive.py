@@ -63,7 +63,8 @@ def path_attention_reference(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: T
         ValueError: as :func:`~spe.ops.path.path_attention`.
     """
     gates, scale = check_path_inputs(q, k, v, w, beta, log_decay, scale)
-    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype),
+                                torch.promote_types(v.dtype, torch.float32))
     q, k, v, w, beta = (t.to(dtype) for t in (q, k, v, w, beta))
     n = q.shape[1]
     scores = path_logits_reference(q, k, w, beta) * scale

@@ -27,8 +27,9 @@ from spe.ops.state import KVCache
 __all__ = ["path_attention_step", "path_prefill_cache"]
 
 
-def path_attention_step(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, cache: KVCache | None = None, *,
-                        log_decay: Tensor | None = None, scale: float | None = None) -> tuple[Tensor, KVCache]:
+def path_attention_step(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor,
+                        cache: KVCache | None = None, *, log_decay: Tensor | None = None,
+                        scale: float | None = None) -> tuple[Tensor, KVCache]:
     """One causal PaTH step: equals :func:`~spe.ops.path.path_attention` at the new position.
 
     Args:
