@@ -116,3 +116,11 @@ def test_a_plain_kv_cache_is_refused_by_a_path_step():
     with pytest.raises(TypeError, match="PathCache"):
         layer.step(x, None, plain)
     assert isinstance(layer.score_encoding.for_input(x), PathTerm)
+
+
+def test_the_benchmark_decodes_a_path_layer_from_its_own_cache_type():
+    from spe.lab.bench.worker import measure_generate
+    case = {"positional": "path", "attention": "softmax", "impl": "-", "num_heads": 2, "head_dim": 4,
+            "num_realizations": 4, "num_sines": 2, "kernel_size": 4, "num_features": 8, "chunk_size": 4,
+            "length": 8, "decay": "gated", "batch": 1, "repeats": 1, "vocab_size": 11, "precision": "fp32"}
+    assert measure_generate(case, torch.device("cpu"))["median_ms"] > 0

@@ -94,6 +94,12 @@ class PathEncoding(nn.Module):
         beta = 2 * torch.sigmoid(self.beta_proj(x).float())
         return w, beta, cache
 
+    def decoding_state(self, cache: KVCache) -> PathCache:
+        """A :class:`PathCache` from a KV cache whose keys are taken as already carried to its newest
+        position, with a zero convolution memory (the start of a sequence's; e.g. a benchmark's state)."""
+        conv = cache.keys.new_zeros(cache.keys.shape[0], PATH_CONV_SIZE - 1, self.w_conv.weight.shape[0])
+        return _with_conv(cache, conv)
+
     def for_input(self, x: Tensor, log_decay: Tensor | None = None) -> PathTerm:
         """The layer's score term for this call: PaTH attention with the directions of x
         (B, L, C) and the layer's gate (B, L, H) or None."""
