@@ -124,3 +124,18 @@ def test_the_benchmark_decodes_a_path_layer_from_its_own_cache_type():
             "num_realizations": 4, "num_sines": 2, "kernel_size": 4, "num_features": 8, "chunk_size": 4,
             "length": 8, "decay": "gated", "batch": 1, "repeats": 1, "vocab_size": 11, "precision": "fp32"}
     assert measure_generate(case, torch.device("cpu"))["median_ms"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:skipped 1 of 8 MIDI files")  # the fixture's broken.mid
+def test_path_fox_trains_evaluates_and_generates_from_the_command_line(midi_folder, tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(midi_folder), "--cache-dir", str(tmp_path / "cache"), "--out", str(run),
+                 "--positional", "path", "--decay", "gated", "--seq-len", "32", "--batch-size", "2",
+                 "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--steps", "2", "--eval-every", "2",
+                 "--threads", "1", "--no-progress"]) == 0
+    assert main(["evaluate", "--checkpoint", str(run), "--max-length", "64", "--out", str(tmp_path / "eval"),
+                 "--no-progress"]) == 0
+    assert main(["generate", "--checkpoint", str(run), "--length", "24", "--out", str(tmp_path / "g.mid"),
+                 "--no-progress"]) == 0
+    assert (tmp_path / "g.mid").stat().st_size > 0
