@@ -138,7 +138,10 @@ class MultiHeadAttention(nn.Module):
             * ``score_encoding``: a relative term in the scores (``ShawRelativePosition``,
               ``MusicRelativePosition`` …): any module with ``attend(q, k, v, *, query_offset)
               -> y`` and ``score_bias(q, num_keys, *, query_offset) -> (B, H, Lq, Lk)`` (the
-              term it adds to q·k/√D, read by :meth:`attention_weights`); softmax only;
+              term it adds to q·k/√D, read by :meth:`attention_weights`); softmax only; or a
+              module with ``for_input(x, log_decay)`` returning such a term for each call,
+              which then takes the layer's gate and may keep its own decoding cache (its
+              ``step``/``prefill``: :class:`~spe.encodings.PathEncoding`, PaTH);
             * ``feature_transform``: a transform of the kernel's features φ(q), φ(k) by position
               (:class:`~spe.encodings.PermuteFeatures` and the registry's other
               ``acts_on="features"`` encodings): a module ``(features (B, L, H, M), positions
