@@ -5,7 +5,8 @@ encodings draw a stochastic code (SPE), which add a term to the attention scores
 on tokens. Which attention kernels accept an encoding follows from where it acts
 (``spe.attention.layer.ACCEPTS``).
 
-Places an encoding acts (STYLE.md rule 2):
+Places an encoding acts (encodings are classified by where they act; each kernel declares
+the places it accepts, and an impossible pair is refused when the model is built):
 
 * ``"tokens"``: added to the token embeddings (absolute PE);
 * ``"queries-keys"``: transforms queries and keys (SPE codes, rotations);
