@@ -65,10 +65,15 @@ def test_the_layer_is_path_attention_of_its_projections_and_gate(decay):
         torch.testing.assert_close(weighted, y, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("decay", ["none", "gated"])
-def test_decoding_equals_the_parallel_forward_in_the_decoder_lm(decay):
+@pytest.mark.parametrize("options", [
+    {"decay": "none"}, {"decay": "gated"},
+    # PaTH-FoX in FoX-Pro's block after a short convolution of q, k, v: states wrapped around its cache
+    {"decay": "gated", "qk_norm": True, "kv_shift": True, "output_gate": True, "output_norm": True,
+     "short_conv": 4},
+], ids=["path", "path-fox", "path-fox-pro-conv"])
+def test_decoding_equals_the_parallel_forward_in_the_decoder_lm(options):
     torch.manual_seed(0)
-    model = DecoderLM(ModelConfig(**TINY, decay=decay)).eval()
+    model = DecoderLM(ModelConfig(**TINY, **options)).eval()
     tokens = torch.randint(0, 30, (2, 19), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         full = model(tokens)
@@ -130,10 +135,10 @@ def test_the_benchmark_decodes_a_path_layer_from_its_own_cache_type():
 @pytest.mark.filterwarnings("ignore:skipped")  # the fixture's broken.mid
 def test_path_fox_trains_evaluates_and_generates_from_the_command_line(midi_folder, tmp_path):
     run = tmp_path / "run"
-    assert main(["train", "--data", str(midi_folder), "--cache-dir", str(tmp_path / "cache"), "--out", str(run),
-                 "--positional", "path", "--decay", "gated", "--seq-len", "32", "--batch-size", "2",
-                 "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--steps", "2", "--eval-every", "2",
-                 "--threads", "1", "--no-progress"]) == 0
+    assert main(["train", "--data", str(midi_folder), "--cache-dir", str(tmp_path / "cache"),
+                 "--out", str(run), "--positional", "path", "--decay", "gated", "--seq-len", "32",
+                 "--batch-size", "2", "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--steps", "2",
+                 "--eval-every", "2", "--threads", "1", "--no-progress"]) == 0
     assert main(["evaluate", "--checkpoint", str(run), "--max-length", "64", "--out", str(tmp_path / "eval"),
                  "--no-progress"]) == 0
     assert main(["generate", "--checkpoint", str(run), "--length", "24", "--out", str(tmp_path / "g.mid"),
