@@ -140,7 +140,10 @@ class MultiHeadAttention(nn.Module):
             * ``score_encoding``: a relative term in the scores (``ShawRelativePosition``,
               ``MusicRelativePosition`` …): any module with ``attend(q, k, v, *, query_offset)
               -> y`` and ``score_bias(q, num_keys, *, query_offset) -> (B, H, Lq, Lk)`` (the
-              term it adds to q·k/√D, read by :meth:`attention_weights`); softmax only;
+              term it adds to q·k/√D, read by :meth:`attention_weights`); softmax only; or a
+              module with ``for_input(x, log_decay)`` returning such a term for each call,
+              which then takes the layer's gate and may keep its own decoding cache (its
+              ``step``/``prefill``: :class:`~spe.encodings.PathEncoding`, PaTH);
             * ``feature_transform``: a transform of the kernel's features φ(q), φ(k) by position
               (:class:`~spe.encodings.PermuteFeatures` and the registry's other
               ``acts_on="features"`` encodings): a module ``(features (B, L, H, M), positions
@@ -241,8 +244,9 @@ class MultiHeadAttention(nn.Module):
                                  orthogonal_random_features(num_heads, num_features, self.kernel_dim))
         _check_positional(self.kernel, causal, role, positional)
         self.rotary, self.score_encoding = rotary, score_encoding
+        takes_gate = getattr(score_encoding, "takes_gate", False)  # PaTH-FoX: the gate goes into its scores
         check_decay(self.kernel, decay, causal=causal,
-                    score_encoding=None if score_encoding is None else type(score_encoding).__name__,
+                    score_encoding=None if score_encoding is None or takes_gate else type(score_encoding).__name__,
                     feature_transform=None if feature_transform is None else feature_transform.label)
         self.decay = decay
         if decay == "learned":
@@ -436,9 +440,11 @@ class MultiHeadAttention(nn.Module):
 
     def _options(self, x: Tensor, key_padding_mask: Tensor | None = None) -> KernelOptions:
         """The kernel options of a call on the layer's input x (B, L, C) (gates come from x)."""
+        term, decay = self.score_encoding, self.log_decay(x, key_padding_mask)
+        if callable(getattr(term, "for_input", None)):  # a score term of x taking the gate itself (PaTH)
+            term, decay = term.for_input(x, decay), None
         return KernelOptions(causal=self.causal, window=self.window, chunk_size=self.chunk_size,
-                             key_padding_mask=key_padding_mask, score_term=self.score_encoding,
-                             decay=self.log_decay(x, key_padding_mask))
+                             key_padding_mask=key_padding_mask, score_term=term, decay=decay)
 
     def _output(self, y: Tensor, x: Tensor | None = None) -> Tensor:
         """The kernel's output (B, L, H, D) → the layer's (B, L, C): the RMS norm of normaliser-free
@@ -668,7 +674,7 @@ def positional_role(module: nn.Module | None) -> str | None:
         return "spe_filter"
     if isinstance(module, RotaryEncoding):
         return "rotary"
-    if callable(getattr(module, "attend", None)):
+    if callable(getattr(module, "attend", None)) or callable(getattr(module, "for_input", None)):
         return "score_encoding"
     if hasattr(module, "numerator_only"):
         return "feature_transform"

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import fields
 from types import EllipsisType
 
-from spe.encodings import absolute, alibi, conv, conv2d, cosformer, lrpe, music_relative, oracle, permute, rope, shaw, sine
+from spe.encodings import absolute, alibi, conv, conv2d, cosformer, lrpe, music_relative, oracle, path, permute, rope, shaw, sine
 from spe.encodings.spec import PLACES, PositionalSpec
 
 __all__ = ["ENCODING_OPTIONS", "EXACT_TWINS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec",
@@ -38,7 +38,7 @@ __all__ = ["ENCODING_OPTIONS", "EXACT_TWINS", "PLACES", "POSITIONAL_SPECS", "Pos
 
 POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
     *absolute.SPECS, sine.SPEC, conv.SPEC, conv2d.SPEC, rope.SPEC, shaw.SPEC, music_relative.SPEC, alibi.SPEC,
-    lrpe.SPEC, permute.SPEC, cosformer.SPEC, *oracle.SPECS,
+    lrpe.SPEC, permute.SPEC, cosformer.SPEC, *oracle.SPECS, path.SPEC,
     PositionalSpec("none", None, source="no positional encoding"),
 )}
 

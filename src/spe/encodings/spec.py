@@ -59,6 +59,9 @@ class PositionalSpec:
         needs_grid: encodes positions on a 2-D grid (``convspe-2d``): its code generator is
             called with ``grid=(Y, X)`` instead of positions, so only models that know their
             grid (the encoder classifier on images) take it.
+        takes_gate: a score encoding that takes the layer's forget gate (``decay gated``) into
+            its own scores (PaTH-FoX); other score encodings refuse it (:func:`~spe.attention.layer.check_decay`).
+        causal_only: has no non-causal form (PaTH): encoder configs refuse it.
         options: the options dataclasses whose fields the encoding's builders read (declared
             in its file with :func:`option`, ``kw_only``, with a ``check_options(self)``
             raising ValueError on a bad value). Every model config inherits the fields of
@@ -80,6 +83,8 @@ class PositionalSpec:
     position_limit: Callable[[Any], int | None] | None = None
     limit_text: str = ""
     options: tuple[type, ...] = ()
+    takes_gate: bool = False
+    causal_only: bool = False
 
     def build_model_module(self, config: Any) -> nn.Module | None:
         """The per-model module (token encoding or SPE code generator), or None."""

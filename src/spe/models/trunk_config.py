@@ -120,6 +120,9 @@ class TrunkConfig(*ENCODING_OPTIONS):
                              f"choose one of {', '.join(POSITIONALS)}")
         kernel = kernel_spec(self.attention)  # the registry's own "unknown attention" error
         check_placement(kernel, POSITIONALS[self.positional], f"positional {self.positional!r}")
+        if not self.causal and POSITIONAL_SPECS[self.positional].causal_only:
+            raise ValueError(f"positional {self.positional!r} is causal only: {type(self).__name__} is an encoder "
+                             f"(not causal); use it in a decoder")
         if POSITIONAL_SPECS[self.positional].positive_features:
             kernel.check_numerator_transform(f"positional {self.positional!r}")
         require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
@@ -138,7 +141,8 @@ class TrunkConfig(*ENCODING_OPTIONS):
         where = POSITIONALS[self.positional]
         named = f"positional {self.positional!r}"
         check_decay(kernel_spec(self.attention), self.decay, causal=self.causal,
-                    score_encoding=named if where == "scores" else None,
+                    score_encoding=named if where == "scores" and not POSITIONAL_SPECS[self.positional].takes_gate
+                    else None,
                     feature_transform=named if where == "features" else None)
 
     @property
