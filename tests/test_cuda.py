@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from spe import DecoderLM, ModelConfig
+from spe.attention.pro import PRO_OPTIONS
 from spe.ops.decay import decay_attention_reference
 from spe.ops.gates import gated_softmax_reference
 from spe.ops.linear import causal_linear_attention
@@ -30,7 +31,7 @@ DEVICE = torch.device(os.environ.get("SPE_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs CUDA")
 
 # (positional, attention, extra options): the main job, the paper's variants, the peers and the
-# gates study's layers (issue 30), each with the kernel its plan row uses.
+# gates study's layers (docs/gates.md), each with the kernel its plan row uses.
 CASES = [
     ("sinespe", "performer", {}),
     ("sinespe", "performer", {"gated": True}),
@@ -49,6 +50,8 @@ CASES = [
     ("none", "linear", {"decay": "gated"}),
     ("sinespe", "linear", {"decay": "gated"}),
     ("sinespe", "linear-elu", {"decay": "gated-channel", "short_conv": 4}),
+    ("none", "softmax", {"decay": "gated", **dict.fromkeys(PRO_OPTIONS, True)}),  # FoX-Pro (docs/foxpro.md)
+    ("sinespe", "linear", {"decay": "gated", **dict.fromkeys(PRO_OPTIONS, True)}),
     ("sinespe", "linear", {"decay": "gated", "spe_time": "learned"}),  # issue 39: learned time
     ("sinespe", "performer", {"spe_time": "learned"}),
     ("rope", "linear-elu", {"rope_time": "learned", "decay": "gated-channel"}),

@@ -99,7 +99,8 @@ def test_a_new_encoding_enters_the_layer_through_the_protocol_alone():
 
 
 def test_an_encoding_that_forms_softmax_itself_may_take_the_layers_gate():
-    # an encoding replacing softmax attention (as PaTH-FoX will) gets the gate from x through its term
+    # an encoding replacing softmax attention (as PaTH-FoX does) gets x through its context and the
+    # layer's gate through its score term; the kernel then gets no gate of its own
     from spe.encodings.spec import ScoreEncoding
     from spe.ops.softmax import softmax_attention
 
@@ -107,8 +108,12 @@ def test_an_encoding_that_forms_softmax_itself_may_take_the_layers_gate():
         causal = True
         takes_gate = True
 
-        def attend(self, q, k, v, *, query_offset=0, key_padding_mask=None, log_decay=None):
-            return softmax_attention(q, k, v, causal=True, log_decay=log_decay)
+        def score_term(self, context, log_decay=None):
+            class Term:
+                @staticmethod
+                def attend(q, k, v, *, query_offset=0, key_padding_mask=None):
+                    return softmax_attention(q, k, v, causal=True, log_decay=log_decay)
+            return Term()
 
     torch.manual_seed(0)
     own = MultiHeadAttention(16, 2, attention="softmax", positional=OwnSoftmax(), decay="gated")

@@ -75,10 +75,7 @@ class ScoreTerm(Protocol):
     Transformer …, the SPE oracle): ``attend`` takes q (B, Lq, H, E), k (B, Lk, H, E),
     v (B, Lk, H, Ev), the position of the first query and, in non-causal layers, a (B, Lk)
     bool key padding mask (True at padding: those keys get no weight; passed only when there
-    is one), and returns (B, Lq, H, Ev). A term with a true ``takes_gate`` attribute also takes
-    the layer's gate on the logits, ``log_decay`` (B, Lq, H): the gates of the positions of
-    this call (a decoding step: the new position's; the term keeps what it needs of earlier
-    ones in its encoding's own state), passed when the layer has one."""
+    is one), and returns (B, Lq, H, Ev)."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0,
                key_padding_mask: Tensor | None = None) -> Tensor: ...
@@ -238,8 +235,7 @@ class KernelSpec:
             ("a feature transform", transform is not None, self.feature_transforms)) if given and not taken]
         if refused:
             raise ValueError(f"{self.name} attention does not take {refused[0]}")
-        gate_taken = getattr(options.score_term, "takes_gate", False)
-        if options.score_term is not None and options.decay is not None and not gate_taken:
+        if options.score_term is not None and options.decay is not None:
             raise ValueError(f"{self.name} attention does not take {DECAY_FORMS[form]} together with a score "
                              f"term, which forms the scores itself")
         if transform is not None and transform.numerator_only:
@@ -284,21 +280,17 @@ def _softmax_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
     if o.score_term is not None:
         if o.key_padding_mask is not None:
             check_key_padding_mask(o.key_padding_mask, f.k)
-        return o.score_term.attend(f.q, f.k, v, key_padding_mask=o.key_padding_mask, **_gate_of(o))
+        return o.score_term.attend(f.q, f.k, v, key_padding_mask=o.key_padding_mask)
     return softmax_attention(f.q, f.k, v, causal=o.causal, window=o.window,
                              key_padding_mask=o.key_padding_mask, log_decay=o.decay)
 
 
-def _gate_of(o: KernelOptions) -> dict:
-    """The keyword a score term that takes the gate on the logits gets (:class:`ScoreTerm`)."""
-    return {} if o.decay is None else {"log_decay": o.decay}
-
-
 def _softmax_step(f: KernelFeatures, v: Tensor, state: KVCache | None, o: KernelOptions) -> tuple[Tensor, KVCache]:
+    if callable(getattr(o.score_term, "step", None)):  # a score term with its own cache (PaTH)
+        return o.score_term.step(f.q, f.k, v, state)
     if o.score_term is not None:  # the score term attends over the cache from the new query's position
         cache = append_to_cache(state, f.k, v, window=o.window)
-        y = o.score_term.attend(f.q, cache.keys, cache.values, query_offset=cache.position - 1, **_gate_of(o))
-        return y, cache
+        return o.score_term.attend(f.q, cache.keys, cache.values, query_offset=cache.position - 1), cache
     return softmax_attention_step(f.q, f.k, v, state, window=o.window, log_decay=o.decay)
 
 
@@ -306,6 +298,8 @@ def _softmax_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions,
                      state: KVCache | None = None) -> tuple[Tensor, KVCache]:
     if state is not None:  # the parallel pass has no query offset into a cache
         raise ValueError("softmax attention prefills from the start only: go on from a KV cache with step")
+    if callable(getattr(o.score_term, "prefill", None)):  # a score term with its own cache (PaTH)
+        return o.score_term.prefill(f.q, f.k, v)
     return _softmax_parallel(f, v, o), prefill_cache(f.k, v, window=o.window, log_decay=o.decay)
 
 

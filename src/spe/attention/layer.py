@@ -11,7 +11,8 @@ rotations of queries and keys work with every kernel; a term in the attention sc
 (Shaw, Music Transformer …) needs the explicit scores of softmax attention; a transform
 of the kernel's features (PermuteFormer …) needs a feature map, which softmax
 attention has not. A short convolution (``short_conv``) of the projected q, k, v comes before
-all of them and composes with every kernel.
+all of them and composes with every kernel, as FoX-Pro's block does (:mod:`spe.attention.pro`:
+a token shift of k and v and QK-norm before the encoding, an output gate after the kernel).
 
 A decay (``decay``, :data:`DECAY_FORM`) weighs the kernel's sums: RetNet's constant γ_h
 (``fixed``, ``learned``), or a forget gate computed from the layer's input x
@@ -39,6 +40,7 @@ from spe.attention.kernels import (
     kernel_features,
     kernel_spec,
 )
+from spe.attention.pro import FoxPro, ShiftState, check_pro_options
 from spe.encodings.code import SPECode
 from spe.encodings.gates import ChannelGate, ScalarGate
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
@@ -62,10 +64,10 @@ ACCEPTS = {name: spec.accepts for name, spec in KERNELS.items()}
 # Where a layer's positional module acts, named by the attribute that holds it (positional_role):
 # each module declares it (spe.encodings.spec.LayerEncoding.layer_attribute).
 POSITIONAL_ROLES = LAYER_ATTRIBUTES
-# What a layer's decoding step hands on: the kernel's state, wrapped with the short
-# convolution's cache in layers that have one, and with the positional module's own state
-# (a learned clock's) in layers whose module has one.
-LayerState = AttentionState | ShortConvState | EncodingState
+# What a layer's decoding step hands on: the kernel's state, wrapped with the shift's previous keys
+# and values, then with the short convolution's cache in layers that have them, and outermost with
+# the positional module's own state (a learned clock's) in layers whose module has one.
+LayerState = AttentionState | ShiftState | ShortConvState | EncodingState
 # The form of KernelOptions.decay (spe.attention.kernels.DECAY_FORMS) each decay mode hands the
 # kernel ("none" hands none).
 DECAY_FORM = {"fixed": "constant", "learned": "constant", "gated": "gate", "gated-channel": "channel"}
@@ -143,7 +145,10 @@ class MultiHeadAttention(nn.Module):
               in the scores (``ShawRelativePosition``, ``MusicRelativePosition`` …) with
               ``attend(q, k, v, *, query_offset) -> y`` and ``score_bias(q, num_keys, *,
               query_offset) -> (B, H, Lq, Lk)`` (the term it adds to q·k/√D, read by
-              :meth:`attention_weights`); softmax only;
+              :meth:`attention_weights`); softmax only; or an encoding whose term for each call
+              is built from the layer's input (its context) and, with ``takes_gate``, the layer's
+              gate, and may keep its own decoding cache (its ``step``/``prefill``:
+              :class:`~spe.encodings.PathEncoding`, PaTH);
             * ``feature_transform``: a :class:`~spe.encodings.spec.FeatureEncoding`, a transform
               of the kernel's features φ(q), φ(k) by position
               (:class:`~spe.encodings.PermuteFeatures` and the registry's other
@@ -184,6 +189,13 @@ class MultiHeadAttention(nn.Module):
             not, :mod:`spe.encodings.short_conv`), before SPE, RoPE and the feature maps;
             decoding then carries the last K − 1 projected inputs (:class:`ShortConvState`).
             0: none (no parameter, the plain kernel states).
+        output_gate, qk_norm, kv_shift, output_norm: FoX-Pro's block (:mod:`spe.attention.pro`),
+            each off by default (no parameter, the plain states): y ⊙ sigmoid(W_o x) before the
+            output projection; RMS-normalised q and k per head with a learnable scale, before
+            the positional encoding; k and v shifted by a data-dependent α_t towards the
+            previous position's (decoding then carries them, :class:`~spe.attention.pro.ShiftState`);
+            the per-head RMS norm of the output (``output_norm`` below) for kernels that do not
+            have it (``linear`` always has it).
 
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
@@ -194,20 +206,23 @@ class MultiHeadAttention(nn.Module):
             :mod:`spe.attention.kernels`; the rule: :func:`check_decay`), or a
             ``short_conv`` that is not 0 or an int ≥ 2; ``num_realizations`` that is not a
             positive int, given without an SPE filter, or left out with SPE and decay
-            ``gated-channel`` (whose gate is built for R channels).
+            ``gated-channel`` (whose gate is built for R channels); a FoX-Pro option that is
+            not a bool.
         TypeError: for a ``positional`` module that is no
             :class:`~spe.encodings.spec.LayerEncoding` (:func:`positional_role`).
 
     Normaliser-free kernels (``linear``: ``KernelSpec.normalizer_free``) get a per-head RMS norm
     of their output before the output projection, ``output_norm`` (fla's ``linear_attn`` and
-    GLA): one learnable weight per head_dim channel, shared by the heads, ε = 1e-5.
+    GLA): one learnable weight per head_dim channel, shared by the heads, ε = 1e-5; other kernels
+    get the same norm with ``output_norm=True`` (FoX-Pro's).
     """
 
     def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
                  causal: bool = True, positional: nn.Module | None = None,
                  num_realizations: int | None = None, num_features: int = 64,
                  chunk_size: int = 64, window: int | None = None, decay: str = NO_DECAY,
-                 short_conv: int = 0) -> None:
+                 short_conv: int = 0, output_gate: bool = False, qk_norm: bool = False,
+                 kv_shift: bool = False, output_norm: bool = False) -> None:
         super().__init__()
         # the one positional hook: the module's kind says where it acts; it is kept under the
         # attribute of that place (the state-dict keys: spe_filter.*, rotary.*, ...)
@@ -252,8 +267,12 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("decay 'gated-channel' with SPE gates the R channels of q̂ and k̂, so it is built "
                                  "for one R: pass num_realizations")
             self.decay_gate = ChannelGate(d_model, num_heads, self.kernel_dim, tied=tie)
-        self.output_norm = (nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS) if self.kernel.normalizer_free
-                            else None)
+        check_pro_options(output_gate=output_gate, qk_norm=qk_norm, kv_shift=kv_shift, output_norm=output_norm)
+        self.output_norm = (nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS)
+                            if self.kernel.normalizer_free or output_norm else None)
+        # built only when asked, as the short convolution: other layers keep their parameters and states
+        self.pro = (FoxPro(d_model, num_heads, output_gate=output_gate, qk_norm=qk_norm, kv_shift=kv_shift)
+                    if output_gate or qk_norm or kv_shift else None)
         feature_dim = num_features if self.kernel.random_features else self.head_dim
         if _transforms(positional):
             positional.check_features(feature_dim, "num_features" if self.kernel.random_features else "head_dim")
@@ -332,8 +351,8 @@ class MultiHeadAttention(nn.Module):
     def project(self, x: Tensor, code: SPECode | None, *,
                 key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values as the kernel receives them in :meth:`forward` (after the
-        short convolution, if any, and the positional module's queries-keys hook; before RoPE
-        and feature maps).
+        short convolution and FoX-Pro's shift and QK-norm, if any, and the positional module's
+        queries-keys hook; before RoPE and feature maps).
 
         Args:
             x: (B, L, C) the layer's input.
@@ -345,7 +364,7 @@ class MultiHeadAttention(nn.Module):
             scale; E = D otherwise) and v of shape (B, L, H, D).
         """
         context, _ = self._prepare(x, self._positions(None, x), None, key_padding_mask)
-        q, k, v, _ = self._project(x, code, None, key_padding_mask, context)
+        q, k, v, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         return q, k, v
 
     def _prepare(self, x: Tensor, positions: Tensor | None, state, key_padding_mask: Tensor | None = None):
@@ -358,11 +377,12 @@ class MultiHeadAttention(nn.Module):
         return module.prepare(x, positions, state, key_padding_mask=key_padding_mask)
 
     def _project(self, x: Tensor, code: SPECode | None, conv_cache: Tensor | None,
-                 key_padding_mask: Tensor | None = None,
-                 context=None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+                 key_padding_mask: Tensor | None = None, *, previous: tuple[Tensor, Tensor] | None = None,
+                 context=None):
         """:meth:`project` going on from the short convolution's ``conv_cache`` (B, K − 1, 3C)
-        (None: the start) with the positional module's ``context`` (:meth:`_prepare`), and the
-        convolution's new cache (None without one)."""
+        and the shift's ``previous`` keys and values (B, H, D) (None: the start), with the
+        positional module's ``context`` (:meth:`_prepare`), and the new caches (None without a
+        convolution, a shift)."""
         b, n, _ = x.shape
         qkv = self.qkv(x)  # (B, L, 3C)
         if self.qkv_conv is not None:
@@ -371,6 +391,8 @@ class MultiHeadAttention(nn.Module):
                 qkv = qkv.masked_fill(key_padding_mask[..., None], 0.0)
             qkv, conv_cache = self.qkv_conv(qkv, conv_cache)
         q, k, v = qkv.view(b, n, 3, self.num_heads, self.head_dim).unbind(2)  # (B, L, H, D)
+        if self.pro is not None:  # FoX-Pro's shift and QK-norm: before any positional encoding
+            q, k, v, previous = self.pro(x, q, k, v, previous, key_padding_mask)
         module = self.positional
         if module is not None:
             if module.takes_code:
@@ -378,7 +400,7 @@ class MultiHeadAttention(nn.Module):
                     raise ValueError("this attention layer uses SPE: pass the code drawn for this forward")
                 self._take_realizations(code)
             q, k = module.encode_queries_keys(q, k, code=code, context=context)  # SPE: (B, L, H, R)
-        return q, k, v, conv_cache
+        return q, k, v, conv_cache, previous
 
     def _take_realizations(self, code: SPECode) -> None:
         """R from ``code``: the layer's own if it had none yet; refused if it differs from the R
@@ -446,18 +468,24 @@ class MultiHeadAttention(nn.Module):
 
     def _options(self, x: Tensor, key_padding_mask: Tensor | None = None, context=None) -> KernelOptions:
         """The kernel options of a call on the layer's input x (B, L, C) (gates come from x; a
-        score term from the positional module, given the call's ``context``)."""
-        module = self.positional
+        score term from the positional module, given the call's ``context``; one that takes the
+        gate applies it itself, so the kernel gets none)."""
+        module, decay = self.positional, self.log_decay(x, key_padding_mask)
+        term = None
+        if _forms_scores(module):
+            term = module.score_term(context, decay if module.takes_gate else None)
+            decay = None if module.takes_gate else decay
         return KernelOptions(causal=self.causal, window=self.window, chunk_size=self.chunk_size,
-                             key_padding_mask=key_padding_mask,
-                             score_term=None if module is None else module.score_term(context),
-                             decay=self.log_decay(x, key_padding_mask))
+                             key_padding_mask=key_padding_mask, score_term=term, decay=decay)
 
-    def _output(self, y: Tensor) -> Tensor:
+    def _output(self, y: Tensor, x: Tensor | None = None) -> Tensor:
         """The kernel's output (B, L, H, D) → the layer's (B, L, C): the RMS norm of normaliser-free
-        kernels, then the output projection."""
+        kernels (or asked for), FoX-Pro's gate of the layer's input x (B, L, C) (required with
+        one), then the output projection."""
         if self.output_norm is not None:  # in at least float32, as fla's (a bf16 mean of squares is coarse)
             y = self.output_norm(y.to(kernel_dtype(y))).to(y.dtype)
+        if self.pro is not None:
+            y = self.pro.gate_output(y, x)
         return self.out(y.flatten(2))
 
     def step(self, x: Tensor, code: SPECode | None,
@@ -486,17 +514,17 @@ class MultiHeadAttention(nn.Module):
             TypeError: on a state of the wrong kind for this kernel (or for a layer with or
                 without a short convolution).
         """
-        state, conv_cache, encoding_state = self._split_state(state)
+        state, conv_cache, previous, encoding_state = self._split_state(state)
         position = 0 if state is None else state.position
         context, encoding_state = self._prepare(x, torch.tensor([position], device=x.device), encoding_state)
-        q, k, v, conv_cache = self._project(x, code, conv_cache, None, context)
+        q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
         f = self.features(q, k, context)
         y, state = self.kernel.step(f, v, state, self._options(x, None, context))
-        return self._output(y), self._join_state(state, conv_cache, encoding_state)
+        return self._output(y, x), self._join_state(state, conv_cache, previous, encoding_state)
 
     def _split_state(self, state):
-        """A layer state, checked, as (the kernel's state, the short convolution's cache or None,
-        the positional module's state or None)."""
+        """A layer state, checked, as (the kernel's state, the short convolution's cache or None, the
+        shift's previous keys and values or None, the positional module's state or None)."""
         encoding_state = None
         if isinstance(state, EncodingState):
             state, encoding_state = state.inner, state.encoding
@@ -509,14 +537,18 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"this layer has a short convolution: it decodes with a ShortConvState, "
                                 f"got {type(state).__name__}")
             state, cache = state.inner, state.cache
+        state, previous = (state, None) if self.pro is None else self.pro.split_state(state)
         kinds = self.kernel.state_types
         if state is not None and not isinstance(state, kinds):
             raise TypeError(f"{self.attention} attention decodes with a {' or '.join(t.__name__ for t in kinds)}, "
                             f"got {type(state).__name__}")
         check_state_window(state, self.window)
-        return state, cache, encoding_state
+        return state, cache, previous, encoding_state
 
-    def _join_state(self, state: AttentionState, conv_cache: Tensor | None, encoding_state=None) -> LayerState:
+    def _join_state(self, state: AttentionState, conv_cache: Tensor | None, previous=None,
+                    encoding_state=None) -> LayerState:
+        if self.pro is not None:
+            state = self.pro.join_state(state, previous)
         state = state if self.qkv_conv is None else ShortConvState(inner=state, cache=conv_cache)
         return state if encoding_state is None else EncodingState(inner=state, encoding=encoding_state)
 
@@ -546,13 +578,13 @@ class MultiHeadAttention(nn.Module):
         """
         if not self.causal:
             raise ValueError("prefill decodes causally: this attention layer is not causal")
-        state, conv_cache, encoding_state = self._split_state(state)
+        state, conv_cache, previous, encoding_state = self._split_state(state)
         start, n = (0 if state is None else state.position), x.shape[1]
         context, encoding_state = self._prepare(x, torch.arange(start, start + n, device=x.device), encoding_state)
-        q, k, v, conv_cache = self._project(x, code, conv_cache, None, context)
+        q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
         f = self.features(q, k, context)
         y, state = self.kernel.prefill(f, v, self._options(x, None, context), state)
-        return self._output(y), self._join_state(state, conv_cache, encoding_state)
+        return self._output(y, x), self._join_state(state, conv_cache, previous, encoding_state)
 
     def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
                 key_padding_mask: Tensor | None = None) -> Tensor:
@@ -577,11 +609,11 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_call(positions, key_padding_mask)
         context, _ = self._prepare(x, self._positions(positions, x), None, key_padding_mask)
-        q, k, v, _ = self._project(x, code, None, key_padding_mask, context)
+        q, k, v, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         options = self._options(x, key_padding_mask, context)
         self.kernel.check(options)
         y = self.kernel.parallel(self.features(q, k, context), v, options)
-        return self._output(y)
+        return self._output(y, x)
 
     def attention_weights(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
                           key_padding_mask: Tensor | None = None, exact: bool = False,
@@ -631,7 +663,7 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_call(positions, key_padding_mask)
         context, _ = self._prepare(x, self._positions(positions, x), None, key_padding_mask)
-        q, k, _, _ = self._project(x, code, None, key_padding_mask, context)
+        q, k, _, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         dtype = kernel_dtype(q, k) if dtype is None else dtype
         q, k = q.to(dtype), k.to(dtype)
         options = self._options(x, key_padding_mask, context)

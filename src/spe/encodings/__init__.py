@@ -4,7 +4,8 @@
 * Transforming queries and keys: :class:`SineSPE`, :class:`ConvSPE` (codes) applied by
   :class:`SPEFilter`; :class:`RotaryEncoding` (RoPE).
 * A term in the attention scores (softmax only): :class:`ShawRelativePosition`,
-  :class:`MusicRelativePosition`, :class:`ALiBi`.
+  :class:`MusicRelativePosition`, :class:`ALiBi`; :class:`PathEncoding` (PaTH: Householder
+  products between key and query, from the layer's input; decoding state :class:`PathCache`).
 * Transforming the kernel's features φ (linear kernels only): :class:`LRPE`,
   :class:`PermuteFeatures` (PermuteFormer), :class:`CosFormerReweighting`.
 * Mixing each projected query, key and value with its K − 1 predecessors, before all of the
@@ -28,6 +29,7 @@ from spe.encodings.filter import SPEFilter, apply_code_reference, apply_sine_cod
 from spe.encodings.gates import ChannelGate, ScalarGate
 from spe.encodings.lrpe import LRPE
 from spe.encodings.music_relative import MusicRelativePosition
+from spe.encodings.path import PathCache, PathEncoding
 from spe.encodings.permute import PermuteFeatures
 from spe.encodings.registry import POSITIONAL_SPECS, PositionalSpec, positional_names, positional_spec
 from spe.encodings.rope import LearnedTimeRotary, RotaryEncoding, rotate
@@ -39,7 +41,7 @@ from spe.encodings.spec import EncodingState, LayerEncoding
 __all__ = [
     "LRPE", "ALiBi", "ChannelGate", "ConvSPE", "CosFormerReweighting", "DenseCode", "EncodingState", "LayerEncoding",
     "LearnedClock", "LearnedTimeRotary", "LearnedTimeSPEFilter", "PermuteFeatures", "LearnedPositionalEmbedding", "MusicRelativePosition", "RotaryEncoding",
-    "POSITIONAL_SPECS", "PositionalSpec", "SPECode", "SPEFilter", "ScalarGate", "ShawRelativePosition", "ShortConvState",
+    "POSITIONAL_SPECS", "PathCache", "PathEncoding", "PositionalSpec", "SPECode", "SPEFilter", "ScalarGate", "ShawRelativePosition", "ShortConvState",
     "ShortConvolution", "SineCode", "SineSPE", "SinusoidalPositionalEncoding",
     "alibi_slopes", "apply_code_reference", "apply_sine_code_fused", "depthwise_conv", "depthwise_conv_reference",
     "positional_names", "positional_spec", "rotate",

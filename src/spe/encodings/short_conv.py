@@ -33,8 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spe.encodings.spec import WrappedState
-from spe.ops.state import AttentionState
+from spe.ops.state import AttentionState, WrappedState
 
 __all__ = ["ShortConvState", "ShortConvolution", "check_short_conv", "depthwise_conv", "depthwise_conv_reference"]
 
@@ -156,10 +155,6 @@ class ShortConvState(WrappedState):
         if isinstance(self.inner, ShortConvState) or self.cache.dim() != 3:
             raise ValueError(f"ShortConvState holds a kernel state and a (B, K − 1, C) cache, got "
                              f"{type(self.inner).__name__} and a cache of shape {tuple(self.cache.shape)}")
-
-    def to(self, dtype: torch.dtype) -> ShortConvState:
-        """A copy with floating tensors cast to ``dtype``."""
-        return ShortConvState(inner=self.inner.to(dtype), cache=self.cache.to(dtype))
 
 
 class ShortConvolution(nn.Module):

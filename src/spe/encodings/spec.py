@@ -14,8 +14,10 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from spe.ops.state import WrappedState
+
 __all__ = ["LAYER_ATTRIBUTES", "PLACES", "EncodingState", "FeatureEncoding", "LayerEncoding", "PositionalSpec",
-           "ScoreEncoding", "WrappedState", "head_dim", "option"]
+           "ScoreEncoding", "head_dim", "option"]
 
 PLACES = ("tokens", "queries-keys", "scores", "features")
 # Where an attention layer keeps its positional module, by the module's kind (the state-dict
@@ -62,8 +64,8 @@ class LayerEncoding(nn.Module):
             window, no positions (index distances), and no gate on the logits unless
             ``takes_gate``.
         takes_gate: a score-forming encoding that applies the layer's forget gate on the
-            logits itself (``decay="gated"``; its term's ``attend`` then gets ``log_decay``):
-            an encoding that replaces softmax attention altogether and adds FoX's gate to it.
+            logits itself (``decay="gated"``; :meth:`score_term` gets it): an encoding that
+            replaces softmax attention altogether and adds FoX's gate to it (PaTH-FoX).
         stateful: :meth:`prepare` returns a decoding state (a clock's τ): a layer's state
             from the second call on must carry it.
     """
@@ -107,8 +109,11 @@ class LayerEncoding(nn.Module):
         """φ(q) or φ(k) (B, L, H, M) transformed by position (``transforms_features``: here unchanged)."""
         return features
 
-    def score_term(self, context: Any) -> Any:
-        """The :class:`~spe.attention.kernels.ScoreTerm` the softmax kernel calls (``forms_scores``), or None."""
+    def score_term(self, context: Any, log_decay: Tensor | None = None) -> Any:
+        """The :class:`~spe.attention.kernels.ScoreTerm` the softmax kernel calls for this call
+        (``forms_scores``), or None: here the module itself. An encoding that ``takes_gate`` gets
+        the layer's gate (B, L, H) (or None) here and applies it itself; the kernel then gets none.
+        A term with ``step`` and ``prefill`` keeps its own decoding cache in place of the kernel's."""
         return self if self.forms_scores else None
 
     def check_features(self, feature_dim: int, what: str) -> None:
@@ -144,22 +149,6 @@ class FeatureEncoding(LayerEncoding):
         if built_for is not None and built_for != feature_dim:
             raise ValueError(f"{self.label} was built for {built_for} features but this kernel has "
                              f"{feature_dim} ({what})")
-
-
-class WrappedState:
-    """A decoding state that wraps another (``inner``): its position and window are the inner one's."""
-
-    inner: Any
-
-    @property
-    def position(self) -> int:
-        """Positions seen so far (the inner state's)."""
-        return self.inner.position
-
-    @property
-    def window(self) -> int | None:
-        """The attention window the inner state was built with."""
-        return self.inner.window
 
 
 @dataclass(frozen=True)
@@ -222,6 +211,9 @@ class PositionalSpec:
         needs_grid: encodes positions on a 2-D grid (``convspe-2d``): its code generator is
             called with ``grid=(Y, X)`` instead of positions, so only models that know their
             grid (the encoder classifier on images) take it.
+        takes_gate: a score encoding that takes the layer's forget gate (``decay gated``) into
+            its own scores (PaTH-FoX); other score encodings refuse it (:func:`~spe.attention.layer.check_decay`).
+        causal_only: has no non-causal form (PaTH): encoder configs refuse it.
         options: the options dataclasses whose fields the encoding's builders read (declared
             in its file with :func:`option`, ``kw_only``, with a ``check_options(self)``
             raising ValueError on a bad value). Every model config inherits the fields of
@@ -243,6 +235,8 @@ class PositionalSpec:
     position_limit: Callable[[Any], int | None] | None = None
     limit_text: str = ""
     options: tuple[type, ...] = ()
+    takes_gate: bool = False
+    causal_only: bool = False
 
     def build_model_module(self, config: Any) -> nn.Module | None:
         """The per-model module (token encoding or SPE code generator), or None."""
