@@ -198,6 +198,22 @@ def test_learned_time_is_causal_and_decodes_step_by_step_as_the_parallel_forward
         torch.testing.assert_close(torch.cat([head, tail], 1), logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("positional,attention", [("sinespe", "linear"), ("rope", "softmax")])
+def test_learned_time_decodes_inside_fox_pros_block_with_a_short_convolution(positional, attention):
+    # the clock's state wraps the short convolution's, which wraps the shift's: all carried
+    from spe.attention.pro import PRO_OPTIONS
+
+    model = _model(positional, attention, "gated", short_conv=3, **dict.fromkeys(PRO_OPTIONS, True))
+    _wind(model)
+    tokens = torch.randint(0, 13, (2, 10), generator=torch.Generator().manual_seed(2))
+    logits, (prefix, state) = model(tokens), model.prefill(tokens[:, :4])
+    steps = [prefix]
+    for t in range(4, 10):
+        out, state = model.step(tokens[:, t], state)
+        steps.append(out[:, None])
+    torch.testing.assert_close(torch.cat(steps, 1), logits, rtol=1e-5, atol=1e-5)
+
+
 def test_a_layer_state_without_the_clock_is_refused():
     layer = MultiHeadAttention(16, 2, attention="linear-elu", positional=LearnedTimeRotary(16, 2))
     x = torch.randn(1, 2, 16)

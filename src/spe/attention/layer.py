@@ -275,7 +275,8 @@ class MultiHeadAttention(nn.Module):
                     if output_gate or qk_norm or kv_shift else None)
         feature_dim = num_features if self.kernel.random_features else self.head_dim
         if _transforms(positional):
-            positional.check_features(feature_dim, "num_features" if self.kernel.random_features else "head_dim")
+            what = "num_features" if self.kernel.random_features else "head_dim"
+            positional.check_features(feature_dim, what)
         self.feature_transform = feature_transform
         constant = self.log_decay() if DECAY_FORM.get(decay) == "constant" else None  # gates: check_decay's
         self.kernel.check(KernelOptions(causal=causal, decay=constant), transform=self._transform)
@@ -293,11 +294,13 @@ class MultiHeadAttention(nn.Module):
     @property
     def _transform(self) -> FeatureTransform | None:
         # RoPE and the feature encodings act on the kernel's features: q and k for softmax,
-        # φ(q) and φ(k) otherwise (numerator-only ones, RoFormer eq. 19: the normaliser keeps them as they were)
+        # φ(q) and φ(k) otherwise (numerator-only ones, RoFormer eq. 19: the normaliser keeps them
+        # as they were)
         module = self.positional
         if not _transforms(module):
             return None
-        return FeatureTransform(module.transform_features, numerator_only=module.numerator_only, name=module.label)
+        return FeatureTransform(module.transform_features, numerator_only=module.numerator_only,
+                                name=module.label)
 
     def log_decay(self, x: Tensor | None = None, key_padding_mask: Tensor | None = None) -> Tensor | None:
         """The kernel's ``log_decay``, or None without one: (H,) log γ_h of a constant decay
@@ -529,8 +532,8 @@ class MultiHeadAttention(nn.Module):
         if isinstance(state, EncodingState):
             state, encoding_state = state.inner, state.encoding
         elif state is not None and self.positional is not None and self.positional.stateful:
-            raise TypeError(f"this layer's {self.positional.label} keeps a decoding state of its own: it decodes "
-                            f"with an EncodingState, got {type(state).__name__}")
+            raise TypeError(f"this layer's {self.positional.label} keeps a decoding state of its own: it "
+                            f"decodes with an EncodingState, got {type(state).__name__}")
         cache = None
         if self.qkv_conv is not None and state is not None:
             if not isinstance(state, ShortConvState):
@@ -580,7 +583,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("prefill decodes causally: this attention layer is not causal")
         state, conv_cache, previous, encoding_state = self._split_state(state)
         start, n = (0 if state is None else state.position), x.shape[1]
-        context, encoding_state = self._prepare(x, torch.arange(start, start + n, device=x.device), encoding_state)
+        positions = torch.arange(start, start + n, device=x.device)
+        context, encoding_state = self._prepare(x, positions, encoding_state)
         q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
         f = self.features(q, k, context)
         y, state = self.kernel.prefill(f, v, self._options(x, None, context), state)
@@ -686,7 +690,8 @@ class MultiHeadAttention(nn.Module):
     def _check_call(self, positions: Tensor | None, key_padding_mask: Tensor | None) -> None:
         """:meth:`forward`'s refusals: positions with a score encoding, padding in a causal layer."""
         if positions is not None and _forms_scores(self.positional):
-            raise ValueError(f"{type(self.positional).__name__} works on index distances; it takes no positions")
+            raise ValueError(f"{type(self.positional).__name__} works on index distances; it takes no "
+                             f"positions")
         if key_padding_mask is not None and self.causal:
             raise ValueError("key_padding_mask needs a non-causal layer, got causal=True")
 
@@ -715,8 +720,9 @@ def positional_role(module: nn.Module | None) -> str | None:
         return None
     if isinstance(module, LayerEncoding) and module.layer_attribute in POSITIONAL_ROLES:
         return module.layer_attribute
-    raise TypeError(f"positional must be an SPEFilter, a RotaryEncoding, a score encoding or a feature transform "
-                    f"(a spe.encodings.spec.LayerEncoding declaring one of {', '.join(POSITIONAL_ROLES)}), got "
+    raise TypeError(f"positional must be an SPEFilter, a RotaryEncoding, a score encoding or a feature "
+                    f"transform (a spe.encodings.spec.LayerEncoding declaring one of "
+                    f"{', '.join(POSITIONAL_ROLES)}), got "
                     f"{type(module).__name__}")
 
 
@@ -770,7 +776,8 @@ def _check_positional(kernel, causal: bool, module: LayerEncoding | None) -> Non
 
 
 def _check_realizations(num_realizations, coded: bool) -> None:
-    """R, if given, is a positive int and the R of the layer's SPE codes (so it needs a module that takes them)."""
+    """R, if given, is a positive int and the R of the layer's SPE codes (so it needs a module that
+    takes them)."""
     if num_realizations is None:
         return
     if isinstance(num_realizations, bool) or not isinstance(num_realizations, int) or num_realizations < 1:

@@ -237,7 +237,8 @@ class SPEFilter(LayerEncoding):
         apply = apply_code_reference if self.impl == "reference" else apply_code
         return apply(queries, qbar, gate, code.gate_noise), apply(keys, kbar, gate, code.gate_noise)
 
-    def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: SPECode, context=None) -> tuple[Tensor, Tensor]:
+    def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: SPECode,
+                            context=None) -> tuple[Tensor, Tensor]:
         """q̂, k̂ (B, L, H, R) of q, k (B, L, H, D) under ``code`` (:meth:`forward`)."""
         return self(q, k, code)
 

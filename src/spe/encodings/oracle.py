@@ -320,8 +320,8 @@ def _exact_scores(config, causal: bool) -> ExactSPEScores:
 
 def _exact_sine_scores(config, causal: bool) -> ExactSPEScores:
     if config.spe_time != "index":  # its scores are sineSPE's kernel at index lags
-        raise ValueError(f"the SPE oracle's scores are sineSPE's kernel at index lags: it takes spe_time 'index', "
-                         f"got {config.spe_time!r}")
+        raise ValueError(f"the SPE oracle's scores are sineSPE's kernel at index lags: it takes spe_time "
+                         f"'index', got {config.spe_time!r}")
     return _exact_scores(config, causal)
 
 

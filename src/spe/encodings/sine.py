@@ -21,7 +21,8 @@ from spe.encodings.filter import SPEFilter, SPEOptions, _check, _gate_term, _sca
 from spe.encodings.spec import PositionalSpec, head_dim, option
 
 __all__ = ["CODE_NOISES", "FREQUENCY_INITS", "LearnedTimeSPEFilter", "SineOptions", "SineSPE",
-           "apply_sine_code_timed", "apply_sine_code_timed_reference", "orthogonal_noise", "sine_phase", "SPEC"]
+           "apply_sine_code_timed", "apply_sine_code_timed_reference", "orthogonal_noise", "sine_phase",
+           "SPEC"]
 
 # the accepted values of SineSPE's ``noise`` and ``frequency_init`` (ModelConfig checks them too)
 CODE_NOISES = ("gaussian", "orthogonal")
@@ -192,8 +193,8 @@ class SineSPE(nn.Module):
         return (self.gains[:, :, None] ** 2 * torch.cos(angle)).sum(-1) / (2 * self.num_sines)
 
 
-def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None, times: Tensor, weights: Tensor,
-                          gate: Tensor | None, gate_noise: Tensor) -> Tensor:
+def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None, times: Tensor,
+                          weights: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
     """Eq. (16)/(17) (+ gating (23)-(25)) with the code's sinusoids read at per-sequence times τ.
 
     q̂[b, m] = Σ_{d,j} x_d Ω_j(τ_bmh) (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4} with Ω the cos/sin of
@@ -220,7 +221,8 @@ def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None,
     scale = (d * r) ** -0.25
     # f·τ reduced modulo 1 in float64 (frac: x − trunc(x), unit gradient; cos and sin do not see
     # the integer removed), then 2π in float32: the phase's error stays ~2π·6e-8 whatever τ
-    angle = torch.frac(times.double()[..., None, None] * frequencies.double()).to(frequencies.dtype) * (2 * math.pi)
+    cycles = torch.frac(times.double()[..., None, None] * frequencies.double())  # (B, L, H, D, K)
+    angle = cycles.to(frequencies.dtype) * (2 * math.pi)
     if phases is not None:
         angle = angle + phases
     xs = (x if gate is None else _scaled(x, torch.sqrt(1 - gate)))[..., None]  # (B, L, H, D, 1)
@@ -289,7 +291,8 @@ class LearnedTimeSPEFilter(SPEFilter):
         start), and τ of the last position; ``positions`` are not read (the clock replaces them)."""
         return self.clock(x, state, key_padding_mask=key_padding_mask)
 
-    def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: SPECode, context: Tensor) -> tuple[Tensor, Tensor]:
+    def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: SPECode,
+                            context: Tensor) -> tuple[Tensor, Tensor]:
         """q̂, k̂ (B, L, H, R) of q, k (B, L, H, D) under a sineSPE ``code`` read at times ``context``
         (B, L, H) (:meth:`prepare`).
 
@@ -297,12 +300,13 @@ class LearnedTimeSPEFilter(SPEFilter):
             ValueError: for a code that is not a sineSPE code, or shapes that do not match it.
         """
         if not isinstance(code, SineCode):
-            raise ValueError(f"sineSPE in learned time reads sinusoids at the clock's times: it takes a SineCode, "
-                             f"got {type(code).__name__}")
+            raise ValueError(f"sineSPE in learned time reads sinusoids at the clock's times: it takes a "
+                             f"SineCode, got {type(code).__name__}")
         _check(q, k, code, self.num_heads, self.head_dim)
         gate = self.gate
-        return (apply_sine_code_timed(q, code.frequencies, code.phases, context, code.weights, gate, code.gate_noise),
-                apply_sine_code_timed(k, code.frequencies, None, context, code.weights, gate, code.gate_noise))
+        q_hat, k_hat = (apply_sine_code_timed(x, code.frequencies, phases, context, code.weights, gate,
+                                              code.gate_noise) for x, phases in ((q, code.phases), (k, None)))
+        return q_hat, k_hat
 
 
 @dataclass(kw_only=True)

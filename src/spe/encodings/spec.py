@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from spe.ops.state import WrappedState
 
-__all__ = ["LAYER_ATTRIBUTES", "PLACES", "EncodingState", "FeatureEncoding", "LayerEncoding", "PositionalSpec",
+__all__ = ["LAYER_ATTRIBUTES", "PLACES", "EncodingState", "FeatureEncoding", "LayerEncoding",
+           "PositionalSpec",
            "ScoreEncoding", "head_dim", "option"]
 
 PLACES = ("tokens", "queries-keys", "scores", "features")

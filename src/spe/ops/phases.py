@@ -28,7 +28,8 @@ def sine_phase(frequencies: Tensor, positions: Tensor) -> Tensor:
         (L, H, D, K), or (B, L, H, D, K) for per-sequence times: phases in radians in [0, 2π),
         in the dtype of ``frequencies``.
     """
-    times = positions.double()[:, None, None, None] if positions.dim() == 1 else positions.double()[..., None, None]
+    times = positions.double()
+    times = times[:, None, None, None] if positions.dim() == 1 else times[..., None, None]
     cycles = frequencies.double() * times
     cycles = cycles - torch.floor(cycles).detach()
     return (2 * math.pi * cycles).to(frequencies.dtype)

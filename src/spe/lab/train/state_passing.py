@@ -59,8 +59,9 @@ __all__ = ["CHAIN_STEPS", "CarriedBatch", "StatePassing", "chain_steps", "state_
 # Steps of one chain: positions reach 16 L, the end of the 16× protocol (docs/gates.md).
 CHAIN_STEPS = 16
 # The types a carried state is made of, by name (train_state.pt holds data only).
-_STATE_TYPES = {cls.__name__: cls for cls in (DecodingState, ShortConvState, ShiftState, EncodingState, LinearAttentionState,
-                                               ScaledLinearAttentionState, RecentKeys, ScaledRecentKeys)}
+_STATE_TYPES = {cls.__name__: cls for cls in (DecodingState, ShortConvState, ShiftState, EncodingState,
+                                               LinearAttentionState, ScaledLinearAttentionState, RecentKeys,
+                                               ScaledRecentKeys)}
 
 
 def chain_steps(model: ModelConfig, seq_len: int) -> int:
