@@ -247,7 +247,9 @@ def test_a_plan_evaluating_a_split_its_runs_do_not_hold_is_refused(tmp_path, var
 GATES_ROWS = {"ape", "fox", "gated", "gated-channel", "linear-gated", "sinespe-gated", "sinespe-linear-gated",
               "rope-gated", "permute-gated"}
 LEARNED_TIME_ROWS = {"ape", "sinespe", "gated", "gated-channel", "fox", "sinespe-gated-whole",
-                     "sinespe-gated-channel-whole", "foxpro", "path", "path-fox"}
+                     "sinespe-gated-channel-whole", "foxpro", "path", "path-fox", "rope-learned",
+                     "rope-learned-gated", "sinespe-learned", "sinespe-learned-gated",
+                     "sinespe-learned-gated-channel", "sinespe-learned-linear-gated"}
 # the rows of other branches, commented out in the learned-time plans until their options exist
 LEARNED_TIME_LATER = {"foxpro", "path", "path-fox", "rope-learned", "rope-learned-gated", "sinespe-onset",
                       "sinespe-learned", "sinespe-learned-gated", "sinespe-learned-gated-channel",
