@@ -80,7 +80,8 @@ class OptionRule:
 
 
 _POSITIVE = OptionRule(integer=True, low=1)
-_SEED = OptionRule(integer=True, low=0)
+# torch.manual_seed and Generator.manual_seed take a signed 64-bit integer; beyond it they overflow
+_SEED = OptionRule(integer=True, low=0, high=2 ** 63 - 1, text="an integer in [0, 2**63 - 1]")
 
 # Option name -> its rule, whichever configuration has the option (an option of the same name
 # means the same in every configuration).

@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from spe.lab.cli.names import add_aliased
+
 __all__ = ["UsageError", "build_parser", "main"]
 
 log = logging.getLogger("spe")
@@ -76,7 +78,20 @@ def _add_piece_bound_flag(p: argparse.ArgumentParser, default: str = "65536") ->
                    f"and counted (default {default}, 3.8 times the longest Bach chorale)")
 
 
+def _packaged_defaults() -> dict:
+    """The training options of the packaged demo config, resolved (the file's values over
+    TrainConfig's defaults): what a flag left out means when --config is not given."""
+    from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
+
+    return vars(TrainConfig.from_dict(load_config_file(packaged_config("demo"))))
+
+
 def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> None:
+    d = _packaged_defaults()
+
+    def default(name: str) -> str:
+        return f" (default {d[name]:g}, from the packaged demo config; --config's if it sets it)"
+
     p.add_argument("--config", help="TOML file of options (default: the packaged demo config)")
     p.add_argument("--data", help="folder of .mid/.midi files, or music21:NAME for a composer of music21's "
                    "corpus (e.g. music21:palestrina); default: the Bach chorales")
@@ -84,13 +99,14 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     _add_piece_bound_flag(p)
     if with_out:
         p.add_argument("--out", help="run folder for checkpoint, logs and plots")
-    p.add_argument("--steps", type=int, help="optimizer steps")
-    p.add_argument("--seq-len", type=int, help="training length in tokens")
+    p.add_argument("--steps", type=int, help="optimizer steps" + default("steps"))
+    p.add_argument("--seq-len", type=int, help="training length in tokens" + default("seq_len"))
     p.add_argument("--batch-size", type=int,
-                   help="crops per step over all processes (under torchrun each takes its share)")
-    p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
-    p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
+                   help="crops per step over all processes (under torchrun each takes its share)" + default("batch_size"))
+    p.add_argument("--lr", type=float, help="peak learning rate" + default("lr"))
+    p.add_argument("--warmup-steps", type=int,
+                   help="linear warmup steps (a warning if not below --steps)" + default("warmup_steps"))
+    p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints" + default("eval_every"))
     from spe.lab.cli.names import flag_choices
 
     names = flag_choices()
@@ -113,18 +129,19 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                    help="any model option (a ModelConfig field; repeatable), e.g. rope_base=500000 or "
                    "code_noise=orthogonal; VALUE read as TOML (true, 64, 1e-3), else as text")
-    p.add_argument("--d-model", type=int)
-    p.add_argument("--num-layers", type=int)
-    p.add_argument("--num-heads", type=int)
-    p.add_argument("--seed", type=int, help="random seed")
-    p.add_argument("--device", help="cpu or cuda")
-    p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
+    p.add_argument("--d-model", type=int, help="model width C (default: the config's [model] d_model, 256 in "
+                   "the packaged one)")
+    p.add_argument("--num-layers", type=int, help="blocks (default: the config's, 4 in the packaged one)")
+    p.add_argument("--num-heads", type=int, help="attention heads H (default: the config's, 4 in the packaged one)")
+    p.add_argument("--seed", type=int, help="random seed, in [0, 2**63 - 1]" + default("seed"))
+    p.add_argument("--device", help=f"cpu or cuda (default {d['device']})")
+    p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)" + default("threads"))
     p.add_argument("--precision", choices=names["precision"],
                    help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient "
                    "scaler (CUDA)")
     p.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install 'spe[log]')")
-    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints (default 2)")
+    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints" + default("keep_checkpoints"))
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model for training (off by default; falls back to the uncompiled model "
                    "with a warning where compilation is unavailable)")
@@ -352,6 +369,11 @@ def _add_train_parser(sub) -> None:
     p.set_defaults(func=cmd_train)
 
 
+# evaluate's and generate's window: train's --attention-window, at test time
+_WINDOW = dict(type=int, dest="window", metavar="W",
+               help="sliding attention window W in positions (0: the whole past; default: as trained)")
+
+
 def _add_evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="cross-entropy per position, within and beyond the training length")
     p.add_argument("--checkpoint", action="append", required=True, help="run folder or .safetensors (repeatable)")
@@ -361,17 +383,17 @@ def _add_evaluate_parser(sub) -> None:
                    "training data, all for any other --data; test: those its test_min_tokens held out)")
     p.add_argument("--cache-dir")
     _add_piece_bound_flag(p, "the checkpoint's run's, else 65536")
-    p.add_argument("--max-length", type=int, help="positions (default: 3 × training length; test: test_min_tokens − 1)")
+    add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
+                help="positions evaluated (default: 3 × training length; test: test_min_tokens − 1)")
     p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")
     p.add_argument("--json", help="also write bucket means (start, end, ce, n) to this file")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--num-realizations", type=int, help="SPE realisations R at test time (default: as trained)")
     p.add_argument("--num-draws", type=int, default=1,
                    help="SPE codes whose predicted probabilities are averaged (default 1)")
-    p.add_argument("--window", type=int,
-                   help="sliding attention window W in positions (0: the whole past; default: as trained)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-progress", action="store_true")
+    add_aliased(p, "--attention-window", "--window", **_WINDOW)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -381,7 +403,8 @@ def _add_report_parser(sub) -> None:
     p.add_argument("--out", required=True, help="folder for report.md, report.json, figures and MIDI")
     p.add_argument("--data", help="MIDI folder (default: the first checkpoint's training data)")
     p.add_argument("--cache-dir")
-    p.add_argument("--max-length", type=int, help="evaluated positions (default: 2 × training length)")
+    add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
+                help="positions evaluated (default: 2 × training length)")
     p.add_argument("--r-test", help="comma-separated test-time R for the R ablation of SPE models, e.g. 8,32,64")
     p.add_argument("--length", type=int, default=1024, help="tokens generated after the prompt, per model")
     p.add_argument("--probe-tokens", type=int, default=16, help="vocabulary tokens for identical-token probing")
@@ -392,18 +415,22 @@ def _add_report_parser(sub) -> None:
 
 def _add_generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="sample new music (nucleus sampling) to a MIDI file")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--prompt", help="MIDI file whose first bars start the piece")
-    p.add_argument("--prompt-bars", type=int, default=2, help="bars of the prompt to keep")
-    p.add_argument("--length", type=int, default=1024, help="tokens to generate (may exceed the training length)")
-    p.add_argument("--out", default="generated.mid")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--temperature", type=float, default=1.2)
-    p.add_argument("--window", type=int,
-                   help="sliding attention window W in positions (0: the whole past; default: as trained)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--checkpoint", required=True, help="run folder or .safetensors of a trained model")
+    p.add_argument("--prompt", help="MIDI file whose first bars start the piece (default: none, start from scratch)")
+    p.add_argument("--prompt-bars", type=int, default=2,
+                   help="bars of the prompt to keep, at least 1 (default 2; more than the prompt has: all of it)")
+    p.add_argument("--length", type=int, default=1024,
+                   help="tokens to generate (may exceed the training length; default 1024)")
+    p.add_argument("--out", default="generated.mid", help="MIDI file written (default generated.mid)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling, in [0, 2**63 - 1] (default 0)")
+    p.add_argument("--top-p", type=float, default=0.9,
+                   help="nucleus sampling: sample from the smallest set of tokens of probability ≥ P, in (0, 1] "
+                   "(default 0.9)")
+    p.add_argument("--temperature", type=float, default=1.2,
+                   help="divides the logits before sampling, finite and positive (default 1.2)")
+    add_aliased(p, "--attention-window", "--window", **_WINDOW)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
 
 
@@ -481,7 +508,8 @@ def _add_demo_parser(sub) -> None:
     _add_train_flags(p, with_out=False)
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--positionals", default="sinespe,ape", help="comma-separated encodings to train")
-    p.add_argument("--max-length", type=int, help="evaluated positions (default 3 × training length)")
+    add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
+                help="positions evaluated (default: 3 × training length)")
     p.add_argument("--length", type=int, default=1024, help="tokens to generate")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_demo)
@@ -514,18 +542,21 @@ def _check_args(args: argparse.Namespace) -> None:
     for flag in ("batch_size", "max_length", "length", "steps", "seq_len", "repeats", "prompt_bars",
                  "max_piece_tokens"):
         value = getattr(args, flag, None)
-        if value is not None and value < (0 if flag == "prompt_bars" else 1):
+        if value is not None and value < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
     _check_library_options(args)
 
 
 def _check_library_options(args: argparse.Namespace) -> None:
     """Flags whose rule the library owns, checked by the library's own validator before any work."""
-    from spe.lab.options import check_threads
+    from spe.lab.cli.names import typed_name
+    from spe.lab.options import check_option, check_threads
     from spe.models.config import decode_window
 
-    decode_window(getattr(args, "window", None), "--window")
+    decode_window(getattr(args, "window", None), typed_name(args, "--attention-window", "--window"))
     check_threads(getattr(args, "threads", None), "--threads")
+    if getattr(args, "seed", None) is not None:
+        check_option("seed", args.seed, "--seed")
     if getattr(args, "temperature", None) is not None:
         from spe.generation import check_sampling
 

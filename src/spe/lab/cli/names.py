@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["flag_choices"]
+import argparse
+
+__all__ = ["add_aliased", "flag_choices", "typed_name"]
 
 
 def flag_choices() -> dict:
@@ -15,3 +17,19 @@ def flag_choices() -> dict:
 
     return {"positional": positional_help(), "attention": ATTENTIONS, "decay": ("none", *DECAY_FORM),
             "encoding_flags": encoding_flags(), "precision": tuple(PRECISIONS), "pipelines": PIPELINES, "tasks": TASKS}
+
+
+def add_aliased(p: argparse.ArgumentParser, name: str, old: str, **keywords) -> None:
+    """A flag under its one name ``name``, and ``old`` kept as an alias whose help says the
+    new name (same destination; the alias sets no default of its own)."""
+    dest = keywords.setdefault("dest", name.lstrip("-").replace("-", "_"))
+    metavar = keywords.setdefault("metavar", dest.upper())
+    p.add_argument(name, **keywords)
+    p.add_argument(old, dest=dest, type=keywords.get("type"), metavar=metavar, default=argparse.SUPPRESS,
+                   help=f"old name of {name} (an alias)")
+
+
+def typed_name(args: argparse.Namespace, name: str, old: str) -> str:
+    """How the user named an aliased flag: ``old`` if typed so, else ``name``."""
+    typed = getattr(args, "argv", [])
+    return old if any(a == old or a.startswith(old + "=") for a in typed) else name

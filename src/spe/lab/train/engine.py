@@ -137,9 +137,19 @@ def run(task: Task, settings: EngineSettings, out: str | Path, *, resume: bool, 
         from spe.lab.train.tensorboard import require_tensorboard
 
         require_tensorboard()
+    warn_long_warmup(settings.warmup_steps, settings.steps, settings.lr)
     with dist_.session(device_type) as ctx, run_lock(out, ctx):
         return _run(task, settings, Path(out), ctx, resume=resume, overwrite=overwrite,
                     progress=progress and ctx.is_main)
+
+
+def warn_long_warmup(warmup_steps: int, steps: int, lr: float) -> None:
+    """Warns (one line) when the linear warm-up lasts the whole run: the learning rate then
+    never decays and reaches ``lr`` only at the last step, if at all."""
+    if warmup_steps >= steps:
+        warnings.warn(f"warmup_steps {warmup_steps} ≥ steps {steps}: the learning rate rises for the whole run "
+                      f"and ends at {lr * min(1.0, steps / warmup_steps):g} (peak lr {lr:g}), with no decay; "
+                      f"pass --warmup-steps below {steps}", stacklevel=2)
 
 
 def _run(task: Task, settings: EngineSettings, out: Path, ctx: dist_.Distributed, *, resume: bool,
