@@ -126,7 +126,7 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--plan", help="study plan (TOML, or listops-study): rows × seeds into OUT/ROW, then OUT/results.*")
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
     p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=int, help="torch CPU threads (0: PyTorch's default, the default)")
     p.add_argument("--precision", choices=names["precision"],
                    help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient scaler (CUDA)")

@@ -365,7 +365,7 @@ def _add_train_parser(sub) -> None:
                    help="let --resume continue on data whose pieces or split changed (it says what changed)")
     p.add_argument("--state-passing", action="store_true", help="start each crop from the detached final state "
                    "of a previous step's crop (Buitrago Ruiz & Gu 2025); recurrent-state kernels only")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 
 
@@ -381,13 +381,13 @@ def _add_evaluate_parser(sub) -> None:
     p.add_argument("--split", choices=("validation", "train", "all", "test"),
                    help="pieces of the data to evaluate (default: validation for the checkpoint's own "
                    "training data, all for any other --data; test: those its test_min_tokens held out)")
-    p.add_argument("--cache-dir")
+    p.add_argument("--cache-dir", help="cache for converted MIDI and tokens (default ~/.cache/spe)")
     _add_piece_bound_flag(p, "the checkpoint's run's, else 65536")
     add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
                 help="positions evaluated (default: 3 × training length; test: test_min_tokens − 1)")
     p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")
     p.add_argument("--json", help="also write bucket means (start, end, ce, n) to this file")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass (default 8)")
     p.add_argument("--num-realizations", type=int, help="SPE realisations R at test time (default: as trained)")
     p.add_argument("--num-draws", type=int, default=1,
                    help="SPE codes whose predicted probabilities are averaged (default 1)")
@@ -408,8 +408,8 @@ def _add_report_parser(sub) -> None:
     p.add_argument("--r-test", help="comma-separated test-time R for the R ablation of SPE models, e.g. 8,32,64")
     p.add_argument("--length", type=int, default=1024, help="tokens generated after the prompt, per model")
     p.add_argument("--probe-tokens", type=int, default=16, help="vocabulary tokens for identical-token probing")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_report)
 
 
@@ -479,12 +479,12 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--budget-s", type=float, default=30.0, help="skip cases predicted to take longer per run")
     p.add_argument("--json", help="records file (default OUT/bench.json)")
     p.add_argument("--out", default="runs/bench", help="folder for JSON, Markdown table and plots")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="autocast of the timed work as spe train --precision (weights float32; fp16 on CUDA "
                         "only, with a gradient scaler in model mode); default fp32")
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_bench)
 
 
@@ -499,7 +499,7 @@ def _add_sweep_parser(sub) -> None:
     p.add_argument("--steps", type=int, help="override every variant's optimizer steps")
     p.add_argument("--threads", type=int,
                    help="override every variant's CPU threads (0: PyTorch's default; 1 to run sweeps side by side)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -511,7 +511,7 @@ def _add_demo_parser(sub) -> None:
     add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
                 help="positions evaluated (default: 3 × training length)")
     p.add_argument("--length", type=int, default=1024, help="tokens to generate")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_demo)
 
 
