@@ -38,6 +38,7 @@ from torch import nn
 
 from spe.checkpoint import MODEL_FILE, check_finite_weights, load_metadata
 from spe.lab.train import distributed as dist_
+from spe.lab.train.memory import check_model_memory
 from spe.lab.train.metrics_log import append_record, trim_records
 from spe.lab.train.optim import adamw, learning_rate_factor, scaled_lr
 from spe.lab.train.precision import autocast, grad_scaler
@@ -164,6 +165,10 @@ def _run(task: Task, settings: EngineSettings, out: Path, ctx: dist_.Distributed
         repair_run_folder(out, task.layout.latest)  # a crash between two renames leaves a mismatched pair
     dist_.barrier(ctx)
     task.prepare(ctx, resume=resume)
+    # on the meta device, before any allocation; the training length where the task has one
+    cfg = getattr(task, "cfg", None)
+    check_model_memory(task.build_model, device,
+                       positions=getattr(cfg, "seq_len", None) or getattr(cfg, "max_length", None) or 1)
     torch.manual_seed(settings.seed)
     model = task.build_model().to(device)
     if ctx.rank:
