@@ -70,10 +70,11 @@ def _first_bars(tokenizer, score, bars: int) -> list[int]:
     end of bar ``bars`` by the file's time signatures, and doubles while MidiTok's bar
     ``bars`` is not reached (its bars differ where it does not know a signature).
     """
-    from spe.lab.evaluation.music_prompt import bar_start
+    from spe.lab.evaluation.music_prompt import bar_count, bar_start
 
     bar_id = tokenizer.vocab["Bar_None"]
-    limit = max(bar_start(score, bars + 1), 1)
+    # past the file's last bar the limit is its end: walking 10^9 bars to find that took minutes
+    limit = max(bar_start(score, min(bars, bar_count(score)) + 1), 1)
     while True:
         whole = score.end() <= limit
         ids = list(tokenizer.encode(score if whole else _clip_with_sentinel(score, limit, tokenizer)).ids)

@@ -21,7 +21,7 @@ from spe.checkpoint import LoadedCheckpoint, atomic_write, load
 from spe.lab.data.split import CorpusSplit, split_of_run, validation_sequences
 from spe.encodings.registry import positional_spec
 from spe.lab.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
-from spe.lab.outputs import check_output_file, check_output_folder
+from spe.lab.outputs import check_output_file, check_output_folder, check_outside_data
 
 __all__ = ["evaluate_checkpoints", "evaluate_models", "model_label", "stored_summary", "write_evaluation"]
 
@@ -234,7 +234,8 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
 
     Raises:
         FileNotFoundError: if a checkpoint does not exist.
-        ValueError: on a bad checkpoint or window, another tokenizer, or data too short.
+        ValueError: on a bad checkpoint or window, another tokenizer, data too short, or ``out``
+            or ``json_path`` in the data folder read.
     """
     sources = [c.path if isinstance(c, LoadedCheckpoint) else c for c in checkpoints]
     check_output_folder(out)
@@ -245,6 +246,10 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
         raise ValueError("give at least one checkpoint to evaluate")
     for c in loaded:
         c.set_window(window)
+    read = data if data is not None else loaded[0].train_config.get("data")  # outputs never among the pieces
+    for flag, path in (("--out", out), ("--json", json_path)):
+        if path:
+            check_outside_data(path, flag, read)
     pieces = split_of_run(loaded[0].train_config, data=data, cache_dir=cache_dir,
                           tokenizer_json=loaded[0].tokenizer_json, split=split, max_piece_tokens=max_piece_tokens)
     summary = evaluate_models(loaded, pieces, max_length=max_length, batch_size=batch_size,
