@@ -262,6 +262,8 @@ def unchecked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
     """:func:`linear_attention` without the normaliser's value check (a device sync on CUDA):
     for callers whose features are non-negative by construction (the layer's kernels)."""
     normalize = check_normalize(normalize, normalizer, key_log_scale)
+    if phi_q.shape[1] == 0 or phi_k.shape[1] == 0:  # no query, or no key to weigh: zeros
+        return v.new_zeros(*phi_q.shape[:3], v.shape[-1])
     if key_padding_mask is not None:
         phi_k, v, normalizer, key_log_scale = _mask_keys(key_padding_mask, phi_k, v, normalizer, key_log_scale)
     if log_decay is not None:
@@ -410,6 +412,8 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         TypeError: on an initial state that is not a linear-attention state.
     """
     check_normaliser_features(phi_q, phi_k, normalizer, normalize, "causal_linear_attention")
+    if phi_q.shape[1] == 0 and initial_state is None:  # no position: nothing to carry either
+        return v.new_zeros(v.shape)
     return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size,
                           normalizer=normalizer, window=window, initial_state=initial_state,
                           key_log_scale=key_log_scale, log_decay=log_decay, normalize=normalize)[0]
@@ -481,6 +485,11 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, 
                    key_log_scale: Tensor | None, log_decay: Tensor | None = None,
                    normalize: bool = True) -> tuple[Tensor, LinearState]:
     normalize = check_normalize(normalize, normalizer, key_log_scale)
+    if phi_q.shape[1] == 0:
+        if initial_state is None:
+            raise ValueError(f"causal linear attention of length 0 (phi_q {tuple(phi_q.shape)}) has no final state: "
+                             "give at least one position, or an initial_state to pass on")
+        return v.new_zeros(v.shape), initial_state
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     check_window(window)
