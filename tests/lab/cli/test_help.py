@@ -31,7 +31,7 @@ DEMO = TrainConfig.from_dict(load_config_file(packaged_config("demo")))
                                          ("--keep-checkpoints", "keep_checkpoints")])
 def test_train_flags_say_their_default_as_resolved_from_the_packaged_config(command, flag, option):
     value = getattr(DEMO, option)
-    assert f"(default {value:g}, from the packaged demo config" in _help(command, flag)
+    assert f"(default {value}, from the packaged demo config" in _help(command, flag)
 
 
 def test_the_resolved_defaults_are_the_packaged_files_not_the_dataclass():
@@ -70,13 +70,21 @@ def test_one_name_per_idea_and_the_old_name_an_alias_that_says_the_new_one(comma
     assert set(unset) == set(by_new)
 
 
-def test_train_keeps_attention_window_and_the_window_error_names_the_flag_typed(capsys):
+def test_the_window_error_names_the_canonical_flag_whichever_name_was_typed(capsys):
     from spe.lab.cli.main import main
 
     for flag in ("--window", "--attention-window"):
         assert main(["generate", "--checkpoint", "nowhere", flag, "-1"]) == 2
-        assert capsys.readouterr().err.strip() == (f"spe generate: error: {flag} must be 0 (the whole past) or a "
-                                                   "positive number of positions, got -1")
+        assert capsys.readouterr().err.strip() == ("spe generate: error: --attention-window must be 0 (the whole past) "
+                                                   "or a positive number of positions, got -1")
+
+
+@pytest.mark.parametrize("flag,default", [("--prompt-bars", "2"), ("--length", "1024"), ("--out", "generated.mid"),
+                                          ("--seed", "0"), ("--top-p", "0.9"), ("--temperature", "1.2"),
+                                          ("--device", "cpu")])
+def test_generate_options_say_their_argparse_default(flag, default):
+    action = next(a for a in _subparser("generate")._actions if flag in a.option_strings)
+    assert str(action.default) == default and f"default {default}" in _help("generate", flag)
 
 
 def test_a_warmup_as_long_as_the_run_is_warned_in_one_line():

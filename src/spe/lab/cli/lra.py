@@ -11,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from spe.lab.cli.names import add_aliased
+from spe.lab.cli.names import add_aliased, say_defaults
 from spe.lab.options import check_threads
 
 __all__ = ["add_lra_parser", "cmd_lra"]
@@ -73,29 +73,9 @@ def _cmd_plan(args: argparse.Namespace) -> tuple[Path, str]:
     return out, f"results: {out / 'results.json'}, {out / 'results.md'}, {out / 'loss.png'}"
 
 
-def _preset_defaults():
-    """``d(option)``: the option's default as resolved per task from the default preset, cpu-small,
-    for a flag's help (`` (default: the preset's; cpu-small: listops 2000, text 600, …)``)."""
-    from spe.lab.data.listops import LISTOPS_MAX_TOKENS
-    from spe.lab.data.lra.tasks import DEFAULT_LENGTHS, TASKS
-    from spe.lab.lra import preset_config
-
-    configs = {task: preset_config(task, "sinespe", "performer") for task in TASKS}
-
-    def value(task: str, option: str):
-        cfg = configs[task]
-        if option == "num_realizations":
-            return cfg.model.get(option)
-        if option == "max_length" and cfg.max_length is None:
-            return DEFAULT_LENGTHS[task] or f"its longest row, at most {LISTOPS_MAX_TOKENS}"
-        return getattr(cfg, option)
-
-    return lambda option: (" (default: the preset's; cpu-small: "
-                           + ", ".join(f"{task} {value(task, option)}" for task in TASKS) + ")")
-
-
 def add_lra_parser(sub) -> None:
     from spe.lab.cli.names import flag_choices
+    from spe.lab.lra.config import preset_defaults
 
     p = sub.add_parser("lra", help="Long Range Arena: train encoder classifiers over seeds, test the best checkpoints")
     names = flag_choices()
@@ -111,13 +91,12 @@ def add_lra_parser(sub) -> None:
                    help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "
                         "operators without '[', digits, no ']' and no parentheses)")
     p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's)")
-    d = _preset_defaults()
-    p.add_argument("--steps", type=int, help="optimizer steps per seed" + d("steps"))
-    p.add_argument("--batch-size", type=int, help="examples per step" + d("batch_size"))
-    p.add_argument("--eval-every", type=int, help="steps between validations" + d("eval_every"))
+    p.add_argument("--steps", type=int, help="optimizer steps per seed")
+    p.add_argument("--batch-size", type=int, help="examples per step")
+    p.add_argument("--eval-every", type=int, help="steps between validations")
     add_aliased(p, "--seq-len", "--max-length", type=int, dest="max_length",
-                help="input length: tokens per sequence / document, longer ones truncated" + d("max_length"))
-    p.add_argument("--num-realizations", type=int, help="R for SPE" + d("num_realizations"))
+                help="input length: tokens per sequence / document, longer ones truncated")
+    p.add_argument("--num-realizations", type=int, help="R for SPE")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE", help="any classifier option, e.g. "
                    "gated=false, gate_init=-2, code_noise=orthogonal (VALUE read as TOML, else text; repeatable)")
     p.add_argument("--positional-lr-scale", type=float, help="lr multiplier of positional parameters (default 1)")
@@ -136,4 +115,5 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model for training (falls back to the uncompiled model with a warning)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    say_defaults(p, preset_defaults(), "the preset's, here cpu-small's per task")
     p.set_defaults(func=cmd_lra)

@@ -14,7 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from spe.lab.cli.names import add_aliased
+from spe.lab.cli.names import add_aliased, say_defaults
+from spe.lab.options import parse_int_list
 
 __all__ = ["UsageError", "build_parser", "main"]
 
@@ -78,20 +79,7 @@ def _add_piece_bound_flag(p: argparse.ArgumentParser, default: str = "65536") ->
                    f"and counted (default {default}, 3.8 times the longest Bach chorale)")
 
 
-def _packaged_defaults() -> dict:
-    """The training options of the packaged demo config, resolved (the file's values over
-    TrainConfig's defaults): what a flag left out means when --config is not given."""
-    from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
-
-    return vars(TrainConfig.from_dict(load_config_file(packaged_config("demo"))))
-
-
 def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> None:
-    d = _packaged_defaults()
-
-    def default(name: str) -> str:
-        return f" (default {d[name]:g}, from the packaged demo config; --config's if it sets it)"
-
     p.add_argument("--config", help="TOML file of options (default: the packaged demo config)")
     p.add_argument("--data", help="folder of .mid/.midi files, or music21:NAME for a composer of music21's "
                    "corpus (e.g. music21:palestrina); default: the Bach chorales")
@@ -99,15 +87,15 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     _add_piece_bound_flag(p)
     if with_out:
         p.add_argument("--out", help="run folder for checkpoint, logs and plots")
-    p.add_argument("--steps", type=int, help="optimizer steps" + default("steps"))
-    p.add_argument("--seq-len", type=int, help="training length in tokens" + default("seq_len"))
+    p.add_argument("--steps", type=int, help="optimizer steps")
+    p.add_argument("--seq-len", type=int, help="training length in tokens")
     p.add_argument("--batch-size", type=int,
-                   help="crops per step over all processes (under torchrun each takes its share)" + default("batch_size"))
-    p.add_argument("--lr", type=float, help="peak learning rate" + default("lr"))
-    p.add_argument("--warmup-steps", type=int,
-                   help="linear warmup steps (a warning if not below --steps)" + default("warmup_steps"))
-    p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints" + default("eval_every"))
+                   help="crops per step over all processes (under torchrun each takes its share)")
+    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--warmup-steps", type=int, help="linear warmup steps (a warning if not below --steps)")
+    p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
     from spe.lab.cli.names import flag_choices
+    from spe.lab.train.config import packaged_defaults
 
     names = flag_choices()
     p.add_argument("--positional", help=names["positional"] + " (score encodings select softmax unless "
@@ -129,22 +117,22 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                    help="any model option (a ModelConfig field; repeatable), e.g. rope_base=500000 or "
                    "code_noise=orthogonal; VALUE read as TOML (true, 64, 1e-3), else as text")
-    p.add_argument("--d-model", type=int, help="model width C (default: the config's [model] d_model, 256 in "
-                   "the packaged one)")
-    p.add_argument("--num-layers", type=int, help="blocks (default: the config's, 4 in the packaged one)")
-    p.add_argument("--num-heads", type=int, help="attention heads H (default: the config's, 4 in the packaged one)")
-    p.add_argument("--seed", type=int, help="random seed, in [0, 2**63 - 1]" + default("seed"))
-    p.add_argument("--device", help=f"cpu or cuda (default {d['device']})")
-    p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)" + default("threads"))
+    p.add_argument("--d-model", type=int, help="model width (default: the config's [model] d_model)")
+    p.add_argument("--num-layers", type=int, help="blocks (default: the config's)")
+    p.add_argument("--num-heads", type=int, help="attention heads (default: the config's)")
+    p.add_argument("--seed", type=int, help="random seed, in [0, 2**63 - 1]")
+    p.add_argument("--device", help="cpu or cuda")
+    p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
     p.add_argument("--precision", choices=names["precision"],
                    help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient "
                    "scaler (CUDA)")
     p.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install 'spe[log]')")
-    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints" + default("keep_checkpoints"))
+    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model for training (off by default; falls back to the uncompiled model "
                    "with a warning where compilation is unavailable)")
+    say_defaults(p, packaged_defaults(), "from the packaged demo config; --config's if it sets it")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -156,29 +144,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(summary: dict) -> None:
-    models = summary["models"]
-    buckets = models[0]["buckets"]
-    print("| model | " + " | ".join(f"[{b['start']},{b['end']})" for b in buckets) + " | within | beyond |")
-    print("|" + "---|" * (len(buckets) + 3))
-    for m in models:
-        print(f"| {m['label']} | " + " | ".join(f"{b['ce']:.3f}" for b in m["buckets"])
-              + f" | {m['within']:.3f} | {m['beyond']:.3f} |")
-    print("| unigram | " + " | ".join(f"{b['ce']:.3f}" for b in summary["unigram_buckets"])
-          + f" | {summary['unigram']:.3f} | |")
-    print(f"({summary['num_sequences']} sequences of {summary['max_length']} positions from the "
-          f"{summary.get('split', 'validation')} pieces; nats per token)")
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from spe.lab.evaluation.checkpoints import evaluate_checkpoints
+    from spe.lab.evaluation.checkpoints import evaluate_checkpoints, summary_table
 
     summary = evaluate_checkpoints(args.checkpoint, Path(args.out), max_length=args.max_length, data=args.data,
                                    cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
                                    json_path=args.json, progress=not args.no_progress,
                                    num_realizations=args.num_realizations, num_draws=args.num_draws,
                                    window=args.window, split=args.split, max_piece_tokens=args.max_piece_tokens)
-    _print_summary(summary)
+    print(summary_table(summary))
     log.info("wrote %s", ", ".join(str(Path(args.out) / f) for f in ("per_position.csv", "extrapolation.png", "summary.json")))
     return 0
 
@@ -201,7 +175,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.probe_tokens < 1:
         raise UsageError(f"--probe-tokens must be positive, got {args.probe_tokens}")
     path = build_report(args.checkpoint, Path(args.out), data=args.data, cache_dir=args.cache_dir,
-                        max_length=args.max_length, r_test=_int_list(args.r_test, "--r-test") if args.r_test else (),
+                        max_length=args.max_length, r_test=parse_int_list(args.r_test, "--r-test") if args.r_test else (),
                         generate_length=args.length, num_probe_tokens=args.probe_tokens, device=args.device,
                         progress=not args.no_progress)
     print(f"wrote {path}")
@@ -210,6 +184,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """train each positional encoding -> evaluate them together -> generate with the first."""
+    from spe.lab.evaluation.checkpoints import summary_table
     from spe.lab.experiments.demo import run_demo
 
     out = Path(args.out)
@@ -225,7 +200,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                       progress=not args.no_progress)
     info = result["generated"]
     print()
-    _print_summary(result["summary"])
+    print(summary_table(result["summary"]))
     print(f"\ngenerated {info['out']}: {info['total_tokens']} tokens (training length {info['training_length']}), "
           f"{info['notes']} notes, {info['bars']} bars, {info['beats']:.1f} beats")
     print("wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result["timings_s"].items()))
@@ -245,16 +220,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               threads=args.threads, progress=not args.no_progress)
     print((out / "results.md").read_text())
     return 0
-
-
-def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"{flag} takes comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{flag} takes positive integers, got {text!r}")
-    return values
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -289,7 +254,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     layer_modes = [m for m in modes if m != "model"]
     result = {"records": [], "matmul_gflops": None, "config": {}, "lengths": []}
     if layer_modes:
-        result = run_bench(lengths=_int_list(args.lengths, "--lengths"), modes=layer_modes, series=series,
+        result = run_bench(lengths=parse_int_list(args.lengths, "--lengths"), modes=layer_modes, series=series,
                            attentions=attentions or BENCH_ATTENTIONS, batch=args.batch_size,
                            num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
                            device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs,
@@ -317,10 +282,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_model(args: argparse.Namespace, model: dict, series, attentions, decays: list[str]) -> dict:
     """``--modes model`` (interleaved rounds of one AdamW step per encoding) and ``--longest``."""
     from spe.lab.bench.model import longest_length, merge_rounds, parse_longest, parse_shapes, run_model_rounds
+    from spe.lab.bench.model import remi_vocab_size
     from spe.models import ModelConfig
 
     default_attention = model.get("attention", ModelConfig.attention)
-    common = dict(model=model, vocab_size=_remi_vocab_size(), repeats=args.repeats, device=args.device,
+    common = dict(model=model, vocab_size=remi_vocab_size(), repeats=args.repeats, device=args.device,
                   threads=args.threads, max_seconds=args.budget_s, precision=args.precision)
     timeout = max(120.0, 8 * args.budget_s)
     out: dict = {"memory_budget_mb": args.memory_budget_mb}
@@ -346,15 +312,6 @@ def _bench_model(args: argparse.Namespace, model: dict, series, attentions, deca
     return out
 
 
-def _remi_vocab_size() -> int:
-    """Vocabulary of the REMI tokenizer used for music (300 if MidiTok is not installed)."""
-    try:
-        from spe.lab.data.music import make_tokenizer
-    except ImportError:
-        return 300
-    return len(make_tokenizer())
-
-
 def _add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a decoder LM on MIDI (default: Bach chorales)")
     _add_train_flags(p)
@@ -367,11 +324,6 @@ def _add_train_parser(sub) -> None:
                    "of a previous step's crop (Buitrago Ruiz & Gu 2025); recurrent-state kernels only")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
-
-
-# evaluate's and generate's window: train's --attention-window, at test time
-_WINDOW = dict(type=int, dest="window", metavar="W",
-               help="sliding attention window W in positions (0: the whole past; default: as trained)")
 
 
 def _add_evaluate_parser(sub) -> None:
@@ -391,7 +343,8 @@ def _add_evaluate_parser(sub) -> None:
     p.add_argument("--num-realizations", type=int, help="SPE realisations R at test time (default: as trained)")
     p.add_argument("--num-draws", type=int, default=1,
                    help="SPE codes whose predicted probabilities are averaged (default 1)")
-    add_aliased(p, "--attention-window", "--window", **_WINDOW)
+    add_aliased(p, "--attention-window", "--window", type=int, dest="window", metavar="W",
+                help="sliding attention window W (0: the whole past; default: as trained)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_evaluate)
@@ -416,19 +369,15 @@ def _add_report_parser(sub) -> None:
 def _add_generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="sample new music (nucleus sampling) to a MIDI file")
     p.add_argument("--checkpoint", required=True, help="run folder or .safetensors of a trained model")
-    p.add_argument("--prompt", help="MIDI file whose first bars start the piece (default: none, start from scratch)")
-    p.add_argument("--prompt-bars", type=int, default=2,
-                   help="bars of the prompt to keep, at least 1 (default 2; more than the prompt has: all of it)")
-    p.add_argument("--length", type=int, default=1024,
-                   help="tokens to generate (may exceed the training length; default 1024)")
+    p.add_argument("--prompt", help="MIDI file whose first bars start the piece (default: none)")
+    p.add_argument("--prompt-bars", type=int, default=2, help="bars of the prompt kept, ≥ 1 (default 2; more than it has: all)")
+    p.add_argument("--length", type=int, default=1024, help="tokens to generate (default 1024; may exceed the training length)")
     p.add_argument("--out", default="generated.mid", help="MIDI file written (default generated.mid)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sampling, in [0, 2**63 - 1] (default 0)")
-    p.add_argument("--top-p", type=float, default=0.9,
-                   help="nucleus sampling: sample from the smallest set of tokens of probability ≥ P, in (0, 1] "
-                   "(default 0.9)")
-    p.add_argument("--temperature", type=float, default=1.2,
-                   help="divides the logits before sampling, finite and positive (default 1.2)")
-    add_aliased(p, "--attention-window", "--window", **_WINDOW)
+    p.add_argument("--top-p", type=float, default=0.9, help="nucleus: sample from the top tokens of mass P, in (0, 1] (default 0.9)")
+    p.add_argument("--temperature", type=float, default=1.2, help="divides the logits before sampling, > 0 (default 1.2)")
+    add_aliased(p, "--attention-window", "--window", type=int, dest="window", metavar="W",
+                help="sliding attention window W (0: the whole past; default: as trained)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
@@ -549,14 +498,12 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _check_library_options(args: argparse.Namespace) -> None:
     """Flags whose rule the library owns, checked by the library's own validator before any work."""
-    from spe.lab.cli.names import typed_name
-    from spe.lab.options import check_option, check_threads
+    from spe.lab.options import check_seed, check_threads
     from spe.models.config import decode_window
 
-    decode_window(getattr(args, "window", None), typed_name(args, "--attention-window", "--window"))
+    decode_window(getattr(args, "window", None), "--attention-window")
     check_threads(getattr(args, "threads", None), "--threads")
-    if getattr(args, "seed", None) is not None:
-        check_option("seed", args.seed, "--seed")
+    check_seed(getattr(args, "seed", None), "--seed")
     if getattr(args, "temperature", None) is not None:
         from spe.generation import check_sampling
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_aliased", "flag_choices", "typed_name"]
+__all__ = ["add_aliased", "flag_choices", "say_defaults"]
 
 
 def flag_choices() -> dict:
@@ -29,7 +29,10 @@ def add_aliased(p: argparse.ArgumentParser, name: str, old: str, **keywords) -> 
                    help=f"old name of {name} (an alias)")
 
 
-def typed_name(args: argparse.Namespace, name: str, old: str) -> str:
-    """How the user named an aliased flag: ``old`` if typed so, else ``name``."""
-    typed = getattr(args, "argv", [])
-    return old if any(a == old or a.startswith(old + "=") for a in typed) else name
+def say_defaults(p: argparse.ArgumentParser, values: dict, source: str) -> None:
+    """Appends ``(default V, SOURCE)`` to the help of each flag of ``p`` whose destination
+    ``values`` resolves and whose help does not say its default yet (aliases left as they are)."""
+    for a in p._actions:
+        if a.dest in values and a.default is not argparse.SUPPRESS and "(default" not in (a.help or ""):
+            a.help = f"{a.help} (default {values[a.dest]}, {source})"
+

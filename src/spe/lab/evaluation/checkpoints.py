@@ -23,7 +23,8 @@ from spe.encodings.registry import positional_spec
 from spe.lab.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
 from spe.lab.outputs import check_output_file, check_output_folder, check_outside_data
 
-__all__ = ["evaluate_checkpoints", "evaluate_models", "model_label", "stored_summary", "write_evaluation"]
+__all__ = ["evaluate_checkpoints", "evaluate_models", "model_label", "stored_summary", "summary_table",
+           "write_evaluation"]
 
 # Moving-mean width of the curves in extrapolation.png, in positions.
 SMOOTHING = 16
@@ -257,3 +258,18 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
                               progress=progress)
     write_evaluation(summary, out, json_path=json_path)
     return summary
+
+
+def summary_table(summary: dict) -> str:
+    """:func:`evaluate_models`'s summary as a Markdown table: mean cross-entropy per bucket of
+    positions, within and beyond the training length, per model and for the unigram baseline."""
+    models, buckets = summary["models"], summary["models"][0]["buckets"]
+    lines = ["| model | " + " | ".join(f"[{b['start']},{b['end']})" for b in buckets) + " | within | beyond |",
+             "|" + "---|" * (len(buckets) + 3)]
+    lines += [f"| {m['label']} | " + " | ".join(f"{b['ce']:.3f}" for b in m["buckets"])
+              + f" | {m['within']:.3f} | {m['beyond']:.3f} |" for m in models]
+    lines.append("| unigram | " + " | ".join(f"{b['ce']:.3f}" for b in summary["unigram_buckets"])
+                 + f" | {summary['unigram']:.3f} | |")
+    lines.append(f"({summary['num_sequences']} sequences of {summary['max_length']} positions from the "
+                 f"{summary.get('split', 'validation')} pieces; nats per token)")
+    return "\n".join(lines)
