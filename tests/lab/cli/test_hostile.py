@@ -202,7 +202,7 @@ CASES = [
     ("d_ff 10^11", lambda r, c: _train(r, c, "run", *_new(r, "--model-option", "d_ff=100000000000")),
      r"the model needs at least .*d_ff 100,000,000,000", ()),
     ("num_realizations 10^10", lambda r, c: _train(r, c, "run", *_new(r, "--positional", "sinespe", "--attention",
-                                                                      "performer", "--model-option",
+                                                                      "linear-elu", "--model-option",
                                                                       "num_realizations=10000000000")),
      r"the model needs at least .*num_realizations 10,000,000,000\)$", ()),
     ("short_conv 2^63 - 1 in a config", lambda r, c: _train(r, c, "huge_conv", *_new(r)),
