@@ -109,7 +109,7 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
     length = max_length or (split.test_min_tokens - 1 if split.evaluated == "test"
                             else 3 * max(c.seq_len for c in checkpoints))
     for loaded in checkpoints:
-        loaded.check_length(length, f"--max-length {length}" if max_length
+        loaded.check_length(length, f"--eval-length {length}" if max_length
                             else f"the default length {length}")
     seqs = validation_sequences(split, length)
     results = []
