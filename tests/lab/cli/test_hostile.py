@@ -379,3 +379,21 @@ def test_resuming_a_state_passing_run_without_the_flag_says_so(tmp_path):
         train(again, resume=True, progress=False)
     assert f"--resume: {tmp_path / 'run'} was trained with state passing; it goes on without it, as asked (pass " \
            "--state-passing to keep it)" in [str(w.message) for w in caught]
+
+
+def test_an_over_long_listops_row_is_refused_before_padding(tmp_path, capsys):
+    """One row of 70,002 tokens padded every sequence to it (3.7 GB a cpu-small step); LRA keeps 2,000."""
+    from spe.lab.data.listops import SPLIT_FILES
+
+    row = "[MAX 1 2 ]\t2\n"
+    for name in SPLIT_FILES.values():
+        (tmp_path / name).write_text("Source\tTarget\n" + row * 4)
+    with open(tmp_path / SPLIT_FILES["train"], "a") as f:
+        f.write("[MAX " + "1 " * 69_999 + "]\t1\n")
+    assert main(["lra", "--task", "listops", "--data", str(tmp_path), "--out", str(tmp_path / "out"), "--steps", "1",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(r"spe lra: error: ListOps: \S+basic_train\.tsv:6 has 70,001 tokens, more than the 2,000 "
+                        r"that LRA's pipeline keeps .*pass a length \(spe lra --seq-len N\) to truncate every row to "
+                        r"N tokens", err), err
+    assert not (tmp_path / "out").exists()
