@@ -20,7 +20,8 @@ from torch import Tensor
 from spe.ops.decay import check_log_decay
 from spe.ops.feature_maps import ScaledFeatures, split_key_features
 from spe.ops.gates import check_gates, is_gate, suffix_sums
-from spe.ops.linear import LinearState, check_normalize, check_normaliser_features, check_linear_state, kernel_dtype, normalise
+from spe.ops.linear import (LinearState, check_linear_state, check_normalize, check_normaliser_features, kernel_dtype,
+                            normalise)
 from spe.ops.softmax import attend, check_window, softmax_gates
 from spe.ops.state import (
     KVCache,
