@@ -23,6 +23,7 @@ from spe.models.classifier_config import ClassifierConfig
 from spe.models.config import ModelConfig, decode_window
 from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
+from spe.paths import not_a_file
 
 __all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint", "atomic_write",
            "check_finite_weights", "fsync_dir", "load", "load_metadata", "max_positions",
@@ -97,8 +98,11 @@ def _resolve(path: str | os.PathLike) -> Path:
     elif path.name == TRAIN_STATE_FILE or path.suffix == ".pt":
         raise ValueError(f"{path} is a training state (optimizer and random states), not a model: pass "
                          f"the run folder {path.parent} or its {MODEL_FILE}")
-    if not path.is_file():
+    problem = not_a_file(path)
+    if problem == "does not exist":
         raise FileNotFoundError(f"no checkpoint at {path} (expected a {MODEL_FILE} file or a folder holding one)")
+    if problem:
+        raise ValueError(f"checkpoint {path} {problem} (expected a {MODEL_FILE} file or a folder holding one)")
     return path
 
 

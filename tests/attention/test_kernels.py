@@ -121,7 +121,7 @@ def test_steps_equal_the_parallel_kernel_with_the_same_final_state(name, transfo
         torch.testing.assert_close(state.values, v[:, kept])
         return
     _, final = causal_linear_attention_with_state(f.q, f.k, v, chunk_size=4, window=window, normalizer=f.normalizer,
-                                                  key_log_scale=f.key_log_scale)
+                                                  key_log_scale=f.key_log_scale, normalize=not spec.normalizer_free)
     assert type(final) is type(state)
     for (field, a), b in zip(_state_tensors(final).items(), _state_tensors(state).values(), strict=True):
         if isinstance(a, torch.Tensor):

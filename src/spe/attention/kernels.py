@@ -25,8 +25,12 @@ so an impossible pair raises the same ValueError wherever it is asked for.
 
 ``linear`` is normaliser-free (RetNet, GLA, fla's ``linear_attn``): identity features and
 y_m = Σ_{n≤m} w_mn (q_m·k_n) v_n without a denominator (``normalize=False`` of the linear
-ops), so with SPE q̂·k̂ estimates Σ_d q_d k_d P_d(m − n) directly. Its spec says
-``normalizer_free``, and the layer then applies a per-head RMS norm to its output.
+ops). With SPE (q̂, k̂ of :class:`~spe.SPEFilter`, each scaled by (D·R)^{−1/4}, eq. (16)-(17))
+E[q̂_m·k̂_n] = (R / √(D·R)) Σ_d q_d k_d P_d(m − n) = √(R/D) Σ_d q_d k_d P_d(m − n): the output
+is √(R/D) times that of the exact relative kernel (exactly so, not only in expectation,
+for ungated sineSPE with orthogonal noise and 2K·D ≤ R; gated, P_d becomes (1 − δ_d) P_d + δ_d).
+Its spec says ``normalizer_free``, and the layer then applies a per-head RMS norm to its
+output, which removes that factor (up to the norm's ε); a direct kernel call keeps it.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from spe.ops.feature_maps import elu_feature_map, favor_feature_map, favor_key_features, relu_feature_map
-from spe.ops.linear import causal_linear_attention_with_state, kernel_dtype, linear_attention
-from spe.ops.recurrent import append_to_cache, linear_attention_step, prefill_cache, softmax_attention_step
+from spe.ops.linear import kernel_dtype, unchecked_causal_linear_attention_with_state, unchecked_linear_attention
+from spe.ops.recurrent import append_to_cache, prefill_cache, softmax_attention_step, unchecked_linear_attention_step
 from spe.ops.softmax import check_key_padding_mask, softmax_attention
 from spe.ops.state import (
     KVCache,
@@ -305,7 +309,7 @@ def _softmax_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions,
 
 def _linear_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions, state=None, *,
                     normalize: bool = True) -> tuple[Tensor, Any]:
-    return causal_linear_attention_with_state(f.q, f.k, v, chunk_size=o.chunk_size, window=o.window,
+    return unchecked_causal_linear_attention_with_state(f.q, f.k, v, chunk_size=o.chunk_size, window=o.window,
                                               normalizer=f.normalizer, key_log_scale=f.key_log_scale,
                                               log_decay=o.decay, normalize=normalize, initial_state=state)
 
@@ -313,13 +317,13 @@ def _linear_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions, state=None, 
 def _linear_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions, *, normalize: bool = True) -> Tensor:
     if o.causal:
         return _linear_prefill(f, v, o, normalize=normalize)[0]
-    return linear_attention(f.q, f.k, v, key_padding_mask=o.key_padding_mask, normalizer=f.normalizer,
+    return unchecked_linear_attention(f.q, f.k, v, key_padding_mask=o.key_padding_mask, normalizer=f.normalizer,
                             key_log_scale=f.key_log_scale, log_decay=o.decay, chunk_size=o.chunk_size,
                             normalize=normalize)
 
 
 def _linear_step(f: KernelFeatures, v: Tensor, state, o: KernelOptions, *, normalize: bool = True):
-    return linear_attention_step(f.q, f.k, v, state, window=o.window, normalizer=f.normalizer,
+    return unchecked_linear_attention_step(f.q, f.k, v, state, window=o.window, normalizer=f.normalizer,
                                  key_log_scale=f.key_log_scale, log_decay=o.decay, normalize=normalize)
 
 

@@ -605,13 +605,18 @@ class MultiHeadAttention(nn.Module):
                 a real one. Non-causal layers only.
 
         Returns:
-            (B, L, C). Outputs at padded positions are computed but meaningless.
+            (B, L, C). Outputs at padded positions are computed but meaningless. An empty
+            input (B = 0 or L = 0) gives an empty output of that shape (no code needed).
 
         Raises:
             ValueError: on a padding mask with a causal layer or of the wrong shape;
-                positions with a score encoding.
+                positions with a score encoding; ``x`` that is not (B, L, C).
         """
         self._check_call(positions, key_padding_mask)
+        if x.dim() != 3 or x.shape[-1] != self.out.in_features:
+            raise ValueError(f"x must be (batch, length, d_model = {self.out.in_features}), got shape {tuple(x.shape)}")
+        if x.numel() == 0:  # nothing to attend (gates, convolutions and chunk sizes need a position)
+            return self.out(x)
         context, _ = self._prepare(x, self._positions(positions, x), None, key_padding_mask)
         q, k, v, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         options = self._options(x, key_padding_mask, context)

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.code import DenseCode
-from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
+from spe.encodings.positions import (NOISE_DTYPE, check_code_seed, code_generator, require_positive,
+                                     resolve_positions)
 from spe.encodings.filter import SPEOptions, build_filter
 from spe.encodings.spec import PositionalSpec, head_dim, option
 
@@ -65,14 +66,19 @@ class ConvSPE(nn.Module):
             (for encoders, e.g. Long Range Arena). Either way E[Q̄_d(m) K̄_d(n)] / R =
             Σ_p Φ^Q_d(p) Φ^K_d(p − (m − n)) (the shift is common to Q̄ and K̄), so
             :meth:`kernel` is the same formula; only the initial filters differ.
+        code_seed: seed of the code drawn in eval mode without a ``generator`` (default 0):
+            in ``eval()`` every call draws the same code, so a layer using it is
+            deterministic; in training mode each call draws a new one.
 
     Raises:
         ValueError: if a size is not a positive integer or ``impl`` is unknown.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_realizations: int = 32,
-                 kernel_size: int = 64, *, impl: str = "auto", causal: bool = True) -> None:
+                 kernel_size: int = 64, *, impl: str = "auto", causal: bool = True,
+                 code_seed: int = 0) -> None:
         super().__init__()
+        self.code_seed = check_code_seed("ConvSPE", code_seed)
         if impl not in ("auto", "fft", "direct"):
             raise ValueError(f"ConvSPE: impl must be 'auto', 'fft' or 'direct', got {impl!r}")
         if not isinstance(causal, bool):
@@ -144,7 +150,9 @@ class ConvSPE(nn.Module):
             length: positions 0 … length−1; or ``positions`` (L,), or ``query_positions``
                 (Lq,) with ``key_positions`` (Lk,); integer positions ≥ 0.
             num_realizations: R for this draw (default: the constructor's).
-            generator: source of randomness (a seed for the noise blocks, and ε).
+            generator: source of randomness (a seed for the noise blocks, and ε); default: in
+                eval mode one seeded with ``code_seed`` (the same code at every call), in
+                training mode PyTorch's default generator (a new code at every call).
 
         Returns:
             A :class:`DenseCode` with qbar (Lq, H, D, R), kbar (Lk, H, D, R), gate_noise (H, D, R).
@@ -162,6 +170,7 @@ class ConvSPE(nn.Module):
                 raise ValueError(f"ConvSPE: positions must be ≥ 0, got {int(pos.min())}")
         r = self.num_realizations if num_realizations is None else num_realizations
         require_positive("ConvSPE", num_realizations=r)
+        generator = code_generator(self, generator)
         seed = int(torch.randint(0, 1 << 31, (1,), generator=generator))
         eps = torch.randn(self.num_heads, self.head_dim, r, generator=generator, dtype=NOISE_DTYPE)
         eps = eps.to(device=self.filters_q.device, dtype=self.filters_q.dtype)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.code import DenseCode
-from spe.encodings.positions import require_positive
+from spe.encodings.positions import check_code_seed, code_generator, require_positive
 from spe.encodings.conv import ConvOptions
 from spe.encodings.filter import SPEOptions, build_filter
 from spe.encodings.spec import PositionalSpec, head_dim
@@ -92,14 +92,17 @@ class ConvSPE2d(nn.Module):
             beyond offsets of P1 − 1 rows or P2 − 1 columns.
         impl: ``fft`` (:func:`filter_noise_2d`), ``direct`` (:func:`filter_noise_2d_direct`) or
             ``auto`` (fft when P1·P2 ≥ 64). Same numbers either way.
+        code_seed: seed of the code drawn in eval mode without a ``generator`` (default 0):
+            in ``eval()`` every call draws the same code; in training mode each call a new one.
 
     Raises:
         ValueError: if a size is not a positive integer or ``impl`` is unknown.
     """
 
     def __init__(self, num_heads: int, head_dim: int, num_realizations: int = 64,
-                 kernel_size: int | tuple[int, int] = 8, *, impl: str = "auto") -> None:
+                 kernel_size: int | tuple[int, int] = 8, *, impl: str = "auto", code_seed: int = 0) -> None:
         super().__init__()
+        self.code_seed = check_code_seed("ConvSPE2d", code_seed)
         if impl not in ("auto", "fft", "direct"):
             raise ValueError(f"ConvSPE2d: impl must be 'auto', 'fft' or 'direct', got {impl!r}")
         p1, p2 = _pair("ConvSPE2d", "kernel_size", kernel_size, square=True)
@@ -124,7 +127,9 @@ class ConvSPE2d(nn.Module):
         Args:
             grid: (Y, X), the grid's height and width in positions.
             num_realizations: R for this draw (default: the constructor's).
-            generator: source of the noise Z and the gating noise ε (drawn on the CPU, then moved).
+            generator: source of the noise Z and the gating noise ε (drawn on the CPU, then moved);
+                default: in eval mode one seeded with ``code_seed`` (the same code at every
+                call), in training mode PyTorch's default generator.
 
         Returns:
             A :class:`DenseCode` with qbar, kbar (Y·X, H, D, R), row-major, and gate_noise (H, D, R).
@@ -138,6 +143,7 @@ class ConvSPE2d(nn.Module):
         r = self.num_realizations if num_realizations is None else num_realizations
         require_positive("ConvSPE2d", height=height, width=width, num_realizations=r)
         (p1, p2), h, d = self.kernel_size, self.num_heads, self.head_dim
+        generator = code_generator(self, generator)
         like = dict(device=self.filters_q.device, dtype=self.filters_q.dtype)
         z = torch.randn(height + p1 - 1, width + p2 - 1, h, d, r, generator=generator).to(**like)
         eps = torch.randn(h, d, r, generator=generator).to(**like)

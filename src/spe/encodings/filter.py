@@ -6,6 +6,7 @@ H = num_heads, D = head_dim, R = num_realizations, K = num_sines.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,8 +18,15 @@ from spe.ops.sine_costs import choose_sine_impl
 from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
 from spe.encodings.spec import LayerEncoding, head_dim, option
 
-__all__ = ["IMPLS", "SPEFilter", "SPEOptions", "apply_code", "apply_code_reference",
+__all__ = ["IMPLS", "SPEFilter", "SPEOptions", "apply_code", "check_gate_init", "apply_code_reference",
            "apply_sine_code_blocked", "apply_sine_code_fused", "build_filter"]
+
+
+def check_gate_init(gate_init) -> None:
+    """Raises ValueError unless ``gate_init`` is a finite number (a NaN logit makes every gated
+    q̂, k̂ NaN: the loss of the first step would be the first sign)."""
+    if isinstance(gate_init, bool) or not isinstance(gate_init, int | float) or not math.isfinite(gate_init):
+        raise ValueError(f"gate_init must be a finite number (a gate logit), got {gate_init!r}")
 
 
 def _check(queries: Tensor, keys: Tensor, code: SPECode, num_heads: int, head_dim: int) -> None:
@@ -174,8 +182,8 @@ class SPEFilter(LayerEncoding):
     mismatch would refuse autocast itself.
 
     Raises:
-        ValueError: if ``num_heads`` or ``head_dim`` is not a positive integer, or ``impl`` is
-            unknown.
+        ValueError: if ``num_heads`` or ``head_dim`` is not a positive integer, ``gate_init``
+            is not a finite number, or ``impl`` is unknown.
     """
 
     layer_attribute = "spe_filter"
@@ -187,6 +195,7 @@ class SPEFilter(LayerEncoding):
         if impl not in IMPLS:
             raise ValueError(f"SPEFilter: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
         require_positive("SPEFilter", num_heads=num_heads, head_dim=head_dim)
+        check_gate_init(gate_init)
         self.num_heads, self.head_dim, self.impl = num_heads, head_dim, impl
         self.gate_logits = nn.Parameter(torch.full((num_heads, head_dim), float(gate_init))) if gated else None
 
@@ -277,8 +286,10 @@ class SPEOptions:
     spe_impl: str = "auto"
 
     def check_options(self) -> None:
-        """Raises ValueError on R that is not a positive integer or an unknown ``spe_impl``."""
+        """Raises ValueError on R that is not a positive integer, a ``gate_init`` that is not
+        finite or an unknown ``spe_impl``."""
         require_positive(type(self).__name__, num_realizations=self.num_realizations)
+        check_gate_init(self.gate_init)
         if self.spe_impl not in IMPLS:
             raise ValueError(f"spe_impl must be one of {', '.join(IMPLS)}, got {self.spe_impl!r}")
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.conv import ConvOptions, ConvSPE
-from spe.encodings.filter import SPEOptions
+from spe.encodings.filter import SPEOptions, check_gate_init
 from spe.encodings.positions import require_positive
 from spe.encodings.sine import SineOptions, SineSPE
 from spe.ops.phases import sine_features
@@ -123,6 +123,7 @@ class ExactSPEScores(ScoreEncoding):
         super().__init__()
         require_positive("ExactSPEScores", num_heads=num_heads, head_dim=head_dim)
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
+        check_gate_init(gate_init)
         self.gate_logits = nn.Parameter(torch.full((num_heads, head_dim), float(gate_init))) if gated else None
         self.__dict__["_source"] = None  # not a submodule: the model owns (and saves) it
 

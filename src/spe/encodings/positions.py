@@ -7,7 +7,7 @@ import operator
 import torch
 from torch import Tensor
 
-__all__ = ["NOISE_DTYPE", "require_positive", "resolve_positions"]
+__all__ = ["NOISE_DTYPE", "check_code_seed", "code_generator", "require_positive", "resolve_positions"]
 
 # SPE noise (Z, ε) is drawn in this dtype whatever the module dtype, then cast, so that a
 # float64 copy of a module draws the same code from the same seed (to float32 rounding).
@@ -68,3 +68,24 @@ def require_positive(owner: str, **values: int) -> None:
             number = None
         if number is None or number < 1:
             raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
+
+
+def code_generator(module, generator: torch.Generator | None) -> torch.Generator | None:
+    """The source of an SPE module's noise: ``generator`` if given; else, in eval mode, a
+    generator seeded with the module's ``code_seed`` (so that two eval-mode calls draw the same
+    code, as :class:`~spe.DecoderLM` does with ``config.code_seed``); else None (PyTorch's
+    default generator: training mode redraws at every call)."""
+    if generator is None and not module.training:
+        return torch.Generator().manual_seed(module.code_seed)
+    return generator
+
+
+def check_code_seed(owner: str, code_seed) -> int:
+    """``code_seed``, checked: an int in [0, 2**63) (what ``torch.Generator.manual_seed`` takes).
+
+    Raises:
+        ValueError: naming ``owner`` and the value otherwise.
+    """
+    if isinstance(code_seed, bool) or not isinstance(code_seed, int) or not 0 <= code_seed < 2 ** 63:
+        raise ValueError(f"{owner}: code_seed must be an integer in [0, 2**63), got {code_seed!r}")
+    return code_seed

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from spe.encodings.clock import CLOCK_TIMES, LearnedClock
 from spe.encodings.code import SineCode, SPECode
 from spe.ops.phases import sine_phase
-from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
+from spe.encodings.positions import (NOISE_DTYPE, check_code_seed, code_generator, require_positive,
+                                     resolve_positions)
 from spe.encodings.filter import SPEFilter, SPEOptions, _check, _gate_term, _scaled, build_filter
 from spe.encodings.spec import PositionalSpec, head_dim, option
 
@@ -83,6 +84,9 @@ class SineSPE(nn.Module):
         noise: ``"gaussian"`` (i.i.d. N(0, 1), the paper) or ``"orthogonal"`` (variance
             reduced, see :func:`orthogonal_noise`): same expected kernel, and each feature's
             kernel estimate Q̄_d K̄_dᵀ / R is exact when 2K ≤ R.
+        code_seed: seed of the code drawn in eval mode without a ``generator`` (default 0):
+            in ``eval()`` every call draws the same code, so a layer using it is
+            deterministic; in training mode each call draws a new one.
 
     Raises:
         ValueError: if a size is not a positive integer (2.0 and True are refused too) or
@@ -98,8 +102,10 @@ class SineSPE(nn.Module):
         *,
         frequency_init: str = "low",
         noise: str = "gaussian",
+        code_seed: int = 0,
     ) -> None:
         super().__init__()
+        self.code_seed = check_code_seed("SineSPE", code_seed)
         if noise not in CODE_NOISES:
             raise ValueError(f"SineSPE: noise must be 'gaussian' or 'orthogonal', got {noise!r}")
         self.noise = noise
@@ -149,7 +155,9 @@ class SineSPE(nn.Module):
             query_positions: (Lq,) positions of the queries.
             key_positions: (Lk,) positions of the keys.
             num_realizations: R for this draw (default: the constructor's).
-            generator: source of the noise Z and ε (drawn on the CPU, then moved).
+            generator: source of the noise Z and ε (drawn on the CPU, then moved); default:
+                in eval mode one seeded with ``code_seed`` (the same code at every call), in
+                training mode PyTorch's default generator (a new code at every call).
 
         Returns:
             A :class:`SineCode` with omega_q (Lq, H, D, 2K), omega_k (Lk, H, D, 2K),
@@ -163,6 +171,7 @@ class SineSPE(nn.Module):
                                          device=self.frequency_logits.device, owner="SineSPE")
         r = self.num_realizations if num_realizations is None else num_realizations
         require_positive("SineSPE", num_realizations=r)
+        generator = code_generator(self, generator)
         h, d, k = self.num_heads, self.head_dim, self.num_sines
         dtype, device = self.frequency_logits.dtype, self.frequency_logits.device
         if self.noise == "orthogonal":

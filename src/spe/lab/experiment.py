@@ -124,6 +124,8 @@ def parse_model_option(text: str) -> tuple[str, bool | int | float | str]:
         value = tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except RecursionError:  # thousands of nested arrays: no scalar either
+        value = None
     if not isinstance(value, bool | int | float | str):
         raise ValueError(f"--model-option {key}: VALUE must be a number, true, false or a string, got {raw!r}")
     return key, value

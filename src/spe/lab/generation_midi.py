@@ -15,6 +15,7 @@ import torch
 from spe.checkpoint import LoadedCheckpoint, atomic_write, load
 from spe.generation import generate
 from spe.lab.outputs import check_output_file
+from spe.paths import not_a_file
 
 __all__ = ["generate_midi", "prompt_ids"]
 
@@ -29,14 +30,18 @@ def prompt_ids(tokenizer, prompt: str | os.PathLike, bars: int) -> list[int]:
 
     Raises:
         FileNotFoundError: if ``prompt`` does not exist.
+        ValueError: if it is not a regular file (naming what it is: a folder, a FIFO …).
         ValueError: if it cannot be read as MIDI, or if its first ``bars`` bars (``bars`` > 0)
             hold no note the tokenizer keeps, naming why: no notes at all, drums only, no
             pitch within the tokenizer's range, or no such note in those bars.
     """
     from symusic import Score
 
-    if not Path(prompt).is_file():
+    problem = not_a_file(prompt)
+    if problem == "does not exist":
         raise FileNotFoundError(f"prompt file {prompt} does not exist")
+    if problem:
+        raise ValueError(f"prompt file {prompt} {problem}")
     try:
         score = Score(str(prompt))
     except Exception as err:  # noqa: BLE001 - symusic raises its own error types
@@ -70,10 +75,11 @@ def _first_bars(tokenizer, score, bars: int) -> list[int]:
     end of bar ``bars`` by the file's time signatures, and doubles while MidiTok's bar
     ``bars`` is not reached (its bars differ where it does not know a signature).
     """
-    from spe.lab.evaluation.music_prompt import bar_start
+    from spe.lab.evaluation.music_prompt import bar_count, bar_start
 
     bar_id = tokenizer.vocab["Bar_None"]
-    limit = max(bar_start(score, bars + 1), 1)
+    # past the file's last bar the limit is its end: walking 10^9 bars to find that took minutes
+    limit = max(bar_start(score, min(bars, bar_count(score)) + 1), 1)
     while True:
         whole = score.end() <= limit
         ids = list(tokenizer.encode(score if whole else _clip_with_sentinel(score, limit, tokenizer)).ids)

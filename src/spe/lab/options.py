@@ -16,8 +16,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["OPTION_RULES", "SCHEDULES", "OptionRule", "check_option", "check_options", "check_threads",
-           "parse_seeds"]
+__all__ = ["OPTION_RULES", "SCHEDULES", "OptionRule", "check_option", "check_options", "check_seed", "check_threads",
+           "parse_int_list", "parse_seeds", "read_toml"]
 
 # The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
 # beside their rule, so that a schedule is checked as the other options are, without torch.
@@ -80,7 +80,8 @@ class OptionRule:
 
 
 _POSITIVE = OptionRule(integer=True, low=1)
-_SEED = OptionRule(integer=True, low=0)
+# torch.manual_seed and Generator.manual_seed take a signed 64-bit integer; beyond it they overflow
+_SEED = OptionRule(integer=True, low=0, high=2 ** 63 - 1, text="an integer in [0, 2**63 - 1]")
 
 # Option name -> its rule, whichever configuration has the option (an option of the same name
 # means the same in every configuration).
@@ -152,6 +153,17 @@ def check_threads(value: int | None, name: str = "threads") -> None:
     check_option("threads", value, name)
 
 
+def check_seed(value: int | None, name: str = "seed") -> None:
+    """Validates a seed, None (unset) or an integer in [0, 2**63 − 1] (what ``torch.manual_seed``
+    takes: 10**20 overflowed inside PyTorch).
+
+    Raises:
+        ValueError: naming ``name``, the value and the range.
+    """
+    if value is not None:
+        check_option("seed", value, name)
+
+
 def parse_seeds(text: str) -> list[int]:
     """``--seeds 0,1,2`` as distinct integers ≥ 0.
 
@@ -167,3 +179,52 @@ def parse_seeds(text: str) -> list[int]:
     for seed in seeds:
         check_option("seed", seed, f"--seeds {text!r}: seed")
     return seeds
+
+
+def read_toml(path, what: str) -> dict:
+    """The parsed TOML file ``path`` (a config file, a plan), every failure one line naming it.
+
+    Args:
+        path: the file.
+        what: how messages name it (``config file``, ``plan``).
+
+    Raises:
+        ValueError: ``WHAT PATH`` and what is wrong: not a regular file (a folder, a FIFO, a
+            device, a link loop: :func:`spe.paths.not_a_file`), not UTF-8 (the byte and its
+            offset), not valid TOML, or nested too deeply for the reader.
+    """
+    import tomllib
+    from pathlib import Path
+
+    from spe.paths import not_a_file
+
+    problem = not_a_file(path)
+    if problem:
+        raise ValueError(f"{what} {path} {problem}")
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{what} {path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})") \
+            from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{what} {path} is not valid TOML: {err}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ValueError(f"{what} {path} nests arrays or tables too deeply to be read") from None
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    """``--lengths 512,1024`` as positive integers.
+
+    Raises:
+        ValueError: naming ``flag`` and ``text`` otherwise.
+    """
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} takes positive integers, got {text!r}")
+    return values

@@ -3,7 +3,8 @@
 A command's ``--json``/``--out`` file must not be a file the command reads (a checkpoint, a
 prompt), an spe checkpoint or training state of any run, or a folder; and it must be
 writable, which is checked before hours of measuring rather than at the final write.
-An output folder must not be a file.
+An output folder must not be a file. No output may lie in (or be) the data folder a command
+reads: it would replace a piece or add files among them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE
 
-__all__ = ["check_output_file", "check_output_folder"]
+__all__ = ["check_output_file", "check_output_folder", "check_outside_data"]
 
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format: a training state or another torch file
 
@@ -102,3 +103,23 @@ def check_output_folder(path: str | os.PathLike, flag: str = "--out") -> Path:
     if not path.exists():
         _writable_parent(path / "x", flag)
     return path
+
+
+def check_outside_data(path: str | os.PathLike, flag: str, data: str | os.PathLike | None) -> None:
+    """Refuses an output (file or folder) that is the data folder ``data`` or lies inside it.
+
+    Args:
+        path: the output path.
+        flag: the option naming it in messages (``--out``, ``--json``).
+        data: the data the command reads: a local folder, or anything else (None,
+            ``music21:NAME``), which holds no output.
+
+    Raises:
+        ValueError: naming the flag, the path and the folder.
+    """
+    if data is None or not isinstance(data, (str, os.PathLike)) or not Path(data).is_dir():
+        return
+    folder, target = Path(data).resolve(), Path(path).resolve()
+    if target == folder or folder in target.parents:
+        raise ValueError(f"{flag} {path} is {'' if target == folder else 'inside '}the data folder {data} this "
+                         "command reads: choose a path outside it (nothing was written)")

@@ -30,7 +30,6 @@ import fcntl
 import json
 import logging
 import re
-import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -39,7 +38,9 @@ from pathlib import Path
 from spe.checkpoint import atomic_write
 from spe.lab import strict_json
 from spe.lab.stats import format_mean_std, mean_and_std
+from spe.lab.options import read_toml
 from spe.lab.train.run_folder import check_name, run_lock
+from spe.paths import not_a_file
 
 __all__ = ["PLAN_KEYS", "RESULT_FILE", "Column", "Plan", "PlanFormat", "RunsFailed", "collect", "load_plan",
            "markdown_table", "packaged_plans", "read_result", "read_results", "results_lock", "run_folder",
@@ -124,13 +125,13 @@ def _read(path_or_name: str, fmt: PlanFormat) -> tuple[Path, dict]:
     if not path.is_file():
         packaged = packaged_plans(fmt)
         if path_or_name not in packaged:
+            problem = not_a_file(path)
+            if problem != "does not exist":  # something is there: say what
+                raise ValueError(f"{fmt.kind} {path_or_name} {problem}")
             raise ValueError(f"{fmt.kind} {path_or_name!r} is neither a file nor a packaged plan "
                              f"({', '.join(packaged)})")
         path = packaged[path_or_name]
-    try:
-        return path, tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{fmt.kind} {path} is not valid TOML: {err}") from None
+    return path, read_toml(path, fmt.kind)
 
 
 def _seeds(where: str, seeds: object) -> list[int]:

@@ -47,7 +47,8 @@ from spe.ops.state import (
     check_state_window,
 )
 
-__all__ = ["LinearState", "causal_linear_attention", "causal_linear_attention_reference",
+__all__ = ["LinearState", "causal_linear_attention", "causal_linear_attention_reference", "check_normaliser_features",
+           "unchecked_causal_linear_attention_with_state", "unchecked_linear_attention",
            "causal_linear_attention_with_state", "check_linear_state", "check_normalize", "kernel_dtype",
            "linear_attention", "normalise", "rescale_keys"]
 
@@ -138,6 +139,29 @@ def check_normalize(normalize: bool, normalizer, key_log_scale) -> bool:
     return normalize
 
 
+def check_normaliser_features(phi_q: Tensor, phi_k, normalizer, normalize: bool, who: str) -> None:
+    """The normaliser's rule for the public kernels: ψ(q_m)ᵀ Σ_n ψ(k_n) is a sum of weights,
+    so its features ψ (``normalizer``, else ``phi_q`` and ``phi_k``) must be non-negative;
+    signed ones (SPE's q̂, k̂, raw projections) can make it 0 or negative and the outputs
+    arbitrarily large (the layer never passes them: its linear kernels' φ is non-negative).
+
+    Raises:
+        ValueError: with ``normalize=True``, if a normaliser feature is negative, saying what
+            to pass instead.
+    """
+    if not normalize:
+        return
+    phi_k = phi_k.features if isinstance(phi_k, ScaledFeatures) else phi_k
+    named = (("phi_q", phi_q), ("phi_k", phi_k)) if normalizer is None else tuple(
+        zip(("normalizer[0]", "normalizer[1]"), normalizer))
+    for name, t in named:
+        if isinstance(t, Tensor) and t.numel() and bool((t < 0).any()):
+            raise ValueError(f"{who}: {name} has negative entries, which can make the normaliser Σ_n "
+                             f"ψ(q_m)ᵀψ(k_n) zero or negative (e.g. SPE's signed q̂, k̂): pass non-negative "
+                             f"features (spe.ops.elu_feature_map of each, or FAVOR+), or normalize=False for the "
+                             f"numerator alone (normaliser-free, attention 'linear')")
+
+
 def rescale_keys(phi_k: Tensor, normalizer, key_log_scale: Tensor | None):
     """Keys brought to one common scale, e^{a_n − max a} (for non-causal use and references).
 
@@ -180,7 +204,6 @@ def _check_normalizer(normalizer, phi_q: Tensor, phi_k: Tensor) -> tuple[Tensor,
     return nq.to(phi_q.dtype), nk.to(phi_q.dtype)
 
 
-@_full_precision
 def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
                      normalizer: tuple[Tensor, Tensor] | None = None, key_log_scale: Tensor | None = None,
                      key_padding_mask: Tensor | None = None, log_decay: Tensor | None = None,
@@ -222,9 +245,25 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
         ValueError: on a bad padding mask or normaliser, a bad ``log_decay`` (or a channel
             gate with key scales), a decay with Lq ≠ Lk, ``normalize=False`` with a
             normaliser or key scales, or ``phi_k`` as ScaledFeatures with a
-            ``key_log_scale`` too.
+            ``key_log_scale`` too; with ``normalize=True``, on negative normaliser features
+            (:func:`check_normaliser_features`: SPE's signed q̂, k̂ need a feature map first).
     """
+    check_normaliser_features(phi_q, phi_k, normalizer, normalize, "linear_attention")
+    return unchecked_linear_attention(phi_q, phi_k, v, normalizer=normalizer, key_log_scale=key_log_scale,
+                                      key_padding_mask=key_padding_mask, log_decay=log_decay,
+                                      chunk_size=chunk_size, normalize=normalize)
+
+
+@_full_precision
+def unchecked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
+                               normalizer: tuple[Tensor, Tensor] | None = None, key_log_scale: Tensor | None = None,
+                               key_padding_mask: Tensor | None = None, log_decay: Tensor | None = None,
+                               chunk_size: int = 64, normalize: bool = True) -> Tensor:
+    """:func:`linear_attention` without the normaliser's value check (a device sync on CUDA):
+    for callers whose features are non-negative by construction (the layer's kernels)."""
     normalize = check_normalize(normalize, normalizer, key_log_scale)
+    if phi_q.shape[1] == 0 or phi_k.shape[1] == 0:  # no query, or no key to weigh: zeros
+        return v.new_zeros(*phi_q.shape[:3], v.shape[-1])
     if key_padding_mask is not None:
         phi_k, v, normalizer, key_log_scale = _mask_keys(key_padding_mask, phi_k, v, normalizer, key_log_scale)
     if log_decay is not None:
@@ -353,7 +392,9 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
             gates). None: no decay.
         normalize: divide by the normaliser; False: the numerator Σ_n w_mn φ(q_m)ᵀφ(k_n) v_n
             alone (normaliser-free linear attention, fla's ``normalize=False``; no
-            ``normalizer`` or ``key_log_scale``); the state keeps its form.
+            ``normalizer`` or ``key_log_scale``); the state keeps its form. On SPE's q̂, k̂
+            the numerator is √(R/D) times Σ_n w_mn Σ_d q_d k_d P_d(m − n) v_n in expectation
+            (:mod:`spe.attention.kernels`, ``linear``).
 
     Returns:
         (B, L, H, E) in ``v``'s dtype (:func:`causal_linear_attention_with_state` also gives
@@ -364,9 +405,15 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
             with ``group_size``, a bad ``log_decay`` (shape, dtype, a value > 0 or not finite,
             a channel gate with key scales), an initial state of another window,
             normaliser, key-scale or gate form, ``normalize=False`` with a normaliser,
-            key scales, or ``phi_k`` as ScaledFeatures with a ``key_log_scale`` too.
+            key scales, or ``phi_k`` as ScaledFeatures with a ``key_log_scale`` too; with
+            ``normalize=True``, on negative normaliser features
+            (:func:`check_normaliser_features`: SPE's signed q̂, k̂ need a feature map first,
+            e.g. ``spe.ops.elu_feature_map``, or ``normalize=False``).
         TypeError: on an initial state that is not a linear-attention state.
     """
+    check_normaliser_features(phi_q, phi_k, normalizer, normalize, "causal_linear_attention")
+    if phi_q.shape[1] == 0 and initial_state is None:  # no position: nothing to carry either
+        return v.new_zeros(v.shape)
     return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size,
                           normalizer=normalizer, window=window, initial_state=initial_state,
                           key_log_scale=key_log_scale, log_decay=log_decay, normalize=normalize)[0]
@@ -390,6 +437,19 @@ def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, 
         ``key_log_scale``; :func:`~spe.ops.recurrent.linear_attention_step` or another call
         continues from it.
     """
+    check_normaliser_features(phi_q, phi_k, normalizer, normalize, "causal_linear_attention_with_state")
+    return unchecked_causal_linear_attention_with_state(
+        phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size, normalizer=normalizer, window=window,
+        initial_state=initial_state, key_log_scale=key_log_scale, log_decay=log_decay, normalize=normalize)
+
+
+def unchecked_causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int = 64,
+                                                 group_size: int | None = None, normalizer=None,
+                                                 window: int | None = None, initial_state: LinearState | None = None,
+                                                 key_log_scale: Tensor | None = None, log_decay: Tensor | None = None,
+                                                 normalize: bool = True) -> tuple[Tensor, LinearState]:
+    """:func:`causal_linear_attention_with_state` without the normaliser's value check (a
+    device sync on CUDA): for callers whose features are non-negative by construction."""
     return _causal_linear(phi_q, phi_k, v, chunk_size=chunk_size, group_size=group_size,
                           normalizer=normalizer, window=window, initial_state=initial_state,
                           key_log_scale=key_log_scale, log_decay=log_decay, normalize=normalize)
@@ -425,6 +485,11 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, 
                    key_log_scale: Tensor | None, log_decay: Tensor | None = None,
                    normalize: bool = True) -> tuple[Tensor, LinearState]:
     normalize = check_normalize(normalize, normalizer, key_log_scale)
+    if phi_q.shape[1] == 0:
+        if initial_state is None:
+            raise ValueError(f"causal linear attention of length 0 (phi_q {tuple(phi_q.shape)}) has no final state: "
+                             "give at least one position, or an initial_state to pass on")
+        return v.new_zeros(v.shape), initial_state
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     check_window(window)

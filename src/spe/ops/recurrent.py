@@ -20,7 +20,8 @@ from torch import Tensor
 from spe.ops.decay import check_log_decay
 from spe.ops.feature_maps import ScaledFeatures, split_key_features
 from spe.ops.gates import check_gates, is_gate, suffix_sums
-from spe.ops.linear import LinearState, check_normalize, check_linear_state, kernel_dtype, normalise
+from spe.ops.linear import (LinearState, check_linear_state, check_normalize, check_normaliser_features, kernel_dtype,
+                            normalise)
 from spe.ops.softmax import attend, check_window, softmax_gates
 from spe.ops.state import (
     KVCache,
@@ -31,7 +32,8 @@ from spe.ops.state import (
     check_state_window,
 )
 
-__all__ = ["append_to_cache", "linear_attention_step", "prefill_cache", "softmax_attention_step"]
+__all__ = ["append_to_cache", "linear_attention_step", "prefill_cache", "softmax_attention_step",
+           "unchecked_linear_attention_step"]
 
 
 def _check_one_position(**tensors: Tensor) -> None:
@@ -85,6 +87,18 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor | ScaledFeatures, v: Tens
             normaliser or key scales, or ScaledFeatures with a ``key_log_scale`` too.
         TypeError: on a state that is not a linear-attention state.
     """
+    check_normaliser_features(phi_q, phi_k, normalizer, normalize, "linear_attention_step")
+    return unchecked_linear_attention_step(phi_q, phi_k, v, state, normalizer=normalizer, window=window,
+                                           key_log_scale=key_log_scale, log_decay=log_decay, normalize=normalize)
+
+
+def unchecked_linear_attention_step(phi_q: Tensor, phi_k: Tensor | ScaledFeatures, v: Tensor,
+                                    state: LinearState | None = None, *,
+                                    normalizer: tuple[Tensor, Tensor] | None = None, window: int | None = None,
+                                    key_log_scale: Tensor | None = None, log_decay: Tensor | None = None,
+                                    normalize: bool = True) -> tuple[Tensor, LinearState]:
+    """:func:`linear_attention_step` without the normaliser's value check (a device sync on
+    CUDA): for callers whose features are non-negative by construction (the layer's kernels)."""
     phi_k, key_log_scale = split_key_features(phi_k, key_log_scale, who="linear_attention_step")
     _check_one_position(phi_q=phi_q, phi_k=phi_k, v=v)
     normalized = check_normalize(normalize, normalizer, key_log_scale)

@@ -50,6 +50,7 @@ def world(tmp_path_factory):
     (root / "steps_str.toml").write_text(good.replace("steps = 6", 'steps = "ten"'))
     (root / "lr_list.toml").write_text(good.replace("lr = 0.003", "lr = [1]"))
     (root / "threads_neg.toml").write_text(good.replace("threads = 1", "threads = -1"))
+    (root / "huge_conv.toml").write_text(good + f"short_conv = {2 ** 63 - 1}\n")  # [model] is the last table
     checkpoint = root / "run" / "model.safetensors"
     _rewrite_header(checkpoint, root / "future", spe_format_version="99")
     _rewrite_header(checkpoint, root / "other", config={"d_model": 64})
@@ -163,9 +164,9 @@ CASES = [
       for t, shown in [("nan", "nan"), ("inf", "inf"), ("-inf", "-inf"), ("0", "0.0")]],
     ("--top-p nan", lambda r, c: _generate(r, "--top-p", "nan"), r"--top-p must be in \(0, 1\], got nan$", ()),
     ("--window -1 (evaluate)", lambda r, c: [*_evaluate(r, "run"), "--window", "-1"],
-     r"--window must be 0 \(the whole past\) or a positive number of positions, got -1$", ()),
+     r"--attention-window must be 0 \(the whole past\) or a positive number of positions, got -1$", ()),
     ("--window -1 (generate)", lambda r, c: _generate(r, "--window", "-1"),
-     r"--window must be 0 \(the whole past\) or a positive number of positions, got -1$", ()),
+     r"--attention-window must be 0 \(the whole past\) or a positive number of positions, got -1$", ()),
     ("--attention-window -1", lambda r, c: _train(r, c, "run", *_new(r, "--attention-window", "-1")),
      r"--attention-window must be 0 \(the whole past\) or a positive number of positions, got -1$", ()),
     ("--max-piece-tokens 0", lambda r, c: _train(r, c, "run", *_new(r, "--max-piece-tokens", "0")),
@@ -185,6 +186,27 @@ CASES = [
      r"layers_1e9/model\.safetensors: header spe_config\.num_layers = 1000000000, but the file holds \d+ tensors", ()),
     ("header: step a string", lambda r, c: _evaluate(r, "step_str"),
      r"step_str/model\.safetensors: header spe_metadata\.step must be an integer or null, got 'six' \(str\)$", ()),
+    # round 4: outputs never among the data read; sizes checked against the machine before allocating
+    ("evaluate --json on a piece of its data", lambda r, c: [*_evaluate(r, "run"), "--json", f"{c.data}/piece0.mid"],
+     r"--json \S+/piece0\.mid is inside the data folder \S+ this command reads: choose a path outside it", ()),
+    ("evaluate --out its data folder", lambda r, c: ["evaluate", "--checkpoint", f"{r}/run", "--out", c.data],
+     r"--out \S+ is the data folder \S+ this command reads", ()),
+    ("evaluate --out inside --data", lambda r, c: ["evaluate", "--checkpoint", f"{r}/run", "--data", f"{r}/user",
+                                                   "--out", f"{r}/user/eval"],
+     r"--out \S+/user/eval is inside the data folder \S+/user this command reads", ()),
+    ("--prompt-bars 10^9", lambda r, c: _generate(r, "--prompt", f"{r}/long_prompt.mid", "--prompt-bars", "1000000000"),
+     r"the prompt \S+long_prompt\.mid \(\d+ tokens\) plus --length 4 needs \d+ positions", ()),
+    ("--short-conv 10^10", lambda r, c: _train(r, c, "run", *_new(r, "--short-conv", str(10 ** 10))),
+     r"the model needs at least \S+ [TP]B \(weights, gradients and AdamW moments .* but cpu memory is .*: lower its "
+     r"sizes \(.*short_conv 10,000,000,000", ()),
+    ("d_ff 10^11", lambda r, c: _train(r, c, "run", *_new(r, "--model-option", "d_ff=100000000000")),
+     r"the model needs at least .*d_ff 100,000,000,000", ()),
+    ("num_realizations 10^10", lambda r, c: _train(r, c, "run", *_new(r, "--positional", "sinespe", "--attention",
+                                                                      "linear-elu", "--model-option",
+                                                                      "num_realizations=10000000000")),
+     r"the model needs at least .*num_realizations 10,000,000,000\)$", ()),
+    ("short_conv 2^63 - 1 in a config", lambda r, c: _train(r, c, "huge_conv", *_new(r)),
+     r"the model's sizes cannot be allocated on any machine \(.*\): lower them$", ()),
     ("NaN loss", lambda r, c: _train(r, c, "run", *_run(r, "--resume", "--steps", "12", "--lr", "1e30")),
      r"training stopped: the loss is (nan|inf) at step \d+ .*; the last good checkpoint is "
      r".*run/model\.safetensors \(step 6\), left as it was", ("run/metrics.jsonl",)),
@@ -246,3 +268,132 @@ def test_a_hostile_data_folder_trains_with_every_skip_named_and_counted(world, t
     assert f"cropped MIDI file {data}/real/bad\\xff.mid to its first 200 tokens (max_piece_tokens = 200)" in messages
     assert f"cropped 6 of 6 MIDI files in {data} to max_piece_tokens = 200 tokens" in messages
     assert load_metadata(tmp_path / "out")["train"]["max_piece_tokens"] == 200
+
+
+def _fifo_folder_device_loop(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    return {"fifo": ("is a FIFO \\(named pipe\\)", tmp_path / "fifo"),
+            "folder": ("is a folder", tmp_path / "folder"), "/dev/zero": ("is a device file", Path("/dev/zero")),
+            "link loop": ("is a symbolic link loop", tmp_path / "loop")}
+
+
+@pytest.mark.parametrize("what", ["fifo", "folder", "/dev/zero", "link loop"])
+@pytest.mark.parametrize("command", ["train --config", "generate --prompt", "evaluate --checkpoint", "sweep --plan",
+                                     "lra --plan"])
+def test_a_path_that_is_no_file_is_named_as_what_it_is(tmp_path, capsys, what, command):
+    kind, path = _fifo_folder_device_loop(tmp_path)[what]
+    name, flag = command.split()
+    argv = {"generate": ["--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.mid")],
+            "evaluate": ["--out", str(tmp_path / "eval")]}.get(name, ["--out", str(tmp_path / "out")])
+    if name == "generate":  # the prompt is read after the checkpoint: a real one is needed
+        pytest.importorskip("symusic")
+        from spe.lab.generation_midi import prompt_ids
+
+        with pytest.raises(ValueError, match=f"^prompt file {re.escape(str(path))} {kind}$"):
+            prompt_ids(None, path, 2)
+        return
+    if name == "evaluate" and what == "folder":
+        kind = "no checkpoint at"  # a folder is a run folder: its model.safetensors is missing
+    assert main([name, flag, str(path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(kind, err) and "does not exist" not in err, err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("text,message", [
+    (b"steps = 5\n# \xff\n", r"config file \S+bad\.toml is not UTF-8 text \(byte 0xff at offset 12\)$"),
+    (b"a = " + b"[" * 5000 + b"]" * 5000 + b"\n", r"config file \S+bad\.toml nests arrays or tables too deeply"),
+])
+def test_a_config_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, capsys, text, message):
+    (tmp_path / "bad.toml").write_bytes(text)
+    assert main(["train", "--config", str(tmp_path / "bad.toml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--seed", str(10 ** 20)], r"--seed must be an integer in \[0, 2\*\*63 - 1\], got 10{20}$"),
+    (["generate", "--checkpoint", "x", "--seed", "-1"], r"--seed must be an integer in \[0, 2\*\*63 - 1\], got -1$"),
+    (["generate", "--checkpoint", "x", "--prompt-bars", "0"], r"--prompt-bars must be positive, got 0$"),
+    (["train", "--positional", "sinespe", "--gated", "--model-option", "gate_init=nan"],
+     r"gate_init must be a finite number \(a gate logit\), got nan$"),
+    (["train", "--model-option", "x=" + "[" * 5000 + "]" * 5000],
+     r"--model-option x: VALUE must be a number, true, false or a string"),
+])
+def test_values_refused_before_any_work(tmp_path, capsys, argv, message):
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_billion_prompt_bars_keep_the_whole_prompt_at_once(tmp_path):
+    """--prompt-bars 10^9 walked 10^9 bars (minutes at 100 % CPU): past the file's bars, all of it."""
+    import time
+
+    pytest.importorskip("miditok")
+    from spe.lab.data.music import make_tokenizer
+    from spe.lab.generation_midi import prompt_ids
+
+    write_midi(tmp_path / "p.mid", notes=200)  # 50 bars of 4/4
+    tokenizer = make_tokenizer()
+    start = time.perf_counter()
+    assert prompt_ids(tokenizer, tmp_path / "p.mid", 10 ** 9) == prompt_ids(tokenizer, tmp_path / "p.mid", 51)
+    assert time.perf_counter() - start < 5
+    assert len(prompt_ids(tokenizer, tmp_path / "p.mid", 2)) < len(prompt_ids(tokenizer, tmp_path / "p.mid", 51))
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"d_ff": 10 ** 11}, r"needs at least \S+ [TP]B .*d_ff 100,000,000,000"),
+    ({"short_conv": 10 ** 10}, r"short_conv 10,000,000,000"),
+    ({"positional": "sinespe", "attention": "linear-elu", "num_realizations": 10 ** 10}, r"num_realizations 10,"),
+    ({"short_conv": 2 ** 63 - 1}, r"cannot be allocated on any machine \(.*overflow"),
+])
+def test_sizes_beyond_the_machine_are_refused_before_allocating(options, message):
+    import torch
+
+    from spe import DecoderLM, ModelConfig
+    from spe.lab.train.memory import check_model_memory
+
+    state = torch.random.get_rng_state()
+    with pytest.raises(ValueError, match=message):
+        check_model_memory(lambda: DecoderLM(ModelConfig(vocab_size=300, **options)), "cpu", positions=256)
+    check_model_memory(lambda: DecoderLM(ModelConfig(vocab_size=300)), "cpu", positions=256)  # the default fits
+    assert torch.equal(torch.random.get_rng_state(), state)  # built on the meta device: no random number drawn
+
+
+@pytest.mark.slow
+def test_resuming_a_state_passing_run_without_the_flag_says_so(tmp_path):
+    from spe.lab.train.loop import train
+
+    model = {"positional": "none", "attention": "linear-elu", "dropout": 0.0}
+    cfg = tiny_config(tmp_path, "run", model=model, steps=2, state_passing=True)
+    train(cfg, progress=False)
+    again = tiny_config(tmp_path, "run", model=model, steps=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(again, resume=True, progress=False)
+    assert f"--resume: {tmp_path / 'run'} was trained with state passing; it goes on without it, as asked (pass " \
+           "--state-passing to keep it)" in [str(w.message) for w in caught]
+
+
+def test_an_over_long_listops_row_is_refused_before_padding(tmp_path, capsys):
+    """One row of 70,002 tokens padded every sequence to it (3.7 GB a cpu-small step); LRA keeps 2,000."""
+    from spe.lab.data.listops import SPLIT_FILES
+
+    row = "[MAX 1 2 ]\t2\n"
+    for name in SPLIT_FILES.values():
+        (tmp_path / name).write_text("Source\tTarget\n" + row * 4)
+    with open(tmp_path / SPLIT_FILES["train"], "a") as f:
+        f.write("[MAX " + "1 " * 69_999 + "]\t1\n")
+    assert main(["lra", "--task", "listops", "--data", str(tmp_path), "--out", str(tmp_path / "out"), "--steps", "1",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(r"spe lra: error: ListOps: \S+basic_train\.tsv:6 has 70,001 tokens, more than the 2,000 "
+                        r"that LRA's pipeline keeps .*pass a length \(spe lra --seq-len N\) to truncate every row to "
+                        r"N tokens", err), err
+    assert not (tmp_path / "out").exists()

@@ -44,7 +44,7 @@ def test_train_resume_evaluate_generate(midi_folder, tmp_path, capsys):
     assert whole_past[0]["ce"] == pytest.approx(buckets[0]["ce"], rel=1e-5)
     assert whole_past[1]["ce"] != pytest.approx(buckets[1]["ce"], rel=1e-5)
     assert main(["evaluate", "--checkpoint", str(run), "--out", str(tmp_path / "w"), "--window", "-1"]) == 2
-    assert "--window" in capsys.readouterr().err
+    assert "--attention-window must be" in capsys.readouterr().err  # --window: its old name
 
     out_mid = tmp_path / "gen" / "new.mid"
     assert main(["generate", "--checkpoint", str(run), "--length", "80", "--out", str(out_mid),

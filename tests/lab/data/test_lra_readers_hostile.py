@@ -124,18 +124,21 @@ def test_a_field_beyond_the_csv_default_limit_is_read_and_the_limit_restored(tmp
     folder = _listops(tmp_path / "lo", f"{source}\t1\n".encode())
     assert read_tsv(folder / "basic_train.tsv")[-1] == (source, 1)
     assert csv.field_size_limit() == limit
-    data = load_listops(folder, verify=True)
+    data = load_listops(folder, verify=True, max_length=140_003)  # an explicit length: no cap
     assert data["train"].lengths.tolist() == [10, 140_003]
+    with pytest.raises(ValueError, match=r"^ListOps: \S+basic_train.tsv:3 has 140,003 tokens, more than the 2,000 "
+                       r"that LRA's pipeline keeps .*pass a length \(spe lra --seq-len N\)"):
+        load_listops(folder)  # refused before padding every row to 140,003
 
 
 @pytest.mark.slow
 def test_fifty_thousand_nested_operators_are_read_and_evaluated_without_recursion(tmp_path):
     deep = "[MAX " * 50_000 + "7 " + "] " * 50_000
     folder = _listops(tmp_path / "lo", f"{deep}\t7\n".encode())
-    assert load_listops(folder, verify=True)["train"].lengths.tolist() == [10, 100_001]
+    assert load_listops(folder, verify=True, max_length=100_001)["train"].lengths.tolist() == [10, 100_001]
     unclosed = _listops(tmp_path / "bad", ("[MAX " * 50_000 + "7\t7\n").encode())
     with pytest.raises(ValueError, match=r"basic_train.tsv:3: evaluate: incomplete expression \(50000 open"):
-        load_listops(unclosed, verify=True)
+        load_listops(unclosed, verify=True, max_length=100_001)
 
 
 # F11 ------------------------------------------------------------------------------------------

@@ -129,7 +129,9 @@ def test_every_row_of_the_packaged_plan_builds_its_model():
     *[(lambda t, n=name: t.replace("[rows.never]", f"[rows.{n}]"), f"row .*: the name .* {problem}")
       for name, problem in (('"../../x"', "holds a path separator"), ('".."', "holds '..'"), ('"/tmp/x"', "separator"),
                             ('""', "is empty"), ('"."', "starts with a dot"), ('".hidden"', "starts with a dot"),
-                            ('"a\\tb"', "unprintable"))],
+                            ('"a\\tb"', "unprintable"), ('"results.json"', "is a file the sweep writes"),
+                            ('"results.md"', "is a file the sweep writes"),
+                            ('"' + "x" * 300 + '"', "is 300 bytes long, more than the 255"))],
 ])
 def test_plan_mistakes_name_the_file_and_the_row(tmp_path, edit, message):
     path = tmp_path / "plan.toml"

@@ -32,8 +32,9 @@ TRAIN_ONLY = [
     ("max_transpose", -3, r"an integer ≥ 0 \(semitones; 0: no transposition\)"),
     ("min_lr_ratio", NAN, r"a number in \[0, 1\]"),
     ("min_lr_ratio", 1.5, r"a number in \[0, 1\]"),
-    ("seed", -1, "an integer ≥ 0"),
-    ("split_seed", -1, "an integer ≥ 0"),
+    ("seed", -1, r"an integer in \[0, 2\*\*63 - 1\]"),
+    ("seed", 10 ** 20, r"an integer in \[0, 2\*\*63 - 1\]"),
+    ("split_seed", -1, r"an integer in \[0, 2\*\*63 - 1\]"),
     ("val_fraction", 0.0, r"a number in \(0, 1\)"),
     ("val_fraction", 1, r"a number in \(0, 1\)"),
     ("seq_len", 0, POSITIVE),
@@ -82,7 +83,7 @@ def test_the_bounds_themselves_are_accepted_where_the_rule_says_so():
     assert (cfg.grad_clip, cfg.min_lr_ratio) == (0, 1)
     assert _lra(grad_clip=0.0, eval_examples=0, max_length=None, num_realizations=None).grad_clip == 0.0
     assert parse_seeds("0,3") == [0, 3]
-    with pytest.raises(ValueError, match=r"^--seeds '0,-1': seed must be an integer ≥ 0, got -1$"):
+    with pytest.raises(ValueError, match=r"^--seeds '0,-1': seed must be an integer in \[0, 2\*\*63 - 1\], got -1$"):
         parse_seeds("0,-1")
 
 

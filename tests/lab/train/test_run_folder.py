@@ -128,7 +128,8 @@ def test_a_sweep_runner_is_refused_a_run_another_process_holds(tmp_path):
     assert json.loads((tmp_path / "sweep" / "results.json").read_text())["runs"]["ape/seed0"]["step"] == 2
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b", "/abs", ".hidden", "a..b", "tab\tname", " pad"])
+@pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b", "/abs", ".hidden", "a..b", "tab\tname", " pad",
+                                  "results.json", "results.md", "Results.MD", "loss.png", "x" * 300, "é" * 128])
 def test_check_name_refuses_anything_but_a_plain_name(name):
     with pytest.raises(ValueError, match="plan p, row r: the name"):
         check_name(name, "plan p, row r")

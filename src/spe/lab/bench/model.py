@@ -26,6 +26,15 @@ __all__ = ["extrapolate_longest", "longest_length", "merge_rounds", "parse_longe
 log = logging.getLogger(__name__)
 
 
+def remi_vocab_size() -> int:
+    """Vocabulary of the REMI tokenizer used for music (300 if MidiTok is not installed)."""
+    try:
+        from spe.lab.data.music import make_tokenizer
+    except ImportError:
+        return 300
+    return len(make_tokenizer())
+
+
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     """``"8x2048,2x8192"`` → [(8, 2048), (2, 8192)] (batch × length).
 

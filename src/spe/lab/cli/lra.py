@@ -11,6 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
+from spe.lab.cli.names import add_aliased, say_defaults
 from spe.lab.options import check_threads
 
 __all__ = ["add_lra_parser", "cmd_lra"]
@@ -74,6 +75,7 @@ def _cmd_plan(args: argparse.Namespace) -> tuple[Path, str]:
 
 def add_lra_parser(sub) -> None:
     from spe.lab.cli.names import flag_choices
+    from spe.lab.lra.config import preset_defaults
 
     p = sub.add_parser("lra", help="Long Range Arena: train encoder classifiers over seeds, test the best checkpoints")
     names = flag_choices()
@@ -89,11 +91,12 @@ def add_lra_parser(sub) -> None:
                    help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "
                         "operators without '[', digits, no ']' and no parentheses)")
     p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's)")
-    p.add_argument("--steps", type=int, help="optimizer steps per seed (default: the preset's)")
-    p.add_argument("--batch-size", type=int, help="examples per step (default: the preset's)")
-    p.add_argument("--eval-every", type=int, help="steps between validations (default: the preset's)")
-    p.add_argument("--max-length", type=int, help="tokens per sequence / document (default: the preset's)")
-    p.add_argument("--num-realizations", type=int, help="R for SPE (default: the preset's)")
+    p.add_argument("--steps", type=int, help="optimizer steps per seed")
+    p.add_argument("--batch-size", type=int, help="examples per step")
+    p.add_argument("--eval-every", type=int, help="steps between validations")
+    add_aliased(p, "--seq-len", "--max-length", type=int, dest="max_length",
+                help="input length: tokens per sequence / document, longer ones truncated")
+    p.add_argument("--num-realizations", type=int, help="R for SPE")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE", help="any classifier option, e.g. "
                    "gated=false, gate_init=-2, code_noise=orthogonal (VALUE read as TOML, else text; repeatable)")
     p.add_argument("--positional-lr-scale", type=float, help="lr multiplier of positional parameters (default 1)")
@@ -102,8 +105,8 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--plan", help="study plan (TOML, or listops-study): rows × seeds into OUT/ROW, then OUT/results.*")
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
     p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, help="torch CPU threads (0: PyTorch's default)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (0: PyTorch's default, the default)")
     p.add_argument("--precision", choices=names["precision"],
                    help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient scaler (CUDA)")
     p.add_argument("--tensorboard", action="store_true",
@@ -112,4 +115,5 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model for training (falls back to the uncompiled model with a warning)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    say_defaults(p, preset_defaults(), "the preset's, here cpu-small's per task")
     p.set_defaults(func=cmd_lra)

@@ -14,6 +14,9 @@ import os
 import sys
 from pathlib import Path
 
+from spe.lab.cli.names import add_aliased, say_defaults
+from spe.lab.options import parse_int_list
+
 __all__ = ["UsageError", "build_parser", "main"]
 
 log = logging.getLogger("spe")
@@ -89,9 +92,10 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--batch-size", type=int,
                    help="crops per step over all processes (under torchrun each takes its share)")
     p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
+    p.add_argument("--warmup-steps", type=int, help="linear warmup steps (a warning if not below --steps)")
     p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
     from spe.lab.cli.names import flag_choices
+    from spe.lab.train.config import packaged_defaults
 
     names = flag_choices()
     p.add_argument("--positional", help=names["positional"] + " (score encodings select softmax unless "
@@ -113,10 +117,10 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                    help="any model option (a ModelConfig field; repeatable), e.g. rope_base=500000 or "
                    "code_noise=orthogonal; VALUE read as TOML (true, 64, 1e-3), else as text")
-    p.add_argument("--d-model", type=int)
-    p.add_argument("--num-layers", type=int)
-    p.add_argument("--num-heads", type=int)
-    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--d-model", type=int, help="model width (default: the config's [model] d_model)")
+    p.add_argument("--num-layers", type=int, help="blocks (default: the config's)")
+    p.add_argument("--num-heads", type=int, help="attention heads (default: the config's)")
+    p.add_argument("--seed", type=int, help="random seed, in [0, 2**63 - 1]")
     p.add_argument("--device", help="cpu or cuda")
     p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
     p.add_argument("--precision", choices=names["precision"],
@@ -124,10 +128,11 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
                    "scaler (CUDA)")
     p.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install 'spe[log]')")
-    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints (default 2)")
+    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model for training (off by default; falls back to the uncompiled model "
                    "with a warning where compilation is unavailable)")
+    say_defaults(p, packaged_defaults(), "from the packaged demo config; --config's if it sets it")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -139,29 +144,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(summary: dict) -> None:
-    models = summary["models"]
-    buckets = models[0]["buckets"]
-    print("| model | " + " | ".join(f"[{b['start']},{b['end']})" for b in buckets) + " | within | beyond |")
-    print("|" + "---|" * (len(buckets) + 3))
-    for m in models:
-        print(f"| {m['label']} | " + " | ".join(f"{b['ce']:.3f}" for b in m["buckets"])
-              + f" | {m['within']:.3f} | {m['beyond']:.3f} |")
-    print("| unigram | " + " | ".join(f"{b['ce']:.3f}" for b in summary["unigram_buckets"])
-          + f" | {summary['unigram']:.3f} | |")
-    print(f"({summary['num_sequences']} sequences of {summary['max_length']} positions from the "
-          f"{summary.get('split', 'validation')} pieces; nats per token)")
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from spe.lab.evaluation.checkpoints import evaluate_checkpoints
+    from spe.lab.evaluation.checkpoints import evaluate_checkpoints, summary_table
 
     summary = evaluate_checkpoints(args.checkpoint, Path(args.out), max_length=args.max_length, data=args.data,
                                    cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
                                    json_path=args.json, progress=not args.no_progress,
                                    num_realizations=args.num_realizations, num_draws=args.num_draws,
                                    window=args.window, split=args.split, max_piece_tokens=args.max_piece_tokens)
-    _print_summary(summary)
+    print(summary_table(summary))
     log.info("wrote %s", ", ".join(str(Path(args.out) / f) for f in ("per_position.csv", "extrapolation.png", "summary.json")))
     return 0
 
@@ -184,7 +175,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.probe_tokens < 1:
         raise UsageError(f"--probe-tokens must be positive, got {args.probe_tokens}")
     path = build_report(args.checkpoint, Path(args.out), data=args.data, cache_dir=args.cache_dir,
-                        max_length=args.max_length, r_test=_int_list(args.r_test, "--r-test") if args.r_test else (),
+                        max_length=args.max_length, r_test=parse_int_list(args.r_test, "--r-test") if args.r_test else (),
                         generate_length=args.length, num_probe_tokens=args.probe_tokens, device=args.device,
                         progress=not args.no_progress)
     print(f"wrote {path}")
@@ -193,6 +184,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """train each positional encoding -> evaluate them together -> generate with the first."""
+    from spe.lab.evaluation.checkpoints import summary_table
     from spe.lab.experiments.demo import run_demo
 
     out = Path(args.out)
@@ -208,7 +200,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                       progress=not args.no_progress)
     info = result["generated"]
     print()
-    _print_summary(result["summary"])
+    print(summary_table(result["summary"]))
     print(f"\ngenerated {info['out']}: {info['total_tokens']} tokens (training length {info['training_length']}), "
           f"{info['notes']} notes, {info['bars']} bars, {info['beats']:.1f} beats")
     print("wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result["timings_s"].items()))
@@ -228,16 +220,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               threads=args.threads, progress=not args.no_progress)
     print((out / "results.md").read_text())
     return 0
-
-
-def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"{flag} takes comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{flag} takes positive integers, got {text!r}")
-    return values
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -272,7 +254,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     layer_modes = [m for m in modes if m != "model"]
     result = {"records": [], "matmul_gflops": None, "config": {}, "lengths": []}
     if layer_modes:
-        result = run_bench(lengths=_int_list(args.lengths, "--lengths"), modes=layer_modes, series=series,
+        result = run_bench(lengths=parse_int_list(args.lengths, "--lengths"), modes=layer_modes, series=series,
                            attentions=attentions or BENCH_ATTENTIONS, batch=args.batch_size,
                            num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
                            device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs,
@@ -300,10 +282,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_model(args: argparse.Namespace, model: dict, series, attentions, decays: list[str]) -> dict:
     """``--modes model`` (interleaved rounds of one AdamW step per encoding) and ``--longest``."""
     from spe.lab.bench.model import longest_length, merge_rounds, parse_longest, parse_shapes, run_model_rounds
+    from spe.lab.bench.model import remi_vocab_size
     from spe.models import ModelConfig
 
     default_attention = model.get("attention", ModelConfig.attention)
-    common = dict(model=model, vocab_size=_remi_vocab_size(), repeats=args.repeats, device=args.device,
+    common = dict(model=model, vocab_size=remi_vocab_size(), repeats=args.repeats, device=args.device,
                   threads=args.threads, max_seconds=args.budget_s, precision=args.precision)
     timeout = max(120.0, 8 * args.budget_s)
     out: dict = {"memory_budget_mb": args.memory_budget_mb}
@@ -329,15 +312,6 @@ def _bench_model(args: argparse.Namespace, model: dict, series, attentions, deca
     return out
 
 
-def _remi_vocab_size() -> int:
-    """Vocabulary of the REMI tokenizer used for music (300 if MidiTok is not installed)."""
-    try:
-        from spe.lab.data.music import make_tokenizer
-    except ImportError:
-        return 300
-    return len(make_tokenizer())
-
-
 def _add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a decoder LM on MIDI (default: Bach chorales)")
     _add_train_flags(p)
@@ -348,7 +322,7 @@ def _add_train_parser(sub) -> None:
                    help="let --resume continue on data whose pieces or split changed (it says what changed)")
     p.add_argument("--state-passing", action="store_true", help="start each crop from the detached final state "
                    "of a previous step's crop (Buitrago Ruiz & Gu 2025); recurrent-state kernels only")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
 
 
@@ -359,19 +333,20 @@ def _add_evaluate_parser(sub) -> None:
     p.add_argument("--split", choices=("validation", "train", "all", "test"),
                    help="pieces of the data to evaluate (default: validation for the checkpoint's own "
                    "training data, all for any other --data; test: those its test_min_tokens held out)")
-    p.add_argument("--cache-dir")
+    p.add_argument("--cache-dir", help="cache for converted MIDI and tokens (default ~/.cache/spe)")
     _add_piece_bound_flag(p, "the checkpoint's run's, else 65536")
-    p.add_argument("--max-length", type=int, help="positions (default: 3 × training length; test: test_min_tokens − 1)")
+    add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
+                help="positions evaluated (default: 3 × training length; test: test_min_tokens − 1)")
     p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")
     p.add_argument("--json", help="also write bucket means (start, end, ce, n) to this file")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass (default 8)")
     p.add_argument("--num-realizations", type=int, help="SPE realisations R at test time (default: as trained)")
     p.add_argument("--num-draws", type=int, default=1,
                    help="SPE codes whose predicted probabilities are averaged (default 1)")
-    p.add_argument("--window", type=int,
-                   help="sliding attention window W in positions (0: the whole past; default: as trained)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-progress", action="store_true")
+    add_aliased(p, "--attention-window", "--window", type=int, dest="window", metavar="W",
+                help="sliding attention window W (0: the whole past; default: as trained)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -381,29 +356,30 @@ def _add_report_parser(sub) -> None:
     p.add_argument("--out", required=True, help="folder for report.md, report.json, figures and MIDI")
     p.add_argument("--data", help="MIDI folder (default: the first checkpoint's training data)")
     p.add_argument("--cache-dir")
-    p.add_argument("--max-length", type=int, help="evaluated positions (default: 2 × training length)")
+    add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
+                help="positions evaluated (default: 2 × training length)")
     p.add_argument("--r-test", help="comma-separated test-time R for the R ablation of SPE models, e.g. 8,32,64")
     p.add_argument("--length", type=int, default=1024, help="tokens generated after the prompt, per model")
     p.add_argument("--probe-tokens", type=int, default=16, help="vocabulary tokens for identical-token probing")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_report)
 
 
 def _add_generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="sample new music (nucleus sampling) to a MIDI file")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--prompt", help="MIDI file whose first bars start the piece")
-    p.add_argument("--prompt-bars", type=int, default=2, help="bars of the prompt to keep")
-    p.add_argument("--length", type=int, default=1024, help="tokens to generate (may exceed the training length)")
-    p.add_argument("--out", default="generated.mid")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--temperature", type=float, default=1.2)
-    p.add_argument("--window", type=int,
-                   help="sliding attention window W in positions (0: the whole past; default: as trained)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--checkpoint", required=True, help="run folder or .safetensors of a trained model")
+    p.add_argument("--prompt", help="MIDI file whose first bars start the piece (default: none)")
+    p.add_argument("--prompt-bars", type=int, default=2, help="prompt bars kept, ≥ 1 (default 2; past its end: all)")
+    p.add_argument("--length", type=int, default=1024, help="tokens to generate (default 1024; may exceed training)")
+    p.add_argument("--out", default="generated.mid", help="MIDI file written (default generated.mid)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling, in [0, 2**63 - 1] (default 0)")
+    p.add_argument("--top-p", type=float, default=0.9, help="nucleus: top tokens of mass P, in (0, 1] (default 0.9)")
+    p.add_argument("--temperature", type=float, default=1.2, help="divides the logits, > 0 (default 1.2)")
+    add_aliased(p, "--attention-window", "--window", type=int, dest="window", metavar="W",
+                help="sliding attention window W (0: the whole past; default: as trained)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
 
 
@@ -452,12 +428,12 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--budget-s", type=float, default=30.0, help="skip cases predicted to take longer per run")
     p.add_argument("--json", help="records file (default OUT/bench.json)")
     p.add_argument("--out", default="runs/bench", help="folder for JSON, Markdown table and plots")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="autocast of the timed work as spe train --precision (weights float32; fp16 on CUDA "
                         "only, with a gradient scaler in model mode); default fp32")
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_bench)
 
 
@@ -472,7 +448,7 @@ def _add_sweep_parser(sub) -> None:
     p.add_argument("--steps", type=int, help="override every variant's optimizer steps")
     p.add_argument("--threads", type=int,
                    help="override every variant's CPU threads (0: PyTorch's default; 1 to run sweeps side by side)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -481,9 +457,10 @@ def _add_demo_parser(sub) -> None:
     _add_train_flags(p, with_out=False)
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--positionals", default="sinespe,ape", help="comma-separated encodings to train")
-    p.add_argument("--max-length", type=int, help="evaluated positions (default 3 × training length)")
+    add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
+                help="positions evaluated (default: 3 × training length)")
     p.add_argument("--length", type=int, default=1024, help="tokens to generate")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_demo)
 
 
@@ -514,18 +491,19 @@ def _check_args(args: argparse.Namespace) -> None:
     for flag in ("batch_size", "max_length", "length", "steps", "seq_len", "repeats", "prompt_bars",
                  "max_piece_tokens"):
         value = getattr(args, flag, None)
-        if value is not None and value < (0 if flag == "prompt_bars" else 1):
+        if value is not None and value < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
     _check_library_options(args)
 
 
 def _check_library_options(args: argparse.Namespace) -> None:
     """Flags whose rule the library owns, checked by the library's own validator before any work."""
-    from spe.lab.options import check_threads
+    from spe.lab.options import check_seed, check_threads
     from spe.models.config import decode_window
 
-    decode_window(getattr(args, "window", None), "--window")
+    decode_window(getattr(args, "window", None), "--attention-window")
     check_threads(getattr(args, "threads", None), "--threads")
+    check_seed(getattr(args, "seed", None), "--seed")
     if getattr(args, "temperature", None) is not None:
         from spe.generation import check_sampling
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["flag_choices"]
+import argparse
+
+__all__ = ["add_aliased", "flag_choices", "say_defaults"]
 
 
 def flag_choices() -> dict:
@@ -15,3 +17,22 @@ def flag_choices() -> dict:
 
     return {"positional": positional_help(), "attention": ATTENTIONS, "decay": ("none", *DECAY_FORM),
             "encoding_flags": encoding_flags(), "precision": tuple(PRECISIONS), "pipelines": PIPELINES, "tasks": TASKS}
+
+
+def add_aliased(p: argparse.ArgumentParser, name: str, old: str, **keywords) -> None:
+    """A flag under its one name ``name``, and ``old`` kept as an alias whose help says the
+    new name (same destination; the alias sets no default of its own)."""
+    dest = keywords.setdefault("dest", name.lstrip("-").replace("-", "_"))
+    metavar = keywords.setdefault("metavar", dest.upper())
+    p.add_argument(name, **keywords)
+    p.add_argument(old, dest=dest, type=keywords.get("type"), metavar=metavar, default=argparse.SUPPRESS,
+                   help=f"old name of {name} (an alias)")
+
+
+def say_defaults(p: argparse.ArgumentParser, values: dict, source: str) -> None:
+    """Appends ``(default V, SOURCE)`` to the help of each flag of ``p`` whose destination
+    ``values`` resolves and whose help does not say its default yet (aliases left as they are)."""
+    for a in p._actions:
+        if a.dest in values and a.default is not argparse.SUPPRESS and "(default" not in (a.help or ""):
+            a.help = f"{a.help} (default {values[a.dest]}, {source})"
+

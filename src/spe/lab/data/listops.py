@@ -38,6 +38,7 @@ import torch
 from spe.lab.data.lra.dataset import CONTENT_OFFSET, SequenceDataset, pack, regular_file
 
 __all__ = [
+    "LISTOPS_MAX_TOKENS",
     "OPERATORS",
     "PIPELINES",
     "SPLIT_FILES",
@@ -463,6 +464,12 @@ def _utf8_lines(path: Path, raw_lines) -> Iterator[str]:
                              f"UTF-8 text") from None
 
 
+# The longest ListOps row read without an explicit length: LRA's input pipeline truncates at
+# 2,000 tokens (its generator keeps expressions under 2,000 symbols); every row is padded to
+# the longest, so one 70,000-token row would cost 35× the memory of the whole set.
+LISTOPS_MAX_TOKENS = 2000
+
+
 def read_tsv(path: str | os.PathLike) -> list[tuple[str, int]]:
     """Reads an LRA ListOps TSV file (UTF-8).
 
@@ -528,7 +535,8 @@ def load_listops(folder: str | os.PathLike, *, max_length: int | None = None,
     Args:
         folder: holds ``basic_train.tsv``, ``basic_val.tsv``, ``basic_test.tsv`` (:func:`write_splits`).
         max_length: L, pad/truncate every split to L symbols (a truncated expression loses its
-            meaning: choose L ≥ the longest); None pads each split to its longest example.
+            meaning: choose L ≥ the longest); None pads each split to its longest example,
+            which may not exceed :data:`LISTOPS_MAX_TOKENS` (refused before any padding).
         drop_parentheses: see :class:`ListOpsTokenizer`.
         verify: also evaluate every expression and check it against its label (slower: about a
             minute for LRA's 100,000 examples).
@@ -541,7 +549,8 @@ def load_listops(folder: str | os.PathLike, *, max_length: int | None = None,
 
     Raises:
         FileNotFoundError: if the folder or a split file is missing (naming the layout).
-        ValueError: as :func:`read_tsv`, and naming the file and line of an unknown symbol (or,
+        ValueError: without ``max_length``, naming the file and line of a row longer than
+            :data:`LISTOPS_MAX_TOKENS`; as :func:`read_tsv`, and naming the file and line of an unknown symbol (or,
             with ``verify``, a malformed expression or a wrong label); for an unknown pipeline.
     """
     folder = Path(folder)
@@ -552,6 +561,12 @@ def load_listops(folder: str | os.PathLike, *, max_length: int | None = None,
     for split, name in SPLIT_FILES.items():
         rows = read_tsv(folder / name)
         flat, sizes = _encode_rows(folder / name, rows, tok, verify)
+        if max_length is None and sizes.size and int(sizes.max()) > LISTOPS_MAX_TOKENS:
+            line = int(np.argmax(sizes)) + 2  # line 1 is the header
+            raise ValueError(f"ListOps: {folder / name}:{line} has {int(sizes.max()):,} tokens, more than the "
+                             f"{LISTOPS_MAX_TOKENS:,} that LRA's pipeline keeps (every row is padded to the "
+                             f"longest): remove it, or pass a length (spe lra --seq-len N) to truncate every row "
+                             f"to N tokens")
         tokens, lengths = pack(flat, sizes, max_length, tok.vocab_size, what=f"ListOps {split}")
         out[split] = SequenceDataset(tokens, lengths, torch.tensor([y for _, y in rows]), tok.vocab_size, 10)
     return out

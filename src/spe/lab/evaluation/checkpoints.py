@@ -21,9 +21,10 @@ from spe.checkpoint import LoadedCheckpoint, atomic_write, load
 from spe.lab.data.split import CorpusSplit, split_of_run, validation_sequences
 from spe.encodings.registry import positional_spec
 from spe.lab.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
-from spe.lab.outputs import check_output_file, check_output_folder
+from spe.lab.outputs import check_output_file, check_output_folder, check_outside_data
 
-__all__ = ["evaluate_checkpoints", "evaluate_models", "model_label", "stored_summary", "write_evaluation"]
+__all__ = ["evaluate_checkpoints", "evaluate_models", "model_label", "stored_summary", "summary_table",
+           "write_evaluation"]
 
 # Moving-mean width of the curves in extrapolation.png, in positions.
 SMOOTHING = 16
@@ -108,7 +109,7 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
     length = max_length or (split.test_min_tokens - 1 if split.evaluated == "test"
                             else 3 * max(c.seq_len for c in checkpoints))
     for loaded in checkpoints:
-        loaded.check_length(length, f"--max-length {length}" if max_length
+        loaded.check_length(length, f"--eval-length {length}" if max_length
                             else f"the default length {length}")
     seqs = validation_sequences(split, length)
     results = []
@@ -234,7 +235,8 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
 
     Raises:
         FileNotFoundError: if a checkpoint does not exist.
-        ValueError: on a bad checkpoint or window, another tokenizer, or data too short.
+        ValueError: on a bad checkpoint or window, another tokenizer, data too short, or ``out``
+            or ``json_path`` in the data folder read.
     """
     sources = [c.path if isinstance(c, LoadedCheckpoint) else c for c in checkpoints]
     check_output_folder(out)
@@ -245,6 +247,10 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
         raise ValueError("give at least one checkpoint to evaluate")
     for c in loaded:
         c.set_window(window)
+    read = data if data is not None else loaded[0].train_config.get("data")  # outputs never among the pieces
+    for flag, path in (("--out", out), ("--json", json_path)):
+        if path:
+            check_outside_data(path, flag, read)
     pieces = split_of_run(loaded[0].train_config, data=data, cache_dir=cache_dir,
                           tokenizer_json=loaded[0].tokenizer_json, split=split, max_piece_tokens=max_piece_tokens)
     summary = evaluate_models(loaded, pieces, max_length=max_length, batch_size=batch_size,
@@ -252,3 +258,18 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
                               progress=progress)
     write_evaluation(summary, out, json_path=json_path)
     return summary
+
+
+def summary_table(summary: dict) -> str:
+    """:func:`evaluate_models`'s summary as a Markdown table: mean cross-entropy per bucket of
+    positions, within and beyond the training length, per model and for the unigram baseline."""
+    models, buckets = summary["models"], summary["models"][0]["buckets"]
+    lines = ["| model | " + " | ".join(f"[{b['start']},{b['end']})" for b in buckets) + " | within | beyond |",
+             "|" + "---|" * (len(buckets) + 3)]
+    lines += [f"| {m['label']} | " + " | ".join(f"{b['ce']:.3f}" for b in m["buckets"])
+              + f" | {m['within']:.3f} | {m['beyond']:.3f} |" for m in models]
+    lines.append("| unigram | " + " | ".join(f"{b['ce']:.3f}" for b in summary["unigram_buckets"])
+                 + f" | {summary['unigram']:.3f} | |")
+    lines.append(f"({summary['num_sequences']} sequences of {summary['max_length']} positions from the "
+                 f"{summary.get('split', 'validation')} pieces; nats per token)")
+    return "\n".join(lines)

@@ -12,7 +12,7 @@ from pathlib import Path
 from spe.checkpoint import atomic_write
 from spe.lab.metrics.style import onset_duration_profile, split_equal_parts, style_similarity, time_pitch_profile
 
-__all__ = ["NUM_PARTS", "PROMPT_BARS", "bar_start", "style_rows", "write_prompt"]
+__all__ = ["NUM_PARTS", "PROMPT_BARS", "bar_count", "bar_start", "style_rows", "write_prompt"]
 
 PROMPT_BARS = 2
 NUM_PARTS = 4
@@ -41,12 +41,23 @@ def bar_start(score, bar: int) -> int:
     REMI changes time signature only at bar lines, so bars are walked one at a time with the
     signature in force at each bar's start.
     """
+    return _walk_bars(score, bar)[1]
+
+
+def bar_count(score) -> int:
+    """How many bars start before the score's end (by its time signatures, 4/4 if none)."""
+    return _walk_bars(score, None)[0]
+
+
+def _walk_bars(score, bar: int | None) -> tuple[int, int]:
+    """(bars walked, the tick reached): ``bar`` bars, or (None) until the score's end."""
     signatures = sorted((int(ts.time), int(ts.numerator), int(ts.denominator)) for ts in score.time_signatures)
-    tick = 0
-    for _ in range(bar):
+    tick, walked, end = 0, 0, score.end()
+    while walked < bar if bar is not None else tick < end:
         _, num, den = next((s for s in reversed(signatures) if s[0] <= tick), (0, 4, 4))
-        tick += score.tpq * 4 * num // den  # a bar of num notes of 1/den whole note
-    return tick
+        tick += max(score.tpq * 4 * num // den, 1)  # a bar of num notes of 1/den whole note
+        walked += 1
+    return walked, tick
 
 
 def style_rows(prompt: str | os.PathLike, generated: str | os.PathLike, prompt_end_tick: int, *,

@@ -69,7 +69,7 @@ def _check_options(checkpoints: list, generate_length: int, num_probe_tokens: in
     if not checkpoints:
         raise ValueError("give at least one --checkpoint")
     for name, value in (("--length", generate_length), ("--probe-tokens", num_probe_tokens),
-                        ("--max-length", 1 if max_length is None else max_length)):
+                        ("--eval-length", 1 if max_length is None else max_length)):
         if value < 1:
             raise ValueError(f"{name} must be positive, got {value}")
     if any(r < 1 for r in r_test):

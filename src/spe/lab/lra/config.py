@@ -19,7 +19,7 @@ from spe.encodings.registry import EXACT_TWINS
 from spe.field_types import describe_types, field_value_types
 from spe.lab.experiment import ExperimentOptions, model_options
 
-__all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "LRAConfig", "load_preset",
+__all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "LRAConfig", "load_preset", "preset_defaults",
            "model_option_names", "model_options", "preset_config"]
 
 PRESETS = ("paper", "cpu-small")
@@ -213,3 +213,23 @@ def preset_config(task: str, positional: str, attention: str, *, preset: str = "
     data_options = {**data_options, **given.pop("data_options", {})}
     return LRAConfig(task=task, positional=positional, attention=attention, preset=preset,
                      **{**values, **given, "model": model, "data_options": data_options})
+
+
+def preset_defaults(preset: str = "cpu-small") -> dict[str, str]:
+    """Per run option (``steps``, ``batch_size``, ``eval_every``, ``max_length``,
+    ``num_realizations``), its value in ``preset`` for each task, in words
+    (``listops 2000, text 600, retrieval 500, image 1000``): what ``spe lra`` flags left out mean."""
+    from spe.lab.data.listops import LISTOPS_MAX_TOKENS
+    from spe.lab.data.lra.tasks import DEFAULT_LENGTHS
+
+    configs = {task: preset_config(task, "sinespe", "performer", preset=preset) for task in TASKS}
+
+    def value(cfg: LRAConfig, option: str):
+        if option == "num_realizations":
+            return cfg.model.get(option)
+        if option == "max_length" and cfg.max_length is None:
+            return DEFAULT_LENGTHS[cfg.task] or f"its longest row, at most {LISTOPS_MAX_TOKENS}"
+        return getattr(cfg, option)
+
+    return {option: ", ".join(f"{task} {value(cfg, option)}" for task, cfg in configs.items())
+            for option in ("steps", "batch_size", "eval_every", "max_length", "num_realizations")}

@@ -150,9 +150,10 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
         torch.set_num_threads(threads)
     out = Path(out)
     with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx:
+        # the data first: one refused (an over-long ListOps row …) leaves no config.json behind
+        splits = load_splits(cfg) if splits is None else splits
         open_experiment(out, cfg, ctx)
         log.info("%s: %d seed(s), %d process(es)", out, len(seeds), ctx.world_size)
-        splits = load_splits(cfg) if splits is None else splits
         results = []
         for seed in seeds:
             results.append(plans.run_once(out / f"seed{seed}", lambda folder, seed=seed: train_seed(

@@ -8,7 +8,6 @@ from the same options (:func:`resolve_model_options`).
 from __future__ import annotations
 
 import logging
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -19,9 +18,10 @@ from spe.encodings.registry import POSITIONAL_SPECS, positional_spec
 from spe.field_types import check_field_types
 from spe.models.config import ModelConfig
 from spe.lab.experiment import ExperimentOptions
+from spe.lab.options import read_toml
 from spe.lab.train.state_passing import chain_steps
 
-__all__ = ["TrainConfig", "load_config_file", "packaged_config", "resolve_model_options"]
+__all__ = ["TrainConfig", "load_config_file", "packaged_config", "packaged_defaults", "resolve_model_options"]
 
 log = logging.getLogger(__name__)
 _DEFAULT_POSITIONAL = next(f.default for f in fields(ModelConfig) if f.name == "positional")
@@ -165,17 +165,18 @@ def load_config_file(path: str | Path) -> dict:
     """Reads a TOML config: top-level keys are training options, a ``[model]`` table the model's.
 
     Raises:
-        ValueError: if the file is missing or not valid TOML.
+        ValueError: if the file is missing or not a regular file, not UTF-8, not valid TOML
+            or nested too deeply (:func:`spe.lab.options.read_toml`).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file {path} does not exist")
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"config file {path} is not valid TOML: {err}") from None
+    return read_toml(path, "config file")
 
 
 def packaged_config(name: str) -> Path:
     """The path of a TOML file shipped in ``spe/lab/configs`` (``demo``, ``ablation``)."""
     return Path(str(resources.files("spe.lab") / "configs" / f"{name}.toml"))
+
+
+def packaged_defaults() -> dict:
+    """The training options of the packaged demo config, resolved (its values over
+    :class:`TrainConfig`'s defaults): what a ``spe train`` flag left out means without --config."""
+    return vars(TrainConfig.from_dict(load_config_file(packaged_config("demo"))))

@@ -38,6 +38,7 @@ from torch import nn
 
 from spe.checkpoint import MODEL_FILE, check_finite_weights, load_metadata
 from spe.lab.train import distributed as dist_
+from spe.lab.train.memory import check_model_memory
 from spe.lab.train.metrics_log import append_record, trim_records
 from spe.lab.train.optim import adamw, learning_rate_factor, scaled_lr
 from spe.lab.train.precision import autocast, grad_scaler
@@ -137,9 +138,19 @@ def run(task: Task, settings: EngineSettings, out: str | Path, *, resume: bool, 
         from spe.lab.train.tensorboard import require_tensorboard
 
         require_tensorboard()
+    warn_long_warmup(settings.warmup_steps, settings.steps, settings.lr)
     with dist_.session(device_type) as ctx, run_lock(out, ctx):
         return _run(task, settings, Path(out), ctx, resume=resume, overwrite=overwrite,
                     progress=progress and ctx.is_main)
+
+
+def warn_long_warmup(warmup_steps: int, steps: int, lr: float) -> None:
+    """Warns (one line) when the linear warm-up lasts the whole run: the learning rate then
+    never decays and reaches ``lr`` only at the last step, if at all."""
+    if warmup_steps >= steps:
+        warnings.warn(f"warmup_steps {warmup_steps} ≥ steps {steps}: the learning rate rises for the whole run "
+                      f"and ends at {lr * min(1.0, steps / warmup_steps):g} (peak lr {lr:g}), with no decay; "
+                      f"pass --warmup-steps below {steps}", stacklevel=2)
 
 
 def _run(task: Task, settings: EngineSettings, out: Path, ctx: dist_.Distributed, *, resume: bool,
@@ -154,6 +165,10 @@ def _run(task: Task, settings: EngineSettings, out: Path, ctx: dist_.Distributed
         repair_run_folder(out, task.layout.latest)  # a crash between two renames leaves a mismatched pair
     dist_.barrier(ctx)
     task.prepare(ctx, resume=resume)
+    # on the meta device, before any allocation; the training length where the task has one
+    cfg = getattr(task, "cfg", None)
+    check_model_memory(task.build_model, device,
+                       positions=getattr(cfg, "seq_len", None) or getattr(cfg, "max_length", None) or 1)
     torch.manual_seed(settings.seed)
     model = task.build_model().to(device)
     if ctx.rank:

@@ -244,12 +244,20 @@ def clear_run(out: str | os.PathLike, layout: RunLayout) -> list[Path]:
     return removed
 
 
+# What sweeps and studies write next to their rows' folders in --out (a row of that name
+# would be trained first, then fail at the first write of the results).
+RESERVED_NAMES = ("results.json", "results.md", "loss.png")
+# NAME_MAX of Linux and macOS file systems, in bytes
+MAX_NAME_BYTES = 255
+
+
 def check_name(name: object, where: str) -> str:
     """A plan's variant or row name, which becomes a folder of ``--out``: a plain, printable name.
 
     Raises:
         ValueError: naming ``where`` (the plan file and the row), for an empty name, a path
-            separator, ``..``, a leading dot or an unprintable character.
+            separator, ``..``, a leading dot, an unprintable character, the name of a file the
+            sweep writes (:data:`RESERVED_NAMES`) or more than :data:`MAX_NAME_BYTES` bytes.
     """
     problem = None
     if not isinstance(name, str) or not name:
@@ -262,6 +270,10 @@ def check_name(name: object, where: str) -> str:
         problem = "starts with a dot"
     elif not name.isprintable() or name != name.strip():
         problem = "holds an unprintable character or surrounding space"
+    elif name.lower() in RESERVED_NAMES:
+        problem = f"is a file the sweep writes in --out ({', '.join(RESERVED_NAMES)})"
+    elif len(name.encode()) > MAX_NAME_BYTES:
+        problem = f"is {len(name.encode())} bytes long, more than the {MAX_NAME_BYTES} a folder name may have"
     if problem:
         raise ValueError(f"{where}: the name {name!r} {problem}; it names a folder under --out: give a plain name "
                          "such as 'sinespe-k5'")

@@ -75,6 +75,9 @@ class LMTask:
         data = data_record(train=self.split.train_pieces, validation=self.split.val_pieces)
         if resume:
             check_resume(status, self.split.tokenizer_json, data, allow_data_change=self.cfg.allow_data_change)
+            if status.metadata.get("train", {}).get("state_passing") and not self.cfg.state_passing:
+                warnings.warn(f"--resume: {status.out} was trained with state passing; it goes on without it, as "
+                              "asked (pass --state-passing to keep it)", stacklevel=2)
         self.meta = {"tokenizer": self.split.tokenizer_json, "train": self.cfg.to_dict(), "data": data,
                      "num_train_pieces": len(self.split.train_pieces),
                      "num_val_pieces": len(self.split.val_pieces), "world_size": ctx.world_size}
