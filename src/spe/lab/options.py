@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["OPTION_RULES", "SCHEDULES", "OptionRule", "check_option", "check_options", "check_threads",
-           "parse_seeds"]
+           "parse_int_list", "parse_seeds", "set_threads"]
 
 # The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
 # beside their rule, so that a schedule is checked as the other options are, without torch.
@@ -150,6 +150,30 @@ def check_threads(value: int | None, name: str = "threads") -> None:
             RuntimeError deep inside a run otherwise).
     """
     check_option("threads", value, name)
+
+
+def set_threads(value: int | None, name: str = "threads") -> None:
+    """Checks a CPU thread count (:func:`check_threads`) and gives it to PyTorch (None or 0: left as it is)."""
+    check_threads(value, name)
+    if value:
+        import torch
+
+        torch.set_num_threads(value)
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    """``--lengths 64,256,1024`` as a list of positive integers.
+
+    Raises:
+        ValueError: naming ``flag`` and ``text`` on anything else (and on an empty list).
+    """
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} takes positive integers, got {text!r}")
+    return values
 
 
 def parse_seeds(text: str) -> list[int]:
