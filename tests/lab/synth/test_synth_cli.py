@@ -28,6 +28,7 @@ def _refused(capsys, argv: list[str], fragment: str) -> None:
     (["--task", "flip-flop", "--steps", "0"], "--steps must be positive"),
     (["--task", "flip-flop", "--positional", "nope"], "unknown positional encoding 'nope'"),
     (["--task", "flip-flop", "--positional", "ape-learned", "--max-positions", "256"], "length 4096 exceeds the 256"),
+    (["--task", "mqar", "--threads", "-1"], "--threads must be 0 (PyTorch's default) or a positive number"),
     (["--eval-lengths", "64"], "give --task"),
     (["--plan", "learned-time-mqar", "--positional", "rope"], "a plan sets --positional per row"),
     (["--only", "ape"], "give --plan"),
@@ -134,3 +135,22 @@ def test_a_tiny_run_writes_its_results_and_skips_finished_seeds(tmp_path, capsys
     assert (out / "seed0" / "result.json").stat().st_mtime_ns == stamp
     capsys.readouterr()
     _refused(capsys, [a if a != "16" else "32" for a in argv[1:]], "holds another synthetic-task experiment")
+
+
+@pytest.mark.slow
+def test_a_plan_runs_its_rows_into_one_folder_and_collects_them(tmp_path, capsys):
+    plan = tmp_path / "tiny.toml"
+    plan.write_text('task = "mqar"\nseeds = [0]\n[defaults]\neval_lengths = [64, 128]\n[defaults.model]\n'
+                    'd_model = 16\nnum_layers = 1\n[rows.ape]\nmodel = { positional = "ape" }\n'
+                    '[rows.fox]\nmodel = { positional = "none", attention = "softmax", decay = "gated" }\n')
+    out = tmp_path / "out"
+    argv = ["synth", "--plan", str(plan), "--steps", "2", "--out", str(out), "--threads", "1", "--no-progress"]
+    assert main([*argv, "--only", "fox"]) == 0
+    assert json.loads((out / "results.json").read_text())["rows"]["ape"]["results"] == []
+    assert main(argv) == 0  # the other runner: fox is finished, ape runs
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [len(rows[r]["results"]) for r in ("ape", "fox")] == [1, 1]
+    assert rows["fox"]["accuracy"]["more-pairs"]["128"]["seeds"] == 1
+    assert (out / "ape" / "seed0" / "result.json").is_file() and "## same-pairs" in (out / "results.md").read_text()
+    capsys.readouterr()
+    _refused(capsys, [*argv[1:-1], "--only", "nope"], "unknown row(s) nope")
