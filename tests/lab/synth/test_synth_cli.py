@@ -154,3 +154,11 @@ def test_a_plan_runs_its_rows_into_one_folder_and_collects_them(tmp_path, capsys
     assert (out / "ape" / "seed0" / "result.json").is_file() and "## same-pairs" in (out / "results.md").read_text()
     capsys.readouterr()
     _refused(capsys, [*argv[1:-1], "--only", "nope"], "unknown row(s) nope")
+
+
+def test_long_test_splits_hold_at_most_eval_tokens():
+    cfg = preset_config("mqar", eval_lengths=[64, 1024, 4096])
+    assert [len(fixed_split(cfg, "test", "more-pairs", t)[0]) for t in (64, 1024, 4096)] == [128, 128, 32]
+    assert len(fixed_split(cfg, "validation", "same-pairs", 64)[0]) == 128
+    small = preset_config("flip-flop", eval_lengths=[64, 256], eval_tokens=1000, eval_examples=10)
+    assert [small.examples_at(t) for t in (64, 256, 4096)] == [10, 3, 1]

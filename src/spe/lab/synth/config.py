@@ -36,8 +36,12 @@ class SynthConfig(ExperimentOptions):
         task: ``flip-flop`` or ``mqar``.
         train_length: L, tokens per training sequence (even, ≥ 4).
         eval_lengths: the test lengths in tokens (each even, ≥ 4, at most 64 L).
-        eval_examples: sequences per test split (one split per distribution and length) and in
-            the validation split (in-distribution at L, evaluated every ``eval_every`` steps).
+        eval_examples: sequences in the validation split (in-distribution at L, evaluated every
+            ``eval_every`` steps) and, at most, per test split (one per distribution and length).
+        eval_tokens: tokens per test split at most: a split of length T holds
+            min(``eval_examples``, max(1, ``eval_tokens`` // T)) sequences (defaults: 128 up to
+            T = 1,024, 32 at T = 4,096), so the quadratic cost of softmax at 64 L stays within a
+            few times the training's while long splits still hold hundreds of targets.
         eval_batch_tokens: tokens per evaluation batch (a batch holds max(1, this // T)
             sequences of T tokens), so that long tests stay within memory.
         eval_seed: the seed of the fixed validation and test splits
@@ -57,6 +61,7 @@ class SynthConfig(ExperimentOptions):
     train_length: int = 64
     eval_lengths: list = field(default_factory=lambda: [64, 256, 1024, 4096])
     eval_examples: int = 128
+    eval_tokens: int = 131072
     eval_batch_tokens: int = 8192
     eval_seed: int = 0
     p_ignore: float = 0.8
@@ -71,7 +76,7 @@ class SynthConfig(ExperimentOptions):
             raise ValueError(f"unknown synthetic task {self.task!r}; choose from {', '.join(TASKS)}")
         check_length(self.task, self.train_length, "train_length")
         self._check_eval()
-        for name in ("eval_examples", "eval_batch_tokens", "num_keys", "num_values"):
+        for name in ("eval_examples", "eval_tokens", "eval_batch_tokens", "num_keys", "num_values"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -119,6 +124,10 @@ class SynthConfig(ExperimentOptions):
         if limit is not None and longest > limit:
             raise ValueError(f"length {longest} exceeds the {limit} {positional_spec(config.positional).limit_text}; "
                              "raise that option or test shorter lengths")
+
+    def examples_at(self, length: int) -> int:
+        """Sequences in a test split of ``length`` tokens (see ``eval_tokens``)."""
+        return min(self.eval_examples, max(1, self.eval_tokens // length))
 
     @property
     def train_pairs(self) -> int:

@@ -227,9 +227,9 @@ def write_data(cfg: SynthConfig, folder: str | Path, *, seed: int = 0,
         atomic_write(folder / name, lambda tmp, lines=lines: Path(tmp).write_text("\n".join(lines) + "\n"))
         written.append(folder / name)
     vocab = {"task": cfg.task, "tokens": cfg.vocab(), "ignore_index": -100, "seeds": seeds,
-             "options": {k: getattr(cfg, k) for k in ("train_length", "eval_lengths", "eval_examples", "eval_seed",
-                                                      "batch_size", "p_ignore", "num_pairs", "num_keys",
-                                                      "num_values")}}
+             "options": {k: getattr(cfg, k) for k in ("train_length", "eval_lengths", "eval_examples", "eval_tokens",
+                                                      "eval_seed", "batch_size", "p_ignore", "num_pairs",
+                                                      "num_keys", "num_values")}}
     if cfg.task == "mqar":
         vocab["pairs"] = {"train": cfg.train_pairs, "more-pairs": {str(t): cfg.pairs_at(t) for t in cfg.eval_lengths},
                           "same-pairs": {str(t): min(cfg.train_pairs, t // 4) for t in cfg.eval_lengths}}

@@ -60,11 +60,13 @@ def draw(cfg: SynthConfig, distribution: str, length: int, batch: int,
 
 
 def fixed_split(cfg: SynthConfig, split: str, distribution: str, length: int) -> tuple[Tensor, Tensor]:
-    """``cfg.eval_examples`` sequences of a fixed split (``validation`` or ``test``), drawn from the
-    generator seeded with :func:`~spe.lab.synth.data.split_seed` ``(task, split, distribution,
-    length, eval_seed)``: the same sequences for every run and every seed."""
+    """The sequences of a fixed split: ``validation`` (``cfg.eval_examples``) or ``test``
+    (:meth:`SynthConfig.examples_at`), drawn from the generator seeded with
+    :func:`~spe.lab.synth.data.split_seed` ``(task, split, distribution, length, eval_seed)``:
+    the same sequences for every run and every seed."""
     generator = torch.Generator().manual_seed(split_seed(cfg.task, split, distribution, length, cfg.eval_seed))
-    return draw(cfg, distribution, length, cfg.eval_examples, generator)
+    count = cfg.eval_examples if split == "validation" else cfg.examples_at(length)
+    return draw(cfg, distribution, length, count, generator)
 
 
 @torch.no_grad()
