@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spe.lab.cli.main import main
-from spe.lab.synth import SynthConfig, load_synth_plan, packaged_synth_plans, preset_config
+from spe.lab.synth import load_synth_plan, packaged_synth_plans, preset_config
 from spe.lab.synth.data import IGNORE, READ
 from spe.lab.synth.study import row_config
 from spe.lab.synth.task import SynthTask, correct_count, fixed_split
