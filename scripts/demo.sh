@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-# torch==2.13.0 is this machine kind's local CPU wheel; see README for GPU installs.
+# torch==2.13.0 is this machine kind's local CPU wheel; GPU installs: docs/usage.md.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[music]"
 exec .venv/bin/spe demo --out runs/demo "$@"

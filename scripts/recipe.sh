@@ -25,9 +25,16 @@ for v in "${VARIANTS[@]}"; do CHECKPOINTS+=(--checkpoint "$OUT/ablation/$v/seed0
 spe report "${CHECKPOINTS[@]}" --r-test 8,32,64,128 --max-length 768 --out "$OUT/report" "${DATA_FLAG[@]}"
 python - "$OUT/report" "$DOC" <<'PY'
 import sys
+from pathlib import Path
+
 from spe.lab.evaluation.publish import publish_report
 
-preamble = ("<!-- produced by scripts/recipe.sh: spe sweep --plan ablation (seed 0) + spe report; "
-            "do not edit by hand -->\n\n")
+# docs/results.md keeps its hand-written intro (how it was produced, the paper's Table 6 beside ours)
+intro = Path("tools/docs/results_intro.md")
+if Path(sys.argv[2]).resolve() == Path("docs/results.md").resolve():
+    preamble = intro.read_text(encoding="utf-8") + "\n"
+else:
+    preamble = ("<!-- produced by scripts/recipe.sh: spe sweep --plan ablation (seed 0) + spe report; "
+                "do not edit by hand -->\n\n")
 print("wrote", publish_report(sys.argv[1], sys.argv[2], preamble=preamble))
 PY

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from spe import DecoderLM, ModelConfig
+from spe.attention.pro import PRO_OPTIONS
 from spe.ops.decay import decay_attention_reference
 from spe.ops.gates import gated_softmax_reference
 from spe.ops.linear import causal_linear_attention
@@ -30,7 +31,7 @@ DEVICE = torch.device(os.environ.get("SPE_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs CUDA")
 
 # (positional, attention, extra options): the main job, the paper's variants, the peers and the
-# gates study's layers (issue 30), each with the kernel its plan row uses.
+# gates study's layers (docs/gates.md), each with the kernel its plan row uses.
 CASES = [
     ("sinespe", "performer", {}),
     ("sinespe", "performer", {"gated": True}),
@@ -49,6 +50,11 @@ CASES = [
     ("none", "linear", {"decay": "gated"}),
     ("sinespe", "linear", {"decay": "gated"}),
     ("sinespe", "linear-elu", {"decay": "gated-channel", "short_conv": 4}),
+    ("none", "softmax", {"decay": "gated", **dict.fromkeys(PRO_OPTIONS, True)}),  # FoX-Pro (docs/foxpro.md)
+    ("sinespe", "linear", {"decay": "gated", **dict.fromkeys(PRO_OPTIONS, True)}),
+    ("sinespe", "linear", {"decay": "gated", "spe_time": "learned"}),  # issue 39: learned time
+    ("sinespe", "performer", {"spe_time": "learned"}),
+    ("rope", "linear-elu", {"rope_time": "learned", "decay": "gated-channel"}),
 ]
 
 
@@ -63,7 +69,12 @@ def _model(pos, att, extra):
     cfg = ModelConfig(vocab_size=50, d_model=32, num_layers=2, num_heads=2, d_ff=64, dropout=0.0,
                       positional=pos, attention=att, num_realizations=8, num_sines=2, kernel_size=6,
                       num_features=16, chunk_size=8, max_distance=6, max_positions=64, **extra)
-    return DecoderLM(cfg).eval()
+    model = DecoderLM(cfg).eval()
+    with torch.no_grad():  # learned clocks (issue 39) away from the index clock they start at
+        for name, p in model.named_parameters():
+            if ".clock." in name:
+                p.normal_(0.0, 0.5)
+    return model
 
 
 def _pair(case):
@@ -116,7 +127,7 @@ def test_cuda_recurrent_decoding_equals_the_parallel_forward(case):
     torch.testing.assert_close(torch.stack(steps, 1), parallel, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[11], CASES[13]], ids=_ids)
+@pytest.mark.parametrize("case", [CASES[0], CASES[11], CASES[13], CASES[-3]], ids=_ids)
 def test_bf16_autocast_moves_the_loss_by_bf16_rounding_only(case):
     _, fast = _pair(case)
     fast.train()

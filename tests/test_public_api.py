@@ -169,9 +169,7 @@ def test_load_returns_the_model_with_its_metadata(tmp_path):
     loaded = spe.load(tmp_path / "run")
     assert isinstance(loaded, LoadedCheckpoint) and isinstance(loaded.model, spe.DecoderLM)
     assert not loaded.model.training and loaded.step == 5 and loaded.config == model.config
-    assert loaded.tokenizer_json == '{"pitch_range": [21, 109]}'  # spe.load used to drop it
-    with pytest.raises(TypeError, match=r"not the model: call its \.model"):
-        loaded(torch.zeros(1, 3, dtype=torch.long))
+    assert loaded.tokenizer_json == '{"pitch_range": [21, 109]}'
 
 
 # --- spe.generate ----------------------------------------------------------------------------

@@ -337,10 +337,6 @@ class LoadedCheckpoint:
     model: DecoderLM | EncoderClassifier
     metadata: dict
 
-    def __call__(self, *args, **kwargs):
-        # spe.load returned the bare model before: say where it went rather than "not callable"
-        raise TypeError("a LoadedCheckpoint is not the model: call its .model (spe.load(path).model(tokens))")
-
     @property
     def config(self) -> ModelConfig:
         """The model configuration (the model's own, so test-time changes show)."""

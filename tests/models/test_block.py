@@ -47,6 +47,10 @@ def _inputs(config, block=None, n=23):
 def test_a_future_change_reaches_position_m_only_without_causality(positional, attention, causal):
     config = _config(positional, attention)
     torch.manual_seed(0)
+    if not causal and POSITIONAL_SPECS[positional].causal_only:  # PaTH: no encoder form, refused
+        with pytest.raises(ValueError, match="causal"):
+            Block(config, causal=False)
+        return
     block = Block(config, causal=causal).eval()
     x, code, positions = _inputs(config, block)
     changed = x.clone()

@@ -19,12 +19,29 @@ from spe.lab.bench.run import bench_markdown
 BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
 
 
+def portable(command: str) -> str:
+    """The recorded command with absolute paths shown as a reader would type them: relative to
+    the working directory when below it, else from their ``runs/`` folder on (a machine's own
+    paths mean nothing on the page)."""
+    words = []
+    for word in command.split(" "):
+        path = Path(word)
+        if path.is_absolute():
+            if path.is_relative_to(Path.cwd()):
+                word = path.relative_to(Path.cwd()).as_posix()
+            elif "runs" in path.parts:
+                parts = path.parts
+                word = "/".join(parts[len(parts) - 1 - parts[::-1].index("runs"):])
+        words.append(word)
+    return " ".join(words)
+
+
 def header(payload: dict) -> str:
     loads = [r["load_1min"] for r in payload["records"] + (payload.get("model_rounds") or []) if "load_1min" in r]
     load = (f"1-minute load average when each case started: median {statistics.median(loads):.2f}, "
             f"range {min(loads):.2f}-{max(loads):.2f} over {len(loads)} cases"
             if loads else "load not recorded")
-    return "\n".join(["```bash", payload.get("command", "(command not recorded)"), "```", "",
+    return "\n".join(["```bash", portable(payload.get("command", "(command not recorded)")), "```", "",
                       f"float32 matmul rate at the end of the run: {payload['matmul_gflops']:.0f} GFLOP/s; {load}.",
                       ""])
 

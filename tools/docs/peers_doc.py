@@ -52,6 +52,19 @@ def best_group(rows: list[dict], bucket: int) -> tuple[list[str], str]:
     return [v for m, _, v in sorted(scored) if m <= mean + std], f"best {format_mean_std(mean, std, digits=3)}"
 
 
+# Line colours and markers: matplotlib's default cycle has 10 colours, so a plot of 17 rows (the
+# gates plan) drew pairs of rows alike; 20 colours, each pair of tab20 told apart by its marker
+# as well, keep every line distinct.
+_MARKERS = ("o", "s", "^", "D", "v")
+
+
+def line_style(i: int) -> tuple[tuple[float, ...], str]:
+    """(colour, marker) of the i-th line: distinct for the first 100 lines."""
+    from matplotlib import colormaps
+
+    return colormaps["tab20"](i % 20), _MARKERS[(i // 20 + i) % len(_MARKERS)]
+
+
 def plot(rows: list[dict], png: Path, title: str, *, log_x: bool = False) -> None:
     """Cross-entropy against position per variant (mean ± sample std over seeds, no bar for one
     seed); ``log_x``: position
@@ -62,12 +75,14 @@ def plot(rows: list[dict], png: Path, title: str, *, log_x: bool = False) -> Non
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
-    for r in sorted(rows, key=lambda r: r["buckets"][-1][0]):
+    for i, r in enumerate(sorted(rows, key=lambda r: r["buckets"][-1][0])):
         centres = [(a + b) / 2 for a, b in r["bucket_edges"]]
         means = [m for m, _ in r["buckets"]]
         stds = [0.0 if math.isnan(s) else s for _, s in r["buckets"]]
         style = "-" if "spe" in r["variant"] else "--"
-        ax.errorbar(centres, means, yerr=stds, marker="o", linestyle=style, capsize=3, label=r["variant"])
+        color, marker = line_style(i)
+        ax.errorbar(centres, means, yerr=stds, marker=marker, color=color, linestyle=style, capsize=3,
+                    label=r["variant"])
     if log_x:
         ax.set_xscale("log", base=2)
     trained = rows[0]["bucket_edges"][0][1]

@@ -2,6 +2,7 @@
 
 from spe.attention.kernels import KERNELS, FeatureTransform, KernelFeatures, KernelOptions, KernelSpec, kernel_spec
 from spe.attention.layer import ATTENTIONS, MultiHeadAttention
+from spe.attention.pro import PRO_OPTIONS, FoxPro, ShiftState
 
-__all__ = ["ATTENTIONS", "KERNELS", "FeatureTransform", "KernelFeatures", "KernelOptions", "KernelSpec",
-           "MultiHeadAttention", "kernel_spec"]
+__all__ = ["ATTENTIONS", "KERNELS", "PRO_OPTIONS", "FeatureTransform", "FoxPro", "KernelFeatures", "KernelOptions",
+           "KernelSpec", "MultiHeadAttention", "ShiftState", "kernel_spec"]

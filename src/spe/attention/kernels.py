@@ -286,6 +286,8 @@ def _softmax_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
 
 
 def _softmax_step(f: KernelFeatures, v: Tensor, state: KVCache | None, o: KernelOptions) -> tuple[Tensor, KVCache]:
+    if callable(getattr(o.score_term, "step", None)):  # a score term with its own cache (PaTH)
+        return o.score_term.step(f.q, f.k, v, state)
     if o.score_term is not None:  # the score term attends over the cache from the new query's position
         cache = append_to_cache(state, f.k, v, window=o.window)
         return o.score_term.attend(f.q, cache.keys, cache.values, query_offset=cache.position - 1), cache
@@ -296,6 +298,8 @@ def _softmax_prefill(f: KernelFeatures, v: Tensor, o: KernelOptions,
                      state: KVCache | None = None) -> tuple[Tensor, KVCache]:
     if state is not None:  # the parallel pass has no query offset into a cache
         raise ValueError("softmax attention prefills from the start only: go on from a KV cache with step")
+    if callable(getattr(o.score_term, "prefill", None)):  # a score term with its own cache (PaTH)
+        return o.score_term.prefill(f.q, f.k, v)
     return _softmax_parallel(f, v, o), prefill_cache(f.k, v, window=o.window, log_decay=o.decay)
 
 

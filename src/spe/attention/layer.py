@@ -11,7 +11,8 @@ rotations of queries and keys work with every kernel; a term in the attention sc
 (Shaw, Music Transformer …) needs the explicit scores of softmax attention; a transform
 of the kernel's features (PermuteFormer …) needs a feature map, which softmax
 attention has not. A short convolution (``short_conv``) of the projected q, k, v comes before
-all of them and composes with every kernel.
+all of them and composes with every kernel, as FoX-Pro's block does (:mod:`spe.attention.pro`:
+a token shift of k and v and QK-norm before the encoding, an output gate after the kernel).
 
 A decay (``decay``, :data:`DECAY_FORM`) weighs the kernel's sums: RetNet's constant γ_h
 (``fixed``, ``learned``), or a forget gate computed from the layer's input x
@@ -39,11 +40,11 @@ from spe.attention.kernels import (
     kernel_features,
     kernel_spec,
 )
+from spe.attention.pro import FoxPro, ShiftState, check_pro_options
 from spe.encodings.code import SPECode
-from spe.encodings.filter import SPEFilter
 from spe.encodings.gates import ChannelGate, ScalarGate
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
-from spe.encodings.rope import RotaryEncoding
+from spe.encodings.spec import LAYER_ATTRIBUTES, EncodingState, LayerEncoding
 from spe.encodings.short_conv import ShortConvolution, ShortConvState, check_short_conv
 from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
 from spe.ops.feature_maps import orthogonal_random_features
@@ -60,11 +61,13 @@ __all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "POSITIONAL
 # rotations), "scores" (a term added to q·k before the softmax), "features" (transforms of φ).
 ATTENTIONS = tuple(KERNELS)
 ACCEPTS = {name: spec.accepts for name, spec in KERNELS.items()}
-# Where a layer's positional module acts, named by the attribute that holds it (positional_role).
-POSITIONAL_ROLES = ("spe_filter", "rotary", "score_encoding", "feature_transform")
-# What a layer's decoding step hands on: the kernel's state, wrapped with the short
-# convolution's cache in layers that have one.
-LayerState = AttentionState | ShortConvState
+# Where a layer's positional module acts, named by the attribute that holds it (positional_role):
+# each module declares it (spe.encodings.spec.LayerEncoding.layer_attribute).
+POSITIONAL_ROLES = LAYER_ATTRIBUTES
+# What a layer's decoding step hands on: the kernel's state, wrapped with the shift's previous keys
+# and values, then with the short convolution's cache in layers that have them, and outermost with
+# the positional module's own state (a learned clock's) in layers whose module has one.
+LayerState = AttentionState | ShiftState | ShortConvState | EncodingState
 # The form of KernelOptions.decay (spe.attention.kernels.DECAY_FORMS) each decay mode hands the
 # kernel ("none" hands none).
 DECAY_FORM = {"fixed": "constant", "learned": "constant", "gated": "gate", "gated-channel": "channel"}
@@ -127,25 +130,32 @@ class MultiHeadAttention(nn.Module):
         causal: mask the future.
         positional: the layer's part of a positional encoding (what
             :meth:`PositionalSpec.build_layer_module <spe.encodings.spec.PositionalSpec.build_layer_module>`
-            builds), the one hook; its kind says where it acts (:func:`positional_role`) and it
-            is kept as the attribute of that name:
+            builds), the one hook: a :class:`~spe.encodings.spec.LayerEncoding`, whose hooks
+            the layer calls (the call's context from the input x and the encoding's decoding
+            state; queries and keys; the kernel's features; softmax's scores) and whose class
+            attributes say where it acts; it is kept as the attribute its ``layer_attribute``
+            names (:func:`positional_role`):
 
             * ``spe_filter``: an :class:`~spe.encodings.SPEFilter`, applying the SPE code given
               to :meth:`forward` to queries and keys (the kernel then sees dimension R);
             * ``rotary``: a :class:`~spe.encodings.RotaryEncoding`, rotating queries and keys
               (softmax) or their features (linear kernels, RoFormer eq. (19): rotated
               numerator, unrotated normaliser);
-            * ``score_encoding``: a relative term in the scores (``ShawRelativePosition``,
-              ``MusicRelativePosition`` …): any module with ``attend(q, k, v, *, query_offset)
-              -> y`` and ``score_bias(q, num_keys, *, query_offset) -> (B, H, Lq, Lk)`` (the
-              term it adds to q·k/√D, read by :meth:`attention_weights`); softmax only;
-            * ``feature_transform``: a transform of the kernel's features φ(q), φ(k) by position
+            * ``score_encoding``: a :class:`~spe.encodings.spec.ScoreEncoding`, a relative term
+              in the scores (``ShawRelativePosition``, ``MusicRelativePosition`` …) with
+              ``attend(q, k, v, *, query_offset) -> y`` and ``score_bias(q, num_keys, *,
+              query_offset) -> (B, H, Lq, Lk)`` (the term it adds to q·k/√D, read by
+              :meth:`attention_weights`); softmax only; or an encoding whose term for each call
+              is built from the layer's input (its context) and, with ``takes_gate``, the layer's
+              gate, and may keep its own decoding cache (its ``step``/``prefill``:
+              :class:`~spe.encodings.PathEncoding`, PaTH);
+            * ``feature_transform``: a :class:`~spe.encodings.spec.FeatureEncoding`, a transform
+              of the kernel's features φ(q), φ(k) by position
               (:class:`~spe.encodings.PermuteFeatures` and the registry's other
-              ``acts_on="features"`` encodings): a module ``(features (B, L, H, M), positions
-              (L,)) -> (B, L, H, M')`` with class attributes ``numerator_only`` (the
-              normaliser keeps the untransformed features, which must then be strictly
-              positive) and ``label``, and optionally ``feature_dim`` (the M it was built
-              for); linear kernels only.
+              ``acts_on="features"`` encodings): ``(features (B, L, H, M), positions (L,)) ->
+              (B, L, H, M')``, ``numerator_only`` (the normaliser keeps the untransformed
+              features, which must then be strictly positive) and optionally ``feature_dim``
+              (the M it was built for); linear kernels only.
         num_realizations: R, the number of realisations of SPE codes (``spe_filter`` only). The
             codes carry it (:attr:`SPECode.num_realizations`), so it may be left out: the layer
             then takes R from the first code it receives, drawing performer's projection (H, M, R)
@@ -179,6 +189,13 @@ class MultiHeadAttention(nn.Module):
             not, :mod:`spe.encodings.short_conv`), before SPE, RoPE and the feature maps;
             decoding then carries the last K − 1 projected inputs (:class:`ShortConvState`).
             0: none (no parameter, the plain kernel states).
+        output_gate, qk_norm, kv_shift, output_norm: FoX-Pro's block (:mod:`spe.attention.pro`),
+            each off by default (no parameter, the plain states): y ⊙ sigmoid(W_o x) before the
+            output projection; RMS-normalised q and k per head with a learnable scale, before
+            the positional encoding; k and v shifted by a data-dependent α_t towards the
+            previous position's (decoding then carries them, :class:`~spe.attention.pro.ShiftState`);
+            the per-head RMS norm of the output (``output_norm`` below) for kernels that do not
+            have it (``linear`` always has it).
 
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
@@ -189,19 +206,23 @@ class MultiHeadAttention(nn.Module):
             :mod:`spe.attention.kernels`; the rule: :func:`check_decay`), or a
             ``short_conv`` that is not 0 or an int ≥ 2; ``num_realizations`` that is not a
             positive int, given without an SPE filter, or left out with SPE and decay
-            ``gated-channel`` (whose gate is built for R channels).
-        TypeError: for a ``positional`` module of no known kind (:func:`positional_role`).
+            ``gated-channel`` (whose gate is built for R channels); a FoX-Pro option that is
+            not a bool.
+        TypeError: for a ``positional`` module that is no
+            :class:`~spe.encodings.spec.LayerEncoding` (:func:`positional_role`).
 
     Normaliser-free kernels (``linear``: ``KernelSpec.normalizer_free``) get a per-head RMS norm
     of their output before the output projection, ``output_norm`` (fla's ``linear_attn`` and
-    GLA): one learnable weight per head_dim channel, shared by the heads, ε = 1e-5.
+    GLA): one learnable weight per head_dim channel, shared by the heads, ε = 1e-5; other kernels
+    get the same norm with ``output_norm=True`` (FoX-Pro's).
     """
 
     def __init__(self, d_model: int, num_heads: int, *, attention: str = "performer",
                  causal: bool = True, positional: nn.Module | None = None,
                  num_realizations: int | None = None, num_features: int = 64,
                  chunk_size: int = 64, window: int | None = None, decay: str = NO_DECAY,
-                 short_conv: int = 0) -> None:
+                 short_conv: int = 0, output_gate: bool = False, qk_norm: bool = False,
+                 kv_shift: bool = False, output_norm: bool = False) -> None:
         super().__init__()
         # the one positional hook: the module's kind says where it acts; it is kept under the
         # attribute of that place (the state-dict keys: spe_filter.*, rotary.*, ...)
@@ -219,19 +240,23 @@ class MultiHeadAttention(nn.Module):
         self.qkv_conv = (ShortConvolution(3 * d_model, short_conv, causal=causal)
                          if check_short_conv(short_conv) else None)
         self.spe_filter = spe_filter
-        _check_realizations(num_realizations, spe_filter)
+        coded = positional is not None and positional.takes_code
+        _check_realizations(num_realizations, coded)
         # R: the codes carry it; given here, it is the layer's from the start, else the first code's
         self.num_realizations = num_realizations
-        self.kernel_dim = num_realizations if spe_filter is not None else self.head_dim
+        self.kernel_dim = num_realizations if coded else self.head_dim
         if self.kernel.random_features:
             self.num_features = num_features
             self.register_buffer("projection", None if self.kernel_dim is None else
                                  orthogonal_random_features(num_heads, num_features, self.kernel_dim))
-        _check_positional(self.kernel, causal, role, positional)
+        _check_positional(self.kernel, causal, positional)
         self.rotary, self.score_encoding = rotary, score_encoding
+        # a transform that keeps channels together (RoPE's pairs) shares a gate per channel among them
+        tie = positional.channel_tie if positional is not None and positional.transforms_features else 1
         check_decay(self.kernel, decay, causal=causal,
-                    score_encoding=None if score_encoding is None else type(score_encoding).__name__,
-                    feature_transform=None if feature_transform is None else feature_transform.label)
+                    score_encoding=(type(positional).__name__
+                                    if _forms_scores(positional) and not positional.takes_gate else None),
+                    feature_transform=positional.label if tie == 1 and _transforms(positional) else None)
         self.decay = decay
         if decay == "learned":
             self.decay_logit = nn.Parameter(retnet_decay_logits(num_heads))
@@ -241,30 +266,41 @@ class MultiHeadAttention(nn.Module):
             if self.kernel_dim is None:
                 raise ValueError("decay 'gated-channel' with SPE gates the R channels of q̂ and k̂, so it is built "
                                  "for one R: pass num_realizations")
-            tied = 2 if rotary is not None else 1  # RoPE: one gate per rotated pair
-            self.decay_gate = ChannelGate(d_model, num_heads, self.kernel_dim, tied=tied)
-        self.output_norm = (nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS) if self.kernel.normalizer_free
-                            else None)
-        rotated_dim = num_features if self.kernel.random_features else self.head_dim
-        _check_feature_dim(feature_transform, rotated_dim, self.kernel.random_features)
+            self.decay_gate = ChannelGate(d_model, num_heads, self.kernel_dim, tied=tie)
+        check_pro_options(output_gate=output_gate, qk_norm=qk_norm, kv_shift=kv_shift, output_norm=output_norm)
+        self.output_norm = (nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS)
+                            if self.kernel.normalizer_free or output_norm else None)
+        # built only when asked, as the short convolution: other layers keep their parameters and states
+        self.pro = (FoxPro(d_model, num_heads, output_gate=output_gate, qk_norm=qk_norm, kv_shift=kv_shift)
+                    if output_gate or qk_norm or kv_shift else None)
+        feature_dim = num_features if self.kernel.random_features else self.head_dim
+        if _transforms(positional):
+            what = "num_features" if self.kernel.random_features else "head_dim"
+            positional.check_features(feature_dim, what)
         self.feature_transform = feature_transform
         constant = self.log_decay() if DECAY_FORM.get(decay) == "constant" else None  # gates: check_decay's
         self.kernel.check(KernelOptions(causal=causal, decay=constant), transform=self._transform)
-        if rotary is not None and rotated_dim % 2:
-            raise ValueError(f"rotary encoding needs an even "
-                             f"{'num_features' if self.kernel.random_features else 'head_dim'}, got {rotated_dim}")
         self.window = window
 
     @property
-    def _transform(self) -> FeatureTransform | None:
-        # RoPE acts on the kernel's features: q and k for softmax, φ(q) and φ(k) otherwise
-        # (RoFormer eq. 19: the normaliser keeps the unrotated features)
-        if self.rotary is not None:
-            return FeatureTransform(self.rotary, numerator_only=True, name="rotary encoding")
-        module = self.feature_transform
-        if module is not None:
-            return FeatureTransform(module, numerator_only=module.numerator_only, name=module.label)
+    def positional(self) -> LayerEncoding | None:
+        """The layer's positional module (kept under the attribute its kind names), or None."""
+        for name in POSITIONAL_ROLES:
+            module = getattr(self, name, None)
+            if module is not None:
+                return module
         return None
+
+    @property
+    def _transform(self) -> FeatureTransform | None:
+        # RoPE and the feature encodings act on the kernel's features: q and k for softmax,
+        # φ(q) and φ(k) otherwise (numerator-only ones, RoFormer eq. 19: the normaliser keeps them
+        # as they were)
+        module = self.positional
+        if not _transforms(module):
+            return None
+        return FeatureTransform(module.transform_features, numerator_only=module.numerator_only,
+                                name=module.label)
 
     def log_decay(self, x: Tensor | None = None, key_padding_mask: Tensor | None = None) -> Tensor | None:
         """The kernel's ``log_decay``, or None without one: (H,) log γ_h of a constant decay
@@ -301,9 +337,9 @@ class MultiHeadAttention(nn.Module):
             check_window(value, "attention window")
             if not self.causal:
                 raise ValueError("an attention window needs a causal layer")
-            if self.score_encoding is not None:
+            if _forms_scores(self.positional):
                 raise ValueError(f"an attention window cannot be combined with "
-                                 f"{type(self.score_encoding).__name__}, which forms its own scores")
+                                 f"{type(self.positional).__name__}, which forms its own scores")
             self.kernel.check(KernelOptions(window=value))
         self._window = value
 
@@ -318,7 +354,8 @@ class MultiHeadAttention(nn.Module):
     def project(self, x: Tensor, code: SPECode | None, *,
                 key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values as the kernel receives them in :meth:`forward` (after the
-        short convolution, if any; before RoPE and feature maps).
+        short convolution and FoX-Pro's shift and QK-norm, if any, and the positional module's
+        queries-keys hook; before RoPE and feature maps).
 
         Args:
             x: (B, L, C) the layer's input.
@@ -329,13 +366,26 @@ class MultiHeadAttention(nn.Module):
             q, k of shape (B, L, H, E) (E = R with SPE, carrying the filter's 1/(D·R)^{1/4}
             scale; E = D otherwise) and v of shape (B, L, H, D).
         """
-        q, k, v, _ = self._project(x, code, None, key_padding_mask)
+        context, _ = self._prepare(x, self._positions(None, x), None, key_padding_mask)
+        q, k, v, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         return q, k, v
 
+    def _prepare(self, x: Tensor, positions: Tensor | None, state, key_padding_mask: Tensor | None = None):
+        """The positional module's context for a call on x (B, L, C) at ``positions`` and its state
+        after it (:meth:`LayerEncoding.prepare <spe.encodings.spec.LayerEncoding.prepare>`);
+        without a module, the positions and None."""
+        module = self.positional
+        if module is None:
+            return positions, None
+        return module.prepare(x, positions, state, key_padding_mask=key_padding_mask)
+
     def _project(self, x: Tensor, code: SPECode | None, conv_cache: Tensor | None,
-                 key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+                 key_padding_mask: Tensor | None = None, *, previous: tuple[Tensor, Tensor] | None = None,
+                 context=None):
         """:meth:`project` going on from the short convolution's ``conv_cache`` (B, K − 1, 3C)
-        (None: the start), and the convolution's new cache (None without one)."""
+        and the shift's ``previous`` keys and values (B, H, D) (None: the start), with the
+        positional module's ``context`` (:meth:`_prepare`), and the new caches (None without a
+        convolution, a shift)."""
         b, n, _ = x.shape
         qkv = self.qkv(x)  # (B, L, 3C)
         if self.qkv_conv is not None:
@@ -344,12 +394,16 @@ class MultiHeadAttention(nn.Module):
                 qkv = qkv.masked_fill(key_padding_mask[..., None], 0.0)
             qkv, conv_cache = self.qkv_conv(qkv, conv_cache)
         q, k, v = qkv.view(b, n, 3, self.num_heads, self.head_dim).unbind(2)  # (B, L, H, D)
-        if self.spe_filter is not None:
-            if code is None:
-                raise ValueError("this attention layer uses SPE: pass the code drawn for this forward")
-            self._take_realizations(code)
-            q, k = self.spe_filter(q, k, code)  # (B, L, H, R)
-        return q, k, v, conv_cache
+        if self.pro is not None:  # FoX-Pro's shift and QK-norm: before any positional encoding
+            q, k, v, previous = self.pro(x, q, k, v, previous, key_padding_mask)
+        module = self.positional
+        if module is not None:
+            if module.takes_code:
+                if code is None:
+                    raise ValueError("this attention layer uses SPE: pass the code drawn for this forward")
+                self._take_realizations(code)
+            q, k = module.encode_queries_keys(q, k, code=code, context=context)  # SPE: (B, L, H, R)
+        return q, k, v, conv_cache, previous
 
     def _take_realizations(self, code: SPECode) -> None:
         """R from ``code``: the layer's own if it had none yet; refused if it differs from the R
@@ -415,17 +469,26 @@ class MultiHeadAttention(nn.Module):
         f = self.features(probe, probe, torch.zeros(1, dtype=torch.int64, device=probe.device))
         return f.q.shape[-1], (f.q if f.normalizer is None else f.normalizer[0]).shape[-1]
 
-    def _options(self, x: Tensor, key_padding_mask: Tensor | None = None) -> KernelOptions:
-        """The kernel options of a call on the layer's input x (B, L, C) (gates come from x)."""
+    def _options(self, x: Tensor, key_padding_mask: Tensor | None = None, context=None) -> KernelOptions:
+        """The kernel options of a call on the layer's input x (B, L, C) (gates come from x; a
+        score term from the positional module, given the call's ``context``; one that takes the
+        gate applies it itself, so the kernel gets none)."""
+        module, decay = self.positional, self.log_decay(x, key_padding_mask)
+        term = None
+        if _forms_scores(module):
+            term = module.score_term(context, decay if module.takes_gate else None)
+            decay = None if module.takes_gate else decay
         return KernelOptions(causal=self.causal, window=self.window, chunk_size=self.chunk_size,
-                             key_padding_mask=key_padding_mask, score_term=self.score_encoding,
-                             decay=self.log_decay(x, key_padding_mask))
+                             key_padding_mask=key_padding_mask, score_term=term, decay=decay)
 
-    def _output(self, y: Tensor) -> Tensor:
+    def _output(self, y: Tensor, x: Tensor | None = None) -> Tensor:
         """The kernel's output (B, L, H, D) → the layer's (B, L, C): the RMS norm of normaliser-free
-        kernels, then the output projection."""
+        kernels (or asked for), FoX-Pro's gate of the layer's input x (B, L, C) (required with
+        one), then the output projection."""
         if self.output_norm is not None:  # in at least float32, as fla's (a bf16 mean of squares is coarse)
             y = self.output_norm(y.to(kernel_dtype(y))).to(y.dtype)
+        if self.pro is not None:
+            y = self.pro.gate_output(y, x)
         return self.out(y.flatten(2))
 
     def step(self, x: Tensor, code: SPECode | None,
@@ -454,30 +517,43 @@ class MultiHeadAttention(nn.Module):
             TypeError: on a state of the wrong kind for this kernel (or for a layer with or
                 without a short convolution).
         """
-        state, conv_cache = self._split_state(state)
-        q, k, v, conv_cache = self._project(x, code, conv_cache)
+        state, conv_cache, previous, encoding_state = self._split_state(state)
         position = 0 if state is None else state.position
-        f = self.features(q, k, torch.tensor([position], device=x.device))
-        y, state = self.kernel.step(f, v, state, self._options(x))
-        return self._output(y), self._join_state(state, conv_cache)
+        context, encoding_state = self._prepare(x, torch.tensor([position], device=x.device), encoding_state)
+        q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
+        f = self.features(q, k, context)
+        y, state = self.kernel.step(f, v, state, self._options(x, None, context))
+        return self._output(y, x), self._join_state(state, conv_cache, previous, encoding_state)
 
     def _split_state(self, state):
-        """A layer state, checked, as (the kernel's state, the short convolution's cache or None)."""
+        """A layer state, checked, as (the kernel's state, the short convolution's cache or None, the
+        shift's previous keys and values or None, the positional module's state or None)."""
+        encoding_state = None
+        if isinstance(state, EncodingState):
+            state, encoding_state = state.inner, state.encoding
+        elif state is not None and self.positional is not None and self.positional.stateful:
+            raise TypeError(f"this layer's {self.positional.label} keeps a decoding state of its own: it "
+                            f"decodes with an EncodingState, got {type(state).__name__}")
         cache = None
         if self.qkv_conv is not None and state is not None:
             if not isinstance(state, ShortConvState):
                 raise TypeError(f"this layer has a short convolution: it decodes with a ShortConvState, "
                                 f"got {type(state).__name__}")
             state, cache = state.inner, state.cache
+        state, previous = (state, None) if self.pro is None else self.pro.split_state(state)
         kinds = self.kernel.state_types
         if state is not None and not isinstance(state, kinds):
             raise TypeError(f"{self.attention} attention decodes with a {' or '.join(t.__name__ for t in kinds)}, "
                             f"got {type(state).__name__}")
         check_state_window(state, self.window)
-        return state, cache
+        return state, cache, previous, encoding_state
 
-    def _join_state(self, state: AttentionState, conv_cache: Tensor | None) -> LayerState:
-        return state if self.qkv_conv is None else ShortConvState(inner=state, cache=conv_cache)
+    def _join_state(self, state: AttentionState, conv_cache: Tensor | None, previous=None,
+                    encoding_state=None) -> LayerState:
+        if self.pro is not None:
+            state = self.pro.join_state(state, previous)
+        state = state if self.qkv_conv is None else ShortConvState(inner=state, cache=conv_cache)
+        return state if encoding_state is None else EncodingState(inner=state, encoding=encoding_state)
 
     def prefill(self, x: Tensor, code: SPECode | None,
                 state: LayerState | None = None) -> tuple[Tensor, LayerState]:
@@ -505,12 +581,14 @@ class MultiHeadAttention(nn.Module):
         """
         if not self.causal:
             raise ValueError("prefill decodes causally: this attention layer is not causal")
-        state, conv_cache = self._split_state(state)
+        state, conv_cache, previous, encoding_state = self._split_state(state)
         start, n = (0 if state is None else state.position), x.shape[1]
-        q, k, v, conv_cache = self._project(x, code, conv_cache)
-        f = self.features(q, k, torch.arange(start, start + n, device=x.device))
-        y, state = self.kernel.prefill(f, v, self._options(x), state)
-        return self._output(y), self._join_state(state, conv_cache)
+        positions = torch.arange(start, start + n, device=x.device)
+        context, encoding_state = self._prepare(x, positions, encoding_state)
+        q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
+        f = self.features(q, k, context)
+        y, state = self.kernel.prefill(f, v, self._options(x, None, context), state)
+        return self._output(y, x), self._join_state(state, conv_cache, previous, encoding_state)
 
     def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
                 key_padding_mask: Tensor | None = None) -> Tensor:
@@ -534,12 +612,12 @@ class MultiHeadAttention(nn.Module):
                 positions with a score encoding.
         """
         self._check_call(positions, key_padding_mask)
-        q, k, v = self.project(x, code, key_padding_mask=key_padding_mask)
-        positions = self._positions(positions, x)
-        options = self._options(x, key_padding_mask)
+        context, _ = self._prepare(x, self._positions(positions, x), None, key_padding_mask)
+        q, k, v, _, _ = self._project(x, code, None, key_padding_mask, context=context)
+        options = self._options(x, key_padding_mask, context)
         self.kernel.check(options)
-        y = self.kernel.parallel(self.features(q, k, positions), v, options)
-        return self._output(y)
+        y = self.kernel.parallel(self.features(q, k, context), v, options)
+        return self._output(y, x)
 
     def attention_weights(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
                           key_padding_mask: Tensor | None = None, exact: bool = False,
@@ -588,16 +666,16 @@ class MultiHeadAttention(nn.Module):
                 not) or a gate per feature channel (no term of the logits).
         """
         self._check_call(positions, key_padding_mask)
-        q, k, _ = self.project(x, code, key_padding_mask=key_padding_mask)
+        context, _ = self._prepare(x, self._positions(positions, x), None, key_padding_mask)
+        q, k, _, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         dtype = kernel_dtype(q, k) if dtype is None else dtype
         q, k = q.to(dtype), k.to(dtype)
-        positions = self._positions(positions, x)
-        options = self._options(x, key_padding_mask)
+        options = self._options(x, key_padding_mask, context)
         self.kernel.check(options)
         if options.decay is not None:  # gates in float32 would round a float64 matrix's weights
             options = replace(options, decay=options.decay.to(torch.promote_types(options.decay.dtype, dtype)))
         if self.kernel.feature_map is None:  # softmax: RoPE rotates q and k themselves
-            f = self.features(q, k, positions)
+            f = self.features(q, k, context)
             return _softmax_weights(f.q, f.k, options)
         if exact:
             if self._transform is not None:
@@ -606,13 +684,14 @@ class MultiHeadAttention(nn.Module):
             return _softmax_weights(q, k, options)
         b, n = x.shape[:2]
         one_hot = torch.eye(n, dtype=dtype, device=x.device)[None, :, None, :].expand(b, n, self.num_heads, n)
-        y = self.kernel.parallel(self.features(q, k, positions), one_hot, options)  # (B, Lq, H, Lk)
+        y = self.kernel.parallel(self.features(q, k, context), one_hot, options)  # (B, Lq, H, Lk)
         return y.permute(0, 2, 1, 3)
 
     def _check_call(self, positions: Tensor | None, key_padding_mask: Tensor | None) -> None:
         """:meth:`forward`'s refusals: positions with a score encoding, padding in a causal layer."""
-        if positions is not None and self.score_encoding is not None:
-            raise ValueError(f"{type(self.score_encoding).__name__} works on index distances; it takes no positions")
+        if positions is not None and _forms_scores(self.positional):
+            raise ValueError(f"{type(self.positional).__name__} works on index distances; it takes no "
+                             f"positions")
         if key_padding_mask is not None and self.causal:
             raise ValueError("key_padding_mask needs a non-causal layer, got causal=True")
 
@@ -624,40 +703,41 @@ class MultiHeadAttention(nn.Module):
 
 
 def positional_role(module: nn.Module | None) -> str | None:
-    """Where an attention layer's positional module acts, as the attribute that holds it
-    (one of :data:`POSITIONAL_ROLES`), or None for no module.
+    """Where an attention layer keeps its positional module, as the attribute that holds it (one of
+    :data:`POSITIONAL_ROLES`, the module's own
+    :attr:`~spe.encodings.spec.LayerEncoding.layer_attribute`), or None for no module.
 
     ``spe_filter``: an :class:`~spe.encodings.SPEFilter` (applies the model's SPE code to q and
-    k); ``rotary``: a :class:`~spe.encodings.RotaryEncoding`; ``score_encoding``: a module with
-    ``attend`` (a term in softmax's scores, :class:`~spe.attention.kernels.ScoreTerm`);
-    ``feature_transform``: a module with ``numerator_only`` (a transform of a linear kernel's
-    features, :class:`~spe.attention.kernels.FeatureTransform`).
+    k); ``rotary``: a :class:`~spe.encodings.RotaryEncoding`; ``score_encoding``: a
+    :class:`~spe.encodings.spec.ScoreEncoding` (a term in softmax's scores,
+    :class:`~spe.attention.kernels.ScoreTerm`); ``feature_transform``: a
+    :class:`~spe.encodings.spec.FeatureEncoding` (a transform of a linear kernel's features).
 
     Raises:
-        TypeError: for a module of none of these kinds.
+        TypeError: for a module that is not a :class:`~spe.encodings.spec.LayerEncoding`.
     """
     if module is None:
         return None
-    if isinstance(module, SPEFilter):
-        return "spe_filter"
-    if isinstance(module, RotaryEncoding):
-        return "rotary"
-    if callable(getattr(module, "attend", None)):
-        return "score_encoding"
-    if hasattr(module, "numerator_only"):
-        return "feature_transform"
-    raise TypeError(f"positional must be an SPEFilter, a RotaryEncoding, a score encoding (a module with "
-                    f"attend(q, k, v, ...)) or a feature transform (a module with numerator_only), got "
+    if isinstance(module, LayerEncoding) and module.layer_attribute in POSITIONAL_ROLES:
+        return module.layer_attribute
+    raise TypeError(f"positional must be an SPEFilter, a RotaryEncoding, a score encoding or a feature "
+                    f"transform (a spe.encodings.spec.LayerEncoding declaring one of "
+                    f"{', '.join(POSITIONAL_ROLES)}), got "
                     f"{type(module).__name__}")
+
+
+def _forms_scores(module: LayerEncoding | None) -> bool:
+    return module is not None and module.forms_scores
+
+
+def _transforms(module: LayerEncoding | None) -> bool:
+    return module is not None and module.transforms_features
 
 
 # Why a kernel refuses an encoding, by where the encoding acts.
 _REFUSED = {"scores": "adds a term to the attention scores, which {attention} attention never forms",
             "features": "transforms the features φ(q), φ(k) of a linear kernel, which {attention} attention "
                         "does not have"}
-# Where the module each role holds acts (spe.encodings.spec.PLACES).
-_ROLE_PLACE = {"spe_filter": "queries-keys", "rotary": "queries-keys", "score_encoding": "scores",
-               "feature_transform": "features"}
 
 
 def check_placement(kernel: KernelSpec, acts_on: str | None, what: str) -> None:
@@ -684,32 +764,25 @@ def check_placement(kernel: KernelSpec, acts_on: str | None, what: str) -> None:
                      f"of {allowed}, or use attention {taking}")
 
 
-def _check_positional(kernel, causal: bool, role: str | None, module: nn.Module | None) -> None:
+def _check_positional(kernel, causal: bool, module: LayerEncoding | None) -> None:
     """The module's place accepted by the kernel (:func:`check_placement`) and a score term's
     causality the layer's (the kernel's own refusals: ``KernelSpec.check``)."""
-    if role is not None:
-        check_placement(kernel, _ROLE_PLACE[role], getattr(module, "label", type(module).__name__))
-    score_encoding = module if role == "score_encoding" else None
-    if score_encoding is not None and getattr(score_encoding, "causal", causal) != causal:
-        raise ValueError(f"the score encoding is {'' if score_encoding.causal else 'non-'}causal but the layer "
+    if module is None:
+        return
+    check_placement(kernel, module.acts_on, module.label)
+    if module.forms_scores and getattr(module, "causal", causal) != causal:
+        raise ValueError(f"the score encoding is {'' if module.causal else 'non-'}causal but the layer "
                          f"is {'' if causal else 'non-'}causal")
 
 
-def _check_feature_dim(feature_transform, feature_dim: int, random_features: bool) -> None:
-    """A feature transform built for M features (``feature_dim``) gets the kernel's M."""
-    built_for = getattr(feature_transform, "feature_dim", None)
-    if built_for is not None and built_for != feature_dim:
-        raise ValueError(f"{feature_transform.label} was built for {built_for} features but this kernel has "
-                         f"{feature_dim} ({'num_features' if random_features else 'head_dim'})")
-
-
-def _check_realizations(num_realizations, spe_filter) -> None:
-    """R, if given, is a positive int and the R of the layer's SPE codes (so it needs a filter)."""
+def _check_realizations(num_realizations, coded: bool) -> None:
+    """R, if given, is a positive int and the R of the layer's SPE codes (so it needs a module that
+    takes them)."""
     if num_realizations is None:
         return
     if isinstance(num_realizations, bool) or not isinstance(num_realizations, int) or num_realizations < 1:
         raise ValueError(f"num_realizations must be a positive int, got {num_realizations!r}")
-    if spe_filter is None:
+    if not coded:
         raise ValueError(f"num_realizations ({num_realizations}) is the R of SPE codes, but this layer has no "
                          f"spe_filter: leave it out")
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
-from spe.encodings.spec import PositionalSpec
+from spe.encodings.spec import PositionalSpec, ScoreEncoding
 
 __all__ = ["ALiBi", "alibi_slopes", "SPEC"]
 
@@ -33,7 +33,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(powers(below) + powers(2 * below)[0::2][: num_heads - below])
 
 
-class ALiBi(nn.Module):
+class ALiBi(ScoreEncoding):
     """Linear distance penalties on the attention scores.
 
     Args:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
 from spe.encodings.absolute import LearnedPositionOptions
-from spe.encodings.spec import PositionalSpec, option
+from spe.encodings.spec import FeatureEncoding, PositionalSpec, option
 
 __all__ = ["CosFormerOptions", "CosFormerReweighting", "cosformer_features", "cosformer_weights_reference", "SPEC"]
 
@@ -72,7 +72,7 @@ def cosformer_weights_reference(phi_q: Tensor, phi_k: Tensor, positions: Tensor,
     return weights, weights
 
 
-class CosFormerReweighting(nn.Module):
+class CosFormerReweighting(FeatureEncoding):
     """cosFormer's re-weighting as a feature transform of :class:`~spe.attention.MultiHeadAttention`
     (no parameters, nothing in the state dict).
 

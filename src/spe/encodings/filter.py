@@ -15,7 +15,7 @@ from spe.encodings.code import SineCode, SPECode
 from spe.encodings.positions import require_positive
 from spe.ops.sine_costs import choose_sine_impl
 from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
-from spe.encodings.spec import head_dim, option
+from spe.encodings.spec import LayerEncoding, head_dim, option
 
 __all__ = ["IMPLS", "SPEFilter", "SPEOptions", "apply_code", "apply_code_reference",
            "apply_sine_code_blocked", "apply_sine_code_fused", "build_filter"]
@@ -144,7 +144,7 @@ def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | Non
 IMPLS = ("auto", "fused", "materialized", "blocked", "reference")
 
 
-class SPEFilter(nn.Module):
+class SPEFilter(LayerEncoding):
     """Turns queries and keys into SPE-encoded q̂, k̂ of dimension R, eq. (16)-(17).
 
     With ``gated=True`` each feature d has a learnable gate δ_d = sigmoid(gate logit) ∈ [0, 1]
@@ -177,6 +177,9 @@ class SPEFilter(nn.Module):
         ValueError: if ``num_heads`` or ``head_dim`` is not a positive integer, or ``impl`` is
             unknown.
     """
+
+    layer_attribute = "spe_filter"
+    takes_code = True
 
     def __init__(self, num_heads: int, head_dim: int, *, gated: bool = False, impl: str = "auto",
                  gate_init: float = 0.0) -> None:
@@ -233,6 +236,11 @@ class SPEFilter(nn.Module):
         qbar, kbar = code.materialize()
         apply = apply_code_reference if self.impl == "reference" else apply_code
         return apply(queries, qbar, gate, code.gate_noise), apply(keys, kbar, gate, code.gate_noise)
+
+    def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: SPECode,
+                            context=None) -> tuple[Tensor, Tensor]:
+        """q̂, k̂ (B, L, H, R) of q, k (B, L, H, D) under ``code`` (:meth:`forward`)."""
+        return self(q, k, code)
 
 
 @dataclass(kw_only=True)

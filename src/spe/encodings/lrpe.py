@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
-from spe.encodings.spec import PositionalSpec, option
+from spe.encodings.spec import FeatureEncoding, PositionalSpec, option
 
 __all__ = ["LRPE", "LRPEOptions", "LRPE_ANGLES", "lrpe_angles", "lrpe_features", "lrpe_weights_reference", "SPEC"]
 
@@ -88,7 +88,7 @@ def lrpe_weights_reference(phi_q: Tensor, phi_k: Tensor, positions: Tensor, angl
     return num, torch.einsum("bmhd,bnhd->bhmn", fq, fk)
 
 
-class LRPE(nn.Module):
+class LRPE(FeatureEncoding):
     """The cosine LRPE as a feature transform of :class:`~spe.attention.MultiHeadAttention`.
 
     Args:

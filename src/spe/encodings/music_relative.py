@@ -17,12 +17,12 @@ from torch import Tensor, nn
 from spe.encodings.positions import require_positive
 from spe.ops.relative import music_relative_attention, music_relative_attention_reference
 from spe.encodings.shaw import RelativeDistanceOptions
-from spe.encodings.spec import PositionalSpec, head_dim
+from spe.encodings.spec import PositionalSpec, ScoreEncoding, head_dim
 
 __all__ = ["MusicRelativePosition", "SPEC"]
 
 
-class MusicRelativePosition(nn.Module):
+class MusicRelativePosition(ScoreEncoding):
     """Per-head relative key embeddings E.
 
     Args:

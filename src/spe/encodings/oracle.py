@@ -36,7 +36,7 @@ from spe.ops.phases import sine_features
 from spe.ops.softmax import check_key_padding_mask
 from spe.encodings.conv import build_conv
 from spe.encodings.sine import build_sine
-from spe.encodings.spec import PositionalSpec, head_dim
+from spe.encodings.spec import PositionalSpec, ScoreEncoding, head_dim
 
 __all__ = ["ExactSPEScores", "alias_gate_keys", "exact_spe_attention_reference", "gated_kernel",
            "unalias_gate_keys", "SPECS"]
@@ -100,7 +100,7 @@ def exact_spe_attention_reference(q: Tensor, k: Tensor, v: Tensor, kernel, *, ga
     return _attend(scores, v.double(), causal=causal, query_offset=query_offset, key_padding_mask=key_padding_mask)
 
 
-class ExactSPEScores(nn.Module):
+class ExactSPEScores(ScoreEncoding):
     """Per attention layer: SPE's gate and the exact expected scores (a score term, softmax only).
 
     Built by the registry for ``sinespe-exact`` and ``convspe-exact``; the model binds it to its
@@ -318,13 +318,20 @@ def _exact_scores(config, causal: bool) -> ExactSPEScores:
                           causal=causal)
 
 
+def _exact_sine_scores(config, causal: bool) -> ExactSPEScores:
+    if config.spe_time != "index":  # its scores are sineSPE's kernel at index lags
+        raise ValueError(f"the SPE oracle's scores are sineSPE's kernel at index lags: it takes spe_time "
+                         f"'index', got {config.spe_time!r}")
+    return _exact_scores(config, causal)
+
+
 _EXACT_SOURCE = "Liutkus et al. 2021, eq. (8), (16)–(17), exact expectation"
 
 # The SPE oracles: softmax attention with the scores SPE estimates; deterministic, O(L²) memory
 # (plus O(L·P·D) for conv's band), for diagnosis.
 SPECS = (
-    PositionalSpec("sinespe-exact", "scores", source=_EXACT_SOURCE, model_module=build_sine, layer_module=_exact_scores,
-                   options=(SPEOptions, SineOptions)),
+    PositionalSpec("sinespe-exact", "scores", source=_EXACT_SOURCE, model_module=build_sine,
+                   layer_module=_exact_sine_scores, options=(SPEOptions, SineOptions)),
     PositionalSpec("convspe-exact", "scores", source=_EXACT_SOURCE, model_module=build_conv, layer_module=_exact_scores,
                    options=(SPEOptions, ConvOptions)),
 )

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
-from spe.encodings.spec import PositionalSpec
+from spe.encodings.spec import FeatureEncoding, PositionalSpec
 
 __all__ = ["PermuteFeatures", "PermuteOptions", "cycle_tables", "permutation_powers", "permute_weights_reference", "random_permutations", "SPEC"]
 
@@ -115,7 +115,7 @@ def permute_weights_reference(phi_q: Tensor, phi_k: Tensor, positions: Tensor,
     return weights, weights
 
 
-class PermuteFeatures(nn.Module):
+class PermuteFeatures(FeatureEncoding):
     """PermuteFormer's position-wise permutation of the kernel's features, as a feature
     transform of :class:`~spe.attention.MultiHeadAttention`.
 

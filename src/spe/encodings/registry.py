@@ -5,7 +5,8 @@ encodings draw a stochastic code (SPE), which add a term to the attention scores
 on tokens. Which attention kernels accept an encoding follows from where it acts
 (``spe.attention.layer.ACCEPTS``).
 
-Places an encoding acts (STYLE.md rule 2):
+Places an encoding acts (encodings are classified by where they act; each kernel declares
+the places it accepts, and an impossible pair is refused when the model is built):
 
 * ``"tokens"``: added to the token embeddings (absolute PE);
 * ``"queries-keys"``: transforms queries and keys (SPE codes, rotations);
@@ -29,7 +30,7 @@ from __future__ import annotations
 from dataclasses import fields
 from types import EllipsisType
 
-from spe.encodings import absolute, alibi, conv, conv2d, cosformer, lrpe, music_relative, oracle, permute, rope, shaw, sine
+from spe.encodings import absolute, alibi, conv, conv2d, cosformer, lrpe, music_relative, oracle, path, permute, rope, shaw, sine
 from spe.encodings.spec import PLACES, PositionalSpec
 
 __all__ = ["ENCODING_OPTIONS", "EXACT_TWINS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec",
@@ -37,7 +38,7 @@ __all__ = ["ENCODING_OPTIONS", "EXACT_TWINS", "PLACES", "POSITIONAL_SPECS", "Pos
 
 POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
     *absolute.SPECS, sine.SPEC, conv.SPEC, conv2d.SPEC, rope.SPEC, shaw.SPEC, music_relative.SPEC, alibi.SPEC,
-    lrpe.SPEC, permute.SPEC, cosformer.SPEC, *oracle.SPECS,
+    lrpe.SPEC, permute.SPEC, cosformer.SPEC, *oracle.SPECS, path.SPEC,
     PositionalSpec("none", None, source="no positional encoding"),
 )}
 

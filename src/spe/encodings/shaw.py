@@ -16,12 +16,12 @@ from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
 from spe.ops.relative import shaw_attention
-from spe.encodings.spec import PositionalSpec, head_dim, option
+from spe.encodings.spec import PositionalSpec, ScoreEncoding, head_dim, option
 
 __all__ = ["RelativeDistanceOptions", "ShawRelativePosition", "SPEC"]
 
 
-class ShawRelativePosition(nn.Module):
+class ShawRelativePosition(ScoreEncoding):
     """Learned relative embeddings a^K, a^V with clipping distance k.
 
     Args:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spe.ops.state import AttentionState
+from spe.ops.state import AttentionState, WrappedState
 
 __all__ = ["ShortConvState", "ShortConvolution", "check_short_conv", "depthwise_conv", "depthwise_conv_reference"]
 
@@ -135,7 +135,7 @@ def depthwise_conv_reference(x: Tensor, weight: Tensor, bias: Tensor | None = No
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShortConvState:
+class ShortConvState(WrappedState):
     """Decoding state of an attention layer with a short convolution: the kernel's own state and
     the convolution's memory. Layers without a short convolution keep the bare kernel state.
 
@@ -155,20 +155,6 @@ class ShortConvState:
         if isinstance(self.inner, ShortConvState) or self.cache.dim() != 3:
             raise ValueError(f"ShortConvState holds a kernel state and a (B, K − 1, C) cache, got "
                              f"{type(self.inner).__name__} and a cache of shape {tuple(self.cache.shape)}")
-
-    @property
-    def position(self) -> int:
-        """Positions seen so far (the kernel state's)."""
-        return self.inner.position
-
-    @property
-    def window(self) -> int | None:
-        """The attention window the kernel state was built with."""
-        return self.inner.window
-
-    def to(self, dtype: torch.dtype) -> ShortConvState:
-        """A copy with floating tensors cast to ``dtype``."""
-        return ShortConvState(inner=self.inner.to(dtype), cache=self.cache.to(dtype))
 
 
 class ShortConvolution(nn.Module):

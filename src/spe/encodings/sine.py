@@ -1,6 +1,8 @@
-"""sineSPE: periodic relative kernels from sinusoids and noise, eq. (18)-(21) of Liutkus et al. 2021.
+"""sineSPE: periodic relative kernels from sinusoids and noise, eq. (18)-(21) of Liutkus et al. 2021,
+in the token index or in a learned clock (``spe_time``, :class:`LearnedTimeSPEFilter`).
 
-Letters: L = length, H = num_heads, D = head_dim, R = num_realizations, K = num_sines.
+Letters: B = batch, L = length, C = d_model, H = num_heads, D = head_dim, R = num_realizations,
+K = num_sines.
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from spe.encodings.code import SineCode
+from spe.encodings.clock import CLOCK_TIMES, LearnedClock
+from spe.encodings.code import SineCode, SPECode
 from spe.ops.phases import sine_phase
 from spe.encodings.positions import NOISE_DTYPE, require_positive, resolve_positions
-from spe.encodings.filter import SPEOptions, build_filter
+from spe.encodings.filter import SPEFilter, SPEOptions, _check, _gate_term, _scaled, build_filter
 from spe.encodings.spec import PositionalSpec, head_dim, option
 
-__all__ = ["CODE_NOISES", "FREQUENCY_INITS", "SineOptions", "SineSPE", "orthogonal_noise", "sine_phase", "SPEC"]
+__all__ = ["CODE_NOISES", "FREQUENCY_INITS", "LearnedTimeSPEFilter", "SineOptions", "SineSPE",
+           "apply_sine_code_timed", "apply_sine_code_timed_reference", "orthogonal_noise", "sine_phase",
+           "SPEC"]
 
 # the accepted values of SineSPE's ``noise`` and ``frequency_init`` (ModelConfig checks them too)
 CODE_NOISES = ("gaussian", "orthogonal")
@@ -188,6 +193,122 @@ class SineSPE(nn.Module):
         return (self.gains[:, :, None] ** 2 * torch.cos(angle)).sum(-1) / (2 * self.num_sines)
 
 
+def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None, times: Tensor,
+                          weights: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
+    """Eq. (16)/(17) (+ gating (23)-(25)) with the code's sinusoids read at per-sequence times τ.
+
+    q̂[b, m] = Σ_{d,j} x_d Ω_j(τ_bmh) (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4} with Ω the cos/sin of
+    2π f_dk τ (+ θ_dk for queries), the phases reduced modulo 2π in float64
+    (as :func:`~spe.ops.phases.sine_phase`). The code is no longer shared by the batch: this forms
+    the (B, L, H, D, K) cos and sin features (kept for backward) and costs B·L·H·D·2K·R multiply-adds,
+    the fused index form's (:func:`~spe.encodings.filter.apply_sine_code_fused`), instead of
+    the materialised form's L·H·D·2K·R + B·L·H·D·R.
+
+    Args:
+        x: (B, L, H, D) queries or keys.
+        frequencies: (H, D, K) f, cycles per unit of time.
+        phases: (H, D, K) θ (queries), or None (keys).
+        times: (B, L, H) τ (float64 keeps the phases exact at large τ).
+        weights: (H, D, 2K, R) λ̈ Z / √(2K).
+        gate: (H, D) δ, or None.
+        gate_noise: (H, D, R) ε.
+
+    Returns:
+        (B, L, H, R) in x's dtype.
+    """
+    b, n, h, d = x.shape
+    k, r = weights.shape[-2] // 2, weights.shape[-1]
+    scale = (d * r) ** -0.25
+    # f·τ reduced modulo 1 in float64 (frac: x − trunc(x), unit gradient; cos and sin do not see
+    # the integer removed), then 2π in float32: the phase's error stays ~2π·6e-8 whatever τ
+    cycles = torch.frac(times.double()[..., None, None] * frequencies.double())  # (B, L, H, D, K)
+    angle = cycles.to(frequencies.dtype) * (2 * math.pi)
+    if phases is not None:
+        angle = angle + phases
+    xs = (x if gate is None else _scaled(x, torch.sqrt(1 - gate)))[..., None]  # (B, L, H, D, 1)
+    # the cos and sin halves of the code's weights (interleaved along 2K) apart: no (B, L, H, D, 2K) copy
+    w = (weights * scale).to(x.dtype).view(h, d, k, 2, r)
+    cos, sin = (torch.einsum("blhdk,hdkr->blhr", xs * trig(angle).to(x.dtype), w[:, :, :, i])
+                for i, trig in enumerate((torch.cos, torch.sin)))
+    out = cos + sin
+    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
+
+
+def apply_sine_code_timed_reference(x: Tensor, frequencies: Tensor, phases: Tensor | None, times: Tensor,
+                                    weights: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
+    """:func:`apply_sine_code_timed` the straightforward way, in float64: each sequence's code
+    Q̄ (B, L, H, D, R) of eq. (20)-(21) at times τ, gated as eq. (23)-(25), then applied (eq. 16/17).
+    No phase reduction: cos(2π f τ + θ) in float64 (exact enough up to τ ≈ 10⁹). Returns
+    (B, L, H, R) float64."""
+    d, r = weights.shape[1], weights.shape[-1]
+    angle = 2 * math.pi * frequencies.double() * times.double()[..., None, None]  # (B, L, H, D, K)
+    if phases is not None:
+        angle = angle + phases.double()
+    omega = torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1).flatten(-2)
+    bar = torch.einsum("blhdj,hdjr->blhdr", omega, weights.double())
+    if gate is not None:
+        gate = gate.double()
+        bar = torch.sqrt(1 - gate)[..., None] * bar + torch.sqrt(gate)[..., None] * gate_noise.double()
+    return torch.einsum("blhd,blhdr->blhr", x.double(), bar) / (d * r) ** 0.25
+
+
+class LearnedTimeSPEFilter(SPEFilter):
+    """sineSPE in learned time: the SPE filter with a :class:`~spe.encodings.clock.LearnedClock`.
+
+    The code's sinusoids are read at each head's clock τ_m = Σ_{0<t≤m} Δ_t, Δ_t =
+    softplus(w_hᵀ x_t + b_h), instead of the index m, so that
+
+        E[q̂_m·k̂_n] = Σ_d q_d k_d P_d(τ_m − τ_n)
+
+    (eq. (18)'s kernel, stationary in the clock, Liutkus et al. 2021; our extension). At the
+    start (w = 0, b = softplus⁻¹(1)) τ_m = m: index sineSPE, the same code giving the same
+    output. The clock reads the layer's input, so the code becomes per sequence: q̂, k̂ cost
+    B·L·H·D·2K·R multiply-adds and (B, L, H, D, 2K) features kept for backward
+    (:func:`apply_sine_code_timed`), where index sineSPE forms one (L, H, D, R) code for the
+    batch; the clock adds C·H per position. Causal (τ_m reads x_{≤m}); decoding carries τ of the
+    last position (B, H) float64 in the layer's :class:`~spe.encodings.spec.EncodingState`.
+    Takes :class:`~spe.encodings.code.SineCode` s (sineSPE's) only.
+
+    Args:
+        num_heads, head_dim, gated, gate_init: as :class:`~spe.encodings.filter.SPEFilter`.
+        d_model: C, the size of the layer's input the clock reads.
+
+    Raises:
+        ValueError: as :class:`~spe.encodings.filter.SPEFilter` and
+            :class:`~spe.encodings.clock.LearnedClock`.
+    """
+
+    stateful = True
+
+    def __init__(self, num_heads: int, head_dim: int, d_model: int, *, gated: bool = False,
+                 gate_init: float = 0.0) -> None:
+        super().__init__(num_heads, head_dim, gated=gated, gate_init=gate_init)
+        self.clock = LearnedClock(d_model, num_heads)
+
+    def prepare(self, x: Tensor, positions: Tensor | None, state: Tensor | None = None, *,
+                key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The clock's times τ (B, L, H) of x (B, L, C) going on from ``state`` (B, H) (None: the
+        start), and τ of the last position; ``positions`` are not read (the clock replaces them)."""
+        return self.clock(x, state, key_padding_mask=key_padding_mask)
+
+    def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: SPECode,
+                            context: Tensor) -> tuple[Tensor, Tensor]:
+        """q̂, k̂ (B, L, H, R) of q, k (B, L, H, D) under a sineSPE ``code`` read at times ``context``
+        (B, L, H) (:meth:`prepare`).
+
+        Raises:
+            ValueError: for a code that is not a sineSPE code, or shapes that do not match it.
+        """
+        if not isinstance(code, SineCode):
+            raise ValueError(f"sineSPE in learned time reads sinusoids at the clock's times: it takes a "
+                             f"SineCode, got {type(code).__name__}")
+        _check(q, k, code, self.num_heads, self.head_dim)
+        gate = self.gate
+        q_hat, k_hat = (apply_sine_code_timed(x, code.frequencies, phases, context, code.weights, gate,
+                                              code.gate_noise) for x, phases in ((q, code.phases), (k, None)))
+        return q_hat, k_hat
+
+
 @dataclass(kw_only=True)
 class SineOptions:
     """sineSPE's own options (with :class:`~spe.encodings.filter.SPEOptions`).
@@ -196,16 +317,23 @@ class SineOptions:
         num_sines: K, sinusoids per feature.
         frequency_init: ``low`` or ``spread`` initial frequencies.
         code_noise: ``gaussian`` or ``orthogonal`` (variance-reduced) noise.
+        spe_time: the time the codes' sinusoids read: ``index`` (the token index m, eq. (19))
+            or ``learned`` (a clock per head from each layer's input, :class:`LearnedTimeSPEFilter`);
+            read by ``sinespe`` only, like the other options of one encoding.
     """
 
     num_sines: int = option(5, "K, sinusoids per feature (sinespe)", flag_type=int)
     frequency_init: str = "low"
     code_noise: str = "gaussian"
+    spe_time: str = option("index", "the time sinespe's codes read: index (default) or learned (a clock "
+                           "τ_m = Σ Δ_t, Δ_t = softplus(wᵀx_t + b) per head, from each layer's input)",
+                           flag_type=str, choices=CLOCK_TIMES)
 
     def check_options(self) -> None:
         """Raises ValueError on K that is not a positive integer or an unknown choice."""
         require_positive(type(self).__name__, num_sines=self.num_sines)
-        for name, allowed in (("code_noise", CODE_NOISES), ("frequency_init", FREQUENCY_INITS)):
+        for name, allowed in (("code_noise", CODE_NOISES), ("frequency_init", FREQUENCY_INITS),
+                              ("spe_time", CLOCK_TIMES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
@@ -216,6 +344,15 @@ def build_sine(config) -> SineSPE:
                    frequency_init=config.frequency_init, noise=config.code_noise)
 
 
+def build_sine_filter(config, causal: bool) -> SPEFilter:
+    """The per-layer filter of sineSPE: :func:`~spe.encodings.filter.build_filter`'s, or in learned
+    time (``spe_time``) a :class:`LearnedTimeSPEFilter` with its clock."""
+    if getattr(config, "spe_time", "index") == "index":
+        return build_filter(config, causal)
+    return LearnedTimeSPEFilter(config.num_heads, head_dim(config), config.d_model, gated=config.gated,
+                                gate_init=config.gate_init)
+
+
 SPEC = PositionalSpec("sinespe", "queries-keys", stochastic=True, windowed_by_default=True,
-                      source="Liutkus et al. 2021, eq. (18)-(21)", model_module=build_sine, layer_module=build_filter,
-                      options=(SPEOptions, SineOptions))
+                      source="Liutkus et al. 2021, eq. (18)-(21)", model_module=build_sine,
+                      layer_module=build_sine_filter, options=(SPEOptions, SineOptions))

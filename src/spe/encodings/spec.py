@@ -1,4 +1,5 @@
-"""What the package knows about one positional encoding: :class:`PositionalSpec`.
+"""What the package knows about one positional encoding: :class:`PositionalSpec`, and the one
+protocol between an attention layer and its per-layer module: :class:`LayerEncoding`.
 
 Each encoding's own file declares its spec (its name, where it acts, its builders, what it
 needs from the kernel); :mod:`spe.encodings.registry` collects them. This module sits below
@@ -9,13 +10,165 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from torch import nn
+from torch import Tensor, nn
 
-__all__ = ["PLACES", "PositionalSpec", "head_dim", "option"]
+from spe.ops.state import WrappedState
+
+__all__ = ["LAYER_ATTRIBUTES", "PLACES", "EncodingState", "FeatureEncoding", "LayerEncoding",
+           "PositionalSpec",
+           "ScoreEncoding", "head_dim", "option"]
 
 PLACES = ("tokens", "queries-keys", "scores", "features")
+# Where an attention layer keeps its positional module, by the module's kind (the state-dict
+# prefix of its parameters: checkpoints name them so): an SPE filter, a rotation, a score
+# encoding, a feature transform.
+LAYER_ATTRIBUTES = ("spe_filter", "rotary", "score_encoding", "feature_transform")
+
+
+class LayerEncoding(nn.Module):
+    """The one protocol between :class:`~spe.attention.MultiHeadAttention` and its positional
+    module: the layer calls these hooks and never asks which encoding it holds.
+
+    Letters: B = batch, L = length, C = d_model, H = num_heads, E = query/key size (D, or R
+    after an SPE code), M = feature size.
+
+    A call (``forward``, ``step``, ``prefill``) runs:
+
+    1. :meth:`prepare` on the layer's input x (B, L, C), the call's positions and the
+       encoding's decoding state: returns the call's *context* (what the other hooks read:
+       the positions by default, a learned clock (B, L, H) …) and the state after the call
+       (None for a stateless encoding; the layer carries it in an :class:`EncodingState`);
+    2. :meth:`encode_queries_keys` on the projected q, k (B, L, H, D) (an SPE code, a
+       learned-time code …);
+    3. the kernel's feature map, then :meth:`transform_features` on φ(q), φ(k) (softmax: on
+       q and k) when ``transforms_features`` (RoPE, a transform of the features …);
+    4. the kernel, with :meth:`score_term`'s term in softmax's scores when ``forms_scores``
+       (relative terms, an SPE oracle: a :class:`~spe.attention.kernels.ScoreTerm`, whose
+       ``attend`` forms softmax attention itself; an encoding that replaces attention
+       altogether binds what it derived from x in :meth:`prepare` into the term it returns).
+
+    Class attributes (what the layer checks at construction):
+        layer_attribute: one of :data:`LAYER_ATTRIBUTES`, where the layer keeps the module.
+        acts_on: one of :data:`PLACES`, for the kernel's ``accepts`` (``check_placement``).
+        label: how messages name it.
+        takes_code: queries and keys are encoded with the model's SPE code and come out of
+            the code's size R (the layer's kernel dimension).
+        transforms_features: :meth:`transform_features` acts (step 3).
+        numerator_only: with a linear kernel the normaliser keeps the untransformed features
+            (RoFormer eq. 19), which must then be strictly positive.
+        channel_tie: channels a transform keeps together (RoPE's rotated pairs: 2), which a
+            gate per feature channel then shares; a transform with 1 moves channels by
+            position, so it takes no gate per channel.
+        forms_scores: the encoding supplies softmax's scores (step 4): softmax only, no
+            window, no positions (index distances), and no gate on the logits unless
+            ``takes_gate``.
+        takes_gate: a score-forming encoding that applies the layer's forget gate on the
+            logits itself (``decay="gated"``; :meth:`score_term` gets it): an encoding that
+            replaces softmax attention altogether and adds FoX's gate to it (PaTH-FoX).
+        stateful: :meth:`prepare` returns a decoding state (a clock's τ): a layer's state
+            from the second call on must carry it.
+    """
+
+    layer_attribute: ClassVar[str] = "spe_filter"
+    acts_on: ClassVar[str] = "queries-keys"
+    takes_code: ClassVar[bool] = False
+    transforms_features: ClassVar[bool] = False
+    numerator_only: ClassVar[bool] = True
+    channel_tie: ClassVar[int] = 1
+    forms_scores: ClassVar[bool] = False
+    takes_gate: ClassVar[bool] = False
+    stateful: ClassVar[bool] = False
+
+    @property
+    def label(self) -> str:
+        """How messages name the module (its class name unless the class says otherwise)."""
+        return type(self).__name__
+
+    def prepare(self, x: Tensor, positions: Tensor | None, state: Any = None, *,
+                key_padding_mask: Tensor | None = None) -> tuple[Any, Any]:
+        """The call's context and the encoding's state after it.
+
+        Args:
+            x: (B, L, C) the layer's input (before the projections).
+            positions: (L,) the positions of this call (given, or p … p + L − 1 when decoding
+                from position p), or None where the layer has none to give.
+            state: what the previous call returned (None: position 0).
+            key_padding_mask: (B, L) bool, True at padding (non-causal layers).
+
+        Returns:
+            (context, state): here the positions and None (stateless).
+        """
+        return positions, None
+
+    def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: Any, context: Any) -> tuple[Tensor, Tensor]:
+        """q, k (B, L, H, D) as the kernel's feature map receives them (here unchanged)."""
+        return q, k
+
+    def transform_features(self, features: Tensor, context: Any) -> Tensor:
+        """φ(q) or φ(k) (B, L, H, M) transformed by position (``transforms_features``: here unchanged)."""
+        return features
+
+    def score_term(self, context: Any, log_decay: Tensor | None = None) -> Any:
+        """The :class:`~spe.attention.kernels.ScoreTerm` the softmax kernel calls for this call
+        (``forms_scores``), or None: here the module itself. An encoding that ``takes_gate`` gets
+        the layer's gate (B, L, H) (or None) here and applies it itself; the kernel then gets none.
+        A term with ``step`` and ``prefill`` keeps its own decoding cache in place of the kernel's."""
+        return self if self.forms_scores else None
+
+    def check_features(self, feature_dim: int, what: str) -> None:
+        """Raises ValueError if the kernel's M (``feature_dim``, named ``what``: ``head_dim`` or
+        ``num_features``) does not suit :meth:`transform_features` (here: any does)."""
+
+
+class ScoreEncoding(LayerEncoding):
+    """A :class:`LayerEncoding` that forms softmax's scores (relative terms in them, the SPE
+    oracle): subclasses give ``attend`` and ``score_bias`` (:class:`~spe.attention.kernels.ScoreTerm`)
+    and ``causal``."""
+
+    layer_attribute: ClassVar[str] = "score_encoding"
+    acts_on: ClassVar[str] = "scores"
+    forms_scores: ClassVar[bool] = True
+
+
+class FeatureEncoding(LayerEncoding):
+    """A :class:`LayerEncoding` that transforms a linear kernel's features by position (rotations,
+    permutations, re-weightings): ``forward(features (B, L, H, M), positions (L,)) -> (B, L, H, M')``,
+    a class attribute ``numerator_only`` and ``label``, and optionally ``feature_dim`` (the M it
+    was built for)."""
+
+    layer_attribute: ClassVar[str] = "feature_transform"
+    acts_on: ClassVar[str] = "features"
+    transforms_features: ClassVar[bool] = True
+
+    def transform_features(self, features: Tensor, context: Any) -> Tensor:
+        return self(features, context)
+
+    def check_features(self, feature_dim: int, what: str) -> None:
+        built_for = getattr(self, "feature_dim", None)
+        if built_for is not None and built_for != feature_dim:
+            raise ValueError(f"{self.label} was built for {built_for} features but this kernel has "
+                             f"{feature_dim} ({what})")
+
+
+@dataclass(frozen=True)
+class EncodingState(WrappedState):
+    """A layer's decoding state with its positional module's own (a learned clock's τ): what
+    :meth:`LayerEncoding.prepare` returned, beside the rest of the layer's state.
+
+    Attributes:
+        inner: the rest of the layer's state (the kernel's, or a short convolution's wrapping it).
+        encoding: the positional module's state.
+    """
+
+    inner: Any
+    encoding: Any
+
+    def to(self, dtype) -> EncodingState:
+        """A copy with the inner state's floating tensors cast to ``dtype`` (the encoding's own
+        state keeps its dtype: a clock is float64 whatever the model's)."""
+        return EncodingState(inner=self.inner.to(dtype), encoding=self.encoding)
 
 
 def option(default: Any, flag: str = "", *, flag_type: type | None = None, choices: tuple | None = None) -> Any:
@@ -59,6 +212,9 @@ class PositionalSpec:
         needs_grid: encodes positions on a 2-D grid (``convspe-2d``): its code generator is
             called with ``grid=(Y, X)`` instead of positions, so only models that know their
             grid (the encoder classifier on images) take it.
+        takes_gate: a score encoding that takes the layer's forget gate (``decay gated``) into
+            its own scores (PaTH-FoX); other score encodings refuse it (:func:`~spe.attention.layer.check_decay`).
+        causal_only: has no non-causal form (PaTH): encoder configs refuse it.
         options: the options dataclasses whose fields the encoding's builders read (declared
             in its file with :func:`option`, ``kw_only``, with a ``check_options(self)``
             raising ValueError on a bad value). Every model config inherits the fields of
@@ -80,6 +236,8 @@ class PositionalSpec:
     position_limit: Callable[[Any], int | None] | None = None
     limit_text: str = ""
     options: tuple[type, ...] = ()
+    takes_gate: bool = False
+    causal_only: bool = False
 
     def build_model_module(self, config: Any) -> nn.Module | None:
         """The per-model module (token encoding or SPE code generator), or None."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from spe.attention.layer import LayerState, MultiHeadAttention
+from spe.attention.pro import pro_options
 from spe.encodings.code import SPECode
 from spe.encodings.registry import positional_spec
 from spe.ops.decay import NO_DECAY
@@ -44,7 +45,7 @@ class Block(nn.Module):
             num_realizations=config.num_realizations if spec.stochastic else None,
             num_features=config.num_features, chunk_size=config.chunk_size,
             window=config.attention_window, decay=getattr(config, "decay", NO_DECAY),
-            short_conv=getattr(config, "short_conv", 0), positional=module)
+            short_conv=getattr(config, "short_conv", 0), positional=module, **pro_options(config))
         self.norm2 = nn.LayerNorm(config.d_model)
         self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model))

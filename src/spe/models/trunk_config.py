@@ -12,6 +12,7 @@ from typing import ClassVar, Self
 
 from spe.attention.kernels import kernel_spec
 from spe.attention.layer import check_decay, check_placement
+from spe.attention.pro import PRO_OPTIONS, check_pro_options
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import ENCODING_OPTIONS, POSITIONAL_SPECS, positional_names, positional_spec
 from spe.encodings.short_conv import check_short_conv
@@ -71,6 +72,15 @@ class TrunkConfig(*ENCODING_OPTIONS):
             projected inputs when decoding, centred in encoders
             (:mod:`spe.encodings.short_conv`). 0 (default): none. With every encoding and
             kernel; its weights are positional parameters (never weight-decayed).
+        output_gate, qk_norm, kv_shift, output_norm: FoX-Pro's block in every layer
+            (:mod:`spe.attention.pro`, Lin et al. 2025), each False by default: an output gate
+            y ⊙ sigmoid(W_o x) per channel before the output projection; RMS-normalised queries
+            and keys per head with a learnable (H, D) scale, ε = 1e-5, before the positional
+            encoding; a data-dependent token shift k'_t = α_t k_{t−1} + (1 − α_t) k_t, α_t =
+            sigmoid(wᵀx_t) per head (v likewise, its own w), whose decoding carries the previous
+            keys and values; the per-head RMS norm of the attention output (``linear`` always
+            has it). With every kernel, encoding and decay; FoX-Pro is ``attention = "softmax"``,
+            ``decay = "gated"``, ``positional = "none"`` and all four.
 
     Class attributes:
         causal: whether the trunk's blocks mask the future (the registry builds encoder
@@ -82,7 +92,7 @@ class TrunkConfig(*ENCODING_OPTIONS):
             integer, ``d_model`` not divisible by ``num_heads``, a dropout outside [0, 1), an
             unknown ``decay`` or one the kernel or encoding does not take
             (:func:`spe.attention.layer.check_decay`), a ``short_conv`` that is not 0 or an
-            integer ≥ 2.
+            integer ≥ 2, a FoX-Pro option that is not a bool.
     """
 
     causal: ClassVar[bool] = True
@@ -99,6 +109,10 @@ class TrunkConfig(*ENCODING_OPTIONS):
     chunk_size: int = 64
     decay: str = "none"
     short_conv: int = 0
+    output_gate: bool = False
+    qk_norm: bool = False
+    kv_shift: bool = False
+    output_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONALS:
@@ -106,6 +120,9 @@ class TrunkConfig(*ENCODING_OPTIONS):
                              f"choose one of {', '.join(POSITIONALS)}")
         kernel = kernel_spec(self.attention)  # the registry's own "unknown attention" error
         check_placement(kernel, POSITIONALS[self.positional], f"positional {self.positional!r}")
+        if not self.causal and POSITIONAL_SPECS[self.positional].causal_only:
+            raise ValueError(f"positional {self.positional!r} is causal only: {type(self).__name__} is an encoder "
+                             f"(not causal); use it in a decoder")
         if POSITIONAL_SPECS[self.positional].positive_features:
             kernel.check_numerator_transform(f"positional {self.positional!r}")
         require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
@@ -118,12 +135,14 @@ class TrunkConfig(*ENCODING_OPTIONS):
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         self._check_decay()
         check_short_conv(self.short_conv)
+        check_pro_options(**{name: getattr(self, name) for name in PRO_OPTIONS})
 
     def _check_decay(self) -> None:
         where = POSITIONALS[self.positional]
         named = f"positional {self.positional!r}"
         check_decay(kernel_spec(self.attention), self.decay, causal=self.causal,
-                    score_encoding=named if where == "scores" else None,
+                    score_encoding=named if where == "scores" and not POSITIONAL_SPECS[self.positional].takes_gate
+                    else None,
                     feature_transform=named if where == "features" else None)
 
     @property
@@ -141,15 +160,17 @@ class TrunkConfig(*ENCODING_OPTIONS):
 
     def to_dict(self) -> dict:
         """The options as a JSON-serialisable dict (what checkpoint headers store). ``decay`` is
-        left out when it is ``none``, ``short_conv`` when 0 and ``fixed_code`` when False, so
-        headers of models without them stay as they were (and load with those defaults)."""
+        left out when it is ``none``, ``short_conv`` when 0, ``fixed_code`` and FoX-Pro's options
+        when False, so headers of models without them stay as they were (and load with those
+        defaults)."""
         values = asdict(self)
         if values["decay"] == NO_DECAY:
             del values["decay"]
         if not values["short_conv"]:
             del values["short_conv"]
-        if not values["fixed_code"]:
-            del values["fixed_code"]
+        for name in ("fixed_code", *PRO_OPTIONS):
+            if not values[name]:
+                del values[name]
         return values
 
     @classmethod

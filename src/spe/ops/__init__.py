@@ -16,6 +16,7 @@ from spe.ops.linear import (
     linear_attention,
     normalise,
 )
+from spe.ops.path import path_attention, path_attention_step, path_prefill_cache
 from spe.ops.recurrent import append_to_cache, linear_attention_step, prefill_cache, softmax_attention_step
 from spe.ops.relative import (
     music_relative_attention,
@@ -39,6 +40,7 @@ __all__ = [
     "ScaledLinearAttentionState", "ScaledRecentKeys", "append_to_cache", "causal_linear_attention", "causal_linear_attention_reference",
     "causal_linear_attention_with_state", "elu_feature_map", "favor_feature_map", "favor_key_features",
     "kernel_dtype", "linear_attention", "linear_attention_step", "music_relative_attention",
-    "music_relative_attention_reference", "normalise", "orthogonal_random_features", "prefill_cache", "relative_shift",
+    "music_relative_attention_reference", "normalise", "orthogonal_random_features", "path_attention",
+    "path_attention_step", "path_prefill_cache", "prefill_cache", "relative_shift",
     "relu_feature_map", "shaw_attention", "skew", "softmax_attention", "softmax_attention_step",
 ]

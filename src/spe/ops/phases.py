@@ -16,16 +16,21 @@ def sine_phase(frequencies: Tensor, positions: Tensor) -> Tensor:
 
     A float32 product 2π f n loses about 2e-3 rad at n = 8,192; the product is therefore
     formed in float64 and reduced modulo 1 before the multiplication by 2π. The gradient with
-    respect to ``frequencies`` is that of 2π f n (frac has unit slope almost everywhere).
+    respect to ``frequencies`` (and to real positions) is that of 2π f n (frac has unit slope
+    almost everywhere).
 
     Args:
         frequencies: (H, D, K) in cycles per position.
-        positions: (L,) integer or real positions.
+        positions: (L,) integer or real positions shared by the batch, or (B, L, H) times of
+            each sequence and head (a learned clock, :mod:`spe.encodings.clock`).
 
     Returns:
-        (L, H, D, K) phases in radians in [0, 2π), in the dtype of ``frequencies``.
+        (L, H, D, K), or (B, L, H, D, K) for per-sequence times: phases in radians in [0, 2π),
+        in the dtype of ``frequencies``.
     """
-    cycles = frequencies.double()[None] * positions.double()[:, None, None, None]
+    times = positions.double()
+    times = times[:, None, None, None] if positions.dim() == 1 else times[..., None, None]
+    cycles = frequencies.double() * times
     cycles = cycles - torch.floor(cycles).detach()
     return (2 * math.pi * cycles).to(frequencies.dtype)
 

@@ -33,7 +33,7 @@ from torch import Tensor
 from spe.ops.softmax import check_window
 
 __all__ = ["AttentionState", "KVCache", "LinearAttentionState", "RecentKeys", "ScaledLinearAttentionState",
-           "ScaledRecentKeys", "check_state_window"]
+           "ScaledRecentKeys", "WrappedState", "check_state_window"]
 
 
 def _cast(state, dtype: torch.dtype):
@@ -218,6 +218,26 @@ class KVCache:
 # ops/ (blocks, models, generation) hold it without looking inside. (The scaled types are
 # subclasses of the plain ones.)
 AttentionState = KVCache | LinearAttentionState | RecentKeys
+
+
+class WrappedState:
+    """A layer's decoding state around a kernel state, ``inner`` (a dataclass field of the
+    subclass), with what the layer adds (a short convolution's cache, a token shift's last keys):
+    its position and window are the inner state's."""
+
+    @property
+    def position(self) -> int:
+        """Positions seen so far (the kernel state's)."""
+        return self.inner.position
+
+    @property
+    def window(self) -> int | None:
+        """The attention window the kernel state was built with."""
+        return self.inner.window
+
+    def to(self, dtype: torch.dtype):
+        """A copy with the inner state and the floating tensors cast to ``dtype``."""
+        return replace(_cast(self, dtype), inner=self.inner.to(dtype))
 
 
 def check_state_window(state, window: int | None) -> None:

@@ -108,7 +108,7 @@ def test_each_encoding_option_flag_reaches_the_model_config():
     from spe.encodings.registry import encoding_flags
     from spe.lab.cli.main import _train_config, build_parser
 
-    values = {"lrpe_angles": "learned"}  # the others are integers
+    values = {"lrpe_angles": "learned", "spe_time": "learned", "rope_time": "learned"}  # the others are integers
     flags = []
     for i, (name, _) in enumerate(encoding_flags()):
         values.setdefault(name, 7 + i)

@@ -69,7 +69,8 @@ def test_report_on_two_checkpoints(runs, monkeypatch, capsys):
     # Extrapolation table: both models, mean ± std over the 2 validation sequences, default 2 × 32 positions.
     section = text.split("## 1.")[1].split("## 2.")[0]
     rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
-    assert {"sinespe", "ape", "unigram"} <= set(rows)
+    assert {"sinespe", "ape", "unigram (all 64 positions)"} <= set(rows)
+    assert "Evaluated positions: 64 (2 × the training length of 32;" in text
     assert "±" in rows["sinespe"] and "±" in rows["ape"]
     assert report["max_length"] == 64 and report["extrapolation"]["num_sequences"] == 2
     for m in report["extrapolation"]["models"]:

@@ -203,6 +203,31 @@ def test_a_variant_evaluates_the_test_split_in_buckets_of_l_up_to_16_l(midi_fold
     run = json.loads((out / "results.json").read_text())["runs"]["ape/seed0"]
     assert run["num_sequences"] == 2
     assert [(b["start"], b["end"]) for b in run["buckets"]] == [(8 * k, 8 * k + 8) for k in range(16)]
+    # the split a study selects on, in the same buckets as far as its pieces reach
+    validation = run["validation"]
+    assert validation["num_sequences"] >= 1 and 8 <= validation["max_length"] <= 128
+    assert [(b["start"], b["end"]) for b in validation["buckets"]] == [
+        (8 * k, 8 * k + 8) for k in range(validation["max_length"] // 8)]
+    assert validation["buckets"][0]["ce"] != run["buckets"][0]["ce"]  # other pieces
+    assert run["train_tokens"] == 2 * 2 * 8 and run["params"] > 1000  # steps × batch × L; the model's
+    # a record from before the validation buckets is evaluated again, not trained again
+    stored = out / "ape" / "seed0" / "result.json"
+    stamp = (out / "ape" / "seed0" / "model.safetensors").stat().st_mtime_ns
+    stored.write_text(json.dumps({k: v for k, v in json.loads(stored.read_text()).items() if k != "validation"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["sweep", "--plan", str(plan), "--out", str(out), "--data", str(midi_folder),
+                     "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
+    assert json.loads(stored.read_text())["validation"] == validation
+    assert (out / "ape" / "seed0" / "model.safetensors").stat().st_mtime_ns == stamp
+    # the study's records: a record from before params and train_tokens gets them from its plan and checkpoint
+    from spe.lab.study_data import sweep_study
+
+    records, _ = sweep_study(load_plan(str(plan)), out, study="s", corpus="c", command="x")
+    stored.write_text(json.dumps({k: v for k, v in json.loads(stored.read_text()).items()
+                                  if k not in ("params", "train_tokens")}))
+    assert sweep_study(load_plan(str(plan)), out, study="s", corpus="c", command="x")[0] == records
+    assert {r["split"] for r in records} == {"test", "validation"} and records[0]["params"] == run["params"]
 
 
 @pytest.mark.parametrize(("variants", "message"), [
@@ -219,12 +244,27 @@ def test_a_plan_evaluating_a_split_its_runs_do_not_hold_is_refused(tmp_path, var
         load_plan(str(bad))
 
 
+GATES_ROWS = {"ape", "fox", "gated", "gated-channel", "linear-gated", "sinespe-gated", "sinespe-linear-gated",
+              "rope-gated", "permute-gated"}
+LEARNED_TIME_ROWS = {"ape", "sinespe", "gated", "gated-channel", "fox", "sinespe-gated-whole",
+                     "sinespe-gated-channel-whole", "foxpro", "path", "path-fox", "rope-learned",
+                     "rope-learned-gated", "sinespe-learned", "sinespe-learned-gated",
+                     "sinespe-learned-gated-channel", "sinespe-learned-linear-gated"}
+# the rows of other branches, commented out in the learned-time plans until their options exist
+LEARNED_TIME_LATER = {"foxpro", "path", "path-fox", "rope-learned", "rope-learned-gated", "sinespe-onset",
+                      "sinespe-learned", "sinespe-learned-gated", "sinespe-learned-gated-channel",
+                      "sinespe-learned-linear-gated"}
+SIXTEEN_X_PLANS = [("gates", 64, GATES_ROWS), ("gates-palestrina", 256, GATES_ROWS),
+                   ("learned-time", 64, LEARNED_TIME_ROWS), ("learned-time-palestrina", 256, LEARNED_TIME_ROWS)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("plan_name,length", [("gates", 64), ("gates-palestrina", 256)])
-def test_every_gates_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan_name, length):
-    """The gates study: every row builds, is evaluated on the held-out test split in buckets of
-    L up to 16 L, and a shrunken copy of its model runs 16 L positions (the test pieces' length)
-    with step-by-step decoding equal to the parallel forward where it matters, at the end."""
+@pytest.mark.parametrize("plan_name,length,rows", SIXTEEN_X_PLANS)
+def test_every_16x_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan_name, length, rows):
+    """The gates and learned-time studies: every row builds, is evaluated on the held-out test split
+    in buckets of L up to 16 L, and a shrunken copy of its model runs 16 L positions (the test
+    pieces' length) with step-by-step decoding equal to the parallel forward where it matters, at
+    the end."""
     import dataclasses
 
     import torch
@@ -233,8 +273,7 @@ def test_every_gates_variant_builds_and_decodes_its_16x_test_length(tmp_path, pl
     from spe.models import DecoderLM
 
     plan = load_plan(plan_name)
-    assert {"ape", "fox", "gated", "gated-channel", "linear-gated", "sinespe-gated", "sinespe-linear-gated",
-            "rope-gated", "permute-gated"} <= set(plan.variants)
+    assert rows <= set(plan.variants)
     for name, spec in plan.variants.items():
         cfg = variant_config(plan, name, 0, tmp_path)
         assert (cfg.seq_len, cfg.test_min_tokens) == (length, 16 * length + 1), name
@@ -269,3 +308,50 @@ def test_the_table_gives_the_sample_std_over_seeds_and_a_dash_for_one_seed():
     lines = {line.split(" | ")[0]: line for line in results_table(doc, plan) if line.startswith("| ")}
     assert "| 2.333 ± 1.528 | 3.000 ± 1.000 | +50.0 ± 50.0 % | +0.0% |" in lines["| ape"]
     assert "| 1.500 ± – | 3.000 ± – | +100.0 ± – % | -35.7% |" in lines["| rope"]
+
+
+@pytest.mark.parametrize("plan_name,length", [("learned-time", 64), ("learned-time-palestrina", 256)])
+def test_every_learned_time_row_states_the_window_it_trains_with(tmp_path, plan_name, length):
+    """Each description says "window: L" or "window: whole past", and the resolved model has that
+    window: sineSPE alone keeps L (as in docs/gates.md), sineSPE under a gate attends to the whole
+    past like the gate rows (the confound of docs/gates.md removed)."""
+    from spe.lab.experiments.sweep import variant_config
+    from spe.lab.train.config import resolve_model_options
+
+    plan = load_plan(plan_name)
+    assert set(plan.variants) == LEARNED_TIME_ROWS and plan.seeds == [0, 1, 2]
+    for name, spec in plan.variants.items():
+        cfg = variant_config(plan, name, 0, tmp_path)
+        window = resolve_model_options(cfg.model, cfg.seq_len).get("attention_window") or None
+        said = spec["description"].rsplit("window: ", 1)[1]
+        assert said.startswith("whole past" if window is None else "L"), (name, window, said)
+        assert window in (None, length), name
+    assert "window: L" in plan.variants["sinespe"]["description"]
+    assert variant_config(plan, "fox", 0, tmp_path).data == (
+        "music21:palestrina/2" if plan_name.endswith("palestrina") else None)
+    from spe.lab.experiments.sweep import collect_sweep  # the results name the data the plan names
+
+    assert collect_sweep(plan, tmp_path / "out")["data"] == (
+        "music21:palestrina/2" if plan_name.endswith("palestrina") else "Bach chorales (music21)")
+
+
+@pytest.mark.parametrize("plan_name", ["learned-time", "learned-time-palestrina"])
+def test_the_commented_rows_of_other_branches_are_plan_toml_once_uncommented(plan_name):
+    """The lead uncomments them with `sed 's/^#+ //'` after the merge: they must then be tables of
+    the plan with a description that states the window and a model table."""
+    import tomllib
+
+    from spe.lab.plans import packaged_plans
+    from spe.lab.experiments.sweep import SWEEP_FORMAT
+
+    text = packaged_plans(SWEEP_FORMAT)[plan_name].read_text()
+    uncommented = tomllib.loads("\n".join(line[3:] if line.startswith("#+ ") else line for line in text.splitlines()))
+    later = {k: v for k, v in uncommented["variants"].items() if k not in LEARNED_TIME_ROWS}
+    assert set(later) == LEARNED_TIME_LATER - LEARNED_TIME_ROWS
+    for name, row in later.items():
+        assert "window: whole past" in row["description"] and row["model"]["positional"], name
+    assert uncommented["variants"]["foxpro"]["model"].items() >= {"output_gate": True, "qk_norm": True, "kv_shift": True,
+                                                       "output_norm": True}.items()
+    rows = uncommented["variants"]
+    assert rows["path-fox"]["model"]["decay"] == "gated" and rows["path"]["model"]["attention"] == "softmax"
+    assert rows["sinespe-learned-linear-gated"]["model"]["attention"] == "linear"

@@ -180,6 +180,9 @@ def measure_generate(case: dict, device: torch.device) -> dict:
         gate = {"key_log_decay": -torch.rand(b, n, h, device=device)} if _decay(case) != "none" else {}
         state = KVCache(keys=torch.randn(b, n, h, e, device=device), values=torch.randn(b, n, h, d, device=device),
                         position=n, **gate)
+        own_state = getattr(layer.score_encoding, "decoding_state", None)  # PaTH keeps its own cache type
+        if callable(own_state):
+            state = own_state(state)
     else:
         m, m_den = layer.feature_sizes()  # some feature transforms double M
         sums = {"kv": torch.rand(b, h, m, d, device=device), "normalizer": torch.rand(b, h, m_den, device=device),

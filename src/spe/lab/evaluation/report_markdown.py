@@ -28,6 +28,13 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(row) + " |" for row in rows)]
 
 
+def _times_training_length(max_length: int, models: list[dict]) -> str:
+    """'3 × the training length of 256' (or of the longest, when the models differ)."""
+    longest = max(m["seq_len"] for m in models)
+    which = "the training length" if len({m["seq_len"] for m in models}) == 1 else "the longest training length"
+    return f"{max_length / longest:g} × {which} of {longest}"
+
+
 def render_header(report: dict) -> list[str]:
     """The title, what was run and on which data."""
     models, summary = report["models"], report["extrapolation"]
@@ -42,7 +49,8 @@ def render_header(report: dict) -> list[str]:
     lines += ["", (f"Data: `{report['data']}`, validation split of the first checkpoint "
               f"({summary['num_validation_pieces']} pieces; {summary['num_sequences']} of them have the "
               f"{summary['max_length'] + 1} tokens that evaluation needs). "
-              f"Evaluated positions: {summary['max_length']} (2 × training length unless `--max-length`)."), ""]
+              f"Evaluated positions: {summary['max_length']} ({_times_training_length(summary['max_length'], models)}; "
+              "`--max-length`, default 2 × the longest training length)."), ""]
     return lines
 
 
@@ -60,7 +68,8 @@ def render_extrapolation(report: dict) -> list[str]:
     for name, m in zip((m["name"] for m in report["models"]), summary["models"]):
         rows.append([name, m["label"], str(m["seq_len"]), _fmt_mean_std(m["within"], m.get("within_std")),
                      _fmt_mean_std(m["beyond"], m.get("beyond_std"))])
-    rows.append(["unigram", "–", "–", _fmt(summary["unigram"]), ""])
+    # one unigram figure, over all evaluated positions: labelled so, not read as the within column
+    rows.append([f"unigram (all {summary['max_length']} positions)", "–", "–", _fmt(summary["unigram"]), ""])
     lines += _table(["model", "encoding/attention", "L", "within (nats/token)", "beyond (nats/token)"], rows)
     lines += ["", "![Cross-entropy by position](extrapolation/extrapolation.png)", "",
               "Per-position values: `extrapolation/per_position.csv`; buckets: `extrapolation/summary.json`.", ""]

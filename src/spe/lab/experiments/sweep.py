@@ -15,9 +15,15 @@ Model defaults are those of :class:`~spe.lab.train.TrainConfig` (e.g. a window o
 length for SPE models), so a variant builds the model ``spe train`` builds from the same options.
 
 Run (VARIANT, S) trains in ``OUT/VARIANT/seedS`` (a re-evaluation: in OTHER's), is evaluated
-into ``OUT/VARIANT/seedS-evaluation`` and stores its record in ``OUT/VARIANT/seedS/result.json``.
-A stored record is kept while its checkpoint step and eval options are the plan's; otherwise
-the run resumes (:func:`~spe.lab.train.status.run_status` decides) and is evaluated again.
+into ``OUT/VARIANT/seedS-evaluation`` and stores its record in ``OUT/VARIANT/seedS/result.json``:
+the eval split's ``buckets`` (``ce`` per bucket), ``within``, ``beyond``, ``num_sequences``,
+the model's ``params`` and its ``train_tokens`` (steps × batch × L); a variant evaluated on the
+``test`` split also gets its ``validation`` split in the same buckets (``{"max_length",
+"num_sequences", "buckets"}``, evaluated into ``seedS-evaluation-validation``): the split a
+study selects on (:mod:`spe.lab.study_rules`), the test split being only reported.
+A stored record is kept while its checkpoint step and eval options are the plan's (and, on the
+test split, it holds the validation buckets); otherwise the run resumes
+(:func:`~spe.lab.train.status.run_status` decides) and is evaluated again.
 ``OUT/results.json`` / ``OUT/results.md`` are rebuilt from the records after every run, so
 nothing is lost when a sweep is stopped and sweeps side by side on one folder (``--only``
 lists) keep each other's runs.
@@ -34,8 +40,8 @@ from pathlib import Path
 
 from spe.checkpoint import atomic_write, load
 from spe.lab import plans, strict_json
-from spe.lab.data.split import SPLITS
-from spe.lab.evaluation.checkpoints import evaluate_checkpoints
+from spe.lab.data.split import SPLITS, split_of_run
+from spe.lab.evaluation.checkpoints import evaluate_checkpoints, evaluate_models, write_evaluation
 from spe.lab.plans import Column, markdown_table
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
@@ -171,16 +177,51 @@ def _train_run(plan: Plan, name: str, cfg: TrainConfig, progress: bool) -> float
     return time.perf_counter() - t
 
 
-def _evaluate_run(spec: dict, cfg: TrainConfig, out: Path) -> dict:
+def _evaluate_run(spec: dict, cfg: TrainConfig, out: Path) -> tuple[dict, dict | None, int]:
     """The run's checkpoint on its validation split (or the eval option ``split``) with the variant's
-    eval options; ``max_length`` defaults as in :func:`~spe.lab.evaluation.checkpoints.evaluate_models`."""
+    eval options; ``max_length`` defaults as in :func:`~spe.lab.evaluation.checkpoints.evaluate_models`.
+
+    Returns:
+        (the eval split's summary, the validation split's when the eval split is ``test`` (else
+        None; :func:`_evaluate_validation`), the model's parameter count).
+    """
     options = spec["eval"]
     loaded = load(cfg.out, device=cfg.device)
-    return evaluate_checkpoints([loaded], out, max_length=options.get("max_length"), split=options.get("split"),
-                                data=cfg.data, cache_dir=cfg.cache_dir, batch_size=8, device=cfg.device,
-                                json_path=None, progress=False, num_realizations=options.get("num_realizations"),
-                                num_draws=options.get("num_draws", 1), bucket_width=options.get("bucket_width"),
-                                window=options.get("window"))
+    summary = evaluate_checkpoints([loaded], out, max_length=options.get("max_length"), split=options.get("split"),
+                                   data=cfg.data, cache_dir=cfg.cache_dir, batch_size=8, device=cfg.device,
+                                   json_path=None, progress=False, num_realizations=options.get("num_realizations"),
+                                   num_draws=options.get("num_draws", 1), bucket_width=options.get("bucket_width"),
+                                   window=options.get("window"))
+    validation = None
+    if options.get("split") == "test":
+        validation = _evaluate_validation(loaded, cfg, options, summary["max_length"],
+                                          out.with_name(out.name + "-validation"))
+    return summary, validation, sum(p.numel() for p in loaded.model.parameters())
+
+
+def _evaluate_validation(loaded, cfg: TrainConfig, options: dict, length: int, out: Path) -> dict:
+    """The validation split in the test split's buckets: the split a study selects on
+    (:data:`spe.lab.study_rules.SELECTION_SPLIT`), the test split being only reported.
+
+    The first ``length`` positions of every validation piece that long; where none is, the
+    longest whole number of buckets some piece has (logged). Returns ``{"max_length",
+    "num_sequences", "buckets"}``; ``buckets`` is empty when no piece holds one bucket.
+    """
+    width = options.get("bucket_width") or loaded.seq_len
+    pieces = split_of_run(loaded.train_config, data=cfg.data, cache_dir=cfg.cache_dir,
+                          tokenizer_json=loaded.tokenizer_json, split="validation")
+    longest = max((len(p) for p in pieces.val_pieces), default=0)
+    reach = min(length, (longest - 1) // width * width)
+    if reach < length:
+        log.warning("sweep: no validation piece of %s has %d tokens; its validation buckets stop at %d positions",
+                    cfg.out, length + 1, reach)
+    if reach <= 0:
+        return {"max_length": 0, "num_sequences": 0, "buckets": []}
+    summary = evaluate_models([loaded], pieces, max_length=reach, batch_size=8,
+                              num_realizations=options.get("num_realizations"),
+                              num_draws=options.get("num_draws", 1), bucket_width=width)
+    write_evaluation(summary, out)
+    return {"max_length": reach, "num_sequences": summary["num_sequences"], "buckets": summary["models"][0]["buckets"]}
 
 
 def _adopt_records(plan: Plan, out: Path) -> None:
@@ -207,7 +248,9 @@ def collect_sweep(plan: Plan, out: str | Path, *, data: str | None = None) -> di
             for seed, record in by_seed.items():
                 unigram = record.pop("unigram_buckets", None) or unigram
                 runs[f"{name}/seed{seed}"] = record
-        doc = {"title": plan.title, "plan": plan.path, "reference": plan.reference, "data": data or DEFAULT_DATA,
+        planned = next(iter(plan.rows.values()))["train"].get("data")  # a plan may name its data
+        doc = {"title": plan.title, "plan": plan.path, "reference": plan.reference,
+               "data": data or planned or DEFAULT_DATA,
                "runs": runs, "unigram_buckets": unigram}
         atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(doc, indent=2)))
         write_results(doc, plan, out / "results.md")
@@ -247,7 +290,9 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
     def current(name: str, seed: int, record: dict) -> bool:
         status = _status(plan, name, config(name, seed))
         return (status.state == "finished" and record.get("step") == status.step
-                and record.get("eval") == plan.rows[name]["eval"] and "buckets" in record)
+                and record.get("eval") == plan.rows[name]["eval"] and "buckets" in record
+                # a test-split record from before the validation buckets: evaluated again (no training)
+                and ("validation" in record or plan.rows[name]["eval"].get("split") != "test"))
 
     def run(name: str, seed: int, folder: Path) -> dict:
         cfg, spec = config(name, seed), plan.rows[name]
@@ -255,11 +300,13 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
             train_s = _train_run(plan, name, cfg, progress)
         evaluation = out / name / f"seed{seed}-evaluation"
         with run_lock(evaluation):
-            summary = _evaluate_run(spec, cfg, evaluation)
-        model = summary["models"][0]
-        return {"variant": name, "seed": seed, "step": run_status(cfg).step, "eval": spec["eval"],
+            summary, validation, params = _evaluate_run(spec, cfg, evaluation)
+        model, step = summary["models"][0], run_status(cfg).step
+        extra = {} if validation is None else {"validation": validation}
+        return {"variant": name, "seed": seed, "step": step, "eval": spec["eval"],
                 "buckets": model["buckets"], "within": model["within"], "beyond": model["beyond"],
-                "num_sequences": summary["num_sequences"],
+                "num_sequences": summary["num_sequences"], **extra, "params": params,
+                "train_tokens": step * cfg.batch_size * cfg.seq_len,
                 "train_s": train_s if train_s is not None else (plans.read_result(folder) or {}).get("train_s"),
                 "unigram_buckets": summary["unigram_buckets"]}
 

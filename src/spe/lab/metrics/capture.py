@@ -79,7 +79,9 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
         positions = captured["positions"]
         if positions is None:
             positions = torch.arange(q.shape[1], device=q.device)
-        q, k = attn.rotary(q, positions), attn.rotary(k, positions)
+        # at the times the layer reads: its positions, or a learned clock's (spe.encodings.clock)
+        times, _ = attn.rotary.prepare(captured["x"], positions)
+        q, k = attn.rotary.transform_features(q, times), attn.rotary.transform_features(k, times)
     return q, k
 
 

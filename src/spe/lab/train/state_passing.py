@@ -10,7 +10,7 @@ What this module does (letters: B = batch, L = training length, K = :data:`CHAIN
 
 * crop i of a step starts from the detached final state of crop i of the previous step
   (every layer's kernel state: running sums, or a window's kept keys, with their gates; and a
-  short convolution's cache); crops are drawn as without state passing, so that state comes
+  short convolution's cache; a token shift's previous keys and values); crops are drawn as without state passing, so that state comes
   from another piece or another place in one: the paper's state passing, not truncated
   backpropagation through a continued document. It applies at every step of a run trained
   with it; the paper post-trains with it, which switching it on when resuming does;
@@ -47,7 +47,9 @@ from torch import Tensor
 
 from spe.attention.kernels import KERNELS
 from spe.encodings.registry import positional_spec
+from spe.attention.pro import ShiftState
 from spe.encodings.short_conv import ShortConvState
+from spe.encodings.spec import EncodingState
 from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecodingState
 from spe.ops.state import KVCache, LinearAttentionState, RecentKeys, ScaledLinearAttentionState, ScaledRecentKeys
@@ -57,8 +59,9 @@ __all__ = ["CHAIN_STEPS", "CarriedBatch", "StatePassing", "chain_steps", "state_
 # Steps of one chain: positions reach 16 L, the end of the 16× protocol (docs/gates.md).
 CHAIN_STEPS = 16
 # The types a carried state is made of, by name (train_state.pt holds data only).
-_STATE_TYPES = {cls.__name__: cls for cls in (DecodingState, ShortConvState, LinearAttentionState,
-                                               ScaledLinearAttentionState, RecentKeys, ScaledRecentKeys)}
+_STATE_TYPES = {cls.__name__: cls for cls in (DecodingState, ShortConvState, ShiftState, EncodingState,
+                                               LinearAttentionState, ScaledLinearAttentionState, RecentKeys,
+                                               ScaledRecentKeys)}
 
 
 def chain_steps(model: ModelConfig, seq_len: int) -> int:

@@ -1,0 +1,270 @@
+"""Per-seed study results as committed data: ``docs/data/<study>.jsonl`` and its ``<study>.meta.json``.
+
+Every table and plot of a study is generated from these files alone
+(:mod:`spe.lab.study_tables`, ``python tools/docs/study_tables.py``), so anyone can recompute
+them, and a test keeps the docs equal to them.
+
+**Records.** One JSON object per line with exactly the fields of :data:`FIELDS`, in that order:
+
+* ``study``: the study's name (the file's stem), e.g. ``learned-time-bach``.
+* ``corpus_or_task``: the corpus (``Bach chorales``, ``music21:palestrina/2``) or synthetic task
+  (``flip-flop``, ``mqar``).
+* ``variant``: the row; ``seed``: its training seed (int ≥ 0).
+* ``split``: ``validation`` (the split rows, repeats and best groups are chosen on:
+  :data:`spe.lab.study_rules.SELECTION_SPLIT`), ``test`` (reported only), or a task's other
+  reported split (e.g. ``test-dense``).
+* ``bucket_start``, ``bucket_end``: for a language model, the positions [start, end) whose
+  cross-entropy is averaged (buckets of L); for a synthetic task, both equal the evaluated
+  sequence length (a point, not a range).
+* ``value``, ``metric``: ``cross_entropy`` in nats/token (lower is better) or ``accuracy`` as a
+  fraction in [0, 1] (higher is better); the keys of :data:`spe.lab.study_rules.METRICS`.
+* ``train_tokens``: tokens the run trained on (optimizer steps × batch × training length).
+* ``params``: the model's parameter count.
+
+**Meta** (``<study>.meta.json``): what the tables say beside the numbers: ``study``, ``title``,
+``command`` (how the runs were made), ``corpus_or_task``, ``metric``, ``train_length`` (L),
+``plan`` and ``steps`` (for a sweep: the packaged plan and its steps, from which the
+longer-budget command is written), and ``rows``: row -> ``{"description", "window"}`` in the
+plan's order (the window in words: ``"L = 64"``, ``"whole past"``).
+
+**Sources.** :func:`sweep_study` reads a ``spe sweep`` folder (each run's ``result.json``: its
+eval split's ``buckets`` and, for the test split, ``validation``). :func:`synth_folder_results`
+reads a ``spe synth --plan`` folder and :func:`synth_study` turns runs (its docstring gives the input it expects) into records.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+from spe.checkpoint import atomic_write
+from spe.lab import plans
+from spe.lab.study_rules import METRICS
+
+__all__ = ["FIELDS", "check_record", "read_study", "sweep_study", "synth_folder_results", "synth_study",
+           "window_words", "write_study"]
+
+FIELDS = ("study", "corpus_or_task", "variant", "seed", "split", "bucket_start", "bucket_end", "value",
+          "metric", "train_tokens", "params")
+_INTS = ("seed", "bucket_start", "bucket_end", "train_tokens", "params")
+
+
+def check_record(record: dict, where: str = "record") -> dict:
+    """``record`` if it has exactly :data:`FIELDS` with valid values (``value`` NaN where written null).
+
+    Raises:
+        ValueError: naming ``where`` and the field.
+    """
+    if set(record) != set(FIELDS):
+        raise ValueError(f"{where}: fields must be exactly {', '.join(FIELDS)}; missing "
+                         f"{sorted(set(FIELDS) - set(record))}, unknown {sorted(set(record) - set(FIELDS))}")
+    for key in _INTS:
+        value = record[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{where}: {key} must be an integer ≥ 0, got {value!r}")
+    if record["bucket_end"] < record["bucket_start"]:
+        raise ValueError(f"{where}: bucket_end {record['bucket_end']} < bucket_start "
+                         f"{record['bucket_start']}")
+    if record["metric"] not in METRICS:
+        raise ValueError(f"{where}: metric must be one of {', '.join(METRICS)}, got {record['metric']!r}")
+    for key in ("study", "corpus_or_task", "variant", "split"):
+        if not isinstance(record[key], str) or not record[key]:
+            raise ValueError(f"{where}: {key} must be a non-empty string, got {record[key]!r}")
+    value = record["value"]
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"{where}: value must be a number (or null), got {value!r}")
+    return {**record, "value": math.nan if value is None else float(value)}
+
+
+def read_study(folder: str | Path, study: str) -> tuple[list[dict], dict]:
+    """(records, meta) of ``folder/<study>.jsonl`` and ``folder/<study>.meta.json``.
+
+    Raises:
+        FileNotFoundError: if either file is missing.
+        ValueError: naming the file and line, on a bad record or a record of another study.
+    """
+    folder = Path(folder)
+    path = folder / f"{study}.jsonl"
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            record = check_record(json.loads(line), f"{path}:{number}")
+            if record["study"] != study:
+                raise ValueError(f"{path}:{number}: study {record['study']!r} in the file of {study!r}")
+            records.append(record)
+    return records, json.loads((folder / f"{study}.meta.json").read_text())
+
+
+def _line(record: dict) -> str:
+    value = record["value"]
+    ordered = {k: (None if k == "value" and not math.isfinite(value) else record[k]) for k in FIELDS}
+    return json.dumps(ordered, ensure_ascii=False, allow_nan=False)
+
+
+def write_study(folder: str | Path, records: Iterable[dict], meta: dict) -> tuple[Path, Path]:
+    """Writes ``folder/<study>.jsonl`` (checked records, sorted by variant, seed, split and bucket)
+    and ``folder/<study>.meta.json``; returns both paths.
+
+    Raises:
+        ValueError: on a bad record, or one whose study is not ``meta["study"]``.
+    """
+    study, folder = meta["study"], Path(folder)
+    records = [check_record(r, f"record {i}") for i, r in enumerate(records)]
+    if any(r["study"] != study for r in records):
+        raise ValueError(f"every record must belong to study {study!r}")
+    records.sort(key=lambda r: (r["variant"], r["seed"], r["split"], r["bucket_start"], r["bucket_end"]))
+    folder.mkdir(parents=True, exist_ok=True)
+    jsonl, meta_path = folder / f"{study}.jsonl", folder / f"{study}.meta.json"
+    atomic_write(jsonl, lambda tmp: Path(tmp).write_text("".join(_line(r) + "\n" for r in records)))
+    meta_text = json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
+    atomic_write(meta_path, lambda tmp: Path(tmp).write_text(meta_text))
+    return jsonl, meta_path
+
+
+def window_words(train_window: int | None, seq_len: int, eval_window: int | None = None) -> str:
+    """A row's attention window in words: ``"L = 64"`` (the training length), ``"32"``, ``"whole
+    past"``; a test-time window other than the trained one is added (``"…; at test: whole past"``).
+
+    Args:
+        train_window: the trained model's ``attention_window`` (None or 0: the whole past).
+        seq_len: the training length L.
+        eval_window: the sweep's eval option ``window`` (None: as trained; 0: the whole past).
+    """
+    def words(w: int | None) -> str:
+        return "whole past" if not w else (f"L = {w}" if w == seq_len else str(w))
+
+    text = words(train_window)
+    if eval_window is not None and (eval_window or None) != (train_window or None):
+        text += f"; at test: {words(eval_window)}"
+    return text
+
+
+def _sweep_meta(plan, *, study: str, corpus: str, command: str) -> dict:
+    from spe.lab.train.config import resolve_model_options
+
+    rows = {}
+    for name, spec in plan.rows.items():
+        train = plan.rows[spec["of"] or name]["train"]
+        window = resolve_model_options(train["model"], train["seq_len"]).get("attention_window")
+        rows[name] = {"description": spec["description"],
+                      "window": window_words(window, train["seq_len"], spec["eval"].get("window"))}
+    first = next(iter(plan.rows.values()))["train"]
+    return {"study": study, "title": plan.title, "command": command, "corpus_or_task": corpus,
+            "metric": "cross_entropy", "train_length": first["seq_len"], "plan": Path(plan.path).stem,
+            "steps": first["steps"], "rows": rows}
+
+
+def _counts(plan, name: str, seed: int, out: Path, record: dict) -> tuple[int, int]:
+    """(train_tokens, params) of a run: its record's, else from its plan and checkpoint (records
+    written before the sweep stored them)."""
+    if "train_tokens" in record and "params" in record:
+        return record["train_tokens"], record["params"]
+    from spe.checkpoint import load
+    from spe.lab.experiments.sweep import variant_config
+
+    cfg = variant_config(plan, name, seed, out)
+    loaded = load(cfg.out)
+    return record["step"] * cfg.batch_size * cfg.seq_len, sum(p.numel() for p in loaded.model.parameters())
+
+
+def sweep_study(plan, out: str | Path, *, study: str, corpus: str, command: str) -> tuple[list[dict], dict]:
+    """(records, meta) of every finished run of a ``spe sweep`` folder.
+
+    Args:
+        plan: the sweep's plan (:func:`spe.lab.experiments.sweep.load_plan`).
+        out: the sweep folder (``OUT/VARIANT/seedS/result.json``).
+        study, corpus, command: the study's name, its corpus and the command that made the runs.
+
+    Returns:
+        One cross-entropy record per (variant, seed, split, bucket): the eval split's buckets
+        (``test``, or ``validation`` where the plan evaluates that) and, where the record
+        holds them, the validation buckets; and the meta (module docstring).
+
+    Raises:
+        ValueError: if no run of the plan is finished under ``out``.
+    """
+    out, records = Path(out), []
+    for name, by_seed in plans.collect(plan, out).items():
+        for seed, result in by_seed.items():
+            tokens, params = _counts(plan, name, seed, out, result)
+            splits = {result.get("eval", {}).get("split") or "validation": result["buckets"]}
+            if result.get("validation"):
+                splits["validation"] = result["validation"]["buckets"]
+            for split, buckets in splits.items():
+                records += [{"study": study, "corpus_or_task": corpus, "variant": name, "seed": seed,
+                             "split": split, "bucket_start": b["start"], "bucket_end": b["end"],
+                             "value": math.nan if b["ce"] is None else b["ce"], "metric": "cross_entropy",
+                             "train_tokens": tokens, "params": params} for b in buckets]
+    if not records:
+        raise ValueError(f"no finished run of {plan.where()} under {out}")
+    return records, _sweep_meta(plan, study=study, corpus=corpus, command=command)
+
+
+def synth_study(results: Iterable[dict], *, study: str, title: str, command: str,
+                rows: dict[str, dict] | None = None) -> tuple[list[dict], dict]:
+    """(records, meta) of synthetic-task runs (``spe synth``), one accuracy record per
+    (variant, seed, split, evaluated length).
+
+    Each run's result is a dict with ``task`` (``flip-flop``, ``mqar``), ``variant``, ``seed``,
+    ``train_length``, ``train_tokens``, ``params`` and ``results``: a list of
+    ``{"split": "validation" | "test" | …, "length": N, "accuracy": a}`` (a in [0, 1]; N the
+    evaluated sequence length, written as bucket_start = bucket_end = N).
+
+    Args:
+        results: the runs' results.
+        study, title, command: the study's name, title and the command that made the runs.
+        rows: row -> ``{"description", "window"}`` for the tables (default: the row's name, no window).
+
+    Raises:
+        ValueError: on runs of several tasks or training lengths, or none; KeyError on a missing key.
+    """
+    results = list(results)
+    tasks, lengths = {r["task"] for r in results}, {r["train_length"] for r in results}
+    if len(tasks) != 1 or len(lengths) != 1:
+        raise ValueError(f"a study holds one task at one training length; got tasks {sorted(tasks)}, "
+                         f"training lengths {sorted(lengths)}")
+    records = [{"study": study, "corpus_or_task": r["task"], "variant": r["variant"], "seed": r["seed"],
+                "split": e["split"], "bucket_start": e["length"], "bucket_end": e["length"],
+                "value": e["accuracy"], "metric": "accuracy", "train_tokens": r["train_tokens"], "params": r["params"]}
+               for r in results for e in r["results"]]
+    names = list(dict.fromkeys(r["variant"] for r in results))
+    rows = {n: (rows or {}).get(n, {"description": n, "window": ""}) for n in names}
+    return records, {"study": study, "title": title, "command": command, "corpus_or_task": tasks.pop(),
+                     "metric": "accuracy", "train_length": lengths.pop(), "rows": rows}
+
+
+def synth_folder_results(out: str | Path, *,
+                         descriptions: dict[str, str] | None = None) -> tuple[list[dict], dict]:
+    """The runs of a ``spe synth --plan`` folder in :func:`synth_study`'s input, and its rows' meta.
+
+    The folder holds one experiment per row, ``OUT/ROW/config.json`` (the row's options:
+    ``task``, ``train_length``, ``model`` with its resolved ``attention_window``) and
+    ``OUT/ROW/seedK/result.json`` per finished seed (``seed``, ``train_tokens``, ``params``,
+    ``val_accuracy``: the validation split at the training length, and ``test``: distribution ->
+    length -> ``{"accuracy", ...}``). The validation accuracy becomes split ``validation`` at
+    length L, each test distribution split ``test-DISTRIBUTION``; a length without targets
+    (accuracy null) is left out.
+
+    Args:
+        out: the plan's folder.
+        descriptions: row -> description (default: the row's name).
+
+    Returns:
+        (runs, rows): the runs, and row -> ``{"description", "window"}``.
+    """
+    runs, rows = [], {}
+    for config_file in sorted(Path(out).glob("*/config.json")):
+        row, config = config_file.parent.name, json.loads(config_file.read_text())
+        length = config["train_length"]
+        rows[row] = {"description": (descriptions or {}).get(row, row),
+                     "window": window_words(config.get("model", {}).get("attention_window"), length)}
+        for seed, result in plans.read_results(config_file.parent).items():
+            cells = [{"split": "validation", "length": length, "accuracy": result.get("val_accuracy")}]
+            cells += [{"split": f"test-{dist}", "length": int(n), "accuracy": cell.get("accuracy")}
+                      for dist, by_length in result.get("test", {}).items() for n, cell in by_length.items()]
+            runs.append({"task": config["task"], "variant": row, "seed": seed, "train_length": length,
+                         "train_tokens": result["train_tokens"], "params": result["params"],
+                         "results": [c for c in cells if c["accuracy"] is not None]})
+    return runs, rows

@@ -1,0 +1,276 @@
+"""A study's Markdown tables and plot, generated from its committed data alone (:mod:`spe.lab.study_data`).
+
+A doc holds a study's generated part between ``<!-- table:STUDY -->`` and ``<!-- /table -->``;
+:func:`render_study` gives that part and :func:`replace_blocks` / :func:`drifted_blocks` write
+or check it (``python tools/docs/study_tables.py``; a test keeps every committed block equal to
+its data). The rules are :mod:`spe.lab.study_rules`'.
+
+The part, per study:
+
+* **Validation (selection)**: per row its window, seeds and parameters, mean ± sample std
+  (n − 1) in the shown buckets (language models: [0, L), [3L, 4L), [15L, 16L) as far as the data
+  go, and the last bucket if it is not among them; synthetic tasks: the lengths L, 4 L, 16 L,
+  64 L present), the one-sided Welch p-value against the best in the first and last shown
+  buckets, best-group cells in bold, the growth from the first to the last shown bucket
+  (cross-entropy only: last / first − 1 per seed, then mean ± std) and the buckets where the
+  row needs 5 seeds. Rows sorted by their mean in the last shown bucket, rows of one seed
+  (untested) after the others.
+* **Every other split (reported)**: the same rows in the same order, mean ± std and growth,
+  no test and no mark: nothing is chosen on it.
+* The best groups and the rows that need 5 seeds in words, the training tokens, and the plot
+  (:func:`plot_study`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from spe.lab.stats import format_mean_std, mean_and_std
+from spe.lab.study_rules import ALPHA, MORE_SEEDS, SELECTION_SPLIT, better, select
+
+__all__ = ["BLOCK", "drifted_blocks", "image_link", "line_style", "plot_study", "render_study", "replace_blocks",
+           "shown_buckets", "study_blocks"]
+
+BLOCK = re.compile(r"<!-- table:(?P<name>[A-Za-z0-9._-]+) -->\n(?P<body>.*?)<!-- /table -->", re.S)
+SHOWN_MULTIPLES = {"cross_entropy": (0, 3, 15), "accuracy": (1, 4, 16, 64)}  # bucket starts / lengths, × L
+
+
+def _values(records: list[dict]) -> dict:
+    """split -> (start, end) -> variant -> seed -> value."""
+    table = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
+    for r in records:
+        table[r["split"]][r["bucket_start"], r["bucket_end"]][r["variant"]][r["seed"]] = r["value"]
+    return table
+
+
+def shown_buckets(available: list[tuple[int, int]], metric: str, train_length: int) -> list[tuple[int, int]]:
+    """The buckets a table shows: those starting at (cross-entropy) or of length (accuracy) 0, 3 L,
+    15 L / L, 4 L, 16 L, 64 L that the data hold, then the last one held if it is not among them."""
+    available = sorted(available)
+    wanted = {m * train_length for m in SHOWN_MULTIPLES[metric]}
+    shown = [b for b in available if b[0] in wanted]
+    if available and available[-1] not in shown:
+        shown.append(available[-1])
+    return shown
+
+
+def _label(bucket: tuple[int, int]) -> str:
+    return f"[{bucket[0]},{bucket[1]})" if bucket[0] != bucket[1] else f"N = {bucket[0]:,}"
+
+
+def _fmt(mean: float, std: float, metric: str) -> str:
+    if metric == "accuracy":  # a fraction, shown in percent
+        return format_mean_std(100 * mean, 100 * std, digits=1)
+    return format_mean_std(mean, std, digits=3)
+
+
+def _cell(values: list[float], metric: str) -> str:
+    return _fmt(*mean_and_std(values), metric)
+
+
+def _p(row, best: str | None) -> str:
+    if row.name == best:
+        return "best"
+    if row.p is None:
+        return "–"
+    return "<0.001" if row.p < 1e-3 else f"{row.p:.3f}"
+
+
+def _growth(by_bucket: dict, first, last, variant: str) -> str:
+    a, b = by_bucket.get(first, {}).get(variant, {}), by_bucket.get(last, {}).get(variant, {})
+    seeds = sorted(set(a) & set(b))
+    if not seeds or first == last:
+        return "–"
+    mean, std = mean_and_std(b[s] / a[s] - 1 for s in seeds)
+    return format_mean_std(100 * mean, 100 * std, digits=1, signed=True) + " %"
+
+
+def _order(rows: list[str], last: dict, metric: str) -> list[str]:
+    """Rows of two seeds or more by their mean in the last bucket (best first), then rows of one
+    seed (untested) likewise, then rows without a value there, in the order given."""
+    sign = 1 if better(metric) == "lower" else -1
+    scored = [n for n in rows if last.get(n)]
+    ranked = sorted(scored, key=lambda n: (len(last[n]) < 2, sign * mean_and_std(last[n].values())[0]))
+    return ranked + [n for n in rows if n not in ranked]
+
+
+def _selection_table(by_bucket, shown, groups, order, meta, params) -> list[str]:
+    metric, unit = meta["metric"], "%" if meta["metric"] == "accuracy" else ""
+    tested = set(groups)
+    header = ["row", "window", "seeds", "params"]
+    for b in shown:
+        header.append(_label(b) + (f" {unit}" if unit else ""))
+        if b in tested:
+            header.append("p")
+    if metric == "cross_entropy":
+        header.append("growth")
+    header += [f"{MORE_SEEDS} seeds", "description"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in order:
+        info = meta["rows"].get(name, {})
+        seeds = sorted({s for b in shown for s in by_bucket.get(b, {}).get(name, {})})
+        cells = [name, info.get("window", ""), str(len(seeds)), params.get(name, "")]
+        near = []
+        for b in shown:
+            values = by_bucket.get(b, {}).get(name, {})
+            text = _cell(list(values.values()), metric) if values else "–"
+            sel = groups.get(b)
+            row = sel.rows.get(name) if sel else None
+            cells.append(f"**{text}**" if row is not None and row.in_group else text)
+            if b in tested:
+                cells.append(_p(row, sel.best) if row is not None else "–")
+                if row is not None and name in sel.needs_seeds:
+                    near.append(_label(b))
+        if metric == "cross_entropy":
+            cells.append(_growth(by_bucket, shown[0], shown[-1], name))
+        cells += [", ".join(near), info.get("description", "")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _reported_table(by_bucket, shown, order, metric) -> list[str]:
+    header = ["row", "seeds", *(_label(b) + (" %" if metric == "accuracy" else "") for b in shown)]
+    if metric == "cross_entropy":
+        header.append("growth")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in order:
+        seeds = sorted({s for b in shown for s in by_bucket.get(b, {}).get(name, {})})
+        if not seeds:
+            continue
+        cells = [name, str(len(seeds))]
+        for b in shown:
+            values = by_bucket.get(b, {}).get(name, {})
+            cells.append(_cell(list(values.values()), metric) if values else "–")
+        if metric == "cross_entropy":
+            cells.append(_growth(by_bucket, shown[0], shown[-1], name))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _params(records: list[dict]) -> dict[str, str]:
+    counts = defaultdict(set)
+    for r in records:
+        counts[r["variant"]].add(r["params"])
+    return {n: "/".join(f"{c / 1e6:.2f} M" for c in sorted(v)) for n, v in counts.items()}
+
+
+def render_study(records: list[dict], meta: dict, *, image: str | None = None) -> str:
+    """The study's generated Markdown (module docstring), ``image`` the plot's link if any.
+
+    Raises:
+        ValueError: if the data hold no validation split (nothing to select on).
+    """
+    metric, values = meta["metric"], _values(records)
+    if SELECTION_SPLIT not in values:
+        raise ValueError(f"study {meta['study']!r} holds no {SELECTION_SPLIT} split: "
+                         "its rows cannot be selected")
+    validation = values[SELECTION_SPLIT]
+    shown = shown_buckets(list(validation), metric, meta["train_length"])
+    groups = {b: select({n: list(s.values()) for n, s in validation[b].items()}, metric)
+              for b in dict.fromkeys((shown[0], shown[-1]))}
+    # a plan's rows without runs (the longer-budget point runs four) are left out
+    held = {r["variant"] for r in records}
+    rows = [*(n for n in meta["rows"] if n in held), *sorted(held - set(meta["rows"]))]
+    order = _order(rows, validation[shown[-1]], metric)
+    what = ("cross-entropy (nats/token) by bucket of positions"
+            if metric == "cross_entropy" else "accuracy (%) at each evaluated sequence length N")
+    lines = [f"**{meta['title']}** ({meta['corpus_or_task']}; L = {meta['train_length']}).", "", "```bash",
+             meta["command"], "```", "",
+             f"Validation split (rows, repeats and best groups are chosen here): {what}, mean ± sample "
+             "std (n − 1) over seeds; p: one-sided Welch test of the row being worse than the best; "
+             f"**bold**: the best group (p ≥ {ALPHA}); {MORE_SEEDS} seeds: the buckets where the row's mean "
+             "lies within one of its standard deviations of the mean at which the test would flip "
+             "(docs/study-rules.md).", "",
+             *_selection_table(validation, shown, groups, order, meta, _params(records)), ""]
+    for split in sorted(s for s in values if s != SELECTION_SPLIT):
+        split_shown = shown_buckets(list(values[split]), metric, meta["train_length"])
+        lines += [f"{split.capitalize()} split (reported only; nothing is chosen on it), same rows and order:",
+                  "",
+                  *_reported_table(values[split], split_shown, order, metric), ""]
+    for b, sel in groups.items():
+        best = sel.rows.get(sel.best)
+        note = f"best {sel.best}: {_fmt(best.mean, best.std, metric)}" if best else "no row of two seeds"
+        lines.append(f"* Best group on validation at {_label(b)}: {', '.join(sel.group) or '–'} ({note}).")
+    need = list(dict.fromkeys(n for sel in groups.values() for n in sel.needs_seeds))
+    lines.append(f"* Rows to run at {MORE_SEEDS} seeds: {', '.join(need) if need else 'none'}.")
+    tokens = sorted({r["train_tokens"] for r in records})
+    lines.append("* Training tokens per run: " + ", ".join(f"{t:,}" for t in tokens) + ".")
+    if image:
+        lines += ["", f"![{meta['study']}]({image})"]
+    return "\n".join(lines) + "\n"
+
+
+def study_blocks(text: str) -> dict[str, str]:
+    """Study name -> the body of its ``<!-- table:STUDY -->`` block in a doc's text."""
+    return {m["name"]: m["body"] for m in BLOCK.finditer(text)}
+
+
+def replace_blocks(text: str, bodies: dict[str, str]) -> str:
+    """``text`` with the body of every block named in ``bodies`` replaced."""
+    def body(m: re.Match) -> str:
+        return f"<!-- table:{m['name']} -->\n{bodies.get(m['name'], m['body'])}<!-- /table -->"
+
+    return BLOCK.sub(body, text)
+
+
+def image_link(doc: Path, png: Path) -> str:
+    """The plot's link as written in ``doc`` (relative to its folder, ``/`` separated)."""
+    return Path(os.path.relpath(png, doc.parent)).as_posix()
+
+
+def drifted_blocks(doc: Path, render) -> list[str]:
+    """Names of the blocks of ``doc`` whose body differs from ``render(name, doc)``."""
+    return [name for name, body in study_blocks(doc.read_text()).items() if body != render(name, doc)]
+
+
+def line_style(i: int) -> tuple[str, str, str]:
+    """(colour, line style, marker) of the ``i``-th row of a plot: the 10 dark then the 10 light
+    colours of matplotlib's tab20, with 4 line styles and 7 markers cycling beside them, so that
+    rows apart in the legend differ in more than one way (60 distinct triples at least)."""
+    dark_light = (2 * i) % 20 + (i // 10) % 2
+    return _TAB20[dark_light], ("-", "--", ":", "-.")[i % 4], "osv^DPX"[i % 7]
+
+
+# matplotlib's tab20 (Vega's category20), dark/light pairs, as hex: no matplotlib import to name them
+_TAB20 = ("#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
+          "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d",
+          "#17becf", "#9edae5")
+
+
+def plot_study(records: list[dict], meta: dict, png: Path) -> None:
+    """Mean over seeds against position (bucket centre) or length, on a log axis, one panel per
+    split, one line per row: 20 colours × 4 line styles × 7 markers keep 17+ rows apart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values, metric = _values(records), meta["metric"]
+    splits = [SELECTION_SPLIT, *sorted(s for s in values if s != SELECTION_SPLIT)]
+    rows = [*meta["rows"], *sorted({r["variant"] for r in records} - set(meta["rows"]))]
+    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits) + 2.5, 4.4), sharey=True, squeeze=False)
+    for ax, split in zip(axes[0], splits):
+        for i, name in enumerate(rows):
+            points = [((a + b) / 2, [v for v in values[split][a, b].get(name, {}).values()
+                                     if math.isfinite(v)]) for a, b in sorted(values[split])]
+            points = [(x, mean_and_std(v)[0] * (100 if metric == "accuracy" else 1)) for x, v in points if v]
+            if points:
+                colour, style, marker = line_style(i)
+                ax.plot(*zip(*points), color=colour, linestyle=style, marker=marker, markersize=4,
+                        linewidth=1.3, label=name)
+        ax.set_xscale("log", base=2)
+        ax.axvline(meta["train_length"], color="grey", linewidth=0.8)
+        ax.set_title(f"{split}{' (selection)' if split == SELECTION_SPLIT else ' (reported)'}", fontsize=10)
+        ax.set_xlabel("token position (bucket centre, log scale)" if metric == "cross_entropy"
+                      else "sequence length N (log scale)")
+    axes[0][0].set_ylabel("cross-entropy (nats/token)" if metric == "cross_entropy" else "accuracy (%)")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(meta["title"], fontsize=10)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=90)
+    plt.close(fig)

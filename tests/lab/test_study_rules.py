@@ -1,0 +1,111 @@
+"""The study's rules (spe.lab.study_rules): one-sided Welch tests against the best row, the best
+group at p < 0.05, and the rows near the rule's threshold that need 5 seeds."""
+
+import math
+
+import pytest
+
+from spe.lab.study_rules import ALPHA, better, flip_mean, select, top_rows, welch_p
+
+BEST = [1.0, 1.1, 1.2]  # mean 1.1, sample variance 0.01
+ROW = [1.2, 1.4, 1.6, 1.8]  # mean 1.5, sample variance 0.2 / 3
+
+
+def _t_sf_by_hand(t: float, dof: float, steps: int = 20000) -> float:
+    """P(T > t) for Student's t with ``dof`` degrees of freedom, t > 0: ½ I_z(ν/2, ½) with
+    z = ν / (ν + t²), the regularised incomplete beta integral by Simpson's rule (ν > 2 keeps the
+    integrand u^(ν/2 − 1) (1 − u)^(−½) smooth on [0, z])."""
+    a, b, z = dof / 2, 0.5, dof / (dof + t * t)
+    f = lambda u: u ** (a - 1) * (1 - u) ** (b - 1)  # noqa: E731
+    h = z / steps
+    total = f(0.0) + f(z) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, steps))
+    beta = math.gamma(a) * math.gamma(b) / math.gamma(a + b)
+    return 0.5 * total * h / 3 / beta
+
+
+def _welch_by_hand(row, best):
+    n1, n2 = len(row), len(best)
+    m1, m2 = sum(row) / n1, sum(best) / n2
+    v1 = sum((x - m1) ** 2 for x in row) / (n1 - 1) / n1
+    v2 = sum((x - m2) ** 2 for x in best) / (n2 - 1) / n2
+    t = (m1 - m2) / math.sqrt(v1 + v2)
+    dof = (v1 + v2) ** 2 / (v1 ** 2 / (n1 - 1) + v2 ** 2 / (n2 - 1))
+    return t, dof
+
+
+def test_the_p_value_is_a_one_sided_welch_test_computed_by_hand():
+    # se² = (0.2/3)/4 + 0.01/3 = 0.02, t = 0.4 / √0.02 = 2√2; ν = 0.02² / ((1/60)²/3 + (1/300)²/2) = 4.0755
+    t, dof = _welch_by_hand(ROW, BEST)
+    assert t == pytest.approx(2 * math.sqrt(2), rel=1e-12) and dof == pytest.approx(4.07547, rel=1e-5)
+    by_hand = _t_sf_by_hand(t, dof)
+    p = welch_p(ROW, BEST, "cross_entropy")
+    assert p == pytest.approx(by_hand, rel=1e-7)
+    assert 0.02 < p < 0.03
+    # A two-sided test would give 2p, Student's pooled-variance test (ν = 5, se² = 0.044 · 7/12)
+    # another t and ν, far outside the tolerance above: either change turns this test red.
+    pooled_t = 0.4 / math.sqrt((3 * 0.2 / 3 + 2 * 0.01) / 5 * (1 / 4 + 1 / 3))
+    assert abs(_t_sf_by_hand(pooled_t, 5) - p) > 2e-3
+
+
+def test_the_test_looks_only_at_the_worse_side_and_follows_the_metric():
+    # A row better than the best (it is not: the best is chosen by mean, but welch_p takes any pair):
+    # the one-sided p is 1 − p of the mirrored gap, not small.
+    p = welch_p(ROW, BEST, "cross_entropy")
+    assert welch_p(BEST, ROW, "cross_entropy") == pytest.approx(1 - welch_p(ROW, BEST, "cross_entropy"), rel=1e-12)
+    # accuracy is higher-is-better: the mirrored values give the same p
+    assert welch_p([-x for x in ROW], [-x for x in BEST], "accuracy") == pytest.approx(p, rel=1e-12)
+    assert better("accuracy") == "higher" and better("cross_entropy") == "lower"
+    with pytest.raises(ValueError, match="unknown metric 'bleu'"):
+        welch_p(ROW, BEST, "bleu")
+    with pytest.raises(ValueError, match="at least two values"):
+        welch_p([1.0], BEST, "cross_entropy")
+
+
+def test_no_spread_on_either_side_is_decided_by_the_means():
+    assert welch_p([2.0, 2.0], [1.0, 1.0], "cross_entropy") == 0.0
+    assert welch_p([1.0, 1.0], [2.0, 2.0], "cross_entropy") == 1.0
+    assert welch_p([1.0, 1.0], [1.0, 1.0], "accuracy") == 0.5
+
+
+def test_the_flip_mean_is_where_p_equals_alpha():
+    # Shifting the row by a constant keeps its spread, so se and ν: at m* the p-value is exactly α.
+    m_star = flip_mean(ROW, BEST, "cross_entropy")
+    shifted = [x - 1.5 + m_star for x in ROW]
+    assert welch_p(shifted, BEST, "cross_entropy") == pytest.approx(ALPHA, rel=1e-9)
+    assert welch_p([x + 1e-3 for x in shifted], BEST, "cross_entropy") < ALPHA  # worse side: out
+    # for accuracy the worse side is below the best
+    acc_star = flip_mean([-x for x in ROW], [-x for x in BEST], "accuracy")
+    assert acc_star == pytest.approx(-m_star, rel=1e-12)
+
+
+def test_the_best_group_and_the_rows_that_need_more_seeds():
+    values = {
+        "a": [1.0, 1.1, 1.2],  # the best (mean 1.1)
+        "b": [1.1, 1.2, 1.3],  # 0.1 worse, same spread: t = 1.22, p ≈ 0.14, in the group
+        "c": [2.0, 2.1, 2.2],  # far worse: out, and far from the threshold
+        "d": [1.05],  # one seed: shown, untested, needs seeds
+    }
+    sel = select(values, "cross_entropy")
+    assert sel.best == "a" and sel.group == ["a", "b"]
+    b = sel.rows["b"]
+    assert b.p == pytest.approx(_t_sf_by_hand(*_welch_by_hand(values["b"], values["a"])), rel=1e-7)
+    assert sel.rows["c"].p < 1e-3 and not sel.rows["c"].in_group
+    # b's flip mean: 1.1 + t₀.₉₅(4) · √(0.02/3) = 1.1 + 2.1318 · 0.08165 = 1.274; |1.2 − 1.274| ≤ 0.1 → near
+    assert b.flip == pytest.approx(1.1 + 2.131847 * math.sqrt(0.02 / 3), rel=1e-6)
+    assert b.near and not sel.rows["c"].near
+    assert sel.rows["d"].p is None and not sel.rows["d"].in_group and sel.rows["d"].near
+    assert sel.needs_seeds == ["a", "b", "d"]  # the best too: every test involves it
+    # a row whose mean is more than one of its stds from m* is settled
+    far = select({"a": values["a"], "b": [1.0 + 0.5, 1.1 + 0.5, 1.2 + 0.5]}, "cross_entropy")
+    assert far.group == ["a"] and far.needs_seeds == []
+
+
+def test_accuracy_picks_the_highest_and_one_seed_rows_are_never_best():
+    sel = select({"x": [0.99], "y": [0.90, 0.92], "z": [0.95, 0.97]}, "accuracy")
+    assert sel.best == "z" and sel.rows["y"].in_group is False
+    assert sel.group == ["z"]
+    assert select({"x": [0.5]}, "accuracy").best is None
+    assert top_rows({"x": [0.99], "y": [0.90, 0.92], "z": [0.95, 0.97]}, "accuracy", 2) == ["x", "z"]
+    assert top_rows({"x": [3.0], "y": [1.0, 2.0], "z": [0.5, 0.5]}, "cross_entropy", 2) == ["z", "y"]
+    with pytest.raises(ValueError, match="row 'x' needs at least one finite value"):
+        select({"x": [math.nan, 1.0]}, "accuracy")

@@ -1,0 +1,222 @@
+"""A study's committed data (spe.lab.study_data) and the tables generated from it alone
+(spe.lab.study_tables, tools/docs/study_tables.py); every committed table equals its data."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from spe.lab.study_data import FIELDS, check_record, read_study, sweep_study, synth_folder_results, synth_study, \
+    write_study
+from spe.lab.study_tables import drifted_blocks, line_style, plot_study, render_study, replace_blocks, study_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+# per-seed validation values of three rows (the rules' hand-computed case, tests/lab/test_study_rules.py)
+VALIDATION = {"a": [1.0, 1.1, 1.2], "b": [1.1, 1.2, 1.3], "c": [2.0, 2.1, 2.2]}
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("study_tables_tool", ROOT / "tools" / "docs" / "study_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _records(study="t", length=8, scale_last=1.1, test_shift=0.5):
+    """16 buckets of L = 8 on validation and test; the last bucket is scale_last × the first per seed."""
+    out = []
+    for split, shift in (("validation", 0.0), ("test", test_shift)):
+        for row, values in VALIDATION.items():
+            for seed, v in enumerate(values):
+                for k in range(16):
+                    value = (v + shift) * (scale_last if k == 15 else 1.0)
+                    out.append({"study": study, "corpus_or_task": "toy", "variant": row, "seed": seed, "split": split,
+                                "bucket_start": k * length, "bucket_end": (k + 1) * length, "value": value,
+                                "metric": "cross_entropy", "train_tokens": 32, "params": 2_500_000})
+    return out
+
+
+def _meta(study="t"):
+    return {"study": study, "title": "Toy", "command": "spe sweep --plan toy --out runs/toy", "corpus_or_task": "toy",
+            "metric": "cross_entropy", "train_length": 8, "plan": "toy", "steps": 500,
+            "rows": {r: {"description": f"row {r}", "window": "whole past"} for r in ("c", "b", "a")}}
+
+
+def _line(text, start):
+    return next(line for line in text.splitlines() if line.startswith(start))
+
+
+def test_the_validation_table_selects_and_the_test_table_only_reports():
+    text = render_study(_records(), _meta())
+    header = _line(text, "| row | window")
+    assert header == ("| row | window | seeds | params | [0,8) | p | [24,32) | [120,128) | p | growth | 5 seeds "
+                      "| description |")
+    # sorted by the last bucket; the best group in bold where it is tested (first and last bucket);
+    # b near the threshold (see the rules' test), so the best runs 5 seeds too; growth = 1.1 − 1 in
+    # every seed; c far out
+    a, b, c = (_line(text, f"| {r} | whole past") for r in "abc")
+    assert text.index(a) < text.index(b) < text.index(c)
+    assert a == ("| a | whole past | 3 | 2.50 M | **1.100 ± 0.100** | best | 1.100 ± 0.100 | **1.210 ± 0.110** "
+                 "| best | +10.0 ± 0.0 % | [0,8), [120,128) | row a |")
+    assert b.startswith("| b | whole past | 3 | 2.50 M | **1.200 ± 0.100** | 0.144 |")
+    assert "| 2.100 ± 0.100 | <0.001 |" in c and "**" not in c and c.endswith("| +10.0 ± 0.0 % |  | row c |")
+    test = text[text.index("Test split"):]
+    assert "**" not in test.split("* Best")[0] and "| p |" not in test
+    assert "| a | 3 | 1.600 ± 0.100 | 1.600 ± 0.100 | 1.760 ± 0.110 | +10.0 ± 0.0 % |" in test
+    assert "* Best group on validation at [0,8): a, b (best a: 1.100 ± 0.100)." in text
+    assert "* Rows to run at 5 seeds: b, a." in text or "* Rows to run at 5 seeds: a, b." in text
+    assert "* Training tokens per run: 32." in text
+    # a row of the plan without runs is left out
+    assert "| z |" not in render_study(_records(), {**_meta(), "rows": {**_meta()["rows"], "z": {}}})
+
+
+def test_selection_ignores_the_test_split():
+    # a test split that reverses the order changes no mark, p-value or order of the validation table
+    flipped = [dict(r, value=10 - r["value"]) if r["split"] == "test" else r for r in _records()]
+    ours, theirs = render_study(_records(), _meta()), render_study(flipped, _meta())
+    assert ours.split("Test split")[0] == theirs.split("Test split")[0]
+    with pytest.raises(ValueError, match="holds no validation split"):
+        render_study([r for r in _records() if r["split"] == "test"], _meta())
+
+
+def test_the_data_round_trips_and_a_table_drifts_when_a_value_changes(tmp_path):
+    jsonl, _ = write_study(tmp_path / "data", _records(), _meta())
+    first = json.loads(jsonl.read_text().splitlines()[0])
+    assert tuple(first) == FIELDS  # exactly the fields, in order
+    records, meta = read_study(tmp_path / "data", "t")
+    assert meta == _meta() and sorted(map(str, records)) == sorted(map(str, _records()))
+    doc = tmp_path / "doc.md"
+    doc.write_text("prose\n<!-- table:t -->\nold\n<!-- /table -->\nmore prose\n")
+
+    def render(name, where):
+        return render_study(*read_study(tmp_path / "data", name))
+
+    assert drifted_blocks(doc, render) == ["t"]
+    doc.write_text(replace_blocks(doc.read_text(), {"t": render("t", doc)}))
+    assert drifted_blocks(doc, render) == [] and doc.read_text().endswith("<!-- /table -->\nmore prose\n")
+    changed = jsonl.read_text().replace('"value": 1.1,', '"value": 1.15,', 1)
+    assert changed != jsonl.read_text()
+    jsonl.write_text(changed)
+    assert drifted_blocks(doc, render) == ["t"]
+
+
+def test_every_committed_table_equals_its_data():
+    """The docs cannot drift from docs/data: each <!-- table:STUDY --> block is what the generator
+    writes from docs/data/STUDY.jsonl alone, and every study there is shown by a doc."""
+    tool = _tool()
+    docs = tool.docs_with_blocks()
+    assert docs, "no doc holds a study block (docs/study-rules.md holds the worked example)"
+    for doc in docs:
+        assert drifted_blocks(doc, tool.render) == [], f"{doc}: run python tools/docs/study_tables.py"
+    assert tool.unshown_studies() == []
+
+
+def test_records_are_refused_unless_they_have_exactly_the_fields():
+    good = _records()[0]
+    assert check_record(dict(good, value=None))["value"] != check_record(dict(good, value=None))["value"]  # NaN
+    with pytest.raises(ValueError, match=r"unknown \['std'\]"):
+        check_record({**good, "std": 0.1})
+    with pytest.raises(ValueError, match="metric must be one of cross_entropy, accuracy"):
+        check_record({**good, "metric": "bleu"})
+    with pytest.raises(ValueError, match="bucket_end 0 < bucket_start 8"):
+        check_record({**good, "bucket_start": 8, "bucket_end": 0})
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        check_record({**good, "seed": "0"})
+
+
+def _run(variant, seed, ce, validation=True):
+    buckets = [{"start": 64 * k, "end": 64 * k + 64, "ce": ce + k / 100} for k in range(16)]
+    record = {"variant": variant, "seed": seed, "step": 500, "eval": {"split": "test", "bucket_width": 64},
+              "buckets": buckets, "params": 3_000_000, "train_tokens": 256_000}
+    if validation:
+        record["validation"] = {"max_length": 640, "num_sequences": 12, "buckets": buckets[:10]}
+    return record
+
+
+def test_a_sweep_folder_becomes_records_of_both_splits(tmp_path):
+    from spe.lab.experiments.sweep import load_plan
+    from spe.lab.plans import write_result
+
+    plan = load_plan("learned-time")
+    write_result(tmp_path / "ape" / "seed0", _run("ape", 0, 1.0))
+    write_result(tmp_path / "sinespe-gated-whole" / "seed1", _run("sinespe-gated-whole", 1, 0.9))
+    records, meta = sweep_study(plan, tmp_path, study="lt", corpus="Bach chorales", command="spe sweep --plan x")
+    assert len(records) == 2 * (16 + 10)
+    assert {(r["variant"], r["split"]) for r in records} == {(v, s) for v in ("ape", "sinespe-gated-whole")
+                                                            for s in ("test", "validation")}
+    last = max((r for r in records if r["split"] == "test" and r["variant"] == "ape"), key=lambda r: r["bucket_start"])
+    assert (last["bucket_start"], last["bucket_end"], last["value"]) == (960, 1024, pytest.approx(1.15))
+    assert all(r["train_tokens"] == 256_000 and r["params"] == 3_000_000 for r in records)
+    assert meta["rows"]["sinespe"]["window"] == "L = 64" and meta["rows"]["sinespe-gated-whole"]["window"] == "whole past"
+    assert (meta["plan"], meta["steps"], meta["train_length"]) == ("learned-time", 500, 64)
+    with pytest.raises(ValueError, match="no finished run"):
+        sweep_study(plan, tmp_path / "empty", study="lt", corpus="x", command="x")
+
+
+def test_synthetic_results_become_accuracy_records_at_each_length():
+    results = [{"task": "mqar", "variant": v, "seed": s, "train_length": 64, "train_tokens": 10, "params": 5,
+                "results": [{"split": "validation", "length": n, "accuracy": acc - 0.1 * (n > 64) + 0.01 * s}
+                            for n in (64, 256, 1024, 4096, 8192)]}
+               for v, acc in (("x", 0.9), ("y", 0.5)) for s in range(3)]
+    records, meta = synth_study(results, study="mqar", title="MQAR", command="spe synth --task mqar")
+    assert {(r["bucket_start"], r["bucket_end"]) for r in records} == {(n, n) for n in (64, 256, 1024, 4096, 8192)}
+    assert meta["metric"] == "accuracy" and meta["train_length"] == 64
+    text = render_study(records, meta)
+    # L, 4 L, 16 L, 64 L, then the longest length held (8192 = 128 L), in percent; higher is better
+    assert _line(text, "| row").startswith("| row | window | seeds | params | N = 64 % | p | N = 256 % | N = 1,024 % "
+                                           "| N = 4,096 % | N = 8,192 % | p | 5 seeds |")
+    assert _line(text, "| x ").startswith("| x |  | 3 | 0.00 M | **91.0 ± 1.0** | best |")
+    with pytest.raises(ValueError, match="one task at one training length"):
+        synth_study([*results, {**results[0], "task": "flip-flop"}], study="s", title="t", command="c")
+
+
+def test_seventeen_rows_get_seventeen_looks_and_the_plot_is_written(tmp_path):
+    looks = [line_style(i) for i in range(17)]
+    assert len(set(looks)) == 17 and len({c for c, _, _ in looks}) == 17  # a colour each, and a style beside
+    plot_study(_records(), _meta(), tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_longer_budget_command_repeats_the_four_best_validation_rows_at_4x_the_steps():
+    tool = _tool()
+    records = _records() + [dict(r, variant="d", value=r["value"] + 0.05) for r in _records() if r["variant"] == "a"]
+    meta = _meta()
+    meta["command"] = "spe sweep --plan toy --out runs/toy --data music21:palestrina/2"
+    assert tool.four_best_command(records, meta, k=2) == (
+        "spe sweep --plan toy --only a,d --steps 2000 --out runs/toy-4x --data music21:palestrina/2")
+
+
+def test_blocks_are_found_by_name():
+    text = "x\n<!-- table:one -->\nA\n<!-- /table -->\n<!-- table:two-2 -->\nB\n<!-- /table -->\n"
+    assert study_blocks(text) == {"one": "A\n", "two-2": "B\n"}
+    assert study_blocks(replace_blocks(text, {"two-2": "C\n"})) == {"one": "A\n", "two-2": "C\n"}
+    assert math.isnan(check_record({**_records()[0], "value": None})["value"])
+
+
+def test_a_synth_plan_folder_becomes_validation_at_l_and_a_test_split_per_distribution(tmp_path):
+    """The layout of ``spe synth --plan``: OUT/ROW/config.json, OUT/ROW/seedK/result.json with the
+    validation accuracy at L and test accuracies per distribution and length."""
+    from spe.lab.plans import write_result
+
+    for row, window, acc in (("sinespe", 64, 0.9), ("fox", None, 0.99)):
+        (tmp_path / row).mkdir()
+        (tmp_path / row / "config.json").write_text(json.dumps(
+            {"task": "flip-flop", "train_length": 64, "model": {"attention_window": window}}))
+        for seed in (0, 1):
+            test = {d: {str(n): {"accuracy": acc - n / 1e5 + seed / 100, "targets": 10} for n in (64, 256, 4096)}
+                    for d in ("sparse", "dense")}
+            test["dense"]["4096"]["accuracy"] = None  # no target drawn at that length: left out
+            write_result(tmp_path / row / f"seed{seed}", {"task": "flip-flop", "seed": seed, "train_tokens": 99,
+                                                           "params": 7, "val_accuracy": acc + seed / 100, "test": test})
+    runs, rows = synth_folder_results(tmp_path, descriptions={"fox": "FoX"})
+    assert rows == {"fox": {"description": "FoX", "window": "whole past"},
+                    "sinespe": {"description": "sinespe", "window": "L = 64"}}
+    records, meta = synth_study(runs, study="ff", title="Flip-flop", command="spe synth --plan x", rows=rows)
+    splits = {(r["split"], r["bucket_start"]) for r in records}
+    assert splits == {("validation", 64), *(("test-sparse", n) for n in (64, 256, 4096)),
+                      ("test-dense", 64), ("test-dense", 256)}
+    text = render_study(records, meta)
+    assert _line(text, "| fox |").startswith("| fox | whole past | 2 | 0.00 M | **99.5 ± 0.7** | best |")
+    assert "Test-sparse split (reported only" in text and "N = 4,096 %" in text

@@ -1,0 +1,305 @@
+"""The README and docs/ cannot rot: every Python block runs as written (or is skipped by name,
+with its reason, below), the command-line reference is what the parsers generate, every
+relative link and anchor resolves, and the README's headline numbers are the cells of the
+tables it cites."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+# Python blocks that tests do not run, by the name their first line gives
+# (`# docs-test: skip NAME (why)`); a marked block missing here, or a name here no block has, fails.
+SKIPPED = {
+    "lra-load-task": "reads the official aclImdb folder, and generates the embedded ListOps into ~/.cache",
+}
+# Pages the README links to that other branches add; their links are checked once they exist.
+PENDING_PAGES = {"docs/learned-time.md"}
+
+_FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_SKIP = re.compile(r"^# docs-test: skip ([\w.-]+) \((.+)\)$")
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _python_blocks() -> list[tuple[str, str]]:
+    """(page:line of the opening fence, code) of every python block of the README and docs/."""
+    blocks = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for m in _FENCE.finditer(text):
+            if m.group(1) == "python":
+                blocks.append((f"{_rel(page)}:{text.count(chr(10), 0, m.start()) + 1}", m.group(2)))
+    return blocks
+
+
+def _skip_name(code: str) -> str | None:
+    match = _SKIP.match(code.split("\n", 1)[0])
+    return match.group(1) if match else None
+
+
+BLOCKS = _python_blocks()
+
+
+@pytest.mark.parametrize("where, code", BLOCKS, ids=[where for where, _ in BLOCKS])
+def test_python_block_runs_as_written(where, code, tmp_path, monkeypatch):
+    name = _skip_name(code)
+    if name is not None:
+        pytest.skip(f"{name}: {SKIPPED.get(name, 'not listed in SKIPPED (test_skipped_blocks_are_listed fails)')}")
+    monkeypatch.chdir(tmp_path)  # anything a block writes stays in the test's folder
+    exec(compile(code, where, "exec"), {"__name__": "__docs__"})
+
+
+def test_skipped_blocks_are_listed_with_their_reason():
+    marked = [name for _, code in BLOCKS if (name := _skip_name(code)) is not None]
+    assert sorted(marked) == sorted(SKIPPED), "a block's skip marker and SKIPPED disagree"
+    assert len(BLOCKS) - len(marked) >= 7  # the README's two, api.md's four, lra.md's classifier
+
+
+def test_cli_reference_is_what_the_parsers_generate():
+    spec = importlib.util.spec_from_file_location("cli_doc", ROOT / "tools" / "docs" / "cli_doc.py")
+    cli_doc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli_doc)
+    expected = cli_doc.render()
+    assert (ROOT / "docs" / "cli.md").read_text(encoding="utf-8") == expected, \
+        "docs/cli.md is stale: run python tools/docs/cli_doc.py"
+    # every subcommand and a flag of each kind are there
+    for needle in ("## `spe train`", "## `spe lra`", "## `spe bench`", "`--decay` {none,fixed,learned,gated,gated-channel}"):
+        assert needle in expected
+
+
+# --- links ----------------------------------------------------------------------------------
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _headings(text: str) -> list[tuple[int, str]]:
+    """(level, text) of every heading outside fenced blocks."""
+    text = _FENCE.sub("", text)
+    return [(len(m.group(1)), m.group(2)) for m in re.finditer(r"^(#{1,6}) (.+)$", text, re.MULTILINE)]
+
+
+def _anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    anchors = set()
+    for _, heading in _headings(page.read_text(encoding="utf-8")):
+        base = slug(heading)
+        anchors.add(base if base not in seen else f"{base}-{seen[base]}")
+        seen[base] = seen.get(base, 0) + 1
+    return anchors
+
+
+def test_slug_follows_github():
+    assert slug("Bach chorales, L = 64, 30 held-out chorales of ≥ 1,025 tokens") == \
+        "bach-chorales-l--64-30-held-out-chorales-of--1025-tokens"
+    assert slug("The ListOps study's gated rows (bidirectional gates)") == \
+        "the-listops-studys-gated-rows-bidirectional-gates"
+
+
+def _links(page: Path) -> list[str]:
+    text = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    text = re.sub(r"`[^`\n]*`", "", text)  # code spans are not links
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_relative_links_and_anchors_resolve(page):
+    broken = []
+    for link in _links(page):
+        if re.match(r"[a-z]+:", link):
+            continue  # http(s), mailto: not checked offline
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        if path and _rel(target) in PENDING_PAGES and not target.exists():
+            continue
+        if not target.exists():
+            broken.append(f"{link}: no such file")
+        elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+            broken.append(f"{link}: no heading with that anchor")
+    assert not broken, broken
+
+
+# --- the README -----------------------------------------------------------------------------
+
+def test_readme_is_short_and_its_quick_start_is_the_two_commands():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    quick = text.split("## Quick start", 1)[1]
+    fence = _FENCE.search(quick)
+    assert fence.group(1) == "bash"
+    assert fence.group(2).strip().splitlines() == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+    assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+_VALUE = re.compile(r"[+\-]?\d+(?:\.\d+)?%?(?: ± \d+(?:\.\d+)?)?×?")
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
+
+
+def _section(page: Path, anchor: str) -> str:
+    """The text under the heading with this anchor, up to the next heading of its level or above."""
+    lines, out, level = page.read_text(encoding="utf-8").splitlines(), None, 0
+    for line in lines:
+        m = re.match(r"^(#{1,6}) (.+)$", line)
+        if m and out is not None and len(m.group(1)) <= level:
+            break
+        if m and out is None and slug(m.group(2)) == anchor:
+            out, level = [], len(m.group(1))
+        elif out is not None:
+            out.append(line)
+    assert out is not None, f"{page.name} has no heading #{anchor}"
+    return "\n".join(out)
+
+
+def _readme_results() -> list[tuple[str, list[tuple[str, list[str]]], Path, str]]:
+    """(question, [(row name, values)], cited page, anchor) of each row of the README's table."""
+    text = README.read_text(encoding="utf-8").split("## Main results", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("| ") or line.startswith("| question") or line.startswith("|---"):
+            continue
+        question, result, source = _cells(line)
+        link = re.search(r"\]\(([^)#]+)#([^)]+)\)", source)
+        pieces = result.split("`")
+        pairs = []
+        for name, rest in zip(pieces[1::2], pieces[2::2]):
+            rest = re.sub(r"\([^)]*\)", "", rest)
+            pairs.append((name, _VALUE.findall(rest)))
+        rows.append((question, pairs, ROOT / link.group(1), link.group(2)))
+    return rows
+
+
+def test_readme_results_table_has_rows_with_numbers():
+    rows = _readme_results()
+    assert len(rows) >= 6
+    assert all(pairs and all(values for _, values in pairs) for _, pairs, _, _ in rows)
+
+
+@pytest.mark.parametrize("question, pairs, page, anchor", _readme_results(),
+                         ids=[row[0] for row in _readme_results()])
+def test_readme_headline_numbers_are_the_cited_tables_cells(question, pairs, page, anchor):
+    section = _section(page, anchor)
+    table_rows = [_cells(line) for line in section.splitlines() if line.startswith("| ")]
+    for name, values in pairs:
+        matching = [cells for cells in table_rows
+                    if cells[0].replace("`", "") == name or f"`{name}`" in cells[0]]
+        assert matching, f"no row {name} in {page.name}#{anchor}"
+
+        def has(cells: list[str], value: str) -> bool:
+            return any(cell == value or f" {value} " in f" {cell} " for cell in cells[1:])
+
+        # one row of that name holds every value the README gives it
+        assert any(all(has(cells, v) for v in values) for cells in matching), \
+            f"{name} {values} are not the cells of one row {name} of {page.name}#{anchor}"
+
+
+# --- docs/results.md: the paper's Table 6 beside ours ----------------------------------------
+
+def test_table_6_growths_follow_from_their_columns():
+    section = _section(ROOT / "docs" / "results.md", "the-papers-table-6-beside-ours")
+    rows = [_cells(line) for line in section.splitlines() if line.startswith("| ") and "±" in line]
+    assert len(rows) == 6
+    for cells in rows:
+        for within, beyond, growth in ((1, 2, 3), (4, 5, 6)):
+            if cells[within] == "–":
+                continue
+            a, b = float(cells[within].split(" ±")[0]), float(cells[beyond].split(" ±")[0])
+            assert cells[growth] == f"{100 * (b / a - 1):+.1f} %", cells
+
+
+def test_our_side_of_table_6_is_the_reports_section_1():
+    text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    report = _section(ROOT / "docs" / "results.md", "1-extrapolation-beyond-the-training-length-table-6-figure-3")
+    ours = {"APE": "ape", "sineSPE (gated)": "sinespe", "sineSPE, ungated": "sinespe-ungated",
+            "convSPE (gated)": "convspe", "convSPE, ungated": "convspe-ungated", "RoPE (not in the paper)": "rope"}
+    report_rows = {cells[0]: cells for cells in map(_cells, report.splitlines()[2:]) if len(cells) == 5}
+    table = _section(ROOT / "docs" / "results.md", "the-papers-table-6-beside-ours")
+    for cells in (_cells(line) for line in table.splitlines() if line.startswith("| ") and "±" in line):
+        within, beyond = report_rows[ours[cells[0]]][3:5]
+        assert (cells[4], cells[5]) == (within, beyond), cells[0]
+    # the intro that recipe.sh writes before the report is this page's
+    assert text.startswith((ROOT / "tools" / "docs" / "results_intro.md").read_text(encoding="utf-8"))
+
+
+
+# --- the renderers of docs/ -------------------------------------------------------------------
+
+def _tool(name: str):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools" / "docs"))  # the renderers import their siblings
+    try:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "docs" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "tools" / "docs"))
+
+
+def test_bench_page_shows_no_machine_path(monkeypatch):
+    portable = _tool("bench_doc").portable
+    monkeypatch.chdir(ROOT)
+    assert portable("spe bench --out /elsewhere/runs/bench_final --lengths 512") == \
+        "spe bench --out runs/bench_final --lengths 512"
+    assert portable(f"spe bench --json {ROOT}/x/b.json --out /tmp/b") == "spe bench --json x/b.json --out /tmp/b"
+    assert "/work/" not in (ROOT / "docs" / "bench.md").read_text(encoding="utf-8")
+
+
+def test_plot_lines_are_told_apart_beyond_ten_rows():
+    pytest.importorskip("matplotlib")
+    line_style = _tool("peers_doc").line_style
+    assert len({line_style(i) for i in range(17)}) == 17  # the gates plan's 17 rows
+    assert len({line_style(i) for i in range(100)}) == 100
+
+
+# --- spreads over seeds ---------------------------------------------------------------------
+
+def _per_seed_rows() -> list[tuple[str, str, list[float]]]:
+    """(page:line, "mean ± std" cell, per-seed values) of every table row with a per-seed column."""
+    rows = []
+    for page in PAGES:
+        header = None
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.startswith("|"):
+                header = None
+                continue
+            cells = _cells(line)
+            if "per seed" in cells:
+                header = cells
+                continue
+            if header is None or cells[0].startswith("---"):
+                continue
+            seeds = cells[header.index("per seed")]
+            spread = next((c for c in cells if re.fullmatch(r"\d+\.\d+ ± \d+\.\d+", c)), None)
+            if spread and re.fullmatch(r"\d+\.\d+(, \d+\.\d+)+", seeds):
+                rows.append((f"{_rel(page)}:{number}", spread, [float(v) for v in seeds.split(", ")]))
+    return rows
+
+
+def test_spreads_are_the_sample_std_of_the_seeds_printed_beside_them():
+    import statistics
+
+    rows = _per_seed_rows()
+    assert len(rows) >= 60  # the ListOps study's and results' tables, the gated rows
+    for where, spread, seeds in rows:
+        mean, std = map(float, spread.split(" ± "))
+        # per-seed values are printed to 0.1: the mean moves by at most 0.05, the sample std by
+        # at most 0.05·√(n/(n − 1)) (< 0.065 for n ≥ 3); a population std (× √((n − 1)/n)) of a
+        # spread above 0.4 is outside that
+        assert abs(statistics.mean(seeds) - mean) <= 0.051, (where, spread, seeds)
+        assert abs(statistics.stdev(seeds) - std) <= 0.065, (where, spread, seeds)

@@ -1,0 +1,160 @@
+"""A study's committed data (docs/data) and the tables and plots generated from it alone.
+
+Rules: docs/study-rules.md ("How the study is computed"); library: spe.lab.study_rules,
+spe.lab.study_data, spe.lab.study_tables. Commands (from the repository root)::
+
+    # runs -> docs/data/STUDY.jsonl + STUDY.meta.json (a finished `spe sweep` folder)
+    python tools/docs/study_tables.py write --plan learned-time --runs runs/learned-time/bach \
+        --study learned-time-bach --corpus "Bach chorales"
+    # a `spe synth --plan` folder (OUT/ROW/config.json, OUT/ROW/seedK/result.json) -> the same files
+    python tools/docs/study_tables.py write-synth --plan learned-time-flip-flop \
+        --runs runs/synth/flip-flop --study learned-time-flip-flop
+    # docs/data -> every <!-- table:STUDY --> block in docs/*.md and docs/study/STUDY.png
+    python tools/docs/study_tables.py
+    # the blocks that differ from their data (exit 1 if any; writes nothing)
+    python tools/docs/study_tables.py --check
+    # the longer-budget point: the four best rows on validation at the last bucket, 4x the steps
+    python tools/docs/study_tables.py four-best --study learned-time-bach
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from spe.lab.study_data import read_study, sweep_study, synth_folder_results, synth_study, write_study
+from spe.lab.study_rules import SELECTION_SPLIT, top_rows
+from spe.lab.study_tables import drifted_blocks, image_link, plot_study, render_study, replace_blocks, \
+    shown_buckets, study_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA, PLOTS, DOCS = ROOT / "docs" / "data", ROOT / "docs" / "study", ROOT / "docs"
+
+
+def render(name: str, doc: Path, data: Path = DATA, plots: Path = PLOTS) -> str:
+    """The generated body of study ``name``'s block in ``doc``, from ``data`` alone."""
+    if not (data / f"{name}.jsonl").exists():
+        raise SystemExit(f"{doc} has a block <!-- table:{name} --> but {data}/{name}.jsonl does not exist")
+    records, meta = read_study(data, name)
+    return render_study(records, meta, image=image_link(doc, plots / f"{name}.png"))
+
+
+def docs_with_blocks(docs: Path = DOCS) -> list[Path]:
+    return [p for p in sorted(docs.rglob("*.md")) if study_blocks(p.read_text())]
+
+
+def unshown_studies(data: Path = DATA, docs: Path = DOCS) -> list[str]:
+    """Studies in ``data`` that no doc's block shows."""
+    shown = {name for doc in docs_with_blocks(docs) for name in study_blocks(doc.read_text())}
+    return [p.name[:-6] for p in sorted(data.glob("*.jsonl")) if p.name[:-6] not in shown]
+
+
+def cmd_render(args) -> int:
+    docs = docs_with_blocks()
+    if args.check:
+        drifted = [f"{doc.relative_to(ROOT)}: {name}" for doc in docs for name in drifted_blocks(doc, render)]
+        missing = unshown_studies()
+        for line in drifted:
+            print(f"drifted from docs/data: {line}")
+        for name in missing:
+            print(f"no doc shows docs/data/{name}.jsonl (add <!-- table:{name} --> <!-- /table --> to a doc)")
+        return 1 if drifted or missing else 0
+    for doc in docs:
+        names = study_blocks(doc.read_text())
+        doc.write_text(replace_blocks(doc.read_text(), {n: render(n, doc) for n in names}))
+        for name in names:
+            plot_study(*read_study(DATA, name), PLOTS / f"{name}.png")
+        print(f"wrote {doc.relative_to(ROOT)}: {', '.join(names)}")
+    return 0
+
+
+def cmd_write(args) -> int:
+    from spe.lab.experiments.sweep import load_plan
+
+    command = args.command or " ".join(["spe sweep --plan", args.plan, "--out", args.runs,
+                                        *(["--data", args.data] if args.data else [])])
+    records, meta = sweep_study(load_plan(args.plan), args.runs, study=args.study, corpus=args.corpus,
+                                command=command)
+    for path in write_study(args.data_dir, records, meta):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_write_synth(args) -> int:
+    descriptions, title = {}, args.title
+    if args.plan:  # the rows' descriptions and the title from the packaged synth plan
+        from spe.lab.synth.study import load_synth_plan
+
+        plan = load_synth_plan(args.plan)
+        descriptions, title = {n: r["description"] for n, r in plan.rows.items()}, title or plan.title
+    runs, rows = synth_folder_results(args.runs, descriptions=descriptions)
+    command = args.command or shlex.join(["spe", "synth", *(["--plan", args.plan] if args.plan else []),
+                                          "--out", args.runs])
+    records, meta = synth_study(runs, study=args.study, title=title or args.study, command=command, rows=rows)
+    for path in write_study(args.data_dir, records, meta):
+        print(f"wrote {path}")
+    return 0
+
+
+def four_best_command(records: list[dict], meta: dict, *, k: int = 4, factor: int = 4) -> str:
+    """The ``spe sweep`` command of the longer-budget point: the ``k`` rows of best validation mean
+    in the last shown bucket, at ``factor`` × the plan's steps, into their own folder."""
+    if "plan" not in meta:
+        raise SystemExit(f"study {meta['study']!r} was not made by a sweep plan: no command to write")
+    values = {}
+    for r in records:
+        if r["split"] == SELECTION_SPLIT:
+            bucket = values.setdefault((r["bucket_start"], r["bucket_end"]), {})
+            bucket.setdefault(r["variant"], []).append(r["value"])
+    last = shown_buckets(list(values), meta["metric"], meta["train_length"])[-1]
+    rows = top_rows(values[last], meta["metric"], k)
+    parts = shlex.split(meta["command"])
+    out = parts[parts.index("--out") + 1] if "--out" in parts else f"runs/{meta['study']}"
+    data = ["--data", parts[parts.index("--data") + 1]] if "--data" in parts else []
+    return shlex.join(["spe", "sweep", "--plan", meta["plan"], "--only", ",".join(rows),
+                       "--steps", str(factor * meta["steps"]), "--out", f"{out}-{factor}x", *data])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="report blocks that differ from docs/data; write nothing")
+    sub = parser.add_subparsers(dest="cmd")
+    w = sub.add_parser("write", help="a finished spe sweep folder -> docs/data/STUDY.jsonl and .meta.json")
+    w.add_argument("--plan", required=True)
+    w.add_argument("--runs", required=True, help="the sweep's --out folder")
+    w.add_argument("--study", required=True)
+    w.add_argument("--corpus", required=True, help="e.g. 'Bach chorales' or music21:palestrina/2")
+    w.add_argument("--data", help="the sweep's --data, if any (written into the command)")
+    w.add_argument("--command", help="the command that made the runs (default: spe sweep with these options)")
+    w.add_argument("--data-dir", default=str(DATA))
+    s = sub.add_parser("write-synth", help="a spe synth --plan folder -> docs/data/STUDY.jsonl and meta")
+    s.add_argument("--runs", required=True, help="the plan's --out folder (OUT/ROW/seedK/result.json)")
+    s.add_argument("--study", required=True)
+    s.add_argument("--plan", help="the synth plan (rows' descriptions, title)")
+    s.add_argument("--title")
+    s.add_argument("--command", help="the command that made the runs (default: spe synth --plan P --out R)")
+    s.add_argument("--data-dir", default=str(DATA))
+    f = sub.add_parser("four-best", help="print the spe sweep command of the longer-budget point")
+    f.add_argument("--study", required=True)
+    f.add_argument("--k", type=int, default=4)
+    f.add_argument("--factor", type=int, default=4)
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "write":
+            return cmd_write(args)
+        if args.cmd == "write-synth":
+            return cmd_write_synth(args)
+        if args.cmd == "four-best":
+            print(four_best_command(*read_study(DATA, args.study), k=args.k, factor=args.factor))
+            return 0
+        return cmd_render(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"study_tables: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
