@@ -14,14 +14,14 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])" | tee -a "$OUT/gpu.txt"
 SECONDS=0
-timeout "${SUITE_TIMEOUT:-230}" python3 -m pytest -q -n 16 -p no:cacheprovider tests > "$OUT/suite.log" 2>&1
+timeout "${SUITE_TIMEOUT:-200}" python3 -m pytest -q -n 16 -p no:cacheprovider tests > "$OUT/suite.log" 2>&1
 echo "suite: exit $? in ${SECONDS}s" | tee -a "$OUT/gpu.txt"; tail -5 "$OUT/suite.log"
 SECONDS=0
-timeout 200 python3 -m spe bench --device cuda --modes train,generate --lengths 2048,16384 \
+timeout 150 python3 -m spe bench --device cuda --modes train,generate --lengths 2048,16384 \
   --pairs ape+performer,sinespe+performer,convspe+performer,convspe:direct+performer,none+softmax,path+softmax \
   --decay none,gated --repeats 5 --budget-s 20 --no-progress --out /tmp/cuda-bench > "$OUT/bench.log" 2>&1
 echo "bench: exit $? in ${SECONDS}s" | tee -a "$OUT/gpu.txt"; tail -3 "$OUT/bench.log"
 cp /tmp/cuda-bench/bench.json "$OUT/bench.json" 2>/dev/null; cat /tmp/cuda-bench/*.md > "$OUT/bench.md" 2>/dev/null
 SECONDS=0
-timeout 90 python3 tools/analysis/learned_time_cost.py > "$OUT/learned_time_cost.jsonl" 2>&1
+timeout 60 python3 tools/analysis/learned_time_cost.py > "$OUT/learned_time_cost.jsonl" 2>&1
 echo "learned-time cost: exit $? in ${SECONDS}s" | tee -a "$OUT/gpu.txt"; cat "$OUT/learned_time_cost.jsonl"

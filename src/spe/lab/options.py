@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["OPTION_RULES", "SCHEDULES", "OptionRule", "check_option", "check_options", "check_seed", "check_threads",
-           "parse_int_list", "parse_seeds", "read_toml"]
+           "parse_int_list", "parse_seeds", "read_toml", "set_threads"]
 
 # The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
 # beside their rule, so that a schedule is checked as the other options are, without torch.
@@ -162,6 +162,15 @@ def check_seed(value: int | None, name: str = "seed") -> None:
     """
     if value is not None:
         check_option("seed", value, name)
+
+
+def set_threads(value: int | None, name: str = "threads") -> None:
+    """Checks a CPU thread count (:func:`check_threads`) and gives it to PyTorch (None or 0: left as it is)."""
+    check_threads(value, name)
+    if value:
+        import torch
+
+        torch.set_num_threads(value)
 
 
 def parse_seeds(text: str) -> list[int]:

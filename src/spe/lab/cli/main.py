@@ -16,12 +16,12 @@ from pathlib import Path
 
 from spe.lab.cli.names import add_aliased, say_defaults
 from spe.lab.options import parse_int_list
+from spe.lab.cli.model_flags import add_model_flags, model_flag_options
 
 __all__ = ["UsageError", "build_parser", "main"]
 
 log = logging.getLogger("spe")
 
-_MODEL_FLAGS = ("positional", "attention", "d_model", "num_layers", "num_heads", "decay", "short_conv")
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
                 "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens")
 
@@ -36,7 +36,6 @@ def _train_config(args: argparse.Namespace, **overrides):
     Defaults that depend on other options (softmax for score encodings, a window of the
     training length for SPE) are the config layer's: :func:`spe.lab.train.config.resolve_model_options`.
     """
-    from spe.models.config import decode_window
     from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
 
     raw = load_config_file(args.config or packaged_config("demo"))
@@ -47,16 +46,7 @@ def _train_config(args: argparse.Namespace, **overrides):
     for flag in _TRAIN_FLAGS:
         if getattr(args, flag, None) is not None:
             raw[flag] = getattr(args, flag)
-    from spe.encodings.registry import encoding_flags
-    from spe.lab.experiment import model_options
-
-    flags = {flag: getattr(args, flag) for flag in (*_MODEL_FLAGS, *(name for name, _ in encoding_flags()))
-             if getattr(args, flag, None) is not None}
-    if getattr(args, "attention_window", None) is not None:
-        flags["attention_window"] = decode_window(args.attention_window, "--attention-window")
-    if getattr(args, "ungated", False) or getattr(args, "gated", False):
-        flags["gated"] = bool(args.gated)
-    model.update(model_options(getattr(args, "model_option", None) or [], flags=flags))
+    model.update(model_flag_options(args))
     for flag in ("tensorboard", "compile", "allow_data_change", "state_passing"):
         if getattr(args, flag, False):
             raw[flag] = True
@@ -94,32 +84,11 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--warmup-steps", type=int, help="linear warmup steps (a warning if not below --steps)")
     p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
+    add_model_flags(p)
     from spe.lab.cli.names import flag_choices
     from spe.lab.train.config import packaged_defaults
 
     names = flag_choices()
-    p.add_argument("--positional", help=names["positional"] + " (score encodings select softmax unless "
-                   "--attention is given)")
-    p.add_argument("--attention", help=", ".join(names["attention"]))
-    p.add_argument("--decay", choices=names["decay"],
-                   help="fixed (RetNet's γ_h = 1 − 2^(−5−h)), learned from there, gated (a forget gate per "
-                   "head from the input; softmax: FoX) or gated-channel (GLA's, per channel); default none")
-    gate = p.add_mutually_exclusive_group()
-    gate.add_argument("--gated", action="store_true", help="SPE with gating (eq. 23-25)")
-    gate.add_argument("--ungated", action="store_true", help="SPE without gating (the default)")
-    p.add_argument("--attention-window", type=int,
-                   help="sliding attention window W in positions, kept at test time (0: the whole past; "
-                   "default: the training length for sinespe and convspe, the whole past otherwise)")
-    for name, keywords in names["encoding_flags"]:  # each encoding's options, declared in its file
-        p.add_argument("--" + name.replace("_", "-"), **keywords)
-    p.add_argument("--short-conv", type=int, metavar="K", help="width of a causal depthwise convolution on "
-                   "queries, keys and values (fla's ShortConvolution, 4 there; default 0: none)")
-    p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
-                   help="any model option (a ModelConfig field; repeatable), e.g. rope_base=500000 or "
-                   "code_noise=orthogonal; VALUE read as TOML (true, 64, 1e-3), else as text")
-    p.add_argument("--d-model", type=int, help="model width (default: the config's [model] d_model)")
-    p.add_argument("--num-layers", type=int, help="blocks (default: the config's)")
-    p.add_argument("--num-heads", type=int, help="attention heads (default: the config's)")
     p.add_argument("--seed", type=int, help="random seed, in [0, 2**63 - 1]")
     p.add_argument("--device", help="cpu or cuda")
     p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
@@ -475,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     from spe.lab.cli.lra import add_lra_parser  # LRA: its own module (parsing only)
 
     add_lra_parser(sub)
+    from spe.lab.cli.synth import add_synth_parser  # synthetic tasks: their own module (parsing only)
+
+    add_synth_parser(sub)
     return parser
 
 

@@ -1,0 +1,57 @@
+"""The decoder LM's flags, declared once for every command that trains one (``spe train``, ``spe demo``,
+``spe synth``): :func:`add_model_flags` declares them, :func:`model_flag_options` reads them."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_model_flags", "model_flag_options"]
+
+_MODEL_FLAGS = ("positional", "attention", "d_model", "num_layers", "num_heads", "decay", "short_conv")
+
+
+def model_flag_options(args: argparse.Namespace) -> dict:
+    """The model options given by the flags of :func:`add_model_flags` (those given) and every
+    ``--model-option KEY=VALUE``, as one dict (``spe train``, ``spe demo``, ``spe synth``)."""
+    from spe.encodings.registry import encoding_flags
+    from spe.lab.experiment import model_options
+    from spe.models.config import decode_window
+
+    flags = {flag: getattr(args, flag) for flag in (*_MODEL_FLAGS, *(name for name, _ in encoding_flags()))
+             if getattr(args, flag, None) is not None}
+    if getattr(args, "attention_window", None) is not None:
+        flags["attention_window"] = decode_window(args.attention_window, "--attention-window")
+    if getattr(args, "ungated", False) or getattr(args, "gated", False):
+        flags["gated"] = bool(args.gated)
+    return model_options(getattr(args, "model_option", None) or [], flags=flags)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The model's flags (positional encoding, attention, decay, gating, window, each encoding's
+    options, short convolution, ``--model-option``, sizes), declared once for every command that
+    trains a decoder LM (``spe train``, ``spe demo``, ``spe synth``); :func:`model_flag_options` reads them."""
+    from spe.lab.cli.names import flag_choices
+
+    names = flag_choices()
+    p.add_argument("--positional", help=names["positional"] + " (score encodings select softmax unless "
+                   "--attention is given)")
+    p.add_argument("--attention", help=", ".join(names["attention"]))
+    p.add_argument("--decay", choices=names["decay"],
+                   help="fixed (RetNet's γ_h = 1 − 2^(−5−h)), learned from there, gated (a forget gate per "
+                   "head from the input; softmax: FoX) or gated-channel (GLA's, per channel); default none")
+    gate = p.add_mutually_exclusive_group()
+    gate.add_argument("--gated", action="store_true", help="SPE with gating (eq. 23-25)")
+    gate.add_argument("--ungated", action="store_true", help="SPE without gating (the default)")
+    p.add_argument("--attention-window", type=int,
+                   help="sliding attention window W in positions, kept at test time (0: the whole past; "
+                   "default: the training length for sinespe and convspe, the whole past otherwise)")
+    for name, keywords in names["encoding_flags"]:  # each encoding's options, declared in its file
+        p.add_argument("--" + name.replace("_", "-"), **keywords)
+    p.add_argument("--short-conv", type=int, metavar="K", help="width of a causal depthwise convolution on "
+                   "queries, keys and values (fla's ShortConvolution, 4 there; default 0: none)")
+    p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
+                   help="any model option (a ModelConfig field; repeatable), e.g. rope_base=500000 or "
+                   "code_noise=orthogonal; VALUE read as TOML (true, 64, 1e-3), else as text")
+    p.add_argument("--d-model", type=int, help="model width (default: the config's [model] d_model)")
+    p.add_argument("--num-layers", type=int, help="blocks (default: the config's)")
+    p.add_argument("--num-heads", type=int, help="attention heads (default: the config's)")

@@ -1,0 +1,105 @@
+"""``spe synth``: parsing and printing only; the work is :func:`spe.lab.synth.run_synth` (one experiment),
+:func:`spe.lab.synth.run_synth_plan` (``--plan``) and :func:`spe.lab.synth.write_data` (``--write-data``).
+
+The model flags are ``spe train``'s, declared once (:func:`spe.lab.cli.main.add_model_flags`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_synth_parser", "cmd_synth"]
+
+# Flags that define an experiment (a plan sets them per row) beside the model flags.
+_EXPERIMENT_FLAGS = ("task", "train_length", "eval_lengths", "batch_size", "lr", "eval_every")
+_RUN_FLAGS = ("steps", "device", "precision")
+
+
+def _config(args: argparse.Namespace):
+    from spe.lab.cli.model_flags import model_flag_options
+    from spe.lab.options import parse_int_list
+    from spe.lab.synth import preset_config
+
+    options = {"train_length": args.train_length, "batch_size": args.batch_size, "lr": args.lr,
+               "eval_every": args.eval_every, **{f: getattr(args, f) for f in _RUN_FLAGS}}
+    if args.eval_lengths is not None:
+        options["eval_lengths"] = parse_int_list(args.eval_lengths, "--eval-lengths")
+    return preset_config(args.task, model=model_flag_options(args), **options)
+
+
+def _given_model_flags(args: argparse.Namespace) -> list[str]:
+    from spe.lab.cli.model_flags import model_flag_options
+
+    given = [f"--{f.replace('_', '-')}" for f in _EXPERIMENT_FLAGS if getattr(args, f, None) is not None]
+    return given + [f"--{k.replace('_', '-')}" for k in model_flag_options(args)]
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from spe.lab.options import parse_seeds
+
+    seeds = parse_seeds(args.seeds) if args.seeds else None
+    if args.plan or args.only:
+        return _cmd_plan(args, seeds)
+    if args.task is None:
+        raise ValueError("give --task (flip-flop or mqar) or a --plan")
+    cfg = _config(args)
+    if args.write_data:
+        from spe.lab.synth import write_data
+
+        files = write_data(cfg, args.write_data, seed=(seeds or [0])[0])
+        print(f"wrote {len(files)} files to {args.write_data}: " + ", ".join(f.name for f in files))
+        return 0
+    from spe.lab.synth import run_synth
+
+    out = Path(args.out or f"runs/synth/{cfg.task}")
+    run_synth(cfg, seeds or [0], out, threads=args.threads, progress=not args.no_progress)
+    print((out / "results.md").read_text(), end="")
+    print(f"results: {out / 'results.json'}")
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace, seeds: list[int] | None) -> int:
+    from spe.lab.synth import load_synth_plan, run_synth_plan
+
+    if not args.plan:
+        raise ValueError("--only selects rows of a plan: give --plan")
+    given = _given_model_flags(args) + (["--write-data"] if args.write_data else [])
+    if given:
+        raise ValueError(f"a plan sets {', '.join(given)} per row: leave them out, or write a plan")
+    plan = load_synth_plan(args.plan)
+    out = Path(args.out or f"runs/synth/{Path(plan.path).stem}")
+    only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
+    run_synth_plan(plan, out, only=only, seeds=seeds, threads=args.threads, progress=not args.no_progress,
+                   **{f: getattr(args, f) for f in _RUN_FLAGS})
+    print((out / "results.md").read_text(), end="")
+    print(f"results: {out / 'results.json'}, {out / 'results.md'}")
+    return 0
+
+
+def add_synth_parser(sub) -> None:
+    from spe.lab.cli.model_flags import add_model_flags
+    from spe.lab.cli.names import flag_choices
+
+    p = sub.add_parser("synth", help="synthetic tasks (flip-flop, MQAR): train at one length, test at longer ones")
+    p.add_argument("--task", help="flip-flop or mqar (required unless --plan is given)")
+    p.add_argument("--train-length", type=int, help="L, tokens per training sequence (default 64)")
+    p.add_argument("--eval-lengths", help="comma-separated test lengths in tokens, up to 64 L (default 64,256,1024,4096)")
+    p.add_argument("--write-data", metavar="DIR", help="write the generated splits as JSON lines and vocab.json "
+                   "to DIR (refuses existing files) and train nothing")
+    p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's; "
+                   "--write-data: the first seeds the training stream written)")
+    p.add_argument("--steps", type=int, help="optimizer steps per seed (default: the preset's)")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default: the preset's, 32)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
+    p.add_argument("--eval-every", type=int, help="steps between validations and checkpoints (default 250)")
+    add_model_flags(p)
+    p.add_argument("--out", help="experiment folder (default runs/synth/TASK; with --plan runs/synth/PLAN)")
+    p.add_argument("--plan", help="plan (TOML, or learned-time-flip-flop, learned-time-mqar): rows × seeds "
+                   "into OUT/ROW, then OUT/results.*")
+    p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
+    p.add_argument("--device", help="cpu (default) or cuda")
+    p.add_argument("--threads", type=int, help="torch CPU threads (0: PyTorch's default)")
+    p.add_argument("--precision", choices=flag_choices()["precision"], help="fp32 (default), bf16 or fp16 autocast")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_synth)

@@ -1,0 +1,184 @@
+"""A synthetic-task experiment's configuration and the packaged preset (``src/spe/lab/configs/synth/cpu-small.toml``).
+
+The preset file holds training options and a ``[model]`` table at the top level, and one
+``[tasks.TASK]`` table per task (with its own ``model`` table) for what differs between tasks.
+Later tables win: preset < task table < explicit options; ``model`` is merged key by key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+
+from spe.field_types import check_field_types
+from spe.lab.experiment import ExperimentOptions
+from spe.lab.synth.data import TASKS, check_length, mqar_pairs, vocabulary
+from spe.models.config import ModelConfig
+
+__all__ = ["MAX_EVAL_FACTOR", "PRESETS", "RUN_ONLY_KEYS", "SynthConfig", "load_preset", "preset_config"]
+
+PRESETS = ("cpu-small",)
+MAX_EVAL_FACTOR = 64  # the longest test length, in training lengths
+# Options that change how a run is carried out, not what it computes.
+RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile", "allow_data_change")
+
+
+@dataclass
+class SynthConfig(ExperimentOptions):
+    """One synthetic-task experiment (each seed is one run): the task, its data, a decoder LM
+    (:class:`~spe.models.ModelConfig` options in ``model``) and the engine's options
+    (:class:`~spe.lab.experiment.ExperimentOptions`; ``batch_size`` counts sequences of
+    ``train_length`` tokens). The run's seed and CPU threads are arguments of the run
+    (:func:`spe.lab.synth.run_synth`), not options of the experiment.
+
+    Attributes:
+        task: ``flip-flop`` or ``mqar``.
+        train_length: L, tokens per training sequence (even, ≥ 4).
+        eval_lengths: the test lengths in tokens (each even, ≥ 4, at most 64 L).
+        eval_examples: sequences in the validation split (in-distribution at L, evaluated every
+            ``eval_every`` steps) and, at most, per test split (one per distribution and length).
+        eval_tokens: tokens per test split at most: a split of length T holds
+            min(``eval_examples``, max(1, ``eval_tokens`` // T)) sequences (defaults: 128 up to
+            T = 1,024, 32 at T = 4,096), so the quadratic cost of softmax at 64 L stays within a
+            few times the training's while long splits still hold hundreds of targets.
+        eval_batch_tokens: tokens per evaluation batch (a batch holds max(1, this // T)
+            sequences of T tokens), so that long tests stay within memory.
+        eval_seed: the seed of the fixed validation and test splits
+            (:func:`spe.lab.synth.data.split_seed` of (task, split, length, eval_seed)),
+            independent of the run's seed.
+        p_ignore: flip-flop's training p(i) (the paper's 0.8); tests also use 0.98 (sparse) and 0.1 (dense).
+        num_pairs: MQAR's N at the training length (0: L / 8); :func:`~spe.lab.synth.data.mqar_pairs`
+            gives N at the test lengths.
+        num_keys, num_values: MQAR's key and value vocabularies (disjoint).
+        preset: the preset it came from (recorded only).
+
+    Raises:
+        ValueError: naming the option, the value and what is allowed (before any model is built).
+    """
+
+    task: str
+    train_length: int = 64
+    eval_lengths: list = field(default_factory=lambda: [64, 256, 1024, 4096])
+    eval_examples: int = 128
+    eval_tokens: int = 131072
+    eval_batch_tokens: int = 8192
+    eval_seed: int = 0
+    p_ignore: float = 0.8
+    num_pairs: int = 0
+    num_keys: int = 128
+    num_values: int = 128
+    preset: str = "cpu-small"
+
+    def __post_init__(self) -> None:
+        self.check_experiment_options("synthetic-task option")
+        if self.task not in TASKS:
+            raise ValueError(f"unknown synthetic task {self.task!r}; choose from {', '.join(TASKS)}")
+        check_length(self.task, self.train_length, "train_length")
+        self._check_eval()
+        for name in ("eval_examples", "eval_tokens", "eval_batch_tokens", "num_keys", "num_values"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.eval_seed, bool) or not isinstance(self.eval_seed, int) or self.eval_seed < 0:
+            raise ValueError(f"eval_seed must be an integer ≥ 0, got {self.eval_seed!r}")
+        if not isinstance(self.p_ignore, int | float) or not 0.0 <= self.p_ignore < 1.0:
+            raise ValueError(f"p_ignore must be a number in [0, 1), got {self.p_ignore!r}")
+        if self.task == "mqar":
+            pairs = self.train_pairs
+            if not 1 <= pairs <= min(self.num_keys, self.train_length // 4):
+                raise ValueError(f"num_pairs {pairs} does not fit: MQAR takes 1 to min(num_keys {self.num_keys}, "
+                                 f"train_length / 4 = {self.train_length // 4}) pairs")
+        self._check_model()
+
+    def _check_eval(self) -> None:
+        lengths = self.eval_lengths
+        if not isinstance(lengths, list | tuple) or not lengths:
+            raise ValueError(f"eval_lengths must be a non-empty list of lengths, got {lengths!r}")
+        self.eval_lengths = list(lengths)
+        longest = MAX_EVAL_FACTOR * self.train_length
+        for length in lengths:
+            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+                raise ValueError(f"eval lengths must be positive integers, got {length!r}")
+            check_length(self.task, length, "every eval length")
+            if length > longest:
+                raise ValueError(f"eval length {length} exceeds {MAX_EVAL_FACTOR} × train_length = {longest}")
+        if len(set(lengths)) != len(lengths):
+            raise ValueError(f"eval_lengths must be distinct, got {lengths!r}")
+
+    def _check_model(self) -> None:
+        from spe.encodings.registry import positional_spec
+        from spe.lab.train.config import resolve_model_options
+
+        try:
+            check_field_types(self.model, ModelConfig, "model option")
+        except TypeError as err:
+            raise ValueError(str(err)) from None
+        known = {f.name for f in fields(ModelConfig)} - {"vocab_size"}
+        unknown = set(self.model) - known
+        if unknown:
+            raise ValueError(f"unknown model option(s) {sorted(unknown)}; known: {sorted(known)}")
+        self.model = resolve_model_options(self.model, self.train_length)
+        config = self.model_config()
+        limit, longest = config.position_limit, max(self.train_length, *self.eval_lengths)
+        if limit is not None and longest > limit:
+            raise ValueError(f"length {longest} exceeds the {limit} {positional_spec(config.positional).limit_text}; "
+                             "raise that option or test shorter lengths")
+
+    def examples_at(self, length: int) -> int:
+        """Sequences in a test split of ``length`` tokens (see ``eval_tokens``)."""
+        return min(self.eval_examples, max(1, self.eval_tokens // length))
+
+    @property
+    def train_pairs(self) -> int:
+        """MQAR's N at the training length."""
+        return self.num_pairs or self.train_length // 8
+
+    def pairs_at(self, length: int) -> int:
+        """MQAR's N of the ``more-pairs`` test at ``length`` (:func:`~spe.lab.synth.data.mqar_pairs`)."""
+        return mqar_pairs(length, self.train_length, self.train_pairs, self.num_keys)
+
+    def vocab(self) -> dict[str, int]:
+        """Token name -> id."""
+        return vocabulary(self.task, num_keys=self.num_keys, num_values=self.num_values)
+
+    def model_config(self) -> ModelConfig:
+        """The decoder LM of this experiment."""
+        return ModelConfig(vocab_size=len(self.vocab()), **self.model)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_preset(preset: str) -> dict:
+    """The parsed TOML of a packaged preset.
+
+    Raises:
+        ValueError: if ``preset`` is not one of ``PRESETS``.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown synthetic-task preset {preset!r}; choose from {', '.join(PRESETS)}")
+    return tomllib.loads((resources.files("spe.lab") / "configs" / "synth" / f"{preset}.toml").read_text())
+
+
+def preset_config(task: str, *, preset: str = "cpu-small", **overrides) -> SynthConfig:
+    """The :class:`SynthConfig` of a preset for ``task``; ``overrides`` (None values ignored, so
+    flags that were not given change nothing) win, ``model`` merged key by key.
+
+    Raises:
+        ValueError: on an unknown task, preset or option, or a value :class:`SynthConfig` refuses.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown synthetic task {task!r}; choose from {', '.join(TASKS)}")
+    table = load_preset(preset)
+    per_task = dict(table.pop("tasks", {}).get(task, {}))
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    model = {**table.pop("model", {}), **per_task.pop("model", {}), **overrides.pop("model", {})}
+    values = {**table, **per_task, **overrides, "model": model}
+    known = {f.name for f in fields(SynthConfig)}
+    unknown = sorted(set(values) - known - {"task", "preset"})
+    if unknown:
+        raise ValueError(f"unknown synthetic-task option(s) {unknown}; known: {', '.join(sorted(known))}")
+    values.pop("task", None)
+    values.pop("preset", None)
+    return SynthConfig(task=task, preset=preset, **values)

@@ -1,0 +1,237 @@
+"""A synthetic-task experiment: one configuration over several seeds, and its data written out.
+
+``out/`` holds ``config.json`` (the experiment), ``seed<k>/`` per seed (the engine's run folder:
+checkpoints, ``model.safetensors``, ``metrics.jsonl``; ``result.json`` once finished, when the
+seed is skipped on a second call) and ``results.json`` / ``results.md`` (accuracy per test
+distribution and length: per seed, mean and sample standard deviation over the finished seeds).
+
+A seed's ``result.json``: ``task``, ``seed``, ``steps``, ``train_tokens`` (steps × batch ×
+train length), ``params``, ``seconds``, ``val_accuracy`` (final model), ``val_99_step`` (the first
+evaluation step whose validation accuracy reached 0.99, or None) and ``test``: distribution ->
+length -> ``{"accuracy", "targets", "num_pairs" (MQAR)}``, accuracy in [0, 1] being the share of
+the split's targets whose argmax prediction is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import torch
+
+from spe.checkpoint import atomic_write
+from spe.lab import plans, strict_json
+from spe.lab.options import set_threads
+from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
+from spe.lab.synth.config import RUN_ONLY_KEYS, SynthConfig
+from spe.lab.synth.data import split_seed
+from spe.lab.synth.task import (SynthTask, correct_count, distributions, draw, engine_settings, fixed_split,
+                                training_distribution)
+from spe.lab.train import distributed as dist_
+from spe.lab.train import engine
+from spe.lab.train.metrics_log import read_records
+from spe.lab.train.run_folder import run_lock
+
+__all__ = ["open_experiment", "results_markdown", "run_synth", "summarize", "test_model", "train_seed",
+           "write_data", "write_summary"]
+
+log = logging.getLogger(__name__)
+
+TRAIN_EXAMPLES_WRITTEN = 1024  # --write-data: the first sequences of the training stream
+
+
+def test_model(cfg: SynthConfig, model, device: torch.device, ctx: dist_.Distributed | None = None) -> dict:
+    """Distribution -> length (a string, as JSON keys are) -> ``{"accuracy", "targets"[, "num_pairs"]}``
+    of ``model`` (put in eval mode here) on every fixed test split of ``cfg``."""
+    model.eval()
+    found = {}
+    for distribution in distributions(cfg.task):
+        found[distribution] = {}
+        for length in cfg.eval_lengths:
+            tokens, targets = fixed_split(cfg, "test", distribution, length)
+            correct, n = correct_count(model, tokens, targets, batch_tokens=cfg.eval_batch_tokens, device=device,
+                                       precision=cfg.precision, ctx=ctx)
+            cell = {"accuracy": correct / n if n else None, "targets": n}
+            if cfg.task == "mqar":
+                cell["num_pairs"] = n // len(tokens)
+            found[distribution][str(length)] = cell
+    return found
+
+
+def _first_step_at(records: list[dict], level: float) -> int | None:
+    return next((r["step"] for r in records if (r.get("val_accuracy") or 0.0) >= level), None)
+
+
+def train_seed(cfg: SynthConfig, seed: int, folder: str | Path, *, progress: bool = True) -> dict:
+    """Trains one seed in ``folder`` (resuming its newest checkpoint), then tests the final model.
+
+    Args:
+        cfg: the experiment.
+        seed: seeds the initialisation, the training stream, the SPE codes.
+        folder: the seed's run folder.
+        progress: show a tqdm bar.
+
+    Returns:
+        The seed's result (see the module docstring).
+
+    Raises:
+        ValueError: as :func:`spe.lab.train.engine.run`.
+    """
+    folder = Path(folder)
+    with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx, run_lock(folder, ctx):
+        outcome = engine.run(SynthTask(cfg, label=f"{cfg.task} {folder.parent.name}/{folder.name}"),
+                             engine_settings(cfg, seed), folder, resume=True, progress=progress)
+        started = time.perf_counter()
+        device = dist_.process_device(cfg.device, ctx)
+        model = outcome.model.eval()
+        validation = fixed_split(cfg, "validation", training_distribution(cfg.task), cfg.train_length)
+        correct, n = correct_count(model, *validation, batch_tokens=cfg.eval_batch_tokens, device=device,
+                                   precision=cfg.precision, ctx=ctx)
+        test = test_model(cfg, model, device, ctx)
+        records = read_records(folder / engine.METRICS_FILE)
+        return {"task": cfg.task, "seed": seed, "steps": cfg.steps,
+                "train_tokens": cfg.steps * cfg.batch_size * cfg.train_length,
+                "params": model.num_parameters(), "seconds": outcome.seconds + time.perf_counter() - started,
+                "val_accuracy": correct / n if n else None, "val_99_step": _first_step_at(records, 0.99),
+                "test": test}
+
+
+def summarize(cfg: SynthConfig, results: list[dict]) -> dict:
+    """Distribution -> length -> ``{"mean", "std", "seeds"}`` of the test accuracy in % over
+    ``results`` (std None for one seed)."""
+    table = {}
+    for distribution in distributions(cfg.task):
+        table[distribution] = {}
+        for length in map(str, cfg.eval_lengths):
+            values = [100 * r["test"][distribution][length]["accuracy"] for r in results
+                      if r["test"].get(distribution, {}).get(length, {}).get("accuracy") is not None]
+            mean, std = mean_and_std(values) if values else (None, None)
+            table[distribution][length] = {"mean": mean, "std": std, "seeds": len(values)}
+    return table
+
+
+def results_markdown(title: str, rows: dict[str, tuple[SynthConfig, list[dict]]]) -> str:
+    """One table per test distribution: a line per row (name -> its config and its seeds'
+    results), a column per test length, cells mean ± std accuracy in %."""
+    lines = [f"# {title}", "", f"Test accuracy (%), {SEED_SPREAD}.", ""]
+    first = next(iter(rows.values()), None)
+    if first is None:
+        return "\n".join(lines) + "\n"
+    cfg = first[0]
+    for distribution in distributions(cfg.task):
+        lines += [f"## {distribution}", "", "| row | seeds | " + " | ".join(f"T = {t}" for t in cfg.eval_lengths)
+                  + " |", "|---|---|" + "---|" * len(cfg.eval_lengths)]
+        for name, (row_cfg, results) in rows.items():
+            cells = summarize(row_cfg, results)[distribution]
+            text = [format_mean_std(c["mean"], c["std"]) if c["mean"] is not None else "–"
+                    for c in (cells.get(str(t), {"mean": None}) for t in cfg.eval_lengths)]
+            lines.append(f"| {name} | {len(results)} | " + " | ".join(text) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_summary(out: str | Path, cfg: SynthConfig, results: list[dict]) -> dict:
+    """Writes ``out/results.json`` and ``out/results.md`` (atomically); returns the JSON's content."""
+    out = Path(out)
+    summary = {"config": cfg.to_dict(), "results": results, "accuracy": summarize(cfg, results)}
+    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(summary, indent=2)))
+    text = results_markdown(f"{cfg.task}: {cfg.model.get('attention', 'performer')} + "
+                            f"{cfg.model.get('positional', 'sinespe')}", {out.name: (cfg, results)})
+    atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(text))
+    return summary
+
+
+def open_experiment(out: str | Path, cfg: SynthConfig) -> None:
+    """Writes ``out/config.json``, or refuses a folder that holds another experiment (options of
+    ``RUN_ONLY_KEYS`` and ``steps`` may differ: a run may be continued longer).
+
+    Raises:
+        ValueError: naming the options that differ.
+    """
+    out = Path(out)
+    file = out / "config.json"
+    with run_lock(out):
+        current = cfg.to_dict()
+        if file.is_file():
+            defaults = {f.name: f.default for f in fields(SynthConfig) if f.default is not MISSING}
+            stored = {**defaults, **json.loads(file.read_text())}
+            changed = {k: (stored.get(k), v) for k, v in current.items()
+                       if k not in (*RUN_ONLY_KEYS, "steps") and stored.get(k) != v}
+            if changed:
+                detail = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
+                raise ValueError(f"{out} holds another synthetic-task experiment ({detail}); choose another --out")
+            return
+        atomic_write(file, lambda tmp: Path(tmp).write_text(json.dumps(current, indent=2)))
+
+
+def run_synth(cfg: SynthConfig, seeds: list[int], out: str | Path, *, threads: int | None = None,
+              progress: bool = True) -> dict:
+    """Trains and tests ``cfg`` once per seed (``out/seed<k>``; finished seeds are read back,
+    interrupted ones resume), then writes ``out/results.json`` and ``results.md``.
+
+    Raises:
+        ValueError: if ``out`` holds another configuration, no seed is given, or as :func:`train_seed`.
+    """
+    if not seeds:
+        raise ValueError("give at least one seed")
+    set_threads(threads)
+    out = Path(out)
+    open_experiment(out, cfg)
+    results = [plans.run_once(out / f"seed{seed}", lambda folder, seed=seed: train_seed(cfg, seed, folder,
+                                                                                        progress=progress))
+               for seed in seeds]
+    return write_summary(out, cfg, results)
+
+
+def write_data(cfg: SynthConfig, folder: str | Path, *, seed: int = 0,
+               train_examples: int = TRAIN_EXAMPLES_WRITTEN) -> list[Path]:
+    """Writes the data a run of ``cfg`` with ``seed`` sees, as JSON lines ``{"tokens", "targets"}``
+    (targets −100 where no loss is taken), and ``vocab.json``, under ``folder`` only:
+
+    * ``train.jsonl``: the first ``train_examples`` sequences of the training stream (drawn in
+      batches of ``batch_size`` from a generator seeded with ``seed``, as the engine's ``data``
+      generator draws them);
+    * ``validation.jsonl``: the fixed validation split;
+    * ``test-DISTRIBUTION-T.jsonl``: each fixed test split.
+
+    Returns:
+        The files written.
+
+    Raises:
+        ValueError: if any of these files exists already (nothing is written then).
+    """
+    folder = Path(folder)
+    names = ["vocab.json", "train.jsonl", "validation.jsonl",
+             *(f"test-{d}-{t}.jsonl" for d in distributions(cfg.task) for t in cfg.eval_lengths)]
+    existing = [n for n in names if (folder / n).exists()]
+    if existing:
+        raise ValueError(f"{folder} already holds {', '.join(existing)}: remove them or choose another folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    generator, batches = torch.Generator().manual_seed(seed), []
+    while sum(len(b[0]) for b in batches) < train_examples:
+        batches.append(draw(cfg, training_distribution(cfg.task), cfg.train_length, cfg.batch_size, generator))
+    splits = {"train.jsonl": tuple(torch.cat(column)[:train_examples] for column in zip(*batches)),
+              "validation.jsonl": fixed_split(cfg, "validation", training_distribution(cfg.task), cfg.train_length)}
+    seeds = {"train": seed, "validation": split_seed(cfg.task, "validation", training_distribution(cfg.task),
+                                                     cfg.train_length, cfg.eval_seed)}
+    for d in distributions(cfg.task):
+        for t in cfg.eval_lengths:
+            splits[f"test-{d}-{t}.jsonl"] = fixed_split(cfg, "test", d, t)
+            seeds[f"test-{d}-{t}"] = split_seed(cfg.task, "test", d, t, cfg.eval_seed)
+    written = []
+    for name, (tokens, targets) in splits.items():
+        lines = (json.dumps({"tokens": a, "targets": b}) for a, b in zip(tokens.tolist(), targets.tolist()))
+        atomic_write(folder / name, lambda tmp, lines=lines: Path(tmp).write_text("\n".join(lines) + "\n"))
+        written.append(folder / name)
+    vocab = {"task": cfg.task, "tokens": cfg.vocab(), "ignore_index": -100, "seeds": seeds,
+             "options": {k: getattr(cfg, k) for k in ("train_length", "eval_lengths", "eval_examples", "eval_tokens",
+                                                      "eval_seed", "batch_size", "p_ignore", "num_pairs",
+                                                      "num_keys", "num_values")}}
+    if cfg.task == "mqar":
+        vocab["pairs"] = {"train": cfg.train_pairs, "more-pairs": {str(t): cfg.pairs_at(t) for t in cfg.eval_lengths},
+                          "same-pairs": {str(t): min(cfg.train_pairs, t // 4) for t in cfg.eval_lengths}}
+    atomic_write(folder / "vocab.json", lambda tmp: Path(tmp).write_text(json.dumps(vocab, indent=2)))
+    return [folder / "vocab.json", *written]

@@ -1,0 +1,164 @@
+"""``spe synth``: the configuration's refusals, --write-data, plans, and one tiny run (slow)."""
+
+import json
+
+import pytest
+import torch
+
+from spe.lab.cli.main import main
+from spe.lab.synth import load_synth_plan, packaged_synth_plans, preset_config
+from spe.lab.synth.data import IGNORE, READ
+from spe.lab.synth.study import row_config
+from spe.lab.synth.task import SynthTask, correct_count, fixed_split
+
+
+def _refused(capsys, argv: list[str], fragment: str) -> None:
+    assert main(["synth", *argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and fragment in err, err
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["--task", "copy"], "unknown synthetic task 'copy'"),
+    (["--task", "flip-flop", "--eval-lengths", "64,0"], "positive integers"),
+    (["--task", "flip-flop", "--eval-lengths", "64,x"], "comma-separated integers"),
+    (["--task", "flip-flop", "--eval-lengths", "65"], "even number of tokens"),
+    (["--task", "flip-flop", "--eval-lengths", "8192"], "exceeds 64 × train_length = 4096"),
+    (["--task", "mqar", "--train-length", "63"], "train_length must be an even number"),
+    (["--task", "flip-flop", "--steps", "0"], "--steps must be positive"),
+    (["--task", "flip-flop", "--positional", "nope"], "unknown positional encoding 'nope'"),
+    (["--task", "flip-flop", "--positional", "ape-learned", "--max-positions", "256"], "length 4096 exceeds the 256"),
+    (["--task", "mqar", "--threads", "-1"], "--threads must be 0 (PyTorch's default) or a positive number"),
+    (["--eval-lengths", "64"], "give --task"),
+    (["--plan", "learned-time-mqar", "--positional", "rope"], "a plan sets --positional per row"),
+    (["--only", "ape"], "give --plan"),
+    (["--plan", "no-such-plan"], "neither a file nor a packaged plan"),
+])
+def test_bad_commands_are_refused_in_one_line(capsys, argv, fragment):
+    _refused(capsys, argv, fragment)
+
+
+def test_flags_reach_the_model_and_the_preset_fills_the_rest():
+    cfg = preset_config("flip-flop", model={"positional": "none", "attention": "softmax", "decay": "gated"},
+                        eval_lengths=[64, 128])
+    assert (cfg.model["d_model"], cfg.model["num_layers"], cfg.model["num_heads"]) == (128, 2, 4)
+    assert cfg.model["decay"] == "gated" and cfg.p_ignore == 0.8 and cfg.batch_size == 32
+    assert preset_config("mqar").model["attention_window"] == 64  # sineSPE's window of L, as spe train's
+
+
+def test_write_data_round_trips_and_refuses_to_overwrite(tmp_path, capsys):
+    out = tmp_path / "data"
+    argv = ["synth", "--task", "mqar", "--eval-lengths", "64,128", "--write-data", str(out), "--seeds", "3"]
+    assert main(argv) == 0
+    cfg = preset_config("mqar", eval_lengths=[64, 128])
+    vocab = json.loads((out / "vocab.json").read_text())
+    assert vocab["tokens"] == cfg.vocab() and vocab["seeds"]["train"] == 3
+    assert vocab["pairs"]["more-pairs"] == {"64": 8, "128": 11}
+    for name, split in (("validation", "same-pairs"), ("test-more-pairs-128", "more-pairs")):
+        rows = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
+        length = 64 if name == "validation" else 128
+        tokens, targets = fixed_split(cfg, "test" if name.startswith("test") else "validation", split, length)
+        assert torch.equal(torch.tensor([r["tokens"] for r in rows]), tokens)
+        assert torch.equal(torch.tensor([r["targets"] for r in rows]), targets)
+    train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    task, gens = SynthTask(cfg), {"data": torch.Generator().manual_seed(3)}  # the engine's data generator of seed 3
+    first = task.batch(gens, _one_process(), torch.device("cpu"))
+    assert len(train) == 1024 and [r["tokens"] for r in train[:32]] == first[0].tolist()
+    assert all(t == IGNORE or t > cfg.num_keys for r in train for t in r["targets"])
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    capsys.readouterr()
+    _refused(capsys, argv[1:], "already holds")
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # nothing written beside DIR
+
+
+def _one_process():
+    from spe.lab.train.distributed import Distributed
+
+    return Distributed()
+
+
+def test_accuracy_counts_only_the_target_positions():
+    cfg = preset_config("flip-flop", eval_lengths=[64])
+    tokens, targets = fixed_split(cfg, "validation", "in-distribution", 64)
+
+    class Oracle(torch.nn.Module):  # predicts every next token exactly, or the wrong bit at reads
+        def __init__(self, flip: bool):
+            super().__init__()
+            self.flip = flip
+
+        def forward(self, x):
+            nxt = torch.cat([x[:, 1:], x[:, :1]], dim=1)
+            nxt = torch.where(self.flip & (x == READ), 7 - nxt, nxt)  # after r: bits 3 <-> 4
+            return torch.nn.functional.one_hot(nxt, 5).float()
+
+    right = correct_count(Oracle(False), tokens, targets, batch_tokens=200, device=torch.device("cpu"))
+    wrong = correct_count(Oracle(True), tokens, targets, batch_tokens=200, device=torch.device("cpu"))
+    n = int((targets != IGNORE).sum())
+    assert right == (n, n) and wrong == (0, n)
+
+
+def test_packaged_plans_hold_todays_variants():
+    assert set(packaged_synth_plans()) >= {"learned-time-flip-flop", "learned-time-mqar"}
+    for name in ("learned-time-flip-flop", "learned-time-mqar"):
+        plan = load_synth_plan(name)
+        assert list(plan.rows) == ["ape", "sinespe", "sinespe-gated", "gated", "fox", "rope"]
+        fox = row_config(plan, "fox", steps=7)
+        assert (fox.model["attention"], fox.model["decay"], fox.model["positional"], fox.steps) == \
+            ("softmax", "gated", "none", 7)
+        assert row_config(plan, "sinespe-gated").model["attention_window"] == 0  # no window: the confound removed
+        assert row_config(plan, "sinespe").model["attention_window"] == 64
+
+
+def test_a_plan_row_with_a_bad_option_is_named(tmp_path):
+    plan = tmp_path / "p.toml"
+    plan.write_text('task = "mqar"\n[rows.a]\nmodel = { positional = "ape" }\n[rows.b]\nnum_pairs = 99\n')
+    with pytest.raises(ValueError, match=r"row 'b': num_pairs 99 does not fit"):
+        load_synth_plan(str(plan))
+
+
+@pytest.mark.slow
+def test_a_tiny_run_writes_its_results_and_skips_finished_seeds(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["synth", "--task", "flip-flop", "--steps", "3", "--eval-every", "2", "--eval-lengths", "64,128",
+            "--d-model", "16", "--num-layers", "1", "--seeds", "0,1", "--out", str(out), "--threads", "1",
+            "--no-progress"]
+    assert main(argv) == 0
+    result = json.loads((out / "seed1" / "result.json").read_text())
+    assert result["train_tokens"] == 3 * 32 * 64 and result["params"] > 0 and result["seed"] == 1
+    assert set(result["test"]) == {"in-distribution", "sparse", "dense"}
+    assert set(result["test"]["sparse"]) == {"64", "128"} and 0 <= result["test"]["dense"]["128"]["accuracy"] <= 1
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["accuracy"]["dense"]["128"]["seeds"] == 2
+    stamp = (out / "seed0" / "result.json").stat().st_mtime_ns
+    assert main(argv) == 0  # finished seeds are read back, not trained again
+    assert (out / "seed0" / "result.json").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    _refused(capsys, [a if a != "16" else "32" for a in argv[1:]], "holds another synthetic-task experiment")
+
+
+@pytest.mark.slow
+def test_a_plan_runs_its_rows_into_one_folder_and_collects_them(tmp_path, capsys):
+    plan = tmp_path / "tiny.toml"
+    plan.write_text('task = "mqar"\nseeds = [0]\n[defaults]\neval_lengths = [64, 128]\n[defaults.model]\n'
+                    'd_model = 16\nnum_layers = 1\n[rows.ape]\nmodel = { positional = "ape" }\n'
+                    '[rows.fox]\nmodel = { positional = "none", attention = "softmax", decay = "gated" }\n')
+    out = tmp_path / "out"
+    argv = ["synth", "--plan", str(plan), "--steps", "2", "--out", str(out), "--threads", "1", "--no-progress"]
+    assert main([*argv, "--only", "fox"]) == 0
+    assert json.loads((out / "results.json").read_text())["rows"]["ape"]["results"] == []
+    assert main(argv) == 0  # the other runner: fox is finished, ape runs
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [len(rows[r]["results"]) for r in ("ape", "fox")] == [1, 1]
+    assert rows["fox"]["accuracy"]["more-pairs"]["128"]["seeds"] == 1
+    assert (out / "ape" / "seed0" / "result.json").is_file() and "## same-pairs" in (out / "results.md").read_text()
+    capsys.readouterr()
+    _refused(capsys, [*argv[1:-1], "--only", "nope"], "unknown row(s) nope")
+
+
+def test_long_test_splits_hold_at_most_eval_tokens():
+    cfg = preset_config("mqar", eval_lengths=[64, 1024, 4096])
+    assert [len(fixed_split(cfg, "test", "more-pairs", t)[0]) for t in (64, 1024, 4096)] == [128, 128, 32]
+    assert len(fixed_split(cfg, "validation", "same-pairs", 64)[0]) == 128
+    small = preset_config("flip-flop", eval_lengths=[64, 256], eval_tokens=1000, eval_examples=10)
+    assert [small.examples_at(t) for t in (64, 256, 4096)] == [10, 3, 1]
