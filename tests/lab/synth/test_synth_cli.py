@@ -3,6 +3,8 @@
 import json
 
 import pytest
+
+from spe import DecoderLM, ModelConfig
 import torch
 
 from spe.lab.cli.main import main
@@ -98,11 +100,16 @@ def test_accuracy_counts_only_the_target_positions():
     assert right == (n, n) and wrong == (0, n)
 
 
-def test_packaged_plans_hold_todays_variants():
+def test_packaged_plans_hold_the_studys_rows_and_each_builds():
     assert set(packaged_synth_plans()) >= {"learned-time-flip-flop", "learned-time-mqar"}
     for name in ("learned-time-flip-flop", "learned-time-mqar"):
         plan = load_synth_plan(name)
-        assert list(plan.rows) == ["ape", "sinespe", "sinespe-gated", "gated", "fox", "rope"]
+        assert list(plan.rows) == ["ape", "sinespe", "sinespe-gated", "gated", "fox", "rope", "foxpro", "path",
+                                   "path-fox", "rope-learned", "rope-learned-gated", "sinespe-learned",
+                                   "sinespe-learned-gated", "sinespe-learned-gated-channel",
+                                   "sinespe-learned-linear-gated"]
+        for row in plan.rows:  # a misspelt option or an impossible pair fails here, not in a run
+            DecoderLM(ModelConfig(**{**row_config(plan, row).model, "vocab_size": 16}))
         fox = row_config(plan, "fox", steps=7)
         assert (fox.model["attention"], fox.model["decay"], fox.model["positional"], fox.steps) == \
             ("softmax", "gated", "none", 7)
