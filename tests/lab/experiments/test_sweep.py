@@ -246,7 +246,7 @@ def test_a_plan_evaluating_a_split_its_runs_do_not_hold_is_refused(tmp_path, var
 
 GATES_ROWS = {"ape", "fox", "gated", "gated-channel", "linear-gated", "sinespe-gated", "sinespe-linear-gated",
               "rope-gated", "permute-gated"}
-LEARNED_TIME_ROWS = {"ape", "sinespe", "gated", "gated-channel", "fox", "sinespe-gated-whole",
+LEARNED_TIME_ROWS = {"ape", "sinespe", "sinespe-whole", "gated", "gated-channel", "fox", "sinespe-gated-whole",
                      "sinespe-gated-channel-whole", "foxpro", "path", "path-fox", "rope-learned",
                      "rope-learned-gated", "sinespe-learned", "sinespe-learned-gated",
                      "sinespe-learned-gated-channel", "sinespe-learned-linear-gated"}
