@@ -260,8 +260,8 @@ def test_the_option_is_the_encodings_checked_and_recorded_in_checkpoints(tmp_pat
     from spe.checkpoint import load, save
 
     assert ModelConfig(vocab_size=5).spe_time == ModelConfig(vocab_size=5).rope_time == "index"
-    with pytest.raises(ValueError, match="spe_time must be one of index, learned, got 'onset'"):
-        ModelConfig(vocab_size=5, spe_time="onset")
+    with pytest.raises(ValueError, match="spe_time must be one of index, learned, onset, got 'clock'"):
+        ModelConfig(vocab_size=5, spe_time="clock")
     with pytest.raises(ValueError, match="SPE oracle's scores .* spe_time 'index', got 'learned'"):
         DecoderLM(ModelConfig(vocab_size=5, d_model=16, num_heads=2, positional="sinespe-exact", attention="softmax",
                               spe_time="learned"))

@@ -492,7 +492,7 @@ class MultiHeadAttention(nn.Module):
         return self.out(y.flatten(2))
 
     def step(self, x: Tensor, code: SPECode | None,
-             state: LayerState | None) -> tuple[Tensor, LayerState]:
+             state: LayerState | None, *, times: Tensor | None = None) -> tuple[Tensor, LayerState]:
         """One causal decoding step with an explicit state; equals :meth:`forward` position by position.
 
         The kernel's step function does the work (:mod:`spe.attention.kernels`, over
@@ -508,6 +508,8 @@ class MultiHeadAttention(nn.Module):
             x: (B, 1, C) the new position's input.
             code: SPE code for this single position (queries and keys).
             state: the previous step's state, or None at position 0.
+            times: (B, 1) the position's time for an encoding that reads per-sequence times (the
+                onset clock), given to it in place of the position (as :meth:`forward`).
 
         Returns:
             (B, 1, C) output and the new state.
@@ -519,7 +521,8 @@ class MultiHeadAttention(nn.Module):
         """
         state, conv_cache, previous, encoding_state = self._split_state(state)
         position = 0 if state is None else state.position
-        context, encoding_state = self._prepare(x, torch.tensor([position], device=x.device), encoding_state)
+        context, encoding_state = self._prepare(x, torch.tensor([position], device=x.device) if times is None
+                                                else times, encoding_state)
         q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
         f = self.features(q, k, context)
         y, state = self.kernel.step(f, v, state, self._options(x, None, context))
@@ -556,7 +559,7 @@ class MultiHeadAttention(nn.Module):
         return state if encoding_state is None else EncodingState(inner=state, encoding=encoding_state)
 
     def prefill(self, x: Tensor, code: SPECode | None,
-                state: LayerState | None = None) -> tuple[Tensor, LayerState]:
+                state: LayerState | None = None, *, times: Tensor | None = None) -> tuple[Tensor, LayerState]:
         """Positions p … p + L − 1 in one parallel pass (p = 0, or where ``state`` stopped), and the
         state :meth:`step` goes on from.
 
@@ -570,6 +573,7 @@ class MultiHeadAttention(nn.Module):
             x: (B, L, C) the inputs of positions p … p + L − 1.
             code: SPE code for these L positions (SPE only), the realisation ``state``'s keys had.
             state: a state of this layer to go on from (None: position 0); linear kernels only.
+            times: (B, L) per-sequence times (as :meth:`forward`).
 
         Returns:
             (B, L, C) output and the state after position p + L − 1.
@@ -584,14 +588,14 @@ class MultiHeadAttention(nn.Module):
         state, conv_cache, previous, encoding_state = self._split_state(state)
         start, n = (0 if state is None else state.position), x.shape[1]
         positions = torch.arange(start, start + n, device=x.device)
-        context, encoding_state = self._prepare(x, positions, encoding_state)
+        context, encoding_state = self._prepare(x, positions if times is None else times, encoding_state)
         q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
         f = self.features(q, k, context)
         y, state = self.kernel.prefill(f, v, self._options(x, None, context), state)
         return self._output(y, x), self._join_state(state, conv_cache, previous, encoding_state)
 
     def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
-                key_padding_mask: Tensor | None = None) -> Tensor:
+                key_padding_mask: Tensor | None = None, times: Tensor | None = None) -> Tensor:
         """Args:
             x: (B, L, C).
             code: SPE code for L positions; required iff the layer has an SPE filter.
@@ -603,6 +607,8 @@ class MultiHeadAttention(nn.Module):
                 cannot be the common one; score terms: masked scores; the centred short
                 convolution reads zeros there), so what a padded position holds never reaches
                 a real one. Non-causal layers only.
+            times: (B, L) per-sequence times (the onset clock's, :mod:`spe.encodings.onset`) for
+                an encoding that reads them: its ``prepare`` gets them in place of the positions.
 
         Returns:
             (B, L, C). Outputs at padded positions are computed but meaningless. An empty
@@ -617,7 +623,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"x must be (batch, length, d_model = {self.out.in_features}), got shape {tuple(x.shape)}")
         if x.numel() == 0:  # nothing to attend (gates, convolutions and chunk sizes need a position)
             return self.out(x)
-        context, _ = self._prepare(x, self._positions(positions, x), None, key_padding_mask)
+        context, _ = self._prepare(x, self._positions(positions, x) if times is None else times, None,
+                                   key_padding_mask)
         q, k, v, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         options = self._options(x, key_padding_mask, context)
         self.kernel.check(options)
