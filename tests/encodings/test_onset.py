@@ -187,3 +187,7 @@ def test_where_there_are_no_onsets_the_onset_clock_is_refused():
         ClassifierConfig(vocab_size=5, num_classes=2, spe_time="onset")
     with pytest.raises(ValueError, match="onset_scale must be a finite number"):
         ModelConfig(vocab_size=5, onset_scale=float("nan"))
+    from spe.lab.synth.config import preset_config
+
+    with pytest.raises(ValueError, match="spe synth's tasks have none"):
+        preset_config("flip-flop", model={"positional": "sinespe", "spe_time": "onset"})

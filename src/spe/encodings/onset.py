@@ -120,9 +120,9 @@ class OnsetClock:
     def __init__(self, tokens: dict[str, int], vocab_size: int) -> None:
         tokens = onset_tokens(tokens)
         res = _resolution(tokens)
-        kind = torch.full((vocab_size,), _OTHER, dtype=torch.long)
-        value = torch.zeros(vocab_size, dtype=torch.float64)  # k of Position_k; a bar's beats for TimeSig
-        unit = torch.zeros(vocab_size, dtype=torch.float64)  # TimeSig's position size in beats
+        kind = [_OTHER] * vocab_size
+        value = [0.0] * vocab_size  # k of Position_k; a bar's beats for TimeSig
+        unit = [0.0] * vocab_size  # TimeSig's position size in beats
         for name, i in tokens.items():
             if not 0 <= i < vocab_size:
                 raise ValueError(f"the onset clock's token {name!r} has id {i}, outside the vocabulary [0, {vocab_size})")
@@ -133,7 +133,10 @@ class OnsetClock:
             else:
                 n, d = map(int, _TIME_SIG.match(name).groups())
                 kind[i], value[i], unit[i] = _TIME_SIG_KIND, n * _QUARTERS_PER_WHOLE / d, _QUARTERS_PER_WHOLE / (d * res)
-        self.kind, self.value, self.unit, self.resolution = kind, value, unit, res
+        # on the CPU whatever device models are built on (a meta device sizes them)
+        self.kind = torch.tensor(kind, dtype=torch.long, device="cpu")
+        self.value, self.unit = (torch.tensor(t, dtype=torch.float64, device="cpu") for t in (value, unit))
+        self.resolution = res
 
     def start(self, batch: int, device: torch.device | str = "cpu") -> OnsetState:
         """The state before a sequence's first token: no bar yet, 4/4."""

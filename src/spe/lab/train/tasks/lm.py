@@ -78,6 +78,7 @@ class LMTask:
     layout: RunLayout = field(default_factory=lambda: RunLayout(latest="", best=None, extra_files=("loss.png",)))
     best_metric: str | None = None
     meta: dict = field(default_factory=dict)
+    model_settings: dict = field(default_factory=dict)
     passing: StatePassing | None = None
 
     def prepare(self, ctx: dist_.Distributed, *, resume: bool) -> None:
@@ -113,7 +114,11 @@ class LMTask:
                                 test_min_tokens=cfg.test_min_tokens, num_test_pieces=cfg.num_test_pieces)
         tokenizer = make_tokenizer()
         self.vocab_size = len(tokenizer)
-        self.vocab = dict(tokenizer.vocab)
+        config = cfg.model_config(self.vocab_size)
+        self.model_settings = {}  # what the data sets in the model (once: build_model may run on a meta device)
+        if config.positional == "sinespe" and config.spe_time == "onset":
+            self.model_settings = onset_settings(dict(tokenizer.vocab), self.split.train_pieces)
+            log.info("onset clock: %.4g tokens per beat (the training pieces' mean)", self.model_settings["onset_scale"])
         shifter = PitchShifter(tokenizer.vocab, cfg.max_transpose) if cfg.max_transpose > 0 else None
         self.sampler = CropSampler(self.split.train_pieces, cfg.seq_len, shifter)
         self.val_batch = prefix_batch(self.split.val_pieces, cfg.seq_len + 1)  # (N, L + 1)
@@ -123,12 +128,7 @@ class LMTask:
         self.val_long = prefix_batch(self.split.val_pieces, 2 * cfg.seq_len + 1)  # (N', 2L + 1)
 
     def build_model(self) -> DecoderLM:
-        config = self.cfg.model_config(self.vocab_size)
-        onset = config.positional == "sinespe" and config.spe_time == "onset"
-        model = build_model(self.cfg, self.vocab_size,
-                            **(onset_settings(self.vocab, self.split.train_pieces) if onset else {}))
-        if onset:
-            log.info("onset clock: %.4g tokens per beat (the training pieces' mean)", model.config.onset_scale)
+        model = build_model(self.cfg, self.vocab_size, **self.model_settings)
         self.label = f"train {model.config.positional}"
         if self.cfg.state_passing:  # feature redraws restart chains where there are random features
             redraws = self.cfg.feature_redraw_every if kernel_spec(model.config.attention).random_features else 0
