@@ -306,6 +306,10 @@ def test_spe_train_trains_learned_time_and_generates_from_its_checkpoint(midi_fo
                            test_min_tokens=cfg.test_min_tokens, num_test_pieces=cfg.num_test_pieces)
         clock = OnsetClock(config["onset_tokens"], len(make_tokenizer()))
         assert config["onset_scale"] == pytest.approx(tokens_per_beat(split.train_pieces, clock), rel=1e-12)
+        # a resumed run reads the same data: the settings it gives are no change of options
+        assert main(["train", "--data", str(midi_folder), "--cache-dir", str(tmp_path / "cache"), "--out", str(run),
+                     "--positional", positional, *extra, *tiny[:-3], "--steps", "4", "--no-progress", "--resume"]) == 0
+        assert load_metadata(run)["step"] == 4
     assert main(["generate", "--checkpoint", str(run), "--length", "40", "--out", str(tmp_path / "new.mid"),
                  "--no-progress"]) == 0
     with pytest.raises(SystemExit) as refused:  # argparse: one line, exit 2

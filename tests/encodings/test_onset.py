@@ -191,3 +191,21 @@ def test_where_there_are_no_onsets_the_onset_clock_is_refused():
 
     with pytest.raises(ValueError, match="spe synth's tasks have none"):
         preset_config("flip-flop", model={"positional": "sinespe", "spe_time": "onset"})
+
+
+def test_the_attention_read_offline_is_the_onset_clocks():
+    from spe.lab.metrics.capture import attention_matrices, layer_queries_keys
+
+    model = _model("softmax")
+    tokens = _ids(_random_names(12, 8))
+    times, _ = model._times(tokens, None)
+    attn, seen = model.blocks[1].attn, {}
+    handle = attn.register_forward_pre_hook(lambda m, a, kw: seen.update(x=a[0], code=a[1]), with_kwargs=True)
+    with torch.no_grad():
+        model(tokens)
+    handle.remove()
+    expected = attn.attention_weights(seen["x"], seen["code"], times=times, dtype=torch.float64)[0]
+    torch.testing.assert_close(attention_matrices(model, tokens[0], layer=1), expected)
+    q, k = layer_queries_keys(model, tokens, layer=1)
+    torch.testing.assert_close(q, attn.project(seen["x"], seen["code"], times=times)[0])
+    assert (q - attn.project(seen["x"], seen["code"], times=times * 1.5)[0]).abs().max() > 1e-4

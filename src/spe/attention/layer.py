@@ -351,8 +351,8 @@ class MultiHeadAttention(nn.Module):
             self.projection.copy_(orthogonal_random_features(
                 self.num_heads, self.num_features, self.kernel_dim, generator=generator))
 
-    def project(self, x: Tensor, code: SPECode | None, *,
-                key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, code: SPECode | None, *, key_padding_mask: Tensor | None = None,
+                times: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values as the kernel receives them in :meth:`forward` (after the
         short convolution and FoX-Pro's shift and QK-norm, if any, and the positional module's
         queries-keys hook; before RoPE and feature maps).
@@ -361,12 +361,13 @@ class MultiHeadAttention(nn.Module):
             x: (B, L, C) the layer's input.
             code: the SPE code for these L positions (required iff the layer has an SPE filter).
             key_padding_mask: (B, L) bool, True at padding (as :meth:`forward`).
+            times: (B, L) per-sequence times (as :meth:`forward`).
 
         Returns:
             q, k of shape (B, L, H, E) (E = R with SPE, carrying the filter's 1/(D·R)^{1/4}
             scale; E = D otherwise) and v of shape (B, L, H, D).
         """
-        context, _ = self._prepare(x, self._positions(None, x), None, key_padding_mask)
+        context, _ = self._prepare(x, self._positions(None, x) if times is None else times, None, key_padding_mask)
         q, k, v, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         return q, k, v
 
@@ -633,7 +634,7 @@ class MultiHeadAttention(nn.Module):
 
     def attention_weights(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
                           key_padding_mask: Tensor | None = None, exact: bool = False,
-                          dtype: torch.dtype | None = None) -> Tensor:
+                          dtype: torch.dtype | None = None, times: Tensor | None = None) -> Tensor:
         """The attention matrix A this layer applies in :meth:`forward`: before the output
         projection, y[b, m, h] = Σ_n A[b, h, m, n] v[b, n, h].
 
@@ -654,7 +655,7 @@ class MultiHeadAttention(nn.Module):
         unnormalised, and its ``output_norm`` acts on the rows of A v (the output), not of A.
 
         Args:
-            x, code, positions, key_padding_mask: as :meth:`forward`.
+            x, code, positions, key_padding_mask, times: as :meth:`forward`.
             exact: the softmax attention of the layer's queries and keys instead:
                 softmax_n(q̂_m·k̂_n/√E + log w_mn) with the layer's masks and decay (a
                 constant γ^{|m−n|} or the gates between m and n): what FAVOR+ estimates, and
@@ -678,7 +679,8 @@ class MultiHeadAttention(nn.Module):
                 not) or a gate per feature channel (no term of the logits).
         """
         self._check_call(positions, key_padding_mask)
-        context, _ = self._prepare(x, self._positions(positions, x), None, key_padding_mask)
+        context, _ = self._prepare(x, self._positions(positions, x) if times is None else times, None,
+                                   key_padding_mask)
         q, k, _, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         dtype = kernel_dtype(q, k) if dtype is None else dtype
         q, k = q.to(dtype), k.to(dtype)

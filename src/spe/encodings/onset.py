@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["OnsetClock", "OnsetState", "onset_tokens", "remi_onsets", "remi_onsets_reference",
+__all__ = ["OnsetClock", "OnsetState", "onset_tokens", "reads_onsets", "remi_onsets", "remi_onsets_reference",
            "tokens_per_beat"]
 
 _POSITION = re.compile(r"Position_(\d+)$")
@@ -46,6 +46,11 @@ _BAR = re.compile(r"Bar_(None|\d+)$")
 # Token kinds in the clock's table.
 _OTHER, _BAR_KIND, _POSITION_KIND, _TIME_SIG_KIND = 0, 1, 2, 3
 _QUARTERS_PER_WHOLE = 4.0
+
+
+def reads_onsets(config) -> bool:
+    """Whether a model config's encoding reads the onset clock (sineSPE with ``spe_time="onset"``)."""
+    return config.positional == "sinespe" and getattr(config, "spe_time", "index") == "onset"
 
 
 def onset_tokens(vocab: dict[str, int]) -> dict[str, int]:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from spe.attention.layer import LayerState
-from spe.encodings.onset import OnsetClock, OnsetState
+from spe.encodings.onset import OnsetClock, OnsetState, reads_onsets
 from spe.models.config import ModelConfig
 from spe.models.loss import cross_entropy
 from spe.models.trunk import Trunk, check_token_ids
@@ -58,7 +58,7 @@ class DecoderLM(Trunk):
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
         self.onset_clock = None
-        if config.positional == "sinespe" and config.spe_time == "onset":
+        if reads_onsets(config):
             if not config.onset_tokens or not config.onset_scale > 0:
                 raise ValueError("spe_time 'onset' reads the onsets of REMI tokens (music only): the model config "
                                  "needs onset_tokens and onset_scale > 0 (spe train sets them from the corpus)")

@@ -18,7 +18,7 @@ import torch
 
 from spe.attention.kernels import kernel_spec
 from spe.checkpoint import max_positions
-from spe.encodings.onset import OnsetClock, onset_tokens, tokens_per_beat
+from spe.encodings.onset import OnsetClock, onset_tokens, reads_onsets, tokens_per_beat
 from spe.models.decoder_lm import DecoderLM
 from spe.models.loss import cross_entropy
 from spe.lab.train import distributed as dist_
@@ -116,7 +116,7 @@ class LMTask:
         self.vocab_size = len(tokenizer)
         config = cfg.model_config(self.vocab_size)
         self.model_settings = {}  # what the data sets in the model (once: build_model may run on a meta device)
-        if config.positional == "sinespe" and config.spe_time == "onset":
+        if reads_onsets(config):
             self.model_settings = onset_settings(dict(tokenizer.vocab), self.split.train_pieces)
             log.info("onset clock: %.4g tokens per beat (the training pieces' mean)", self.model_settings["onset_scale"])
         shifter = PitchShifter(tokenizer.vocab, cfg.max_transpose) if cfg.max_transpose > 0 else None
