@@ -142,6 +142,13 @@ class OnsetClock:
         self.kind = torch.tensor(kind, dtype=torch.long, device="cpu")
         self.value, self.unit = (torch.tensor(t, dtype=torch.float64, device="cpu") for t in (value, unit))
         self.resolution = res
+        self._on_device: dict[torch.device, tuple[Tensor, Tensor, Tensor]] = {}
+
+    def _tables(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """(kind, value, unit) on ``device``, copied there once (decoding reads them every step)."""
+        if device not in self._on_device:
+            self._on_device[device] = tuple(t.to(device) for t in (self.kind, self.value, self.unit))
+        return self._on_device[device]
 
     def start(self, batch: int, device: torch.device | str = "cpu") -> OnsetState:
         """The state before a sequence's first token: no bar yet, 4/4."""
@@ -167,7 +174,7 @@ class OnsetClock:
             raise ValueError(f"the onset clock reads (batch, length ≥ 1) token ids, got shape {tuple(tokens.shape)}")
         first = state is None
         s = self.start(tokens.shape[0], tokens.device) if first else state
-        kind, value, unit = (t.to(tokens.device)[tokens] for t in (self.kind, self.value, self.unit))
+        kind, value, unit = (t[tokens] for t in self._tables(tokens.device))
         is_bar, is_position, is_sig = kind == _BAR_KIND, kind == _POSITION_KIND, kind == _TIME_SIG_KIND
         bar_length = _fill_forward(value, is_sig, s.bar_length)  # after token t
         position_unit = _fill_forward(unit, is_sig, s.unit)
