@@ -45,10 +45,16 @@ class DecoderLM(Trunk):
     The trunk (:class:`~spe.models.trunk.Trunk`) with causal blocks and a linear head to V
     logits, tied to the token embedding with ``config.tie_embeddings``. Codes are drawn as
     the trunk says; in eval mode a prefix gets the same code whatever length follows it, so
-    :meth:`forward` and :meth:`step` agree.
+    :meth:`forward` and :meth:`step` agree. On the onset clock (``spe_time="onset"``) the model
+    computes each sequence's times from its tokens (:mod:`spe.encodings.onset`) and hands them
+    to its layers; decoding carries the clock in :attr:`DecodingState.clock`.
 
     Args:
         config: the model configuration.
+
+    Raises:
+        ValueError: on the onset clock without ``onset_tokens`` and ``onset_scale`` > 0, or with
+            a vocabulary that has no onsets (:func:`~spe.encodings.onset.onset_tokens`).
     """
 
     MODEL_KIND = "decoder-lm"
@@ -112,8 +118,8 @@ class DecoderLM(Trunk):
         Raises:
             ValueError: on a tensor that is not (batch, length), ids out of range (checked
                 on the CPU; on CUDA a device-side assertion, see
-                :func:`~spe.models.trunk.check_in_range`), positions with a score encoding
-                or with a state, or ``ape-learned`` positions beyond ``max_positions``.
+                :func:`~spe.models.trunk.check_in_range`), positions with a score encoding,
+                the onset clock or a state, or ``ape-learned`` positions beyond ``max_positions``.
         """
         if state is not None or return_state:
             if positions is not None:
