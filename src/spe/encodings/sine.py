@@ -270,6 +270,8 @@ class TimedSPEFilter(SPEFilter):
     context :meth:`prepare` gives (:class:`LearnedTimeSPEFilter`, :class:`OnsetSPEFilter`), so that
     E[q̂_m·k̂_n] = Σ_d q_d k_d P_d(τ_m − τ_n). Takes :class:`~spe.encodings.code.SineCode` s only."""
 
+    time_name, clock_name = "time", "clock's times"  # how messages name the time and what sets it
+
     def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: SPECode,
                             context: Tensor) -> tuple[Tensor, Tensor]:
         """q̂, k̂ (B, L, H, R) of q, k (B, L, H, D) under a sineSPE ``code`` read at times ``context``
@@ -286,8 +288,6 @@ class TimedSPEFilter(SPEFilter):
         q_hat, k_hat = (apply_sine_code_timed(x, code.frequencies, phases, context, code.weights, gate,
                                               code.gate_noise) for x, phases in ((q, code.phases), (k, None)))
         return q_hat, k_hat
-
-    time_name, clock_name = "time", "clock's times"
 
 
 class OnsetSPEFilter(TimedSPEFilter):
