@@ -55,12 +55,15 @@ CASES = [
     ("sinespe", "linear", {"decay": "gated", "spe_time": "learned"}),  # issue 39: learned time
     ("sinespe", "performer", {"spe_time": "learned"}),
     ("rope", "linear-elu", {"rope_time": "learned", "decay": "gated-channel"}),
+    # issue 39: the onset clock, on a REMI-like vocabulary of bars and 4/4 positions (8 per beat)
+    ("sinespe", "linear", {"decay": "gated", "spe_time": "onset", "onset_scale": 2.5,
+                           "onset_tokens": {"Bar_None": 1, **{f"Position_{k}": 2 + k for k in range(32)}}}),
 ]
 
 
 def _ids(case):
     pos, att, extra = case
-    return "+".join([pos, att] + [f"{k}={v}" for k, v in extra.items()])
+    return "+".join([pos, att] + [f"{k}={v}" for k, v in extra.items() if k != "onset_tokens"])
 
 
 def _model(pos, att, extra):

@@ -260,8 +260,8 @@ def test_the_option_is_the_encodings_checked_and_recorded_in_checkpoints(tmp_pat
     from spe.checkpoint import load, save
 
     assert ModelConfig(vocab_size=5).spe_time == ModelConfig(vocab_size=5).rope_time == "index"
-    with pytest.raises(ValueError, match="spe_time must be one of index, learned, got 'onset'"):
-        ModelConfig(vocab_size=5, spe_time="onset")
+    with pytest.raises(ValueError, match="spe_time must be one of index, learned, onset, got 'clock'"):
+        ModelConfig(vocab_size=5, spe_time="clock")
     with pytest.raises(ValueError, match="SPE oracle's scores .* spe_time 'index', got 'learned'"):
         DecoderLM(ModelConfig(vocab_size=5, d_model=16, num_heads=2, positional="sinespe-exact", attention="softmax",
                               spe_time="learned"))
@@ -278,7 +278,8 @@ def test_the_option_is_the_encodings_checked_and_recorded_in_checkpoints(tmp_pat
 
 
 @pytest.mark.parametrize("positional,extra", [("sinespe", ["--spe-time", "learned", "--decay", "gated"]),
-                                              ("rope", ["--rope-time", "learned", "--attention", "linear"])])
+                                              ("rope", ["--rope-time", "learned", "--attention", "linear"]),
+                                              ("sinespe", ["--spe-time", "onset", "--attention", "linear"])])
 @pytest.mark.slow
 def test_spe_train_trains_learned_time_and_generates_from_its_checkpoint(midi_folder, tmp_path, positional, extra):
     from spe.checkpoint import load_metadata
@@ -291,9 +292,26 @@ def test_spe_train_trains_learned_time_and_generates_from_its_checkpoint(midi_fo
         assert main(["train", "--data", str(midi_folder), "--cache-dir", str(tmp_path / "cache"), "--out", str(run),
                      "--positional", positional, *extra, *tiny]) == 0
     config = load_metadata(run)["config"]
-    assert config["spe_time" if positional == "sinespe" else "rope_time"] == "learned"
+    assert config["spe_time" if positional == "sinespe" else "rope_time"] == extra[1]
+    if extra[1] == "onset":  # the scale and the clock's tokens of the training split, kept for generation
+        from spe.encodings.onset import OnsetClock, tokens_per_beat
+        from spe.lab.data.music import make_tokenizer
+        from spe.lab.data.split import load_split
+
+        from spe.lab.train.config import TrainConfig
+
+        cfg = TrainConfig()  # the defaults spe train split the data with
+        split = load_split(str(midi_folder), cache_dir=str(tmp_path / "cache"), val_fraction=cfg.val_fraction,
+                           split_seed=cfg.split_seed, max_piece_tokens=cfg.max_piece_tokens,
+                           test_min_tokens=cfg.test_min_tokens, num_test_pieces=cfg.num_test_pieces)
+        clock = OnsetClock(config["onset_tokens"], len(make_tokenizer()))
+        assert config["onset_scale"] == pytest.approx(tokens_per_beat(split.train_pieces, clock), rel=1e-12)
+        # a resumed run reads the same data: the settings it gives are no change of options
+        assert main(["train", "--data", str(midi_folder), "--cache-dir", str(tmp_path / "cache"), "--out", str(run),
+                     "--positional", positional, *extra, *tiny[:-3], "--steps", "4", "--no-progress", "--resume"]) == 0
+        assert load_metadata(run)["step"] == 4
     assert main(["generate", "--checkpoint", str(run), "--length", "40", "--out", str(tmp_path / "new.mid"),
                  "--no-progress"]) == 0
     with pytest.raises(SystemExit) as refused:  # argparse: one line, exit 2
-        main(["train", "--data", str(midi_folder), "--out", str(tmp_path / "bad"), "--spe-time", "onset", *tiny])
+        main(["train", "--data", str(midi_folder), "--out", str(tmp_path / "bad"), "--spe-time", "clock", *tiny])
     assert refused.value.code == 2

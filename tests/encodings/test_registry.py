@@ -60,7 +60,8 @@ BAD_OPTIONS = [
     ({"max_positions": 0}, "max_positions"), ({"max_distance": 0}, "max_distance"),
     ({"rope_base": 1.0}, "rope_base"), ({"rope_base": True}, "rope_base"), ({"lrpe_angles": "random"}, "lrpe_angles"),
     ({"permute_seed": 1.5}, "permute_seed"), ({"cosformer_max_length": 0}, "cosformer_max_length"),
-    ({"spe_time": "onset"}, "spe_time"), ({"rope_time": "clock"}, "rope_time"),
+    ({"spe_time": "clock"}, "spe_time"), ({"rope_time": "onset"}, "rope_time"), ({"onset_scale": -1.0}, "onset_scale"),
+    ({"onset_scale": True}, "onset_scale"), ({"onset_tokens": ["Bar_None"]}, "onset_tokens"),
 ]
 
 
@@ -78,6 +79,7 @@ def test_the_flags_are_the_options_declared_with_one():
     assert set(flags) == {"num_realizations", "num_sines", "kernel_size", "max_positions", "max_distance",
                           "lrpe_angles", "cosformer_max_length", "spe_time", "rope_time"}
     assert flags["lrpe_angles"]["choices"] == ("fixed", "learned")
-    assert flags["spe_time"]["choices"] == flags["rope_time"]["choices"] == ("index", "learned")
+    assert flags["rope_time"]["choices"] == ("index", "learned")
+    assert flags["spe_time"]["choices"] == ("index", "learned", "onset")
     assert flags["cosformer_max_length"]["type"] is int
     assert all(keywords["help"] for keywords in flags.values())

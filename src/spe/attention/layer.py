@@ -351,8 +351,8 @@ class MultiHeadAttention(nn.Module):
             self.projection.copy_(orthogonal_random_features(
                 self.num_heads, self.num_features, self.kernel_dim, generator=generator))
 
-    def project(self, x: Tensor, code: SPECode | None, *,
-                key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, code: SPECode | None, *, key_padding_mask: Tensor | None = None,
+                times: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values as the kernel receives them in :meth:`forward` (after the
         short convolution and FoX-Pro's shift and QK-norm, if any, and the positional module's
         queries-keys hook; before RoPE and feature maps).
@@ -361,12 +361,13 @@ class MultiHeadAttention(nn.Module):
             x: (B, L, C) the layer's input.
             code: the SPE code for these L positions (required iff the layer has an SPE filter).
             key_padding_mask: (B, L) bool, True at padding (as :meth:`forward`).
+            times: (B, L) per-sequence times (as :meth:`forward`).
 
         Returns:
             q, k of shape (B, L, H, E) (E = R with SPE, carrying the filter's 1/(D·R)^{1/4}
             scale; E = D otherwise) and v of shape (B, L, H, D).
         """
-        context, _ = self._prepare(x, self._positions(None, x), None, key_padding_mask)
+        context, _ = self._prepare(x, self._positions(None, x) if times is None else times, None, key_padding_mask)
         q, k, v, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         return q, k, v
 
@@ -492,7 +493,7 @@ class MultiHeadAttention(nn.Module):
         return self.out(y.flatten(2))
 
     def step(self, x: Tensor, code: SPECode | None,
-             state: LayerState | None) -> tuple[Tensor, LayerState]:
+             state: LayerState | None, *, times: Tensor | None = None) -> tuple[Tensor, LayerState]:
         """One causal decoding step with an explicit state; equals :meth:`forward` position by position.
 
         The kernel's step function does the work (:mod:`spe.attention.kernels`, over
@@ -508,6 +509,8 @@ class MultiHeadAttention(nn.Module):
             x: (B, 1, C) the new position's input.
             code: SPE code for this single position (queries and keys).
             state: the previous step's state, or None at position 0.
+            times: (B, 1) the position's time for an encoding that reads per-sequence times (the
+                onset clock), given to it in place of the position (as :meth:`forward`).
 
         Returns:
             (B, 1, C) output and the new state.
@@ -519,7 +522,8 @@ class MultiHeadAttention(nn.Module):
         """
         state, conv_cache, previous, encoding_state = self._split_state(state)
         position = 0 if state is None else state.position
-        context, encoding_state = self._prepare(x, torch.tensor([position], device=x.device), encoding_state)
+        context, encoding_state = self._prepare(x, torch.tensor([position], device=x.device) if times is None
+                                                else times, encoding_state)
         q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
         f = self.features(q, k, context)
         y, state = self.kernel.step(f, v, state, self._options(x, None, context))
@@ -556,7 +560,7 @@ class MultiHeadAttention(nn.Module):
         return state if encoding_state is None else EncodingState(inner=state, encoding=encoding_state)
 
     def prefill(self, x: Tensor, code: SPECode | None,
-                state: LayerState | None = None) -> tuple[Tensor, LayerState]:
+                state: LayerState | None = None, *, times: Tensor | None = None) -> tuple[Tensor, LayerState]:
         """Positions p … p + L − 1 in one parallel pass (p = 0, or where ``state`` stopped), and the
         state :meth:`step` goes on from.
 
@@ -570,6 +574,7 @@ class MultiHeadAttention(nn.Module):
             x: (B, L, C) the inputs of positions p … p + L − 1.
             code: SPE code for these L positions (SPE only), the realisation ``state``'s keys had.
             state: a state of this layer to go on from (None: position 0); linear kernels only.
+            times: (B, L) per-sequence times (as :meth:`forward`).
 
         Returns:
             (B, L, C) output and the state after position p + L − 1.
@@ -584,14 +589,14 @@ class MultiHeadAttention(nn.Module):
         state, conv_cache, previous, encoding_state = self._split_state(state)
         start, n = (0 if state is None else state.position), x.shape[1]
         positions = torch.arange(start, start + n, device=x.device)
-        context, encoding_state = self._prepare(x, positions, encoding_state)
+        context, encoding_state = self._prepare(x, positions if times is None else times, encoding_state)
         q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
         f = self.features(q, k, context)
         y, state = self.kernel.prefill(f, v, self._options(x, None, context), state)
         return self._output(y, x), self._join_state(state, conv_cache, previous, encoding_state)
 
     def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
-                key_padding_mask: Tensor | None = None) -> Tensor:
+                key_padding_mask: Tensor | None = None, times: Tensor | None = None) -> Tensor:
         """Args:
             x: (B, L, C).
             code: SPE code for L positions; required iff the layer has an SPE filter.
@@ -603,6 +608,8 @@ class MultiHeadAttention(nn.Module):
                 cannot be the common one; score terms: masked scores; the centred short
                 convolution reads zeros there), so what a padded position holds never reaches
                 a real one. Non-causal layers only.
+            times: (B, L) per-sequence times (the onset clock's, :mod:`spe.encodings.onset`) for
+                an encoding that reads them: its ``prepare`` gets them in place of the positions.
 
         Returns:
             (B, L, C). Outputs at padded positions are computed but meaningless. An empty
@@ -617,7 +624,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"x must be (batch, length, d_model = {self.out.in_features}), got shape {tuple(x.shape)}")
         if x.numel() == 0:  # nothing to attend (gates, convolutions and chunk sizes need a position)
             return self.out(x)
-        context, _ = self._prepare(x, self._positions(positions, x), None, key_padding_mask)
+        context, _ = self._prepare(x, self._positions(positions, x) if times is None else times, None,
+                                   key_padding_mask)
         q, k, v, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         options = self._options(x, key_padding_mask, context)
         self.kernel.check(options)
@@ -626,7 +634,7 @@ class MultiHeadAttention(nn.Module):
 
     def attention_weights(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
                           key_padding_mask: Tensor | None = None, exact: bool = False,
-                          dtype: torch.dtype | None = None) -> Tensor:
+                          dtype: torch.dtype | None = None, times: Tensor | None = None) -> Tensor:
         """The attention matrix A this layer applies in :meth:`forward`: before the output
         projection, y[b, m, h] = Σ_n A[b, h, m, n] v[b, n, h].
 
@@ -647,7 +655,7 @@ class MultiHeadAttention(nn.Module):
         unnormalised, and its ``output_norm`` acts on the rows of A v (the output), not of A.
 
         Args:
-            x, code, positions, key_padding_mask: as :meth:`forward`.
+            x, code, positions, key_padding_mask, times: as :meth:`forward`.
             exact: the softmax attention of the layer's queries and keys instead:
                 softmax_n(q̂_m·k̂_n/√E + log w_mn) with the layer's masks and decay (a
                 constant γ^{|m−n|} or the gates between m and n): what FAVOR+ estimates, and
@@ -671,7 +679,8 @@ class MultiHeadAttention(nn.Module):
                 not) or a gate per feature channel (no term of the logits).
         """
         self._check_call(positions, key_padding_mask)
-        context, _ = self._prepare(x, self._positions(positions, x), None, key_padding_mask)
+        context, _ = self._prepare(x, self._positions(positions, x) if times is None else times, None,
+                                   key_padding_mask)
         q, k, _, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         dtype = kernel_dtype(q, k) if dtype is None else dtype
         q, k = q.to(dtype), k.to(dtype)

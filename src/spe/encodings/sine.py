@@ -1,5 +1,6 @@
 """sineSPE: periodic relative kernels from sinusoids and noise, eq. (18)-(21) of Liutkus et al. 2021,
-in the token index or in a learned clock (``spe_time``, :class:`LearnedTimeSPEFilter`).
+in the token index, in a learned clock (``spe_time``, :class:`LearnedTimeSPEFilter`) or in the
+music's onsets (:class:`OnsetSPEFilter`).
 
 Letters: B = batch, L = length, C = d_model, H = num_heads, D = head_dim, R = num_realizations,
 K = num_sines.
@@ -21,13 +22,16 @@ from spe.encodings.positions import (NOISE_DTYPE, check_code_seed, code_generato
 from spe.encodings.filter import SPEFilter, SPEOptions, _check, _gate_term, _scaled, build_filter
 from spe.encodings.spec import PositionalSpec, head_dim, option
 
-__all__ = ["CODE_NOISES", "FREQUENCY_INITS", "LearnedTimeSPEFilter", "SineOptions", "SineSPE",
+__all__ = ["CODE_NOISES", "FREQUENCY_INITS", "SPE_TIMES", "LearnedTimeSPEFilter", "OnsetSPEFilter", "SineOptions",
+           "SineSPE", "TimedSPEFilter",
            "apply_sine_code_timed", "apply_sine_code_timed_reference", "orthogonal_noise", "sine_phase",
            "SPEC"]
 
 # the accepted values of SineSPE's ``noise`` and ``frequency_init`` (ModelConfig checks them too)
 CODE_NOISES = ("gaussian", "orthogonal")
 FREQUENCY_INITS = ("low", "spread")
+# The times sineSPE's codes read: the clock's (index, learned) or the music's onsets (onset).
+SPE_TIMES = (*CLOCK_TIMES, "onset")
 
 
 def orthogonal_noise(num_heads: int, num_groups: int, group_size: int, num_realizations: int, *,
@@ -261,7 +265,69 @@ def apply_sine_code_timed_reference(x: Tensor, frequencies: Tensor, phases: Tens
     return torch.einsum("blhd,blhdr->blhr", x.double(), bar) / (d * r) ** 0.25
 
 
-class LearnedTimeSPEFilter(SPEFilter):
+class TimedSPEFilter(SPEFilter):
+    """The SPE filter whose code's sinusoids are read at per-sequence times τ (B, L, H), the
+    context :meth:`prepare` gives (:class:`LearnedTimeSPEFilter`, :class:`OnsetSPEFilter`), so that
+    E[q̂_m·k̂_n] = Σ_d q_d k_d P_d(τ_m − τ_n). Takes :class:`~spe.encodings.code.SineCode` s only."""
+
+    time_name, clock_name = "time", "clock's times"  # how messages name the time and what sets it
+
+    def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: SPECode,
+                            context: Tensor) -> tuple[Tensor, Tensor]:
+        """q̂, k̂ (B, L, H, R) of q, k (B, L, H, D) under a sineSPE ``code`` read at times ``context``
+        (B, L, H) (:meth:`prepare`).
+
+        Raises:
+            ValueError: for a code that is not a sineSPE code, or shapes that do not match it.
+        """
+        if not isinstance(code, SineCode):
+            raise ValueError(f"sineSPE in {self.time_name} reads sinusoids at the {self.clock_name}: it takes a "
+                             f"SineCode, got {type(code).__name__}")
+        _check(q, k, code, self.num_heads, self.head_dim)
+        gate = self.gate
+        q_hat, k_hat = (apply_sine_code_timed(x, code.frequencies, phases, context, code.weights, gate,
+                                              code.gate_noise) for x, phases in ((q, code.phases), (k, None)))
+        return q_hat, k_hat
+
+
+class OnsetSPEFilter(TimedSPEFilter):
+    """sineSPE on the music's onset clock: the code's sinusoids read at τ_m = s · onset_m, the
+    onset of token m in beats (:mod:`spe.encodings.onset`, computed by the model from the
+    tokens) times a fixed scale s (the corpus's mean tokens per beat), the same τ for every head:
+
+        E[q̂_m·k̂_n] = Σ_d q_d k_d P_d(s·(onset_m − onset_n))
+
+    (eq. (18)'s kernel, stationary in musical time; relative attention over onsets as Moonbeam's).
+    The deterministic ablation between ``index`` and ``learned``: no parameter of its own. The
+    model gives the times as the call's positions (B, L); decoding carries the running bar and
+    position in the model's :class:`~spe.models.DecodingState`, so the layer keeps no state.
+    Costs as :class:`LearnedTimeSPEFilter` without the clock's C·H per position.
+
+    Args:
+        num_heads, head_dim, gated, gate_init: as :class:`~spe.encodings.filter.SPEFilter`.
+
+    Raises:
+        ValueError: as :class:`~spe.encodings.filter.SPEFilter`.
+    """
+
+    time_name, clock_name = "onset time", "onsets"
+
+    def prepare(self, x: Tensor, positions: Tensor | None, state=None, *,
+                key_padding_mask: Tensor | None = None) -> tuple[Tensor, None]:
+        """τ (B, L, H) float64 from the per-sequence times ``positions`` (B, L), and no state.
+
+        Raises:
+            ValueError: if ``positions`` are not (B, L) like x's first two dimensions (the model
+                gives them; a layer called alone has no onsets).
+        """
+        if positions is None or tuple(positions.shape) != tuple(x.shape[:2]):
+            got = None if positions is None else tuple(positions.shape)
+            raise ValueError(f"sineSPE on the onset clock reads per-sequence times (batch, length) = "
+                             f"{tuple(x.shape[:2])} that the model computes from the tokens, got positions {got}")
+        return positions.double()[..., None].expand(-1, -1, self.num_heads), None
+
+
+class LearnedTimeSPEFilter(TimedSPEFilter):
     """sineSPE in learned time: the SPE filter with a :class:`~spe.encodings.clock.LearnedClock`.
 
     The code's sinusoids are read at each head's clock τ_m = Σ_{0<t≤m} Δ_t, Δ_t =
@@ -300,22 +366,7 @@ class LearnedTimeSPEFilter(SPEFilter):
         start), and τ of the last position; ``positions`` are not read (the clock replaces them)."""
         return self.clock(x, state, key_padding_mask=key_padding_mask)
 
-    def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: SPECode,
-                            context: Tensor) -> tuple[Tensor, Tensor]:
-        """q̂, k̂ (B, L, H, R) of q, k (B, L, H, D) under a sineSPE ``code`` read at times ``context``
-        (B, L, H) (:meth:`prepare`).
-
-        Raises:
-            ValueError: for a code that is not a sineSPE code, or shapes that do not match it.
-        """
-        if not isinstance(code, SineCode):
-            raise ValueError(f"sineSPE in learned time reads sinusoids at the clock's times: it takes a "
-                             f"SineCode, got {type(code).__name__}")
-        _check(q, k, code, self.num_heads, self.head_dim)
-        gate = self.gate
-        q_hat, k_hat = (apply_sine_code_timed(x, code.frequencies, phases, context, code.weights, gate,
-                                              code.gate_noise) for x, phases in ((q, code.phases), (k, None)))
-        return q_hat, k_hat
+    time_name = "learned time"
 
 
 @dataclass(kw_only=True)
@@ -326,25 +377,43 @@ class SineOptions:
         num_sines: K, sinusoids per feature.
         frequency_init: ``low`` or ``spread`` initial frequencies.
         code_noise: ``gaussian`` or ``orthogonal`` (variance-reduced) noise.
-        spe_time: the time the codes' sinusoids read: ``index`` (the token index m, eq. (19))
-            or ``learned`` (a clock per head from each layer's input, :class:`LearnedTimeSPEFilter`);
-            read by ``sinespe`` only, like the other options of one encoding.
+        spe_time: the time the codes' sinusoids read: ``index`` (the token index m, eq. (19)),
+            ``learned`` (a clock per head from each layer's input, :class:`LearnedTimeSPEFilter`)
+            or ``onset`` (music: the onsets of the REMI tokens, :class:`OnsetSPEFilter`); read by
+            ``sinespe`` only, like the other options of one encoding.
+        onset_scale: s > 0, the onset clock's tokens per beat (``spe_time="onset"``: set by
+            ``spe train`` from the training split, :func:`~spe.encodings.onset.tokens_per_beat`,
+            and kept in checkpoints so evaluation and generation read the same clock).
+        onset_tokens: the onset clock's REMI tokens, token string → id
+            (:func:`~spe.encodings.onset.onset_tokens`), set with ``onset_scale``.
     """
 
     num_sines: int = option(5, "K, sinusoids per feature (sinespe)", flag_type=int)
     frequency_init: str = "low"
     code_noise: str = "gaussian"
-    spe_time: str = option("index", "the time sinespe's codes read: index (default) or learned (a clock "
-                           "τ_m = Σ Δ_t, Δ_t = softplus(wᵀx_t + b) per head, from each layer's input)",
-                           flag_type=str, choices=CLOCK_TIMES)
+    spe_time: str = option("index", "the time sinespe's codes read: index (default), learned (a clock "
+                           "τ_m = Σ Δ_t, Δ_t = softplus(wᵀx_t + b) per head, from each layer's input) or onset "
+                           "(music: each REMI token's onset in beats times the corpus's mean tokens per beat)",
+                           flag_type=str, choices=SPE_TIMES)
+    onset_scale: float = 0.0
+    onset_tokens: dict | None = None
 
     def check_options(self) -> None:
         """Raises ValueError on K that is not a positive integer or an unknown choice."""
         require_positive(type(self).__name__, num_sines=self.num_sines)
         for name, allowed in (("code_noise", CODE_NOISES), ("frequency_init", FREQUENCY_INITS),
-                              ("spe_time", CLOCK_TIMES)):
+                              ("spe_time", SPE_TIMES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if isinstance(self.onset_scale, bool) or not isinstance(self.onset_scale, (int, float)) \
+                or not math.isfinite(self.onset_scale) or self.onset_scale < 0:
+            raise ValueError(f"onset_scale must be a finite number ≥ 0 (tokens per beat; 0: not set), "
+                             f"got {self.onset_scale!r}")
+        if self.onset_tokens is not None and not isinstance(self.onset_tokens, dict):
+            raise ValueError(f"onset_tokens must be a dict of REMI token → id, got {type(self.onset_tokens).__name__}")
+        if self.spe_time == "onset" and self.positional == "sinespe" and not type(self).causal:
+            raise ValueError(f"spe_time 'onset' reads the onsets of a music language model's tokens: "
+                             f"{type(self).__name__} is an encoder, which has none")
 
 
 def build_sine(config) -> SineSPE:
@@ -358,6 +427,8 @@ def build_sine_filter(config, causal: bool) -> SPEFilter:
     time (``spe_time``) a :class:`LearnedTimeSPEFilter` with its clock."""
     if getattr(config, "spe_time", "index") == "index":
         return build_filter(config, causal)
+    if config.spe_time == "onset":
+        return OnsetSPEFilter(config.num_heads, head_dim(config), gated=config.gated, gate_init=config.gate_init)
     return LearnedTimeSPEFilter(config.num_heads, head_dim(config), config.d_model, gated=config.gated,
                                 gate_init=config.gate_init)
 

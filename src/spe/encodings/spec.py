@@ -93,7 +93,9 @@ class LayerEncoding(nn.Module):
         Args:
             x: (B, L, C) the layer's input (before the projections).
             positions: (L,) the positions of this call (given, or p … p + L − 1 when decoding
-                from position p), or None where the layer has none to give.
+                from position p), or None where the layer has none to give; or (B, L)
+                per-sequence times where the model gives them (``times=``: the onset clock's,
+                :class:`~spe.encodings.sine.OnsetSPEFilter`).
             state: what the previous call returned (None: position 0).
             key_padding_mask: (B, L) bool, True at padding (non-causal layers).
 

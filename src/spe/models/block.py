@@ -52,19 +52,20 @@ class Block(nn.Module):
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, code: SPECode | None, positions: Tensor | None = None, *,
-                key_padding_mask: Tensor | None = None) -> Tensor:
+                key_padding_mask: Tensor | None = None, times: Tensor | None = None) -> Tensor:
         """x: (B, L, C); code: the SPE code of these L positions (SPE only); positions: (L,)
         for RoPE (default 0 … L − 1); key_padding_mask: (B, L) bool, True at padding (non-causal
-        blocks, see :meth:`~spe.attention.MultiHeadAttention.forward`). Returns (B, L, C)."""
+        blocks, see :meth:`~spe.attention.MultiHeadAttention.forward`); times: (B, L) per-sequence
+        times (the onset clock's) or None. Returns (B, L, C)."""
         return self._residuals(x, self.attn(self.norm1(x), code, positions=positions,
-                                            key_padding_mask=key_padding_mask))
+                                            key_padding_mask=key_padding_mask, times=times))
 
     def forward_with_state(self, x: Tensor, code: SPECode | None,
-                           state: LayerState | None) -> tuple[Tensor, LayerState]:
+                           state: LayerState | None, *, times: Tensor | None = None) -> tuple[Tensor, LayerState]:
         """:meth:`forward` of a causal block going on from the attention's ``state`` (None: position
         0), dropout included: x (B, L, C) -> (B, L, C) and the attention's state after these
         positions (:meth:`~spe.attention.MultiHeadAttention.prefill`)."""
-        y, state = self.attn.prefill(self.norm1(x), code, state)
+        y, state = self.attn.prefill(self.norm1(x), code, state, times=times)
         return self._residuals(x, y), state
 
     def _residuals(self, x: Tensor, y: Tensor) -> Tensor:
@@ -72,15 +73,17 @@ class Block(nn.Module):
         return x + self.drop(self.ffn(self.norm2(x)))
 
     def step(self, x: Tensor, code: SPECode | None,
-             state: LayerState | None) -> tuple[Tensor, LayerState]:
-        """One causal decoding step: x (B, 1, C) -> (B, 1, C) and the attention's new state."""
-        y, state = self.attn.step(self.norm1(x), code, state)
+             state: LayerState | None, *, times: Tensor | None = None) -> tuple[Tensor, LayerState]:
+        """One causal decoding step: x (B, 1, C) -> (B, 1, C) and the attention's new state
+        (times: (B, 1), as :meth:`forward`)."""
+        y, state = self.attn.step(self.norm1(x), code, state, times=times)
         return self._feed_forward(x + y), state
 
-    def prefill(self, x: Tensor, code: SPECode | None) -> tuple[Tensor, LayerState]:
+    def prefill(self, x: Tensor, code: SPECode | None, *, times: Tensor | None = None) -> tuple[Tensor, LayerState]:
         """Causal decoding of positions 0 … L − 1 at once: x (B, L, C) -> (B, L, C) and the
-        attention's state after them (:meth:`~spe.attention.MultiHeadAttention.prefill`)."""
-        y, state = self.attn.prefill(self.norm1(x), code)
+        attention's state after them (:meth:`~spe.attention.MultiHeadAttention.prefill`; times as
+        :meth:`forward`)."""
+        y, state = self.attn.prefill(self.norm1(x), code, times=times)
         return self._feed_forward(x + y), state
 
     def _feed_forward(self, x: Tensor) -> Tensor:

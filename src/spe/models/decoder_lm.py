@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from spe.attention.layer import LayerState
+from spe.encodings.onset import OnsetClock, OnsetState, reads_onsets
 from spe.models.config import ModelConfig
 from spe.models.loss import cross_entropy
 from spe.models.trunk import Trunk, check_token_ids
@@ -29,10 +30,13 @@ class DecodingState:
             values seen for softmax; with ``short_conv`` a
             :class:`~spe.encodings.short_conv.ShortConvState` holding it and the last K − 1
             projected inputs.
+        clock: sineSPE on the onset clock (``spe_time="onset"``): the running bar and position
+            after the tokens fed (:class:`~spe.encodings.onset.OnsetState`); None otherwise.
     """
 
     position: int
     layers: list[LayerState]
+    clock: OnsetState | None = None
 
 
 class DecoderLM(Trunk):
@@ -41,10 +45,16 @@ class DecoderLM(Trunk):
     The trunk (:class:`~spe.models.trunk.Trunk`) with causal blocks and a linear head to V
     logits, tied to the token embedding with ``config.tie_embeddings``. Codes are drawn as
     the trunk says; in eval mode a prefix gets the same code whatever length follows it, so
-    :meth:`forward` and :meth:`step` agree.
+    :meth:`forward` and :meth:`step` agree. On the onset clock (``spe_time="onset"``) the model
+    computes each sequence's times from its tokens (:mod:`spe.encodings.onset`) and hands them
+    to its layers; decoding carries the clock in :attr:`DecodingState.clock`.
 
     Args:
         config: the model configuration.
+
+    Raises:
+        ValueError: on the onset clock without ``onset_tokens`` and ``onset_scale`` > 0, or with
+            a vocabulary that has no onsets (:func:`~spe.encodings.onset.onset_tokens`).
     """
 
     MODEL_KIND = "decoder-lm"
@@ -53,6 +63,20 @@ class DecoderLM(Trunk):
         super().__init__(config, causal=True)
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
+        self.onset_clock = None
+        if reads_onsets(config):
+            if not config.onset_tokens or not config.onset_scale > 0:
+                raise ValueError("spe_time 'onset' reads the onsets of REMI tokens (music only): the model config "
+                                 "needs onset_tokens and onset_scale > 0 (spe train sets them from the corpus)")
+            self.onset_clock = OnsetClock(config.onset_tokens, config.vocab_size)
+
+    def _times(self, tokens: Tensor, clock: OnsetState | None) -> tuple[Tensor | None, OnsetState | None]:
+        """(B, L) onset times τ = s · onset (beats, :mod:`spe.encodings.onset`) of ``tokens`` going
+        on from ``clock``, and the clock's state after them; (None, None) without the onset clock."""
+        if self.onset_clock is None:
+            return None, None
+        onsets, clock = self.onset_clock(tokens, clock)
+        return onsets * self.config.onset_scale, clock
 
     def build_head(self) -> nn.Module:
         return nn.Linear(self.config.d_model, self.config.vocab_size, bias=False)
@@ -78,7 +102,9 @@ class DecoderLM(Trunk):
             positions: (L,) positions shared by the batch (default 0 … L−1). With ``sinespe``
                 and ``rope`` they may be real-valued, e.g. onset times in beats (continuous
                 positions); ``convspe`` and ``ape-learned`` need integers; the score encodings
-                (``shaw``, ``music-relative`` …) use index distances and take none.
+                (``shaw``, ``music-relative`` …) use index distances and take none. On the
+                onset clock (``spe_time="onset"``) the times come from the tokens
+                (:mod:`spe.encodings.onset`): none are taken.
             generator: source of the SPE code in training mode.
             num_realizations: R for this pass (default: the config's), e.g. a test-time R.
             state, return_state: go on from a decoding state and/or return the final one, as
@@ -92,8 +118,8 @@ class DecoderLM(Trunk):
         Raises:
             ValueError: on a tensor that is not (batch, length), ids out of range (checked
                 on the CPU; on CUDA a device-side assertion, see
-                :func:`~spe.models.trunk.check_in_range`), positions with a score encoding
-                or with a state, or ``ape-learned`` positions beyond ``max_positions``.
+                :func:`~spe.models.trunk.check_in_range`), positions with a score encoding,
+                the onset clock or a state, or ``ape-learned`` positions beyond ``max_positions``.
         """
         if state is not None or return_state:
             if positions is not None:
@@ -104,11 +130,15 @@ class DecoderLM(Trunk):
         n = tokens.shape[1]
         if positions is not None and self.spec.acts_on == "scores":
             raise ValueError(f"positional {self.config.positional!r} works on index distances; it takes no positions")
+        if positions is not None and self.onset_clock is not None:
+            raise ValueError("sineSPE on the onset clock reads its times from the tokens; it takes no positions")
         if positions is None:
             positions = torch.arange(n, device=tokens.device)
         elif positions.shape != (n,):
             raise ValueError(f"positions must have shape ({n},) like the tokens' length, got {tuple(positions.shape)}")
-        return self.head(self.hidden(tokens, positions, generator=generator, num_realizations=num_realizations))
+        times = self._times(tokens, None)[0] if n else None
+        return self.head(self.hidden(tokens, positions, generator=generator, num_realizations=num_realizations,
+                                     times=times))
 
     def forward_with_state(self, tokens: Tensor, state: DecodingState | None = None, *,
                            generator: torch.Generator | None = None) -> tuple[Tensor, DecodingState]:
@@ -150,13 +180,14 @@ class DecoderLM(Trunk):
                              f"{len(self.blocks)} blocks")
         start = 0 if state is None else state.position
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        times, clock = self._times(tokens, None if state is None else state.clock)
         x = self.drop(self.embed_tokens(tokens, positions))  # (B, L, C)
         codes = self.draw_codes(positions, generator=generator, num_realizations=num_realizations)
         layers = []
         for i, (block, code) in enumerate(zip(self.blocks, codes)):
-            x, layer_state = block.forward_with_state(x, code, None if state is None else state.layers[i])
+            x, layer_state = block.forward_with_state(x, code, None if state is None else state.layers[i], times=times)
             layers.append(layer_state)
-        return self.head(self.norm(x)), DecodingState(position=start + tokens.shape[1], layers=layers)
+        return self.head(self.norm(x)), DecodingState(position=start + tokens.shape[1], layers=layers, clock=clock)
 
     @torch.no_grad()
     def step(self, tokens: Tensor, state: DecodingState | None = None) -> tuple[Tensor, DecodingState]:
@@ -182,12 +213,13 @@ class DecoderLM(Trunk):
         check_token_ids(tokens, self.config.vocab_size)
         position = 0 if state is None else state.position
         pos = torch.tensor([position], device=tokens.device)
+        times, clock = self._times(tokens[:, None], None if state is None else state.clock)
         x = self.embed_tokens(tokens[:, None], pos)  # (B, 1, C)
         layers = []
         for i, (block, code) in enumerate(zip(self.blocks, self._decoding_codes(pos))):
-            x, layer_state = block.step(x, code, None if state is None else state.layers[i])
+            x, layer_state = block.step(x, code, None if state is None else state.layers[i], times=times)
             layers.append(layer_state)
-        return self.head(self.norm(x))[:, 0], DecodingState(position=position + 1, layers=layers)
+        return self.head(self.norm(x))[:, 0], DecodingState(position=position + 1, layers=layers, clock=clock)
 
     @torch.no_grad()
     def prefill(self, tokens: Tensor) -> tuple[Tensor, DecodingState]:
@@ -212,12 +244,13 @@ class DecoderLM(Trunk):
         if tokens.shape[1] == 0:
             raise ValueError("prefill takes at least one token per sequence, got length 0")
         positions = torch.arange(tokens.shape[1], device=tokens.device)
+        times, clock = self._times(tokens, None)
         x = self.embed_tokens(tokens, positions)  # (B, L, C)
         layers = []
         for block, code in zip(self.blocks, self._decoding_codes(positions)):
-            x, layer_state = block.prefill(x, code)
+            x, layer_state = block.prefill(x, code, times=times)
             layers.append(layer_state)
-        return self.head(self.norm(x)), DecodingState(position=tokens.shape[1], layers=layers)
+        return self.head(self.norm(x)), DecodingState(position=tokens.shape[1], layers=layers, clock=clock)
 
     def _decoding_codes(self, positions: Tensor) -> list:
         # the code of eval mode (from config.code_seed) in any mode: what forward in eval mode uses

@@ -216,7 +216,8 @@ class Trunk(nn.Module):
         return x if self.ape is None else self.ape(x, positions)
 
     def hidden(self, tokens: Tensor, positions: Tensor, *, key_padding_mask: Tensor | None = None,
-               generator: torch.Generator | None = None, num_realizations: int | None = None) -> Tensor:
+               generator: torch.Generator | None = None, num_realizations: int | None = None,
+               times: Tensor | None = None) -> Tensor:
         """The trunk's forward pass on checked tokens (:meth:`check_tokens`).
 
         Args:
@@ -225,6 +226,7 @@ class Trunk(nn.Module):
                 so their blocks get none.
             key_padding_mask: (B, L) bool, True at padding (encoders only).
             generator, num_realizations: as :meth:`draw_codes`.
+            times: (B, L) per-sequence times for the blocks' encodings (the onset clock's), or None.
 
         Returns:
             (B, L, C) final-norm hidden states.
@@ -237,5 +239,5 @@ class Trunk(nn.Module):
         codes = self.draw_codes(positions, generator=generator, num_realizations=num_realizations)
         block_positions = None if self.spec.acts_on == "scores" else positions
         for block, code in zip(self.blocks, codes):
-            x = block(x, code, block_positions, key_padding_mask=key_padding_mask)
+            x = block(x, code, block_positions, key_padding_mask=key_padding_mask, times=times)
         return self.norm(x)

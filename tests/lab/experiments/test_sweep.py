@@ -249,7 +249,7 @@ GATES_ROWS = {"ape", "fox", "gated", "gated-channel", "linear-gated", "sinespe-g
 LEARNED_TIME_ROWS = {"ape", "sinespe", "sinespe-whole", "gated", "gated-channel", "fox", "sinespe-gated-whole",
                      "sinespe-gated-channel-whole", "foxpro", "path", "path-fox", "rope-learned",
                      "rope-learned-gated", "sinespe-learned", "sinespe-learned-gated",
-                     "sinespe-learned-gated-channel", "sinespe-learned-linear-gated"}
+                     "sinespe-learned-gated-channel", "sinespe-learned-linear-gated", "sinespe-onset"}
 # the rows of other branches, commented out in the learned-time plans until their options exist
 LEARNED_TIME_LATER = {"foxpro", "path", "path-fox", "rope-learned", "rope-learned-gated", "sinespe-onset",
                       "sinespe-learned", "sinespe-learned-gated", "sinespe-learned-gated-channel",
@@ -269,6 +269,8 @@ def test_every_16x_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan
 
     import torch
 
+    from spe.encodings.onset import onset_tokens, reads_onsets
+    from spe.lab.data.music import make_tokenizer
     from spe.lab.experiments.sweep import variant_config
     from spe.models import DecoderLM
 
@@ -280,6 +282,8 @@ def test_every_16x_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan
         assert spec["eval"]["split"] == "test" and spec["eval"]["bucket_width"] == length, name
         config = dataclasses.replace(cfg.model_config(486), d_model=16, num_heads=2, num_layers=1, d_ff=16,
                                      num_realizations=4, num_features=8, dropout=0.0)
+        if reads_onsets(config):  # what spe train sets from the corpus (spe.lab.train.tasks.lm.onset_settings)
+            config = dataclasses.replace(config, onset_tokens=onset_tokens(make_tokenizer().vocab), onset_scale=3.0)
         model = DecoderLM(config).eval()
         tokens = torch.randint(0, 486, (1, 16 * 64), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
@@ -355,3 +359,4 @@ def test_the_commented_rows_of_other_branches_are_plan_toml_once_uncommented(pla
     rows = uncommented["variants"]
     assert rows["path-fox"]["model"]["decay"] == "gated" and rows["path"]["model"]["attention"] == "softmax"
     assert rows["sinespe-learned-linear-gated"]["model"]["attention"] == "linear"
+    assert rows["sinespe-onset"]["model"]["spe_time"] == "onset"

@@ -74,7 +74,7 @@ def layer_queries_keys(model: DecoderLM, tokens: Tensor, *, layer: int = 0) -> t
             rotates kernel features, not queries and keys) or a feature transform (PermuteFormer …).
     """
     attn, captured = _capture(model, tokens, layer)
-    q, k, _ = attn.project(captured["x"], captured["code"])  # (B, L, H, E)
+    q, k, _ = attn.project(captured["x"], captured["code"], times=captured["times"])  # (B, L, H, E)
     if attn.rotary is not None:  # softmax RoPE rotates q and k after the projection, as forward does
         positions = captured["positions"]
         if positions is None:
@@ -109,6 +109,7 @@ def _capture(model: DecoderLM, tokens: Tensor, layer: int):
         captured["x"] = args[0] if args else kwargs["x"]
         captured["code"] = args[1] if len(args) > 1 else kwargs.get("code")
         captured["positions"] = kwargs.get("positions")
+        captured["times"] = kwargs.get("times")  # the onset clock's
 
     was_training = model.training
     handle = attn.register_forward_pre_hook(grab, with_kwargs=True)
@@ -165,5 +166,5 @@ def attention_matrices(model: DecoderLM, tokens, *, layer: int = 0) -> Tensor:
                          f"{tuple(tokens.shape)}")
     attn, captured = _capture(model, tokens, layer)
     weights = attn.attention_weights(captured["x"], captured["code"], positions=captured["positions"], exact=True,
-                                     dtype=torch.float64)  # (1, H, L, L)
+                                     dtype=torch.float64, times=captured["times"])  # (1, H, L, L)
     return weights[0].cpu()

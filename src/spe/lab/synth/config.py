@@ -120,6 +120,10 @@ class SynthConfig(ExperimentOptions):
             raise ValueError(f"unknown model option(s) {sorted(unknown)}; known: {sorted(known)}")
         self.model = resolve_model_options(self.model, self.train_length)
         config = self.model_config()
+        from spe.encodings.onset import reads_onsets
+
+        if reads_onsets(config):
+            raise ValueError("spe_time 'onset' reads the onsets of music (REMI) tokens: spe synth's tasks have none")
         limit, longest = config.position_limit, max(self.train_length, *self.eval_lengths)
         if limit is not None and longest > limit:
             raise ValueError(f"length {longest} exceeds the {limit} {positional_spec(config.positional).limit_text}; "

@@ -52,6 +52,7 @@ from spe.encodings.short_conv import ShortConvState
 from spe.encodings.spec import EncodingState
 from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecodingState
+from spe.encodings.onset import OnsetState
 from spe.ops.state import KVCache, LinearAttentionState, RecentKeys, ScaledLinearAttentionState, ScaledRecentKeys
 
 __all__ = ["CHAIN_STEPS", "CarriedBatch", "StatePassing", "chain_steps", "state_from_dict", "state_to_dict"]
@@ -61,7 +62,7 @@ CHAIN_STEPS = 16
 # The types a carried state is made of, by name (train_state.pt holds data only).
 _STATE_TYPES = {cls.__name__: cls for cls in (DecodingState, ShortConvState, ShiftState, EncodingState,
                                                LinearAttentionState, ScaledLinearAttentionState, RecentKeys,
-                                               ScaledRecentKeys)}
+                                               ScaledRecentKeys, OnsetState)}
 
 
 def chain_steps(model: ModelConfig, seq_len: int) -> int:

@@ -63,10 +63,15 @@ class RunStatus:
         return ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in self.differences.items())
 
 
+# Model settings the training data gives, not the options (the onset clock's, from the corpus the
+# data record checks): a run resumes with what it stored.
+_FROM_DATA = ("onset_scale", "onset_tokens")
+
+
 def _model_differences(stored_config: dict, cfg: TrainConfig, vocab_size: int | None) -> dict:
     stored = ModelConfig.from_dict(stored_config).to_dict()
     asked = ModelConfig(vocab_size=vocab_size or stored["vocab_size"], **cfg.model).to_dict()
-    return {k: (stored.get(k), v) for k, v in asked.items() if stored.get(k) != v}
+    return {k: (stored.get(k), v) for k, v in asked.items() if stored.get(k) != v and k not in _FROM_DATA}
 
 
 def run_status(cfg: TrainConfig, *, vocab_size: int | None = None) -> RunStatus:

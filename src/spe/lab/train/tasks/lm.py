@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from spe.attention.kernels import kernel_spec
 from spe.checkpoint import max_positions
+from spe.encodings.onset import OnsetClock, onset_tokens, reads_onsets, tokens_per_beat
 from spe.models.decoder_lm import DecoderLM
 from spe.models.loss import cross_entropy
 from spe.lab.train import distributed as dist_
@@ -32,10 +33,25 @@ __all__ = ["LMTask", "build_model", "engine_settings"]
 log = logging.getLogger(__name__)
 
 
-def build_model(cfg: TrainConfig, vocab_size: int) -> DecoderLM:
-    """The model ``cfg`` trains, initialised from ``cfg.seed`` (the same weights for the same config)."""
+def build_model(cfg: TrainConfig, vocab_size: int, **settings) -> DecoderLM:
+    """The model ``cfg`` trains, initialised from ``cfg.seed`` (the same weights for the same
+    config), with model ``settings`` the data gives (the onset clock's)."""
     torch.manual_seed(cfg.seed)
-    return DecoderLM(cfg.model_config(vocab_size))
+    return DecoderLM(replace(cfg.model_config(vocab_size), **settings))
+
+
+def onset_settings(vocab: dict[str, int], train_pieces) -> dict:
+    """The model settings of sineSPE on the onset clock (``spe_time="onset"``): the vocabulary's
+    clock tokens and the scale s = the training pieces' mean tokens per beat
+    (:func:`~spe.encodings.onset.tokens_per_beat`), so that τ = s · onset spans what the index does.
+    Recorded in the model config, hence in checkpoints: evaluation and generation read the same clock.
+
+    Raises:
+        ValueError: for a vocabulary without onsets (:func:`~spe.encodings.onset.onset_tokens`).
+    """
+    tokens = onset_tokens(vocab)
+    return {"onset_tokens": tokens,
+            "onset_scale": tokens_per_beat(train_pieces, OnsetClock(tokens, max(vocab.values()) + 1))}
 
 
 def engine_settings(cfg: TrainConfig) -> EngineSettings:
@@ -62,6 +78,7 @@ class LMTask:
     layout: RunLayout = field(default_factory=lambda: RunLayout(latest="", best=None, extra_files=("loss.png",)))
     best_metric: str | None = None
     meta: dict = field(default_factory=dict)
+    model_settings: dict = field(default_factory=dict)
     passing: StatePassing | None = None
 
     def prepare(self, ctx: dist_.Distributed, *, resume: bool) -> None:
@@ -97,6 +114,11 @@ class LMTask:
                                 test_min_tokens=cfg.test_min_tokens, num_test_pieces=cfg.num_test_pieces)
         tokenizer = make_tokenizer()
         self.vocab_size = len(tokenizer)
+        config = cfg.model_config(self.vocab_size)
+        self.model_settings = {}  # what the data sets in the model (once: build_model may run on a meta device)
+        if reads_onsets(config):
+            self.model_settings = onset_settings(dict(tokenizer.vocab), self.split.train_pieces)
+            log.info("onset clock: %.4g tokens per beat (the training pieces' mean)", self.model_settings["onset_scale"])
         shifter = PitchShifter(tokenizer.vocab, cfg.max_transpose) if cfg.max_transpose > 0 else None
         self.sampler = CropSampler(self.split.train_pieces, cfg.seq_len, shifter)
         self.val_batch = prefix_batch(self.split.val_pieces, cfg.seq_len + 1)  # (N, L + 1)
@@ -106,7 +128,7 @@ class LMTask:
         self.val_long = prefix_batch(self.split.val_pieces, 2 * cfg.seq_len + 1)  # (N', 2L + 1)
 
     def build_model(self) -> DecoderLM:
-        model = build_model(self.cfg, self.vocab_size)
+        model = build_model(self.cfg, self.vocab_size, **self.model_settings)
         self.label = f"train {model.config.positional}"
         if self.cfg.state_passing:  # feature redraws restart chains where there are random features
             redraws = self.cfg.feature_redraw_every if kernel_spec(model.config.attention).random_features else 0
