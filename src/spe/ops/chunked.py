@@ -1,5 +1,5 @@
 """Chunked causal sums of linear attention, unnormalised: the algorithms behind
-:func:`spe.ops.linear.causal_linear_attention`.
+:func:`spe.ops.linear_attn.chunk.causal_linear_attention`.
 
 Letters: B = batch, L = length, H = num_heads, M = feature dimension of φ, E = value
 dimension (with the normaliser's column of ones, if any), C = chunk, N = chunks, W = window.
@@ -22,7 +22,7 @@ from spe.ops.scaled import scaled_causal_sums, scaled_window_sums
 __all__ = ["causal_sums"]
 
 
-def causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, group_size: int | None,
+def causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, group_size: int | None, *,
                 state: Tensor | None = None, window: int | None = None, scale: Tensor | None = None,
                 state_scale: Tensor | None = None,
                 log_decay: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -38,10 +38,11 @@ def causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, g
         raise ValueError("causal_sums: a decay runs through the scaled sums; pass scale (zeros without key scales)")
     if window is not None:
         if scale is not None:
-            return scaled_window_sums(phi_q, phi_k, values, scale, chunk_size, window, log_decay), None, None
+            return scaled_window_sums(phi_q, phi_k, values, scale, chunk_size, window, log_decay=log_decay), None, None
         return _window_sums(phi_q, phi_k, values, chunk_size, window), None, None
     if scale is not None:
-        return scaled_causal_sums(phi_q, phi_k, values, scale, chunk_size, state, state_scale, log_decay)
+        return scaled_causal_sums(phi_q, phi_k, values, scale, chunk_size, state=state, state_scale=state_scale,
+                                  log_decay=log_decay)
     return _plain_causal_sums(phi_q, phi_k, values, chunk_size, group_size, state)
 
 

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from spe.ops.decay import check_log_decay
-from spe.ops.gates import check_gates, gate_bias, is_gate
+from spe.ops.decay.forms import check_gates, check_log_decay, is_gate
+from spe.ops.gates import gate_bias
 
 __all__ = ["FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "softmax_attention", "softmax_gates"]
 
