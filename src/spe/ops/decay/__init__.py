@@ -20,6 +20,7 @@ from spe.ops.decay.forms import (
     check_decay_mode,
     check_gates,
     check_log_decay,
+    decay_form,
     decode_decay,
     is_gate,
     retnet_decay_logits,
@@ -29,4 +30,4 @@ from spe.ops.decay.naive import decay_attention_reference
 
 __all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "NO_DECAY", "ChannelGate", "ConstantDecay", "Decay", "ScalarGate",
            "bidirectional_decay_sums", "check_decay_mode", "check_gates", "check_log_decay", "decay_attention_reference",
-           "decayed_running_max", "decode_decay", "is_gate", "retnet_decay_logits", "retnet_log_decay"]
+           "decay_form", "decayed_running_max", "decode_decay", "is_gate", "retnet_decay_logits", "retnet_log_decay"]

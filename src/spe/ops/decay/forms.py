@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "NO_DECAY", "ChannelGate", "ConstantDecay", "Decay", "ScalarGate",
-           "check_decay_mode", "check_gates", "check_log_decay", "decode_decay", "is_gate", "retnet_decay_logits",
+           "check_decay_mode", "check_gates", "check_log_decay", "decay_form", "decode_decay", "is_gate", "retnet_decay_logits",
            "retnet_log_decay"]
 
 # The decays a model can ask for (ModelConfig.decay, --decay): none, RetNet's fixed γ_h,
@@ -184,8 +184,19 @@ def decode_decay(log_decay: Tensor | None, shape: tuple[int, ...], *, key_log_sc
     """
     if log_decay is None:
         return None
-    if not is_gate(log_decay):
+    if is_gate(log_decay):
+        check_gates(log_decay, shape, key_log_scale=key_log_scale, normalizer_features=normalizer_features)
+    else:
         check_log_decay(log_decay, shape[2])
+    return decay_form(log_decay)
+
+
+def decay_form(log_decay: Tensor) -> Decay:
+    """The named form of a ``log_decay`` by its rank, unchecked (:func:`decode_decay` checks first;
+    the float64 reference takes it as given): (H,) → :class:`ConstantDecay`, (B, L, H) →
+    :class:`ScalarGate` (as (B, L, H, 1)), (B, L, H, M) → :class:`ChannelGate` (:class:`ScalarGate`
+    when M = 1: one channel is a scalar gate)."""
+    if log_decay.dim() == 1:
         return ConstantDecay(log_decay)
-    gates = check_gates(log_decay, shape, key_log_scale=key_log_scale, normalizer_features=normalizer_features)
+    gates = log_decay if log_decay.dim() == 4 else log_decay[..., None]
     return ScalarGate(gates) if gates.shape[-1] == 1 else ChannelGate(gates)

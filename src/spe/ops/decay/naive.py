@@ -13,6 +13,7 @@ import math
 import torch
 from torch import Tensor
 
+from spe.ops.decay.forms import ConstantDecay, decay_form
 from spe.ops.feature_maps import split_key_features
 
 __all__ = ["decay_attention_reference"]
@@ -43,9 +44,9 @@ def _lag_weights(n: int, log_decay: Tensor, *, causal: bool, window: int | None,
 
 
 def _gate_weights(gates: Tensor, *, causal: bool, window: int | None, key_padding_mask: Tensor | None) -> Tensor:
-    """exp(F_m − F_n) (n ≤ m), exp(F_n − F_m) (n > m), F the running sums of the gates (B, L, H)
-    or (B, L, H, M), with the causal, window and padding masks: (B, H, L, L, G)."""
-    g = gates if gates.dim() == 4 else gates[..., None]
+    """exp(F_m − F_n) (n ≤ m), exp(F_n − F_m) (n > m), F the running sums of the gates (B, L, H, G),
+    with the causal, window and padding masks: (B, H, L, L, G)."""
+    g = gates
     f = torch.cumsum(g, dim=1).permute(0, 2, 1, 3)  # (B, H, L, G)
     diff = f[:, :, :, None] - f[:, :, None, :]  # F_m − F_n
     pos = torch.arange(g.shape[1], device=g.device)
@@ -89,12 +90,13 @@ def decay_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_decay
         top = a.amax(dim=1, keepdim=True)
         factor = torch.exp(a - top.masked_fill(top == -math.inf, 0.0))[..., None]
         phi_k, nk = phi_k * factor, nk * factor
-    if lam.dim() == 1:
+    form = decay_form(lam)
+    if isinstance(form, ConstantDecay):
         w = _lag_weights(phi_q.shape[1], lam, causal=causal, window=window, key_padding_mask=key_padding_mask)
         num = torch.einsum("bmhd,bnhd,bhmn,bnhe->bmhe", phi_q, phi_k, w, v)
         den = torch.einsum("bmhd,bnhd,bhmn->bmh", nq, nk, w)[..., None]
     else:
-        w = _gate_weights(lam, causal=causal, window=window, key_padding_mask=key_padding_mask)
+        w = _gate_weights(form.gates, causal=causal, window=window, key_padding_mask=key_padding_mask)
         num = torch.einsum("bmhd,bnhd,bhmnd,bnhe->bmhe", phi_q, phi_k, w.expand(*w.shape[:4], phi_q.shape[-1]), v)
         den = torch.einsum("bmhd,bnhd,bhmnd->bmh", nq, nk, w.expand(*w.shape[:4], nq.shape[-1]))[..., None]
     nonzero = den != 0

@@ -161,6 +161,7 @@ def _sums_step(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: T
         lam = decay.gates[:, 0, :, 0]
     elif isinstance(decay, ChannelGate):
         lam = decay.gates[:, 0]
+    per_channel = isinstance(decay, ChannelGate)  # never with key scales (decode_decay refuses it)
     decay = None
     if a is not None:  # relative to the running maximum of the key scales
         if lam is None:
@@ -172,11 +173,11 @@ def _sums_step(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: T
         factor = torch.exp(a - scale)[:, None, :, None]
         fk, nk = fk * factor, nk * factor
     elif lam is not None and state is not None:  # S ← γ S
-        decay = torch.exp(lam).expand(state.normalizer.shape[:max(2, lam.dim())])  # (B, H) or (B, H, M)
+        decay = torch.exp(lam).expand(state.normalizer.shape[:3 if per_channel else 2])  # (B, H, M) or (B, H)
     kv, z = torch.einsum("blhm,blhe->bhme", fk, vf), nk[:, 0]
     if state is not None:
         old_kv, old_z = state.kv, state.normalizer
-        if decay is not None and decay.dim() == 3:  # per channel: diag(e^G) S
+        if decay is not None and per_channel:  # diag(e^G) S
             old_kv, old_z = old_kv * decay[..., None], old_z * decay
         elif decay is not None:
             old_kv, old_z = old_kv * decay[..., None, None], old_z * decay[..., None]
