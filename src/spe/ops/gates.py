@@ -32,7 +32,9 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["gate_bias", "gated_softmax_reference", "segment_sums", "suffix_sums"]
+from spe.ops.decay.forms import check_gates, is_gate  # their home since the decay forms; kept importable here
+
+__all__ = ["check_gates", "gate_bias", "gated_softmax_reference", "is_gate", "segment_sums", "suffix_sums"]
 
 
 def segment_sums(g: Tensor, dim: int) -> Tensor:
