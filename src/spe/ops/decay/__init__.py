@@ -29,5 +29,6 @@ from spe.ops.decay.forms import (
 from spe.ops.decay.naive import decay_attention_reference
 
 __all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "NO_DECAY", "ChannelGate", "ConstantDecay", "Decay", "ScalarGate",
-           "bidirectional_decay_sums", "check_decay_mode", "check_gates", "check_log_decay", "decay_attention_reference",
-           "decay_form", "decayed_running_max", "decode_decay", "is_gate", "retnet_decay_logits", "retnet_log_decay"]
+           "bidirectional_decay_sums", "check_decay_mode", "check_gates", "check_log_decay",
+           "decay_attention_reference", "decay_form", "decayed_running_max", "decode_decay", "is_gate",
+           "retnet_decay_logits", "retnet_log_decay"]

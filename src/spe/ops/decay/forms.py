@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "NO_DECAY", "ChannelGate", "ConstantDecay", "Decay", "ScalarGate",
-           "check_decay_mode", "check_gates", "check_log_decay", "decay_form", "decode_decay", "is_gate", "retnet_decay_logits",
-           "retnet_log_decay"]
+           "check_decay_mode", "check_gates", "check_log_decay", "decay_form", "decode_decay", "is_gate",
+           "retnet_decay_logits", "retnet_log_decay"]
 
 # The decays a model can ask for (ModelConfig.decay, --decay): none, RetNet's fixed γ_h,
 # γ_h = sigmoid(logit_h) learned from RetNet's values, or a forget gate from the layer's input
