@@ -1,10 +1,11 @@
 """The constant decay's (RetNet's) chunked helpers: the decayed running maximum of key log
 scales and the bidirectional (encoder) sums; the causal sums themselves run through
-:mod:`spe.ops.scaled` with ``log_decay``. The gates' chunked sums are in :mod:`spe.ops.decay.gated`.
+:mod:`spe.ops.common.scaled` with ``log_decay``. The gates' chunked sums are in
+:mod:`spe.ops.decay.gated`.
 
 Letters: B = batch, L = length, H = num_heads, M = feature dimension of φ, E = value dimension.
 
-With key log scales (FAVOR+, :mod:`spe.ops.scaled`) a decay is a shift of the log scale: a
+With key log scales (FAVOR+, :mod:`spe.ops.common.scaled`) a decay is a shift of the log scale: a
 state S relative to e^c after position m − 1 is γ S = S relative to e^{c + λ} at position m.
 So the sums are kept relative to the *decayed* running maximum
 c_m = max(c_{m−1} + λ, a_m) = max_{n ≤ m} (a_n + (m − n) λ) (:func:`decayed_running_max`),
@@ -20,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from spe.ops.common.chunk import causal_sums
 from spe.ops.decay.forms import FLOOR_LOG_SCALE
 
 __all__ = ["bidirectional_decay_sums", "decayed_running_max"]
@@ -64,8 +66,6 @@ def bidirectional_decay_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, log_s
     Returns:
         (B, L, H, E) sums relative to e^{s_m}, and s (B, L, H).
     """
-    from spe.ops.chunked import causal_sums  # chunked → scaled; decay sits beside them
-
     a = log_scale.clamp(min=FLOOR_LOG_SCALE)  # −∞ (padding) would meet −∞ − (−∞) in the scans
 
     def scan(q: Tensor, k: Tensor, vals: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from spe.ops.decay.forms import FLOOR_LOG_SCALE
 from spe.ops.gates import segment_sums, suffix_sums
-from spe.ops.scaled import window_plan
+from spe.ops.common.scaled import window_plan
 
 __all__ = ["CHANNEL_CHUNK", "FACTOR_EXPONENT_LIMIT", "encoder_scalar_chunk", "gated_bidirectional_sums",
            "gated_causal_sums"]

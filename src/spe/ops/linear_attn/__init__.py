@@ -9,7 +9,7 @@ cumulative sums), :mod:`~spe.ops.linear_attn.chunk` (the chunked forms, what the
 state helpers). :func:`~spe.ops.linear_attn.chunk.chunk_linear_attention` and
 :func:`~spe.ops.linear_attn.recurrent.recurrent_linear_attention` share one signature,
 ``(phi_q, phi_k, v, normalizer, state, options) -> (o, final_state)``. The chunked sums they
-run are :mod:`spe.ops.chunked` and :mod:`spe.ops.scaled` (shared with the decay's).
+run are :mod:`spe.ops.common.chunk` and :mod:`spe.ops.common.scaled` (shared with the decay's).
 """
 
 from spe.ops.linear_attn.chunk import (

@@ -11,7 +11,7 @@ chunk, a carried state S = Σ φ(k_n) v_nᵀ across chunks); its slow, obviously
 :func:`~spe.ops.linear_attn.recurrent.linear_attention_step` continues from the
 state that :func:`causal_linear_attention_with_state` returns (one return type each:
 :func:`causal_linear_attention` gives the output only). The chunked sums themselves are in
-:mod:`spe.ops.chunked` (and :mod:`spe.ops.scaled` for keys with log scales).
+:mod:`spe.ops.common.chunk` (and :mod:`spe.ops.common.scaled` for keys with log scales).
 
 Every kernel takes a decay on the lag, ``log_decay`` (H,) λ_h = log γ_h (RetNet; causal
 weights γ^{m−n}, bidirectional γ^{|m−n|}), whose sums run through :mod:`spe.ops.decay`, or a
@@ -33,7 +33,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from spe.ops.chunked import causal_sums
+from spe.ops.common.chunk import causal_sums
 from spe.ops.decay.chunk import bidirectional_decay_sums, decayed_running_max
 from spe.ops.decay.forms import ChannelGate, ConstantDecay, ScalarGate, decode_decay
 from spe.ops.decay.gated import encoder_scalar_chunk, gated_bidirectional_sums, gated_causal_sums
@@ -55,7 +55,7 @@ from spe.ops.linear_attn.options import (
     to_scaled_state,
     with_ones,
 )
-from spe.ops.scaled import running_max
+from spe.ops.common.scaled import running_max
 from spe.ops.softmax import check_window
 from spe.ops.state import LinearAttentionState, RecentKeys, ScaledLinearAttentionState, ScaledRecentKeys
 
@@ -204,7 +204,7 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
         key_log_scale: (B, L, H) a_n, keys' features being φ(k_n) = phi_k_n · e^{a_n} (and the
             normaliser's likewise; None when ``phi_k`` is
             :class:`~spe.ops.feature_maps.ScaledFeatures`, which carries it):
-            sums are then kept relative to the causal running maximum of a (:mod:`spe.ops.scaled`;
+            sums are then kept relative to the causal running maximum of a (:mod:`spe.ops.common.scaled`;
             chunk by chunk, so slower), so that no key scale can overflow float32.
         log_decay: (H,) λ_h = log γ_h ≤ 0, RetNet's decay: key n weighs γ^{m−n} at query m,
             in numerator and normaliser alike (:mod:`spe.ops.decay`; inside a chunk the mask
@@ -336,7 +336,7 @@ def chunk_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer: 
         return _gated_causal(phi_q, phi_k, v, normalizer, state, opts)
     if isinstance(opts.decay, ConstantDecay):
         return _decayed_causal(phi_q, phi_k, v, normalizer, state, opts)
-    if opts.window is not None:  # each key relative to its own scale (spe.ops.scaled.scaled_window_sums)
+    if opts.window is not None:  # each key relative to its own scale (spe.ops.common.scaled.scaled_window_sums)
         return _windowed_attention(phi_q, phi_k, v, normalizer, state, opts)
     return _whole_past_attention(phi_q, phi_k, v, normalizer, state, opts)
 
@@ -344,7 +344,7 @@ def chunk_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer: 
 def _decayed_causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, state: LinearState | None,
                     opts: KernelOptions) -> tuple[Tensor, LinearState]:
     """The causal cases with a constant decay: keys without log scales get zero ones (the decayed
-    running maximum of zeros is exactly 0), so that one algorithm, :mod:`spe.ops.scaled`'s,
+    running maximum of zeros is exactly 0), so that one algorithm, :mod:`spe.ops.common.scaled`'s,
     serves both; plain states are converted on the way in and out."""
     plain = opts.key_log_scale is None
     if plain:
@@ -360,7 +360,7 @@ def _decayed_causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, state: 
 def _whole_past_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, state: LinearState | None,
                           opts: KernelOptions) -> tuple[Tensor, LinearState]:
     """The case without a window: the chunked sums continue ``state``'s running sums (relative
-    to the running maximum c_n of the key scales, :mod:`spe.ops.scaled`, if any; the decayed
+    to the running maximum c_n of the key scales, :mod:`spe.ops.common.scaled`, if any; the decayed
     one with a constant decay)."""
     key_log_scale, log_decay = opts.key_log_scale, constant_log_decay(opts.decay)
     nq, nk = (None, None) if normalizer is None else normalizer

@@ -53,7 +53,7 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor | ScaledFeatures, v: Tens
     (:class:`~spe.ops.state.LinearAttentionState`). Window W: the last W keys and values are
     kept and the sums re-formed from them, O(W·M·E) (:class:`~spe.ops.state.RecentKeys`). With
     ``key_log_scale`` the state is kept relative to the running maximum c of the keys' log
-    scales (S ← S e^{c_old − c} + …), as the chunked kernel does (:mod:`spe.ops.scaled`), in the
+    scales (S ← S e^{c_old − c} + …), as the chunked kernel does (:mod:`spe.ops.common.scaled`), in the
     ``Scaled`` subclasses.
 
     Args:

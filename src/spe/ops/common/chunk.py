@@ -8,7 +8,7 @@ dimension (with the normaliser's column of ones, if any), C = chunk, N = chunks,
 
 Inside a chunk: the masked C × C product; across chunks: a carried state (whole past) or sums
 of the whole chunks inside the window by doubling (never a difference of prefix sums). Keys
-with log scales go to :mod:`spe.ops.scaled`.
+with log scales go to :mod:`spe.ops.common.scaled`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from spe.ops.scaled import scaled_causal_sums, scaled_window_sums
+from spe.ops.common.scaled import scaled_causal_sums, scaled_window_sums
 
 __all__ = ["causal_sums"]
 
@@ -28,7 +28,7 @@ def causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, g
                 log_decay: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Unnormalised Σ_{n ≤ m} φ(q_m)ᵀφ(k_n) values_n, chunked; (B, L, H, E), the final
     state Σ_n φ(k_n) values_nᵀ (B, H, M, E) (added to ``state``, the sum of earlier keys) and
-    its scale (None without ``scale``, the running maximum of :mod:`spe.ops.scaled`).
+    its scale (None without ``scale``, the running maximum of :mod:`spe.ops.common.scaled`).
 
     With a window (W < L), Σ over m − W < n ≤ m instead, and no state. With ``log_decay``
     (H,) λ = log γ, each term is weighed by γ^{m−n} (:mod:`spe.ops.decay`); it needs ``scale``
