@@ -325,7 +325,7 @@ def test_fox_in_query_blocks_matches_reference_and_forms_one_block_of_bias_at_a_
     backward: == the float64 reference forward and backward, for windows shorter than a block,
     spanning blocks and past L; no bias ever holds more than one block of rows, nor keys beyond
     what the block's queries reach."""
-    import spe.ops.softmax as softmax
+    import spe.ops.softmax.chunk as softmax
 
     monkeypatch.setattr(softmax, "FOX_QUERY_BLOCK", 8)
     shapes, attend = [], softmax.attend

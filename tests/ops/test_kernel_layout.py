@@ -98,3 +98,34 @@ def test_the_chunked_form_equals_its_recurrent_step(form, window, normalize):
         torch.testing.assert_close(s.normalizer, state.normalizer, rtol=1e-12, atol=1e-12)
     else:
         torch.testing.assert_close(s.keys, state.keys, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", ["causal", "full", "window", "padding", "fox", "fox-window", "constant-gate"])
+def test_softmax_attention_equals_its_float64_reference_forward_and_backward(case):
+    from spe.ops.softmax import softmax_attention, softmax_attention_reference
+
+    g = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(B, L, H, 6, generator=g, dtype=F64).requires_grad_() for _ in range(2))
+    v = torch.randn(B, L, H, E, generator=g, dtype=F64).requires_grad_()
+    kwargs = {"causal": case != "full" and case != "padding"}
+    if "window" in case:
+        kwargs["window"] = 4
+    if case == "padding":
+        mask = torch.zeros(B, L, dtype=torch.bool)
+        mask[0, -3:] = True  # the last keys of the first sequence are padding
+        kwargs["key_padding_mask"] = mask
+    if case.startswith("fox"):
+        kwargs["log_decay"] = (-torch.rand(B, L, H, generator=g, dtype=F64)).requires_grad_()
+    if case == "constant-gate":
+        kwargs["log_decay"] = (-torch.rand(H, generator=g, dtype=F64)).requires_grad_()
+    fast, slow = softmax_attention(q, k, v, **kwargs), softmax_attention_reference(q, k, v, **kwargs)
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    leaves = [q, k, v] + ([kwargs["log_decay"]] if "log_decay" in kwargs else [])
+    weight = torch.randn(fast.shape, generator=g, dtype=F64)
+    for a, b in zip(torch.autograd.grad((fast * weight).sum(), leaves),
+                    torch.autograd.grad((slow * weight).sum(), leaves), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    if case == "padding":  # padding keys get no weight: changing them changes nothing
+        v2 = v.detach().clone()
+        v2[0, -3:] = 1e3
+        torch.testing.assert_close(softmax_attention_reference(q, k, v2, **kwargs), slow, rtol=0, atol=0)

@@ -1,7 +1,8 @@
 """Pure attention kernels and feature maps. Layout: (batch, length, num_heads, dim).
 
 One mechanism a folder (fla's layout): :mod:`spe.ops.linear_attn`, :mod:`spe.ops.decay`,
-:mod:`spe.ops.path`; each with a float64 reference (``naive``), the chunked form and the step.
+:mod:`spe.ops.softmax`, :mod:`spe.ops.path`; each with a float64 reference (``naive``), the
+chunked form and the step; :mod:`spe.ops.common` holds the sums and checks they share.
 """
 
 from spe.ops.feature_maps import (

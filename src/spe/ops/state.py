@@ -30,7 +30,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from spe.ops.softmax import check_window
+from spe.ops.common.checks import check_window
 
 __all__ = ["AttentionState", "KVCache", "LinearAttentionState", "RecentKeys", "ScaledLinearAttentionState",
            "ScaledRecentKeys", "WrappedState", "check_state_window"]

@@ -33,6 +33,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from spe.ops.common.checks import check_window
 from spe.ops.common.chunk import causal_sums
 from spe.ops.decay.chunk import bidirectional_decay_sums, decayed_running_max
 from spe.ops.decay.forms import ChannelGate, ConstantDecay, ScalarGate, decode_decay
@@ -56,7 +57,6 @@ from spe.ops.linear_attn.options import (
     with_ones,
 )
 from spe.ops.common.scaled import running_max
-from spe.ops.softmax import check_window
 from spe.ops.state import LinearAttentionState, RecentKeys, ScaledLinearAttentionState, ScaledRecentKeys
 
 __all__ = ["causal_linear_attention", "causal_linear_attention_with_state", "chunk_linear_attention",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from spe.ops.common.checks import check_window
 from spe.ops.linear_attn.options import check_normalizer, full_precision, normalise, normalised, rescale_keys, with_ones
-from spe.ops.softmax import check_window
 
 __all__ = ["causal_linear_attention_reference"]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from spe.ops.common.checks import check_one_position, check_window
 from spe.ops.decay.forms import ChannelGate, ConstantDecay, Decay, ScalarGate, decode_decay
 from spe.ops.feature_maps import ScaledFeatures, split_key_features
 from spe.ops.gates import suffix_sums
@@ -29,17 +30,10 @@ from spe.ops.linear_attn.options import (
     kernel_dtype,
     normalise,
 )
-from spe.ops.softmax import check_window
 from spe.ops.state import LinearAttentionState, RecentKeys, ScaledLinearAttentionState, ScaledRecentKeys
 
-__all__ = ["check_one_position", "linear_attention_step", "recurrent_linear_attention",
+__all__ = ["linear_attention_step", "recurrent_linear_attention",
            "unchecked_linear_attention_step"]
-
-
-def check_one_position(**tensors: Tensor) -> None:
-    for name, t in tensors.items():
-        if t.dim() != 4 or t.shape[1] != 1:
-            raise ValueError(f"a decoding step takes one position, {name} of shape (B, 1, H, ·), got {tuple(t.shape)}")
 
 
 def linear_attention_step(phi_q: Tensor, phi_k: Tensor | ScaledFeatures, v: Tensor,
