@@ -13,25 +13,11 @@ import math
 import torch
 from torch import Tensor
 
+from spe.ops.common.checks import reference_keep
 from spe.ops.decay.forms import ConstantDecay, decay_form
 from spe.ops.feature_maps import split_key_features
 
 __all__ = ["decay_attention_reference"]
-
-
-def _keep(n: int, device, *, causal: bool, window: int | None, key_padding_mask: Tensor | None) -> Tensor:
-    """The causal, window and padding masks over (query m, key n): (B or 1, 1, L, L) bool."""
-    pos = torch.arange(n, device=device)
-    lag = pos[:, None] - pos[None, :]
-    keep = torch.ones(n, n, dtype=torch.bool, device=device)
-    if causal:
-        keep &= lag >= 0
-    if window is not None:
-        keep &= lag < window
-    keep = keep[None, None]
-    if key_padding_mask is not None:
-        keep = keep & ~key_padding_mask[:, None, None, :]
-    return keep
 
 
 def _lag_weights(n: int, log_decay: Tensor, *, causal: bool, window: int | None,
@@ -40,7 +26,7 @@ def _lag_weights(n: int, log_decay: Tensor, *, causal: bool, window: int | None,
     pos = torch.arange(n, device=log_decay.device)
     lag = pos[:, None] - pos[None, :]
     w = torch.exp(lag.abs().to(log_decay)[None] * log_decay[:, None, None])[None]
-    return w * _keep(n, log_decay.device, causal=causal, window=window, key_padding_mask=key_padding_mask)
+    return w * reference_keep(n, n, log_decay.device, causal=causal, window=window, key_padding_mask=key_padding_mask)
 
 
 def _gate_weights(gates: Tensor, *, causal: bool, window: int | None, key_padding_mask: Tensor | None) -> Tensor:
@@ -51,7 +37,7 @@ def _gate_weights(gates: Tensor, *, causal: bool, window: int | None, key_paddin
     diff = f[:, :, :, None] - f[:, :, None, :]  # F_m − F_n
     pos = torch.arange(g.shape[1], device=g.device)
     later = (pos[:, None] >= pos[None, :])[..., None]  # n ≤ m
-    keep = _keep(g.shape[1], g.device, causal=causal, window=window, key_padding_mask=key_padding_mask)
+    keep = reference_keep(g.shape[1], g.shape[1], g.device, causal=causal, window=window, key_padding_mask=key_padding_mask)
     return torch.exp(torch.where(later, diff, -diff)) * keep[..., None]
 
 

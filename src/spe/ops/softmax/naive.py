@@ -10,6 +10,8 @@ import math
 import torch
 from torch import Tensor
 
+from spe.ops.common.checks import reference_keep
+
 __all__ = ["softmax_attention_reference"]
 
 
@@ -33,15 +35,7 @@ def softmax_attention_reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool
     q, k, v = q.to(f64), k.to(f64), v.to(f64)
     b, lq, h, d = q.shape
     logits = torch.einsum("bmhd,bnhd->bhmn", q, k) / math.sqrt(d)
-    lag = torch.arange(lq, device=q.device)[:, None] - torch.arange(k.shape[1], device=q.device)[None, :]
-    keep = torch.ones_like(lag, dtype=torch.bool)
-    if causal:
-        keep &= lag >= 0
-    if window is not None:
-        keep &= lag < window
-    keep = keep[None, None]
-    if key_padding_mask is not None:
-        keep = keep & ~key_padding_mask[:, None, None, :]
+    keep = reference_keep(lq, k.shape[1], q.device, causal=causal, window=window, key_padding_mask=key_padding_mask)
     if log_decay is not None:  # (H,) broadcasts over batch and positions as a constant gate
         f = torch.cumsum(log_decay.to(f64).expand(b, lq, h), dim=1).permute(0, 2, 1)  # (B, H, L)
         logits = logits + f[..., :, None] - f[..., None, :]
