@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spe.ops.decay.forms import ChannelGate, ConstantDecay, ScalarGate, decay_form, decode_decay
-from spe.ops.linear_attn import KernelOptions, chunk_linear_attention, recurrent_linear_attention
+from spe.ops.linear_attn import LinearKernelOptions, chunk_linear_attention, recurrent_linear_attention
 
 F64 = torch.float64
 B, L, H, M, E = 2, 11, 3, 4, 5
@@ -60,11 +60,11 @@ def test_a_channel_gate_refuses_key_scales_and_a_narrower_normaliser():
 
 
 def test_the_options_record_is_frozen_and_takes_keywords_only():
-    opts = KernelOptions(chunk_size=8, window=4)
+    opts = LinearKernelOptions(chunk_size=8, window=4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         opts.window = 2
     with pytest.raises(TypeError):
-        KernelOptions(8)  # a positional option: refused
+        LinearKernelOptions(8)  # a positional option: refused
     assert dataclasses.replace(opts, window=None).chunk_size == 8
 
 
@@ -81,15 +81,14 @@ def test_the_chunked_form_equals_its_recurrent_step(form, window, normalize):
     and final state agree to float64 rounding (the two forms sum in different orders)."""
     q, k, v, forms = _tensors(seed=3)
     decay = forms[form]
-    y, state = chunk_linear_attention(q, k, v, None, None, KernelOptions(chunk_size=4, window=window,
-                                                                          normalize=normalize, position=L,
-                                                                          decay=decay))
+    opts = LinearKernelOptions(chunk_size=4, window=window, normalize=normalize, position=L, decay=decay)
+    y, state = chunk_linear_attention(q, k, v, None, None, opts)
     steps, s = [], None
     for t in range(L):
         one = decay if not isinstance(decay, (ScalarGate, ChannelGate)) else type(decay)(decay.gates[:, t:t + 1])
         out, s = recurrent_linear_attention(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], None, s,
-                                            KernelOptions(window=window, normalize=normalize, position=t + 1,
-                                                          decay=one))
+                                            LinearKernelOptions(window=window, normalize=normalize, position=t + 1,
+                                                                decay=one))
         steps.append(out)
     torch.testing.assert_close(torch.cat(steps, 1), y, rtol=1e-12, atol=1e-12)
     assert type(s) is type(state) and s.position == state.position == L

@@ -39,7 +39,7 @@ from spe.ops.decay.chunk import bidirectional_decay_sums, decayed_running_max
 from spe.ops.decay.forms import ChannelGate, ConstantDecay, ScalarGate, decode_decay
 from spe.ops.decay.gated import encoder_scalar_chunk, gated_bidirectional_sums, gated_causal_sums
 from spe.ops.linear_attn.options import (
-    KernelOptions,
+    LinearKernelOptions,
     LinearState,
     check_linear_state,
     check_normalize,
@@ -128,7 +128,8 @@ def unchecked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
     if log_decay is not None:
         decay = decode_decay(log_decay, phi_q.shape, key_log_scale=key_log_scale is not None,
                              normalizer_features=None if normalizer is None else normalizer[0].shape[-1])
-        opts = KernelOptions(chunk_size=chunk_size, normalize=normalize, key_log_scale=key_log_scale, decay=decay)
+        opts = LinearKernelOptions(chunk_size=chunk_size, normalize=normalize, key_log_scale=key_log_scale,
+                                   decay=decay)
         return _bidirectional_decay(phi_q, phi_k, v, normalizer, opts)
     phi_k, normalizer = rescale_keys(phi_k, normalizer, key_log_scale)
     if normalizer is None:
@@ -140,7 +141,7 @@ def unchecked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
     return normalise(num, den)
 
 
-def _bidirectional_decay(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, opts: KernelOptions) -> Tensor:
+def _bidirectional_decay(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, opts: LinearKernelOptions) -> Tensor:
     """:func:`linear_attention` with a decay γ^{|m−n|} or a gate (keys already masked; the decay
     decoded in ``opts``)."""
     decay, chunk_size = opts.decay, opts.chunk_size
@@ -313,13 +314,13 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_size: int, 
                          f"keys {phi_k.shape[1]}, values {v.shape[1]}")
     normalizer = None if normalizer is None else check_normalizer(normalizer, phi_q, phi_k)
     position = n + (0 if initial_state is None else initial_state.position)
-    opts = KernelOptions(chunk_size=chunk_size, window=window, normalize=normalize, key_log_scale=key_log_scale,
-                         position=position, decay=decay, group_size=group_size)
+    opts = LinearKernelOptions(chunk_size=chunk_size, window=window, normalize=normalize, key_log_scale=key_log_scale,
+                               position=position, decay=decay, group_size=group_size)
     return chunk_linear_attention(phi_q, phi_k, v, normalizer, initial_state, opts)
 
 
 def chunk_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer: tuple[Tensor, Tensor] | None,
-                           state: LinearState | None, opts: KernelOptions) -> tuple[Tensor, LinearState]:
+                           state: LinearState | None, opts: LinearKernelOptions) -> tuple[Tensor, LinearState]:
     """Causal linear attention, chunked, from checked inputs: (o, final_state).
 
     The signature of :func:`spe.ops.linear_attn.recurrent.recurrent_linear_attention` (its
@@ -342,7 +343,7 @@ def chunk_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer: 
 
 
 def _decayed_causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, state: LinearState | None,
-                    opts: KernelOptions) -> tuple[Tensor, LinearState]:
+                    opts: LinearKernelOptions) -> tuple[Tensor, LinearState]:
     """The causal cases with a constant decay: keys without log scales get zero ones (the decayed
     running maximum of zeros is exactly 0), so that one algorithm, :mod:`spe.ops.common.scaled`'s,
     serves both; plain states are converted on the way in and out."""
@@ -358,7 +359,7 @@ def _decayed_causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, state: 
 
 
 def _whole_past_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, state: LinearState | None,
-                          opts: KernelOptions) -> tuple[Tensor, LinearState]:
+                          opts: LinearKernelOptions) -> tuple[Tensor, LinearState]:
     """The case without a window: the chunked sums continue ``state``'s running sums (relative
     to the running maximum c_n of the key scales, :mod:`spe.ops.common.scaled`, if any; the decayed
     one with a constant decay)."""
@@ -388,7 +389,7 @@ def _whole_past_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, s
 
 
 def _windowed_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, state: RecentKeys | None,
-                        opts: KernelOptions) -> tuple[Tensor, RecentKeys]:
+                        opts: LinearKernelOptions) -> tuple[Tensor, RecentKeys]:
     """The windowed case: earlier keys of ``state`` are prepended (with queries that are then
     dropped), so the first positions see them (positions stay contiguous, so a decay's lags
     hold); the final state keeps the last W keys."""
@@ -434,7 +435,7 @@ def _prepend_recent(state: RecentKeys | None, *, phi_q, phi_k, v, nq, nk, scale,
     return state.keys.shape[1], phi_q, phi_k, v, nq, nk, scale, gates
 
 
-def _recent_keys(phi_k: Tensor, v: Tensor, nk: Tensor | None, scale: Tensor | None, opts: KernelOptions, *,
+def _recent_keys(phi_k: Tensor, v: Tensor, nk: Tensor | None, scale: Tensor | None, opts: LinearKernelOptions, *,
                  gates: Tensor | None = None) -> RecentKeys:
     """The windowed state after these keys: the last W (with their log scales and gates, if any)."""
     window = opts.window
@@ -447,7 +448,7 @@ def _recent_keys(phi_k: Tensor, v: Tensor, nk: Tensor | None, scale: Tensor | No
 
 
 def _gated_causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer, state: LinearState | None,
-                  opts: KernelOptions) -> tuple[Tensor, LinearState]:
+                  opts: LinearKernelOptions) -> tuple[Tensor, LinearState]:
     """The causal cases with a gate (B, L, H, G) (:mod:`spe.ops.decay.gated`): keys without log
     scales get zero ones; a windowed state's kept keys come first, with their gates (as in
     :func:`_windowed_attention`); a whole-past state is the sums' initial state."""

@@ -3,7 +3,7 @@ and key-scale helpers, and the state forms.
 
 Letters: B = batch, L = length, H = num_heads, M = feature dimension of φ, E = value dimension.
 
-A kernel's options travel as one frozen record, :class:`KernelOptions`, decoded and checked
+A kernel's options travel as one frozen record, :class:`LinearKernelOptions`, decoded and checked
 once at a public function's entry (the decay as its named form, :mod:`spe.ops.decay.forms`);
 the chunked form and the recurrent step read the same record.
 """
@@ -27,13 +27,13 @@ from spe.ops.state import (
     check_state_window,
 )
 
-__all__ = ["KernelOptions", "LinearState", "check_linear_state", "check_normalize", "check_normaliser_features",
+__all__ = ["LinearKernelOptions", "LinearState", "check_linear_state", "check_normalize", "check_normaliser_features",
            "check_normalizer", "constant_log_decay", "full_precision", "gate_channels", "kernel_dtype", "mask_keys",
            "normalise", "normalised", "rescale_keys", "to_plain_state", "to_scaled_state", "with_ones"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class KernelOptions:
+class LinearKernelOptions:
     """The options a linear-attention kernel reads besides its tensors, checked once.
 
     Attributes:

@@ -20,7 +20,7 @@ from spe.ops.decay.forms import ChannelGate, ConstantDecay, Decay, ScalarGate, d
 from spe.ops.feature_maps import ScaledFeatures, split_key_features
 from spe.ops.gates import suffix_sums
 from spe.ops.linear_attn.options import (
-    KernelOptions,
+    LinearKernelOptions,
     LinearState,
     check_linear_state,
     check_normalize,
@@ -107,8 +107,9 @@ def unchecked_linear_attention_step(phi_q: Tensor, phi_k: Tensor | ScaledFeature
         fq, fk, vf = phi_q.to(dtype), phi_k.to(dtype), v.to(dtype)
         normalizer = None if normalizer is None else tuple(t.to(dtype) for t in normalizer)
         state = None if state is None else state.to(dtype)
-        opts = KernelOptions(window=window, normalize=normalized, position=position, decay=_decay_to(decay, dtype),
-                             key_log_scale=None if key_log_scale is None else key_log_scale.to(dtype))
+        opts = LinearKernelOptions(window=window, normalize=normalized, position=position,
+                                   decay=_decay_to(decay, dtype),
+                                   key_log_scale=None if key_log_scale is None else key_log_scale.to(dtype))
         y, new = recurrent_linear_attention(fq, fk, vf, normalizer, state, opts)
     return y.to(v.dtype), new
 
@@ -122,7 +123,7 @@ def _decay_to(decay: Decay | None, dtype: torch.dtype) -> Decay | None:
 
 
 def recurrent_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, normalizer: tuple[Tensor, Tensor] | None,
-                               state: LinearState | None, opts: KernelOptions) -> tuple[Tensor, LinearState]:
+                               state: LinearState | None, opts: LinearKernelOptions) -> tuple[Tensor, LinearState]:
     """One causal step from checked inputs: (o, new state); the signature of
     :func:`spe.ops.linear_attn.chunk.chunk_linear_attention` for L = 1.
 
@@ -147,7 +148,7 @@ def recurrent_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, normaliz
 
 
 def _sums_step(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: Tensor, a: Tensor | None,
-               opts: KernelOptions) -> tuple[Tensor, Tensor, LinearAttentionState]:
+               opts: LinearKernelOptions) -> tuple[Tensor, Tensor, LinearAttentionState]:
     """Running sums with one more key: (S, z, the new state); the decay as ``lam``: (H,) log γ, a
     gate (B, H) or a channel gate (B, H, M) (without key scales), or None."""
     position, decay, lam = opts.position, opts.decay, constant_log_decay(opts.decay)
@@ -182,7 +183,7 @@ def _sums_step(state: LinearAttentionState | None, fk: Tensor, vf: Tensor, nk: T
 
 
 def _window_step(state: RecentKeys | None, fk: Tensor, vf: Tensor, nk: Tensor | None, a: Tensor | None,
-                 opts: KernelOptions) -> tuple[Tensor, Tensor, RecentKeys]:
+                 opts: LinearKernelOptions) -> tuple[Tensor, Tensor, RecentKeys]:
     """The last W keys with this one (each relative to its own scale), and the sums they form:
     (S, z, the new state); ``nk`` None: no separate normaliser; a constant decay λ (H,): the kept
     key t of T weighs γ^{T−1−t}; a gate (B, 1, H, G), this position's: kept with the keys, key t
