@@ -23,7 +23,6 @@ from spe.ops.linear_attn import (
     normalise,
 )
 from spe.ops.path import path_attention, path_attention_step, path_prefill_cache
-from spe.ops.recurrent import append_to_cache, prefill_cache, softmax_attention_step
 from spe.ops.relative import (
     music_relative_attention,
     music_relative_attention_reference,
@@ -31,7 +30,7 @@ from spe.ops.relative import (
     shaw_attention,
     skew,
 )
-from spe.ops.softmax import softmax_attention
+from spe.ops.softmax import append_to_cache, prefill_cache, softmax_attention, softmax_attention_step
 from spe.ops.state import (
     AttentionState,
     KVCache,
