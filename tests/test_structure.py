@@ -142,3 +142,37 @@ def test_an_encoding_is_named_only_in_its_file_the_registry_and_the_exports(name
     # registry's list and the package's exports, not to every module that handles encodings
     files = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if name in p.read_text().lower())
     assert files == sorted([f"encodings/{name}.py", "encodings/registry.py", "encodings/__init__.py"]), files
+
+
+# The receiver of a method, or torch.autograd.Function's ctx (whose forward takes its inputs
+# positionally: Function.apply passes no keywords), does not count as a positional parameter.
+_RECEIVERS = {"self", "cls", "ctx"}
+MAX_POSITIONAL = 6
+
+
+def _long_positional_functions(source: str, where: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            names = [a.arg for a in node.args.posonlyargs + node.args.args]
+            if names and names[0] in _RECEIVERS:
+                names = names[1:]
+            if len(names) > MAX_POSITIONAL:
+                found.append(f"{where}:{node.lineno} {getattr(node, 'name', 'lambda')} ({len(names)} positional)")
+    return found
+
+
+def test_no_kernel_takes_more_than_six_positional_parameters():
+    # options travel as one typed record (spe.ops.linear_attn.options.LinearKernelOptions) or as
+    # keywords, never as a long untyped positional list (issue 40)
+    found = [hit for p in sorted((SRC / "ops").rglob("*.py"))
+             for hit in _long_positional_functions(p.read_text(), str(p.relative_to(SRC)))]
+    assert not found, found
+
+
+def test_the_positional_scan_counts_what_it_should():
+    seven = "def f(a, b, c, d, e, f, g, *, h=1): pass"
+    assert _long_positional_functions(seven, "x") == ["x:1 f (7 positional)"]
+    assert _long_positional_functions("def f(a, b, c, d, e, f, *, g, h): pass", "x") == []
+    assert _long_positional_functions("class A:\n    def m(self, a, b, c, d, e, f): pass", "x") == []
+    assert len(_long_positional_functions("def f(a, b, /, c, d, e, f, g): pass", "x")) == 1

@@ -325,7 +325,7 @@ def test_fox_in_query_blocks_matches_reference_and_forms_one_block_of_bias_at_a_
     backward: == the float64 reference forward and backward, for windows shorter than a block,
     spanning blocks and past L; no bias ever holds more than one block of rows, nor keys beyond
     what the block's queries reach."""
-    import spe.ops.softmax as softmax
+    import spe.ops.softmax.chunk as softmax
 
     monkeypatch.setattr(softmax, "FOX_QUERY_BLOCK", 8)
     shapes, attend = [], softmax.attend
@@ -421,7 +421,7 @@ def test_the_factored_channel_gate_and_its_exact_rows_match_the_reference():
     form. Both kinds of row in one call (head 0: gates of −9 … −6, so rows past the 8th of a
     chunk of 16 are exact; heads 1, 2: moderate), forward and backward against the float64
     explicit sum; and the causality of both to the bit when later gates flip rows to exact."""
-    from spe.ops.gated import FACTOR_EXPONENT_LIMIT
+    from spe.ops.decay.gated import FACTOR_EXPONENT_LIMIT
 
     (fq, fk, v, _), _ = _inputs(48, seed=21, kind="channel")
     g = torch.Generator().manual_seed(22)
@@ -447,7 +447,7 @@ def test_channel_gate_rows_past_the_limit_take_sub_chunks_and_match_the_referenc
     −9 nats a step, making most of its rows exact) while its other channels keep keys for
     hundreds of steps, so earlier sub-chunks weigh in; forward and backward against the float64
     sum, the float32 path without overflow, and the sub-chunk form is what ran."""
-    import spe.ops.gated as gated
+    import spe.ops.decay.gated as gated
 
     calls = []
     original = gated._sub_chunk_sums
@@ -475,7 +475,7 @@ def _refuse_in_chunk_segment_sums(monkeypatch):
     """Fail on any segment sums of the gates inside a chunk (dim 2 or 3: the exact (C, C, M)
     weights, of a chunk or of a sub-chunk); those across chunks (dim 1, the product that sums
     earlier chunks) are kept."""
-    import spe.ops.gated as gated
+    import spe.ops.decay.gated as gated
 
     original = gated.segment_sums
 
@@ -519,7 +519,7 @@ def test_gates_sum_earlier_chunks_by_product_or_doubling_alike(limit, kind, scal
     chunks with the empty one after; the scalar gate with key scales over ±30 nats, the
     channel gate with gates from 0 to −2 nats a step, drawn per channel), and the product
     is what the default takes."""
-    import spe.ops.gated as gated
+    import spe.ops.decay.gated as gated
 
     assert getattr(gated, constant) >= 11  # the default takes the product at this length
     monkeypatch.setattr(gated, constant, limit)
@@ -537,7 +537,7 @@ def test_encoder_scalar_chunk_is_the_cost_minimising_power_of_two():
     """An encoder's scalar-gate passes cost ∝ L·C·(M + E) (exact in-chunk weights) + (L/C)²·M·E
     (the chunks before each chunk): the chosen C is the cheapest power of two in [16, chunk_size]
     under that model, never above the caller's C, and ListOps' cpu-small shape gets 16."""
-    from spe.ops.gated import MIN_ENCODER_CHUNK, encoder_scalar_chunk
+    from spe.ops.decay.gated import MIN_ENCODER_CHUNK, encoder_scalar_chunk
 
     def cost(n, m, e, c):
         return n * c * (m + e) + (n / c) ** 2 * m * e
@@ -558,8 +558,8 @@ def test_encoder_scalar_gate_takes_one_cost_chunk_for_numerator_and_normaliser(m
     """linear_attention with a scalar gate runs its passes at encoder_scalar_chunk's C, the same
     for the numerator and the normaliser (their references then match to the bit), and equals the
     float64 sum; with one chunk (L ≤ C) too."""
-    import spe.ops.linear as linear_module
-    from spe.ops.gated import encoder_scalar_chunk
+    import spe.ops.linear_attn.chunk as linear_module
+    from spe.ops.decay.gated import encoder_scalar_chunk
 
     seen = []
     original = linear_module.gated_bidirectional_sums

@@ -1,4 +1,9 @@
-"""Pure attention kernels and feature maps. Layout: (batch, length, num_heads, dim)."""
+"""Pure attention kernels and feature maps. Layout: (batch, length, num_heads, dim).
+
+One mechanism a folder (fla's layout): :mod:`spe.ops.linear_attn`, :mod:`spe.ops.decay`,
+:mod:`spe.ops.softmax`, :mod:`spe.ops.path`; each with a float64 reference (``naive``), the
+chunked form and the step; :mod:`spe.ops.common` holds the sums and checks they share.
+"""
 
 from spe.ops.feature_maps import (
     ScaledFeatures,
@@ -8,16 +13,16 @@ from spe.ops.feature_maps import (
     orthogonal_random_features,
     relu_feature_map,
 )
-from spe.ops.linear import (
+from spe.ops.linear_attn import (
     causal_linear_attention,
     causal_linear_attention_reference,
     causal_linear_attention_with_state,
     kernel_dtype,
     linear_attention,
+    linear_attention_step,
     normalise,
 )
 from spe.ops.path import path_attention, path_attention_step, path_prefill_cache
-from spe.ops.recurrent import append_to_cache, linear_attention_step, prefill_cache, softmax_attention_step
 from spe.ops.relative import (
     music_relative_attention,
     music_relative_attention_reference,
@@ -25,7 +30,7 @@ from spe.ops.relative import (
     shaw_attention,
     skew,
 )
-from spe.ops.softmax import softmax_attention
+from spe.ops.softmax import append_to_cache, prefill_cache, softmax_attention, softmax_attention_step
 from spe.ops.state import (
     AttentionState,
     KVCache,

@@ -1,5 +1,5 @@
 """Data-dependent decay (gates: GLA, Yang et al. 2024; Mamba2/SSD, Dao & Gu 2024; FoX, Lin et al.
-2025): validation, segment sums, and the softmax (FoX) bias and reference.
+2025): segment sums, and the softmax (FoX) bias and reference.
 
 Letters: B = batch, L = length, H = num_heads, M = feature dimension of φ, D = query/key
 dimension, E = value dimension, G = gate channels (1: a gate per head and position; M: per
@@ -11,9 +11,11 @@ One convention, GLA's and Mamba2's: the gate of step t multiplies the state carr
 
 so key n weighs exp(Σ_{t=n+1}^{m} G_t) at query m. The kernels' ``log_decay`` takes
 
-- (H,): RetNet's constant decay, G_t = λ_h (:mod:`spe.ops.decay`);
+- (H,): RetNet's constant decay, G_t = λ_h;
 - (B, L, H): a gate per head and position (Mamba2, simple GLA);
-- (B, L, H, M): a gate per feature channel of φ (GLA): S_t = diag(e^{G_t}) S_{t−1} + φ(k_t) v_tᵀ.
+- (B, L, H, M): a gate per feature channel of φ (GLA): S_t = diag(e^{G_t}) S_{t−1} + φ(k_t) v_tᵀ,
+
+named and checked once by :func:`spe.ops.decay.forms.decode_decay`.
 
 Softmax takes (B, L, H) as FoX: logits q_m·k_n/√D + Σ_{t=n+1}^{m} G_t.
 
@@ -30,53 +32,9 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["check_gates", "gated_softmax_reference", "is_gate", "segment_sums", "suffix_sums"]
+from spe.ops.decay.forms import check_gates, is_gate  # their home since the decay forms; kept importable here
 
-
-def is_gate(log_decay) -> bool:
-    """True for a data-dependent gate ((B, L, H) or (B, L, H, M)), False for a constant decay
-    (H,), None or anything the constant decay's check will refuse."""
-    return isinstance(log_decay, Tensor) and log_decay.dim() > 1
-
-
-def check_gates(log_decay: Tensor, shape: tuple[int, ...], *, channel: bool = True, key_log_scale: bool = False,
-                normalizer_features: int | None = None) -> Tensor:
-    """Validates a gate for queries of shape (B, L, H, M) and returns it as (B, L, H, G).
-
-    Args:
-        log_decay: (B, L, H) (G = 1), or (B, L, H, M) (G = M) with ``channel``; floating,
-            finite and ≤ 0 (log of a factor in (0, 1]).
-        shape: the queries' (B, L, H, M).
-        channel: whether a gate per feature channel is allowed here.
-        key_log_scale: the call has FAVOR+ key log scales (refused with a channel gate: the
-            decayed running maximum would need a scale per channel).
-        normalizer_features: M' of a separate normaliser, if any (a channel gate needs M' = M).
-
-    Raises:
-        ValueError: naming the shape and dtype received and the shapes allowed, the first
-            value that is not finite or > 0, or a pair a channel gate does not combine with.
-    """
-    b, n, h, m = shape
-    allowed = [(h,), (b, n, h)] + ([(b, n, h, m)] if channel else [])
-    if not isinstance(log_decay, Tensor) or not log_decay.is_floating_point() or tuple(
-            log_decay.shape) not in allowed[1:]:
-        got = f"{log_decay.dtype} {tuple(log_decay.shape)}" if isinstance(log_decay, Tensor) else type(log_decay)
-        names = ["(H,)", "(B, L, H)", "(B, L, H, M)"][:len(allowed)]
-        listed = [f"{name} = {s}" for name, s in zip(names, allowed, strict=True)]
-        listed = ", ".join(listed[:-1]) + " or " + listed[-1]
-        raise ValueError(f"log_decay must be a floating tensor of shape {listed}, got {got}")
-    bad = ~torch.isfinite(log_decay) | (log_decay > 0)
-    if bool(bad.any()):
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"log_decay holds log gates, finite and ≤ 0, got {log_decay[first].item()} at index "
-                         f"{first} ({int(bad.sum())} such values)")
-    if log_decay.dim() == 4 and key_log_scale:
-        raise ValueError("a gate per feature channel (B, L, H, M) does not combine with key_log_scale (FAVOR+ key "
-                         "scales): give a gate per head and position (B, L, H)")
-    if log_decay.dim() == 4 and normalizer_features not in (None, m):
-        raise ValueError(f"a gate per feature channel (M = {m}) needs normaliser features of the same dimension, "
-                         f"got M' = {normalizer_features}")
-    return log_decay if log_decay.dim() == 4 else log_decay[..., None]
+__all__ = ["check_gates", "gate_bias", "gated_softmax_reference", "is_gate", "segment_sums", "suffix_sums"]
 
 
 def segment_sums(g: Tensor, dim: int) -> Tensor:

@@ -30,7 +30,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from spe.ops.softmax import check_window
+from spe.ops.common.checks import check_window
 
 __all__ = ["AttentionState", "KVCache", "LinearAttentionState", "RecentKeys", "ScaledLinearAttentionState",
            "ScaledRecentKeys", "WrappedState", "check_state_window"]
@@ -87,7 +87,7 @@ class LinearAttentionState:
 
 @dataclass(frozen=True, kw_only=True)
 class ScaledLinearAttentionState(LinearAttentionState):
-    """:class:`LinearAttentionState` of keys given with log scales (FAVOR+, :mod:`spe.ops.scaled`):
+    """:class:`LinearAttentionState` of keys given with log scales (FAVOR+, :mod:`spe.ops.common.scaled`):
     ``kv`` and ``normalizer`` are relative to e^c, c the running maximum of the keys' log scales.
 
     Attributes:
@@ -155,7 +155,7 @@ class RecentKeys:
 @dataclass(frozen=True, kw_only=True)
 class ScaledRecentKeys(RecentKeys):
     """:class:`RecentKeys` of keys given with log scales (FAVOR+): each key's features are
-    relative to its own scale (:func:`spe.ops.scaled.scaled_window_sums`).
+    relative to its own scale (:func:`spe.ops.common.scaled.scaled_window_sums`).
 
     Attributes:
         log_scales: (B, T, H) a_n of the kept keys, in nats.

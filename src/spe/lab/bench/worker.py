@@ -187,7 +187,7 @@ def measure_generate(case: dict, device: torch.device) -> dict:
         m, m_den = layer.feature_sizes()  # some feature transforms double M
         sums = {"kv": torch.rand(b, h, m, d, device=device), "normalizer": torch.rand(b, h, m_den, device=device),
                 "position": n}
-        # FAVOR+ sums are kept relative to a running log scale (spe.ops.scaled); 0 = absolute
+        # FAVOR+ sums are kept relative to a running log scale (spe.ops.common.scaled); 0 = absolute
         state = (ScaledLinearAttentionState(**sums, log_scale=torch.zeros(b, h, device=device))
                  if case["attention"] == "performer" else LinearAttentionState(**sums))
     pos = torch.tensor([n], device=device)

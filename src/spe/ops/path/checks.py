@@ -21,7 +21,7 @@ def unit_tolerance(dtype: torch.dtype) -> float:
     return max(1e-3, 8 * torch.finfo(dtype).eps)
 
 
-def check_path_inputs(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor,
+def check_path_inputs(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *,
                       log_decay: Tensor | None, scale: float | None) -> tuple[Tensor | None, float]:
     """Checks the shapes, dtypes and values of :func:`~spe.ops.path.path_attention`'s inputs.
 

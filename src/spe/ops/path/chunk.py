@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from spe.ops.gates import gate_bias
-from spe.ops.linear import kernel_dtype
+from spe.ops.linear_attn.options import kernel_dtype
 from spe.ops.path.checks import check_path_inputs
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "path_attention", "path_logits", "path_transformed_keys"]
@@ -153,7 +153,7 @@ def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *,
         ValueError: naming a shape, dtype or value received that is not allowed (w not unit,
             beta outside [0, 2], a gate > 0 or of another shape, a scale ≤ 0).
     """
-    gates, scale = check_path_inputs(q, k, v, w, beta, log_decay, scale)
+    gates, scale = check_path_inputs(q, k, v, w, beta, log_decay=log_decay, scale=scale)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     dtype = kernel_dtype(q, k)

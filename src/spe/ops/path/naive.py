@@ -62,7 +62,7 @@ def path_attention_reference(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: T
     Raises:
         ValueError: as :func:`~spe.ops.path.path_attention`.
     """
-    gates, scale = check_path_inputs(q, k, v, w, beta, log_decay, scale)
+    gates, scale = check_path_inputs(q, k, v, w, beta, log_decay=log_decay, scale=scale)
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype),
                                 torch.promote_types(v.dtype, torch.float32))
     q, k, v, w, beta = (t.to(dtype) for t in (q, k, v, w, beta))

@@ -18,10 +18,10 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from spe.ops.linear import kernel_dtype
+from spe.ops.linear_attn.options import kernel_dtype
 from spe.ops.path.checks import check_path_inputs
 from spe.ops.path.chunk import DEFAULT_CHUNK_SIZE, path_transformed_keys
-from spe.ops.recurrent import prefill_cache, softmax_attention_step
+from spe.ops.softmax.recurrent import prefill_cache, softmax_attention_step
 from spe.ops.state import KVCache
 
 __all__ = ["path_attention_step", "path_prefill_cache"]
@@ -46,7 +46,7 @@ def path_attention_step(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor
         ValueError: as :func:`~spe.ops.path.path_attention`, for more than one position or a
             windowed cache.
     """
-    _, scale = check_path_inputs(q, k, v, w, beta, log_decay, scale)
+    _, scale = check_path_inputs(q, k, v, w, beta, log_decay=log_decay, scale=scale)
     if q.shape[1] != 1:
         raise ValueError(f"a decoding step takes one position, q of shape (B, 1, H, D), got {tuple(q.shape)}")
     if cache is not None and cache.window is not None:
@@ -74,7 +74,7 @@ def path_prefill_cache(k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *, log_dec
     Raises:
         ValueError: as :func:`~spe.ops.path.path_attention`.
     """
-    check_path_inputs(k, k, v, w, beta, log_decay, None)
+    check_path_inputs(k, k, v, w, beta, log_decay=log_decay, scale=None)
     dtype = kernel_dtype(k, w)
     with torch.autocast(k.device.type, enabled=False):
         keys = path_transformed_keys(k.to(dtype), w.to(dtype), beta.to(dtype), chunk_size=chunk_size)

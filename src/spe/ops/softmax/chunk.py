@@ -1,4 +1,5 @@
-"""Exact softmax attention, the reference and baseline, with FoX's forget gate (Lin et al. 2025).
+"""Exact softmax attention, the baseline, with FoX's forget gate (Lin et al. 2025): PyTorch's fused
+kernel, FoX's bias in blocks of queries beyond :data:`FOX_QUERY_BLOCK`.
 Letters: B, L, H, E as elsewhere."""
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from spe.ops.decay import check_log_decay
-from spe.ops.gates import check_gates, gate_bias, is_gate
+from spe.ops.common.checks import check_window
+from spe.ops.decay.forms import check_gates, check_log_decay, is_gate
+from spe.ops.gates import gate_bias
 
 __all__ = ["FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "softmax_attention", "softmax_gates"]
 
@@ -18,15 +20,6 @@ __all__ = ["FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "softmax_atten
 # an H200); block by block, recomputed in backward, it is (B, H, FOX_QUERY_BLOCK, L) at a time.
 FOX_QUERY_BLOCK = 1024
 
-
-def check_window(window: int | None, name: str = "window") -> None:
-    """Validates a sliding-window length W (positions).
-
-    Raises:
-        ValueError: naming ``name``, unless W is None or a positive int (bools refused).
-    """
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"{name} must be a positive number of positions or None, got {window!r}")
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None,

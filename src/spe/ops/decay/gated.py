@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from spe.ops.decay import FLOOR_LOG_SCALE
+from spe.ops.decay.forms import FLOOR_LOG_SCALE
 from spe.ops.gates import segment_sums, suffix_sums
-from spe.ops.scaled import window_plan
+from spe.ops.common.scaled import window_plan
 
 __all__ = ["CHANNEL_CHUNK", "FACTOR_EXPONENT_LIMIT", "encoder_scalar_chunk", "gated_bidirectional_sums",
            "gated_causal_sums"]
@@ -149,7 +149,7 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
         phi_q: (B, L, H, M) query features.
         phi_k: (B, L, H, M) key features relative to e^{a_n}.
         values: (B, L, H, E).
-        gates: (B, L, H, G) log gates ≤ 0 (:func:`spe.ops.gates.check_gates`).
+        gates: (B, L, H, G) log gates ≤ 0 (:func:`spe.ops.decay.forms.check_gates`).
         log_scale: (B, L, H) a_n (zeros for keys without log scales).
         chunk_size: C (at most :data:`CHANNEL_CHUNK` for a channel gate).
         window: W < L, keys m − W < n ≤ m; None: the whole past.
@@ -208,8 +208,8 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
     read = None if between is None else between_ref[:, first:first + nc, None, :, None] + torch.cumsum(g, dim=2)
 
     if factorable:
-        out, top = _factored_chunk_sums(q, k, vv, g, read, between, first, nc)
-        return _finish(out, top, b, nc, c, h, e, n, between, between_ref, window)
+        out, top = _factored_chunk_sums(q, k, vv, g, read, None if between is None else between[:, first:first + nc])
+        return _finish(out, top, n, between, between_ref, window)
     lags = _lags(g, cuts)
     # top_j: the largest decayed scale in reach (the query's own key always is)
     top = torch.full_like(a, -math.inf)
@@ -233,12 +233,13 @@ def gated_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, gates: Tenso
     if read is not None:  # query j reads the chunks before with the gates from its chunk's start
         qr = q * torch.exp(read - top[..., None])
         out = out + torch.einsum("bnchm,bnhme->bnche", qr, between[:, first:first + nc])
-    return _finish(out, top, b, nc, c, h, e, n, between, between_ref, window)
+    return _finish(out, top, n, between, between_ref, window)
 
 
-def _finish(out: Tensor, top: Tensor, b: int, nc: int, c: int, h: int, e: int, n: int, between: Tensor | None,
-            between_ref: Tensor | None, window: int | None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    out, top = out.reshape(b, nc * c, h, e)[:, :n], top.reshape(b, nc * c, h)[:, :n]
+def _finish(out: Tensor, top: Tensor, n: int, between: Tensor | None, between_ref: Tensor | None,
+            window: int | None) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    # out (B, N, C, H, E), top (B, N, C, H): back to positions, the padding dropped
+    out, top = out.flatten(1, 2)[:, :n], top.flatten(1, 2)[:, :n]
     if window is not None:
         return out, top, None, None
     return out, top, between[:, -1], between_ref[:, -1]
@@ -250,7 +251,7 @@ FACTOR_EXPONENT_LIMIT = 60.0
 
 
 def _factored_chunk_sums(q: Tensor, k: Tensor, vv: Tensor, g: Tensor, read: Tensor | None,
-                         between: Tensor | None, first: int, nc: int) -> tuple[Tensor, Tensor]:
+                         between: Tensor | None) -> tuple[Tensor, Tensor]:
     """The in-chunk and earlier-chunk sums of a channel gate over keys without log scales, the
     in-chunk weights factored (GLA's sub-chunk form): with F the gates summed from the chunk's
     start (≤ 0, non-increasing),
@@ -267,7 +268,8 @@ def _factored_chunk_sums(q: Tensor, k: Tensor, vv: Tensor, g: Tensor, read: Tens
     largest in the chunk, so top_j = max(0, the earlier chunks' largest).
 
     q, k: (B, N, C, H, M); vv: (B, N, C, H, E); g: (B, N, C, H, M); read: (B, N, C, H, M) log
-    weights of the earlier chunks' sums at each query, between (B, N', H, M, E) those sums.
+    weights of the earlier chunks' sums at each query, between (B, N, H, M, E) those sums (the
+    chunks before each chunk).
     Returns (out (B, N, C, H, E), top (B, N, C, H)).
     """
     c = q.shape[2]
@@ -283,8 +285,7 @@ def _factored_chunk_sums(q: Tensor, k: Tensor, vv: Tensor, g: Tensor, read: Tens
     if bool(sub_chunk_rows.any()):
         out = torch.where(sub_chunk_rows[..., None], _sub_chunk_sums(q, k, vv, g, f, top), out)
     if read is not None:  # query j reads the chunks before with the gates from its chunk's start
-        out = out + torch.einsum("bnchm,bnhme->bnche", q * torch.exp(read - top[..., None]),
-                                 between[:, first:first + nc])
+        out = out + torch.einsum("bnchm,bnhme->bnche", q * torch.exp(read - top[..., None]), between)
     return out, top
 
 
@@ -341,7 +342,7 @@ def encoder_scalar_chunk(length: int, features: int, value_dim: int, chunk_size:
     Each pass forms exact (C, C) weights inside every chunk, ∝ L·C·(M + E), and sums the
     chunks before each chunk by one (N, N) product, ∝ (L/C)²·M·E; that C minimises the sum.
     ListOps' cpu-small encoder (L ≈ 170, M = 32 features, E = 17 with the normaliser) gets 16
-    instead of 64: its training step 1.7× faster. :func:`spe.ops.linear.linear_attention` takes it
+    instead of 64: its training step 1.7× faster. :func:`spe.ops.linear_attn.chunk.linear_attention` takes it
     for a scalar gate (one C for the numerator and the normaliser, so that their references
     match to the bit); causal calls keep the caller's chunk.
 

@@ -1,5 +1,5 @@
 """Chunked causal sums of linear attention, unnormalised: the algorithms behind
-:func:`spe.ops.linear.causal_linear_attention`.
+:func:`spe.ops.linear_attn.chunk.causal_linear_attention`.
 
 Letters: B = batch, L = length, H = num_heads, M = feature dimension of φ, E = value
 dimension (with the normaliser's column of ones, if any), C = chunk, N = chunks, W = window.
@@ -8,7 +8,7 @@ dimension (with the normaliser's column of ones, if any), C = chunk, N = chunks,
 
 Inside a chunk: the masked C × C product; across chunks: a carried state (whole past) or sums
 of the whole chunks inside the window by doubling (never a difference of prefix sums). Keys
-with log scales go to :mod:`spe.ops.scaled`.
+with log scales go to :mod:`spe.ops.common.scaled`.
 """
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from spe.ops.scaled import scaled_causal_sums, scaled_window_sums
+from spe.ops.common.scaled import scaled_causal_sums, scaled_window_sums
 
 __all__ = ["causal_sums"]
 
 
-def causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, group_size: int | None,
+def causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, group_size: int | None, *,
                 state: Tensor | None = None, window: int | None = None, scale: Tensor | None = None,
                 state_scale: Tensor | None = None,
                 log_decay: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Unnormalised Σ_{n ≤ m} φ(q_m)ᵀφ(k_n) values_n, chunked; (B, L, H, E), the final
     state Σ_n φ(k_n) values_nᵀ (B, H, M, E) (added to ``state``, the sum of earlier keys) and
-    its scale (None without ``scale``, the running maximum of :mod:`spe.ops.scaled`).
+    its scale (None without ``scale``, the running maximum of :mod:`spe.ops.common.scaled`).
 
     With a window (W < L), Σ over m − W < n ≤ m instead, and no state. With ``log_decay``
     (H,) λ = log γ, each term is weighed by γ^{m−n} (:mod:`spe.ops.decay`); it needs ``scale``
@@ -38,10 +38,11 @@ def causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, chunk_size: int, g
         raise ValueError("causal_sums: a decay runs through the scaled sums; pass scale (zeros without key scales)")
     if window is not None:
         if scale is not None:
-            return scaled_window_sums(phi_q, phi_k, values, scale, chunk_size, window, log_decay), None, None
+            return scaled_window_sums(phi_q, phi_k, values, scale, chunk_size, window, log_decay=log_decay), None, None
         return _window_sums(phi_q, phi_k, values, chunk_size, window), None, None
     if scale is not None:
-        return scaled_causal_sums(phi_q, phi_k, values, scale, chunk_size, state, state_scale, log_decay)
+        return scaled_causal_sums(phi_q, phi_k, values, scale, chunk_size, state=state, state_scale=state_scale,
+                                  log_decay=log_decay)
     return _plain_causal_sums(phi_q, phi_k, values, chunk_size, group_size, state)
 
 

@@ -47,7 +47,7 @@ def _pad_chunks(c: int, *tensors: Tensor) -> list[Tensor]:
     return out
 
 
-def _intra(q: Tensor, k: Tensor, vv: Tensor, cq: Tensor, ck: Tensor, mask: Tensor,
+def _intra(q: Tensor, k: Tensor, vv: Tensor, cq: Tensor, ck: Tensor, mask: Tensor, *,
            lag_log: Tensor | None = None) -> Tensor:
     """Σ over one chunk's keys (or a shifted one) of (q·k) e^{c_n − c_m} v_n, masked; q (…, C, H, M).
     ``lag_log``: (C, C, H) (j − d)·λ added to the exponent (decay), or None."""
@@ -61,7 +61,7 @@ def _intra(q: Tensor, k: Tensor, vv: Tensor, cq: Tensor, ck: Tensor, mask: Tenso
     return torch.einsum("bnhcd,bndhe->bnche", (scores * factor).masked_fill(~mask, 0.0), vv)
 
 
-def scaled_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, scale: Tensor, chunk_size: int,
+def scaled_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, scale: Tensor, chunk_size: int, *,
                        state: Tensor | None, state_scale: Tensor | None,
                        log_decay: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Σ_{n ≤ m} φ(q_m)ᵀ f̃_n e^{c_n − c_m} γ^{m−n} values_n, chunked, all chunks at once.
@@ -117,7 +117,7 @@ def scaled_causal_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, scale: Tens
         read = read + (offsets + 1).to(lam)[:, None] * lam
         lag_log = (offsets[:, None] - offsets[None, :]).to(lam)[..., None] * lam
     out = torch.einsum("bnchm,bnhme->bnche", q, before) * torch.exp(read)[..., None]
-    out = out + _intra(q, k, vv, cs, cs, mask, lag_log)
+    out = out + _intra(q, k, vv, cs, cs, mask, lag_log=lag_log)
     final, final_scale = sums[:, -1], ends[:, -1]
     if lam is not None and pad:  # the padded end would have decayed the state by γ^pad
         final, final_scale = _final_state(k[:, -1, :c - pad], vv[:, -1, :c - pad], cs[:, -1, :c - pad],
@@ -199,7 +199,7 @@ def window_plan(c: int, window: int, nc: int, device) -> tuple[int, list[tuple[i
 
 
 def scaled_window_sums(phi_q: Tensor, phi_k: Tensor, values: Tensor, log_scale: Tensor, chunk_size: int,
-                       window: int, log_decay: Tensor | None = None) -> Tensor:
+                       window: int, *, log_decay: Tensor | None = None) -> Tensor:
     """Σ_{m − W < n ≤ m} φ(q_m)ᵀ f_n e^{a_n − c_m} γ^{m−n} values_n for W < L; (B, L, H, E).
 
     Here f_n is relative to the key's own scale a_n (``log_scale``, not a running maximum) and

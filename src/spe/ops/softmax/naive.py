@@ -1,0 +1,43 @@
+"""The float64 reference of softmax attention: the explicit O(L²) scores, masks and FoX bias.
+
+Letters: B = batch, L = length, H = num_heads, D = query/key dimension, E = value dimension.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from spe.ops.common.checks import reference_keep
+
+__all__ = ["softmax_attention_reference"]
+
+
+def softmax_attention_reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None,
+                                key_padding_mask: Tensor | None = None,
+                                log_decay: Tensor | None = None) -> Tensor:
+    """softmax_n(q_m·k_n/√D + F_m − F_n) v_n in float64, explicitly, over the keys kept: n ≤ m when
+    causal, m − n < W with a window, n not padding; F_t = Σ_{s≤t} G_s the running sum of FoX's
+    gate (a difference of float64 running sums: exact enough for tests), none without one.
+    For tests of :func:`~spe.ops.softmax.chunk.softmax_attention`; memory O(B·H·L²).
+
+    Args:
+        q: (B, Lq, H, D); k: (B, Lk, H, D); v: (B, Lk, H, E).
+        causal, window, key_padding_mask: as :func:`~spe.ops.softmax.chunk.softmax_attention`.
+        log_decay: (B, L, H) log gates, or (H,) a constant one; None: none.
+
+    Returns:
+        (B, Lq, H, E) in float64.
+    """
+    f64 = torch.float64
+    q, k, v = q.to(f64), k.to(f64), v.to(f64)
+    b, lq, h, d = q.shape
+    logits = torch.einsum("bmhd,bnhd->bhmn", q, k) / math.sqrt(d)
+    keep = reference_keep(lq, k.shape[1], q.device, causal=causal, window=window, key_padding_mask=key_padding_mask)
+    if log_decay is not None:  # (H,) broadcasts over batch and positions as a constant gate
+        f = torch.cumsum(log_decay.to(f64).expand(b, lq, h), dim=1).permute(0, 2, 1)  # (B, H, L)
+        logits = logits + f[..., :, None] - f[..., None, :]
+    weights = torch.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
+    return torch.einsum("bhmn,bnhe->bmhe", weights, v)
