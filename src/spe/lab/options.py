@@ -92,7 +92,6 @@ _POSITIVE = OptionRule(integer=True, low=1)
 _SEED = OptionRule(integer=True, low=0, high=2 ** 63 - 1, text="an integer in [0, 2**63 - 1]")
 
 
-
 def option(default, rule: OptionRule | None = None, help: str = "", *, engine: bool = True):
     """One option of :class:`ExperimentOptions`: its default, its rule (None: its type and its own
     check say it all), its one-line help (the flag's, before ``say_defaults`` appends the resolved
@@ -231,12 +230,12 @@ def option_flag(name: str) -> tuple[str, dict]:
     Raises:
         KeyError: if ``name`` is not an option of ExperimentOptions (a programming error).
     """
-    option = {f.name: f for f in fields(ExperimentOptions)}[name]
-    keywords = {"help": option.metadata["help"]}
-    if option.type == "bool":
+    declared = {f.name: f for f in fields(ExperimentOptions)}[name]
+    keywords = {"help": declared.metadata["help"]}
+    if declared.type == "bool":
         keywords["action"] = "store_true"
-    elif option.type in _FLAG_TYPES:
-        keywords["type"] = _FLAG_TYPES[option.type]
+    elif declared.type in _FLAG_TYPES:
+        keywords["type"] = _FLAG_TYPES[declared.type]
     return "--" + name.replace("_", "-"), keywords
 
 
