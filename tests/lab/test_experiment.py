@@ -60,3 +60,35 @@ def test_the_engine_s_own_defaults_are_the_shared_ones():
     shared = {f.name: _default(f) for f in fields(ExperimentOptions)}
     engine = {f.name: f.default for f in fields(EngineSettings) if f.default is not MISSING and f.name in shared}
     assert engine and engine == {name: shared[name] for name in engine}
+
+
+def test_each_engine_option_is_declared_once_and_the_settings_rules_and_flags_follow_it(monkeypatch):
+    import argparse
+    import types
+
+    from spe.lab.cli.main import build_parser
+    from spe.lab.options import OPTION_RULES
+    from spe.lab.train.task import EngineSettings
+
+    declared = {f.name: f for f in fields(ExperimentOptions) if f.metadata.get("engine")}
+    engine = {f.name: f for f in fields(EngineSettings)}
+    assert set(engine) - set(declared) == {"seed", "units_per_example"}
+    assert all(engine[n].default == f.default and engine[n].type == f.type for n, f in declared.items())
+    assert all(OPTION_RULES[n] is f.metadata["rule"] for n, f in declared.items() if f.metadata["rule"])
+    # help changed in the declaration reaches the flags: the parsers read it when they are built
+    changed = types.MappingProxyType({**declared["lr"].metadata, "help": "CHANGED"})
+    monkeypatch.setattr(declared["lr"], "metadata", changed)
+    declared["lr"] = next(f for f in fields(ExperimentOptions) if f.name == "lr")
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command, own_words in (("train", set()), ("lra", {"steps", "batch_size", "eval_every", "device",
+                                                         "positional_lr_scale", "tensorboard", "keep_checkpoints",
+                                                         "compile"})):
+        actions = {a.dest: a for a in sub.choices[command]._actions}
+        for name in set(declared) & set(actions):
+            flag = actions[name]
+            assert flag.option_strings[0] == "--" + name.replace("_", "-")
+            assert isinstance(flag, argparse._StoreTrueAction) == (declared[name].type == "bool")
+            assert flag.type is {"int": int, "float": float}.get(declared[name].type)
+            if name not in own_words:
+                assert flag.help.startswith(declared[name].metadata["help"]), (command, name)
+    assert sub.choices["train"]._option_string_actions["--lr"].help.startswith("CHANGED")

@@ -7,6 +7,11 @@ places). The options of training (``spe train``'s :class:`~spe.lab.train.config.
 rule each, in :data:`OPTION_RULES`, so that an option means the same and is refused the same
 way whichever front end sets it, before any data is read or any model built (a
 ``grad_clip`` of -1 once turned ``spe train`` into gradient ascent while ``spe lra`` refused it).
+Each option of the training engine is declared once, as a field of :class:`ExperimentOptions`
+(:func:`option`: default, rule, help): the engine's settings
+(:class:`~spe.lab.train.task.EngineSettings`), the engine's rules in :data:`OPTION_RULES` (which
+the TOML configs are checked with) and the flags of ``spe train`` and ``spe lra``
+(:func:`option_flag`) are derived from it.
 No torch import: the CLI checks its flags before loading anything heavy.
 """
 
@@ -14,10 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
-__all__ = ["OPTION_RULES", "SCHEDULES", "OptionRule", "check_option", "check_options", "check_seed", "check_threads",
-           "parse_int_list", "parse_seeds", "read_toml", "set_threads"]
+from spe.field_types import check_field_types
+
+__all__ = ["OPTION_RULES", "SCHEDULES", "ExperimentOptions", "OptionRule", "check_option", "check_options",
+           "check_seed", "check_threads", "option", "option_flag", "parse_int_list", "parse_seeds", "read_toml",
+           "set_threads"]
 
 # The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
 # beside their rule, so that a schedule is checked as the other options are, without torch.
@@ -83,36 +91,152 @@ _POSITIVE = OptionRule(integer=True, low=1)
 # torch.manual_seed and Generator.manual_seed take a signed 64-bit integer; beyond it they overflow
 _SEED = OptionRule(integer=True, low=0, high=2 ** 63 - 1, text="an integer in [0, 2**63 - 1]")
 
+
+def option(default, rule: OptionRule | None = None, help: str = "", *, engine: bool = True):
+    """One option of :class:`ExperimentOptions`: its default, its rule (None: its type and its own
+    check say it all), its one-line help (the flag's, before ``say_defaults`` appends the resolved
+    default) and whether the engine takes it (:class:`~spe.lab.train.task.EngineSettings` has
+    exactly the fields marked ``engine``)."""
+    return field(default=default, metadata={"rule": rule, "help": help, "engine": engine})
+
+
+@dataclass(kw_only=True)
+class ExperimentOptions:
+    """The options of the one training engine, named, typed and checked alike for every task;
+    keyword-only. Their one declaration: each field's metadata (:func:`option`) holds its rule
+    and its flag's help, from which :class:`~spe.lab.train.task.EngineSettings`,
+    :data:`OPTION_RULES` and the flags (:func:`option_flag`) are derived.
+
+    Attributes:
+        data: the task's data (a folder, or a named corpus); None: the task's embedded default.
+        steps: optimizer steps (per seed).
+        batch_size: examples per optimizer step, over all processes (under ``torchrun`` with N
+            processes each takes ``batch_size / N`` of the same examples, so the same config
+            trains the same model on 1 or N processes).
+        lr: peak learning rate (AdamW).
+        warmup_steps: linear warmup length; then ``schedule``.
+        schedule: ``cosine`` (decay to ``lr · min_lr_ratio`` at ``steps``) or ``rsqrt`` (LRA's
+            lr·sqrt(warmup / step), no floor); :func:`spe.lab.train.optim.learning_rate_factor`.
+        min_lr_ratio: final learning rate of the cosine as a fraction of ``lr``: 0.1, as
+            nanoGPT's recipe (min_lr ≈ lr / 10).
+        weight_decay: AdamW decay of weight matrices (not of norms, biases, embeddings and
+            positional parameters).
+        grad_clip: global gradient-norm clip (0: none).
+        positional_lr_scale: learning-rate multiplier of the positional-encoding parameters
+            (SPE frequencies, gains, filters and gates, learned embeddings;
+            :func:`spe.lab.train.optim.param_groups`); 1.0: the model's learning rate.
+        eval_every: steps between validations and (resumable) checkpoints.
+        feature_redraw_every: steps between redraws of the FAVOR+ projections (0: never):
+            1,000, performer-pytorch's ``feature_redraw_interval``.
+        device: ``cpu`` or ``cuda`` (``cuda:N``; under ``torchrun`` each process takes the GPU
+            of its local rank).
+        precision: ``fp32``, ``bf16`` (autocast, CPU or CUDA) or ``fp16`` (autocast with a
+            gradient scaler, CUDA only); weights and checkpoints stay float32.
+        tensorboard: also write TensorBoard scalars to the run's ``tensorboard/`` (the ``log`` extra).
+        keep_checkpoints: checkpoint folders ``checkpoints/step-SSSSSSS/`` kept (the newest).
+        compile: ``torch.compile`` the model for the training steps (where compilation is
+            unavailable or fails, a warning and the uncompiled model).
+        allow_data_change: let a resume continue on data whose examples or split changed since
+            the run started (with a warning naming the change); off: such a resume is refused.
+        model: the task's model options (:class:`~spe.models.ModelConfig` for the language
+            model, :class:`~spe.models.ClassifierConfig` for LRA), checked by the task's class.
+
+    Raises:
+        ValueError: from :meth:`check_experiment_options`, naming the option, the value and
+            what is allowed, before any data is read.
+    """
+
+    data: str | None = option(None, engine=False)
+    steps: int = option(1000, _POSITIVE, "optimizer steps")
+    batch_size: int = option(8, _POSITIVE, "crops per step over all processes (under torchrun each takes its share)")
+    lr: float = option(1e-3, OptionRule(integer=False, low=0, low_open=True), "peak learning rate")
+    warmup_steps: int = option(100, OptionRule(integer=True, low=0),
+                               "linear warmup steps (a warning if not below --steps)")
+    schedule: str = option("cosine", OptionRule(integer=False, choices=SCHEDULES), "learning-rate schedule")
+    min_lr_ratio: float = option(0.1, OptionRule(integer=False, low=0, high=1),
+                                 "final learning rate of the cosine as a fraction of --lr")
+    weight_decay: float = option(0.01, OptionRule(integer=False, low=0), "AdamW weight decay")
+    grad_clip: float = option(1.0, OptionRule(integer=False, low=0, note="0: no clipping"), "gradient-norm clip")
+    positional_lr_scale: float = option(
+        1.0, OptionRule(integer=False, low=0, low_open=True, note="1.0: the model's learning rate"),
+        "lr multiplier of positional parameters")
+    eval_every: int = option(250, _POSITIVE, "steps between validation and checkpoints")
+    feature_redraw_every: int = option(1000, OptionRule(integer=True, low=0, note="0: never"),
+                                       "steps between FAVOR+ feature redraws")
+    device: str = option("cpu", help="cpu or cuda")
+    precision: str = option("fp32", help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a "
+                            "gradient scaler (CUDA)")
+    tensorboard: bool = option(False, help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install "
+                               "'spe[log]')")
+    keep_checkpoints: int = option(2, _POSITIVE, "checkpoints kept in OUT/checkpoints")
+    compile: bool = option(False, help="torch.compile the model for training (off by default; falls back to the "
+                           "uncompiled model with a warning where compilation is unavailable)")
+    allow_data_change: bool = option(False, engine=False)
+    model: dict = field(default_factory=dict, metadata={"engine": False})
+
+    def check_experiment_options(self, what: str) -> None:
+        """Checks every option's type (the resolved annotations) and rule
+        (:data:`spe.lab.options.OPTION_RULES`), the device and the precision on it.
+
+        Args:
+            what: how messages name an option (``training option``, ``LRA option``).
+
+        Raises:
+            ValueError: naming the option and the value received (a wrong type too).
+        """
+        try:
+            check_field_types(self.__dict__, type(self), what)
+        except TypeError as err:
+            raise ValueError(str(err)) from None
+        check_options(self.__dict__)
+        if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        from spe.lab.train.precision import check_precision  # torch: only once the options are read
+
+        check_precision(self.precision, "cuda" if self.device.startswith("cuda") else "cpu")
+        self.positional_lr_scale = float(self.positional_lr_scale)  # 10 and 10.0 are one setting
+
+
 # Option name -> its rule, whichever configuration has the option (an option of the same name
-# means the same in every configuration).
+# means the same in every configuration): the engine's, declared with ExperimentOptions' fields,
+# then the tasks' own.
 OPTION_RULES: dict[str, OptionRule] = {
-    "steps": _POSITIVE,
-    "batch_size": _POSITIVE,
-    "eval_every": _POSITIVE,
+    **{f.name: f.metadata["rule"] for f in fields(ExperimentOptions) if f.metadata.get("rule")},
     "eval_batch_size": _POSITIVE,
-    "keep_checkpoints": _POSITIVE,
     "seq_len": _POSITIVE,
     "max_piece_tokens": _POSITIVE,
     "test_min_tokens": OptionRule(integer=True, low=0, note="tokens; 0: no test split"),
     "num_test_pieces": _POSITIVE,
     "max_length": OptionRule(integer=True, low=1, optional=True, text="a positive integer or unset"),
     "num_realizations": OptionRule(integer=True, low=1, optional=True, text="a positive integer or unset"),
-    "lr": OptionRule(integer=False, low=0, low_open=True),
-    "weight_decay": OptionRule(integer=False, low=0),
-    "grad_clip": OptionRule(integer=False, low=0, note="0: no clipping"),
-    "min_lr_ratio": OptionRule(integer=False, low=0, high=1),
-    "schedule": OptionRule(integer=False, choices=SCHEDULES),
-    "positional_lr_scale": OptionRule(integer=False, low=0, low_open=True, note="1.0: the model's learning rate"),
     "val_fraction": OptionRule(integer=False, low=0, high=1, low_open=True, high_open=True),
-    "warmup_steps": OptionRule(integer=True, low=0),
     "eval_examples": OptionRule(integer=True, low=0, note="0: the whole split"),
-    "feature_redraw_every": OptionRule(integer=True, low=0, note="0: never"),
     "max_transpose": OptionRule(integer=True, low=0, note="semitones; 0: no transposition"),
     "seed": _SEED,
     "split_seed": _SEED,
     "threads": OptionRule(integer=True, low=0, optional=True,
                           text="0 (PyTorch's default) or a positive number of CPU threads"),
 }
+
+
+_FLAG_TYPES = {"int": int, "float": float}
+
+
+def option_flag(name: str) -> tuple[str, dict]:
+    """The command-line flag of the option ``name`` of :class:`ExperimentOptions` and its argparse
+    keywords, derived from the field: ``--NAME`` with dashes, a bool as a switch (``store_true``),
+    an int or a float read as one, the help the option declares.
+
+    Raises:
+        KeyError: if ``name`` is not an option of ExperimentOptions (a programming error).
+    """
+    declared = {f.name: f for f in fields(ExperimentOptions)}[name]
+    keywords = {"help": declared.metadata["help"]}
+    if declared.type == "bool":
+        keywords["action"] = "store_true"
+    elif declared.type in _FLAG_TYPES:
+        keywords["type"] = _FLAG_TYPES[declared.type]
+    return "--" + name.replace("_", "-"), keywords
 
 
 def check_option(option: str, value, name: str | None = None) -> None:

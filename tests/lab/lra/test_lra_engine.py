@@ -104,7 +104,7 @@ def test_a_kill_in_any_window_then_the_same_command_gives_the_uninterrupted_run(
 
 @pytest.mark.slow
 def test_a_torn_metrics_line_is_dropped_with_a_warning_naming_the_file(tmp_path, monkeypatch, uninterrupted):
-    restore = _kill_once(monkeypatch, engine, "_save", lambda run, *a: run.step == 4)
+    restore = _kill_once(monkeypatch, engine._Training, "save", lambda run, *a: run.step == 4)
     folder = tmp_path / "seed0"
     with pytest.raises(_Kill):
         train_seed(_cfg(), _splits(), 0, folder, progress=False)
@@ -118,7 +118,7 @@ def test_a_torn_metrics_line_is_dropped_with_a_warning_naming_the_file(tmp_path,
 
 @pytest.mark.slow
 def test_a_model_and_state_of_different_steps_are_refused_in_one_line(tmp_path, monkeypatch):
-    restore = _kill_once(monkeypatch, engine, "_save", lambda run, *a: run.step == 6)
+    restore = _kill_once(monkeypatch, engine._Training, "save", lambda run, *a: run.step == 6)
     folder = tmp_path / "seed0"
     with pytest.raises(_Kill):
         train_seed(_cfg(), _splits(), 0, folder, progress=False)
@@ -147,7 +147,7 @@ def test_a_training_state_that_would_run_code_is_refused_and_nothing_runs(tmp_pa
     pickle.loads(pickle.dumps(_Payload(live))).close()  # the payload works when unpickled freely
     assert live.exists()
 
-    restore = _kill_once(monkeypatch, engine, "_save", lambda run, *a: run.step == 4)
+    restore = _kill_once(monkeypatch, engine._Training, "save", lambda run, *a: run.step == 4)
     folder = tmp_path / "seed0"
     with pytest.raises(_Kill):
         train_seed(_cfg(), _splits(), 0, folder, progress=False)

@@ -137,18 +137,18 @@ def test_music_killed_between_the_state_and_the_model_resumes_to_the_same_weight
 
 @pytest.mark.slow
 def test_a_state_of_an_older_format_is_refused_naming_the_file(tmp_path, monkeypatch):
-    original = engine._save
+    original = engine._Training.save
 
     def kill_after_step_4(run, *args):
         original(run, *args)
         if run.step == 4:
             raise _Kill
 
-    monkeypatch.setattr(engine, "_save", kill_after_step_4)
+    monkeypatch.setattr(engine._Training, "save", kill_after_step_4)
     cfg = tiny_config(tmp_path, "old")
     with pytest.raises(_Kill):
         train(cfg, progress=False)
-    monkeypatch.setattr(engine, "_save", original)
+    monkeypatch.setattr(engine._Training, "save", original)
     file = tmp_path / "old" / CHECKPOINTS_DIR / "step-0000004" / TRAIN_STATE_FILE
     old = torch.load(file, weights_only=True)
     old["format_version"] = 1  # format 1 pickled NumPy's random state as an array; nothing reads it now

@@ -30,18 +30,18 @@ def test_resume_after_a_crash_continues_the_same_trajectory_bit_for_bit(tmp_path
     # same seed, one process, twice: identical losses (determinism on CPU)
     assert _losses(straight) == _losses(again)
 
-    save = engine._save
+    save = engine._Training.save
 
     def save_then_crash(run, *args):
         save(run, *args)
         if run.step == 4:
             raise _Crash
 
-    monkeypatch.setattr(engine, "_save", save_then_crash)
+    monkeypatch.setattr(engine._Training, "save", save_then_crash)
     cfg = tiny_config(tmp_path, "crashed")
     with pytest.raises(_Crash):
         train(cfg, progress=False)
-    monkeypatch.setattr(engine, "_save", save)
+    monkeypatch.setattr(engine._Training, "save", save)
     assert load_metadata(cfg.out)["step"] == 4
     resumed = train(cfg, resume=True, progress=False)
     # 2N = 6 steps straight vs N = 4, crash, resume to 6 (dropout, feature redraw at step 3 and

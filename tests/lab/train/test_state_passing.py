@@ -132,17 +132,17 @@ def test_a_killed_run_resumes_its_carried_states_bit_for_bit(tmp_path, monkeypat
         return tiny_config(tmp_path, name, state_passing=True, model={"short_conv": 2, "decay": "gated"})
 
     straight = train(config("straight"), progress=False)
-    train_step = engine._train_step
+    train_step = engine._Training.train_step
 
     def killed_before_step_5(run):  # the checkpoint of step 4 is written, the carried states move on
         if run.step == 4:
             raise _Kill
         return train_step(run)
 
-    monkeypatch.setattr(engine, "_train_step", killed_before_step_5)
+    monkeypatch.setattr(engine._Training, "train_step", killed_before_step_5)
     with pytest.raises(_Kill):
         train(config("killed"), progress=False)
-    monkeypatch.setattr(engine, "_train_step", train_step)
+    monkeypatch.setattr(engine._Training, "train_step", train_step)
     train(config("killed"), resume=True, progress=False)
     assert _same_weights(straight, tmp_path / "killed")
     assert _losses(straight) == _losses(tmp_path / "killed")

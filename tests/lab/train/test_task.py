@@ -58,8 +58,8 @@ def test_from_options_reads_same_named_attributes_and_takes_the_rest_explicitly(
 
 def test_from_options_refuses_a_setting_left_to_its_default():
     options = SimpleNamespace(steps=3, batch_size=2, lr=0.5, warmup_steps=0, eval_every=1)
-    with pytest.raises(ValueError, match=r"engine setting\(s\) \['weight_decay', 'grad_clip', .*'units_per_example', "
-                                         r"'positional_lr_scale'\] are neither options of SimpleNamespace"):
+    with pytest.raises(ValueError, match=r"engine setting\(s\) \['schedule', 'min_lr_ratio', .*'compile', "
+                                         r"'units_per_example'\] are neither options of SimpleNamespace"):
         EngineSettings.from_options(options, seed=0)
 
 

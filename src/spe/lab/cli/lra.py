@@ -11,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from spe.lab.cli.names import add_aliased, say_defaults
+from spe.lab.cli.names import add_aliased, add_option_flag, say_defaults
 from spe.lab.options import check_threads
 
 __all__ = ["add_lra_parser", "cmd_lra"]
@@ -91,29 +91,29 @@ def add_lra_parser(sub) -> None:
                    help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "
                         "operators without '[', digits, no ']' and no parentheses)")
     p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's)")
-    p.add_argument("--steps", type=int, help="optimizer steps per seed")
-    p.add_argument("--batch-size", type=int, help="examples per step")
-    p.add_argument("--eval-every", type=int, help="steps between validations")
+    add_option_flag(p, "steps", help="optimizer steps per seed")
+    add_option_flag(p, "batch_size", help="examples per step")
+    add_option_flag(p, "eval_every", help="steps between validations")
     add_aliased(p, "--seq-len", "--max-length", type=int, dest="max_length",
                 help="input length: tokens per sequence / document, longer ones truncated")
     p.add_argument("--num-realizations", type=int, help="R for SPE")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE", help="any classifier option, e.g. "
                    "gated=false, gate_init=-2, code_noise=orthogonal (VALUE read as TOML, else text; repeatable)")
-    p.add_argument("--positional-lr-scale", type=float, help="lr multiplier of positional parameters (default 1)")
+    add_option_flag(p, "positional_lr_scale", help="lr multiplier of positional parameters (default 1)")
     p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, + -lra-2021, "
                    "+ -KEY-VALUE per option, sorted; with --plan runs/lra/PRESET/PLAN)")
     p.add_argument("--plan", help="study plan (TOML, or listops-study): rows × seeds into OUT/ROW, then OUT/results.*")
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
     p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_option_flag(p, "device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--threads", type=int, help="torch CPU threads (0: PyTorch's default, the default)")
-    p.add_argument("--precision", choices=names["precision"],
-                   help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient scaler (CUDA)")
-    p.add_argument("--tensorboard", action="store_true",
-                   help="also write TensorBoard scalars to OUT/seedK/tensorboard (needs: pip install 'spe[log]')")
-    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept per seed in OUT/seedK/checkpoints (default 2)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model for training (falls back to the uncompiled model with a warning)")
+    add_option_flag(p, "precision", choices=names["precision"])
+    # per seed: its own folder OUT/seedK
+    add_option_flag(p, "tensorboard",
+                    help="also write TensorBoard scalars to OUT/seedK/tensorboard (needs: pip install 'spe[log]')")
+    add_option_flag(p, "keep_checkpoints", help="checkpoints kept per seed in OUT/seedK/checkpoints (default 2)")
+    add_option_flag(p, "compile",
+                    help="torch.compile the model for training (falls back to the uncompiled model with a warning)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     say_defaults(p, preset_defaults(), "the preset's, here cpu-small's per task")
     p.set_defaults(func=cmd_lra)

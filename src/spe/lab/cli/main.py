@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from spe.lab.cli.names import add_aliased, say_defaults
+from spe.lab.cli.names import add_aliased, add_option_flag, say_defaults
 from spe.lab.options import parse_int_list
 from spe.lab.cli.model_flags import add_model_flags, model_flag_options
 
@@ -77,30 +77,21 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     _add_piece_bound_flag(p)
     if with_out:
         p.add_argument("--out", help="run folder for checkpoint, logs and plots")
-    p.add_argument("--steps", type=int, help="optimizer steps")
+    add_option_flag(p, "steps")
     p.add_argument("--seq-len", type=int, help="training length in tokens")
-    p.add_argument("--batch-size", type=int,
-                   help="crops per step over all processes (under torchrun each takes its share)")
-    p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--warmup-steps", type=int, help="linear warmup steps (a warning if not below --steps)")
-    p.add_argument("--eval-every", type=int, help="steps between validation and checkpoints")
+    for name in ("batch_size", "lr", "warmup_steps", "eval_every"):
+        add_option_flag(p, name)
     add_model_flags(p)
     from spe.lab.cli.names import flag_choices
     from spe.lab.train.config import packaged_defaults
 
     names = flag_choices()
     p.add_argument("--seed", type=int, help="random seed, in [0, 2**63 - 1]")
-    p.add_argument("--device", help="cpu or cuda")
+    add_option_flag(p, "device")
     p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
-    p.add_argument("--precision", choices=names["precision"],
-                   help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient "
-                   "scaler (CUDA)")
-    p.add_argument("--tensorboard", action="store_true",
-                   help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install 'spe[log]')")
-    p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept in OUT/checkpoints")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model for training (off by default; falls back to the uncompiled model "
-                   "with a warning where compilation is unavailable)")
+    add_option_flag(p, "precision", choices=names["precision"])
+    for name in ("tensorboard", "keep_checkpoints", "compile"):
+        add_option_flag(p, name)
     say_defaults(p, packaged_defaults(), "from the packaged demo config; --config's if it sets it")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_aliased", "flag_choices", "say_defaults"]
+__all__ = ["add_aliased", "add_option_flag", "flag_choices", "say_defaults"]
 
 
 def flag_choices() -> dict:
@@ -36,3 +36,14 @@ def say_defaults(p: argparse.ArgumentParser, values: dict, source: str) -> None:
         if a.dest in values and a.default is not argparse.SUPPRESS and "(default" not in (a.help or ""):
             a.help = f"{a.help} (default {values[a.dest]}, {source})"
 
+
+
+
+def add_option_flag(p: argparse.ArgumentParser, name: str, **keywords) -> None:
+    """The flag of the training option ``name``, derived from its one declaration
+    (:func:`spe.lab.options.option_flag`); ``keywords``: what this command says otherwise (its own
+    help where its runs differ, e.g. ``spe lra``'s per-seed folders; ``choices``; a ``default``)."""
+    from spe.lab.options import option_flag
+
+    flag, derived = option_flag(name)
+    p.add_argument(flag, **{**derived, **keywords})

@@ -81,8 +81,10 @@ class Outcome:
 
 
 @dataclass
-class _Run:
-    """Everything the loop touches, built once by :func:`run`."""
+class _Training:
+    """One training run's state (model, optimizer, generators, step, best record, timing) and the
+    loop over it: built once by :func:`run`, restored from a checkpoint unit (:meth:`restore`), then
+    :meth:`loop`; every step and checkpoint is a method, so the state is changed only here."""
 
     task: Task
     settings: EngineSettings
@@ -106,6 +108,220 @@ class _Run:
 
     def seconds(self) -> float:
         return self.seconds_before + time.perf_counter() - self.started
+
+    def wrap(self) -> None:
+        """``step_model``: the model, compiled on request, wrapped by DDP under torchrun."""
+        compiled = self.model
+        if self.settings.compile:
+            try:
+                compiled = torch.compile(self.model)
+                self.compile_pending = True
+            except Exception as err:  # noqa: BLE001 - any failure falls back to eager mode
+                _compile_failed(err)
+        self.step_model = self.ddp(compiled)
+
+    def ddp(self, model: nn.Module) -> nn.Module:
+        if not self.ctx.enabled:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    def restore(self) -> None:
+        """Loads weights, optimizer, scaler, random states and records of the newest complete checkpoint unit."""
+        from safetensors.torch import load_file
+
+        unit = latest_unit(self.out, self.task.layout.latest)
+        _, ts = load_unit(unit, what=f"cannot resume {self.out}")
+        world = ts["world_size"]
+        if world != self.ctx.world_size:
+            raise ValueError(f"--resume: {self.out} was trained by {world} process(es), now {self.ctx.world_size}: "
+                             f"resume with the same number (torchrun --nproc-per-node {world}); batch slices and "
+                             "random states are per process")
+        weights = load_file(str(unit.model))
+        check_finite_weights(unit.model, weights)  # a resumed NaN would only diverge again, later
+        if getattr(self.model.config, "tie_embeddings", False):
+            weights["head.weight"] = weights["embed.weight"]
+        self.model.load_state_dict(weights)
+        self.load_optimizer(ts, unit.state)
+        if ts.get("scaler"):
+            self.scaler.load_state_dict(ts["scaler"])
+        restore_global_rng(ts["rng"][self.ctx.rank])
+        for name, gen in self.gens.items():
+            gen.set_state(ts[f"{name}_gen"])
+        self.seconds_before = float(ts["seconds"])
+        self.step, self.best, self.running_loss = ts["step"], ts["best"], ts.get("running_loss")
+        if hasattr(self.task, "load_state_dict"):
+            self.task.load_state_dict(ts["task"][self.ctx.rank] if "task" in ts else None, step=self.step)
+        self.last_saved = self.step
+        if self.ctx.is_main:
+            self.repair_best()
+        log.info("resuming %s at step %d", self.out, self.step)
+
+    def load_optimizer(self, ts: dict, file: Path) -> None:
+        saved = [len(g["params"]) for g in ts["optimizer"]["param_groups"]]
+        current = [len(g["params"]) for g in self.optimizer.param_groups]
+        if saved != current:
+            raise ValueError(f"cannot resume {self.out}: {file} holds an optimizer over parameter groups of "
+                             f"{saved} tensors, this model's are {current} (a state written by an older spe, "
+                             "with another weight-decay rule): delete the run folder to train it again")
+        self.optimizer.load_state_dict(ts["optimizer"])
+
+    def repair_best(self) -> None:
+        """Points ``best/`` at the checkpoint the state's best record names (a kill can leave it behind)."""
+        best_dir = self.task.layout.best
+        if best_dir is None or self.best is None:
+            return
+        target = self.out / best_dir / MODEL_FILE
+        if target.is_file() and load_metadata(target).get("step") == self.best["step"]:
+            return
+        source = checkpoint_folder(self.out, self.best["step"]) / MODEL_FILE
+        if not source.is_file():
+            raise ValueError(f"cannot resume {self.out}: the best checkpoint (step {self.best['step']}) is neither in "
+                             f"{target} nor in {source.parent}: delete the run folder to train it again")
+        link(source, target)
+
+    def check_generators(self) -> None:
+        for name, gen in self.gens.items():
+            dist_.check_same(gen.get_state(), f"the {name} generator", self.ctx, self.device)
+
+    def start_files(self, overwrite: bool) -> None:
+        """Rank 0: clears a run replaced by ``overwrite``, trims the metrics, opens TensorBoard."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            clear_run(self.out, self.task.layout)
+        mark_run(self.out, self.task.label)
+        trim_records(self.out / METRICS_FILE, self.step)
+        if self.settings.tensorboard:
+            from spe.lab.train.tensorboard import ScalarLog
+
+            self.tb = ScalarLog(self.out / "tensorboard", purge_step=self.step + 1 if self.step else None)
+
+    def train_step(self) -> float:
+        """One optimizer step on this process's slice of the global batch; returns the global mean loss."""
+        s = self.settings
+        lr = s.lr * learning_rate_factor(self.step, steps=s.steps, warmup_steps=s.warmup_steps, schedule=s.schedule,
+                                         min_lr_ratio=s.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = scaled_lr(group, lr)
+        if s.feature_redraw_every and self.step % s.feature_redraw_every == 0 and self.step and "feature" in self.gens:
+            self.model.redraw_features(self.gens["feature"])
+        batch = self.task.batch(self.gens, self.ctx, self.device)
+        loss = self.forward_backward(batch)
+        (total,) = dist_.all_sum([loss.item()], self.ctx, self.device)
+        mean = total / self.ctx.world_size
+        if not math.isfinite(mean):
+            raise TrainingDiverged(self.diverged_message(self.step + 1, mean))
+        apply_gradients(self.optimizer, self.model.parameters(), grad_clip=s.grad_clip, scaler=self.scaler)
+        return mean
+
+    def forward_backward(self, batch) -> torch.Tensor:
+        """The loss of ``batch`` and its gradients; a compiled model that fails on its first step is dropped."""
+        if not self.compile_pending:
+            return self.loss_and_grads(batch)
+        saved = {name: g.get_state() for name, g in self.gens.items()}, torch.get_rng_state()
+        try:
+            loss = self.loss_and_grads(batch)
+        except Exception as err:  # noqa: BLE001 - inductor raises many types; any of them means eager mode
+            _compile_failed(err)
+            for name, state in saved[0].items():  # the eager step draws what the failed one drew
+                self.gens[name].set_state(state)
+            torch.set_rng_state(saved[1])
+            self.step_model = self.ddp(self.model)
+            loss = self.loss_and_grads(batch)
+        self.compile_pending = False
+        return loss
+
+    def loss_and_grads(self, batch) -> torch.Tensor:
+        with autocast(self.settings.precision, self.device.type):
+            loss = self.task.loss(self.step_model, batch, self.gens)
+        compute_gradients(loss, self.optimizer, self.scaler)
+        return loss
+
+    def diverged_message(self, step: int, loss: float) -> str:
+        lr = self.optimizer.param_groups[0]["lr"]
+        model = self.out / self.task.layout.latest / MODEL_FILE
+        kept = (f"the last good checkpoint is {model} (step {self.last_saved}), left as it was; resume it after "
+                "lowering the learning rate (--lr)" if self.last_saved else "no checkpoint had been written yet")
+        return f"training stopped: the loss is {loss} at step {step} (lr {lr:.3g}); {kept}"
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        self.model.eval()
+        try:
+            return self.task.evaluate(self.model, self.ctx, self.device)
+        finally:
+            self.model.train()
+
+    def save(self, evaluation: dict, improved: bool) -> None:
+        """Checkpoint unit of every process's state, written by rank 0; links ``best/`` first when improved."""
+        mine = (global_rng_states(), self.task.state_dict() if hasattr(self.task, "state_dict") else None)
+        every = [mine]
+        if self.ctx.enabled:
+            import torch.distributed as dist
+
+            every = [None] * self.ctx.world_size
+            dist.all_gather_object(every, mine)
+        if self.ctx.is_main:
+            rng, tasks = (list(column) for column in zip(*every))
+            state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+                     "world_size": self.ctx.world_size, "rng": rng, "best": self.best,
+                     "running_loss": self.running_loss, "seconds": self.seconds(), **{f"{name}_gen": g.get_state() for name, g in self.gens.items()},
+                     **({"task": tasks} if any(t is not None for t in tasks) else {})}
+            layout = self.task.layout
+            best = (lambda folder: link(folder / MODEL_FILE, self.out / layout.best / MODEL_FILE)) \
+                if improved and layout.best else None
+            save_checkpoint(self.out, self.model, state, step=self.step,
+                            metadata=self.task.metadata(self.step, evaluation),
+                            keep=self.settings.keep_checkpoints, latest=layout.latest, before_links=best)
+        self.last_saved = self.step
+        dist_.barrier(self.ctx)
+
+    def after_step(self, loss: float, bar) -> None:
+        """Records, evaluation, best tracking and the checkpoint of the step just done."""
+        self.running_loss = loss if self.running_loss is None else 0.95 * self.running_loss + 0.05 * loss
+        s = self.settings
+        checkpoint = self.step % s.eval_every == 0 or self.step == s.steps
+        evaluation = self.evaluate() if checkpoint else None
+        metric = self.task.best_metric
+        improved = bool(evaluation and metric and (self.best is None or evaluation[metric] > self.best[metric]))
+        if improved:
+            self.best = {"step": self.step, metric: evaluation[metric]}
+        examples = (self.step - self.first_step) * s.batch_size
+        stats = StepStats(self.step, loss, self.running_loss, self.optimizer.param_groups[0]["lr"],
+                          examples * s.units_per_example / max(time.perf_counter() - self.started, 1e-9),
+                          self.seconds())
+        record = self.task.record(stats, evaluation)
+        bar.set_postfix(loss=f"{self.running_loss:.3f}", refresh=False)
+        bar.update(1)
+        # the record goes first: a kill before the checkpoint leaves a record that resuming trims
+        if self.ctx.is_main and record is not None:
+            append_record(self.out / METRICS_FILE, record)
+            if self.tb is not None:
+                self.tb.write(record)
+        if checkpoint:
+            self.check_generators()
+            self.save(evaluation, improved)
+            if self.ctx.is_main:
+                shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                  for k, v in evaluation.items())
+                line = f"step {self.step}: loss {self.running_loss:.3f} (running mean), {shown}"
+                bar.write(line) if not bar.disable else log.info("%s", line)
+
+    def loop(self, progress: bool) -> None:
+        """Optimizer steps from ``self.step`` to ``settings.steps``."""
+        from tqdm.auto import tqdm
+
+        self.first_step = self.step
+        self.started = time.perf_counter()
+        self.model.train()
+        bar = tqdm(total=self.settings.steps, initial=self.step, desc=self.task.label, unit="step",
+                   disable=not progress, dynamic_ncols=True)
+        while self.step < self.settings.steps:
+            loss = self.train_step()
+            self.step += 1
+            self.after_step(loss, bar)
+        bar.close()
 
 
 def run(task: Task, settings: EngineSettings, out: str | Path, *, resume: bool, overwrite: bool = False,
@@ -173,146 +389,32 @@ def _run(task: Task, settings: EngineSettings, out: Path, ctx: dist_.Distributed
     model = task.build_model().to(device)
     if ctx.rank:
         torch.manual_seed(settings.seed + _RANK_SEED_STRIDE * ctx.rank)
-    run = _Run(task, settings, ctx, model, model, adamw(model, lr=settings.lr, weight_decay=settings.weight_decay,
+    run = _Training(task, settings, ctx, model, model, adamw(model, lr=settings.lr, weight_decay=settings.weight_decay,
                                                           positional_lr_scale=settings.positional_lr_scale),
                grad_scaler(settings.precision, device.type),
                {name: torch.Generator().manual_seed(settings.seed + k) for k, name in enumerate(task.generators)},
                device, out)
-    _wrap(run)
+    run.wrap()
     if resume and latest_unit(out, task.layout.latest) is not None:
-        _restore(run)
-    _check_generators(run)
+        run.restore()
+    run.check_generators()
     if ctx.is_main:
-        _start_files(run, overwrite)
+        run.start_files(overwrite)
     log.info("%s: %.2f M parameters; %d process(es), %s%s", task.label,
              sum(p.numel() for p in model.parameters()) / 1e6, ctx.world_size, settings.precision,
              ", compiled" if run.compile_pending else "")
     try:
-        _loop(run, progress)
+        run.loop(progress)
     finally:
         if run.tb is not None:
             run.tb.close()
     return Outcome(out, run.step, run.best, run.seconds(), model, ctx.is_main)
 
 
-def _wrap(run: _Run) -> None:
-    """``step_model``: the model, compiled on request, wrapped by DDP under torchrun."""
-    compiled = run.model
-    if run.settings.compile:
-        try:
-            compiled = torch.compile(run.model)
-            run.compile_pending = True
-        except Exception as err:  # noqa: BLE001 - any failure falls back to eager mode
-            _compile_failed(err)
-    run.step_model = _ddp(compiled, run)
-
-
-def _ddp(model: nn.Module, run: _Run) -> nn.Module:
-    if not run.ctx.enabled:
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
-
-
 def _compile_failed(err: BaseException) -> None:
     reason = " ".join(str(err).split())[:200] or type(err).__name__
     warnings.warn(f"--compile: torch.compile is unavailable or failed here ({type(err).__name__}: {reason}); "
                   "training continues uncompiled", RuntimeWarning, stacklevel=3)
-
-
-def _restore(run: _Run) -> None:
-    """Loads weights, optimizer, scaler, random states and records of the newest complete checkpoint unit."""
-    from safetensors.torch import load_file
-
-    unit = latest_unit(run.out, run.task.layout.latest)
-    _, ts = load_unit(unit, what=f"cannot resume {run.out}")
-    world = ts["world_size"]
-    if world != run.ctx.world_size:
-        raise ValueError(f"--resume: {run.out} was trained by {world} process(es), now {run.ctx.world_size}: "
-                         f"resume with the same number (torchrun --nproc-per-node {world}); batch slices and "
-                         "random states are per process")
-    weights = load_file(str(unit.model))
-    check_finite_weights(unit.model, weights)  # a resumed NaN would only diverge again, later
-    if getattr(run.model.config, "tie_embeddings", False):
-        weights["head.weight"] = weights["embed.weight"]
-    run.model.load_state_dict(weights)
-    _load_optimizer(run, ts, unit.state)
-    if ts.get("scaler"):
-        run.scaler.load_state_dict(ts["scaler"])
-    restore_global_rng(ts["rng"][run.ctx.rank])
-    for name, gen in run.gens.items():
-        gen.set_state(ts[f"{name}_gen"])
-    run.seconds_before = float(ts["seconds"])
-    run.step, run.best, run.running_loss = ts["step"], ts["best"], ts.get("running_loss")
-    if hasattr(run.task, "load_state_dict"):
-        run.task.load_state_dict(ts["task"][run.ctx.rank] if "task" in ts else None, step=run.step)
-    run.last_saved = run.step
-    if run.ctx.is_main:
-        _repair_best(run)
-    log.info("resuming %s at step %d", run.out, run.step)
-
-
-def _load_optimizer(run: _Run, ts: dict, file: Path) -> None:
-    saved = [len(g["params"]) for g in ts["optimizer"]["param_groups"]]
-    current = [len(g["params"]) for g in run.optimizer.param_groups]
-    if saved != current:
-        raise ValueError(f"cannot resume {run.out}: {file} holds an optimizer over parameter groups of "
-                         f"{saved} tensors, this model's are {current} (a state written by an older spe, "
-                         "with another weight-decay rule): delete the run folder to train it again")
-    run.optimizer.load_state_dict(ts["optimizer"])
-
-
-def _repair_best(run: _Run) -> None:
-    """Points ``best/`` at the checkpoint the state's best record names (a kill can leave it behind)."""
-    best_dir = run.task.layout.best
-    if best_dir is None or run.best is None:
-        return
-    target = run.out / best_dir / MODEL_FILE
-    if target.is_file() and load_metadata(target).get("step") == run.best["step"]:
-        return
-    source = checkpoint_folder(run.out, run.best["step"]) / MODEL_FILE
-    if not source.is_file():
-        raise ValueError(f"cannot resume {run.out}: the best checkpoint (step {run.best['step']}) is neither in "
-                         f"{target} nor in {source.parent}: delete the run folder to train it again")
-    link(source, target)
-
-
-def _check_generators(run: _Run) -> None:
-    for name, gen in run.gens.items():
-        dist_.check_same(gen.get_state(), f"the {name} generator", run.ctx, run.device)
-
-
-def _start_files(run: _Run, overwrite: bool) -> None:
-    """Rank 0: clears a run replaced by ``overwrite``, trims the metrics, opens TensorBoard."""
-    run.out.mkdir(parents=True, exist_ok=True)
-    if overwrite:
-        clear_run(run.out, run.task.layout)
-    mark_run(run.out, run.task.label)
-    trim_records(run.out / METRICS_FILE, run.step)
-    if run.settings.tensorboard:
-        from spe.lab.train.tensorboard import ScalarLog
-
-        run.tb = ScalarLog(run.out / "tensorboard", purge_step=run.step + 1 if run.step else None)
-
-
-def _train_step(run: _Run) -> float:
-    """One optimizer step on this process's slice of the global batch; returns the global mean loss."""
-    s = run.settings
-    lr = s.lr * learning_rate_factor(run.step, steps=s.steps, warmup_steps=s.warmup_steps, schedule=s.schedule,
-                                     min_lr_ratio=s.min_lr_ratio)
-    for group in run.optimizer.param_groups:
-        group["lr"] = scaled_lr(group, lr)
-    if s.feature_redraw_every and run.step % s.feature_redraw_every == 0 and run.step and "feature" in run.gens:
-        run.model.redraw_features(run.gens["feature"])
-    batch = run.task.batch(run.gens, run.ctx, run.device)
-    loss = _forward_backward(run, batch)
-    (total,) = dist_.all_sum([loss.item()], run.ctx, run.device)
-    mean = total / run.ctx.world_size
-    if not math.isfinite(mean):
-        raise TrainingDiverged(_diverged_message(run, run.step + 1, mean))
-    apply_gradients(run.optimizer, run.model.parameters(), grad_clip=s.grad_clip, scaler=run.scaler)
-    return mean
 
 
 def compute_gradients(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
@@ -335,114 +437,3 @@ def apply_gradients(optimizer: torch.optim.Optimizer, parameters, *, grad_clip: 
         optimizer.step()
 
 
-def _forward_backward(run: _Run, batch) -> torch.Tensor:
-    """The loss of ``batch`` and its gradients; a compiled model that fails on its first step is dropped."""
-    if not run.compile_pending:
-        return _loss_and_grads(run, batch)
-    saved = {name: g.get_state() for name, g in run.gens.items()}, torch.get_rng_state()
-    try:
-        loss = _loss_and_grads(run, batch)
-    except Exception as err:  # noqa: BLE001 - inductor raises many types; any of them means eager mode
-        _compile_failed(err)
-        for name, state in saved[0].items():  # the eager step draws what the failed one drew
-            run.gens[name].set_state(state)
-        torch.set_rng_state(saved[1])
-        run.step_model = _ddp(run.model, run)
-        loss = _loss_and_grads(run, batch)
-    run.compile_pending = False
-    return loss
-
-
-def _loss_and_grads(run: _Run, batch) -> torch.Tensor:
-    with autocast(run.settings.precision, run.device.type):
-        loss = run.task.loss(run.step_model, batch, run.gens)
-    compute_gradients(loss, run.optimizer, run.scaler)
-    return loss
-
-
-def _diverged_message(run: _Run, step: int, loss: float) -> str:
-    lr = run.optimizer.param_groups[0]["lr"]
-    model = run.out / run.task.layout.latest / MODEL_FILE
-    kept = (f"the last good checkpoint is {model} (step {run.last_saved}), left as it was; resume it after "
-            "lowering the learning rate (--lr)" if run.last_saved else "no checkpoint had been written yet")
-    return f"training stopped: the loss is {loss} at step {step} (lr {lr:.3g}); {kept}"
-
-
-@torch.no_grad()
-def _evaluate(run: _Run) -> dict:
-    run.model.eval()
-    try:
-        return run.task.evaluate(run.model, run.ctx, run.device)
-    finally:
-        run.model.train()
-
-
-def _save(run: _Run, evaluation: dict, improved: bool) -> None:
-    """Checkpoint unit of every process's state, written by rank 0; links ``best/`` first when improved."""
-    mine = (global_rng_states(), run.task.state_dict() if hasattr(run.task, "state_dict") else None)
-    every = [mine]
-    if run.ctx.enabled:
-        import torch.distributed as dist
-
-        every = [None] * run.ctx.world_size
-        dist.all_gather_object(every, mine)
-    if run.ctx.is_main:
-        rng, tasks = (list(column) for column in zip(*every))
-        state = {"optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict(),
-                 "world_size": run.ctx.world_size, "rng": rng, "best": run.best, "running_loss": run.running_loss,
-                 "seconds": run.seconds(), **{f"{name}_gen": g.get_state() for name, g in run.gens.items()},
-                 **({"task": tasks} if any(t is not None for t in tasks) else {})}
-        layout = run.task.layout
-        best = (lambda folder: link(folder / MODEL_FILE, run.out / layout.best / MODEL_FILE)) \
-            if improved and layout.best else None
-        save_checkpoint(run.out, run.model, state, step=run.step, metadata=run.task.metadata(run.step, evaluation),
-                        keep=run.settings.keep_checkpoints, latest=layout.latest, before_links=best)
-    run.last_saved = run.step
-    dist_.barrier(run.ctx)
-
-
-def _after_step(run: _Run, loss: float, bar) -> None:
-    """Records, evaluation, best tracking and the checkpoint of the step just done."""
-    run.running_loss = loss if run.running_loss is None else 0.95 * run.running_loss + 0.05 * loss
-    s = run.settings
-    checkpoint = run.step % s.eval_every == 0 or run.step == s.steps
-    evaluation = _evaluate(run) if checkpoint else None
-    metric = run.task.best_metric
-    improved = bool(evaluation and metric and (run.best is None or evaluation[metric] > run.best[metric]))
-    if improved:
-        run.best = {"step": run.step, metric: evaluation[metric]}
-    examples = (run.step - run.first_step) * s.batch_size
-    stats = StepStats(run.step, loss, run.running_loss, run.optimizer.param_groups[0]["lr"],
-                      examples * s.units_per_example / max(time.perf_counter() - run.started, 1e-9), run.seconds())
-    record = run.task.record(stats, evaluation)
-    bar.set_postfix(loss=f"{run.running_loss:.3f}", refresh=False)
-    bar.update(1)
-    # the record goes first: a kill before the checkpoint leaves a record that resuming trims
-    if run.ctx.is_main and record is not None:
-        append_record(run.out / METRICS_FILE, record)
-        if run.tb is not None:
-            run.tb.write(record)
-    if checkpoint:
-        _check_generators(run)
-        _save(run, evaluation, improved)
-        if run.ctx.is_main:
-            shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                              for k, v in evaluation.items())
-            line = f"step {run.step}: loss {run.running_loss:.3f} (running mean), {shown}"
-            bar.write(line) if not bar.disable else log.info("%s", line)
-
-
-def _loop(run: _Run, progress: bool) -> None:
-    """Optimizer steps from ``run.step`` to ``settings.steps``."""
-    from tqdm.auto import tqdm
-
-    run.first_step = run.step
-    run.started = time.perf_counter()
-    run.model.train()
-    bar = tqdm(total=run.settings.steps, initial=run.step, desc=run.task.label, unit="step", disable=not progress,
-               dynamic_ncols=True)
-    while run.step < run.settings.steps:
-        loss = _train_step(run)
-        run.step += 1
-        _after_step(run, loss, bar)
-    bar.close()

@@ -11,71 +11,42 @@ train``) and the Long Range Arena classifier (:class:`spe.lab.lra.task.LRATask`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from spe.lab.experiment import ExperimentOptions
-from spe.lab.options import check_options
+from spe.lab.options import ExperimentOptions, check_options
 from spe.lab.train.distributed import Distributed
 
 __all__ = ["EngineSettings", "RunLayout", "StepStats", "Task"]
 
 
-_SHARED = {f.name: f.default for f in fields(ExperimentOptions)}
+# The engine's fields: the run's seed, then every option ExperimentOptions marks ``engine`` (its
+# type, default and rule, declared there once), then what one example counts for.
+_EngineFields = make_dataclass(
+    "_EngineFields",
+    [("seed", int), *((f.name, f.type, field(default=f.default, metadata=f.metadata))
+                      for f in fields(ExperimentOptions) if f.metadata.get("engine")),
+     ("units_per_example", int, field(default=1))],
+    frozen=True, namespace={"__module__": __name__})
 
 
 @dataclass(frozen=True)
-class EngineSettings:
+class EngineSettings(_EngineFields):
     """How the engine trains (the task-independent options of ``spe train`` and ``spe lra``).
 
+    Every field but two is the option of :class:`~spe.lab.options.ExperimentOptions` marked
+    ``engine`` (same name, type, default and rule; its meaning is documented there), so that an
+    engine option is declared once; ``batch_size`` counts examples (crops, sequences, pairs) over
+    all processes, and under ``torchrun`` with N processes each takes B / N of them (N must divide B).
+
     Attributes:
-        steps: optimizer steps of the whole run.
-        batch_size: examples (crops, sequences, pairs) per step over all processes; under
-            ``torchrun`` with N processes each takes B / N of them (N must divide B).
-        lr: peak learning rate of AdamW.
-        warmup_steps: linear warmup steps.
-        schedule: ``cosine`` (to ``lr · min_lr_ratio`` at ``steps``) or ``rsqrt``.
-        min_lr_ratio: the cosine's final learning rate as a fraction of ``lr``.
-        weight_decay: AdamW decay of the weight matrices :func:`spe.lab.train.optim.param_groups` names.
-        grad_clip: global gradient-norm clip (0: none).
-        eval_every: steps between evaluations and checkpoints (and at the last step).
         seed: seeds the initialisation (``torch.manual_seed``) and the task's generators
             (generator k gets ``seed + k``).
-        device: ``cpu``, ``cuda`` or ``cuda:N`` (under ``torchrun``: the local rank's GPU).
-        precision: ``fp32``, ``bf16`` or ``fp16`` (:mod:`spe.lab.train.precision`).
-        tensorboard: also write the records' scalars to ``out/tensorboard``.
-        keep_checkpoints: checkpoint folders kept (the newest).
-        compile: ``torch.compile`` the model for the training steps (falls back to the
-            uncompiled model with a warning where compilation is unavailable or fails).
-        feature_redraw_every: steps between FAVOR+ feature redraws from the ``feature``
-            generator (0: never).
         units_per_example: what one example counts for in the progress rate (tokens of a crop).
-        positional_lr_scale: learning-rate multiplier of positional-encoding parameters
-            (:func:`spe.lab.train.optim.param_groups`; 1.0: none).
     """
-
-    steps: int
-    batch_size: int
-    lr: float
-    warmup_steps: int
-    eval_every: int
-    seed: int
-    # the experiments' shared defaults (ExperimentOptions), never a third set
-    weight_decay: float = _SHARED["weight_decay"]
-    grad_clip: float = _SHARED["grad_clip"]
-    schedule: str = _SHARED["schedule"]
-    min_lr_ratio: float = _SHARED["min_lr_ratio"]
-    device: str = _SHARED["device"]
-    precision: str = _SHARED["precision"]
-    tensorboard: bool = _SHARED["tensorboard"]
-    keep_checkpoints: int = _SHARED["keep_checkpoints"]
-    compile: bool = _SHARED["compile"]
-    feature_redraw_every: int = _SHARED["feature_redraw_every"]
-    units_per_example: int = 1
-    positional_lr_scale: float = _SHARED["positional_lr_scale"]
 
     def __post_init__(self) -> None:
         # the one rule per option of spe train and spe lra, also for Python callers of the engine
