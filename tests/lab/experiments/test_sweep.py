@@ -250,10 +250,6 @@ LEARNED_TIME_ROWS = {"ape", "sinespe", "sinespe-whole", "gated", "gated-channel"
                      "sinespe-gated-channel-whole", "foxpro", "path", "path-fox", "rope-learned",
                      "rope-learned-gated", "sinespe-learned", "sinespe-learned-gated",
                      "sinespe-learned-gated-channel", "sinespe-learned-linear-gated", "sinespe-onset"}
-# the rows of other branches, commented out in the learned-time plans until their options exist
-LEARNED_TIME_LATER = {"foxpro", "path", "path-fox", "rope-learned", "rope-learned-gated", "sinespe-onset",
-                      "sinespe-learned", "sinespe-learned-gated", "sinespe-learned-gated-channel",
-                      "sinespe-learned-linear-gated"}
 SIXTEEN_X_PLANS = [("gates", 64, GATES_ROWS), ("gates-palestrina", 256, GATES_ROWS),
                    ("learned-time", 64, LEARNED_TIME_ROWS), ("learned-time-palestrina", 256, LEARNED_TIME_ROWS)]
 
@@ -340,23 +336,20 @@ def test_every_learned_time_row_states_the_window_it_trains_with(tmp_path, plan_
 
 
 @pytest.mark.parametrize("plan_name", ["learned-time", "learned-time-palestrina"])
-def test_the_commented_rows_of_other_branches_are_plan_toml_once_uncommented(plan_name):
-    """The lead uncomments them with `sed 's/^#+ //'` after the merge: they must then be tables of
-    the plan with a description that states the window and a model table."""
-    import tomllib
-
-    from spe.lab.plans import packaged_plans
-    from spe.lab.experiments.sweep import SWEEP_FORMAT
-
-    text = packaged_plans(SWEEP_FORMAT)[plan_name].read_text()
-    uncommented = tomllib.loads("\n".join(line[3:] if line.startswith("#+ ") else line for line in text.splitlines()))
-    later = {k: v for k, v in uncommented["variants"].items() if k not in LEARNED_TIME_ROWS}
-    assert set(later) == LEARNED_TIME_LATER - LEARNED_TIME_ROWS
-    for name, row in later.items():
-        assert "window: whole past" in row["description"] and row["model"]["positional"], name
-    assert uncommented["variants"]["foxpro"]["model"].items() >= {"output_gate": True, "qk_norm": True, "kv_shift": True,
-                                                       "output_norm": True}.items()
-    rows = uncommented["variants"]
+def test_the_data_dependent_rows_state_their_window_and_mechanism(plan_name):
+    """Issue 39's rows: each description states the whole past as its window, and each model
+    names the mechanism its row tests."""
+    variants = load_plan(plan_name).variants
+    rows = {name: {"description": v["description"], "model": v["train"]["model"]}
+            for name, v in variants.items()}
+    data_dependent = {"foxpro", "path", "path-fox", "rope-learned", "rope-learned-gated", "sinespe-onset",
+                      "sinespe-learned", "sinespe-learned-gated", "sinespe-learned-gated-channel",
+                      "sinespe-learned-linear-gated"}
+    for name in data_dependent:
+        assert "window: whole past" in rows[name]["description"], name
+    assert rows["foxpro"]["model"].items() >= {"output_gate": True, "qk_norm": True, "kv_shift": True,
+                                              "output_norm": True}.items()
     assert rows["path-fox"]["model"]["decay"] == "gated" and rows["path"]["model"]["attention"] == "softmax"
     assert rows["sinespe-learned-linear-gated"]["model"]["attention"] == "linear"
     assert rows["sinespe-onset"]["model"]["spe_time"] == "onset"
+    assert {rows[n]["model"].get("rope_time") for n in ("rope-learned", "rope-learned-gated")} == {"learned"}
