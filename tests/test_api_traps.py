@@ -1,4 +1,4 @@
-"""The public API's silent traps (issue 41 item 2): each now refused, made deterministic or stated exactly."""
+"""The public API's silent traps: each now refused, made deterministic or stated exactly."""
 
 import math
 

@@ -52,10 +52,10 @@ CASES = [
     ("sinespe", "linear-elu", {"decay": "gated-channel", "short_conv": 4}),
     ("none", "softmax", {"decay": "gated", **dict.fromkeys(PRO_OPTIONS, True)}),  # FoX-Pro (docs/foxpro.md)
     ("sinespe", "linear", {"decay": "gated", **dict.fromkeys(PRO_OPTIONS, True)}),
-    ("sinespe", "linear", {"decay": "gated", "spe_time": "learned"}),  # issue 39: learned time
+    ("sinespe", "linear", {"decay": "gated", "spe_time": "learned"}),  # learned time
     ("sinespe", "performer", {"spe_time": "learned"}),
     ("rope", "linear-elu", {"rope_time": "learned", "decay": "gated-channel"}),
-    # issue 39: the onset clock, on a REMI-like vocabulary of bars and 4/4 positions (8 per beat)
+    # the onset clock, on a REMI-like vocabulary of bars and 4/4 positions (8 per beat)
     ("sinespe", "linear", {"decay": "gated", "spe_time": "onset", "onset_scale": 2.5,
                            "onset_tokens": {"Bar_None": 1, **{f"Position_{k}": 2 + k for k in range(32)}}}),
 ]
@@ -73,7 +73,7 @@ def _model(pos, att, extra):
                       positional=pos, attention=att, num_realizations=8, num_sines=2, kernel_size=6,
                       num_features=16, chunk_size=8, max_distance=6, max_positions=64, **extra)
     model = DecoderLM(cfg).eval()
-    with torch.no_grad():  # learned clocks (issue 39) away from the index clock they start at
+    with torch.no_grad():  # learned clocks away from the index clock they start at
         for name, p in model.named_parameters():
             if ".clock." in name:
                 p.normal_(0.0, 0.5)

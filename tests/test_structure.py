@@ -164,7 +164,7 @@ def _long_positional_functions(source: str, where: str) -> list[str]:
 
 def test_no_kernel_takes_more_than_six_positional_parameters():
     # options travel as one typed record (spe.ops.linear_attn.options.LinearKernelOptions) or as
-    # keywords, never as a long untyped positional list (issue 40)
+    # keywords, never as a long untyped positional list
     found = [hit for p in sorted((SRC / "ops").rglob("*.py"))
              for hit in _long_positional_functions(p.read_text(), str(p.relative_to(SRC)))]
     assert not found, found

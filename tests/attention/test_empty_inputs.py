@@ -1,4 +1,4 @@
-"""Inputs with no position or no example (issue 41, round 4): an empty result of the right shape, or a
+"""Inputs with no position or no example: an empty result of the right shape, or a
 ValueError about the input, never an internal error (range() step 0, a None gate, a convolution wider
 than its input, an ambiguous reshape)."""
 

@@ -1,4 +1,4 @@
-"""The kernels' shared pieces (issue 40): the decay's named forms decoded once, the options
+"""The kernels' shared pieces: the decay's named forms decoded once, the options
 record, and the chunked form and recurrent step of linear attention behind one signature."""
 
 import dataclasses

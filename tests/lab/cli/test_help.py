@@ -1,4 +1,4 @@
-"""Help and defaults (issue 41 item 3): every default said as resolved, one name per idea, a long warm-up warned."""
+"""Help and defaults: every default said as resolved, one name per idea, a long warm-up warned."""
 
 import argparse
 import warnings
