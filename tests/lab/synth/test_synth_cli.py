@@ -104,7 +104,8 @@ def test_packaged_plans_hold_the_studys_rows_and_each_builds():
     assert set(packaged_synth_plans()) >= {"learned-time-flip-flop", "learned-time-mqar"}
     for name in ("learned-time-flip-flop", "learned-time-mqar"):
         plan = load_synth_plan(name)
-        assert list(plan.rows) == ["ape", "sinespe", "sinespe-gated", "gated", "fox", "rope", "foxpro", "path",
+        assert list(plan.rows) == ["ape", "sinespe", "sinespe-gated", "gated", "gated-channel",
+                                   "sinespe-gated-channel", "fox", "rope", "foxpro", "path",
                                    "path-fox", "rope-learned", "rope-learned-gated", "sinespe-learned",
                                    "sinespe-learned-gated", "sinespe-learned-gated-channel",
                                    "sinespe-learned-linear-gated"]
@@ -115,6 +116,9 @@ def test_packaged_plans_hold_the_studys_rows_and_each_builds():
             ("softmax", "gated", "none", 7)
         assert row_config(plan, "sinespe-gated").model["attention_window"] == 0  # no window: the confound removed
         assert row_config(plan, "sinespe").model["attention_window"] == 64
+        # the index twin differs from the learned-time row in its clock only
+        twin, learned = (row_config(plan, r).model for r in ("sinespe-gated-channel", "sinespe-learned-gated-channel"))
+        assert {k: v for k, v in learned.items() if k != "spe_time"} == twin and learned["spe_time"] == "learned"
 
 
 def test_a_plan_row_with_a_bad_option_is_named(tmp_path):
