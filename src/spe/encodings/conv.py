@@ -23,16 +23,16 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spe.encodings.code import DenseCode
+from spe.encodings.code import ConvCode, DenseCode
 from spe.encodings.positions import (NOISE_DTYPE, check_code_seed, code_generator, require_positive,
                                      resolve_positions)
 from spe.encodings.filter import SPEOptions, build_filter
 from spe.encodings.spec import PositionalSpec, head_dim, option
+from spe.ops.conv.filters import direct_filter, fft_filter, fft_size
 
-__all__ = ["NOISE_BLOCK", "ConvOptions", "ConvSPE", "SPEC"]
+__all__ = ["NOISE_BLOCK", "ConvOptions", "ConvSPE", "SPEC", "fft_size"]
 
 # Noise Z is indexed by absolute time and drawn in blocks of this many positions, each from
 # its own seed, so a code for positions [0, N) agrees with the code for [0, N') on their
@@ -155,7 +155,10 @@ class ConvSPE(nn.Module):
                 training mode PyTorch's default generator (a new code at every call).
 
         Returns:
-            A :class:`DenseCode` with qbar (Lq, H, D, R), kbar (Lk, H, D, R), gate_noise (H, D, R).
+            For the same contiguous positions for queries and keys (training, prefill), a
+            :class:`ConvCode` (the noise span and the filters; its ``qbar`` and ``kbar`` are
+            formed on first use); otherwise a :class:`DenseCode`. Either has qbar (Lq, H, D, R),
+            kbar (Lk, H, D, R), gate_noise (H, D, R).
 
         Raises:
             ValueError: on missing, inconsistent, negative or non-integer positions, or a
@@ -174,6 +177,13 @@ class ConvSPE(nn.Module):
         seed = int(torch.randint(0, 1 << 31, (1,), generator=generator))
         eps = torch.randn(self.num_heads, self.head_dim, r, generator=generator, dtype=NOISE_DTYPE)
         eps = eps.to(device=self.filters_q.device, dtype=self.filters_q.dtype)
+        if torch.equal(pos_q, pos_k) and _contiguous(pos_q):
+            # The usual training and prefill case: the code stays factored (noise and filters),
+            # so the filter may apply it block by block (``spe_impl``) or materialise it.
+            p, start = self.kernel_size, int(pos_q[0]) + self.shift
+            z = self.noise_span(start - p + 1, pos_q.numel() + p - 1, r, seed)
+            return ConvCode(noise=z, filters_q=self.filters_q, filters_k=self.filters_k, use_fft=self.uses_fft,
+                            gate_noise=eps)
         if torch.equal(pos_q, pos_k):
             qbar, kbar = self._filter(pos_q.long(), r, seed, both=True)
         else:
@@ -185,8 +195,7 @@ class ConvSPE(nn.Module):
                 filters: Tensor | None = None):
         p, h, d, c = self.kernel_size, self.num_heads, self.head_dim, self.shift
         stacked = [self.filters_q, self.filters_k] if both else [filters]
-        contiguous = pos.numel() > 1 and bool((pos.diff() == 1).all())
-        if not contiguous:
+        if not _contiguous(pos):
             # Arbitrary positions or one decoding step: explicit windows of P samples.
             times = pos[:, None] + c - torch.arange(p, device=pos.device)[None]  # (L, P)
             z = self.noise(times.flatten(), r, seed).view(pos.numel(), p, h, d, r)
@@ -194,9 +203,14 @@ class ConvSPE(nn.Module):
         else:
             start = int(pos[0]) + c
             z = self.noise_span(start - p + 1, pos.numel() + p - 1, r, seed)  # (H, D, R, L + P − 1)
-            conv = _fft_filter if self.impl == "fft" or (self.impl == "auto" and p >= 16) else _direct_filter
+            conv = fft_filter if self.uses_fft else direct_filter
             ys = conv(z, stacked)
         return (ys[0], ys[1]) if both else ys[0]
+
+    @property
+    def uses_fft(self) -> bool:
+        """Whether contiguous spans of noise are filtered by FFT (``impl`` fft, or auto and P ≥ 16)."""
+        return self.impl == "fft" or (self.impl == "auto" and self.kernel_size >= 16)
 
     def kernel(self, lags: Tensor) -> Tensor:
         """Exact expected kernel E[Q̄_d(m) K̄_d(n)] / R for m − n = lag (appendix A.1).
@@ -215,47 +229,8 @@ class ConvSPE(nn.Module):
         return (self.filters_q[:, :, None, :] * fk).sum(-1)
 
 
-def fft_size(n: int) -> int:
-    """The smallest 5-smooth integer ≥ n (2^a 3^b 5^c: lengths the real FFT handles fastest)."""
-    best = 1 << max(0, (n - 1).bit_length())
-    p5 = 1
-    while p5 < best:
-        p35 = p5
-        while p35 < best:
-            m = p35 * (1 << max(0, (-(-n // p35) - 1).bit_length()))
-            best = min(best, m)
-            p35 *= 3
-        p5 *= 5
-    return best
-
-
-def _fft_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
-    """Σ_p Φ(p) Z(t − p) for t ∈ [P − 1, T) by real FFTs, one noise spectrum for every filter.
-
-    z: (H, D, R, T) time-last, T = L + P − 1; filters: (H, D, P) each. Returns contiguous
-    (L, H, D, R) codes. Zero-padding to ``fft_size(T)`` ≥ T makes the circular convolution
-    linear on the kept outputs. The transforms run on time-last signals: along a strided axis, or after a
-    transposing copy, the same work is 3-4× slower on CPU.
-    """
-    t, p = z.shape[-1], filters[0].shape[-1]
-    n = fft_size(t)
-    zf = torch.fft.rfft(z, n=n)  # (H, D, R, F), shared by Q̄ and K̄
-    # contiguous (L, H, D, R): every layer's code product then reads it as it is, where a
-    # time-last view made each layer copy (and save for backward) its own transposed code
-    return [torch.fft.irfft(zf * torch.fft.rfft(f, n=n)[:, :, None], n=n)[..., p - 1:t].permute(3, 0, 1, 2)
-            .contiguous() for f in filters]
-
-
-def _direct_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
-    """The direct twin of :func:`_fft_filter` (``conv1d``, O(L·P) per feature and realisation)."""
-    h, d, r, t = z.shape
-    p = filters[0].shape[-1]
-    x = z.permute(2, 0, 1, 3).reshape(r, h * d, t)  # (R, H·D, L + P − 1)
-    # conv1d is a cross-correlation: flipping the filters gives Σ_p Φ(p) Z(t − p).
-    weight = torch.stack(filters, dim=2).reshape(h * d * len(filters), 1, p).flip(-1)
-    y = F.conv1d(x, weight, groups=h * d)  # (R, H·D·c, L)
-    y = y.view(r, h, d, len(filters), -1).permute(3, 4, 1, 2, 0)  # (c, L, H, D, R)
-    return [code.contiguous() for code in y]
+def _contiguous(pos: Tensor) -> bool:
+    return pos.numel() > 1 and bool((pos.diff() == 1).all())
 
 
 @dataclass(kw_only=True)

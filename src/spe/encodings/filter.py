@@ -12,14 +12,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from spe.encodings.code import SineCode, SPECode
+from spe.encodings.code import ConvCode, SineCode, SPECode
 from spe.encodings.positions import require_positive
-from spe.ops.sine_costs import choose_sine_impl
+from spe.ops.conv import conv_code_product
+from spe.ops.sine_costs import MATERIALIZE_LIMIT, choose_sine_impl
 from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
 from spe.encodings.spec import LayerEncoding, head_dim, option
 
 __all__ = ["IMPLS", "SPEFilter", "SPEOptions", "apply_code", "check_gate_init", "apply_code_reference",
-           "apply_sine_code_blocked", "apply_sine_code_fused", "build_filter"]
+           "apply_conv_code_blocked", "apply_sine_code_blocked", "apply_sine_code_fused", "build_filter"]
 
 
 def check_gate_init(gate_init) -> None:
@@ -149,6 +150,34 @@ def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | Non
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
+def apply_conv_code_blocked(queries: Tensor, keys: Tensor, code: ConvCode, gate: Tensor | None, *,
+                            block_elements: int = 1 << 23) -> tuple[Tensor, Tensor]:
+    """Eq. (16)-(17) with a convSPE code applied a block of positions at a time.
+
+    Same value as :func:`apply_code` on ``code.materialize()``, but neither the (L, H, D, R)
+    codes nor their gradients are formed: each block's codes are filtered from the noise,
+    applied and freed, and formed again in backward (:func:`spe.ops.conv.conv_code_product`).
+
+    Args:
+        queries, keys: (B, L, H, D).
+        code: a :class:`ConvCode` for L positions.
+        gate: (H, D) δ in [0, 1], or None.
+        block_elements: the most elements of one block's code.
+
+    Returns:
+        q̂ (B, L, H, R) and k̂ (B, L, H, R), in the dtypes of queries and keys.
+    """
+    d, r = queries.shape[-1], code.num_realizations
+    scale = (d * r) ** -0.25
+    factor = scale if gate is None else torch.sqrt(1 - gate) * scale
+    q_hat, k_hat = conv_code_product(_scaled(queries, factor), _scaled(keys, factor), code.noise, code.filters_q,
+                                     code.filters_k, use_fft=code.use_fft, block_elements=block_elements)
+    if gate is None:
+        return q_hat, k_hat
+    return (q_hat + _gate_term(queries, gate, code.gate_noise, scale),
+            k_hat + _gate_term(keys, gate, code.gate_noise, scale))
+
+
 IMPLS = ("auto", "fused", "materialized", "blocked", "reference")
 
 
@@ -171,8 +200,12 @@ class SPEFilter(LayerEncoding):
             of positions' code once for the batch, never the whole code; fewer FLOPs than
             fused from batch 2), ``materialized`` (forms the code once per forward, shared by
             every layer; fastest for short training crops), ``reference`` (the straightforward
-            form, for tests), or ``auto`` (:func:`choose_sine_impl`). convSPE codes are
-            always materialised.
+            form, for tests), or ``auto`` (:func:`choose_sine_impl`). convSPE codes of
+            contiguous positions (:class:`~spe.encodings.code.ConvCode`) are applied
+            ``blocked`` (each block's codes filtered from the noise, in forward and again in
+            backward: about a third of the memory, about the same time) or materialised;
+            ``auto`` blocks them above ``MATERIALIZE_LIMIT`` elements; ``fused`` materialises
+            them. Other dense codes are always materialised.
         gate_init: initial gate logit (δ = sigmoid(gate_init)).
 
     Dtypes: q̂ and k̂ come out in the dtype of the queries and keys, and the code and gate are
@@ -201,8 +234,15 @@ class SPEFilter(LayerEncoding):
 
     def resolve_impl(self, batch: int, code: SPECode) -> str:
         """The implementation this filter applies ``code`` with for a batch of ``batch``
-        (``impl``, or :func:`choose_sine_impl`'s choice under ``auto``; dense codes are
-        always materialised)."""
+        (``impl``, or :func:`choose_sine_impl`'s choice under ``auto``; a convSPE code is
+        blocked or materialised, see the class docstring; dense codes are always
+        materialised)."""
+        if isinstance(code, ConvCode):
+            if self.impl == "reference":
+                return "reference"
+            if self.impl == "blocked" or (self.impl == "auto" and code.num_elements > MATERIALIZE_LIMIT):
+                return "blocked"
+            return "materialized"
         if not isinstance(code, SineCode):
             return "reference" if self.impl == "reference" else "materialized"
         if self.impl != "auto":
@@ -242,6 +282,8 @@ class SPEFilter(LayerEncoding):
                 return (apply(queries, code.frequencies, code.phases, code.query_positions, code.weights, gate,
                               code.gate_noise),
                         apply(keys, code.frequencies, None, code.key_positions, code.weights, gate, code.gate_noise))
+        if isinstance(code, ConvCode) and self.resolve_impl(queries.shape[0], code) == "blocked":
+            return apply_conv_code_blocked(queries, keys, code, gate)
         qbar, kbar = code.materialize()
         apply = apply_code_reference if self.impl == "reference" else apply_code
         return apply(queries, qbar, gate, code.gate_noise), apply(keys, kbar, gate, code.gate_noise)
@@ -269,7 +311,7 @@ class SPEOptions:
             (and evaluation) sees the same code, instead of a fresh draw per step. A fresh
             code re-randomises the R coordinates of q̂, k̂ at every step, which a kernel with
             fixed random features (FAVOR+) cannot adapt to (docs/lra.md, the ListOps study).
-        spe_impl: how sineSPE codes are applied (same numbers either way; see
+        spe_impl: how sineSPE and convSPE codes are applied (same numbers either way; see
             :class:`SPEFilter` and docs/bench.md): ``auto`` (default: materialised while the
             (L, H, D, R) code has at most 2^24 elements, else fused or blocked by a cost
             model), ``materialized`` (fastest at short lengths, holds the code and its

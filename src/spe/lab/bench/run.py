@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # How each stochastic encoding can be applied. The first entry is the default, measured when
 # the name has no suffix: "-" is sineSPE's automatic choice (``SPEFilter(impl="auto")``, the
 # record's ``resolved_impl`` says what it picked); "reference" is the straightforward twin.
-SPE_IMPLS = {"sinespe": ("-", "fused", "blocked", "materialized", "reference"), "convspe": ("fft", "direct")}
+SPE_IMPLS = {"sinespe": ("-", "fused", "blocked", "materialized", "reference"), "convspe": ("fft", "direct", "materialized", "blocked")}
 # Suffixes accepted as aliases of the default: ``sinespe:auto``, ``convspe:fft``.
 DEFAULT_ALIASES = {"sinespe": "auto", "convspe": "fft"}
 # (positional, impl) pairs ``spe bench`` can measure, in table order.
@@ -62,7 +62,8 @@ def parse_series(text: str | None) -> list[tuple[str, str]]:
 
     ``sinespe`` measures ``SPEFilter``'s automatic choice, ``sinespe:reference`` the
     straightforward twin, ``sinespe:fused|blocked|materialized`` one implementation;
-    ``convspe`` (= ``convspe:fft``) the FFT path and ``convspe:direct`` its conv1d twin.
+    ``convspe`` (= ``convspe:fft``) the FFT path with the automatic application,
+    ``convspe:direct`` its conv1d twin, ``convspe:materialized|blocked`` one application.
 
     Raises:
         ValueError: naming the unknown entries and the accepted names.

@@ -40,8 +40,10 @@ def _head_dim(config) -> int:
 
 
 def _spe_impl(case: dict) -> str:
-    """``ModelConfig.spe_impl`` of a case: its sineSPE ``impl``, or ``auto`` ("-", and convSPE's
-    "fft"/"direct", which concern the code, not its application)."""
+    """``ModelConfig.spe_impl`` of a case: its sineSPE ``impl``, convSPE's "materialized"/"blocked",
+    or ``auto`` ("-", and convSPE's "fft"/"direct", which concern the code, not its application)."""
+    if case["positional"] == "convspe":
+        return case["impl"] if case["impl"] in ("materialized", "blocked") else "auto"
     return case["impl"] if case["positional"] == "sinespe" and case["impl"] in IMPLS else "auto"
 
 
