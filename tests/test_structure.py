@@ -126,8 +126,7 @@ def test_the_real_homes_of_moved_names_import():
     from spe.lab.experiments.sweep import load_plan, results_table, run_sweep, summarize_runs
     from spe.lab.metrics.pe_probe import pe_metrics, probe_plan, probe_tokens
     from spe.models.trunk import Trunk, init_weights
-    from spe.ops.phases import sine_features, sine_phase
-    from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
+    from spe.ops.sine import FusedSineProduct, SharedSineProduct, sine_features, sine_phase
 
     assert all(callable(f) for f in (publish_report, r_grids, build_report, load_plan, results_table, run_sweep,
                                      summarize_runs, pe_metrics, probe_plan, probe_tokens, init_weights,

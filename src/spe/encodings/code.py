@@ -19,7 +19,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from spe.ops.phases import sine_features
+from spe.ops.sine.phases import sine_features
 
 __all__ = ["DenseCode", "SPECode", "SineCode"]
 
