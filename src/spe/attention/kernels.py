@@ -18,7 +18,7 @@ path for ``forward``, one for ``step`` and one for ``prefill``:
    registry's score encodings: Shaw, Music Transformer …; the SPE oracle, ``sinespe-exact``), a **decay** in one of the
    forms of :data:`DECAY_FORMS` (RetNet's constant γ^{|m−n|} on the kernel's sums,
    :mod:`spe.ops.decay`; a data-dependent gate per head and position, Mamba2's and FoX's,
-   or per feature channel, GLA's, :mod:`spe.ops.gates`; each spec's ``decays`` say which).
+   or per feature channel, GLA's, :mod:`spe.ops.decay.forms`; each spec's ``decays`` say which).
 
 What a kernel accepts is declared in its spec and checked once (:meth:`KernelSpec.check`),
 so an impossible pair raises the same ValueError wherever it is asked for.
@@ -359,7 +359,7 @@ KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("softmax", "exact, O(L²) (Vaswani et al. 2017)", None, _softmax_parallel, _softmax_step,
                _softmax_prefill, (KVCache,), accepts=("tokens", "queries-keys", "scores"),
                positive_features=True, normalizer_features=False, decays=("gate",), encoder_decays=()),
-    # a channel gate would need a FAVOR+ key log scale per channel (spe.ops.gates.check_gates)
+    # a channel gate would need a FAVOR+ key log scale per channel (spe.ops.decay.forms.check_gates)
     KernelSpec("performer", "FAVOR+ positive orthogonal random features (Choromanski et al. 2021)",
                favor_features, _linear_parallel, _linear_step, _linear_prefill,
                (ScaledLinearAttentionState, ScaledRecentKeys),

@@ -30,7 +30,7 @@ __all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "NO_DECAY", "ChannelGate", "Constan
 
 # The decays a model can ask for (ModelConfig.decay, --decay): none, RetNet's fixed γ_h,
 # γ_h = sigmoid(logit_h) learned from RetNet's values, or a forget gate from the layer's input
-# (spe.ops.gates; spe.encodings.gates): per head and position, or per feature channel.
+# (spe.ops.decay.sums; spe.encodings.gates): per head and position, or per feature channel.
 DECAY_MODES = ("none", "fixed", "learned", "gated", "gated-channel")
 NO_DECAY = DECAY_MODES[0]  # a name of its own: "none" is also a positional encoding's
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from spe.ops.common.checks import check_one_position, check_window
 from spe.ops.decay.forms import ChannelGate, ConstantDecay, Decay, ScalarGate, decode_decay
 from spe.ops.feature_maps import ScaledFeatures, split_key_features
-from spe.ops.gates import suffix_sums
+from spe.ops.decay.sums import suffix_sums
 from spe.ops.linear_attn.options import (
     LinearKernelOptions,
     LinearState,

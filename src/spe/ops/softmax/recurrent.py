@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from spe.ops.common.checks import check_one_position, check_window
-from spe.ops.gates import suffix_sums
+from spe.ops.decay.sums import suffix_sums
 from spe.ops.softmax.chunk import attend, softmax_gates
 from spe.ops.state import KVCache, check_state_window
 
