@@ -42,11 +42,16 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from spe.ops.feature_maps import elu_feature_map, favor_feature_map, favor_key_features, relu_feature_map
+from spe.ops.common.feature_maps import (
+    elu_feature_map,
+    favor_feature_map,
+    favor_key_features,
+    relu_feature_map,
+)
 from spe.ops.linear import kernel_dtype, unchecked_causal_linear_attention_with_state, unchecked_linear_attention
 from spe.ops.recurrent import append_to_cache, prefill_cache, softmax_attention_step, unchecked_linear_attention_step
 from spe.ops.softmax import check_key_padding_mask, softmax_attention
-from spe.ops.state import (
+from spe.ops.common.state import (
     KVCache,
     LinearAttentionState,
     RecentKeys,
@@ -342,7 +347,7 @@ def _elementwise(fmap: Callable[[Tensor], Tensor]) -> FeatureMap:
 
 def favor_features(q: Tensor, k: Tensor, projection: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """FAVOR+ features: queries stabilised by their own maximum, keys with their log scale apart
-    (no clamp, no overflow; :func:`~spe.ops.feature_maps.favor_key_features`)."""
+    (no clamp, no overflow; :func:`~spe.ops.common.feature_maps.favor_key_features`)."""
     if projection is None:
         raise ValueError("performer attention needs its random projection (H, M, E)")
     keys = favor_key_features(k, projection)

@@ -47,10 +47,10 @@ from spe.encodings.registry import POSITIONAL_SPECS, positional_names
 from spe.encodings.spec import LAYER_ATTRIBUTES, EncodingState, LayerEncoding
 from spe.encodings.short_conv import ShortConvolution, ShortConvState, check_short_conv
 from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
-from spe.ops.feature_maps import orthogonal_random_features
+from spe.ops.common.feature_maps import orthogonal_random_features
 from spe.ops.linear import kernel_dtype
 from spe.ops.softmax import check_key_padding_mask, check_window, gate_bias, softmax_gates
-from spe.ops.state import AttentionState, check_state_window
+from spe.ops.common.state import AttentionState, check_state_window
 
 __all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "POSITIONAL_ROLES", "LayerState",
            "MultiHeadAttention", "check_decay", "check_placement", "positional_role"]

@@ -21,7 +21,7 @@ from spe.encodings.conv import ConvSPE
 from spe.encodings.filter import IMPLS
 from spe.ops.sine.costs import choose_sine_impl
 from spe.encodings.registry import positional_spec
-from spe.ops.state import KVCache, LinearAttentionState, ScaledLinearAttentionState
+from spe.ops.common.state import KVCache, LinearAttentionState, ScaledLinearAttentionState
 
 
 def _autocast(case: dict, device: torch.device):

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from spe.ops.common.checks import reference_keep
 from spe.ops.decay.forms import ConstantDecay, decay_form
-from spe.ops.feature_maps import split_key_features
+from spe.ops.common.feature_maps import split_key_features
 
 __all__ = ["decay_attention_reference"]
 
@@ -59,7 +59,7 @@ def decay_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_decay
         normalizer: (ψ(q), ψ(k)) (B, L, H, M') for the denominator, or None (ψ = φ).
         key_log_scale: (B, L, H) a_n, φ(k_n) = phi_k_n · e^{a_n} (taken relative to the
             largest a_n of each example and head; keep them within ±700 nats); None when
-            ``phi_k`` is :class:`~spe.ops.feature_maps.ScaledFeatures`, which carries it.
+            ``phi_k`` is :class:`~spe.ops.common.feature_maps.ScaledFeatures`, which carries it.
         key_padding_mask: (B, L) bool, True at padding.
 
     Returns:
