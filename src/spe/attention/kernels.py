@@ -48,6 +48,7 @@ from spe.ops.common.feature_maps import (
     favor_key_features,
     relu_feature_map,
 )
+from spe.ops.decay.forms import ChannelGate, ConstantDecay, ScalarGate, given_form
 from spe.ops.linear import kernel_dtype, unchecked_causal_linear_attention_with_state, unchecked_linear_attention
 from spe.ops.recurrent import append_to_cache, prefill_cache, softmax_attention_step, unchecked_linear_attention_step
 from spe.ops.softmax import check_key_padding_mask, softmax_attention
@@ -68,15 +69,16 @@ __all__ = ["DECAY_FORMS", "KERNELS", "KERNEL_PLACES", "FeatureTransform", "Kerne
 # features φ (PermuteFormer …: linear kernels, softmax has no φ).
 KERNEL_PLACES = ("tokens", "queries-keys", "scores", "features")
 # The forms of KernelOptions.decay, by what the tensor holds, and how messages name them.
-DECAY_FORMS = {"constant": "a decay", "gate": "a gate per head and position",
-               "channel": "a gate per feature channel"}
-_FORM_BY_DIM = {1: "constant", 3: "gate", 4: "channel"}
+DECAY_FORMS = {ConstantDecay.name: "a decay", ScalarGate.name: "a gate per head and position",
+               ChannelGate.name: "a gate per feature channel"}
 
 
 def decay_form(log_decay: Tensor | None) -> str | None:
-    """The :data:`DECAY_FORMS` key of a decay: ``constant`` (H,), ``gate`` (B, L, H),
-    ``channel`` (B, L, H, M); None for None (or a shape the kernel's own check will refuse)."""
-    return None if log_decay is None else _FORM_BY_DIM.get(log_decay.dim())
+    """The :data:`DECAY_FORMS` key of a decay, the name of its form
+    (:func:`spe.ops.decay.forms.given_form`): ``constant`` (H,), ``gate`` (B, L, H), ``channel``
+    (B, L, H, M); None for None (or a shape the kernel's own check will refuse)."""
+    form = given_form(log_decay)
+    return None if form is None else form.name
 
 
 class ScoreTerm(Protocol):

@@ -37,6 +37,7 @@ from spe.attention.kernels import (
     KernelFeatures,
     KernelOptions,
     KernelSpec,
+    decay_form,
     kernel_features,
     kernel_spec,
 )
@@ -832,7 +833,7 @@ def _decay_logits(log_decay: Tensor, shape: torch.Size, *, causal: bool) -> Tens
     Raises:
         ValueError: for a gate per feature channel (B, L, H, M), which is no term of the logits.
     """
-    if log_decay.dim() == 4:
+    if decay_form(log_decay) == "channel":
         raise ValueError("decay 'gated-channel' weighs each channel of φ(q̂)·φ(k̂) apart: it is no term of "
                          "softmax's logits, so its layers have no exact (softmax) weights")
     gates = softmax_gates(log_decay, tuple(shape))  # (B, L, H)

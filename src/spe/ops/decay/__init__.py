@@ -23,6 +23,7 @@ from spe.ops.decay.forms import (
     check_log_decay,
     decay_form,
     decode_decay,
+    given_form,
     is_gate,
     retnet_decay_logits,
     retnet_log_decay,
@@ -32,5 +33,5 @@ from spe.ops.decay.sums import segment_sums, suffix_sums
 
 __all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "NO_DECAY", "ChannelGate", "ConstantDecay", "Decay", "ScalarGate",
            "bidirectional_decay_sums", "check_decay_mode", "check_gates", "check_log_decay",
-           "decay_attention_reference", "decay_form", "decayed_running_max", "decode_decay", "is_gate",
-           "retnet_decay_logits", "retnet_log_decay", "segment_sums", "suffix_sums"]
+           "decay_attention_reference", "decay_form", "decayed_running_max", "decode_decay", "given_form",
+           "is_gate", "retnet_decay_logits", "retnet_log_decay", "segment_sums", "suffix_sums"]
