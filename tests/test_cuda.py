@@ -22,7 +22,7 @@ import torch
 from spe import DecoderLM, ModelConfig
 from spe.attention.pro import PRO_OPTIONS
 from spe.ops.decay import decay_attention_reference
-from spe.ops.gates import gated_softmax_reference
+from spe.ops.softmax.naive import gated_softmax_reference
 from spe.ops.linear import causal_linear_attention
 from spe.ops.softmax import softmax_attention
 

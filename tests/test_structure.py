@@ -2,6 +2,7 @@
 
 import pytest
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,8 +127,7 @@ def test_the_real_homes_of_moved_names_import():
     from spe.lab.experiments.sweep import load_plan, results_table, run_sweep, summarize_runs
     from spe.lab.metrics.pe_probe import pe_metrics, probe_plan, probe_tokens
     from spe.models.trunk import Trunk, init_weights
-    from spe.ops.phases import sine_features, sine_phase
-    from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
+    from spe.ops.sine import FusedSineProduct, SharedSineProduct, sine_features, sine_phase
 
     assert all(callable(f) for f in (publish_report, r_grids, build_report, load_plan, results_table, run_sweep,
                                      summarize_runs, pe_metrics, probe_plan, probe_tokens, init_weights,
@@ -176,3 +176,54 @@ def test_the_positional_scan_counts_what_it_should():
     assert _long_positional_functions("def f(a, b, c, d, e, f, *, g, h): pass", "x") == []
     assert _long_positional_functions("class A:\n    def m(self, a, b, c, d, e, f): pass", "x") == []
     assert len(_long_positional_functions("def f(a, b, /, c, d, e, f, g): pass", "x")) == 1
+
+
+# The modules directly under spe/ops/ that are no mechanism folder, and why each stays.
+OPS_TOP_MODULES = {
+    "__init__.py": "spe.ops's public names (docs/api.md), re-exported from the mechanism folders",
+    "linear.py": "re-exports spe.ops.linear, linear attention's earlier public path (now spe.ops.linear_attn)",
+    "recurrent.py": "re-exports spe.ops.recurrent, the decoding steps' earlier public path (now each "
+                    "mechanism's recurrent.py)",
+}
+# Folders of spe/ops/ that hold what the mechanisms share rather than a mechanism of their own.
+OPS_SHARED_FOLDERS = {"common"}
+
+
+def _definitions(source: str) -> list[str]:
+    """Names of the functions and classes a module defines at its top level."""
+    return [node.name for node in ast.parse(source).body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def test_ops_reads_one_mechanism_a_folder():
+    ops = SRC / "ops"
+    loose = sorted(p.name for p in ops.iterdir() if p.is_file() and p.suffix == ".py")
+    assert loose == sorted(OPS_TOP_MODULES), f"spe/ops/ modules outside a mechanism folder: {loose}"
+    folders = sorted(p for p in ops.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert len(folders) >= 6  # linear_attn, decay, softmax, path, relative, sine, common
+    for folder in folders:
+        assert (folder / "__init__.py").is_file(), f"{folder.name}/ is no package"
+        if folder.name not in OPS_SHARED_FOLDERS:
+            # every mechanism has its slow reference twin (fla's naive.py)
+            assert (folder / "naive.py").is_file(), f"ops/{folder.name}/ has no naive.py reference"
+
+
+def test_the_ops_shims_only_re_export():
+    # a shim that grew code of its own would be a second home for a kernel
+    for name in sorted(OPS_TOP_MODULES):
+        assert _definitions((SRC / "ops" / name).read_text()) == [], name
+    assert _definitions("import x\n__all__ = ['x']\n") == []
+    assert _definitions("def f(): pass\nclass A: pass\n") == ["f", "A"]
+
+
+# A decay's rank names its form ((H,) constant, (B, L, H) a gate per head, (B, L, H, M) per
+# channel): read in spe.ops.decay.forms alone, everything else asks it (decode_decay, given_form).
+_DECAY_RANK = re.compile(r"\b\w*decay\w*\.(dim\(\)|ndim|shape)")
+
+
+def test_only_the_decay_forms_read_a_decays_rank():
+    readers = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                     if p != SRC / "ops" / "decay" / "forms.py" and _DECAY_RANK.search(p.read_text()))
+    assert readers == [], readers
+    assert _DECAY_RANK.search("if log_decay.dim() == 4:") and _DECAY_RANK.search("key_log_decay.shape[1]")
+    assert not _DECAY_RANK.search("decay_form(log_decay)")

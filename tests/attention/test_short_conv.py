@@ -11,7 +11,7 @@ from spe import checkpoint
 from spe.attention.layer import MultiHeadAttention
 from spe.encodings.short_conv import ShortConvState, check_short_conv, depthwise_conv, depthwise_conv_reference
 from spe.models import ClassifierConfig, DecoderLM, EncoderClassifier, ModelConfig
-from spe.ops.state import LinearAttentionState
+from spe.ops.common.state import LinearAttentionState
 from spe.lab.train.config import TrainConfig, load_config_file
 from spe.lab.train.optim import decayed_parameter_names, param_groups
 

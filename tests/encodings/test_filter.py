@@ -146,7 +146,7 @@ def test_gated_kernel_monte_carlo_mean_is_mixture_at_rate_one_over_sqrt_r(kind, 
 
 
 def test_auto_choice_follows_the_cost_model():
-    from spe.ops.sine_costs import MATERIALIZE_LIMIT, choose_sine_impl, sine_costs
+    from spe.ops.sine.costs import MATERIALIZE_LIMIT, choose_sine_impl, sine_costs
 
     h, d, k, r = 8, 64, 5, 64
     small = MATERIALIZE_LIMIT // (h * d * r)  # a code of exactly the limit

@@ -11,7 +11,7 @@ from spe.encodings.code import ConvCode
 from spe.models import DecoderLM, ModelConfig
 from spe.ops.conv import conv_code_product, conv_code_product_reference, fft_size
 from spe.ops.conv.blocked import block_length
-from spe.ops.sine_costs import MATERIALIZE_LIMIT
+from spe.ops.sine.costs import MATERIALIZE_LIMIT
 
 
 def _inputs(b=2, n=37, h=2, d=3, r=4, p=5, seed=0):

@@ -22,7 +22,7 @@ from spe.ops import (
     softmax_attention_step,
 )
 from spe.ops.decay import decay_attention_reference
-from spe.ops.gates import gated_softmax_reference
+from spe.ops.softmax.naive import gated_softmax_reference
 
 F64 = torch.float64
 B, H, M, E = 2, 3, 4, 5

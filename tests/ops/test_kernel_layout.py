@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from spe.ops.decay.forms import ChannelGate, ConstantDecay, ScalarGate, decay_form, decode_decay
+from spe.ops.decay.forms import ChannelGate, ConstantDecay, ScalarGate, decay_form, decode_decay, given_form
 from spe.ops.linear_attn import LinearKernelOptions, chunk_linear_attention, recurrent_linear_attention
 
 F64 = torch.float64
@@ -37,6 +37,20 @@ def test_each_rank_of_log_decay_names_one_form():
     assert isinstance(per_channel, ChannelGate) and per_channel.gates is channel
     # one channel is a scalar gate: the same algorithms run
     assert isinstance(decay_form(channel[..., :1]), ScalarGate)
+
+
+def test_the_attention_registry_names_a_decay_by_its_form():
+    # spe.attention reads a decay's form from spe.ops.decay.forms (given_form), never from its rank
+    # itself: the kernel specs' decays and the layers' messages name the forms the kernels decode
+    from spe.attention.kernels import DECAY_FORMS
+    from spe.attention.kernels import decay_form as spec_form
+
+    lam, scalar, channel = -torch.rand(H), -torch.rand(B, L, H), -torch.rand(B, L, H, M)
+    given = [None, lam, scalar, channel, channel[..., :1], torch.zeros(B, L)]
+    # a (B, L, H, 1) gate is a channel gate as given (a kernel spec's check), run as a scalar gate
+    assert [given_form(t) for t in given] == [None, ConstantDecay, ScalarGate, ChannelGate, ChannelGate, None]
+    assert [spec_form(t) for t in given] == [None, "constant", "gate", "channel", "channel", None]
+    assert list(DECAY_FORMS) == [ConstantDecay.name, ScalarGate.name, ChannelGate.name]
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from spe.ops.feature_maps import (
+from spe.ops.common.feature_maps import (
     favor_feature_map,
     favor_key_features,
     orthogonal_random_features,

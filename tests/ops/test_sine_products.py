@@ -4,7 +4,7 @@ whatever the blocks, and pass gradcheck."""
 import pytest
 import torch
 
-from spe.ops.sine_products import FusedSineProduct, SharedSineProduct, sine_product_reference
+from spe.ops.sine import FusedSineProduct, SharedSineProduct, sine_product_reference
 
 
 def _inputs(seed=0):

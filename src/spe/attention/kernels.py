@@ -18,7 +18,7 @@ path for ``forward``, one for ``step`` and one for ``prefill``:
    registry's score encodings: Shaw, Music Transformer …; the SPE oracle, ``sinespe-exact``), a **decay** in one of the
    forms of :data:`DECAY_FORMS` (RetNet's constant γ^{|m−n|} on the kernel's sums,
    :mod:`spe.ops.decay`; a data-dependent gate per head and position, Mamba2's and FoX's,
-   or per feature channel, GLA's, :mod:`spe.ops.gates`; each spec's ``decays`` say which).
+   or per feature channel, GLA's, :mod:`spe.ops.decay.forms`; each spec's ``decays`` say which).
 
 What a kernel accepts is declared in its spec and checked once (:meth:`KernelSpec.check`),
 so an impossible pair raises the same ValueError wherever it is asked for.
@@ -42,11 +42,17 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from spe.ops.feature_maps import elu_feature_map, favor_feature_map, favor_key_features, relu_feature_map
+from spe.ops.common.feature_maps import (
+    elu_feature_map,
+    favor_feature_map,
+    favor_key_features,
+    relu_feature_map,
+)
+from spe.ops.decay.forms import ChannelGate, ConstantDecay, ScalarGate, given_form
 from spe.ops.linear import kernel_dtype, unchecked_causal_linear_attention_with_state, unchecked_linear_attention
 from spe.ops.recurrent import append_to_cache, prefill_cache, softmax_attention_step, unchecked_linear_attention_step
 from spe.ops.softmax import check_key_padding_mask, softmax_attention
-from spe.ops.state import (
+from spe.ops.common.state import (
     KVCache,
     LinearAttentionState,
     RecentKeys,
@@ -63,15 +69,16 @@ __all__ = ["DECAY_FORMS", "KERNELS", "KERNEL_PLACES", "FeatureTransform", "Kerne
 # features φ (PermuteFormer …: linear kernels, softmax has no φ).
 KERNEL_PLACES = ("tokens", "queries-keys", "scores", "features")
 # The forms of KernelOptions.decay, by what the tensor holds, and how messages name them.
-DECAY_FORMS = {"constant": "a decay", "gate": "a gate per head and position",
-               "channel": "a gate per feature channel"}
-_FORM_BY_DIM = {1: "constant", 3: "gate", 4: "channel"}
+DECAY_FORMS = {ConstantDecay.name: "a decay", ScalarGate.name: "a gate per head and position",
+               ChannelGate.name: "a gate per feature channel"}
 
 
 def decay_form(log_decay: Tensor | None) -> str | None:
-    """The :data:`DECAY_FORMS` key of a decay: ``constant`` (H,), ``gate`` (B, L, H),
-    ``channel`` (B, L, H, M); None for None (or a shape the kernel's own check will refuse)."""
-    return None if log_decay is None else _FORM_BY_DIM.get(log_decay.dim())
+    """The :data:`DECAY_FORMS` key of a decay, the name of its form
+    (:func:`spe.ops.decay.forms.given_form`): ``constant`` (H,), ``gate`` (B, L, H), ``channel``
+    (B, L, H, M); None for None (or a shape the kernel's own check will refuse)."""
+    form = given_form(log_decay)
+    return None if form is None else form.name
 
 
 class ScoreTerm(Protocol):
@@ -342,7 +349,7 @@ def _elementwise(fmap: Callable[[Tensor], Tensor]) -> FeatureMap:
 
 def favor_features(q: Tensor, k: Tensor, projection: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """FAVOR+ features: queries stabilised by their own maximum, keys with their log scale apart
-    (no clamp, no overflow; :func:`~spe.ops.feature_maps.favor_key_features`)."""
+    (no clamp, no overflow; :func:`~spe.ops.common.feature_maps.favor_key_features`)."""
     if projection is None:
         raise ValueError("performer attention needs its random projection (H, M, E)")
     keys = favor_key_features(k, projection)
@@ -359,7 +366,7 @@ KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (
     KernelSpec("softmax", "exact, O(L²) (Vaswani et al. 2017)", None, _softmax_parallel, _softmax_step,
                _softmax_prefill, (KVCache,), accepts=("tokens", "queries-keys", "scores"),
                positive_features=True, normalizer_features=False, decays=("gate",), encoder_decays=()),
-    # a channel gate would need a FAVOR+ key log scale per channel (spe.ops.gates.check_gates)
+    # a channel gate would need a FAVOR+ key log scale per channel (spe.ops.decay.forms.check_gates)
     KernelSpec("performer", "FAVOR+ positive orthogonal random features (Choromanski et al. 2021)",
                favor_features, _linear_parallel, _linear_step, _linear_prefill,
                (ScaledLinearAttentionState, ScaledRecentKeys),

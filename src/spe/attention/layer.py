@@ -37,6 +37,7 @@ from spe.attention.kernels import (
     KernelFeatures,
     KernelOptions,
     KernelSpec,
+    decay_form,
     kernel_features,
     kernel_spec,
 )
@@ -47,11 +48,10 @@ from spe.encodings.registry import POSITIONAL_SPECS, positional_names
 from spe.encodings.spec import LAYER_ATTRIBUTES, EncodingState, LayerEncoding
 from spe.encodings.short_conv import ShortConvolution, ShortConvState, check_short_conv
 from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
-from spe.ops.feature_maps import orthogonal_random_features
-from spe.ops.gates import gate_bias
+from spe.ops.common.feature_maps import orthogonal_random_features
 from spe.ops.linear import kernel_dtype
-from spe.ops.softmax import check_key_padding_mask, check_window, softmax_gates
-from spe.ops.state import AttentionState, check_state_window
+from spe.ops.softmax import check_key_padding_mask, check_window, gate_bias, softmax_gates
+from spe.ops.common.state import AttentionState, check_state_window
 
 __all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "POSITIONAL_ROLES", "LayerState",
            "MultiHeadAttention", "check_decay", "check_placement", "positional_role"]
@@ -827,13 +827,13 @@ def _softmax_weights(q: Tensor, k: Tensor, options: KernelOptions) -> Tensor:
 
 def _decay_logits(log_decay: Tensor, shape: torch.Size, *, causal: bool) -> Tensor:
     """(B, H, L, L) log w_mn of a decay (H,) or gate (B, L, H) on the logits: Σ_{n<t≤m} G_t (FoX's,
-    :func:`~spe.ops.gates.gate_bias`; −∞ after m) when causal, else the gates between m and n
+    :func:`~spe.ops.softmax.chunk.gate_bias`; −∞ after m) when causal, else the gates between m and n
     either way, −|F_m − F_n| with F their running sums (G ≤ 0). A constant decay is the gate λ_h.
 
     Raises:
         ValueError: for a gate per feature channel (B, L, H, M), which is no term of the logits.
     """
-    if log_decay.dim() == 4:
+    if decay_form(log_decay) == "channel":
         raise ValueError("decay 'gated-channel' weighs each channel of φ(q̂)·φ(k̂) apart: it is no term of "
                          "softmax's logits, so its layers have no exact (softmax) weights")
     gates = softmax_gates(log_decay, tuple(shape))  # (B, L, H)

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spe.ops.state import WrappedState
+from spe.ops.common.state import WrappedState
 
 __all__ = ["PRO_OPTIONS", "QK_NORM_EPS", "FoxPro", "HeadRMSNorm", "ShiftState", "check_pro_options", "pro_options",
            "token_shift"]
@@ -133,7 +133,7 @@ class ShiftState(WrappedState):
     convolution's :class:`~spe.encodings.short_conv.ShortConvState` wraps it.
 
     Attributes:
-        inner: the attention kernel's state (:data:`spe.ops.state.AttentionState`).
+        inner: the attention kernel's state (:data:`spe.ops.common.state.AttentionState`).
         keys: (B, H, D) k_{p−1}, the last position's projected key.
         values: (B, H, D) v_{p−1}.
 

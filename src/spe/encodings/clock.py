@@ -21,7 +21,7 @@ would only add a constant to every τ, which a relative encoding does not see. P
 
 Precision: τ is summed in float64 (a float32 sum of L steps of size ≈ 1 is off by ~L·6e-8, a
 phase error of 2π f·1e-3 at L = 16,384), and the encodings reduce their phases from it in
-float64 (:func:`spe.ops.phases.sine_phase`, :func:`spe.encodings.rope.rotate`).
+float64 (:func:`spe.ops.sine.phases.sine_phase`, :func:`spe.encodings.rope.rotate`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from spe.ops.conv.filters import direct_filter, fft_filter
-from spe.ops.phases import sine_features
+from spe.ops.sine.phases import sine_features
 
 __all__ = ["ConvCode", "DenseCode", "SPECode", "SineCode"]
 

@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from spe.encodings.code import ConvCode, SineCode, SPECode
 from spe.encodings.positions import require_positive
 from spe.ops.conv import conv_code_product
-from spe.ops.sine_costs import MATERIALIZE_LIMIT, choose_sine_impl
-from spe.ops.sine_products import FusedSineProduct, SharedSineProduct
+from spe.ops.sine.costs import MATERIALIZE_LIMIT, choose_sine_impl
+from spe.ops.sine import FusedSineProduct, SharedSineProduct
 from spe.encodings.spec import LayerEncoding, head_dim, option
 
 __all__ = ["IMPLS", "SPEFilter", "SPEOptions", "apply_code", "check_gate_init", "apply_code_reference",

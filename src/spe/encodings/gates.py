@@ -1,5 +1,5 @@
 """Data-dependent forget gates of an attention layer: the layer's input → the log gates the
-kernels take as ``log_decay`` (:mod:`spe.ops.gates`).
+kernels take as ``log_decay`` (:mod:`spe.ops.decay.forms`).
 
 Letters: B = batch, L = length, C = d_model, H = num_heads, M = the kernel's feature
 dimension, r = the channel gate's rank.

@@ -32,7 +32,7 @@ from spe.encodings.conv import ConvOptions, ConvSPE
 from spe.encodings.filter import SPEOptions, check_gate_init
 from spe.encodings.positions import require_positive
 from spe.encodings.sine import SineOptions, SineSPE
-from spe.ops.phases import sine_features
+from spe.ops.sine.phases import sine_features
 from spe.ops.softmax import check_key_padding_mask
 from spe.encodings.conv import build_conv
 from spe.encodings.sine import build_sine

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from spe.encodings.short_conv import ShortConvolution
 from spe.encodings.spec import PositionalSpec, ScoreEncoding
 from spe.ops.path import path_attention, path_attention_step, path_logits, path_prefill_cache
-from spe.ops.state import KVCache
+from spe.ops.common.state import KVCache
 
 __all__ = ["PATH_CONV_SIZE", "PATH_W_RANK", "PathCache", "PathEncoding", "PathTerm", "SPEC"]
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spe.ops.state import AttentionState, WrappedState
+from spe.ops.common.state import AttentionState, WrappedState
 
 __all__ = ["ShortConvState", "ShortConvolution", "check_short_conv", "depthwise_conv", "depthwise_conv_reference"]
 
@@ -140,7 +140,7 @@ class ShortConvState(WrappedState):
     the convolution's memory. Layers without a short convolution keep the bare kernel state.
 
     Attributes:
-        inner: the attention kernel's state (:data:`spe.ops.state.AttentionState`).
+        inner: the attention kernel's state (:data:`spe.ops.common.state.AttentionState`).
         cache: (B, K − 1, C) the last K − 1 projected inputs (queries, keys and values side by
             side, before the convolution).
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from spe.encodings.clock import CLOCK_TIMES, LearnedClock
 from spe.encodings.code import SineCode, SPECode
-from spe.ops.phases import sine_phase
+from spe.ops.sine.phases import sine_phase
 from spe.encodings.positions import (NOISE_DTYPE, check_code_seed, code_generator, require_positive,
                                      resolve_positions)
 from spe.encodings.filter import SPEFilter, SPEOptions, _check, _gate_term, _scaled, build_filter
@@ -212,7 +212,7 @@ def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None,
 
     q̂[b, m] = Σ_{d,j} x_d Ω_j(τ_bmh) (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4} with Ω the cos/sin of
     2π f_dk τ (+ θ_dk for queries), the phases reduced modulo 2π in float64
-    (as :func:`~spe.ops.phases.sine_phase`). The code is no longer shared by the batch: this forms
+    (as :func:`~spe.ops.sine.phases.sine_phase`). The code is no longer shared by the batch: this forms
     the (B, L, H, D, K) cos and sin features (kept for backward) and costs B·L·H·D·2K·R multiply-adds,
     the fused index form's (:func:`~spe.encodings.filter.apply_sine_code_fused`), instead of
     the materialised form's L·H·D·2K·R + B·L·H·D·R.

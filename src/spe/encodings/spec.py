@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from spe.ops.state import WrappedState
+from spe.ops.common.state import WrappedState
 
 __all__ = ["LAYER_ATTRIBUTES", "PLACES", "EncodingState", "FeatureEncoding", "LayerEncoding",
            "PositionalSpec",

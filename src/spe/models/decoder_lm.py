@@ -25,7 +25,7 @@ class DecodingState:
 
     Attributes:
         position: index of the next position to be fed.
-        layers: one attention state per block (:data:`spe.ops.state.AttentionState`): running
+        layers: one attention state per block (:data:`spe.ops.common.state.AttentionState`): running
             sums for linear kernels, or the last W keys and values with a window; the keys and
             values seen for softmax; with ``short_conv`` a
             :class:`~spe.encodings.short_conv.ShortConvState` holding it and the last K − 1

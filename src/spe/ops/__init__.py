@@ -1,17 +1,28 @@
 """Pure attention kernels and feature maps. Layout: (batch, length, num_heads, dim).
 
 One mechanism a folder (fla's layout): :mod:`spe.ops.linear_attn`, :mod:`spe.ops.decay`,
-:mod:`spe.ops.softmax`, :mod:`spe.ops.path`; each with a float64 reference (``naive``), the
-chunked form and the step; :mod:`spe.ops.common` holds the sums and checks they share.
+:mod:`spe.ops.softmax`, :mod:`spe.ops.path`, :mod:`spe.ops.relative`, :mod:`spe.ops.sine`; each
+with a float64 reference (``naive``), its fast forms (``chunk``, ``parallel``, ``fused`` …) and,
+where it decodes, the step (``recurrent``); :mod:`spe.ops.common` holds what they share (chunked
+sums, checks, feature maps, decoding states). :mod:`spe.ops.linear` and :mod:`spe.ops.recurrent`
+re-export earlier public paths.
 """
 
-from spe.ops.feature_maps import (
+from spe.ops.common.feature_maps import (
     ScaledFeatures,
     elu_feature_map,
     favor_feature_map,
     favor_key_features,
     orthogonal_random_features,
     relu_feature_map,
+)
+from spe.ops.common.state import (
+    AttentionState,
+    KVCache,
+    LinearAttentionState,
+    RecentKeys,
+    ScaledLinearAttentionState,
+    ScaledRecentKeys,
 )
 from spe.ops.linear_attn import (
     causal_linear_attention,
@@ -31,14 +42,6 @@ from spe.ops.relative import (
     skew,
 )
 from spe.ops.softmax import append_to_cache, prefill_cache, softmax_attention, softmax_attention_step
-from spe.ops.state import (
-    AttentionState,
-    KVCache,
-    LinearAttentionState,
-    RecentKeys,
-    ScaledLinearAttentionState,
-    ScaledRecentKeys,
-)
 
 __all__ = [
     "AttentionState", "KVCache", "LinearAttentionState", "RecentKeys", "ScaledFeatures",

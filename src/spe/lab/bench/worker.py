@@ -19,9 +19,9 @@ from spe.attention.layer import MultiHeadAttention
 from spe.lab.bench.peers import PEER_ATTENTIONS, build_peer_layer
 from spe.encodings.conv import ConvSPE
 from spe.encodings.filter import IMPLS
-from spe.ops.sine_costs import choose_sine_impl
+from spe.ops.sine.costs import choose_sine_impl
 from spe.encodings.registry import positional_spec
-from spe.ops.state import KVCache, LinearAttentionState, ScaledLinearAttentionState
+from spe.ops.common.state import KVCache, LinearAttentionState, ScaledLinearAttentionState
 
 
 def _autocast(case: dict, device: torch.device):

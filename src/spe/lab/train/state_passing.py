@@ -53,7 +53,13 @@ from spe.encodings.spec import EncodingState
 from spe.models.config import ModelConfig
 from spe.models.decoder_lm import DecodingState
 from spe.encodings.onset import OnsetState
-from spe.ops.state import KVCache, LinearAttentionState, RecentKeys, ScaledLinearAttentionState, ScaledRecentKeys
+from spe.ops.common.state import (
+    KVCache,
+    LinearAttentionState,
+    RecentKeys,
+    ScaledLinearAttentionState,
+    ScaledRecentKeys,
+)
 
 __all__ = ["CHAIN_STEPS", "CarriedBatch", "StatePassing", "chain_steps", "state_from_dict", "state_to_dict"]
 

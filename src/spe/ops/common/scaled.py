@@ -4,7 +4,7 @@ Letters: B = batch, L = length, H = num_heads, M = features, E = value dimension
 
 FAVOR+ key features exp(ω_j k' − ‖k'‖²/2) have no absolute scale (their exponent reaches
 ‖ω_j‖²/2 ≈ R/2, beyond float32 at a large test-time R). Keys therefore come as features
-f_n ≤ 1 and a log scale a_n (:func:`spe.ops.feature_maps.favor_key_features`), and the sums
+f_n ≤ 1 and a log scale a_n (:func:`spe.ops.common.feature_maps.favor_key_features`), and the sums
 are kept relative to the causal running maximum c_m = max_{n ≤ m} a_n: query m uses
 Σ_{n ≤ m} φ(q_m)ᵀ f̃_n e^{c_n − c_m} v_n with f̃_n = f_n e^{a_n − c_n}. Every factor is ≤ 1, so
 nothing overflows; the common e^{c_m} cancels in each query's ratio; c depends on past keys

@@ -50,8 +50,9 @@ class _ConvCodeProduct(torch.autograd.Function):
     block autograd would otherwise zero-fill a whole-length gradient for every slice."""
 
     @staticmethod
-    def forward(ctx, queries: Tensor, keys: Tensor, z: Tensor, fq: Tensor, fk: Tensor, use_fft: bool,
-                block: int) -> tuple[Tensor, Tensor]:
+    def forward(ctx, queries: Tensor, keys: Tensor, z: Tensor, fq: Tensor, fk: Tensor,
+                how: tuple[bool, int]) -> tuple[Tensor, Tensor]:
+        use_fft, block = how  # (filter by FFT, positions per block)
         b, n, h, _ = queries.shape
         r, p = z.shape[2], fq.shape[-1]
         out_q, out_k = queries.new_empty(b, n, h, r), keys.new_empty(b, n, h, r)
@@ -85,7 +86,7 @@ class _ConvCodeProduct(torch.autograd.Function):
                 gfq += grads[2]
             if gfk is not None:
                 gfk += grads[3]
-        return gq, gk, None, gfq, gfk, None, None
+        return gq, gk, None, gfq, gfk, None
 
 
 def conv_code_product(queries: Tensor, keys: Tensor, z: Tensor, filters_q: Tensor, filters_k: Tensor, *,
@@ -116,4 +117,4 @@ def conv_code_product(queries: Tensor, keys: Tensor, z: Tensor, filters_q: Tenso
                          f"noise {tuple(z.shape)} and filters {tuple(filters_q.shape)}/{tuple(filters_k.shape)} "
                          "do not fit: noise must be (H, D, R, L + P − 1), filters (H, D, P)")
     block = block_length(block_elements // max(1, h * d * z.shape[2]), p)
-    return _ConvCodeProduct.apply(queries, keys, z.detach(), filters_q, filters_k, use_fft, block)
+    return _ConvCodeProduct.apply(queries, keys, z.detach(), filters_q, filters_k, (use_fft, block))

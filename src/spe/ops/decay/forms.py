@@ -20,17 +20,18 @@ The kernels take λ = log γ rather than γ: a learned γ = sigmoid(logit) is th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 __all__ = ["DECAY_MODES", "FLOOR_LOG_SCALE", "NO_DECAY", "ChannelGate", "ConstantDecay", "Decay", "ScalarGate",
-           "check_decay_mode", "check_gates", "check_log_decay", "decay_form", "decode_decay", "is_gate",
-           "retnet_decay_logits", "retnet_log_decay"]
+           "check_decay_mode", "check_gates", "check_log_decay", "decay_form", "decode_decay", "given_form",
+           "is_gate", "retnet_decay_logits", "retnet_log_decay"]
 
 # The decays a model can ask for (ModelConfig.decay, --decay): none, RetNet's fixed γ_h,
 # γ_h = sigmoid(logit_h) learned from RetNet's values, or a forget gate from the layer's input
-# (spe.ops.gates; spe.encodings.gates): per head and position, or per feature channel.
+# (spe.ops.decay.sums; spe.encodings.gates): per head and position, or per feature channel.
 DECAY_MODES = ("none", "fixed", "learned", "gated", "gated-channel")
 NO_DECAY = DECAY_MODES[0]  # a name of its own: "none" is also a positional encoding's
 
@@ -135,9 +136,11 @@ class ConstantDecay:
 
     Attributes:
         log_decay: (H,) λ_h = log γ_h, finite and ≤ 0.
+        name: ``constant``, how kernel specs and messages name the form.
     """
 
     log_decay: Tensor
+    name: ClassVar[str] = "constant"
 
 
 @dataclass(frozen=True)
@@ -146,9 +149,11 @@ class ScalarGate:
 
     Attributes:
         gates: (B, L, H, 1) log gates G_t ≤ 0 (one channel, broadcast over the features).
+        name: ``gate``, how kernel specs and messages name the form.
     """
 
     gates: Tensor
+    name: ClassVar[str] = "gate"
 
 
 @dataclass(frozen=True)
@@ -157,12 +162,25 @@ class ChannelGate:
 
     Attributes:
         gates: (B, L, H, M) log gates G_t ≤ 0.
+        name: ``channel``, how kernel specs and messages name the form.
     """
 
     gates: Tensor
+    name: ClassVar[str] = "channel"
 
 
 Decay = ConstantDecay | ScalarGate | ChannelGate
+# The form each rank of log_decay names, as given: (H,), (B, L, H), (B, L, H, M).
+_FORM_BY_RANK: dict[int, type[Decay]] = {1: ConstantDecay, 3: ScalarGate, 4: ChannelGate}
+
+
+def given_form(log_decay: Tensor | None) -> type[Decay] | None:
+    """The form a ``log_decay`` names by its rank, as the caller gave it, unchecked: (H,)
+    :class:`ConstantDecay`, (B, L, H) :class:`ScalarGate`, (B, L, H, M) :class:`ChannelGate`
+    (even for M = 1, which :func:`decay_form` runs as a scalar gate); None for None or another
+    rank (the kernels' checks refuse it). For what a caller accepts or refuses before a kernel
+    decodes the tensor (kernel specs, messages)."""
+    return None if log_decay is None else _FORM_BY_RANK.get(log_decay.dim())
 
 
 def decode_decay(log_decay: Tensor | None, shape: tuple[int, ...], *, key_log_scale: bool = False,

@@ -1,4 +1,4 @@
-"""Chunked causal sums of linear attention with data-dependent gates (:mod:`spe.ops.gates`),
+"""Chunked causal sums of linear attention with data-dependent gates (:mod:`~spe.ops.decay.forms`),
 unnormalised: the algorithm behind ``causal_linear_attention(…, log_decay=G)`` for G (B, L, H)
 or (B, L, H, M).
 
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from spe.ops.decay.forms import FLOOR_LOG_SCALE
-from spe.ops.gates import segment_sums, suffix_sums
+from spe.ops.decay.sums import segment_sums, suffix_sums
 from spe.ops.common.scaled import window_plan
 
 __all__ = ["CHANNEL_CHUNK", "FACTOR_EXPONENT_LIMIT", "encoder_scalar_chunk", "gated_bidirectional_sums",

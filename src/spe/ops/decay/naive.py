@@ -15,7 +15,7 @@ from torch import Tensor
 
 from spe.ops.common.checks import reference_keep
 from spe.ops.decay.forms import ConstantDecay, decay_form
-from spe.ops.feature_maps import split_key_features
+from spe.ops.common.feature_maps import split_key_features
 
 __all__ = ["decay_attention_reference"]
 
@@ -47,7 +47,7 @@ def decay_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_decay
                               key_padding_mask: Tensor | None = None) -> Tensor:
     """The explicit O(L²) sum, in float64: y_m = Σ_n w_mn φ(q_m)·φ(k_n) v_n / Σ_n w_mn ψ(q_m)·ψ(k_n)
     with w_mn = γ^{|m−n|} (n ≤ m when causal, m − n < W with a window, n not padding).
-    With a gate (:mod:`spe.ops.gates`) w_mn = exp(F_m − F_n) for n ≤ m, F_t = Σ_{s≤t} G_s
+    With a gate (:mod:`spe.ops.decay.forms`) w_mn = exp(F_m − F_n) for n ≤ m, F_t = Σ_{s≤t} G_s
     (per feature channel for a channel gate, inside the dot products), and exp(F_n − F_m) for
     n > m without ``causal`` (the gates of the positions between, as for γ^{|m−n|}).
     For tests; memory O(B·H·L²) (O(B·H·L²·M) with a channel gate).
@@ -59,7 +59,7 @@ def decay_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_decay
         normalizer: (ψ(q), ψ(k)) (B, L, H, M') for the denominator, or None (ψ = φ).
         key_log_scale: (B, L, H) a_n, φ(k_n) = phi_k_n · e^{a_n} (taken relative to the
             largest a_n of each example and head; keep them within ±700 nats); None when
-            ``phi_k`` is :class:`~spe.ops.feature_maps.ScaledFeatures`, which carries it.
+            ``phi_k`` is :class:`~spe.ops.common.feature_maps.ScaledFeatures`, which carries it.
         key_padding_mask: (B, L) bool, True at padding.
 
     Returns:

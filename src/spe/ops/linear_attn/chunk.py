@@ -57,7 +57,12 @@ from spe.ops.linear_attn.options import (
     with_ones,
 )
 from spe.ops.common.scaled import running_max
-from spe.ops.state import LinearAttentionState, RecentKeys, ScaledLinearAttentionState, ScaledRecentKeys
+from spe.ops.common.state import (
+    LinearAttentionState,
+    RecentKeys,
+    ScaledLinearAttentionState,
+    ScaledRecentKeys,
+)
 
 __all__ = ["causal_linear_attention", "causal_linear_attention_with_state", "chunk_linear_attention",
            "linear_attention", "unchecked_causal_linear_attention_with_state", "unchecked_linear_attention"]
@@ -71,8 +76,8 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
 
     Args:
         phi_q: (B, Lq, H, M) feature-mapped queries.
-        phi_k: (B, Lk, H, M) feature-mapped keys, or :class:`~spe.ops.feature_maps.ScaledFeatures`
-            (what :func:`~spe.ops.feature_maps.favor_key_features` returns), whose scale is
+        phi_k: (B, Lk, H, M) feature-mapped keys, or :class:`~spe.ops.common.feature_maps.ScaledFeatures`
+            (what :func:`~spe.ops.common.feature_maps.favor_key_features` returns), whose scale is
             then read as ``key_log_scale``.
         v: (B, Lk, H, E) values.
         normalizer: optional (queries, keys) features, (B, Lq, H, M') and (B, Lk, H, M'), for
@@ -80,7 +85,7 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *,
             unrotated ones below); default: ``phi_q``, ``phi_k``.
         key_log_scale: (B, Lk, H) a_n, keys' features being φ(k_n) = phi_k_n · e^{a_n} (and
             the normaliser's likewise); None when ``phi_k`` carries its scale
-            (:class:`~spe.ops.feature_maps.ScaledFeatures`) or has none.
+            (:class:`~spe.ops.common.feature_maps.ScaledFeatures`) or has none.
         key_padding_mask: (B, Lk) bool, True at padding keys (PyTorch's convention): their
             features, values and normaliser features are zeroed, so they add nothing to
             Σ φ(k_n) v_nᵀ or Σ φ(k_n), and their log scale cannot raise the common scale.
@@ -182,8 +187,8 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
 
     Args:
         phi_q: (B, L, H, M) feature-mapped queries.
-        phi_k: (B, L, H, M) feature-mapped keys, or :class:`~spe.ops.feature_maps.ScaledFeatures`
-            (what :func:`~spe.ops.feature_maps.favor_key_features` returns), whose scale is
+        phi_k: (B, L, H, M) feature-mapped keys, or :class:`~spe.ops.common.feature_maps.ScaledFeatures`
+            (what :func:`~spe.ops.common.feature_maps.favor_key_features` returns), whose scale is
             then read as ``key_log_scale``.
         v: (B, L, H, E) values.
         chunk_size: C, positions per chunk (any positive value; L need not be a multiple).
@@ -199,12 +204,12 @@ def causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, chunk_si
             O(L·(C + M·E/C)).
         initial_state: the state after earlier positions (e.g. a prompt, or the previous
             call), as returned by :func:`causal_linear_attention_with_state`; None: start at
-            position 0. Its type must fit the call: :class:`~spe.ops.state.RecentKeys` with a
-            window, :class:`~spe.ops.state.LinearAttentionState` without, their ``Scaled``
+            position 0. Its type must fit the call: :class:`~spe.ops.common.state.RecentKeys` with a
+            window, :class:`~spe.ops.common.state.LinearAttentionState` without, their ``Scaled``
             subclasses with ``key_log_scale``.
         key_log_scale: (B, L, H) a_n, keys' features being φ(k_n) = phi_k_n · e^{a_n} (and the
             normaliser's likewise; None when ``phi_k`` is
-            :class:`~spe.ops.feature_maps.ScaledFeatures`, which carries it):
+            :class:`~spe.ops.common.feature_maps.ScaledFeatures`, which carries it):
             sums are then kept relative to the causal running maximum of a (:mod:`spe.ops.common.scaled`;
             chunk by chunk, so slower), so that no key scale can overflow float32.
         log_decay: (H,) λ_h = log γ_h ≤ 0, RetNet's decay: key n weighs γ^{m−n} at query m,
@@ -264,8 +269,8 @@ def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, 
 
     Returns:
         (B, L, H, E) output in ``v``'s dtype, and the final state (in the kernel's dtype, at
-        least float32): :class:`~spe.ops.state.LinearAttentionState` (whole past) or
-        :class:`~spe.ops.state.RecentKeys` (window), their ``Scaled`` subclasses with
+        least float32): :class:`~spe.ops.common.state.LinearAttentionState` (whole past) or
+        :class:`~spe.ops.common.state.RecentKeys` (window), their ``Scaled`` subclasses with
         ``key_log_scale``; :func:`~spe.ops.recurrent.linear_attention_step` or another call
         continues from it.
     """

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from spe.ops.decay.forms import ChannelGate, ConstantDecay, Decay, ScalarGate
-from spe.ops.feature_maps import ScaledFeatures, split_key_features
-from spe.ops.state import (
+from spe.ops.common.feature_maps import ScaledFeatures, split_key_features
+from spe.ops.common.state import (
     LinearAttentionState,
     RecentKeys,
     ScaledLinearAttentionState,
@@ -76,7 +76,7 @@ def full_precision(fn):
     The carried state sums up to L outer products: in bfloat16/float16 it would lose most of
     its precision (and overflow in float16) long before L = 10⁴. Tensors in ``initial_state``
     and ``normalizer`` are promoted too; a returned final state stays in the kernel's dtype.
-    A ``phi_k`` given as :class:`~spe.ops.feature_maps.ScaledFeatures` becomes its features and
+    A ``phi_k`` given as :class:`~spe.ops.common.feature_maps.ScaledFeatures` becomes its features and
     ``key_log_scale`` first, so every decorated kernel accepts one.
     """
 

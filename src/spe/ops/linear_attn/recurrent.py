@@ -17,8 +17,8 @@ from torch import Tensor
 
 from spe.ops.common.checks import check_one_position, check_window
 from spe.ops.decay.forms import ChannelGate, ConstantDecay, Decay, ScalarGate, decode_decay
-from spe.ops.feature_maps import ScaledFeatures, split_key_features
-from spe.ops.gates import suffix_sums
+from spe.ops.common.feature_maps import ScaledFeatures, split_key_features
+from spe.ops.decay.sums import suffix_sums
 from spe.ops.linear_attn.options import (
     LinearKernelOptions,
     LinearState,
@@ -30,7 +30,12 @@ from spe.ops.linear_attn.options import (
     kernel_dtype,
     normalise,
 )
-from spe.ops.state import LinearAttentionState, RecentKeys, ScaledLinearAttentionState, ScaledRecentKeys
+from spe.ops.common.state import (
+    LinearAttentionState,
+    RecentKeys,
+    ScaledLinearAttentionState,
+    ScaledRecentKeys,
+)
 
 __all__ = ["linear_attention_step", "recurrent_linear_attention",
            "unchecked_linear_attention_step"]
@@ -44,15 +49,15 @@ def linear_attention_step(phi_q: Tensor, phi_k: Tensor | ScaledFeatures, v: Tens
     """One causal linear-attention step: y = φ(q)ᵀ S / ψ(q)ᵀ z with S, z updated by this key.
 
     Whole past: S ← S + φ(k) vᵀ, z ← z + ψ(k), O(M·E) per step at any position
-    (:class:`~spe.ops.state.LinearAttentionState`). Window W: the last W keys and values are
-    kept and the sums re-formed from them, O(W·M·E) (:class:`~spe.ops.state.RecentKeys`). With
+    (:class:`~spe.ops.common.state.LinearAttentionState`). Window W: the last W keys and values are
+    kept and the sums re-formed from them, O(W·M·E) (:class:`~spe.ops.common.state.RecentKeys`). With
     ``key_log_scale`` the state is kept relative to the running maximum c of the keys' log
     scales (S ← S e^{c_old − c} + …), as the chunked kernel does (:mod:`spe.ops.common.scaled`), in the
     ``Scaled`` subclasses.
 
     Args:
         phi_q: (B, 1, H, M) feature-mapped query of the new position.
-        phi_k: (B, 1, H, M) its key features, or :class:`~spe.ops.feature_maps.ScaledFeatures`
+        phi_k: (B, 1, H, M) its key features, or :class:`~spe.ops.common.feature_maps.ScaledFeatures`
             (FAVOR+: ``favor_key_features(k, projection)``), whose scale is read as ``key_log_scale``.
         v: (B, 1, H, E) its value.
         state: from the previous step or from

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from spe.ops.gates import gate_bias
+from spe.ops.softmax.chunk import gate_bias
 from spe.ops.linear_attn.options import kernel_dtype
 from spe.ops.path.checks import check_path_inputs
 

@@ -22,7 +22,7 @@ from spe.ops.linear_attn.options import kernel_dtype
 from spe.ops.path.checks import check_path_inputs
 from spe.ops.path.chunk import DEFAULT_CHUNK_SIZE, path_transformed_keys
 from spe.ops.softmax.recurrent import prefill_cache, softmax_attention_step
-from spe.ops.state import KVCache
+from spe.ops.common.state import KVCache
 
 __all__ = ["path_attention_step", "path_prefill_cache"]
 

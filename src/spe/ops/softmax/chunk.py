@@ -4,6 +4,8 @@ Letters: B, L, H, E as elsewhere."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -11,9 +13,10 @@ from torch.utils.checkpoint import checkpoint
 
 from spe.ops.common.checks import check_window
 from spe.ops.decay.forms import check_gates, check_log_decay, is_gate
-from spe.ops.gates import gate_bias
+from spe.ops.decay.sums import segment_sums, suffix_sums
 
-__all__ = ["FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "softmax_attention", "softmax_gates"]
+__all__ = ["FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "gate_bias", "softmax_attention",
+           "softmax_gates"]
 
 # Queries per block of FoX's bias beyond this length: the (B, H, L, L) bias of a long sequence
 # (and its gradient, and its segment sums) would be 66 GB at B = 2, H = 8, L = 16,384 (measured on
@@ -36,7 +39,7 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
         key_padding_mask: (B, Lk) bool, True at padding keys (PyTorch's convention), which
             get no weight; non-causal only; every query needs one real key.
         log_decay: FoX's forget gate, (B, L, H) log gates G_t ≤ 0 (or (H,), a constant one):
-            the logits gain Σ_{n<t≤m} G_t (:func:`spe.ops.gates.gate_bias`, formed from each
+            the logits gain Σ_{n<t≤m} G_t (:func:`gate_bias`, formed from each
             segment's own terms; a (B, H, L, L) bias up to :data:`FOX_QUERY_BLOCK` positions,
             beyond it blocks of that many queries, each bias recomputed in backward);
             causal only, Lq = Lk. None: none.
@@ -152,3 +155,22 @@ def check_key_padding_mask(key_padding_mask: Tensor, k: Tensor) -> Tensor:
         raise ValueError(f"key_padding_mask must be a (batch, keys) = {tuple(k.shape[:2])} bool tensor, got "
                          f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
     return ~key_padding_mask[:, None, None, :]
+
+
+def gate_bias(gates: Tensor, window: int | None = None, start: int = 0) -> Tensor:
+    """FoX's logit term Σ_{n<t≤m} G_t for n ≤ m (and m − n < W), −∞ elsewhere, for the queries
+    m = start … L − 1 and every key: (B, H, L − start, L) from gates (B, L, H).
+
+    Each entry is a sum of its own terms (no difference of running sums): inside the rows'
+    block the segment sums; for a key n before it, Σ_{start≤t≤m} G_t + Σ_{n<t<start} G_t,
+    two sums of terms ≤ 0. Memory: the block's (L − start)² segment sums and the bias.
+    """
+    n = gates.shape[1]
+    bias = segment_sums(gates[:, start:], 1)  # (B, Lq, Lq, H), keys start … L − 1
+    if start:
+        within = torch.cumsum(gates[:, start:], 1)  # (B, Lq, H)
+        before = suffix_sums(gates[:, :start], 1)  # (B, start, H): Σ_{n<t<start}
+        bias = torch.cat([within[:, :, None] + before[:, None], bias], dim=2)
+    lag = torch.arange(start, n, device=gates.device)[:, None] - torch.arange(n, device=gates.device)[None, :]
+    keep = (lag >= 0) if window is None else (lag >= 0) & (lag < window)
+    return bias.permute(0, 3, 1, 2).masked_fill(~keep, -math.inf)

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from spe.ops.common.checks import reference_keep
 
-__all__ = ["softmax_attention_reference"]
+__all__ = ["gated_softmax_reference", "softmax_attention_reference"]
 
 
 def softmax_attention_reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None,
@@ -39,5 +39,28 @@ def softmax_attention_reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool
     if log_decay is not None:  # (H,) broadcasts over batch and positions as a constant gate
         f = torch.cumsum(log_decay.to(f64).expand(b, lq, h), dim=1).permute(0, 2, 1)  # (B, H, L)
         logits = logits + f[..., :, None] - f[..., None, :]
+    weights = torch.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
+    return torch.einsum("bhmn,bnhe->bmhe", weights, v)
+
+
+def gated_softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *,
+                            window: int | None = None) -> Tensor:
+    """FoX in float64, explicitly: softmax_n(q_m·k_n/√D + F_m − F_n) v_n over n ≤ m (m − n < W),
+    F_t = Σ_{s≤t} G_s (a difference of float64 running sums: exact enough for tests).
+
+    Args:
+        q, k: (B, L, H, D); v: (B, L, H, E); log_decay: (B, L, H) or (H,) (constant).
+
+    Returns:
+        (B, L, H, E) in float64.
+    """
+    f64 = torch.float64
+    q, k, v, g = q.to(f64), k.to(f64), v.to(f64), log_decay.to(f64)
+    b, n, h, _ = q.shape
+    f = torch.cumsum(g.expand(b, n, h), dim=1).permute(0, 2, 1)  # (B, H, L)
+    logits = torch.einsum("bmhd,bnhd->bhmn", q, k) / math.sqrt(q.shape[-1]) + f[..., :, None] - f[..., None, :]
+    i = torch.arange(n)
+    lag = i[:, None] - i[None, :]
+    keep = (lag >= 0) if window is None else (lag >= 0) & (lag < window)
     weights = torch.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
     return torch.einsum("bhmn,bnhe->bmhe", weights, v)

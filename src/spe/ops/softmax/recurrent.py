@@ -13,9 +13,9 @@ import torch
 from torch import Tensor
 
 from spe.ops.common.checks import check_one_position, check_window
-from spe.ops.gates import suffix_sums
+from spe.ops.decay.sums import suffix_sums
 from spe.ops.softmax.chunk import attend, softmax_gates
-from spe.ops.state import KVCache, check_state_window
+from spe.ops.common.state import KVCache, check_state_window
 
 __all__ = ["append_to_cache", "prefill_cache", "softmax_attention_step"]
 
@@ -75,7 +75,7 @@ def softmax_attention_step(q: Tensor, k: Tensor, v: Tensor, cache: KVCache | Non
         cache: from the previous step or :func:`prefill_cache`; None at position 0.
         window: W, or None for the whole past; must match the cache's.
         log_decay: FoX's gate of this position, (B, 1, H) (or (H,)): logits gain each cached
-            key's log decay (:class:`~spe.ops.state.KVCache`); must match the cache's form.
+            key's log decay (:class:`~spe.ops.common.state.KVCache`); must match the cache's form.
 
     Returns:
         (B, 1, H, E) output and the new cache.

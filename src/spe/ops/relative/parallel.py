@@ -11,8 +11,8 @@ Relative position r = j − i of key j seen from query i (r ≤ 0 for causal att
   logits q_i·(k_j + a^K_ij) / √D and outputs Σ_j α_ij (v_j + a^V_ij), computed explicitly
   with the gathered (Lq, Lk, D) embeddings: O(L²·D) memory, as in the paper.
 
-The explicit twin :func:`music_relative_attention_reference` gathers (Lq, Lk, H, D) and is
-used for single decoding steps (Lq = 1, where it costs O(L·D)) and in tests.
+The explicit twin :func:`~spe.ops.relative.naive.music_relative_attention_reference` gathers
+(Lq, Lk, H, D) and is used for single decoding steps (Lq = 1, where it costs O(L·D)) and in tests.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = [
-    "music_relative_attention", "music_relative_attention_reference", "relative_shift",
-    "shaw_attention", "skew",
-]
+from spe.ops.relative.checks import check_pair, mask_padding
+
+__all__ = ["music_relative_attention", "relative_shift", "shaw_attention", "skew"]
 
 
 def skew(rel_logits: Tensor) -> Tensor:
@@ -68,23 +67,6 @@ def relative_shift(rel_logits: Tensor) -> Tensor:
     return flat.reshape(*lead, n, 2 * n - 2)[..., :n]
 
 
-def _check_pair(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """Queries (B, Lq, H, D), keys (B, Lk, H, D), values (B, Lk, H, Dv)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] \
-            or v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"queries, keys, values must be (batch, length, num_heads, head_dim) with matching "
-                         f"batch, heads, head_dim and key/value lengths, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-
-
-def _mask_padding(logits: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-    """(B, H, Lq, Lk) logits (or a broadcastable bias) with −∞ at padding keys ((B, Lk) bool, True
-    at padding); unchanged without a mask."""
-    if key_padding_mask is None:
-        return logits
-    return logits.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-
-
 def music_relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, *, causal: bool,
                              key_padding_mask: Tensor | None = None) -> Tensor:
     """Relative softmax attention of Music Transformer, via skewing; O(L·D) extra memory.
@@ -104,7 +86,7 @@ def music_relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, 
     Raises:
         ValueError: on shapes that do not match.
     """
-    _check_pair(q, k, v)
+    check_pair(q, k, v)
     n, d = q.shape[1], q.shape[-1]
     if k.shape[1] != n:
         raise ValueError(f"skewed relative attention needs as many keys as queries, got {k.shape[1]} and {n}")
@@ -118,44 +100,9 @@ def music_relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, 
     if causal:
         future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
         bias = bias.masked_fill(future, float("-inf"))
-    bias = _mask_padding(bias, key_padding_mask)
+    bias = mask_padding(bias, key_padding_mask)
     out = F.scaled_dot_product_attention(qh, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias)
     return out.transpose(1, 2)
-
-
-def music_relative_attention_reference(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, *, causal: bool,
-                                       query_offset: int = 0, key_padding_mask: Tensor | None = None) -> Tensor:
-    """Explicit twin of :func:`music_relative_attention`: gathers e_{j−i} for every pair.
-
-    Args:
-        q: (B, Lq, H, D) queries at positions query_offset … query_offset + Lq − 1.
-        k: (B, Lk, H, D) keys at positions 0 … Lk − 1.
-        v: (B, Lk, H, Dv).
-        rel_keys: (W, H, D) embeddings by increasing r, for r = −(Lq + query_offset − 1) … 0
-            when causal (W = Lq + query_offset), … Lk − 1 otherwise (W = Lq + query_offset + Lk − 1).
-        causal: mask keys after each query.
-        query_offset: position of the first query (a decoding step has Lq = 1, offset t).
-        key_padding_mask: (B, Lk) bool, True at padding keys (no weight).
-
-    Returns:
-        (B, Lq, H, Dv).
-    """
-    _check_pair(q, k, v)
-    lq, lk, d = q.shape[1], k.shape[1], q.shape[-1]
-    lowest = -(lq + query_offset - 1)
-    width = lq + query_offset + (0 if causal else lk - 1)
-    if rel_keys.shape != (width, q.shape[2], d):
-        raise ValueError(f"rel_keys must be ({width}, {q.shape[2]}, {d}) for {lq} queries from position "
-                         f"{query_offset} and {lk} keys, got {tuple(rel_keys.shape)}")
-    i = torch.arange(lq, device=q.device)[:, None] + query_offset
-    j = torch.arange(lk, device=q.device)[None, :]
-    rel = (j - i).clamp(max=0) if causal else j - i  # masked entries index a valid row
-    gathered = rel_keys[rel - lowest]  # (Lq, Lk, H, D)
-    logits = (torch.einsum("bihd,bjhd->bhij", q, k) + torch.einsum("bihd,ijhd->bhij", q, gathered)) * d**-0.5
-    if causal:
-        logits = logits.masked_fill(j > i, float("-inf"))
-    logits = _mask_padding(logits, key_padding_mask)
-    return torch.einsum("bhij,bjhe->bihe", logits.softmax(dim=-1), v)
 
 
 def shaw_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, rel_values: Tensor, *,
@@ -178,7 +125,7 @@ def shaw_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, rel_values
     Raises:
         ValueError: on shapes that do not match.
     """
-    _check_pair(q, k, v)
+    check_pair(q, k, v)
     lq, lk, d = q.shape[1], k.shape[1], q.shape[-1]
     if rel_keys.shape != (lq, lk, d) or rel_values.shape != (lq, lk, v.shape[-1]):
         raise ValueError(f"rel_keys must be ({lq}, {lk}, {d}) and rel_values ({lq}, {lk}, {v.shape[-1]}), got "
@@ -187,5 +134,5 @@ def shaw_attention(q: Tensor, k: Tensor, v: Tensor, rel_keys: Tensor, rel_values
     if causal:
         i = torch.arange(lq, device=q.device)[:, None] + query_offset
         logits = logits.masked_fill(torch.arange(lk, device=q.device)[None] > i, float("-inf"))
-    weights = _mask_padding(logits, key_padding_mask).softmax(dim=-1)
+    weights = mask_padding(logits, key_padding_mask).softmax(dim=-1)
     return torch.einsum("bhij,bjhe->bihe", weights, v) + torch.einsum("bhij,ije->bihe", weights, rel_values)

@@ -1,5 +1,5 @@
 """Sinusoidal features of sineSPE, accurate at large positions (shared by codes, filters and the
-blocked products of :mod:`spe.ops.sine_products`)."""
+blocked products of :mod:`spe.ops.sine.fused` and :mod:`spe.ops.sine.blocked`)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ Letters: B = batch, L = length, H = num_heads, D = head_dim, K = num_sines (J = 
 R = num_realizations, U = L·H·D·R.
 
 The implementations are :func:`spe.encodings.filter.apply_code` on a materialised code, and
-the blocked products of :mod:`spe.ops.sine_products` (``fused``: one GEMM of inner size D·2K
-per example; ``blocked``: each block's code formed once for the batch). The constants were
+the blocked products (``fused``, :mod:`spe.ops.sine.fused`: one GEMM of inner size D·2K
+per example; ``blocked``, :mod:`spe.ops.sine.blocked`: each block's code formed once for the
+batch). The constants were
 measured; docs/bench.md says where and how they hold up on other machines.
 """
 

@@ -116,7 +116,7 @@ class RecentKeys:
         normalizer_keys: (B, T, H, M') features ψ(k_n) of a separate normaliser, or None:
             the kernel's form (RoPE, RoFormer eq. 19), not a missing value; the kernels refuse
             to continue a state of the other form.
-        log_gates: (B, T, H, G) the kept positions' gates (:mod:`spe.ops.gates`; G = 1 for a
+        log_gates: (B, T, H, G) the kept positions' gates (:mod:`spe.ops.decay.forms`; G = 1 for a
             gate per head, M per feature channel), from which each step weighs the kept keys;
             None for kernels without a data-dependent gate (the kernels refuse the other form).
 
@@ -183,7 +183,7 @@ class KVCache:
         values: (B, T, H, E).
         position: positions seen so far (the next query's index).
         window: W the cache was built with (None: the whole past).
-        key_log_decay: (B, T, H) with a gate (FoX, :mod:`spe.ops.gates`): each cached key's log
+        key_log_decay: (B, T, H) with a gate (FoX, :mod:`spe.ops.softmax`): each cached key's log
             decay to the newest position, Σ_{n<t≤newest} G_t (≤ 0), kept by adding each new
             gate, never as a difference of running sums; None without a gate (the steps refuse
             the other form).
