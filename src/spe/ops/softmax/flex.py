@@ -1,0 +1,245 @@
+"""Softmax attention through PyTorch's FlexAttention (``torch.nn.attention.flex_attention``):
+FoX's forget gate and linear distance penalties as a ``score_mod``, causality, a window and key padding as a block
+mask, so the L × L bias is never materialised and masked blocks are skipped.
+
+Letters: B = batch, L = length (Lq queries, Lk keys), H = num_heads, D = query/key dimension,
+E = value dimension, W = window.
+
+On CUDA the call is ``torch.compile``d (FlexAttention's fused Triton kernels, forward and
+backward). Its backward does not run on the CPU (PyTorch 2.13), so there the per-block form
+(:func:`~spe.ops.softmax.chunk.softmax_attention`) stays the path and the reference; this one
+runs eagerly on the CPU for the forward only. :func:`choose_softmax_impl` picks between the two
+for a call and says why flex cannot take one.
+
+FoX's bias Σ_{n<t≤m} G_t is c_m − c_n with c the running sum of the gates. A float32 c would
+lose the bias's precision once c reaches thousands of nats (10⁴ · 2⁻²⁴ ≈ 6·10⁻⁴ nats;
+:mod:`spe.ops.gates`), and the kernel cannot form each entry from its own terms as the
+per-block form does. So c is summed in float64 and passed as two float32 parts, c = hi + lo
+(lo the float32 rounding of c − hi): (hi_m − hi_n) + (lo_m − lo_n) keeps float32's relative
+precision on the difference itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import torch
+from torch import Tensor
+
+from spe.ops.common.checks import check_window
+from spe.ops.softmax.chunk import check_key_padding_mask, softmax_gates
+
+__all__ = ["SOFTMAX_IMPLS", "check_softmax_impl", "choose_softmax_impl", "flex_available",
+           "flex_fallback_reason", "flex_softmax_attention"]
+
+# 'auto': flex on CUDA where it takes the call, the per-block form elsewhere; 'flex' asks for it
+# (falling back with a warning that says why where it cannot); 'blocks' the per-block form.
+SOFTMAX_IMPLS = ("auto", "flex", "blocks")
+
+
+def check_softmax_impl(impl: str) -> str:
+    """``impl``, checked.
+
+    Raises:
+        ValueError: naming the value and :data:`SOFTMAX_IMPLS`, unless it is one of them.
+    """
+    if impl not in SOFTMAX_IMPLS:
+        raise ValueError(f"softmax_impl must be one of {', '.join(SOFTMAX_IMPLS)}, got {impl!r}")
+    return impl
+
+
+@functools.cache
+def _flex_module():
+    """``torch.nn.attention.flex_attention`` or None (PyTorch before 2.5 has none)."""
+    try:
+        from torch.nn.attention import flex_attention as module
+    except ImportError:
+        return None
+    return module if hasattr(module, "flex_attention") and hasattr(module, "create_block_mask") else None
+
+
+def flex_available() -> bool:
+    """Whether this PyTorch has FlexAttention."""
+    return _flex_module() is not None
+
+
+@functools.cache
+def _compiled_flex():
+    # one compiled callable for the process: dynamo keys its graphs on shapes and the score_mod's code
+    return torch.compile(_flex_module().flex_attention, dynamic=False)
+
+
+def flex_fallback_reason(q: Tensor, k: Tensor, v: Tensor, *, log_decay: Tensor | None = None,
+                         score_term: object | None = None) -> str | None:
+    """Why :func:`flex_softmax_attention` cannot take this call, or None if it can.
+
+    Args:
+        q, k, v: the call's (B, Lq, H, D), (B, Lk, H, D), (B, Lk, H, E).
+        log_decay: FoX's gate, if any (its gradient counts as one of the inputs').
+        score_term: a score term (:class:`~spe.attention.kernels.ScoreTerm`); flex takes one
+            only through its ``flex_arguments()`` (distance slopes), not one that forms the scores itself
+            (Shaw's value terms, the SPE oracle, PaTH).
+
+    Returns:
+        A sentence naming the obstacle, or None.
+    """
+    if not flex_available():
+        return f"this PyTorch ({torch.__version__}) has no torch.nn.attention.flex_attention"
+    if score_term is not None and not callable(getattr(score_term, "flex_arguments", None)):
+        return f"the score term {type(score_term).__name__} forms its scores itself (no flex_arguments)"
+    if q.device.type not in ("cuda", "cpu"):
+        return f"FlexAttention runs on CUDA and the CPU here, not {q.device.type}"
+    if torch.float64 in (q.dtype, k.dtype, v.dtype):
+        return "float64 inputs (FlexAttention's kernels run float32, bfloat16 and float16)"
+    if q.device.type == "cpu" and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, log_decay)):
+        return "FlexAttention's backward does not run on the CPU"
+    if q.device.type == "cuda" and min(q.shape[-1], v.shape[-1]) < 16:
+        return f"head dimensions below 16 (D = {q.shape[-1]}, E = {v.shape[-1]}): FlexAttention's CUDA kernels need 16"
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        return "no queries or no keys"
+    return None
+
+
+_warned: set[str] = set()
+
+
+def choose_softmax_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, *, log_decay: Tensor | None = None,
+                        score_term: object | None = None) -> str:
+    """``'flex'`` or ``'blocks'`` for a call, under the option ``impl`` (:data:`SOFTMAX_IMPLS`):
+    ``auto`` takes flex on CUDA when :func:`flex_fallback_reason` finds no obstacle; ``flex``
+    takes it on any device unless there is one, then warns once per reason and falls back;
+    ``blocks`` never takes it.
+
+    Raises:
+        ValueError: on an unknown ``impl``.
+    """
+    if check_softmax_impl(impl) == "blocks" or (impl == "auto" and q.device.type != "cuda"):
+        return "blocks"
+    reason = flex_fallback_reason(q, k, v, log_decay=log_decay, score_term=score_term)
+    if reason is None:
+        return "flex"
+    if impl == "flex" and reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"softmax_impl='flex' falls back to the per-block softmax: {reason}", stacklevel=3)
+    return "blocks"
+
+
+@functools.lru_cache(maxsize=16)
+def _static_block_mask(lq: int, lk: int, causal: bool, window: int | None, device: str):
+    """The block mask of causality and a window, which depends on the shapes only: built once per shape."""
+    return _flex_module().create_block_mask(_mask_mod(causal, window, None), None, None, lq, lk, device=device)
+
+
+def _mask_mod(causal: bool, window: int | None, padding: Tensor | None):
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = q_idx >= 0  # all True, in the index's shape
+        if causal:
+            keep = keep & (q_idx >= kv_idx)
+        if window is not None:
+            keep = keep & (q_idx - kv_idx < window)
+        if padding is not None:
+            keep = keep & ~padding[b, kv_idx]
+        return keep
+
+    return mask_mod
+
+
+def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, window: int | None = None,
+                           key_padding_mask: Tensor | None = None, log_decay: Tensor | None = None,
+                           distance_slopes: Tensor | None = None, scale: float | None = None,
+                           compile: bool | None = None) -> Tensor:
+    """softmax_n(q_m·k_n · scale + b_mn) v_n through FlexAttention, b_mn the sum of FoX's bias
+    Σ_{n<t≤m} G_t and a distance penalty −s_h·|m − n| (each where given), over the keys kept: n ≤ m when
+    causal, m − n < W with a window, n not padding. Equals
+    :func:`~spe.ops.softmax.chunk.softmax_attention` (with ``log_decay``) and
+    the linear-bias score encoding's ``attend`` (with ``distance_slopes``); the float64
+    reference is :func:`~spe.ops.softmax.naive.softmax_attention_reference`.
+
+    Args:
+        q: (B, Lq, H, D).
+        k: (B, Lk, H, D).
+        v: (B, Lk, H, E).
+        causal: mask keys after each query.
+        window: W, causal sliding window (None: the whole past).
+        key_padding_mask: (B, Lk) bool, True at padding keys (no weight); non-causal only;
+            every query needs one real key.
+        log_decay: FoX's forget gate, (B, L, H) log gates G_t ≤ 0 or (H,) a constant one;
+            causal only, Lq = Lk. None: none.
+        distance_slopes: (H,) slopes s_h ≥ 0 of a linear distance penalty (Press et al. 2022).
+            None: none.
+        scale: of the logits; None: 1/√D.
+        compile: run ``torch.compile``d FlexAttention (fused kernels; needed for speed and for
+            its backward); None: on CUDA only. Eager runs the forward only on the CPU.
+
+    Returns:
+        (B, Lq, H, E) in ``v``'s dtype.
+
+    Raises:
+        ValueError: on a window without ``causal`` or not positive, a padding mask with
+            ``causal`` or of the wrong shape, a gate without ``causal`` or with Lq ≠ Lk or of
+            a bad shape or value, slopes that are not (H,).
+        RuntimeError: if this PyTorch has no FlexAttention (:func:`flex_available`).
+
+    Precision: autocast off; the logits and the softmax are float32 inside the kernel (bf16
+    and fp16 inputs stay so on CUDA; the CPU computes in at least float32); FoX's running
+    sum c is float64, passed as two float32 parts (module docstring).
+    """
+    module = _flex_module()
+    if module is None:
+        raise RuntimeError(flex_fallback_reason(q, k, v))
+    b, lq, h, d = q.shape
+    lk = k.shape[1]
+    if window is not None:
+        if not causal:
+            raise ValueError("a sliding window needs causal attention")
+        check_window(window)
+    padding = None
+    if key_padding_mask is not None:
+        if causal:
+            raise ValueError("key_padding_mask is for non-causal attention (a causal model has no padding before "
+                             "its last real token)")
+        check_key_padding_mask(key_padding_mask, k)
+        padding = key_padding_mask.to(q.device)
+    c_hi = c_lo = slopes = None
+    if log_decay is not None:
+        if not causal or lk != lq:
+            raise ValueError(f"a forget gate (log_decay) needs causal attention with as many queries as keys, got "
+                             f"causal={causal}, {lq} queries and {lk} keys")
+        c = torch.cumsum(softmax_gates(log_decay, q.shape).to(torch.float64), dim=1).permute(0, 2, 1)  # (B, H, L)
+        c_hi = c.to(torch.float32).contiguous()
+        # the remainder is a constant: c's gradient flows through c_hi alone (∂c_hi/∂c = 1)
+        c_lo = (c - c_hi.to(torch.float64)).detach().to(torch.float32).contiguous()
+    if distance_slopes is not None:
+        if distance_slopes.shape != (h,):
+            raise ValueError(f"distance_slopes must be (num_heads,) = ({h},), got {tuple(distance_slopes.shape)}")
+        slopes = distance_slopes.to(q.device, torch.float32)
+
+    def score_mod(score, batch, head, q_idx, kv_idx):
+        if c_hi is not None:
+            score = score + ((c_hi[batch, head, q_idx] - c_hi[batch, head, kv_idx])
+                             + (c_lo[batch, head, q_idx] - c_lo[batch, head, kv_idx]))
+        if slopes is not None:
+            score = score - slopes[head] * (q_idx - kv_idx).abs()
+        return score
+
+    if padding is not None:
+        block_mask = module.create_block_mask(_mask_mod(causal, window, padding), b, None, lq, lk, device=q.device)
+    elif causal or window is not None:
+        block_mask = _static_block_mask(lq, lk, causal, window, str(q.device))
+    else:
+        block_mask = None
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    if q.device.type != "cuda":
+        dtype = torch.promote_types(dtype, torch.float32)
+    compiled = q.device.type == "cuda" if compile is None else compile
+    run = _compiled_flex() if compiled else module.flex_attention
+    with torch.autocast(device_type=q.device.type, enabled=False), warnings.catch_warnings():
+        # eager is asked for (the CPU's forward): PyTorch's advice to compile is noise here
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
+        out = run(q.to(dtype).transpose(1, 2), k.to(dtype).transpose(1, 2), v.to(dtype).transpose(1, 2),
+                  score_mod=score_mod if c_hi is not None or slopes is not None else None, block_mask=block_mask,
+                  scale=1.0 / math.sqrt(d) if scale is None else scale)
+    return out.transpose(1, 2).to(v.dtype)
