@@ -302,3 +302,20 @@ def test_cuda_flex_bf16_stays_within_bf16_rounding_of_the_float64_sums():
                                  log_decay=gates.float().to(DEVICE))
     assert got.dtype == torch.bfloat16
     _close(got, softmax_attention_reference(q, k, v, causal=True, log_decay=gates), 3e-2, "bf16 output")
+
+
+@needs_cuda_flex
+def test_cuda_auto_takes_flex_for_what_the_fused_causal_kernel_cannot_do_only():
+    from spe.encodings.alibi import ALiBi
+    from spe.ops.softmax.flex import choose_softmax_impl
+
+    q = torch.zeros(1, 256, 2, 32, device=DEVICE)
+    gate = torch.zeros(1, 256, 2, device=DEVICE)
+    assert choose_softmax_impl("auto", q, q, q) == "blocks"  # plain causal: PyTorch's fused kernel
+    assert choose_softmax_impl("auto", q, q, q, window=256) == "blocks"  # a window as long as the sequence
+    assert choose_softmax_impl("auto", q, q, q, window=64) == "flex"
+    assert choose_softmax_impl("auto", q, q, q, log_decay=gate) == "flex"
+    assert choose_softmax_impl("auto", q, q, q, score_term=ALiBi(2)) == "flex"
+    assert choose_softmax_impl("auto", q, q, q, score_term=object()) == "blocks"  # forms its scores itself
+    assert choose_softmax_impl("flex", q, q, q) == "flex"
+    assert choose_softmax_impl("auto", q.double(), q.double(), q.double(), log_decay=gate) == "blocks"

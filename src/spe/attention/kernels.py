@@ -140,8 +140,8 @@ class KernelOptions:
             (B, L, H, M) a gate per feature channel of φ (GLA); None: none. Taken by the
             kernels whose ``KernelSpec.decays`` name its form.
         softmax_impl: softmax's parallel path, one of :data:`~spe.ops.softmax.flex.SOFTMAX_IMPLS`:
-            ``auto`` (FlexAttention on CUDA for FoX's gate, masks and score terms it takes,
-            :mod:`spe.ops.softmax.flex`; the per-block form elsewhere), ``flex`` (asked for;
+            ``auto`` (FlexAttention on CUDA for FoX's gate, a window and the score terms it
+            takes, :mod:`spe.ops.softmax.flex`; the per-block form elsewhere), ``flex`` (asked for;
             falls back with a warning saying why where it cannot run) or ``blocks`` (the
             per-block form, the CPU's and the reference). Other kernels ignore it.
     """
@@ -289,7 +289,8 @@ def kernel_features(spec: KernelSpec, q: Tensor, k: Tensor, *, projection: Tenso
 
 
 def _softmax_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
-    if choose_softmax_impl(o.softmax_impl, f.q, f.k, v, log_decay=o.decay, score_term=o.score_term) == "flex":
+    if choose_softmax_impl(o.softmax_impl, f.q, f.k, v, log_decay=o.decay, score_term=o.score_term,
+                           window=o.window) == "flex":
         extra = {} if o.score_term is None else o.score_term.flex_arguments()  # e.g. distance slopes
         return flex_softmax_attention(f.q, f.k, v, **{"causal": o.causal, "window": o.window,
                                                       "key_padding_mask": o.key_padding_mask,

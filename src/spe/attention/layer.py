@@ -198,8 +198,8 @@ class MultiHeadAttention(nn.Module):
             the per-head RMS norm of the output (``output_norm`` below) for kernels that do not
             have it (``linear`` always has it).
         softmax_impl: softmax's parallel path (:class:`~spe.attention.kernels.KernelOptions`):
-            ``auto`` (FlexAttention on CUDA where it takes the call, :mod:`spe.ops.softmax.flex`),
-            ``flex`` or ``blocks``; settable later (``spe.attention.kernels.set_softmax_impl``).
+            ``auto`` (FlexAttention on CUDA for FoX's gate, a window or a score term it takes,
+            :mod:`spe.ops.softmax.flex`), ``flex`` or ``blocks``; settable later (``spe.attention.kernels.set_softmax_impl``).
             Other kernels ignore it.
 
     Raises:

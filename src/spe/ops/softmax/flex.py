@@ -107,16 +107,23 @@ _warned: set[str] = set()
 
 
 def choose_softmax_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, *, log_decay: Tensor | None = None,
-                        score_term: object | None = None) -> str:
-    """``'flex'`` or ``'blocks'`` for a call, under the option ``impl`` (:data:`SOFTMAX_IMPLS`):
-    ``auto`` takes flex on CUDA when :func:`flex_fallback_reason` finds no obstacle; ``flex``
-    takes it on any device unless there is one, then warns once per reason and falls back;
+                        score_term: object | None = None, window: int | None = None) -> str:
+    """``'flex'`` or ``'blocks'`` for a call, under the option ``impl`` (:data:`SOFTMAX_IMPLS`).
+
+    ``auto`` takes flex on CUDA for what PyTorch's fused causal kernel cannot do itself (FoX's
+    gate, a score term, a window shorter than the sequence: each a materialised bias or mask
+    there) when :func:`flex_fallback_reason` finds no obstacle; plain attention, with or without
+    key padding, stays on ``scaled_dot_product_attention``. ``flex`` takes it for any call on
+    any device unless there is an obstacle, then warns once per reason and falls back;
     ``blocks`` never takes it.
 
     Raises:
         ValueError: on an unknown ``impl``.
     """
-    if check_softmax_impl(impl) == "blocks" or (impl == "auto" and q.device.type != "cuda"):
+    if check_softmax_impl(impl) == "blocks":
+        return "blocks"
+    if impl == "auto" and (q.device.type != "cuda" or (
+            log_decay is None and score_term is None and (window is None or window >= q.shape[1]))):
         return "blocks"
     reason = flex_fallback_reason(q, k, v, log_decay=log_decay, score_term=score_term)
     if reason is None:
