@@ -103,9 +103,6 @@ def flex_fallback_reason(q: Tensor, k: Tensor, v: Tensor, *, log_decay: Tensor |
     return None
 
 
-_warned: set[str] = set()
-
-
 def choose_softmax_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, *, log_decay: Tensor | None = None,
                         score_term: object | None = None, window: int | None = None) -> str:
     """``'flex'`` or ``'blocks'`` for a call, under the option ``impl`` (:data:`SOFTMAX_IMPLS`).
@@ -114,7 +111,7 @@ def choose_softmax_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, *, log_decay
     gate, a score term, a window shorter than the sequence: each a materialised bias or mask
     there) when :func:`flex_fallback_reason` finds no obstacle; plain attention, with or without
     key padding, stays on ``scaled_dot_product_attention``. ``flex`` takes it for any call on
-    any device unless there is an obstacle, then warns once per reason and falls back;
+    any device unless there is an obstacle, then warns (UserWarning) and falls back;
     ``blocks`` never takes it.
 
     Raises:
@@ -128,8 +125,7 @@ def choose_softmax_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, *, log_decay
     reason = flex_fallback_reason(q, k, v, log_decay=log_decay, score_term=score_term)
     if reason is None:
         return "flex"
-    if impl == "flex" and reason not in _warned:
-        _warned.add(reason)
+    if impl == "flex":  # Python's default filter shows it once per reason and place
         warnings.warn(f"softmax_impl='flex' falls back to the per-block softmax: {reason}", stacklevel=3)
     return "blocks"
 
