@@ -104,6 +104,20 @@ def test_flex_plain_attention_is_causal_and_ignores_future_tokens():
     torch.testing.assert_close(flex_softmax_attention(q, k2, v2, causal=True)[:, :120], out[:, :120], atol=0, rtol=0)
 
 
+@needs_flex
+@pytest.mark.slow
+@torch.no_grad()
+def test_the_compiled_call_equals_the_float64_reference():
+    """The path CUDA takes (torch.compile of the call, the biases as its arguments), forward on
+    the CPU's inductor backend; a second gate of another length reuses the compiled function."""
+    for n, window in ((L, 37), (130, None)):
+        (q, k, v), g = _qkv(6, n)
+        log_decay = -0.3 * torch.rand(B, n, H, generator=g)
+        got = flex_softmax_attention(q, k, v, causal=True, window=window, log_decay=log_decay, compile=True)
+        want = softmax_attention_reference(q, k, v, causal=True, window=window, log_decay=log_decay)
+        torch.testing.assert_close(got.double(), want, atol=TOL, rtol=0)
+
+
 def test_flex_validation_errors():
     q = torch.zeros(1, 4, 2, 16)
     with pytest.raises(ValueError, match="window needs causal"):

@@ -65,10 +65,28 @@ def flex_available() -> bool:
     return _flex_module() is not None
 
 
+def _flex_call(flex, q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float, c_hi: Tensor | None,
+               c_lo: Tensor | None, slopes: Tensor | None) -> Tensor:
+    """``flex`` (FlexAttention) on (B, H, L, ·) tensors with FoX's bias (c_hi, c_lo: (B, H, L), the running
+    sum's two float32 parts) and distance slopes (H,), each None or not."""
+
+    def score_mod(score, batch, head, q_idx, kv_idx):
+        if c_hi is not None:
+            score = score + ((c_hi[batch, head, q_idx] - c_hi[batch, head, kv_idx])
+                             + (c_lo[batch, head, q_idx] - c_lo[batch, head, kv_idx]))
+        if slopes is not None:
+            score = score - slopes[head] * (q_idx - kv_idx).abs()
+        return score
+
+    plain = c_hi is None and slopes is None
+    return flex(q, k, v, score_mod=None if plain else score_mod, block_mask=block_mask, scale=scale)
+
+
 @functools.cache
-def _compiled_flex():
-    # one compiled callable for the process: dynamo keys its graphs on shapes and the score_mod's code
-    return torch.compile(_flex_module().flex_attention, dynamic=False)
+def _compiled_call():
+    # compiled once per process, with the bias tensors as arguments (not closure cells): its graphs
+    # are keyed on shapes, dtypes and which biases are present, not on the tensors of a call
+    return torch.compile(_flex_call, dynamic=False)
 
 
 def flex_fallback_reason(q: Tensor, k: Tensor, v: Tensor, *, log_decay: Tensor | None = None,
@@ -220,14 +238,6 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
             raise ValueError(f"distance_slopes must be (num_heads,) = ({h},), got {tuple(distance_slopes.shape)}")
         slopes = distance_slopes.to(q.device, torch.float32)
 
-    def score_mod(score, batch, head, q_idx, kv_idx):
-        if c_hi is not None:
-            score = score + ((c_hi[batch, head, q_idx] - c_hi[batch, head, kv_idx])
-                             + (c_lo[batch, head, q_idx] - c_lo[batch, head, kv_idx]))
-        if slopes is not None:
-            score = score - slopes[head] * (q_idx - kv_idx).abs()
-        return score
-
     if padding is not None:
         block_mask = module.create_block_mask(_mask_mod(causal, window, padding), b, None, lq, lk, device=q.device)
     elif causal or window is not None:
@@ -238,11 +248,11 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
     if q.device.type != "cuda":
         dtype = torch.promote_types(dtype, torch.float32)
     compiled = q.device.type == "cuda" if compile is None else compile
-    run = _compiled_flex() if compiled else module.flex_attention
+    run = _compiled_call() if compiled else _flex_call
     with torch.autocast(device_type=q.device.type, enabled=False), warnings.catch_warnings():
         # eager is asked for (the CPU's forward): PyTorch's advice to compile is noise here
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
-        out = run(q.to(dtype).transpose(1, 2), k.to(dtype).transpose(1, 2), v.to(dtype).transpose(1, 2),
-                  score_mod=score_mod if c_hi is not None or slopes is not None else None, block_mask=block_mask,
-                  scale=1.0 / math.sqrt(d) if scale is None else scale)
+        q, k, v_in = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
+        out = run(module.flex_attention, q, k, v_in, block_mask, 1.0 / math.sqrt(d) if scale is None else scale,
+                  c_hi, c_lo, slopes)
     return out.transpose(1, 2).to(v.dtype)
