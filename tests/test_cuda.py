@@ -285,6 +285,9 @@ def test_cuda_fox_model_routes_through_flex_and_equals_the_per_block_model(monke
         loss = model.loss(TOKENS.to(DEVICE))
         loss.backward()
         losses.append(loss.item())
+    from spe.ops.softmax.flex import auto_flex_failure
+
+    assert auto_flex_failure() is None  # flex ran (no fallback after a compiler error)
     assert len(calls) == 2  # two layers, once each; none for the per-block model
     assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1])
     for (name, a), b in zip(flex.named_parameters(), blocks.parameters()):

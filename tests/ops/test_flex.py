@@ -150,6 +150,29 @@ def test_the_choice_keeps_the_per_block_form_on_the_cpu_and_says_why_flex_cannot
         choose_softmax_impl("fast", q, q, q)
 
 
+def test_a_flex_failure_under_auto_turns_flex_off_with_a_warning_and_propagates_when_asked_for(monkeypatch):
+    import spe.ops.softmax.flex as flex
+
+    monkeypatch.setattr(flex, "_AUTO_FAILURE", [])
+
+    def broken():
+        raise RuntimeError("cannot lower this score_mod\nmore detail")
+
+    def refused():
+        raise ValueError("a bad window")
+
+    with pytest.raises(RuntimeError, match="cannot lower"):
+        flex.run_flex("flex", broken)
+    with pytest.raises(ValueError, match="a bad window"):  # the caller's error, whatever the path
+        flex.run_flex("auto", refused)
+    assert flex.auto_flex_failure() is None
+    with pytest.warns(UserWarning, match="FlexAttention failed .RuntimeError: cannot lower this score_mod.: "
+                                         "softmax_impl='auto' keeps the per-block softmax"):
+        assert flex.run_flex("auto", broken) is None
+    assert flex.auto_flex_failure() == "RuntimeError: cannot lower this score_mod"
+    assert flex.run_flex("auto", lambda: 1) == 1
+
+
 def _fox_layer(impl, positional=None, decay="gated"):
     torch.manual_seed(0)
     return MultiHeadAttention(2 * D, 2, attention="softmax", decay=decay, positional=positional,

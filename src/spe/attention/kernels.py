@@ -46,7 +46,7 @@ from spe.ops.feature_maps import elu_feature_map, favor_feature_map, favor_key_f
 from spe.ops.linear import kernel_dtype, unchecked_causal_linear_attention_with_state, unchecked_linear_attention
 from spe.ops.recurrent import append_to_cache, prefill_cache, softmax_attention_step, unchecked_linear_attention_step
 from spe.ops.softmax import check_key_padding_mask, softmax_attention
-from spe.ops.softmax.flex import check_softmax_impl, choose_softmax_impl, flex_softmax_attention
+from spe.ops.softmax.flex import check_softmax_impl, choose_softmax_impl, flex_softmax_attention, run_flex
 from spe.ops.state import (
     KVCache,
     LinearAttentionState,
@@ -292,9 +292,11 @@ def _softmax_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
     if choose_softmax_impl(o.softmax_impl, f.q, f.k, v, log_decay=o.decay, score_term=o.score_term,
                            window=o.window) == "flex":
         extra = {} if o.score_term is None else o.score_term.flex_arguments()  # e.g. distance slopes
-        return flex_softmax_attention(f.q, f.k, v, **{"causal": o.causal, "window": o.window,
-                                                      "key_padding_mask": o.key_padding_mask,
-                                                      "log_decay": o.decay, **extra})
+        out = run_flex(o.softmax_impl, lambda: flex_softmax_attention(
+            f.q, f.k, v, **{"causal": o.causal, "window": o.window, "key_padding_mask": o.key_padding_mask,
+                            "log_decay": o.decay, **extra}))
+        if out is not None:
+            return out
     if o.score_term is not None:
         if o.key_padding_mask is not None:
             check_key_padding_mask(o.key_padding_mask, f.k)

@@ -1,6 +1,6 @@
 """Softmax attention through PyTorch's FlexAttention (``torch.nn.attention.flex_attention``):
-FoX's forget gate and linear distance penalties as a ``score_mod``, causality, a window and key padding as a block
-mask, so the L × L bias is never materialised and masked blocks are skipped.
+FoX's forget gate and linear distance penalties as a ``score_mod``, causality, a window and key
+padding as a block mask, so the L × L bias is never materialised and masked blocks are skipped.
 
 Letters: B = batch, L = length (Lq queries, Lk keys), H = num_heads, D = query/key dimension,
 E = value dimension, W = window.
@@ -31,11 +31,12 @@ from torch import Tensor
 from spe.ops.common.checks import check_window
 from spe.ops.softmax.chunk import check_key_padding_mask, softmax_gates
 
-__all__ = ["SOFTMAX_IMPLS", "check_softmax_impl", "choose_softmax_impl", "flex_available",
-           "flex_fallback_reason", "flex_softmax_attention"]
+__all__ = ["SOFTMAX_IMPLS", "auto_flex_failure", "check_softmax_impl", "choose_softmax_impl", "flex_available",
+           "flex_fallback_reason", "flex_softmax_attention", "run_flex"]
 
-# 'auto': flex on CUDA where it takes the call, the per-block form elsewhere; 'flex' asks for it
-# (falling back with a warning that says why where it cannot); 'blocks' the per-block form.
+# 'auto': flex on CUDA for a gate, a window or a score term it takes, the per-block form elsewhere
+# (choose_softmax_impl); 'flex' asks for it (falling back with a warning that says why where it
+# cannot); 'blocks' the per-block form.
 SOFTMAX_IMPLS = ("auto", "flex", "blocks")
 
 
@@ -65,7 +66,7 @@ def flex_available() -> bool:
     return _flex_module() is not None
 
 
-def _flex_call(flex, q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float, c_hi: Tensor | None,
+def _flex_call(flex, q: Tensor, k: Tensor, v: Tensor, *, block_mask, scale: float, c_hi: Tensor | None,
                c_lo: Tensor | None, slopes: Tensor | None) -> Tensor:
     """``flex`` (FlexAttention) on (B, H, L, ·) tensors with FoX's bias (c_hi, c_lo: (B, H, L), the running
     sum's two float32 parts) and distance slopes (H,), each None or not."""
@@ -137,7 +138,7 @@ def choose_softmax_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, *, log_decay
     """
     if check_softmax_impl(impl) == "blocks":
         return "blocks"
-    if impl == "auto" and (q.device.type != "cuda" or (
+    if impl == "auto" and (q.device.type != "cuda" or _AUTO_FAILURE or (
             log_decay is None and score_term is None and (window is None or window >= q.shape[1]))):
         return "blocks"
     reason = flex_fallback_reason(q, k, v, log_decay=log_decay, score_term=score_term)
@@ -146,6 +147,34 @@ def choose_softmax_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, *, log_decay
     if impl == "flex":  # Python's default filter shows it once per reason and place
         warnings.warn(f"softmax_impl='flex' falls back to the per-block softmax: {reason}", stacklevel=3)
     return "blocks"
+
+
+# The first failure of FlexAttention under 'auto' in this process (a PyTorch whose compiler cannot
+# lower a case): 'auto' then keeps the per-block form, so a training run does not stop on it.
+_AUTO_FAILURE: list[str] = []
+
+
+def auto_flex_failure() -> str | None:
+    """The error that turned ``auto``'s FlexAttention off in this process (:func:`run_flex`), or None."""
+    return _AUTO_FAILURE[0] if _AUTO_FAILURE else None
+
+
+def run_flex(impl: str, call):
+    """``call()`` (a :func:`flex_softmax_attention` call chosen by :func:`choose_softmax_impl`).
+    Under ``auto`` an error other than the caller's (ValueError, TypeError) or running out of
+    memory turns flex off for the process with a warning naming it, and None is returned (the
+    caller runs the per-block form); under ``flex`` it propagates."""
+    if impl != "auto":
+        return call()
+    try:
+        return call()
+    except (ValueError, TypeError, torch.OutOfMemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a compiler failure of any kind: the per-block form still works
+        _AUTO_FAILURE.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        warnings.warn(f"FlexAttention failed ({_AUTO_FAILURE[0]}): softmax_impl='auto' keeps the per-block softmax "
+                      f"in this process", stacklevel=3)
+        return None
 
 
 @functools.lru_cache(maxsize=16)
@@ -253,6 +282,6 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
         # eager is asked for (the CPU's forward): PyTorch's advice to compile is noise here
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
         q, k, v_in = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
-        out = run(module.flex_attention, q, k, v_in, block_mask, 1.0 / math.sqrt(d) if scale is None else scale,
-                  c_hi, c_lo, slopes)
+        out = run(module.flex_attention, q, k, v_in, block_mask=block_mask,
+                  scale=1.0 / math.sqrt(d) if scale is None else scale, c_hi=c_hi, c_lo=c_lo, slopes=slopes)
     return out.transpose(1, 2).to(v.dtype)
