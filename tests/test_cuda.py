@@ -259,11 +259,35 @@ def test_cuda_flex_distance_slopes_equal_the_score_encoding_forward_and_backward
     term = ALiBi(q.shape[2], causal=causal).to(DEVICE)
     w = torch.randn(q.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     inputs = [t.float().to(DEVICE) for t in (q, k, v)]
-    flex, grads = _grads_of(lambda *a: flex_softmax_attention(*a, **term.flex_arguments()), inputs, w)
+    flex, grads = _grads_of(lambda *a: flex_softmax_attention(*a, **term.flex_arguments(a[0])), inputs, w)
     blocks, block_grads = _grads_of(lambda *a: term.attend(*a), inputs, w)
     _close(flex, blocks, 2e-4, "output")
     for name, a, bl in zip("qkv", grads, block_grads):
         _close(a, bl, 1e-3, f"d{name}")
+
+
+@needs_cuda_flex
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_flex_relative_scores_equal_the_score_encoding_forward_and_backward(causal):
+    """Relative key embeddings (k = 20 over 300 positions) through the score_mod: the gradient
+    reaches q both directly and through the table's scores, and the embeddings."""
+    from spe.encodings.music_relative import MusicRelativePosition
+    from spe.ops.softmax import flex_softmax_attention
+
+    q, k, v, _ = _flex_inputs(4, gated=False)
+    term = MusicRelativePosition(q.shape[2], q.shape[3], 20, causal=causal).to(DEVICE)
+    with torch.no_grad():
+        term.embeddings.normal_()
+    w = torch.randn(q.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    inputs = [t.float().to(DEVICE) for t in (q, k, v)]
+    flex, grads = _grads_of(lambda *a: flex_softmax_attention(*a, **term.flex_arguments(a[0])), inputs, w)
+    table_grad = term.embeddings.grad.clone()
+    term.embeddings.grad = None
+    blocks, block_grads = _grads_of(lambda *a: term.attend(*a), inputs, w)
+    _close(flex, blocks, 2e-4, "output")
+    for name, a, bl in zip("qkv", grads, block_grads):
+        _close(a, bl, 1e-3, f"d{name}")
+    _close(table_grad, term.embeddings.grad, 1e-3, "dembeddings")
 
 
 @needs_cuda_flex

@@ -17,6 +17,7 @@ import torch
 from spe.attention.kernels import set_softmax_impl
 from spe.attention.layer import MultiHeadAttention
 from spe.encodings.alibi import ALiBi
+from spe.encodings.music_relative import MusicRelativePosition
 from spe.ops.softmax import softmax_attention, softmax_attention_reference
 from spe.ops.softmax.flex import (
     check_softmax_impl,
@@ -88,8 +89,27 @@ def test_flex_alibi_forward_equals_alibi_attend_in_float64(causal):
     if not causal:  # padding at the end of one sequence: those keys get no weight
         mask = torch.zeros(B, L, dtype=torch.bool)
         mask[0, -23:] = True
-    got = flex_softmax_attention(q, k, v, key_padding_mask=mask, **alibi.flex_arguments())
+    got = flex_softmax_attention(q, k, v, key_padding_mask=mask, **alibi.flex_arguments(q))
     want = alibi.attend(q.double(), k.double(), v.double(), key_padding_mask=mask)
+    torch.testing.assert_close(got.double(), want, atol=TOL, rtol=0)
+
+
+@needs_flex
+@pytest.mark.parametrize("causal", [True, False])
+@torch.no_grad()
+def test_flex_relative_scores_equal_relative_key_attention_in_float64(causal):
+    """Relative key embeddings clipped at k = 6 over 200 positions (most pairs clipped), the
+    table's scores per query and column as the score_mod reads them."""
+    (q, k, v), _ = _qkv(7)
+    term = MusicRelativePosition(H, D, 6, causal=causal).double()
+    with torch.no_grad():
+        term.embeddings.normal_()  # O(1) relative scores, not the 0.02 of initialisation
+    mask = None
+    if not causal:
+        mask = torch.zeros(B, L, dtype=torch.bool)
+        mask[1, -31:] = True
+    got = flex_softmax_attention(q, k, v, key_padding_mask=mask, **term.float().flex_arguments(q))
+    want = term.double().attend(q.double(), k.double(), v.double(), key_padding_mask=mask)
     torch.testing.assert_close(got.double(), want, atol=TOL, rtol=0)
 
 
@@ -126,6 +146,10 @@ def test_flex_validation_errors():
         flex_softmax_attention(q, q, q, causal=False, log_decay=torch.zeros(1, 4, 2))
     with pytest.raises(ValueError, match="distance_slopes"):
         flex_softmax_attention(q, q, q, distance_slopes=torch.ones(3))
+    with pytest.raises(ValueError, match="relative_scores must be"):
+        flex_softmax_attention(q, q, q, relative_scores=torch.zeros(1, 4, 2, 3), max_distance=3)
+    with pytest.raises(ValueError, match="relative_scores must be"):
+        flex_softmax_attention(q, q, q, relative_scores=torch.zeros(1, 4, 2, 3))
     with pytest.raises(ValueError, match="key_padding_mask is for non-causal"):
         flex_softmax_attention(q, q, q, causal=True, key_padding_mask=torch.zeros(1, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="softmax_impl must be one of auto, flex, blocks"):
@@ -189,6 +213,9 @@ def test_a_fox_layer_through_flex_equals_the_per_block_layer():
     torch.testing.assert_close(flex(x), blocks(x), atol=TOL, rtol=0)
     alibi_flex, alibi_blocks = (_fox_layer(impl, ALiBi(2), decay="none") for impl in ("flex", "blocks"))
     torch.testing.assert_close(alibi_flex(x), alibi_blocks(x), atol=TOL, rtol=0)
+    music_flex, music_blocks = (_fox_layer(impl, MusicRelativePosition(2, D, 20), decay="none")
+                                for impl in ("flex", "blocks"))
+    torch.testing.assert_close(music_flex(x), music_blocks(x), atol=TOL, rtol=0)
 
 
 def test_a_forced_flex_layer_with_gradients_on_the_cpu_falls_back_to_the_per_block_form():

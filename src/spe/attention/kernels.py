@@ -291,7 +291,7 @@ def kernel_features(spec: KernelSpec, q: Tensor, k: Tensor, *, projection: Tenso
 def _softmax_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
     if choose_softmax_impl(o.softmax_impl, f.q, f.k, v, log_decay=o.decay, score_term=o.score_term,
                            window=o.window) == "flex":
-        extra = {} if o.score_term is None else o.score_term.flex_arguments()  # e.g. distance slopes
+        extra = {} if o.score_term is None else o.score_term.flex_arguments(f.q)
         out = run_flex(o.softmax_impl, lambda: flex_softmax_attention(
             f.q, f.k, v, **{"causal": o.causal, "window": o.window, "key_padding_mask": o.key_padding_mask,
                             "log_decay": o.decay, **extra}))

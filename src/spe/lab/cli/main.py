@@ -384,7 +384,7 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--softmax-impl", default="auto", metavar="IMPLS",
                    help="softmax's paths (auto, flex, blocks), each measured for every softmax case of the layer "
                         "modes, e.g. blocks,flex: FlexAttention beside the per-block form (FoX with --decay gated, "
-                        "distance-bias score encodings, windows; flex's backward needs CUDA) (default auto)")
+                        "the score encodings with a flex form, windows; flex's backward needs CUDA) (default auto)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--compile", action="store_true",
                    help="--modes model: also measure every encoding with torch.compile (rows marked compiled)")

@@ -4,7 +4,7 @@ gate (Lin et al. 2025).
 Layout after fla's ``ops/<mechanism>``: :mod:`~spe.ops.softmax.naive` (the float64 O(L²)
 reference), :mod:`~spe.ops.softmax.chunk` (PyTorch's fused kernel; FoX's bias in blocks of
 queries), :mod:`~spe.ops.softmax.recurrent` (decoding from a KV cache),
-:mod:`~spe.ops.softmax.flex` (FlexAttention: FoX's gate and distance slopes as a ``score_mod``, CUDA's path).
+:mod:`~spe.ops.softmax.flex` (FlexAttention: FoX's gate and score terms as a ``score_mod``, CUDA's path).
 """
 
 from spe.ops.common.checks import check_window

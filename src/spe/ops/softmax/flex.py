@@ -1,6 +1,7 @@
 """Softmax attention through PyTorch's FlexAttention (``torch.nn.attention.flex_attention``):
-FoX's forget gate and linear distance penalties as a ``score_mod``, causality, a window and key
-padding as a block mask, so the L × L bias is never materialised and masked blocks are skipped.
+FoX's forget gate, linear distance penalties and relative key scores as a ``score_mod``,
+causality, a window and key padding as a block mask, so the L × L bias is never materialised and
+masked blocks are skipped.
 
 Letters: B = batch, L = length (Lq queries, Lk keys), H = num_heads, D = query/key dimension,
 E = value dimension, W = window.
@@ -67,9 +68,10 @@ def flex_available() -> bool:
 
 
 def _flex_call(flex, q: Tensor, k: Tensor, v: Tensor, *, block_mask, scale: float, c_hi: Tensor | None,
-               c_lo: Tensor | None, slopes: Tensor | None) -> Tensor:
-    """``flex`` (FlexAttention) on (B, H, L, ·) tensors with FoX's bias (c_hi, c_lo: (B, H, L), the running
-    sum's two float32 parts) and distance slopes (H,), each None or not."""
+               c_lo: Tensor | None, slopes: Tensor | None, rel: Tensor | None, rel_low: int, rel_high: int) -> Tensor:
+    """``flex`` (FlexAttention) on (B, H, L, ·) tensors with FoX's bias (c_hi, c_lo: (B, H, L), the
+    running sum's two float32 parts), distance slopes (H,) and relative scores (B, H, Lq, R),
+    column clip(n − m, rel_low, rel_high) − rel_low; each None or not."""
 
     def score_mod(score, batch, head, q_idx, kv_idx):
         if c_hi is not None:
@@ -77,9 +79,11 @@ def _flex_call(flex, q: Tensor, k: Tensor, v: Tensor, *, block_mask, scale: floa
                              + (c_lo[batch, head, q_idx] - c_lo[batch, head, kv_idx]))
         if slopes is not None:
             score = score - slopes[head] * (q_idx - kv_idx).abs()
+        if rel is not None:
+            score = score + rel[batch, head, q_idx, torch.clamp(kv_idx - q_idx, rel_low, rel_high) - rel_low]
         return score
 
-    plain = c_hi is None and slopes is None
+    plain = c_hi is None and slopes is None and rel is None
     return flex(q, k, v, score_mod=None if plain else score_mod, block_mask=block_mask, scale=scale)
 
 
@@ -98,7 +102,8 @@ def flex_fallback_reason(q: Tensor, k: Tensor, v: Tensor, *, log_decay: Tensor |
         q, k, v: the call's (B, Lq, H, D), (B, Lk, H, D), (B, Lk, H, E).
         log_decay: FoX's gate, if any (its gradient counts as one of the inputs').
         score_term: a score term (:class:`~spe.attention.kernels.ScoreTerm`); flex takes one
-            only through its ``flex_arguments()`` (distance slopes), not one that forms the scores itself
+            only through its ``flex_arguments(q)`` (distance slopes, relative scores of the queries),
+            not one that forms the scores itself
             (Shaw's value terms, the SPE oracle, PaTH).
 
     Returns:
@@ -199,13 +204,14 @@ def _mask_mod(causal: bool, window: int | None, padding: Tensor | None):
 
 def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, window: int | None = None,
                            key_padding_mask: Tensor | None = None, log_decay: Tensor | None = None,
-                           distance_slopes: Tensor | None = None, scale: float | None = None,
+                           distance_slopes: Tensor | None = None, relative_scores: Tensor | None = None,
+                           max_distance: int | None = None, scale: float | None = None,
                            compile: bool | None = None) -> Tensor:
     """softmax_n(q_m·k_n · scale + b_mn) v_n through FlexAttention, b_mn the sum of FoX's bias
-    Σ_{n<t≤m} G_t and a distance penalty −s_h·|m − n| (each where given), over the keys kept: n ≤ m when
+    Σ_{n<t≤m} G_t, a distance penalty −s_h·|m − n| and a relative score S[m, r(n − m)] (each where given), over the keys kept: n ≤ m when
     causal, m − n < W with a window, n not padding. Equals
     :func:`~spe.ops.softmax.chunk.softmax_attention` (with ``log_decay``) and
-    the linear-bias score encoding's ``attend`` (with ``distance_slopes``); the float64
+    the score encodings' ``attend`` (with their ``flex_arguments``); the float64
     reference is :func:`~spe.ops.softmax.naive.softmax_attention_reference`.
 
     Args:
@@ -220,6 +226,11 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
             causal only, Lq = Lk. None: none.
         distance_slopes: (H,) slopes s_h ≥ 0 of a linear distance penalty (Press et al. 2022).
             None: none.
+        relative_scores: (B, Lq, H, R) scores by clipped relative position (relative key
+            embeddings' q_m·e_r/√D, Huang et al. 2018): query m gains column r + k for key n,
+            r = n − m clipped to [−k, R − k − 1] (causal: R = k + 1, r ≤ 0; else R = 2k + 1).
+            None: none.
+        max_distance: k of ``relative_scores`` (required with them).
         scale: of the logits; None: 1/√D.
         compile: run ``torch.compile``d FlexAttention (fused kernels; needed for speed and for
             its backward); None: on CUDA only. Eager runs the forward only on the CPU.
@@ -230,7 +241,8 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
     Raises:
         ValueError: on a window without ``causal`` or not positive, a padding mask with
             ``causal`` or of the wrong shape, a gate without ``causal`` or with Lq ≠ Lk or of
-            a bad shape or value, slopes that are not (H,).
+            a bad shape or value, slopes that are not (H,), relative scores not (B, Lq, H, R)
+            with R > k ≥ 0.
         RuntimeError: if this PyTorch has no FlexAttention (:func:`flex_available`).
 
     Precision: autocast off; the logits and the softmax are float32 inside the kernel (bf16
@@ -266,6 +278,7 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
         if distance_slopes.shape != (h,):
             raise ValueError(f"distance_slopes must be (num_heads,) = ({h},), got {tuple(distance_slopes.shape)}")
         slopes = distance_slopes.to(q.device, torch.float32)
+    rel, low, high = _relative(relative_scores, max_distance, q)
 
     if padding is not None:
         block_mask = module.create_block_mask(_mask_mod(causal, window, padding), b, None, lq, lk, device=q.device)
@@ -283,5 +296,20 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
         q, k, v_in = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
         out = run(module.flex_attention, q, k, v_in, block_mask=block_mask,
-                  scale=1.0 / math.sqrt(d) if scale is None else scale, c_hi=c_hi, c_lo=c_lo, slopes=slopes)
+                  scale=1.0 / math.sqrt(d) if scale is None else scale, c_hi=c_hi, c_lo=c_lo, slopes=slopes,
+                  rel=rel, rel_low=low, rel_high=high)
     return out.transpose(1, 2).to(v.dtype)
+
+
+def _relative(scores: Tensor | None, max_distance: int | None, q: Tensor) -> tuple[Tensor | None, int, int]:
+    """Relative scores (B, Lq, H, R) as (B, H, Lq, R) in at least float32, and the clip range of n − m."""
+    if scores is None:
+        return None, 0, 0
+    b, lq, h, _ = q.shape
+    k = max_distance
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0 or scores.dim() != 4 \
+            or scores.shape[:3] != (b, lq, h) or scores.shape[3] <= k:
+        raise ValueError(f"relative_scores must be (batch, queries, heads, R) = ({b}, {lq}, {h}, R) with R > "
+                         f"max_distance ≥ 0, got {tuple(scores.shape)} and max_distance={max_distance!r}")
+    dtype = torch.promote_types(scores.dtype, torch.float32)
+    return scores.to(dtype).permute(0, 2, 1, 3).contiguous(), -k, scores.shape[3] - k - 1
