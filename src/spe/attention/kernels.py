@@ -56,8 +56,8 @@ from spe.ops.state import (
 )
 
 __all__ = ["DECAY_FORMS", "KERNELS", "KERNEL_PLACES", "FeatureTransform", "KernelFeatures", "KernelOptions",
-           "KernelSpec", "ScoreTerm", "decay_form", "kernel_features", "kernel_spec", "numerator_transform_kernels",
-           "set_softmax_impl"]
+           "KernelSpec", "ScoreTerm", "decay_form", "kernel_features", "kernel_spec",
+           "numerator_transform_kernels", "set_softmax_impl"]
 
 # Where a positional encoding may act, as the positional registry names the places
 # (spe.encodings.registry.PLACES): added to tokens, transforming queries/keys (RoPE: after a

@@ -199,7 +199,8 @@ class MultiHeadAttention(nn.Module):
             have it (``linear`` always has it).
         softmax_impl: softmax's parallel path (:class:`~spe.attention.kernels.KernelOptions`):
             ``auto`` (FlexAttention on CUDA for FoX's gate, a window or a score term it takes,
-            :mod:`spe.ops.softmax.flex`), ``flex`` or ``blocks``; settable later (``spe.attention.kernels.set_softmax_impl``).
+            :mod:`spe.ops.softmax.flex`), ``flex`` or ``blocks``; settable later
+            (``spe.attention.kernels.set_softmax_impl``).
             Other kernels ignore it.
 
     Raises:

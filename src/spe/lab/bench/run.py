@@ -24,7 +24,8 @@ from spe.lab.bench.tables import longest_lines, model_lines
 from spe.lab.bench.targets import find_record, record_decay, takes_decay, targets_markdown
 from spe.encodings.registry import positional_names, positional_spec
 
-__all__ = ["BENCH_ATTENTIONS", "GENERATE_MIN_REPEATS", "KERNEL_NAMES", "SERIES", "SPE_IMPLS", "bench_markdown", "bench_outputs", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs", "parse_softmax_impls",
+__all__ = ["BENCH_ATTENTIONS", "GENERATE_MIN_REPEATS", "KERNEL_NAMES", "SERIES", "SPE_IMPLS", "bench_markdown", "bench_outputs", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs",
+           "parse_softmax_impls",
            "parse_series", "run_bench", "run_case", "series_name", "summarize_bench", "write_outputs"]
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,8 @@ def parse_decays(text: str | None, default: str = "none") -> list[str]:
 
 
 def parse_softmax_impls(text: str | None) -> list[str]:
-    """``--softmax-impl`` → softmax's paths, e.g. ``"blocks,flex"`` → ["blocks", "flex"]; None or "" gives ["auto"].
+    """``--softmax-impl`` → softmax's paths, e.g. ``"blocks,flex"`` → ["blocks", "flex"]; None or ""
+    gives ["auto"].
 
     Raises:
         ValueError: naming the text when it names no path or one outside
@@ -131,7 +133,8 @@ def parse_softmax_impls(text: str | None) -> list[str]:
         return ["auto"]
     wanted = [w.strip() for w in text.split(",") if w.strip()]
     if not wanted or set(wanted) - set(SOFTMAX_IMPLS):
-        raise ValueError(f"--softmax-impl takes a comma-separated subset of {', '.join(SOFTMAX_IMPLS)}, got {text!r}")
+        raise ValueError(f"--softmax-impl takes a comma-separated subset of {', '.join(SOFTMAX_IMPLS)}, "
+                         f"got {text!r}")
     return list(dict.fromkeys(wanted))
 
 
@@ -289,7 +292,8 @@ def _label(r: dict) -> str:
     decay = record_decay(r)
     path = r.get("softmax_impl", "auto")  # softmax's path when asked for (spe bench --softmax-impl)
     path = "" if path == "auto" else f" [{path}{', fell back' if r.get('softmax_fallback') else ''}]"
-    return f"{r['positional']}{impl} + {r['attention']}{path}" + ("" if decay == "none" else f" + decay {decay}")
+    with_decay = "" if decay == "none" else f" + decay {decay}"
+    return f"{r['positional']}{impl} + {r['attention']}{path}{with_decay}"
 
 
 def summarize_bench(result: dict) -> dict:
@@ -301,8 +305,8 @@ def summarize_bench(result: dict) -> dict:
 
     def series_key(r):
         path = r.get("softmax_impl", "auto")
-        return r["mode"], r["positional"], r["impl"], r["attention"] + ("" if path == "auto" else f":{path}"), \
-            record_decay(r)
+        attention = r["attention"] + ("" if path == "auto" else f":{path}")
+        return r["mode"], r["positional"], r["impl"], attention, record_decay(r)
 
     out: dict = {"exponents": {}, "ratios_to_ape_performer": {}, "targets": {}}
     for key in sorted({series_key(r) for r in recs}):

@@ -19,6 +19,6 @@ from spe.ops.softmax.flex import SOFTMAX_IMPLS, flex_softmax_attention
 from spe.ops.softmax.naive import softmax_attention_reference
 from spe.ops.softmax.recurrent import append_to_cache, prefill_cache, softmax_attention_step
 
-__all__ = ["FOX_QUERY_BLOCK", "SOFTMAX_IMPLS", "append_to_cache", "attend", "check_key_padding_mask", "check_window",
-           "flex_softmax_attention", "prefill_cache", "softmax_attention", "softmax_attention_reference", "softmax_attention_step",
-           "softmax_gates"]
+__all__ = ["FOX_QUERY_BLOCK", "SOFTMAX_IMPLS", "append_to_cache", "attend", "check_key_padding_mask",
+           "check_window", "flex_softmax_attention", "prefill_cache", "softmax_attention",
+           "softmax_attention_reference", "softmax_attention_step", "softmax_gates"]

@@ -32,8 +32,8 @@ from torch import Tensor
 from spe.ops.common.checks import check_window
 from spe.ops.softmax.chunk import check_key_padding_mask, softmax_gates
 
-__all__ = ["SOFTMAX_IMPLS", "auto_flex_failure", "check_softmax_impl", "choose_softmax_impl", "flex_available",
-           "flex_fallback_reason", "flex_softmax_attention", "run_flex"]
+__all__ = ["SOFTMAX_IMPLS", "auto_flex_failure", "check_softmax_impl", "choose_softmax_impl",
+           "flex_available", "flex_fallback_reason", "flex_softmax_attention", "run_flex"]
 
 # 'auto': flex on CUDA for a gate, a window or a score term it takes, the per-block form elsewhere
 # (choose_softmax_impl); 'flex' asks for it (falling back with a warning that says why where it
@@ -68,7 +68,8 @@ def flex_available() -> bool:
 
 
 def _flex_call(flex, q: Tensor, k: Tensor, v: Tensor, *, block_mask, scale: float, c_hi: Tensor | None,
-               c_lo: Tensor | None, slopes: Tensor | None, rel: Tensor | None, rel_low: int, rel_high: int) -> Tensor:
+               c_lo: Tensor | None, slopes: Tensor | None, rel: Tensor | None, rel_low: int,
+               rel_high: int) -> Tensor:
     """``flex`` (FlexAttention) on (B, H, L, ·) tensors with FoX's bias (c_hi, c_lo: (B, H, L), the
     running sum's two float32 parts), distance slopes (H,) and relative scores (B, H, Lq, R),
     column clip(n − m, rel_low, rel_high) − rel_low; each None or not."""
@@ -102,9 +103,9 @@ def flex_fallback_reason(q: Tensor, k: Tensor, v: Tensor, *, log_decay: Tensor |
         q, k, v: the call's (B, Lq, H, D), (B, Lk, H, D), (B, Lk, H, E).
         log_decay: FoX's gate, if any (its gradient counts as one of the inputs').
         score_term: a score term (:class:`~spe.attention.kernels.ScoreTerm`); flex takes one
-            only through its ``flex_arguments(q)`` (distance slopes, relative scores of the queries),
-            not one that forms the scores itself
-            (Shaw's value terms, the SPE oracle, PaTH).
+            only through its ``flex_arguments(q)`` (distance slopes, relative scores of the
+            queries), not one that forms the scores itself (Shaw's value terms, the SPE oracle,
+            PaTH).
 
     Returns:
         A sentence naming the obstacle, or None.
@@ -121,7 +122,8 @@ def flex_fallback_reason(q: Tensor, k: Tensor, v: Tensor, *, log_decay: Tensor |
             t is not None and t.requires_grad for t in (q, k, v, log_decay)):
         return "FlexAttention's backward does not run on the CPU"
     if q.device.type == "cuda" and min(q.shape[-1], v.shape[-1]) < 16:
-        return f"head dimensions below 16 (D = {q.shape[-1]}, E = {v.shape[-1]}): FlexAttention's CUDA kernels need 16"
+        return (f"head dimensions below 16 (D = {q.shape[-1]}, E = {v.shape[-1]}): FlexAttention's CUDA "
+                f"kernels need 16")
     if q.shape[1] == 0 or k.shape[1] == 0:
         return "no queries or no keys"
     return None
@@ -176,9 +178,10 @@ def run_flex(impl: str, call):
     except (ValueError, TypeError, torch.OutOfMemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - a compiler failure of any kind: the per-block form still works
-        _AUTO_FAILURE.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
-        warnings.warn(f"FlexAttention failed ({_AUTO_FAILURE[0]}): softmax_impl='auto' keeps the per-block softmax "
-                      f"in this process", stacklevel=3)
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        _AUTO_FAILURE.append(f"{type(e).__name__}: {first_line}")
+        warnings.warn(f"FlexAttention failed ({_AUTO_FAILURE[0]}): softmax_impl='auto' keeps the per-block "
+                      f"softmax in this process", stacklevel=3)
         return None
 
 
@@ -208,10 +211,10 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
                            max_distance: int | None = None, scale: float | None = None,
                            compile: bool | None = None) -> Tensor:
     """softmax_n(q_m·k_n · scale + b_mn) v_n through FlexAttention, b_mn the sum of FoX's bias
-    Σ_{n<t≤m} G_t, a distance penalty −s_h·|m − n| and a relative score S[m, r(n − m)] (each where given), over the keys kept: n ≤ m when
-    causal, m − n < W with a window, n not padding. Equals
-    :func:`~spe.ops.softmax.chunk.softmax_attention` (with ``log_decay``) and
-    the score encodings' ``attend`` (with their ``flex_arguments``); the float64
+    Σ_{n<t≤m} G_t, a distance penalty −s_h·|m − n| and a relative score S[m, r(n − m)] (each
+    where given), over the keys kept: n ≤ m when causal, m − n < W with a window, n not padding.
+    Equals :func:`~spe.ops.softmax.chunk.softmax_attention` (with ``log_decay``) and the score
+    encodings' ``attend`` (with their ``flex_arguments``); the float64
     reference is :func:`~spe.ops.softmax.naive.softmax_attention_reference`.
 
     Args:
