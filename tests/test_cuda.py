@@ -3,7 +3,8 @@
 Skipped without a GPU (CI has none); run on a lent device machine (docs/bench.md says when).
 The CPU suite already ties every fast path to its float64 O(L²) reference; these tests tie
 the CUDA float32 path to the CPU float64 one, so a CUDA-only branch (PyTorch's fused SDPA,
-cuBLAS reductions, device-side gates) cannot drift unseen.
+cuBLAS reductions, device-side gates, FlexAttention for FoX and the score encodings it takes)
+cannot drift unseen.
 
 Tolerances: float32 carries a relative rounding of 2⁻²⁴ ≈ 6e-8 per operation; a logit here is
 a chain of ~10 reductions over at most d_model = 32 or L ≤ 1,024 terms of order one, so its
@@ -42,6 +43,7 @@ CASES = [
     ("rope", "performer", {}),
     ("shaw", "softmax", {}),
     ("music-relative", "softmax", {}),
+    ("alibi", "softmax", {}),  # on CUDA, as music-relative and FoX: through FlexAttention (softmax_impl auto)
     ("permute", "performer", {"decay": "gated"}),
     ("none", "performer", {"decay": "fixed"}),
     ("none", "performer", {"decay": "gated"}),
