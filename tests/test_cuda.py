@@ -3,7 +3,8 @@
 Skipped without a GPU (CI has none); run on a lent device machine (docs/bench.md says when).
 The CPU suite already ties every fast path to its float64 O(L²) reference; these tests tie
 the CUDA float32 path to the CPU float64 one, so a CUDA-only branch (PyTorch's fused SDPA,
-cuBLAS reductions, device-side gates) cannot drift unseen.
+cuBLAS reductions, device-side gates, FlexAttention for FoX and the score encodings it takes)
+cannot drift unseen.
 
 Tolerances: float32 carries a relative rounding of 2⁻²⁴ ≈ 6e-8 per operation; a logit here is
 a chain of ~10 reductions over at most d_model = 32 or L ≤ 1,024 terms of order one, so its
@@ -42,6 +43,7 @@ CASES = [
     ("rope", "performer", {}),
     ("shaw", "softmax", {}),
     ("music-relative", "softmax", {}),
+    ("alibi", "softmax", {}),  # on CUDA, as music-relative and FoX: through FlexAttention (softmax_impl auto)
     ("permute", "performer", {"decay": "gated"}),
     ("none", "performer", {"decay": "fixed"}),
     ("none", "performer", {"decay": "gated"}),
@@ -182,3 +184,167 @@ def test_cuda_fox_equals_the_float64_sum_with_sharp_attention():
     want = gated_softmax_reference(q, k, v, gates)
     got = softmax_attention(*(t.float().to(DEVICE) for t in (q, k, v)), causal=True, log_decay=gates.float().to(DEVICE))
     torch.testing.assert_close(got.double().cpu(), want, atol=2e-4 * want.abs().max().item(), rtol=0)
+
+
+# FlexAttention (spe.ops.softmax.flex): its backward runs on CUDA only, so these tie it to the
+# per-block form there, forward and backward, and to the float64 CPU sums. Same tolerances as
+# above: both are float32 paths (2e-4 relative on outputs, 1e-3 on gradients, ~L·2⁻²⁴ apart).
+needs_cuda_flex = pytest.mark.skipif(DEVICE.type != "cuda", reason="FlexAttention's backward runs on CUDA only")
+
+
+def _flex_inputs(seed, *, b=2, n=300, h=2, d=32, gated=True):
+    """q, k, v (n = 300: three of FlexAttention's 128-blocks, the last partial) and FoX gates,
+    in float64 on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, n, h, d, generator=g, dtype=torch.float64) for _ in range(3))
+    return q, k, v, (_gates((b, n, h), g) * 0.1 if gated else None)
+
+
+def _grads_of(fn, tensors, weights):
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    (out * weights.to(out)).sum().backward()
+    return out.detach(), [t.grad for t in leaves]
+
+
+def _close(got, want, rel, name):
+    scale = want.abs().max().item() + 1e-12
+    err = (got.double().cpu() - want.double().cpu()).abs().max().item()
+    assert err <= rel * scale, f"{name}: {err:.2e} over {scale:.2e}"
+
+
+@needs_cuda_flex
+@pytest.mark.parametrize("window", [None, 50])
+def test_cuda_flex_fox_equals_the_per_block_form_forward_and_backward(window):
+    from spe.ops.softmax import flex_softmax_attention, softmax_attention_reference
+
+    q, k, v, gates = _flex_inputs(0)
+    w = torch.randn(q.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    inputs = [t.float().to(DEVICE) for t in (q, k, v, gates)]
+    flex, flex_grads = _grads_of(lambda *a: flex_softmax_attention(*a[:3], causal=True, window=window,
+                                                                   log_decay=a[3]), inputs, w)
+    blocks, block_grads = _grads_of(lambda *a: softmax_attention(*a[:3], causal=True, window=window,
+                                                                 log_decay=a[3]), inputs, w)
+    ref, ref_grads = _grads_of(lambda *a: softmax_attention_reference(*a[:3], causal=True, window=window,
+                                                                      log_decay=a[3]), [q, k, v, gates], w)
+    _close(flex, blocks, 2e-4, "output vs per-block")
+    _close(flex, ref, 2e-4, "output vs float64")
+    for name, a, bl, r in zip(("q", "k", "v", "log_decay"), flex_grads, block_grads, ref_grads):
+        _close(a, bl, 1e-3, f"d{name} vs per-block")
+        _close(a, r, 1e-3, f"d{name} vs float64")
+
+
+@needs_cuda_flex
+def test_cuda_flex_fox_gradients_over_a_running_sum_of_ten_thousand_nats():
+    """The gate's two float32 parts (spe.ops.softmax.flex) in backward: a −10⁴ gate early on."""
+    from spe.ops.softmax import flex_softmax_attention, softmax_attention_reference
+
+    q, k, v, gates = _flex_inputs(1)
+    gates[:, 1] = -1e4
+    w = torch.randn(q.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    flex, grads = _grads_of(lambda *a: flex_softmax_attention(*a[:3], causal=True, log_decay=a[3]),
+                            [t.float().to(DEVICE) for t in (q, k, v, gates)], w)
+    ref, ref_grads = _grads_of(lambda *a: softmax_attention_reference(*a[:3], causal=True, log_decay=a[3]),
+                               [q, k, v, gates], w)
+    _close(flex, ref, 2e-4, "output")
+    for name, a, r in zip(("q", "k", "v", "log_decay"), grads, ref_grads):
+        _close(a, r, 1e-3, f"d{name}")
+
+
+@needs_cuda_flex
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_flex_distance_slopes_equal_the_score_encoding_forward_and_backward(causal):
+    from spe.encodings.alibi import ALiBi
+    from spe.ops.softmax import flex_softmax_attention
+
+    q, k, v, _ = _flex_inputs(2, gated=False)
+    term = ALiBi(q.shape[2], causal=causal).to(DEVICE)
+    w = torch.randn(q.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    inputs = [t.float().to(DEVICE) for t in (q, k, v)]
+    flex, grads = _grads_of(lambda *a: flex_softmax_attention(*a, **term.flex_arguments(a[0])), inputs, w)
+    blocks, block_grads = _grads_of(lambda *a: term.attend(*a), inputs, w)
+    _close(flex, blocks, 2e-4, "output")
+    for name, a, bl in zip("qkv", grads, block_grads):
+        _close(a, bl, 1e-3, f"d{name}")
+
+
+@needs_cuda_flex
+@pytest.mark.parametrize("causal", [True, False])
+def test_cuda_flex_relative_scores_equal_the_score_encoding_forward_and_backward(causal):
+    """Relative key embeddings (k = 20 over 300 positions) through the score_mod: the gradient
+    reaches q both directly and through the table's scores, and the embeddings."""
+    from spe.encodings.music_relative import MusicRelativePosition
+    from spe.ops.softmax import flex_softmax_attention
+
+    q, k, v, _ = _flex_inputs(4, gated=False)
+    term = MusicRelativePosition(q.shape[2], q.shape[3], 20, causal=causal).to(DEVICE)
+    with torch.no_grad():
+        term.embeddings.normal_()
+    w = torch.randn(q.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    inputs = [t.float().to(DEVICE) for t in (q, k, v)]
+    flex, grads = _grads_of(lambda *a: flex_softmax_attention(*a, **term.flex_arguments(a[0])), inputs, w)
+    table_grad = term.embeddings.grad.clone()
+    term.embeddings.grad = None
+    blocks, block_grads = _grads_of(lambda *a: term.attend(*a), inputs, w)
+    _close(flex, blocks, 2e-4, "output")
+    for name, a, bl in zip("qkv", grads, block_grads):
+        _close(a, bl, 1e-3, f"d{name}")
+    _close(table_grad, term.embeddings.grad, 1e-3, "dembeddings")
+
+
+@needs_cuda_flex
+def test_cuda_fox_model_routes_through_flex_and_equals_the_per_block_model(monkeypatch):
+    """A whole FoX model (softmax + decay gated) through the layer's dispatch: softmax_impl
+    'auto' takes FlexAttention on CUDA (counted), and its loss and every gradient equal those of
+    the same model with 'blocks'."""
+    import spe.attention.kernels as kernels
+    from spe.attention.kernels import set_softmax_impl
+
+    calls = []
+    real = kernels.flex_softmax_attention
+    monkeypatch.setattr(kernels, "flex_softmax_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    flex = _model("none", "softmax", {"decay": "gated"}).to(DEVICE).train()
+    blocks = copy.deepcopy(flex)
+    set_softmax_impl(blocks, "blocks")
+    losses = []
+    for model in (flex, blocks):
+        loss = model.loss(TOKENS.to(DEVICE))
+        loss.backward()
+        losses.append(loss.item())
+    from spe.ops.softmax.flex import auto_flex_failure
+
+    assert auto_flex_failure() is None  # flex ran (no fallback after a compiler error)
+    assert len(calls) == 2  # two layers, once each; none for the per-block model
+    assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1])
+    for (name, a), b in zip(flex.named_parameters(), blocks.parameters()):
+        assert (a.grad is None) == (b.grad is None), name
+        if a.grad is not None:
+            _close(a.grad, b.grad, 1e-3, name)
+
+
+@needs_cuda_flex
+def test_cuda_flex_bf16_stays_within_bf16_rounding_of_the_float64_sums():
+    from spe.ops.softmax import flex_softmax_attention, softmax_attention_reference
+
+    q, k, v, gates = _flex_inputs(3)
+    got = flex_softmax_attention(*(t.to(DEVICE, torch.bfloat16) for t in (q, k, v)), causal=True,
+                                 log_decay=gates.float().to(DEVICE))
+    assert got.dtype == torch.bfloat16
+    _close(got, softmax_attention_reference(q, k, v, causal=True, log_decay=gates), 3e-2, "bf16 output")
+
+
+@needs_cuda_flex
+def test_cuda_auto_takes_flex_for_what_the_fused_causal_kernel_cannot_do_only():
+    from spe.encodings.alibi import ALiBi
+    from spe.ops.softmax.flex import choose_softmax_impl
+
+    q = torch.zeros(1, 256, 2, 32, device=DEVICE)
+    gate = torch.zeros(1, 256, 2, device=DEVICE)
+    assert choose_softmax_impl("auto", q, q, q) == "blocks"  # plain causal: PyTorch's fused kernel
+    assert choose_softmax_impl("auto", q, q, q, window=256) == "blocks"  # a window as long as the sequence
+    assert choose_softmax_impl("auto", q, q, q, window=64) == "flex"
+    assert choose_softmax_impl("auto", q, q, q, log_decay=gate) == "flex"
+    assert choose_softmax_impl("auto", q, q, q, score_term=ALiBi(2)) == "flex"
+    assert choose_softmax_impl("auto", q, q, q, score_term=object()) == "blocks"  # forms its scores itself
+    assert choose_softmax_impl("flex", q, q, q) == "flex"
+    assert choose_softmax_impl("auto", q.double(), q.double(), q.double(), log_decay=gate) == "blocks"

@@ -52,6 +52,7 @@ from spe.ops.decay.forms import ChannelGate, ConstantDecay, ScalarGate, given_fo
 from spe.ops.linear import kernel_dtype, unchecked_causal_linear_attention_with_state, unchecked_linear_attention
 from spe.ops.recurrent import append_to_cache, prefill_cache, softmax_attention_step, unchecked_linear_attention_step
 from spe.ops.softmax import check_key_padding_mask, softmax_attention
+from spe.ops.softmax.flex import check_softmax_impl, choose_softmax_impl, flex_softmax_attention, run_flex
 from spe.ops.common.state import (
     KVCache,
     LinearAttentionState,
@@ -61,7 +62,8 @@ from spe.ops.common.state import (
 )
 
 __all__ = ["DECAY_FORMS", "KERNELS", "KERNEL_PLACES", "FeatureTransform", "KernelFeatures", "KernelOptions",
-           "KernelSpec", "ScoreTerm", "decay_form", "kernel_features", "kernel_spec", "numerator_transform_kernels"]
+           "KernelSpec", "ScoreTerm", "decay_form", "kernel_features", "kernel_spec",
+           "numerator_transform_kernels", "set_softmax_impl"]
 
 # Where a positional encoding may act, as the positional registry names the places
 # (spe.encodings.registry.PLACES): added to tokens, transforming queries/keys (RoPE: after a
@@ -144,6 +146,11 @@ class KernelOptions:
             (Mamba2; softmax: FoX), key n weighing exp(Σ_{n<t≤m} G_t) at query m; or
             (B, L, H, M) a gate per feature channel of φ (GLA); None: none. Taken by the
             kernels whose ``KernelSpec.decays`` name its form.
+        softmax_impl: softmax's parallel path, one of :data:`~spe.ops.softmax.flex.SOFTMAX_IMPLS`:
+            ``auto`` (FlexAttention on CUDA for FoX's gate, a window and the score terms it
+            takes, :mod:`spe.ops.softmax.flex`; the per-block form elsewhere), ``flex`` (asked for;
+            falls back with a warning saying why where it cannot run) or ``blocks`` (the
+            per-block form, the CPU's and the reference). Other kernels ignore it.
     """
 
     causal: bool = True
@@ -152,6 +159,7 @@ class KernelOptions:
     key_padding_mask: Tensor | None = None
     score_term: ScoreTerm | None = None
     decay: Tensor | None = None
+    softmax_impl: str = "auto"
 
 
 FeatureMap = Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor, Tensor | None]]
@@ -288,6 +296,14 @@ def kernel_features(spec: KernelSpec, q: Tensor, k: Tensor, *, projection: Tenso
 
 
 def _softmax_parallel(f: KernelFeatures, v: Tensor, o: KernelOptions) -> Tensor:
+    if choose_softmax_impl(o.softmax_impl, f.q, f.k, v, log_decay=o.decay, score_term=o.score_term,
+                           window=o.window) == "flex":
+        extra = {} if o.score_term is None else o.score_term.flex_arguments(f.q)
+        out = run_flex(o.softmax_impl, lambda: flex_softmax_attention(
+            f.q, f.k, v, **{"causal": o.causal, "window": o.window, "key_padding_mask": o.key_padding_mask,
+                            "log_decay": o.decay, **extra}))
+        if out is not None:
+            return out
     if o.score_term is not None:
         if o.key_padding_mask is not None:
             check_key_padding_mask(o.key_padding_mask, f.k)
@@ -380,6 +396,20 @@ KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (
                _elementwise(_identity), *_UNNORMALISED, _LINEAR_STATES, decays=_ALL_DECAYS,
                normalizer_features=False, normalizer_free=True),
 )}
+
+
+def set_softmax_impl(module, impl: str) -> int:
+    """Sets ``softmax_impl`` (:class:`KernelOptions`) on every attention layer in ``module``
+    (a model or a layer) and returns how many it set.
+
+    Raises:
+        ValueError: on an unknown ``impl`` (:func:`~spe.ops.softmax.flex.check_softmax_impl`).
+    """
+    check_softmax_impl(impl)
+    layers = [m for m in module.modules() if hasattr(m, "softmax_impl") and hasattr(m, "kernel")]
+    for layer in layers:
+        layer.softmax_impl = impl
+    return len(layers)
 
 
 def numerator_transform_kernels() -> list[str]:

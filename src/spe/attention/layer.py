@@ -51,6 +51,7 @@ from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retne
 from spe.ops.common.feature_maps import orthogonal_random_features
 from spe.ops.linear import kernel_dtype
 from spe.ops.softmax import check_key_padding_mask, check_window, gate_bias, softmax_gates
+from spe.ops.softmax.flex import check_softmax_impl
 from spe.ops.common.state import AttentionState, check_state_window
 
 __all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "POSITIONAL_ROLES", "LayerState",
@@ -196,6 +197,11 @@ class MultiHeadAttention(nn.Module):
             previous position's (decoding then carries them, :class:`~spe.attention.pro.ShiftState`);
             the per-head RMS norm of the output (``output_norm`` below) for kernels that do not
             have it (``linear`` always has it).
+        softmax_impl: softmax's parallel path (:class:`~spe.attention.kernels.KernelOptions`):
+            ``auto`` (FlexAttention on CUDA for FoX's gate, a window or a score term it takes,
+            :mod:`spe.ops.softmax.flex`), ``flex`` or ``blocks``; settable later
+            (``spe.attention.kernels.set_softmax_impl``).
+            Other kernels ignore it.
 
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
@@ -207,7 +213,7 @@ class MultiHeadAttention(nn.Module):
             ``short_conv`` that is not 0 or an int ≥ 2; ``num_realizations`` that is not a
             positive int, given without an SPE filter, or left out with SPE and decay
             ``gated-channel`` (whose gate is built for R channels); a FoX-Pro option that is
-            not a bool.
+            not a bool; an unknown ``softmax_impl``.
         TypeError: for a ``positional`` module that is no
             :class:`~spe.encodings.spec.LayerEncoding` (:func:`positional_role`).
 
@@ -222,8 +228,9 @@ class MultiHeadAttention(nn.Module):
                  num_realizations: int | None = None, num_features: int = 64,
                  chunk_size: int = 64, window: int | None = None, decay: str = NO_DECAY,
                  short_conv: int = 0, output_gate: bool = False, qk_norm: bool = False,
-                 kv_shift: bool = False, output_norm: bool = False) -> None:
+                 kv_shift: bool = False, output_norm: bool = False, softmax_impl: str = "auto") -> None:
         super().__init__()
+        self.softmax_impl = check_softmax_impl(softmax_impl)
         # the one positional hook: the module's kind says where it acts; it is kept under the
         # attribute of that place (the state-dict keys: spe_filter.*, rotary.*, ...)
         role = positional_role(positional)
@@ -480,7 +487,8 @@ class MultiHeadAttention(nn.Module):
             term = module.score_term(context, decay if module.takes_gate else None)
             decay = None if module.takes_gate else decay
         return KernelOptions(causal=self.causal, window=self.window, chunk_size=self.chunk_size,
-                             key_padding_mask=key_padding_mask, score_term=term, decay=decay)
+                             key_padding_mask=key_padding_mask, score_term=term, decay=decay,
+                             softmax_impl=getattr(self, "softmax_impl", "auto"))  # layers pickled before it
 
     def _output(self, y: Tensor, x: Tensor | None = None) -> Tensor:
         """The kernel's output (B, L, H, D) → the layer's (B, L, C): the RMS norm of normaliser-free

@@ -63,6 +63,12 @@ class ALiBi(ScoreEncoding):
         bias = self.bias(q.shape[1], num_keys, query_offset=query_offset).to(q.device, q.dtype)
         return bias.expand(q.shape[0], *bias.shape)
 
+    def flex_arguments(self, q: Tensor) -> dict:
+        """This term for queries q (B, L, H, D) (unused) as keyword arguments of
+        :func:`~spe.ops.softmax.flex.flex_softmax_attention` (its slopes and causality), which
+        then equals :meth:`attend` at ``query_offset`` 0."""
+        return {"distance_slopes": self.slopes, "causal": self.causal}
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0,
                key_padding_mask: Tensor | None = None) -> Tensor:
         """Args: q (B, Lq, H, D) at positions query_offset …; k, v (B, Lk, H, D); key_padding_mask

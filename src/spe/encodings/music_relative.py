@@ -70,6 +70,17 @@ class MusicRelativePosition(ScoreEncoding):
         rel = (torch.arange(num_keys, device=q.device)[None, :] - i).clamp(low, high) - low  # (Lq, Lk) columns
         return per_rel.gather(3, rel.expand(*per_rel.shape[:2], lq, num_keys)) / q.shape[-1] ** 0.5
 
+    def flex_arguments(self, q: Tensor) -> dict:
+        """This term for queries q (B, L, H, D) at positions 0 … L − 1 as keyword arguments of
+        :func:`~spe.ops.softmax.flex.flex_softmax_attention`: the relative scores q_m·e_r/√D
+        (B, L, H, R), r = −k … 0 (causal) or −k … k, in at least float32 (O(L·R) memory), k and
+        causality; FlexAttention then equals :meth:`attend`."""
+        k = self.max_distance
+        table = self._table(-k, 0 if self.causal else k)  # (R, H, D)
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        scores = torch.einsum("bmhd,rhd->bmhr", q.to(dtype), table.to(dtype)) / q.shape[-1] ** 0.5
+        return {"relative_scores": scores, "max_distance": k, "causal": self.causal}
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, query_offset: int = 0,
                key_padding_mask: Tensor | None = None) -> Tensor:
         """Softmax attention with relative key terms.

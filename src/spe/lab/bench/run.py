@@ -22,9 +22,10 @@ from spe.attention.kernels import KERNELS
 from spe.lab.bench.peers import PEER_ATTENTIONS
 from spe.lab.bench.tables import longest_lines, model_lines
 from spe.lab.bench.targets import find_record, record_decay, takes_decay, targets_markdown
-from spe.encodings.registry import positional_names
+from spe.encodings.registry import positional_names, positional_spec
 
 __all__ = ["BENCH_ATTENTIONS", "GENERATE_MIN_REPEATS", "KERNEL_NAMES", "SERIES", "SPE_IMPLS", "bench_markdown", "bench_outputs", "layer_flops", "matmul_gflops", "parse_decays", "parse_pairs",
+           "parse_softmax_impls",
            "parse_series", "run_bench", "run_case", "series_name", "summarize_bench", "write_outputs"]
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,25 @@ def parse_decays(text: str | None, default: str = "none") -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
+def parse_softmax_impls(text: str | None) -> list[str]:
+    """``--softmax-impl`` → softmax's paths, e.g. ``"blocks,flex"`` → ["blocks", "flex"]; None or ""
+    gives ["auto"].
+
+    Raises:
+        ValueError: naming the text when it names no path or one outside
+            :data:`spe.ops.softmax.flex.SOFTMAX_IMPLS`.
+    """
+    from spe.ops.softmax.flex import SOFTMAX_IMPLS
+
+    if not text:
+        return ["auto"]
+    wanted = [w.strip() for w in text.split(",") if w.strip()]
+    if not wanted or set(wanted) - set(SOFTMAX_IMPLS):
+        raise ValueError(f"--softmax-impl takes a comma-separated subset of {', '.join(SOFTMAX_IMPLS)}, "
+                         f"got {text!r}")
+    return list(dict.fromkeys(wanted))
+
+
 def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
     """This machine's float32 matmul rate (GFLOP/s, median of ``repeats``)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
@@ -176,7 +196,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
               device: str = "cpu", threads: int = 0, progress: bool = True, model: dict | None = None,
               vocab_size: int = 300, model_batch: int = 8,
               pairs: list[tuple[str, str, str]] | None = None, decay: str | list[str] = "none",
-              precision: str = "fp32") -> dict:
+              precision: str = "fp32", softmax_impls: list[str] | None = None) -> dict:
     """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
 
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
@@ -196,6 +216,10 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     same run, so that decay costs read as ratios; softmax and other packages' cases run once,
     without (they take none). Every record carries its ``decay``. ``precision`` (``fp32``,
     ``bf16``, ``fp16``) is the autocast of the timed work (:mod:`spe.lab.train.precision`).
+    ``softmax_impls`` (:data:`~spe.ops.softmax.flex.SOFTMAX_IMPLS`; default ``["auto"]``) multiplies
+    the softmax cases as ``decay`` does the linear ones: each is measured once per path
+    (FlexAttention or the per-block form, :mod:`spe.ops.softmax.flex`), the record carrying its
+    ``softmax_impl`` (and ``softmax_fallback`` where a forced flex fell back).
     """
     decays = list(dict.fromkeys([decay] if isinstance(decay, str) else decay))
     series = series or SERIES
@@ -209,16 +233,19 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
             if (dec == "none" or takes_decay(att, dec)) and not (mode != "train" and impl == "reference")
             and not (pos in SCORE_ENCODINGS and att != "softmax")
             and not (pos in FEATURE_ENCODINGS and att == "softmax")
-            and not (att in PEER_ATTENTIONS and (mode != "train" or pos not in ("ape", "none")))]
+            and not (att in PEER_ATTENTIONS and (mode != "train" or pos not in ("ape", "none")))
+            and not (dec != "none" and pos in SCORE_ENCODINGS and not positional_spec(pos).takes_gate)]
+    impls = list(dict.fromkeys(softmax_impls or ["auto"]))
+    plan = [(*p, si) for p in plan for si in (impls if p[3] == "softmax" else ["auto"])]
     total = len(plan) * len(lengths)
     records = []
     done = 0
-    for mode, pos, impl, att, dec in plan:
+    for mode, pos, impl, att, dec, si in plan:
         prev = None
         for n in sorted(lengths):
             done += 1
             case = {**common, "mode": mode, "positional": pos, "impl": impl, "attention": att, "length": n,
-                    "decay": dec}
+                    "decay": dec, **({} if si == "auto" else {"softmax_impl": si})}
             if mode == "generate":
                 case["repeats"] = max(repeats, GENERATE_MIN_REPEATS)
             if mode == "model":
@@ -235,7 +262,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
             records.append(result)
             if progress:
                 state = result.get("skipped") or f"{result['median_ms']:.1f} ms, {result['peak_mb']:.0f} MB"
-                with_decay = "" if dec == "none" else f" decay {dec}"
+                with_decay = ("" if dec == "none" else f" decay {dec}") + ("" if si == "auto" else f" [{si}]")
                 print(f"[{done}/{total}] {mode:8s} {pos:8s} {impl:9s} {att:9s}{with_decay} N={n:<6d} {state}",
                       file=sys.stderr, flush=True)
     return {"records": records, "matmul_gflops": matmul_gflops(), "config": common, "lengths": lengths}
@@ -264,7 +291,10 @@ def _label(r: dict) -> str:
     else:
         impl = "" if r["impl"] in ("-", "fft") else f" ({r['impl']})"
     decay = record_decay(r)
-    return f"{r['positional']}{impl} + {r['attention']}" + ("" if decay == "none" else f" + decay {decay}")
+    path = r.get("softmax_impl", "auto")  # softmax's path when asked for (spe bench --softmax-impl)
+    path = "" if path == "auto" else f" [{path}{', fell back' if r.get('softmax_fallback') else ''}]"
+    with_decay = "" if decay == "none" else f" + decay {decay}"
+    return f"{r['positional']}{impl} + {r['attention']}{path}{with_decay}"
 
 
 def summarize_bench(result: dict) -> dict:
@@ -275,7 +305,9 @@ def summarize_bench(result: dict) -> dict:
         return find_record(recs, mode, pos, impl, att, n)
 
     def series_key(r):
-        return r["mode"], r["positional"], r["impl"], r["attention"], record_decay(r)
+        path = r.get("softmax_impl", "auto")
+        attention = r["attention"] + ("" if path == "auto" else f":{path}")
+        return r["mode"], r["positional"], r["impl"], attention, record_decay(r)
 
     out: dict = {"exponents": {}, "ratios_to_ape_performer": {}, "targets": {}}
     for key in sorted({series_key(r) for r in recs}):

@@ -12,6 +12,7 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 
@@ -91,7 +92,8 @@ def build(case: dict, device: torch.device | str = "cpu"):
         layer = MultiHeadAttention(config.d_model, config.num_heads, attention=config.attention, causal=True,
                                    num_realizations=config.num_realizations if spec.stochastic else None,
                                    num_features=config.num_features, chunk_size=config.chunk_size,
-                                   decay=config.decay, positional=layer_module)
+                                   decay=config.decay, positional=layer_module,
+                                   softmax_impl=case.get("softmax_impl", "auto"))
     return tuple(None if m is None else m.to(device) for m in (layer, encoding, ape))
 
 
@@ -249,6 +251,21 @@ def _timed(run, case: dict, device: torch.device) -> dict:
             "times_ms": [1000 * t for t in times], "base_mb": base if device.type != "cuda" else base / 2**20}
 
 
+def measure_recording_fallbacks(measure, case: dict, device: torch.device) -> dict:
+    """``measure(case, device)``'s record, with ``softmax_fallback``: the warning of a forced
+    FlexAttention that fell back to the per-block form (``spe bench --softmax-impl flex``), so
+    that no row names a path it did not take. Other warnings are shown as usual."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = measure(case, device)
+    for w in caught:
+        if "falls back to the per-block softmax" in str(w.message):
+            result["softmax_fallback"] = str(w.message)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return result
+
+
 def main() -> None:
     case = json.loads(sys.argv[1])
     torch.set_num_threads(case.get("threads") or torch.get_num_threads())
@@ -256,7 +273,7 @@ def main() -> None:
     measure = {"train": measure_train, "generate": measure_generate, "prefill": measure_prefill,
                "model": measure_model}[case["mode"]]
     try:
-        result = measure(case, device)
+        result = measure_recording_fallbacks(measure, case, device)
     except ImportError as e:  # an optional peer package (spe.lab.bench.peers) is not installed
         if case["attention"] not in PEER_ATTENTIONS:
             raise

@@ -185,7 +185,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from spe.lab.bench.peers import PEER_ATTENTIONS
     from spe.lab.bench.run import (BENCH_ATTENTIONS, KERNEL_NAMES, MODES, bench_outputs, parse_decays, parse_pairs, parse_series,
-                               run_bench, summarize_bench, write_outputs)
+                               parse_softmax_impls, run_bench, summarize_bench, write_outputs)
     from spe.lab.train.config import load_config_file, packaged_config
     from spe.lab.train.precision import check_precision
 
@@ -208,6 +208,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         decays = parse_decays(args.decay, model.get("decay", "none"))
         check_precision(args.precision, args.device.split(":")[0])
+        softmax_impls = parse_softmax_impls(args.softmax_impl)
     except ValueError as e:
         raise UsageError(str(e)) from None
     out, json_path = bench_outputs(args.out, args.json)  # checked before measuring, not at the final write
@@ -218,7 +219,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            attentions=attentions or BENCH_ATTENTIONS, batch=args.batch_size,
                            num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
                            device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs,
-                           decay=decays, precision=args.precision)
+                           decay=decays, precision=args.precision, softmax_impls=softmax_impls)
     if "model" in modes or args.longest:
         result.update(_bench_model(args, model, model_series, attentions, decays))
     if result["matmul_gflops"] is None:
@@ -380,6 +381,10 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--decay", metavar="DECAYS", help=f"decay modes ({', '.join(names['decay'])}), each measured "
                    "for every case whose kernel takes it in one run, e.g. none,fixed: RoPE and RoPE + decay side by "
                    "side as ratios to APE without decay (default: the --config's, none)")
+    p.add_argument("--softmax-impl", default="auto", metavar="IMPLS",
+                   help="softmax's paths (auto, flex, blocks), each measured for every softmax case of the layer "
+                        "modes, e.g. blocks,flex: FlexAttention beside the per-block form (FoX with --decay gated, "
+                        "the score encodings with a flex form, windows; flex's backward needs CUDA) (default auto)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--compile", action="store_true",
                    help="--modes model: also measure every encoding with torch.compile (rows marked compiled)")
