@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The CUDA check behind docs/bench.md's "On CUDA" sections: the test suite on the GPU, then
-# one `spe bench` of single layers and the learned-time model table. Run from the repository
-# root on a machine with a GPU and the device image's PyTorch; OUT (default runs/cuda) gets the
-# logs and JSON. Extra wheels (music21, miditok, ...) may sit in .whl/ (see docs/bench.md).
+# The CUDA check behind docs/bench.md's "On CUDA" sections: one `spe bench` of single layers
+# (the linear kernels with and without the gate; softmax through FlexAttention and through the
+# per-block form), the layer profile with torch.compile against eager, then the test suite on the
+# GPU. Run from the repository root on a machine with a GPU and the device image's PyTorch; OUT
+# (default runs/cuda) gets the logs and JSON. Extra wheels (music21, miditok, ...) may sit in
+# .whl/ (see docs/bench.md).
 set -uo pipefail
 OUT=${OUT:-runs/cuda}
 mkdir -p "$OUT"
@@ -14,14 +16,15 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])" | tee -a "$OUT/gpu.txt"
 SECONDS=0
-timeout "${SUITE_TIMEOUT:-200}" python3 -m pytest -q -n 16 -p no:cacheprovider tests > "$OUT/suite.log" 2>&1
-echo "suite: exit $? in ${SECONDS}s" | tee -a "$OUT/gpu.txt"; tail -5 "$OUT/suite.log"
-SECONDS=0
-timeout 150 python3 -m spe bench --device cuda --modes train,generate --lengths 2048,16384 \
-  --pairs ape+performer,sinespe+performer,convspe+performer,convspe:direct+performer,none+softmax,path+softmax \
-  --decay none,gated --repeats 5 --budget-s 20 --no-progress --out /tmp/cuda-bench > "$OUT/bench.log" 2>&1
+timeout "${BENCH_TIMEOUT:-240}" python3 -m spe bench --device cuda --modes train --lengths 2048,16384 \
+  --pairs ape+performer,sinespe+performer,convspe+performer,convspe:materialized+performer,none+softmax \
+  --decay none,gated --softmax-impl blocks,flex --repeats 3 --budget-s 10 --no-progress --out "$OUT/bench" \
+  > "$OUT/bench.log" 2>&1
 echo "bench: exit $? in ${SECONDS}s" | tee -a "$OUT/gpu.txt"; tail -3 "$OUT/bench.log"
-cp /tmp/cuda-bench/bench.json "$OUT/bench.json" 2>/dev/null; cat /tmp/cuda-bench/*.md > "$OUT/bench.md" 2>/dev/null
 SECONDS=0
-timeout 60 python3 tools/analysis/learned_time_cost.py > "$OUT/learned_time_cost.jsonl" 2>&1
-echo "learned-time cost: exit $? in ${SECONDS}s" | tee -a "$OUT/gpu.txt"; cat "$OUT/learned_time_cost.jsonl"
+timeout "${PROFILE_TIMEOUT:-120}" python3 tools/analysis/layer_profile.py --device cuda --length 16384 \
+  --pairs ape+performer,sinespe+performer --repeats 3 > "$OUT/layer_profile.txt" 2>&1
+echo "profile: exit $? in ${SECONDS}s" | tee -a "$OUT/gpu.txt"; grep '^{' "$OUT/layer_profile.txt"
+SECONDS=0
+timeout "${SUITE_TIMEOUT:-230}" python3 -m pytest -q -n 16 -p no:cacheprovider tests > "$OUT/suite.log" 2>&1
+echo "suite: exit $? in ${SECONDS}s" | tee -a "$OUT/gpu.txt"; tail -5 "$OUT/suite.log"
