@@ -68,15 +68,16 @@ def flex_available() -> bool:
 
 
 def _flex_call(flex, q: Tensor, k: Tensor, v: Tensor, *, block_mask, scale: float, c_hi: Tensor | None,
-               c_lo: Tensor | None, slopes: Tensor | None, rel: Tensor | None, rel_low: int,
-               rel_high: int) -> Tensor:
+               c_hi_keys: Tensor | None, c_lo: Tensor | None, slopes: Tensor | None, rel: Tensor | None,
+               rel_low: int, rel_high: int) -> Tensor:
     """``flex`` (FlexAttention) on (B, H, L, ·) tensors with FoX's bias (c_hi, c_lo: (B, H, L), the
-    running sum's two float32 parts), distance slopes (H,) and relative scores (B, H, Lq, R),
-    column clip(n − m, rel_low, rel_high) − rel_low; each None or not."""
+    running sum's two float32 parts; c_hi_keys: a copy of c_hi read at the keys), distance slopes
+    (H,) and relative scores (B, H, Lq, R), column clip(n − m, rel_low, rel_high) − rel_low; each
+    None or not."""
 
     def score_mod(score, batch, head, q_idx, kv_idx):
         if c_hi is not None:
-            score = score + ((c_hi[batch, head, q_idx] - c_hi[batch, head, kv_idx])
+            score = score + ((c_hi[batch, head, q_idx] - c_hi_keys[batch, head, kv_idx])
                              + (c_lo[batch, head, q_idx] - c_lo[batch, head, kv_idx]))
         if slopes is not None:
             score = score - slopes[head] * (q_idx - kv_idx).abs()
@@ -268,7 +269,7 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
                              "its last real token)")
         check_key_padding_mask(key_padding_mask, k)
         padding = key_padding_mask.to(q.device)
-    c_hi = c_lo = slopes = None
+    c_hi = c_hi_keys = c_lo = slopes = None
     if log_decay is not None:
         if not causal or lk != lq:
             raise ValueError(f"a forget gate (log_decay) needs causal attention with as many queries as keys, got "
@@ -277,6 +278,9 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
         c_hi = c.to(torch.float32).contiguous()
         # the remainder is a constant: c's gradient flows through c_hi alone (∂c_hi/∂c = 1)
         c_lo = (c - c_hi.to(torch.float64)).detach().to(torch.float32).contiguous()
+        # compiled FlexAttention (PyTorch 2.11 on an H100) refuses to differentiate a captured
+        # tensor indexed twice in score_mod: the keys read their own copy, autograd sums the two
+        c_hi_keys = c_hi.clone()
     if distance_slopes is not None:
         if distance_slopes.shape != (h,):
             raise ValueError(f"distance_slopes must be (num_heads,) = ({h},), got {tuple(distance_slopes.shape)}")
@@ -299,7 +303,7 @@ def flex_softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tr
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
         q, k, v_in = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
         out = run(module.flex_attention, q, k, v_in, block_mask=block_mask,
-                  scale=1.0 / math.sqrt(d) if scale is None else scale, c_hi=c_hi, c_lo=c_lo, slopes=slopes,
+                  scale=1.0 / math.sqrt(d) if scale is None else scale, c_hi=c_hi, c_hi_keys=c_hi_keys, c_lo=c_lo, slopes=slopes,
                   rel=rel, rel_low=low, rel_high=high)
     return out.transpose(1, 2).to(v.dtype)
 
