@@ -77,6 +77,11 @@ def cmd_write(args) -> int:
                                         *(["--data", args.data] if args.data else [])])
     records, meta = sweep_study(load_plan(args.plan), args.runs, study=args.study, corpus=args.corpus,
                                 command=command)
+    if args.steps:  # only the rows that ran, at the steps they ran
+        ran = {r["variant"] for r in records}
+        meta = {**meta, "steps": args.steps, "rows": {n: r for n, r in meta["rows"].items() if n in ran}}
+    if args.title:
+        meta = {**meta, "title": args.title}
     for path in write_study(args.data_dir, records, meta):
         print(f"wrote {path}")
     return 0
@@ -129,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--corpus", required=True, help="e.g. 'Bach chorales' or music21:palestrina/2")
     w.add_argument("--data", help="the sweep's --data, if any (written into the command)")
     w.add_argument("--command", help="the command that made the runs (default: spe sweep with these options)")
+    w.add_argument("--title", help="the table's title (default: the plan's)")
+    w.add_argument("--steps", type=int, help="the runs' steps where --steps overrode the plan's (the 4x point)")
     w.add_argument("--data-dir", default=str(DATA))
     s = sub.add_parser("write-synth", help="a spe synth --plan folder -> docs/data/STUDY.jsonl and meta")
     s.add_argument("--runs", required=True, help="the plan's --out folder (OUT/ROW/seedK/result.json)")
