@@ -186,6 +186,9 @@ def test_the_longer_budget_command_repeats_the_four_best_validation_rows_at_4x_t
     meta["command"] = "spe sweep --plan toy --out runs/toy --data music21:palestrina/2"
     assert tool.four_best_command(records, meta, k=2) == (
         "spe sweep --plan toy --only a,d --steps 2000 --out runs/toy-4x --data music21:palestrina/2")
+    # a note after the command, as the committed studies record (an apostrophe in it is prose)
+    meta["command"] += "   # runners side by side; then the rule's repeats"
+    assert tool.four_best_command(records, meta, k=2).endswith("--out runs/toy-4x --data music21:palestrina/2")
 
 
 def test_blocks_are_found_by_name():

@@ -115,7 +115,8 @@ def four_best_command(records: list[dict], meta: dict, *, k: int = 4, factor: in
             bucket.setdefault(r["variant"], []).append(r["value"])
     last = shown_buckets(list(values), meta["metric"], meta["train_length"])[-1]
     rows = top_rows(values[last], meta["metric"], k)
-    parts = shlex.split(meta["command"])
+    # the recorded command may carry a shell comment with prose after it (apostrophes included)
+    parts = shlex.split(meta["command"], comments=True)
     out = parts[parts.index("--out") + 1] if "--out" in parts else f"runs/{meta['study']}"
     data = ["--data", parts[parts.index("--data") + 1]] if "--data" in parts else []
     return shlex.join(["spe", "sweep", "--plan", meta["plan"], "--only", ",".join(rows),
