@@ -337,7 +337,7 @@ def test_every_learned_time_row_states_the_window_it_trains_with(tmp_path, plan_
 
 @pytest.mark.parametrize("plan_name", ["learned-time", "learned-time-palestrina"])
 def test_the_data_dependent_rows_state_their_window_and_mechanism(plan_name):
-    """Issue 39's rows: each description states the whole past as its window, and each model
+    """The learned-time rows: each description states the whole past as its window, and each model
     names the mechanism its row tests."""
     variants = load_plan(plan_name).variants
     rows = {name: {"description": v["description"], "model": v["train"]["model"]}
