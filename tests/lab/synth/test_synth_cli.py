@@ -173,3 +173,18 @@ def test_long_test_splits_hold_at_most_eval_tokens():
     assert len(fixed_split(cfg, "validation", "same-pairs", 64)[0]) == 128
     small = preset_config("flip-flop", eval_lengths=[64, 256], eval_tokens=1000, eval_examples=10)
     assert [small.examples_at(t) for t in (64, 256, 4096)] == [10, 3, 1]
+
+
+def test_quick_plans_hold_the_full_plans_rows_and_the_shift_twins_differ_in_the_shift_only():
+    for quick, full in (("learned-time-flip-flop-quick", "learned-time-flip-flop"),
+                        ("learned-time-mqar-quick", "learned-time-mqar")):
+        q, f = load_synth_plan(quick), load_synth_plan(full)
+        assert list(q.rows)[:len(f.rows)] == list(f.rows)
+        for row in f.rows:
+            assert row_config(q, row).model == row_config(f, row).model
+    plan = load_synth_plan("learned-time-mqar-quick")
+    assert row_config(plan, "fox").eval_lengths == [64, 256, 1024]
+    for shifted, twin in (("gated-shift", "gated"), ("sinespe-learned-gated-shift", "sinespe-learned-gated")):
+        a, b = row_config(plan, shifted).model, row_config(plan, twin).model
+        assert a.pop("kv_shift") is True and not b.get("kv_shift", False)
+        assert a == {k: v for k, v in b.items() if k != "kv_shift"}
