@@ -158,6 +158,8 @@ def test_auto_choice_follows_the_cost_model():
     costs = sine_costs(16, 4096, h, d, k, r)
     assert costs["blocked"][0] < costs["fused"][0] / 5 and choose_sine_impl(16, 4096, h, d, k, r) == "blocked"
     assert costs["materialized"][1] == 2 * 4096 * h * d * r and costs["blocked"][1] == 0
+    # the measured crossover (B = 3..8 at N = 2,048 timed fused faster up to about B = 5)
+    assert [choose_sine_impl(b, 4096, h, d, k, r) for b in (2, 5, 6, 8)] == ["fused", "fused", "blocked", "blocked"]
     filt = SPEFilter(h, d)
     code = SineSPE(h, d, r, k)(4096)
     assert filt.resolve_impl(16, code) == "blocked" and SPEFilter(h, d, impl="fused").resolve_impl(16, code) == "fused"

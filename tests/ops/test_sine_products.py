@@ -1,6 +1,8 @@
 """The blocked sineSPE products equal their reference twin forward and backward (float64),
 whatever the blocks, and pass gradcheck."""
 
+import math
+
 import pytest
 import torch
 
@@ -55,3 +57,68 @@ def test_blocked_products_pass_gradcheck_with_uneven_blocks(product):
         assert torch.autograd.gradcheck(lambda a: fn(a, freqs.detach(), phases.detach(), positions, w.detach(), block),
                                         (x,))
         assert torch.autograd.gradcheck(lambda f, c: fn(x.detach(), f, None, positions, c, block), (freqs, w))
+
+
+def _far_inputs(dtype, n=40, start=1_000_003):
+    g = torch.Generator().manual_seed(1)
+    x = 30 * torch.randn(2, n, 2, 3, generator=g, dtype=torch.float64)  # large norms
+    freqs = 0.5 * torch.rand(2, 3, 2, generator=g, dtype=torch.float64)
+    phases = torch.randn(2, 3, 2, generator=g, dtype=torch.float64)
+    w = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
+    # the same float32 values in both dtypes: f rounded to float32 moves the phase at 10^6 by 0.1 rad
+    leaves = [t.float().to(dtype).requires_grad_() for t in (x, freqs, phases, w)]
+    return leaves, start + torch.arange(n)
+
+
+@pytest.mark.parametrize("product", ["fused", "shared"])
+def test_float32_products_at_far_positions_match_float64_within_the_rounding_bound(product):
+    """Consecutive positions near 10^6, blocks of 7 (the last one shorter): the float32 product
+    and its gradients equal the float64 reference within γ·Σ|terms| (a float32 sum of
+    D·2K terms of a few roundings each, with the phases reduced in float64)."""
+    (x, f, th, w), positions = _far_inputs(torch.float32)
+    (x64, f64, th64, w64), _ = _far_inputs(torch.float64)
+    weights = torch.randn(2, 40, 2, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    y = _apply(product, x, f, th, positions, w, 7)
+    grads = torch.autograd.grad((y.double() * weights).sum(), [x, f, th, w])
+    # the test's own float64 twin (not sine_phase): f·n is exact in float64 for these values
+    angle = 2 * math.pi * torch.remainder(f64.detach()[None] * positions.double()[:, None, None, None], 1.0)
+    angle = angle + 2 * math.pi * (f64 - f64.detach())[None] * positions.double()[:, None, None, None] + th64
+    omega = torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1).flatten(-2)  # (L, H, D, 2K)
+    y64 = torch.einsum("blhd,lhdj,hdjr->blhr", x64, omega, w64)
+    grads64 = torch.autograd.grad((y64 * weights).sum(), [x64, f64, th64, w64])
+    bound = torch.einsum("blhd,lhdj,hdjr->blhr", x64.detach().abs(), omega.detach().abs(), w64.detach().abs())
+    eps32 = torch.finfo(torch.float32).eps
+    assert ((y.double() - y64).abs() <= 16 * eps32 * bound).all()
+    for got, exact in zip(grads, grads64, strict=True):
+        # each gradient is a sum of such products weighted by ±1-sized weights: relative to its scale
+        scale = exact.abs().amax() + weights.abs().sum() * bound.amax() * 1e-3
+        assert (got.double() - exact).abs().amax() <= 64 * eps32 * scale
+
+
+@pytest.mark.parametrize("product", ["fused", "shared"])
+def test_products_evaluate_sin_and_cos_once_per_call_for_consecutive_positions(product, monkeypatch):
+    """The blocks of consecutive positions share one table of offsets (the shorter last block
+    reads a prefix of it): sine_features runs once in forward and once in backward, whatever
+    the number of blocks; scattered positions need a table whenever a block's offsets differ
+    from the previous block's."""
+    import spe.ops.sine.recompute as recompute
+
+    calls = []
+    real = recompute.sine_features
+
+    def counting(*args):
+        calls.append(args[1].shape[0])
+        return real(*args)
+
+    monkeypatch.setattr(recompute, "sine_features", counting)
+    (x, f, th, w), positions = _far_inputs(torch.float64)
+    y = _apply(product, x, f, th, positions, w, 7)  # 6 blocks, the last of 5
+    assert calls == [7]
+    y.sum().backward()
+    assert calls == [7, 7]
+    calls.clear()
+    x, f, th, scattered, w = _inputs()
+    _apply(product, x, f, th, scattered, w, 2)
+    # blocks (0, 1), (2.5, 3), (10, 11), (300): offsets (0, 1), (0, 0.5), (0, 1) each differ
+    # from the block before; the last one's (0) is a prefix of the one before
+    assert calls == [2, 2, 2]

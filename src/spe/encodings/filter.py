@@ -96,7 +96,7 @@ def apply_code(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) 
 
 def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None, positions: Tensor,
                           weights: Tensor, gate: Tensor | None, gate_noise: Tensor, *,
-                          block_elements: int = 1 << 22) -> Tensor:
+                          block_elements: int = 1 << 20) -> Tensor:
     """Fused sineSPE filter: one matrix product over the (D × 2K) axis per head.
 
     Same value as :func:`apply_code_reference` on the materialised code, without forming the

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spe.ops.sine.recompute import angle_grads, cos_sin, grad_buffers, save_inputs, saved_inputs
+from spe.ops.sine.recompute import angle_grads, grad_buffers, offset_blocks, rotate, save_inputs, saved_inputs
 
 __all__ = ["SharedSineProduct"]
 
@@ -33,9 +33,8 @@ class SharedSineProduct(torch.autograd.Function):
         r = w.shape[-1]
         w2 = w.reshape(h * d, -1, r)  # (H·D, 2K, R)
         out = x.new_empty(b, n, h, r)
-        for s in range(0, n, block):
-            e = min(n, s + block)
-            code = _block_code(freqs, phases, positions[s:e], w2, x.dtype)[0]  # (H·l, D, R)
+        for s, e, table, cb, sb in offset_blocks(freqs, phases, positions, block, x.dtype, _table):
+            code = _block_code(_features(table, cb, sb), w2, h)  # (H·l, D, R)
             xb = x[:, s:e].permute(2, 1, 0, 3).reshape(h * (e - s), b, d)  # (H·l, B, D)
             out[:, s:e] = torch.bmm(xb, code).view(h, e - s, b, r).permute(2, 1, 0, 3)
         save_inputs(ctx, x, freqs, phases, positions, w, block)
@@ -48,10 +47,10 @@ class SharedSineProduct(torch.autograd.Function):
         k, r = freqs.shape[-1], w.shape[-1]
         w2 = w.reshape(h * d, 2 * k, r)
         gx, gf, gth, gw = grad_buffers(ctx, x, freqs, phases, w2)
-        for s in range(0, n, ctx.block):
-            e = min(n, s + ctx.block)
+        for s, e, table, cb, sb in offset_blocks(freqs, phases, positions, ctx.block, x.dtype, _table):
             l = e - s
-            code, omega, cos, sin = _block_code(freqs, phases, positions[s:e], w2, x.dtype)
+            omega = _features(table, cb, sb)  # (H·D, l, 2K)
+            code = _block_code(omega, w2, h)
             g = grad[:, s:e].permute(2, 1, 0, 3).reshape(h * l, b, r)  # (H·l, B, R)
             if gx is not None:
                 gx[:, s:e] = torch.bmm(g, code.transpose(1, 2)).view(h, l, b, d).permute(2, 1, 0, 3)
@@ -63,19 +62,28 @@ class SharedSineProduct(torch.autograd.Function):
                 gw += torch.bmm(omega.transpose(1, 2), gcode)
             if gf is not None or gth is not None:
                 gomega = torch.bmm(gcode, w2.transpose(1, 2)).view(h, d, l, k, 2).permute(2, 0, 1, 3, 4)
+                cos, sin = omega.view(h, d, l, k, 2).permute(4, 2, 0, 1, 3)  # (l, H, D, K) each
                 angle_grads(gomega, cos, sin, positions[s:e], gf, gth)
         return gx, gf, gth, None, None if gw is None else gw.view_as(w), None
 
 
-def _block_code(freqs: Tensor, phases: Tensor | None, positions: Tensor, w2: Tensor, dtype: torch.dtype):
-    """The code of one block of l positions, laid out for the per-(head, position) products.
+def _table(features: Tensor) -> Tensor:
+    """Ω (l, H, D, 2K) -> (H·D, l, 2K)."""
+    l, h, d, j = features.shape
+    return features.permute(1, 2, 0, 3).reshape(h * d, l, j)
 
-    Returns:
-        code (H·l, D, R); Ω (H·D, l, 2K); cos and sin (l, H, D, K).
-    """
-    h, d, k = freqs.shape
-    l = positions.shape[0]
-    cos, sin = cos_sin(freqs, phases, positions, dtype)
-    omega = torch.stack([cos, sin], dim=-1).permute(1, 2, 0, 3, 4).reshape(h * d, l, 2 * k)  # (H·D, l, 2K)
-    code = torch.bmm(omega, w2).view(h, d, l, -1).transpose(1, 2).reshape(h * l, d, -1)
-    return code, omega, cos, sin
+
+def _features(table: Tensor, cb: Tensor, sb: Tensor) -> Tensor:
+    """Ω of the block's positions, (H·D, l, 2K): the table of offsets turned by the base angle
+    (the blocks here are short, l ≈ R, so turning the features costs what turning W would)."""
+    hd, l, j = table.shape
+    pairs = table.view(hd, l, j // 2, 2)
+    # cos(a + β) = cos a cos β − sin a sin β, sin(a + β) = sin a cos β + cos a sin β: the
+    # transpose of the rotation that turns W
+    return rotate(pairs, 3, cb.reshape(hd, 1, -1), sb.reshape(hd, 1, -1), inverse=True).view(hd, l, j)
+
+
+def _block_code(omega: Tensor, w2: Tensor, h: int) -> Tensor:
+    """The code of one block, (H·l, D, R), from its features Ω (H·D, l, 2K) and W (H·D, 2K, R)."""
+    hd, l, _ = omega.shape
+    return torch.bmm(omega, w2).view(h, hd // h, l, -1).transpose(1, 2).reshape(h * l, hd // h, -1)

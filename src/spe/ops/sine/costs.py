@@ -18,11 +18,11 @@ __all__ = ["BLOCKED_EFFICIENCY", "MATERIALIZE_LIMIT", "choose_sine_impl", "sine_
 # (64 MiB per code tensor in float32).
 MATERIALIZE_LIMIT = 1 << 24
 # Relative speed per multiply-add of the batch-shared products against the fused GEMM
-# (inner size D·2K), from forward+backward timings on the development CPU (2 shared cores;
-# H = 8, D = 64, K = 5, R = 64): equal times at B = 2, N = 4,096 (fused/blocked 0.94, twice,
-# for 1.30× the multiply-adds: 0.72) and 1.8-2.4× faster blocked at B = 8, N = 2,048
-# (3.75× the multiply-adds: 0.47-0.65). Timings on that loaded machine vary by ±30 %.
-BLOCKED_EFFICIENCY = 0.65
+# (inner size D·2K), from forward+backward timings on the development CPU (one thread beside
+# one training; H = 8, D = 64, K = 5, R = 64, N = 2,048) after the fused product stopped
+# evaluating sin and cos per position: B = 3, 4, 6, 8 give 0.37, 0.36, 0.35, 0.33 (equal times
+# near B = 6). Before that change the fused product was 1.8× slower and this was 0.65.
+BLOCKED_EFFICIENCY = 0.35
 
 
 def sine_costs(batch: int, length: int, num_heads: int, head_dim: int, num_sines: int,
@@ -54,7 +54,7 @@ def choose_sine_impl(batch: int, length: int, num_heads: int, head_dim: int, num
     count's rate by ``BLOCKED_EFFICIENCY`` (its products have inner sizes 2K and D instead of
     one D·2K GEMM). Both hold only one block, so memory does not decide between them.
 
-    With K = 5 this gives the fused form for B ≤ 2 and the blocked one from B = 3 (the
+    With K = 5 this gives the fused form for B ≤ 5 and the blocked one from B = 6 (the
     blocked form has more multiply-adds than the fused one at B = 1 for any K).
     """
     costs = sine_costs(batch, length, num_heads, head_dim, num_sines, num_realizations)
