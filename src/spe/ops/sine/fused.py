@@ -9,8 +9,9 @@ W (H, D, 2K, R) (λ̈ Z, scaled):
     y[b, l, h, r] = Σ_{d, j} x[b, l, h, d] · Ω[l, h, d, j] · W[h, d, j, r],
 
 one block of positions at a time, rebuilding Ω (and the code) from f, θ and the positions
-in backward instead of storing them; both read one table of offsets and rotate W by each
-block's base angle (:func:`~spe.ops.sine.recompute.offset_blocks`). They differ in the order of the sums:
+in backward instead of storing them; both read one table of offsets and turn it, or W, by
+each block's base angle (:func:`~spe.ops.sine.recompute.offset_blocks`). They differ in the
+order of the sums:
 
 * :class:`FusedSineProduct` forms (x_d Ω_dj) per example and multiplies by W: one GEMM
   with inner size D·2K per head, B·L·H·D·2K·R multiply-adds.

@@ -4,9 +4,10 @@ through the angles.
 
 A block of positions p0 + o has angles 2π f o + (2π f p0 + θ): the features of the offsets o
 (the same table for every block of equal offsets: all of them when the positions are
-consecutive) rotated by the block's base angle β = 2π f p0 + θ. The products fold the rotation
-into their weights W (K 2 × 2 rotations of (H, D, R): cheap beside a block's products), so sin
-and cos are evaluated for one block of offsets per call instead of for every position, in
+consecutive) rotated by the block's base angle β = 2π f p0 + θ (:func:`rotate`, K 2 × 2
+rotations per (head, feature): cheap beside a block's products). The fused product folds the
+rotation into its weights W, the batch-shared one turns the table (its blocks are short), so
+sin and cos are evaluated for one block of offsets per call instead of for every position, in
 forward and again in backward.
 
 Letters: l = positions in one block, H = num_heads, D = head_dim, K = num_sines.
