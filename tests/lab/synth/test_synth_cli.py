@@ -10,6 +10,7 @@ import torch
 from spe.lab.cli.main import main
 from spe.lab.synth import load_synth_plan, packaged_synth_plans, preset_config
 from spe.lab.synth.data import IGNORE, READ
+from spe.lab.synth.run import train_seed
 from spe.lab.synth.study import row_config
 from spe.lab.synth.task import SynthTask, correct_count, fixed_split
 
@@ -149,6 +150,44 @@ def test_a_tiny_run_writes_its_results_and_skips_finished_seeds(tmp_path, capsys
 
 
 @pytest.mark.slow
+def test_grown_eval_lengths_test_finished_seeds_at_the_new_lengths_as_a_fresh_run_would(tmp_path, capsys):
+    def run(out, lengths: str, *extra: str) -> int:
+        return main(["synth", "--task", "mqar", "--steps", "2", "--d-model", "16", "--num-layers", "1", "--seeds", "0",
+                     "--out", str(out), "--eval-lengths", lengths, "--threads", "1", "--no-progress", *extra])
+
+    out, seed = tmp_path / "grown", tmp_path / "grown" / "seed0"
+    assert run(out, "64,128") == 0
+    first = json.loads((seed / "result.json").read_text())
+    weights, metrics = (seed / "model.safetensors").stat().st_mtime_ns, (seed / "metrics.jsonl").read_text()
+    assert run(out, "64,128,256") == 0
+    grown = json.loads((seed / "result.json").read_text())
+    assert (seed / "model.safetensors").stat().st_mtime_ns == weights  # no training step taken
+    assert (seed / "metrics.jsonl").read_text() == metrics
+    assert {k: v for k, v in grown.items() if k != "test"} == {k: v for k, v in first.items() if k != "test"}
+    for distribution, cells in first["test"].items():
+        assert {n: grown["test"][distribution][n] for n in cells} == cells  # stored cells kept as they were
+    assert run(tmp_path / "fresh", "64,128,256") == 0  # the same seed asked for every length at once
+    fresh = json.loads((tmp_path / "fresh" / "seed0" / "result.json").read_text())
+    assert grown["test"] == fresh["test"]
+    assert json.loads((out / "config.json").read_text())["eval_lengths"] == [64, 128, 256]
+    assert json.loads((out / "results.json").read_text())["accuracy"]["more-pairs"]["256"]["seeds"] == 1
+    capsys.readouterr()
+    assert run(out, "64,256") == 2  # a stored length dropped
+    assert "eval_lengths may only grow" in capsys.readouterr().err
+    assert run(out, "64,128,256,512", "--steps", "3") == 2  # another model than the stored cells measured
+    assert "test lengths can be added only at the same steps" in capsys.readouterr().err
+    assert json.loads((seed / "result.json").read_text()) == grown
+    lengths = {"eval_lengths": [64, 128, 256, 512]}
+    with pytest.raises(ValueError, match="test lengths can be added only to a run of the same steps"):
+        train_seed(preset_config("mqar", steps=3, **lengths), 0, seed)
+    bare = tmp_path / "bare" / "seed0"  # a result whose checkpoints are gone: nothing to test
+    bare.mkdir(parents=True)
+    (bare / "result.json").write_text(json.dumps(grown))
+    with pytest.raises(ValueError, match="holds no checkpoint to test at"):
+        train_seed(preset_config("mqar", steps=2, **lengths), 0, bare)
+
+
+@pytest.mark.slow
 def test_a_plan_runs_its_rows_into_one_folder_and_collects_them(tmp_path, capsys):
     plan = tmp_path / "tiny.toml"
     plan.write_text('task = "mqar"\nseeds = [0]\n[defaults]\neval_lengths = [64, 128]\n[defaults.model]\n'
@@ -182,8 +221,8 @@ def test_quick_plans_hold_the_full_plans_rows_and_the_shift_twins_differ_in_the_
         assert list(q.rows)[:len(f.rows)] == list(f.rows)
         for row in f.rows:
             assert row_config(q, row).model == row_config(f, row).model
+            assert row_config(q, row).eval_lengths == row_config(f, row).eval_lengths == [64, 256, 1024, 4096]
     plan = load_synth_plan("learned-time-mqar-quick")
-    assert row_config(plan, "fox").eval_lengths == [64, 256, 1024]
     for shifted, twin in (("gated-shift", "gated"), ("sinespe-learned-gated-shift", "sinespe-learned-gated")):
         a, b = row_config(plan, shifted).model, row_config(plan, twin).model
         assert a.pop("kv_shift") is True and not b.get("kv_shift", False)

@@ -2,7 +2,8 @@
 
 ``out/`` holds ``config.json`` (the experiment), ``seed<k>/`` per seed (the engine's run folder:
 checkpoints, ``model.safetensors``, ``metrics.jsonl``; ``result.json`` once finished, when the
-seed is skipped on a second call) and ``results.json`` / ``results.md`` (accuracy per test
+seed is skipped on a second call, or only tested at the lengths its result lacks when
+``eval_lengths`` has grown since) and ``results.json`` / ``results.md`` (accuracy per test
 distribution and length: per seed, mean and sample standard deviation over the finished seeds).
 
 A seed's ``result.json``: ``task``, ``seed``, ``steps``, ``train_tokens`` (steps × batch ×
@@ -34,23 +35,26 @@ from spe.lab.train import distributed as dist_
 from spe.lab.train import engine
 from spe.lab.train.metrics_log import read_records
 from spe.lab.train.run_folder import run_lock
+from spe.lab.train.state import latest_unit
 
-__all__ = ["open_experiment", "results_markdown", "run_synth", "summarize", "test_model", "train_seed",
-           "write_data", "write_summary"]
+__all__ = ["missing_lengths", "open_experiment", "results_markdown", "run_synth", "summarize", "test_model",
+           "train_seed", "write_data", "write_summary"]
 
 log = logging.getLogger(__name__)
 
 TRAIN_EXAMPLES_WRITTEN = 1024  # --write-data: the first sequences of the training stream
 
 
-def test_model(cfg: SynthConfig, model, device: torch.device, ctx: dist_.Distributed | None = None) -> dict:
+def test_model(cfg: SynthConfig, model, device: torch.device, ctx: dist_.Distributed | None = None, *,
+               lengths: list[int] | None = None) -> dict:
     """Distribution -> length (a string, as JSON keys are) -> ``{"accuracy", "targets"[, "num_pairs"]}``
-    of ``model`` (put in eval mode here) on every fixed test split of ``cfg``."""
+    of ``model`` (put in eval mode here) on the fixed test splits of ``cfg`` at ``lengths``
+    (default: every one of ``cfg.eval_lengths``)."""
     model.eval()
     found = {}
     for distribution in distributions(cfg.task):
         found[distribution] = {}
-        for length in cfg.eval_lengths:
+        for length in cfg.eval_lengths if lengths is None else lengths:
             tokens, targets = fixed_split(cfg, "test", distribution, length)
             correct, n = correct_count(model, tokens, targets, batch_tokens=cfg.eval_batch_tokens, device=device,
                                        precision=cfg.precision, ctx=ctx)
@@ -61,12 +65,24 @@ def test_model(cfg: SynthConfig, model, device: torch.device, ctx: dist_.Distrib
     return found
 
 
+def missing_lengths(cfg: SynthConfig, stored: dict) -> list[int]:
+    """The lengths of ``cfg.eval_lengths`` at which a seed's stored result has no test cell in
+    some distribution (none for a result that answers ``cfg``)."""
+    tested = stored.get("test", {})
+    return [n for n in cfg.eval_lengths
+            if any(str(n) not in tested.get(distribution, {}) for distribution in distributions(cfg.task))]
+
+
 def _first_step_at(records: list[dict], level: float) -> int | None:
     return next((r["step"] for r in records if (r.get("val_accuracy") or 0.0) >= level), None)
 
 
 def train_seed(cfg: SynthConfig, seed: int, folder: str | Path, *, progress: bool = True) -> dict:
     """Trains one seed in ``folder`` (resuming its newest checkpoint), then tests the final model.
+
+    A finished seed (its ``result.json`` written) takes no step: its final model is tested at the
+    lengths :func:`missing_lengths` names and those cells are added to the stored result, the
+    others (and the validation accuracy, the training time) kept as they were.
 
     Args:
         cfg: the experiment.
@@ -78,15 +94,29 @@ def train_seed(cfg: SynthConfig, seed: int, folder: str | Path, *, progress: boo
         The seed's result (see the module docstring).
 
     Raises:
-        ValueError: as :func:`spe.lab.train.engine.run`.
+        ValueError: as :func:`spe.lab.train.engine.run`; for a finished seed of other steps than
+            ``cfg.steps`` or without a checkpoint.
     """
     folder = Path(folder)
+    stored = plans.read_result(folder)
+    if stored is not None:
+        # testing another model than the one the stored cells measured would mix two runs in one result
+        if stored.get("steps") != cfg.steps:
+            raise ValueError(f"{folder} finished at {stored.get('steps')} steps and the experiment now asks "
+                             f"{cfg.steps}: test lengths can be added only to a run of the same steps")
+        if latest_unit(folder) is None:
+            raise ValueError(f"{folder} is finished but holds no checkpoint to test at "
+                             f"{missing_lengths(cfg, stored)}; run it again in a new --out")
     with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx, run_lock(folder, ctx):
         outcome = engine.run(SynthTask(cfg, label=f"{cfg.task} {folder.parent.name}/{folder.name}"),
                              engine_settings(cfg, seed), folder, resume=True, progress=progress)
         started = time.perf_counter()
         device = dist_.process_device(cfg.device, ctx)
         model = outcome.model.eval()
+        if stored is not None:
+            added = test_model(cfg, model, device, ctx, lengths=missing_lengths(cfg, stored))
+            test = {d: {**stored.get("test", {}).get(d, {}), **cells} for d, cells in added.items()}
+            return {**stored, "test": test}
         validation = fixed_split(cfg, "validation", training_distribution(cfg.task), cfg.train_length)
         correct, n = correct_count(model, *validation, batch_tokens=cfg.eval_batch_tokens, device=device,
                                    precision=cfg.precision, ctx=ctx)
@@ -146,7 +176,9 @@ def write_summary(out: str | Path, cfg: SynthConfig, results: list[dict]) -> dic
 
 def open_experiment(out: str | Path, cfg: SynthConfig) -> None:
     """Writes ``out/config.json``, or refuses a folder that holds another experiment (options of
-    ``RUN_ONLY_KEYS`` and ``steps`` may differ: a run may be continued longer).
+    ``RUN_ONLY_KEYS`` and ``steps`` may differ: a run may be continued longer; ``eval_lengths``
+    may grow at the same steps: the stored lengths all kept, the file then records the new list
+    and finished seeds are tested at the added lengths).
 
     Raises:
         ValueError: naming the options that differ.
@@ -160,10 +192,19 @@ def open_experiment(out: str | Path, cfg: SynthConfig) -> None:
             stored = {**defaults, **json.loads(file.read_text())}
             changed = {k: (stored.get(k), v) for k, v in current.items()
                        if k not in (*RUN_ONLY_KEYS, "steps") and stored.get(k) != v}
+            grown = set(stored.get("eval_lengths") or ()) <= set(current["eval_lengths"])
+            if grown:
+                changed.pop("eval_lengths", None)
             if changed:
                 detail = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
-                raise ValueError(f"{out} holds another synthetic-task experiment ({detail}); choose another --out")
-            return
+                raise ValueError(f"{out} holds another synthetic-task experiment ({detail}); choose another --out"
+                                 + ("" if grown else " (eval_lengths may only grow: keep every stored length)"))
+            if stored.get("eval_lengths") == current["eval_lengths"]:
+                return
+            if stored.get("steps") != current["steps"]:
+                raise ValueError(f"{out}: test lengths can be added only at the same steps as the stored runs "
+                                 f"({stored.get('steps')}); got steps {current['steps']}")
+            current = {**json.loads(file.read_text()), "eval_lengths": current["eval_lengths"]}
         atomic_write(file, lambda tmp: Path(tmp).write_text(json.dumps(current, indent=2)))
 
 
@@ -181,7 +222,8 @@ def run_synth(cfg: SynthConfig, seeds: list[int], out: str | Path, *, threads: i
     out = Path(out)
     open_experiment(out, cfg)
     results = [plans.run_once(out / f"seed{seed}", lambda folder, seed=seed: train_seed(cfg, seed, folder,
-                                                                                        progress=progress))
+                                                                                        progress=progress),
+                              current=lambda stored: not missing_lengths(cfg, stored))
                for seed in seeds]
     return write_summary(out, cfg, results)
 

@@ -18,7 +18,8 @@ e.g. ``learned-time-flip-flop``)::
 
 Later tables win: the preset (``cpu-small``) < ``[defaults]`` < row < run options (``--steps``,
 ``--device``). ``OUT/NAME`` is the row's ``spe synth`` experiment folder (``config.json``,
-``seedK/``, its own ``results.json``); finished seeds are skipped and interrupted ones resume;
+``seedK/``, its own ``results.json``); finished seeds are skipped (or only tested at the lengths a
+grown ``eval_lengths`` adds) and interrupted ones resume;
 after every run ``OUT/results.json`` and ``OUT/results.md`` are rebuilt from the row folders,
 so runners with disjoint ``--only`` lists may share ``OUT``.
 """
@@ -31,7 +32,7 @@ from spe.checkpoint import atomic_write
 from spe.lab import plans, strict_json
 from spe.lab.options import set_threads
 from spe.lab.synth.config import PRESETS, SynthConfig, preset_config
-from spe.lab.synth.run import open_experiment, results_markdown, summarize, train_seed, write_summary
+from spe.lab.synth.run import missing_lengths, open_experiment, results_markdown, summarize, train_seed, write_summary
 from spe.lab.train.engine import TrainingDiverged
 
 __all__ = ["SYNTH_FORMAT", "collect_synth", "load_synth_plan", "packaged_synth_plans", "row_config", "run_synth_plan"]
@@ -120,7 +121,8 @@ def run_synth_plan(plan: plans.Plan, out: str | Path, *, only: list[str] | None 
 
     try:
         plans.run_plan(plan, out, lambda name, seed, folder: train_seed(configs[name], seed, folder, progress=progress),
-                       rows=list(configs), seeds=seeds, by_seed=True, after=after, failures=(TrainingDiverged,))
+                       rows=list(configs), seeds=seeds, by_seed=True, after=after, failures=(TrainingDiverged,),
+                       current=lambda name, seed, stored: not missing_lengths(configs[name], stored))
     finally:
         record = collect_synth(plan, out, configs)
     return record
