@@ -78,6 +78,36 @@ def test_plan_mistakes_are_refused_naming_the_file_and_the_row(tmp_path, edit, m
         _load(tmp_path, edit(PLAN))
 
 
+def test_a_plan_extends_another_merging_tables_and_appending_rows(tmp_path):
+    (tmp_path / "base.toml").write_text(PLAN.replace("[rows.a]", "[defaults]\nx = 1\n[defaults.model]\nm = 1\nn = 2\n"
+                                                     "[rows.a]"))
+    child = tmp_path / "child.toml"
+    child.write_text('extends = "base"\ntitle = "child"\nfactor = 3.0\n[defaults.model]\nn = 5\n'
+                     '[rows.b]\nscale = 10.0\n[rows.c]\ndescription = "new"\n')
+    seen = {}
+    fmt = PlanFormat(kind="fake plan", rows_key="rows", row_word="row", folder="configs", top_keys=("factor", "defaults"),
+                     settings=lambda top: seen.setdefault("top", top) and {"factor": top.get("factor", 1.0)}, row=_row)
+    plan = plans.load_plan(str(child), fmt)
+    assert (plan.title, plan.seeds, plan.reference, plan.settings) == ("child", [0, 1, 2], "a", {"factor": 3.0})
+    assert seen["top"]["defaults"] == {"x": 1, "model": {"m": 1, "n": 5}}  # merged key by key
+    assert list(plan.rows) == ["a", "b", "c"]  # the base's rows first, a replaced row in its place
+    assert plan.rows == {"a": {"scale": 3.0, "description": "first"}, "b": {"scale": 30.0, "description": ""},
+                         "c": {"scale": 3.0, "description": "new"}}
+    assert plan.path == str(child)
+
+
+@pytest.mark.parametrize("text,message", [
+    ('extends = "nowhere"\n', r"child.toml: extends 'nowhere': fake plan 'nowhere' is neither a file nor a packaged plan"),
+    ('extends = "child"\n', r"child.toml: extends 'child': .*extends makes a cycle"),
+    ("extends = 3\n", r"child.toml: extends must name a plan, got 3"),
+])
+def test_a_bad_base_plan_is_refused_naming_the_file(tmp_path, text, message):
+    child = tmp_path / "child.toml"
+    child.write_text(text + "[rows.x]\n")
+    with pytest.raises(ValueError, match=message):
+        plans.load_plan(str(child), FAKE)
+
+
 def test_a_missing_plan_names_the_packaged_ones(tmp_path):
     with pytest.raises(ValueError, match=r"fake plan '.*nowhere.toml' is neither a file nor a packaged plan \(.*ablation"):
         plans.load_plan(str(tmp_path / "nowhere.toml"), FAKE)

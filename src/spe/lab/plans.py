@@ -2,6 +2,7 @@
 
 A plan is a TOML file::
 
+    extends = "NAME"       # optional: another plan (a file beside this one, or a packaged plan)
     title = "..."          # the results' title (default: the file's name)
     seeds = [0, 1, 2]      # every row runs once per seed (default [0, 1, 2])
     reference = "ape"      # optional: the row the others are compared with
@@ -9,6 +10,10 @@ A plan is a TOML file::
     [ROWS.NAME]            # one table per row: ROWS is "variants" for spe sweep, "rows" for spe lra
     description = "..."
     ...                    # the row's options, as the task reads them
+
+A plan that ``extends`` another starts from that plan's tables: its top-level keys replace the
+base's, its tables (``[defaults]``, ``[defaults.model]``) are merged into the base's key by key,
+and its rows follow the base's rows, a row of the same name replacing the base's whole.
 
 A task says how its plans read (:class:`PlanFormat`: its top-level keys, how a row's table becomes
 options); every row is checked when the plan is loaded, so that a mistake is reported, naming the
@@ -120,7 +125,37 @@ def packaged_plans(fmt: PlanFormat) -> dict[str, Path]:
     return {name: found[name] for name in sorted(found) if name not in fmt.not_plans}
 
 
-def _read(path_or_name: str, fmt: PlanFormat) -> tuple[Path, dict]:
+def _merged(base: dict, child: dict, rows_key: str) -> dict:
+    """``child`` over ``base``: tables merged key by key, the rows' table row by row (a row whole)."""
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value} if key == rows_key else _merged(out[key], value, rows_key="")
+        else:
+            out[key] = value
+    return out
+
+
+def _read(path_or_name: str, fmt: PlanFormat, seen: tuple[Path, ...] = ()) -> tuple[Path, dict]:
+    path, raw = _read_file(path_or_name, fmt)
+    base = raw.pop("extends", None)
+    if base is None:
+        return path, raw
+    where = f"{fmt.kind} {path}"
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"{where}: extends must name a plan, got {base!r}")
+    if path.resolve() in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path.resolve()))
+        raise ValueError(f"{where}: extends makes a cycle ({chain})")
+    beside = path.parent / (base if base.endswith(".toml") else f"{base}.toml")
+    try:
+        _, parent = _read(str(beside) if beside.is_file() else base, fmt, (*seen, path.resolve()))
+    except ValueError as err:
+        raise ValueError(f"{where}: extends {base!r}: {err}") from None
+    return path, _merged(parent, raw, fmt.rows_key)
+
+
+def _read_file(path_or_name: str, fmt: PlanFormat) -> tuple[Path, dict]:
     path = Path(path_or_name)
     if not path.is_file():
         packaged = packaged_plans(fmt)
@@ -146,8 +181,8 @@ def load_plan(path_or_name: str, fmt: PlanFormat) -> Plan:
     """Reads a plan file, or the name of one shipped in ``fmt.folder``, and checks every row.
 
     Raises:
-        ValueError: naming the file (and the row) on a missing file, invalid TOML, no rows, an
-            unknown top-level key, bad seeds, a reference that is not a row, a row name that
+        ValueError: naming the file (and the row) on a missing file, invalid TOML, a base plan
+            (``extends``) that is missing or extends this one again, no rows, an unknown top-level key, bad seeds, a reference that is not a row, a row name that
             is not a plain folder name (:func:`~spe.lab.train.run_folder.check_name`), or
             whatever the task refuses in its settings, a row or the whole plan.
     """
