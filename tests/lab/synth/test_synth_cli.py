@@ -214,7 +214,7 @@ def test_long_test_splits_hold_at_most_eval_tokens():
     assert [small.examples_at(t) for t in (64, 256, 4096)] == [10, 3, 1]
 
 
-def test_quick_plans_hold_the_full_plans_rows_and_the_shift_twins_differ_in_the_shift_only():
+def test_quick_plans_hold_the_full_plans_rows_and_each_twin_differs_in_one_option():
     for quick, full in (("learned-time-flip-flop-quick", "learned-time-flip-flop"),
                         ("learned-time-mqar-quick", "learned-time-mqar")):
         q, f = load_synth_plan(quick), load_synth_plan(full)
@@ -227,3 +227,6 @@ def test_quick_plans_hold_the_full_plans_rows_and_the_shift_twins_differ_in_the_
         a, b = row_config(plan, shifted).model, row_config(plan, twin).model
         assert a.pop("kv_shift") is True and not b.get("kv_shift", False)
         assert a == {k: v for k, v in b.items() if k != "kv_shift"}
+    a, b = (row_config(plan, r).model for r in ("sinespe-learned-gated-shift-spe-gating", "sinespe-learned-gated-shift"))
+    assert a.pop("gated") is True and not b.get("gated", False)  # SPE's own gating (eq. 23-25) is the one change
+    assert a == {k: v for k, v in b.items() if k != "gated"}
