@@ -230,3 +230,5 @@ def test_quick_plans_hold_the_full_plans_rows_and_each_twin_differs_in_one_optio
     a, b = (row_config(plan, r).model for r in ("sinespe-learned-gated-shift-spe-gating", "sinespe-learned-gated-shift"))
     assert a.pop("gated") is True and not b.get("gated", False)  # SPE's own gating (eq. 23-25) is the one change
     assert a == {k: v for k, v in b.items() if k != "gated"}
+    wide = row_config(plan, "sinespe-learned-gated-shift-spe-gating-r128").model
+    assert wide.pop("num_realizations") == 128 and {**a, "gated": True} == {**wide, "num_realizations": a["num_realizations"]}
