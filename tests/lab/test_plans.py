@@ -84,12 +84,17 @@ def test_a_plan_extends_another_merging_tables_and_appending_rows(tmp_path):
     child = tmp_path / "child.toml"
     child.write_text('extends = "base"\ntitle = "child"\nfactor = 3.0\n[defaults.model]\nn = 5\n'
                      '[rows.b]\nscale = 10.0\n[rows.c]\ndescription = "new"\n')
-    seen = {}
-    fmt = PlanFormat(kind="fake plan", rows_key="rows", row_word="row", folder="configs", top_keys=("factor", "defaults"),
-                     settings=lambda top: seen.setdefault("top", top) and {"factor": top.get("factor", 1.0)}, row=_row)
+    seen = []
+
+    def settings(top: dict) -> dict:  # records the merged top-level keys the task is given
+        seen.append(top)
+        return {"factor": top.get("factor", 1.0)}
+
+    fmt = PlanFormat(kind="fake plan", rows_key="rows", row_word="row", folder="configs",
+                     top_keys=("factor", "defaults"), settings=settings, row=_row)
     plan = plans.load_plan(str(child), fmt)
     assert (plan.title, plan.seeds, plan.reference, plan.settings) == ("child", [0, 1, 2], "a", {"factor": 3.0})
-    assert seen["top"]["defaults"] == {"x": 1, "model": {"m": 1, "n": 5}}  # merged key by key
+    assert seen[0]["defaults"] == {"x": 1, "model": {"m": 1, "n": 5}}  # merged key by key
     assert list(plan.rows) == ["a", "b", "c"]  # the base's rows first, a replaced row in its place
     assert plan.rows == {"a": {"scale": 3.0, "description": "first"}, "b": {"scale": 30.0, "description": ""},
                          "c": {"scale": 3.0, "description": "new"}}

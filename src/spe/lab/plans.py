@@ -125,12 +125,12 @@ def packaged_plans(fmt: PlanFormat) -> dict[str, Path]:
     return {name: found[name] for name in sorted(found) if name not in fmt.not_plans}
 
 
-def _merged(base: dict, child: dict, rows_key: str) -> dict:
+def _merged(base: dict, child: dict, rows_key: str | None) -> dict:
     """``child`` over ``base``: tables merged key by key, the rows' table row by row (a row whole)."""
     out = dict(base)
     for key, value in child.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = {**out[key], **value} if key == rows_key else _merged(out[key], value, rows_key="")
+            out[key] = {**out[key], **value} if key == rows_key else _merged(out[key], value, rows_key=None)
         else:
             out[key] = value
     return out
@@ -182,8 +182,9 @@ def load_plan(path_or_name: str, fmt: PlanFormat) -> Plan:
 
     Raises:
         ValueError: naming the file (and the row) on a missing file, invalid TOML, a base plan
-            (``extends``) that is missing or extends this one again, no rows, an unknown top-level key, bad seeds, a reference that is not a row, a row name that
-            is not a plain folder name (:func:`~spe.lab.train.run_folder.check_name`), or
+            (``extends``) that is missing or extends this one again, no rows, an unknown
+            top-level key, bad seeds, a reference that is not a row, a row name that is not a
+            plain folder name (:func:`~spe.lab.train.run_folder.check_name`), or
             whatever the task refuses in its settings, a row or the whole plan.
     """
     path, raw = _read(path_or_name, fmt)
