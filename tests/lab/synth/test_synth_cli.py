@@ -232,3 +232,5 @@ def test_quick_plans_hold_the_full_plans_rows_and_each_twin_differs_in_one_optio
     assert a == {k: v for k, v in b.items() if k != "gated"}
     wide = row_config(plan, "sinespe-learned-gated-shift-spe-gating-r128").model
     assert wide.pop("num_realizations") == 128 and {**a, "gated": True} == {**wide, "num_realizations": a["num_realizations"]}
+    open_ = row_config(plan, "sinespe-learned-gated-shift-spe-gating-d088").model
+    assert open_.pop("gate_init") == 2.0 and open_ == {**a, "gated": True}
