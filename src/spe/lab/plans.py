@@ -44,6 +44,7 @@ from spe.checkpoint import atomic_write
 from spe.lab import strict_json
 from spe.lab.stats import format_mean_std, mean_and_std
 from spe.lab.options import read_toml
+from spe.lab.train.config import quiet_defaults
 from spe.lab.train.run_folder import check_name, run_lock
 from spe.paths import not_a_file
 
@@ -213,7 +214,8 @@ def load_plan(path_or_name: str, fmt: PlanFormat) -> Plan:
         table = dict(table)
         description = str(table.pop("description", ""))
         try:
-            plan.rows[name] = {**fmt.row(table, plan.settings), "description": description}
+            with quiet_defaults():  # checked here; the runs say their defaults when they start
+                plan.rows[name] = {**fmt.row(table, plan.settings), "description": description}
         except (TypeError, ValueError) as err:
             raise ValueError(f"{plan.where(name)}: {err}") from None
     fmt.check(plan)

@@ -1,6 +1,7 @@
 """``spe synth``: the configuration's refusals, --write-data, plans, and one tiny run (slow)."""
 
 import json
+import logging
 
 import pytest
 
@@ -13,6 +14,7 @@ from spe.lab.synth.data import IGNORE, READ
 from spe.lab.synth.run import train_seed
 from spe.lab.synth.study import row_config
 from spe.lab.synth.task import SynthTask, correct_count, fixed_split
+from spe.lab.train.config import quiet_defaults
 
 
 def _refused(capsys, argv: list[str], fragment: str) -> None:
@@ -234,3 +236,20 @@ def test_quick_plans_hold_the_full_plans_rows_and_each_twin_differs_in_one_optio
     assert wide.pop("num_realizations") == 128 and {**a, "gated": True} == {**wide, "num_realizations": a["num_realizations"]}
     open_ = row_config(plan, "sinespe-learned-gated-shift-spe-gating-d088").model
     assert open_.pop("gate_init") == 2.0 and open_ == {**a, "gated": True}
+
+
+def test_reading_a_plan_announces_no_default_and_the_run_of_a_row_announces_its_own(caplog):
+    caplog.set_level(logging.INFO, logger="spe.lab.train.config")
+    plan = load_synth_plan("learned-time-mqar-quick")  # rows of every kind, sineSPE's windowed one among them
+    assert not [r for r in caplog.records if "window" in r.getMessage()]
+    quiet = row_config(plan, "foxpro")
+    assert not caplog.records  # FoX-Pro has no default to fill: nothing may claim a window for it
+    loud = row_config(plan, "sinespe")
+    assert [r.getMessage() for r in caplog.records] == [
+        "sinespe: sliding attention window of 64 positions (the training length; attention_window 0 "
+        "or --attention-window 0 for the whole past)"]
+    assert loud.model["attention_window"] == 64 and quiet.model.get("attention_window") is None
+    caplog.clear()
+    with quiet_defaults():  # the same defaults, filled without a word
+        assert row_config(plan, "sinespe").model == loud.model
+    assert not caplog.records

@@ -33,6 +33,7 @@ from spe.lab import plans, strict_json
 from spe.lab.options import set_threads
 from spe.lab.synth.config import PRESETS, SynthConfig, preset_config
 from spe.lab.synth.run import missing_lengths, open_experiment, results_markdown, summarize, train_seed, write_summary
+from spe.lab.train.config import quiet_defaults
 from spe.lab.train.engine import TrainingDiverged
 
 __all__ = ["SYNTH_FORMAT", "collect_synth", "load_synth_plan", "packaged_synth_plans", "row_config", "run_synth_plan"]
@@ -88,7 +89,8 @@ def collect_synth(plan: plans.Plan, out: str | Path, configs: dict[str, SynthCon
     out = Path(out)
     with plans.results_lock(out):
         found = plans.collect(plan, out)
-        rows = {name: (configs.get(name) or row_config(plan, name), list(found[name].values())) for name in plan.rows}
+        with quiet_defaults():  # the rows this call does not run are only summarised
+            rows = {name: (configs.get(name) or row_config(plan, name), list(found[name].values())) for name in plan.rows}
         record = {"title": plan.title, "task": plan.settings["task"], "rows": {
             name: {"description": plan.rows[name]["description"], "options": plan.rows[name]["options"],
                    "results": results, "accuracy": summarize(cfg, results)} for name, (cfg, results) in rows.items()}}

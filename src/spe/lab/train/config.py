@@ -8,6 +8,9 @@ from the same options (:func:`resolve_model_options`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -21,10 +24,24 @@ from spe.lab.experiment import ExperimentOptions
 from spe.lab.options import read_toml
 from spe.lab.train.state_passing import chain_steps
 
-__all__ = ["TrainConfig", "load_config_file", "packaged_config", "packaged_defaults", "resolve_model_options"]
+__all__ = ["TrainConfig", "load_config_file", "packaged_config", "packaged_defaults", "quiet_defaults",
+           "resolve_model_options"]
 
 log = logging.getLogger(__name__)
 _DEFAULT_POSITIONAL = next(f.default for f in fields(ModelConfig) if f.name == "positional")
+_QUIET = ContextVar("spe_quiet_defaults", default=False)
+
+
+@contextmanager
+def quiet_defaults() -> Iterator[None]:
+    """Inside it, :func:`resolve_model_options` fills the same defaults without saying so: for
+    configurations that are only checked (every row of a plan when it is read, the rows a
+    summary lists), so that the messages name the runs that will train and nothing else."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
 
 
 def resolve_model_options(model: dict, seq_len: int) -> dict:
@@ -53,12 +70,14 @@ def resolve_model_options(model: dict, seq_len: int) -> dict:
     if spec is None:
         return model
     if spec.acts_on == "scores" and "attention" not in model:
-        log.info("positional %s acts on attention scores: using softmax attention", positional)
+        if not _QUIET.get():
+            log.info("positional %s acts on attention scores: using softmax attention", positional)
         model["attention"] = "softmax"
     if spec.windowed_by_default and "attention_window" not in model:
         model["attention_window"] = seq_len
-        log.info("%s: sliding attention window of %d positions (the training length; attention_window 0 "
-                 "or --attention-window 0 for the whole past)", positional, seq_len)
+        if not _QUIET.get():
+            log.info("%s: sliding attention window of %d positions (the training length; attention_window 0 "
+                     "or --attention-window 0 for the whole past)", positional, seq_len)
     return model
 
 
