@@ -223,3 +223,26 @@ def test_a_synth_plan_folder_becomes_validation_at_l_and_a_test_split_per_distri
     text = render_study(records, meta)
     assert _line(text, "| fox |").startswith("| fox | whole past | 2 | 0.00 M | **99.5 ± 0.7** | best |")
     assert "Test-sparse split (reported only" in text and "N = 4,096 %" in text
+
+
+def test_validation_beyond_l_joins_the_validation_split_and_orders_rows_there(tmp_path):
+    """A seed's ``validation`` cells (lengths beyond L) become split ``validation`` at those lengths,
+    beside ``val_accuracy`` at L; a result from before them (no such key) adds none."""
+    from spe.lab.plans import write_result
+
+    for row, beyond in (("fox", {"256": 0.97, "4096": 0.91}), ("gated", {"256": 0.95, "4096": 0.70}), ("old", None)):
+        (tmp_path / row).mkdir()
+        (tmp_path / row / "config.json").write_text(json.dumps({"task": "flip-flop", "train_length": 64, "model": {}}))
+        for seed in (0, 1):
+            result = {"task": "flip-flop", "seed": seed, "train_tokens": 99, "params": 7, "val_accuracy": 1.0,
+                      "test": {"sparse": {"4096": {"accuracy": 0.5, "targets": 10}}}}
+            if beyond is not None:
+                result["validation"] = {n: {"accuracy": a + seed / 100, "targets": 10} for n, a in beyond.items()}
+            write_result(tmp_path / row / f"seed{seed}", result)
+    runs, rows = synth_folder_results(tmp_path)
+    records, meta = synth_study(runs, study="ff", title="Flip-flop", command="spe synth --plan x", rows=rows)
+    validation = {(r["variant"], r["seed"], r["bucket_start"]): r["value"] for r in records if r["split"] == "validation"}
+    assert {k for k in validation if k[0] == "old"} == {("old", 0, 64), ("old", 1, 64)}
+    assert validation[("gated", 1, 4096)] == 0.71 and validation[("fox", 0, 256)] == 0.97
+    text = render_study(records, meta)
+    assert "* Best group on validation at N = 4,096: fox" in text  # chosen on validation beyond L, not on test

@@ -242,10 +242,11 @@ def synth_folder_results(out: str | Path, *,
     The folder holds one experiment per row, ``OUT/ROW/config.json`` (the row's options:
     ``task``, ``train_length``, ``model`` with its resolved ``attention_window``) and
     ``OUT/ROW/seedK/result.json`` per finished seed (``seed``, ``train_tokens``, ``params``,
-    ``val_accuracy``: the validation split at the training length, and ``test``: distribution ->
-    length -> ``{"accuracy", ...}``). The validation accuracy becomes split ``validation`` at
-    length L, each test distribution split ``test-DISTRIBUTION``; a length without targets
-    (accuracy null) is left out.
+    ``val_accuracy``: the validation split at the training length, ``validation``: length ->
+    ``{"accuracy", ...}`` beyond it (absent in results older than it), and ``test``:
+    distribution -> length -> ``{"accuracy", ...}``). Both validation sources become split
+    ``validation`` (at L and at the other lengths), each test distribution split
+    ``test-DISTRIBUTION``; a length without targets (accuracy null) is left out.
 
     Args:
         out: the plan's folder.
@@ -262,6 +263,8 @@ def synth_folder_results(out: str | Path, *,
                      "window": window_words(config.get("model", {}).get("attention_window"), length)}
         for seed, result in plans.read_results(config_file.parent).items():
             cells = [{"split": "validation", "length": length, "accuracy": result.get("val_accuracy")}]
+            cells += [{"split": "validation", "length": int(n), "accuracy": cell.get("accuracy")}
+                      for n, cell in result.get("validation", {}).items() if int(n) != length]
             cells += [{"split": f"test-{dist}", "length": int(n), "accuracy": cell.get("accuracy")}
                       for dist, by_length in result.get("test", {}).items() for n, cell in by_length.items()]
             runs.append({"task": config["task"], "variant": row, "seed": seed, "train_length": length,

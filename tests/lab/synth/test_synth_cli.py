@@ -59,9 +59,10 @@ def test_write_data_round_trips_and_refuses_to_overwrite(tmp_path, capsys):
     vocab = json.loads((out / "vocab.json").read_text())
     assert vocab["tokens"] == cfg.vocab() and vocab["seeds"]["train"] == 3
     assert vocab["pairs"]["more-pairs"] == {"64": 8, "128": 11}
-    for name, split in (("validation", "same-pairs"), ("test-more-pairs-128", "more-pairs")):
+    assert vocab["seeds"]["validation-128"] != vocab["seeds"]["test-same-pairs-128"]
+    for name, split, length in (("validation", "same-pairs", 64), ("validation-128", "same-pairs", 128),
+                                ("test-more-pairs-128", "more-pairs", 128)):
         rows = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
-        length = 64 if name == "validation" else 128
         tokens, targets = fixed_split(cfg, "test" if name.startswith("test") else "validation", split, length)
         assert torch.equal(torch.tensor([r["tokens"] for r in rows]), tokens)
         assert torch.equal(torch.tensor([r["targets"] for r in rows]), targets)
@@ -165,12 +166,21 @@ def test_grown_eval_lengths_test_finished_seeds_at_the_new_lengths_as_a_fresh_ru
     grown = json.loads((seed / "result.json").read_text())
     assert (seed / "model.safetensors").stat().st_mtime_ns == weights  # no training step taken
     assert (seed / "metrics.jsonl").read_text() == metrics
-    assert {k: v for k, v in grown.items() if k != "test"} == {k: v for k, v in first.items() if k != "test"}
+    cells_of = ("test", "validation")
+    assert {k: v for k, v in grown.items() if k not in cells_of} == {k: v for k, v in first.items() if k not in cells_of}
     for distribution, cells in first["test"].items():
         assert {n: grown["test"][distribution][n] for n in cells} == cells  # stored cells kept as they were
+    assert list(first["validation"]) == ["128"] and grown["validation"]["128"] == first["validation"]["128"]
     assert run(tmp_path / "fresh", "64,128,256") == 0  # the same seed asked for every length at once
     fresh = json.loads((tmp_path / "fresh" / "seed0" / "result.json").read_text())
-    assert grown["test"] == fresh["test"]
+    assert grown["test"] == fresh["test"] and grown["validation"] == fresh["validation"]
+    assert sorted(grown["validation"], key=int) == ["128", "256"]  # validated beyond L only: L is val_accuracy's
+    older = dict(grown)  # a result from before the validation beyond L: validated, nothing else redone
+    del older["validation"]
+    (seed / "result.json").write_text(json.dumps(older))
+    assert run(out, "64,128,256") == 0
+    assert json.loads((seed / "result.json").read_text()) == grown
+    assert (seed / "model.safetensors").stat().st_mtime_ns == weights
     assert json.loads((out / "config.json").read_text())["eval_lengths"] == [64, 128, 256]
     assert json.loads((out / "results.json").read_text())["accuracy"]["more-pairs"]["256"]["seeds"] == 1
     capsys.readouterr()
@@ -212,6 +222,9 @@ def test_long_test_splits_hold_at_most_eval_tokens():
     cfg = preset_config("mqar", eval_lengths=[64, 1024, 4096])
     assert [len(fixed_split(cfg, "test", "more-pairs", t)[0]) for t in (64, 1024, 4096)] == [128, 128, 32]
     assert len(fixed_split(cfg, "validation", "same-pairs", 64)[0]) == 128
+    # beyond L the validation split is as large as a test split, and other sequences than the test's
+    assert [len(fixed_split(cfg, "validation", "same-pairs", t)[0]) for t in (1024, 4096)] == [128, 32]
+    assert not torch.equal(fixed_split(cfg, "validation", "same-pairs", 1024)[0], fixed_split(cfg, "test", "same-pairs", 1024)[0])
     small = preset_config("flip-flop", eval_lengths=[64, 256], eval_tokens=1000, eval_examples=10)
     assert [small.examples_at(t) for t in (64, 256, 4096)] == [10, 3, 1]
 

@@ -8,9 +8,11 @@ distribution and length: per seed, mean and sample standard deviation over the f
 
 A seed's ``result.json``: ``task``, ``seed``, ``steps``, ``train_tokens`` (steps × batch ×
 train length), ``params``, ``seconds``, ``val_accuracy`` (final model), ``val_99_step`` (the first
-evaluation step whose validation accuracy reached 0.99, or None) and ``test``: distribution ->
-length -> ``{"accuracy", "targets", "num_pairs" (MQAR)}``, accuracy in [0, 1] being the share of
-the split's targets whose argmax prediction is exact.
+evaluation step whose validation accuracy reached 0.99, or None), ``validation``: length ->
+``{"accuracy", "targets"[, "num_pairs"]}`` at every test length other than L (the training
+distribution, fresh sequences: what rows are chosen on beyond L, :func:`validate_model`), and
+``test``: distribution -> length -> the same cells, accuracy in [0, 1] being the share of the
+split's targets whose argmax prediction is exact.
 """
 
 from __future__ import annotations
@@ -38,11 +40,40 @@ from spe.lab.train.run_folder import run_lock
 from spe.lab.train.state import latest_unit
 
 __all__ = ["missing_lengths", "open_experiment", "results_markdown", "run_synth", "summarize", "test_model",
-           "train_seed", "write_data", "write_summary"]
+           "train_seed", "validate_model", "validation_lengths", "write_data", "write_summary"]
 
 log = logging.getLogger(__name__)
 
 TRAIN_EXAMPLES_WRITTEN = 1024  # --write-data: the first sequences of the training stream
+
+
+def _cell(cfg: SynthConfig, model, split: str, distribution: str, length: int, device: torch.device,
+          ctx: dist_.Distributed | None) -> dict:
+    tokens, targets = fixed_split(cfg, split, distribution, length)
+    correct, n = correct_count(model, tokens, targets, batch_tokens=cfg.eval_batch_tokens, device=device,
+                               precision=cfg.precision, ctx=ctx)
+    cell = {"accuracy": correct / n if n else None, "targets": n}
+    if cfg.task == "mqar":
+        cell["num_pairs"] = n // len(tokens)
+    return cell
+
+
+def validation_lengths(cfg: SynthConfig) -> list[int]:
+    """The lengths of ``cfg.eval_lengths`` other than the training length L: where a seed is
+    validated beyond ``val_accuracy``'s split at L."""
+    return [n for n in cfg.eval_lengths if n != cfg.train_length]
+
+
+def validate_model(cfg: SynthConfig, model, device: torch.device, ctx: dist_.Distributed | None = None, *,
+                   lengths: list[int] | None = None) -> dict:
+    """Length (a string) -> ``{"accuracy", "targets"[, "num_pairs"]}`` of ``model`` (put in eval
+    mode here) on the fixed validation split of the training distribution at ``lengths``
+    (default :func:`validation_lengths`): as many sequences as a test split of that length,
+    drawn from another seed than the test's, so that rows can be chosen beyond L without
+    looking at the test split."""
+    model.eval()
+    return {str(n): _cell(cfg, model, "validation", training_distribution(cfg.task), n, device, ctx)
+            for n in (validation_lengths(cfg) if lengths is None else lengths)}
 
 
 def test_model(cfg: SynthConfig, model, device: torch.device, ctx: dist_.Distributed | None = None, *,
@@ -51,26 +82,27 @@ def test_model(cfg: SynthConfig, model, device: torch.device, ctx: dist_.Distrib
     of ``model`` (put in eval mode here) on the fixed test splits of ``cfg`` at ``lengths``
     (default: every one of ``cfg.eval_lengths``)."""
     model.eval()
-    found = {}
-    for distribution in distributions(cfg.task):
-        found[distribution] = {}
-        for length in cfg.eval_lengths if lengths is None else lengths:
-            tokens, targets = fixed_split(cfg, "test", distribution, length)
-            correct, n = correct_count(model, tokens, targets, batch_tokens=cfg.eval_batch_tokens, device=device,
-                                       precision=cfg.precision, ctx=ctx)
-            cell = {"accuracy": correct / n if n else None, "targets": n}
-            if cfg.task == "mqar":
-                cell["num_pairs"] = n // len(tokens)
-            found[distribution][str(length)] = cell
-    return found
+    return {distribution: {str(n): _cell(cfg, model, "test", distribution, n, device, ctx)
+                           for n in (cfg.eval_lengths if lengths is None else lengths)}
+            for distribution in distributions(cfg.task)}
+
+
+def _missing_tests(cfg: SynthConfig, stored: dict) -> list[int]:
+    tested = stored.get("test", {})
+    return [n for n in cfg.eval_lengths
+            if any(str(n) not in tested.get(distribution, {}) for distribution in distributions(cfg.task))]
+
+
+def _missing_validation(cfg: SynthConfig, stored: dict) -> list[int]:
+    return [n for n in validation_lengths(cfg) if str(n) not in stored.get("validation", {})]
 
 
 def missing_lengths(cfg: SynthConfig, stored: dict) -> list[int]:
     """The lengths of ``cfg.eval_lengths`` at which a seed's stored result has no test cell in
-    some distribution (none for a result that answers ``cfg``)."""
-    tested = stored.get("test", {})
-    return [n for n in cfg.eval_lengths
-            if any(str(n) not in tested.get(distribution, {}) for distribution in distributions(cfg.task))]
+    some distribution or no validation cell (:func:`validation_lengths`); none for a result that
+    answers ``cfg``."""
+    missing = {*_missing_tests(cfg, stored), *_missing_validation(cfg, stored)}
+    return [n for n in cfg.eval_lengths if n in missing]
 
 
 def _first_step_at(records: list[dict], level: float) -> int | None:
@@ -80,9 +112,9 @@ def _first_step_at(records: list[dict], level: float) -> int | None:
 def train_seed(cfg: SynthConfig, seed: int, folder: str | Path, *, progress: bool = True) -> dict:
     """Trains one seed in ``folder`` (resuming its newest checkpoint), then tests the final model.
 
-    A finished seed (its ``result.json`` written) takes no step: its final model is tested at the
-    lengths :func:`missing_lengths` names and those cells are added to the stored result, the
-    others (and the validation accuracy, the training time) kept as they were.
+    A finished seed (its ``result.json`` written) takes no step: its final model is tested and
+    validated where its result lacks a cell (:func:`missing_lengths`) and those cells are added
+    to the stored result, the others (``val_accuracy`` at L, the training time) kept as they were.
 
     Args:
         cfg: the experiment.
@@ -114,19 +146,22 @@ def train_seed(cfg: SynthConfig, seed: int, folder: str | Path, *, progress: boo
         device = dist_.process_device(cfg.device, ctx)
         model = outcome.model.eval()
         if stored is not None:
-            added = test_model(cfg, model, device, ctx, lengths=missing_lengths(cfg, stored))
+            added = test_model(cfg, model, device, ctx, lengths=_missing_tests(cfg, stored))
             test = {d: {**stored.get("test", {}).get(d, {}), **cells} for d, cells in added.items()}
-            return {**stored, "test": test}
+            validation = {**stored.get("validation", {}),
+                          **validate_model(cfg, model, device, ctx, lengths=_missing_validation(cfg, stored))}
+            return {**stored, "validation": validation, "test": test}
         validation = fixed_split(cfg, "validation", training_distribution(cfg.task), cfg.train_length)
         correct, n = correct_count(model, *validation, batch_tokens=cfg.eval_batch_tokens, device=device,
                                    precision=cfg.precision, ctx=ctx)
+        beyond = validate_model(cfg, model, device, ctx)
         test = test_model(cfg, model, device, ctx)
         records = read_records(folder / engine.METRICS_FILE)
         return {"task": cfg.task, "seed": seed, "steps": cfg.steps,
                 "train_tokens": cfg.steps * cfg.batch_size * cfg.train_length,
                 "params": model.num_parameters(), "seconds": outcome.seconds + time.perf_counter() - started,
                 "val_accuracy": correct / n if n else None, "val_99_step": _first_step_at(records, 0.99),
-                "test": test}
+                "validation": beyond, "test": test}
 
 
 def summarize(cfg: SynthConfig, results: list[dict]) -> dict:
@@ -236,7 +271,8 @@ def write_data(cfg: SynthConfig, folder: str | Path, *, seed: int = 0,
     * ``train.jsonl``: the first ``train_examples`` sequences of the training stream (drawn in
       batches of ``batch_size`` from a generator seeded with ``seed``, as the engine's ``data``
       generator draws them);
-    * ``validation.jsonl``: the fixed validation split;
+    * ``validation.jsonl``: the fixed validation split at the training length, and
+      ``validation-T.jsonl`` at each other test length T (:func:`validation_lengths`);
     * ``test-DISTRIBUTION-T.jsonl``: each fixed test split.
 
     Returns:
@@ -246,7 +282,7 @@ def write_data(cfg: SynthConfig, folder: str | Path, *, seed: int = 0,
         ValueError: if any of these files exists already (nothing is written then).
     """
     folder = Path(folder)
-    names = ["vocab.json", "train.jsonl", "validation.jsonl",
+    names = ["vocab.json", "train.jsonl", "validation.jsonl", *(f"validation-{t}.jsonl" for t in validation_lengths(cfg)),
              *(f"test-{d}-{t}.jsonl" for d in distributions(cfg.task) for t in cfg.eval_lengths)]
     existing = [n for n in names if (folder / n).exists()]
     if existing:
@@ -259,6 +295,10 @@ def write_data(cfg: SynthConfig, folder: str | Path, *, seed: int = 0,
               "validation.jsonl": fixed_split(cfg, "validation", training_distribution(cfg.task), cfg.train_length)}
     seeds = {"train": seed, "validation": split_seed(cfg.task, "validation", training_distribution(cfg.task),
                                                      cfg.train_length, cfg.eval_seed)}
+    for t in validation_lengths(cfg):
+        splits[f"validation-{t}.jsonl"] = fixed_split(cfg, "validation", training_distribution(cfg.task), t)
+        seeds[f"validation-{t}"] = split_seed(cfg.task, "validation", training_distribution(cfg.task), t,
+                                              cfg.eval_seed)
     for d in distributions(cfg.task):
         for t in cfg.eval_lengths:
             splits[f"test-{d}-{t}.jsonl"] = fixed_split(cfg, "test", d, t)

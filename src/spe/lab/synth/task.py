@@ -60,12 +60,14 @@ def draw(cfg: SynthConfig, distribution: str, length: int, batch: int,
 
 
 def fixed_split(cfg: SynthConfig, split: str, distribution: str, length: int) -> tuple[Tensor, Tensor]:
-    """The sequences of a fixed split: ``validation`` (``cfg.eval_examples``) or ``test``
+    """The sequences of a fixed split: ``validation`` (``cfg.eval_examples`` at the training
+    length, :meth:`SynthConfig.examples_at` beyond it, as a test split) or ``test``
     (:meth:`SynthConfig.examples_at`), drawn from the generator seeded with
     :func:`~spe.lab.synth.data.split_seed` ``(task, split, distribution, length, eval_seed)``:
     the same sequences for every run and every seed."""
     generator = torch.Generator().manual_seed(split_seed(cfg.task, split, distribution, length, cfg.eval_seed))
-    count = cfg.eval_examples if split == "validation" else cfg.examples_at(length)
+    at_l = split == "validation" and length == cfg.train_length
+    count = cfg.eval_examples if at_l else cfg.examples_at(length)
     return draw(cfg, distribution, length, count, generator)
 
 
