@@ -2,16 +2,17 @@
 ``PYTHONPATH=src python tools/analysis/clock_probe.py runs/mqar/sinespe-learned-gated ...``.
 
 Each argument is a row folder of ``spe synth`` (``config.json`` and ``seed<k>/model.safetensors``).
-Every finished seed's model reads the first ``--sequences`` sequences of the task's validation
-split at the training length L, once, in eval mode, and for each layer and head reports:
+Every finished seed's model (``result.json`` written) reads the first ``--sequences`` sequences
+of the task's validation split at the training length L, once, in eval mode, and for each layer
+and head reports:
 
 * the learned clock's step Δ = softplus(wᵀx + b) (``--spe-time learned`` or ``--rope-time
   learned``; 1 everywhere is the index clock the models start from): its mean over every token,
   at the tokens that carry a loss (MQAR's queries, flip-flop's reads) and elsewhere, and the
-  clock's span τ_L − τ_0 over the L tokens (L − 1 for the index clock);
+  clock's span τ_{L−1} − τ_0 over the L tokens (L − 1 for the index clock);
 * the forget gate's mean per token, exp of the log gate (scalar gate: per head; channel gate:
   the mean over its channels); 1 keeps the whole past;
-* SPE's gate δ_d of eq. (23)–(25) of Liutkus et al. 2021 (``gated_spe``): its mean over the
+* SPE's gate δ_d of eq. (23)–(25) of Liutkus et al. 2021 (model option ``gated``): its mean over the
   head's channels and its range (the models start at δ = 0.5).
 
 One JSON line per (row, seed, layer) on stdout (``--json`` to a file instead), then a markdown
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             tokens, targets = fixed_split(cfg, "validation", training_distribution(cfg.task), cfg.train_length)
             tokens, targets = tokens[:args.sequences], targets[:args.sequences]
             for seed_folder in sorted(folder.glob("seed*")):
-                if not (seed_folder / "model.safetensors").is_file():
+                if not (seed_folder / "result.json").is_file():  # unfinished: its weights are not final
                     continue
                 model = load(seed_folder / "model.safetensors").model
                 for record in probe(model, tokens, targets):

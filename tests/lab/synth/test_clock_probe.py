@@ -1,6 +1,7 @@
 """tools/analysis/clock_probe.py: what it reports of a model's clock and gates is what they compute."""
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -74,3 +75,11 @@ def test_channel_gate_is_averaged_over_channels_and_index_models_report_no_clock
     x = model.blocks[0].norm1(model.embed(tokens)).detach()
     kept = model.blocks[0].attn.decay_gate(x).double().exp()  # (N, T, H, M)
     assert record["forget_mean"] == pytest.approx(kept.mean((0, 1, 3)).tolist())
+
+
+def test_the_docs_table_is_the_committed_probe_data(tool):
+    data = ROOT / "docs" / "data" / "probes" / "learned-time-clocks.jsonl"
+    lines = [json.loads(line) for line in data.read_text().splitlines()]
+    text = (ROOT / "docs" / "learned-time.md").read_text()
+    block = text.split("<!-- clock-probe:learned-time-clocks -->\n", 1)[1].split("\n<!-- /clock-probe -->", 1)[0]
+    assert block == tool.summary_table(lines)
