@@ -139,6 +139,8 @@ def train_seed(cfg: SynthConfig, seed: int, folder: str | Path, *, progress: boo
         if latest_unit(folder) is None:
             raise ValueError(f"{folder} is finished but holds no checkpoint to test at "
                              f"{missing_lengths(cfg, stored)}; run it again in a new --out")
+        log.info("%s is finished: testing %s and validating %s from its final model, without training",
+                 folder, _missing_tests(cfg, stored) or "nothing", _missing_validation(cfg, stored) or "nothing")
     with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx, run_lock(folder, ctx):
         outcome = engine.run(SynthTask(cfg, label=f"{cfg.task} {folder.parent.name}/{folder.name}"),
                              engine_settings(cfg, seed), folder, resume=True, progress=progress)
