@@ -241,7 +241,8 @@ def test_validation_beyond_l_joins_the_validation_split_and_orders_rows_there(tm
             write_result(tmp_path / row / f"seed{seed}", result)
     runs, rows = synth_folder_results(tmp_path)
     records, meta = synth_study(runs, study="ff", title="Flip-flop", command="spe synth --plan x", rows=rows)
-    validation = {(r["variant"], r["seed"], r["bucket_start"]): r["value"] for r in records if r["split"] == "validation"}
+    validation = {(r["variant"], r["seed"], r["bucket_start"]): r["value"]
+                  for r in records if r["split"] == "validation"}
     assert {k for k in validation if k[0] == "old"} == {("old", 0, 64), ("old", 1, 64)}
     assert validation[("gated", 1, 4096)] == 0.71 and validation[("fox", 0, 256)] == 0.97
     text = render_study(records, meta)

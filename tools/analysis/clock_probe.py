@@ -12,8 +12,8 @@ and head reports:
   clock's span τ_{L−1} − τ_0 over the L tokens (L − 1 for the index clock);
 * the forget gate's mean per token, exp of the log gate (scalar gate: per head; channel gate:
   the mean over its channels); 1 keeps the whole past;
-* SPE's gate δ_d of eq. (23)–(25) of Liutkus et al. 2021 (model option ``gated``): its mean over the
-  head's channels and its range (the models start at δ = 0.5).
+* SPE's gate δ_d of eq. (23)–(25) of Liutkus et al. 2021 (model option ``gated``): its mean over
+  the head's channels and its range (δ starts at sigmoid(``gate_init``), 0.5 by default).
 
 One JSON line per (row, seed, layer) on stdout (``--json`` to a file instead), then a markdown
 table of them per row and layer (:func:`summary_table`).
@@ -46,7 +46,7 @@ def probe(model: torch.nn.Module, tokens: Tensor, targets: Tensor) -> list[dict]
     Returns:
         One dict per layer that has a clock, a forget gate or an SPE gate: ``layer`` (its module
         name) and, each a list over heads, ``step_mean``, ``step_at_targets``, ``step_elsewhere``,
-        ``clock_span`` (mean over sequences of τ_T − τ_0), ``forget_mean``, ``spe_gate_mean``,
+        ``clock_span`` (mean over sequences of τ_{T−1} − τ_0), ``forget_mean``, ``spe_gate_mean``,
         ``spe_gate_min``, ``spe_gate_max``; the keys of what the layer lacks are absent.
     """
     found: dict[str, dict] = {}
@@ -80,8 +80,8 @@ def probe(model: torch.nn.Module, tokens: Tensor, targets: Tensor) -> list[dict]
             hooks.append(module.register_forward_hook(on_gate(name)))
         elif isinstance(module, SPEFilter) and module.gate is not None:
             delta = module.gate.detach().double()  # (H, D)
-            layer_of(name).update(spe_gate_mean=delta.mean(dim=1).tolist(), spe_gate_min=delta.amin(dim=1).tolist(),
-                                  spe_gate_max=delta.amax(dim=1).tolist())
+            layer_of(name).update(spe_gate_mean=delta.mean(dim=1).tolist(),
+                                  spe_gate_min=delta.amin(dim=1).tolist(), spe_gate_max=delta.amax(dim=1).tolist())
     try:
         with torch.no_grad():
             model.eval()(tokens)

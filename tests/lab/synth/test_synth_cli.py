@@ -167,7 +167,8 @@ def test_grown_eval_lengths_test_finished_seeds_at_the_new_lengths_as_a_fresh_ru
     assert (seed / "model.safetensors").stat().st_mtime_ns == weights  # no training step taken
     assert (seed / "metrics.jsonl").read_text() == metrics
     cells_of = ("test", "validation")
-    assert {k: v for k, v in grown.items() if k not in cells_of} == {k: v for k, v in first.items() if k not in cells_of}
+    kept = {k: v for k, v in grown.items() if k not in cells_of}
+    assert kept == {k: v for k, v in first.items() if k not in cells_of}
     for distribution, cells in first["test"].items():
         assert {n: grown["test"][distribution][n] for n in cells} == cells  # stored cells kept as they were
     assert list(first["validation"]) == ["128"] and grown["validation"]["128"] == first["validation"]["128"]
@@ -224,7 +225,8 @@ def test_long_test_splits_hold_at_most_eval_tokens():
     assert len(fixed_split(cfg, "validation", "same-pairs", 64)[0]) == 128
     # beyond L the validation split is as large as a test split, and other sequences than the test's
     assert [len(fixed_split(cfg, "validation", "same-pairs", t)[0]) for t in (1024, 4096)] == [128, 32]
-    assert not torch.equal(fixed_split(cfg, "validation", "same-pairs", 1024)[0], fixed_split(cfg, "test", "same-pairs", 1024)[0])
+    validation, test = (fixed_split(cfg, split, "same-pairs", 1024)[0] for split in ("validation", "test"))
+    assert not torch.equal(validation, test)
     small = preset_config("flip-flop", eval_lengths=[64, 256], eval_tokens=1000, eval_examples=10)
     assert [small.examples_at(t) for t in (64, 256, 4096)] == [10, 3, 1]
 
@@ -246,7 +248,8 @@ def test_quick_plans_hold_the_full_plans_rows_and_each_twin_differs_in_one_optio
     assert a.pop("gated") is True and not b.get("gated", False)  # SPE's own gating (eq. 23-25) is the one change
     assert a == {k: v for k, v in b.items() if k != "gated"}
     wide = row_config(plan, "sinespe-learned-gated-shift-spe-gating-r128").model
-    assert wide.pop("num_realizations") == 128 and {**a, "gated": True} == {**wide, "num_realizations": a["num_realizations"]}
+    assert wide.pop("num_realizations") == 128
+    assert {**a, "gated": True} == {**wide, "num_realizations": a["num_realizations"]}
     open_ = row_config(plan, "sinespe-learned-gated-shift-spe-gating-d088").model
     assert open_.pop("gate_init") == 2.0 and open_ == {**a, "gated": True}
 

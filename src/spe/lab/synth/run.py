@@ -139,8 +139,9 @@ def train_seed(cfg: SynthConfig, seed: int, folder: str | Path, *, progress: boo
         if latest_unit(folder) is None:
             raise ValueError(f"{folder} is finished but holds no checkpoint to test at "
                              f"{missing_lengths(cfg, stored)}; run it again in a new --out")
+        tests, checks = _missing_tests(cfg, stored), _missing_validation(cfg, stored)
         log.info("%s is finished: testing %s and validating %s from its final model, without training",
-                 folder, _missing_tests(cfg, stored) or "nothing", _missing_validation(cfg, stored) or "nothing")
+                 folder, tests or "nothing", checks or "nothing")
     with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx, run_lock(folder, ctx):
         outcome = engine.run(SynthTask(cfg, label=f"{cfg.task} {folder.parent.name}/{folder.name}"),
                              engine_settings(cfg, seed), folder, resume=True, progress=progress)
@@ -148,21 +149,18 @@ def train_seed(cfg: SynthConfig, seed: int, folder: str | Path, *, progress: boo
         device = dist_.process_device(cfg.device, ctx)
         model = outcome.model.eval()
         if stored is not None:
-            added = test_model(cfg, model, device, ctx, lengths=_missing_tests(cfg, stored))
+            added = test_model(cfg, model, device, ctx, lengths=tests)
             test = {d: {**stored.get("test", {}).get(d, {}), **cells} for d, cells in added.items()}
-            validation = {**stored.get("validation", {}),
-                          **validate_model(cfg, model, device, ctx, lengths=_missing_validation(cfg, stored))}
+            validation = {**stored.get("validation", {}), **validate_model(cfg, model, device, ctx, lengths=checks)}
             return {**stored, "validation": validation, "test": test}
-        validation = fixed_split(cfg, "validation", training_distribution(cfg.task), cfg.train_length)
-        correct, n = correct_count(model, *validation, batch_tokens=cfg.eval_batch_tokens, device=device,
-                                   precision=cfg.precision, ctx=ctx)
+        at_l = _cell(cfg, model, "validation", training_distribution(cfg.task), cfg.train_length, device, ctx)
         beyond = validate_model(cfg, model, device, ctx)
         test = test_model(cfg, model, device, ctx)
         records = read_records(folder / engine.METRICS_FILE)
         return {"task": cfg.task, "seed": seed, "steps": cfg.steps,
                 "train_tokens": cfg.steps * cfg.batch_size * cfg.train_length,
                 "params": model.num_parameters(), "seconds": outcome.seconds + time.perf_counter() - started,
-                "val_accuracy": correct / n if n else None, "val_99_step": _first_step_at(records, 0.99),
+                "val_accuracy": at_l["accuracy"], "val_99_step": _first_step_at(records, 0.99),
                 "validation": beyond, "test": test}
 
 
@@ -284,7 +282,8 @@ def write_data(cfg: SynthConfig, folder: str | Path, *, seed: int = 0,
         ValueError: if any of these files exists already (nothing is written then).
     """
     folder = Path(folder)
-    names = ["vocab.json", "train.jsonl", "validation.jsonl", *(f"validation-{t}.jsonl" for t in validation_lengths(cfg)),
+    names = ["vocab.json", "train.jsonl", "validation.jsonl",
+             *(f"validation-{t}.jsonl" for t in validation_lengths(cfg)),
              *(f"test-{d}-{t}.jsonl" for d in distributions(cfg.task) for t in cfg.eval_lengths)]
     existing = [n for n in names if (folder / n).exists()]
     if existing:

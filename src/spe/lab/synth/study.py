@@ -90,7 +90,8 @@ def collect_synth(plan: plans.Plan, out: str | Path, configs: dict[str, SynthCon
     with plans.results_lock(out):
         found = plans.collect(plan, out)
         with quiet_defaults():  # the rows this call does not run are only summarised
-            rows = {name: (configs.get(name) or row_config(plan, name), list(found[name].values())) for name in plan.rows}
+            rows = {name: (configs.get(name) or row_config(plan, name), list(found[name].values()))
+                    for name in plan.rows}
         record = {"title": plan.title, "task": plan.settings["task"], "rows": {
             name: {"description": plan.rows[name]["description"], "options": plan.rows[name]["options"],
                    "results": results, "accuracy": summarize(cfg, results)} for name, (cfg, results) in rows.items()}}
