@@ -10,7 +10,9 @@ from spe.attention import MultiHeadAttention
 from spe.encodings import SineSPE, SPEFilter
 from spe.encodings.clock import LearnedClock, clock_reference, inverse_softplus
 from spe.encodings.rope import LearnedTimeRotary, RotaryEncoding, rotate
-from spe.encodings.sine import LearnedTimeSPEFilter, apply_sine_code_timed, apply_sine_code_timed_reference
+from spe.encodings.sine import (LearnedTimeSPEFilter, apply_sine_code_timed, apply_sine_code_timed_pair,
+                               apply_sine_code_timed_reference)
+from spe.ops.sine.phases import timed_sine_features
 from spe.models import DecoderLM, ModelConfig
 
 LEARNED = {"sinespe": {"spe_time": "learned"}, "rope": {"rope_time": "learned"}}
@@ -104,6 +106,70 @@ def test_the_timed_code_equals_its_float64_reference_forward_and_backward(gated,
             # d/df carries τ ≈ 1,000: float32 gradients of size ~1e3 · 1e-6
             torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-3 if name == "frequencies" else 1e-5,
                                        msg=name)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0e4, 1.0e6])
+def test_timed_sine_features_equal_float64_trigonometry_forward_and_backward(offset):
+    # Large times are the adversarial case: a float32 product 2π f τ would lose ~0.4 rad at
+    # τ = 1e6; the float64 reduction keeps the phase to ~2π·6e-8 whatever τ.
+    g = torch.Generator().manual_seed(3)
+    freqs = (0.5 * torch.rand(2, 3, 4, generator=g)).requires_grad_()
+    # (H, N) = (2, 14) head-major times
+    times = ((torch.rand(2, 14, generator=g, dtype=torch.float64) * 3).cumsum(1) + offset).requires_grad_()
+    cos, sin = timed_sine_features(freqs, times)
+    assert cos.dtype == sin.dtype == torch.float32 and cos.shape == (2, 14, 3, 4)
+    f64 = freqs.detach().double().requires_grad_()
+    t64 = times.detach().clone().requires_grad_()
+    angle = 2 * math.pi * t64[..., None, None] * f64[:, None]
+    ref_cos, ref_sin = torch.cos(angle), torch.sin(angle)
+    # the phase to ~4e-7 rad (frac in float64, then 2π in float32) and cos/sin rounded to float32
+    torch.testing.assert_close(cos.double(), ref_cos, rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin.double(), ref_sin, rtol=0, atol=1e-6)
+    up = [torch.randn(cos.shape, generator=g, dtype=torch.float64) for _ in range(2)]
+    (cos.double() * up[0] + sin.double() * up[1]).sum().backward()
+    (ref_cos * up[0] + ref_sin * up[1]).sum().backward()
+    # d/dτ is 2π f times O(1) terms: float32 to ~1e-6 relative; d/df sums 14 terms of 2π τ · O(1),
+    # each good to float32's 6e-8 relative (of τ, not of the sum: cancellations get atol ~ τ·1e-6)
+    torch.testing.assert_close(times.grad, t64.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(freqs.grad.double(), f64.grad, rtol=1e-5, atol=1e-5 * max(1.0, offset))
+
+
+@pytest.mark.parametrize("half", ["cos", "sin"])
+def test_timed_sine_features_backward_with_only_one_half_used(half):
+    # autograd passes None for the unused half's gradient: d cos = −sin · 2π τ df, d sin = cos · 2π τ df
+    freqs = torch.rand(2, 3, 4, requires_grad=True)
+    times = torch.rand(2, 5, dtype=torch.float64).cumsum(1).requires_grad_()
+    cos, sin = timed_sine_features(freqs, times)
+    (cos if half == "cos" else sin).sum().backward()
+    angle = 2 * math.pi * times.detach()[..., None, None] * freqs.detach().double()[:, None]
+    slope = -torch.sin(angle) if half == "cos" else torch.cos(angle)
+    torch.testing.assert_close(freqs.grad.double(), (slope * 2 * math.pi * times.detach()[..., None, None]).sum(1),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(times.grad, (slope * 2 * math.pi * freqs.detach().double()[:, None]).sum((-1, -2)),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_timed_pair_equals_the_float64_reference_for_queries_and_keys_forward_and_backward(gated):
+    fast = _timed_inputs(gated=gated, seed=2)
+    k = torch.randn(fast[0].shape, generator=torch.Generator().manual_seed(5)).requires_grad_()
+    slow = [t if t is None else t.detach().double().requires_grad_() for t in fast]
+    k64 = k.detach().double().requires_grad_()
+    q_hat, k_hat = apply_sine_code_timed_pair(fast[0], k, *fast[1:])
+    ref_q = apply_sine_code_timed_reference(*slow)
+    ref_k = apply_sine_code_timed_reference(k64, slow[1], None, *slow[3:])
+    # D·2K = 24 float32 products of size ~1 per output, as the single-side test
+    torch.testing.assert_close(q_hat.double(), ref_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_hat.double(), ref_k, rtol=1e-5, atol=1e-5)
+    # the keys read no θ: changing the phases moves q̂ only
+    assert not torch.allclose(q_hat, k_hat)
+    (q_hat.double() * k_hat.double()).sum().backward()
+    (ref_q * ref_k).sum().backward()
+    for name, a, b in zip(("q", "frequencies", "phases", "times", "weights", "gate"), fast, slow):
+        if a is not None:
+            torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-3 if name == "frequencies" else 1e-5,
+                                       msg=name)
+    torch.testing.assert_close(k.grad.double(), k64.grad, rtol=1e-4, atol=1e-5)
 
 
 def test_the_filter_and_its_clock_equal_the_float64_composition_forward_and_backward():

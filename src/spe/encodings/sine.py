@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from spe.encodings.clock import CLOCK_TIMES, LearnedClock
 from spe.encodings.code import SineCode, SPECode
-from spe.ops.sine.phases import sine_phase
+from spe.ops.sine.phases import sine_phase, timed_sine_features
 from spe.encodings.positions import (NOISE_DTYPE, check_code_seed, code_generator, require_positive,
                                      resolve_positions)
 from spe.encodings.filter import SPEFilter, SPEOptions, _check, _gate_term, _scaled, build_filter
@@ -24,7 +24,7 @@ from spe.encodings.spec import PositionalSpec, head_dim, option
 
 __all__ = ["CODE_NOISES", "FREQUENCY_INITS", "SPE_TIMES", "LearnedTimeSPEFilter", "OnsetSPEFilter", "SineOptions",
            "SineSPE", "TimedSPEFilter",
-           "apply_sine_code_timed", "apply_sine_code_timed_reference", "orthogonal_noise", "sine_phase",
+           "apply_sine_code_timed", "apply_sine_code_timed_pair", "apply_sine_code_timed_reference", "orthogonal_noise", "sine_phase",
            "SPEC"]
 
 # the accepted values of SineSPE's ``noise`` and ``frequency_init`` (ModelConfig checks them too)
@@ -206,16 +206,49 @@ class SineSPE(nn.Module):
         return (self.gains[:, :, None] ** 2 * torch.cos(angle)).sum(-1) / (2 * self.num_sines)
 
 
+def _timed_weights(weights: Tensor, phases: Tensor | None, scale: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    # the cos and sin halves (interleaved along 2K) of the code's weights, (H, D, K, R) each, with
+    # the queries' θ folded in: cos(a + θ) w_c + sin(a + θ) w_s
+    #   = cos a (cos θ w_c + sin θ w_s) + sin a (cos θ w_s − sin θ w_c)
+    h, d, two_k, r = weights.shape
+    w = (weights * scale).view(h, d, two_k // 2, 2, r)
+    w_cos, w_sin = w[..., 0, :], w[..., 1, :]
+    if phases is not None:
+        c, s = torch.cos(phases)[..., None], torch.sin(phases)[..., None]
+        w_cos, w_sin = c * w_cos + s * w_sin, c * w_sin - s * w_cos
+    return w_cos.to(dtype), w_sin.to(dtype)
+
+
+def _apply_timed(x: Tensor, cos: Tensor, sin: Tensor, w_cos: Tensor, w_sin: Tensor, gate: Tensor | None,
+                 gate_noise: Tensor, scale: float) -> Tensor:
+    # head-major (H, B·L, ·) so that both contractions over (D, K) are batched matrix products
+    b, n, h, d = x.shape
+    k = cos.shape[-1]
+    xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
+    xs = xs.permute(2, 0, 1, 3).reshape(h, b * n, d, 1)
+    out = torch.bmm((xs * cos.to(x.dtype)).view(h, b * n, d * k), w_cos.reshape(h, d * k, -1))
+    out = torch.baddbmm(out, (xs * sin.to(x.dtype)).view(h, b * n, d * k), w_sin.reshape(h, d * k, -1))
+    out = out.view(h, b, n, -1).permute(1, 2, 0, 3)
+    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
+
+
+def _head_major(times: Tensor) -> Tensor:
+    # (B, L, H) -> (H, B·L)
+    return times.permute(2, 0, 1).reshape(times.shape[2], -1)
+
+
 def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None, times: Tensor,
                           weights: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
     """Eq. (16)/(17) (+ gating (23)-(25)) with the code's sinusoids read at per-sequence times τ.
 
     q̂[b, m] = Σ_{d,j} x_d Ω_j(τ_bmh) (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4} with Ω the cos/sin of
     2π f_dk τ (+ θ_dk for queries), the phases reduced modulo 2π in float64
-    (as :func:`~spe.ops.sine.phases.sine_phase`). The code is no longer shared by the batch: this forms
-    the (B, L, H, D, K) cos and sin features (kept for backward) and costs B·L·H·D·2K·R multiply-adds,
-    the fused index form's (:func:`~spe.encodings.filter.apply_sine_code_fused`), instead of
-    the materialised form's L·H·D·2K·R + B·L·H·D·R.
+    (:func:`~spe.ops.sine.phases.timed_sine_features`; θ folded into the weights). The code is
+    no longer shared by the batch: this forms the (H, B·L, D, K) cos and sin features (kept for
+    backward) and costs B·L·H·D·2K·R multiply-adds, the fused index form's
+    (:func:`~spe.encodings.filter.apply_sine_code_fused`), instead of the materialised form's
+    L·H·D·2K·R + B·L·H·D·R. Queries and keys read the same features:
+    :func:`apply_sine_code_timed_pair` forms them once for both.
 
     Args:
         x: (B, L, H, D) queries or keys.
@@ -229,22 +262,30 @@ def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None,
     Returns:
         (B, L, H, R) in x's dtype.
     """
-    b, n, h, d = x.shape
-    k, r = weights.shape[-2] // 2, weights.shape[-1]
-    scale = (d * r) ** -0.25
-    # f·τ reduced modulo 1 in float64 (frac: x − trunc(x), unit gradient; cos and sin do not see
-    # the integer removed), then 2π in float32: the phase's error stays ~2π·6e-8 whatever τ
-    cycles = torch.frac(times.double()[..., None, None] * frequencies.double())  # (B, L, H, D, K)
-    angle = cycles.to(frequencies.dtype) * (2 * math.pi)
-    if phases is not None:
-        angle = angle + phases
-    xs = (x if gate is None else _scaled(x, torch.sqrt(1 - gate)))[..., None]  # (B, L, H, D, 1)
-    # the cos and sin halves of the code's weights (interleaved along 2K) apart: no (B, L, H, D, 2K) copy
-    w = (weights * scale).to(x.dtype).view(h, d, k, 2, r)
-    cos, sin = (torch.einsum("blhdk,hdkr->blhr", xs * trig(angle).to(x.dtype), w[:, :, :, i])
-                for i, trig in enumerate((torch.cos, torch.sin)))
-    out = cos + sin
-    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
+    scale = (x.shape[-1] * weights.shape[-1]) ** -0.25
+    cos, sin = timed_sine_features(frequencies, _head_major(times))
+    return _apply_timed(x, cos, sin, *_timed_weights(weights, phases, scale, x.dtype), gate, gate_noise, scale)
+
+
+def apply_sine_code_timed_pair(q: Tensor, k: Tensor, frequencies: Tensor, phases: Tensor, times: Tensor,
+                               weights: Tensor, gate: Tensor | None, gate_noise: Tensor) -> tuple[Tensor, Tensor]:
+    """q̂ and k̂ of :func:`apply_sine_code_timed` (queries with the code's θ, keys without) from one
+    set of cos and sin features: half the phase reduction, trigonometry and kept memory of two
+    calls.
+
+    Args:
+        q, k: (B, L, H, D) queries and keys.
+        phases: (H, D, K) the queries' θ.
+        frequencies, times, weights, gate, gate_noise: as :func:`apply_sine_code_timed`.
+
+    Returns:
+        (q̂, k̂), each (B, L, H, R) in the dtype of q and k.
+    """
+    scale = (q.shape[-1] * weights.shape[-1]) ** -0.25
+    cos, sin = timed_sine_features(frequencies, _head_major(times))
+    q_hat = _apply_timed(q, cos, sin, *_timed_weights(weights, phases, scale, q.dtype), gate, gate_noise, scale)
+    k_hat = _apply_timed(k, cos, sin, *_timed_weights(weights, None, scale, k.dtype), gate, gate_noise, scale)
+    return q_hat, k_hat
 
 
 def apply_sine_code_timed_reference(x: Tensor, frequencies: Tensor, phases: Tensor | None, times: Tensor,
@@ -285,9 +326,8 @@ class TimedSPEFilter(SPEFilter):
                              f"SineCode, got {type(code).__name__}")
         _check(q, k, code, self.num_heads, self.head_dim)
         gate = self.gate
-        q_hat, k_hat = (apply_sine_code_timed(x, code.frequencies, phases, context, code.weights, gate,
-                                              code.gate_noise) for x, phases in ((q, code.phases), (k, None)))
-        return q_hat, k_hat
+        return apply_sine_code_timed_pair(q, k, code.frequencies, code.phases, context, code.weights, gate,
+                                          code.gate_noise)
 
 
 class OnsetSPEFilter(TimedSPEFilter):
