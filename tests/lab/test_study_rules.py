@@ -100,6 +100,18 @@ def test_the_best_group_and_the_rows_that_need_more_seeds():
     assert far.group == ["a"] and far.needs_seeds == []
 
 
+def test_rows_that_never_vary_are_settled_by_their_means():
+    # accuracy at the ceiling on every seed, the best too: se = 0, the test is decided by the
+    # means alone (p = 0.5 for a tie), and there is no spread to carry a seed across a threshold
+    sel = select({"best": [1.0, 1.0, 1.0], "tie": [1.0, 1.0, 1.0], "below": [0.9, 0.9, 0.9]}, "accuracy")
+    assert sel.group == ["best", "tie"] and sel.rows["tie"].p == 0.5 and sel.rows["below"].p == 0.0
+    assert sel.needs_seeds == []
+    # a row without spread against a best that varies is tested as usual: near when its mean sits on m*
+    best = [0.90, 0.95, 1.0]
+    on_flip = flip_mean([0.8, 0.8], best, "accuracy")
+    assert select({"best": best, "row": [on_flip, on_flip]}, "accuracy").rows["row"].near
+
+
 def test_accuracy_picks_the_highest_and_one_seed_rows_are_never_best():
     sel = select({"x": [0.99], "y": [0.90, 0.92], "z": [0.95, 0.97]}, "accuracy")
     assert sel.best == "z" and sel.rows["y"].in_group is False

@@ -21,7 +21,9 @@ Every number a study table prints about selection comes from :func:`select`:
   reaches the *flip mean* m* = m_best + d · t₀.₉₅(ν) · se (d = +1 lower-is-better, −1 higher;
   se = √(s_r²/n_r + s_b²/n_b), ν the Welch–Satterthwaite degrees of freedom). A row whose
   mean lies within one of its own standard deviations of m* (|m_r − m*| ≤ s_r), i.e. one
-  seed's spread from the other side of the rule, needs 5 seeds; so does a row of one seed
+  seed's spread from the other side of the rule, needs 5 seeds (not where neither row varies:
+  se = 0 settles the test by the means alone, e.g. two rows at 100 % on every seed); so does a
+  row of one seed
   (untestable). Whenever any row needs them, the best row runs 5 seeds too, since every test
   involves it (:attr:`Selection.needs_seeds`).
 
@@ -135,8 +137,8 @@ class RowTest:
             one seed (or any row when no row has two seeds).
         in_group: in the best group (the best row: True; an untested row: False).
         flip: the flip mean m* (:func:`flip_mean`), None where untested.
-        near: within one of its standard deviations of m* (or untested): it needs
-            :data:`MORE_SEEDS` seeds.
+        near: within one of its standard deviations of m* (or untested), where either row
+            varies: it needs :data:`MORE_SEEDS` seeds.
     """
 
     name: str
@@ -223,7 +225,11 @@ def select(values: Mapping[str, Sequence[float]], metric: str, *, alpha: float =
         else:
             p = welch_p(vals, stats[best][0], metric)
             flip = flip_mean(vals, stats[best][0], metric, alpha=alpha)
-            rows[name] = RowTest(name, len(vals), mean, std, p, p >= alpha, flip, abs(mean - flip) <= std)
+            # where neither row varies (se = 0) the test is settled by the means alone: no flip
+            # mean to be near, and no spread to carry a seed across it
+            spread = _welch_parts(vals, stats[best][0])[0] > 0
+            rows[name] = RowTest(name, len(vals), mean, std, p, p >= alpha, flip,
+                                 spread and abs(mean - flip) <= std)
     return Selection(metric, best, rows, alpha)
 
 
