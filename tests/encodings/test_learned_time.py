@@ -12,7 +12,8 @@ from spe.encodings.clock import LearnedClock, clock_reference, inverse_softplus
 from spe.encodings.rope import LearnedTimeRotary, RotaryEncoding, rotate
 from spe.encodings.sine import (LearnedTimeSPEFilter, apply_sine_code_timed, apply_sine_code_timed_pair,
                                apply_sine_code_timed_reference)
-from spe.ops.sine.phases import timed_sine_features
+from spe.ops.sine import timed as timed_module
+from spe.ops.sine.timed import timed_trig
 from spe.models import DecoderLM, ModelConfig
 
 LEARNED = {"sinespe": {"spe_time": "learned"}, "rope": {"rope_time": "learned"}}
@@ -109,44 +110,17 @@ def test_the_timed_code_equals_its_float64_reference_forward_and_backward(gated,
 
 
 @pytest.mark.parametrize("offset", [0.0, 1.0e4, 1.0e6])
-def test_timed_sine_features_equal_float64_trigonometry_forward_and_backward(offset):
-    # Large times are the adversarial case: a float32 product 2π f τ would lose ~0.4 rad at
-    # τ = 1e6; the float64 reduction keeps the phase to ~2π·6e-8 whatever τ.
+def test_timed_trig_keeps_the_phase_exact_at_large_times(offset):
+    # a float32 product 2π f τ would lose ~0.4 rad at τ = 1e6; the float64 reduction keeps the
+    # phase to ~2π·6e-8 whatever τ
     g = torch.Generator().manual_seed(3)
-    freqs = (0.5 * torch.rand(2, 3, 4, generator=g)).requires_grad_()
-    # (H, N) = (2, 14) head-major times
-    times = ((torch.rand(2, 14, generator=g, dtype=torch.float64) * 3).cumsum(1) + offset).requires_grad_()
-    cos, sin = timed_sine_features(freqs, times)
-    assert cos.dtype == sin.dtype == torch.float32 and cos.shape == (2, 14, 3, 4)
-    f64 = freqs.detach().double().requires_grad_()
-    t64 = times.detach().clone().requires_grad_()
-    angle = 2 * math.pi * t64[..., None, None] * f64[:, None]
-    ref_cos, ref_sin = torch.cos(angle), torch.sin(angle)
-    # the phase to ~4e-7 rad (frac in float64, then 2π in float32) and cos/sin rounded to float32
-    torch.testing.assert_close(cos.double(), ref_cos, rtol=0, atol=1e-6)
-    torch.testing.assert_close(sin.double(), ref_sin, rtol=0, atol=1e-6)
-    up = [torch.randn(cos.shape, generator=g, dtype=torch.float64) for _ in range(2)]
-    (cos.double() * up[0] + sin.double() * up[1]).sum().backward()
-    (ref_cos * up[0] + ref_sin * up[1]).sum().backward()
-    # d/dτ is 2π f times O(1) terms: float32 to ~1e-6 relative; d/df sums 14 terms of 2π τ · O(1),
-    # each good to float32's 6e-8 relative (of τ, not of the sum: cancellations get atol ~ τ·1e-6)
-    torch.testing.assert_close(times.grad, t64.grad, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(freqs.grad.double(), f64.grad, rtol=1e-5, atol=1e-5 * max(1.0, offset))
-
-
-@pytest.mark.parametrize("half", ["cos", "sin"])
-def test_timed_sine_features_backward_with_only_one_half_used(half):
-    # autograd passes None for the unused half's gradient: d cos = −sin · 2π τ df, d sin = cos · 2π τ df
-    freqs = torch.rand(2, 3, 4, requires_grad=True)
-    times = torch.rand(2, 5, dtype=torch.float64).cumsum(1).requires_grad_()
-    cos, sin = timed_sine_features(freqs, times)
-    (cos if half == "cos" else sin).sum().backward()
-    angle = 2 * math.pi * times.detach()[..., None, None] * freqs.detach().double()[:, None]
-    slope = -torch.sin(angle) if half == "cos" else torch.cos(angle)
-    torch.testing.assert_close(freqs.grad.double(), (slope * 2 * math.pi * times.detach()[..., None, None]).sum(1),
-                               rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(times.grad, (slope * 2 * math.pi * freqs.detach().double()[:, None]).sum((-1, -2)),
-                               rtol=1e-5, atol=1e-5)
+    freqs = 0.5 * torch.rand(2, 3, 4, generator=g)
+    times = (torch.rand(2, 14, generator=g, dtype=torch.float64) * 3).cumsum(1) + offset  # (H, N)
+    cos, sin = timed_trig(freqs, times, torch.float32)
+    assert cos.dtype == sin.dtype == torch.float32 and cos.shape == (2, 14, 4, 3)  # (H, N, K, D)
+    angle = 2 * math.pi * times[:, :, None, None] * freqs.double().transpose(1, 2)[:, None]
+    torch.testing.assert_close(cos.double(), torch.cos(angle), rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin.double(), torch.sin(angle), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("gated", [False, True])
@@ -169,6 +143,31 @@ def test_the_timed_pair_equals_the_float64_reference_for_queries_and_keys_forwar
         if a is not None:
             torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-3 if name == "frequencies" else 1e-5,
                                        msg=name)
+    torch.testing.assert_close(k.grad.double(), k64.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0e5])
+@pytest.mark.parametrize("block_elements", [1, 100, 1 << 18])
+def test_the_timed_pair_in_blocks_at_large_times_equals_the_float64_reference(monkeypatch, offset, block_elements):
+    # blocks of one position, of a few with a ragged last one, and one block for all; at τ ≈ 1e5
+    # d/df carries τ: its float32 gradient is good to ~1e-7 of τ · (terms of size ~1)
+    monkeypatch.setattr(timed_module, "TIMED_BLOCK_ELEMENTS", block_elements)
+    fast = _timed_inputs(gated=True, seed=4)
+    with torch.no_grad():
+        fast[3] += offset
+    k = torch.randn(fast[0].shape, generator=torch.Generator().manual_seed(6)).requires_grad_()
+    slow = [t if t is None else t.detach().double().requires_grad_() for t in fast]
+    k64 = k.detach().double().requires_grad_()
+    q_hat, k_hat = apply_sine_code_timed_pair(fast[0], k, *fast[1:])
+    ref_q = apply_sine_code_timed_reference(*slow)
+    ref_k = apply_sine_code_timed_reference(k64, slow[1], None, *slow[3:])
+    torch.testing.assert_close(q_hat.double(), ref_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_hat.double(), ref_k, rtol=1e-5, atol=1e-5)
+    (q_hat.double() * k_hat.double()).sum().backward()
+    (ref_q * ref_k).sum().backward()
+    for name, a, b in zip(("q", "frequencies", "phases", "times", "weights", "gate"), fast, slow):
+        atol = 1e-3 * max(1.0, offset / 1e3) if name == "frequencies" else 1e-5
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=atol, msg=name)
     torch.testing.assert_close(k.grad.double(), k64.grad, rtol=1e-4, atol=1e-5)
 
 

@@ -9,8 +9,10 @@ On a GPU: a causal LM of d_model 256, 8 heads, 4 layers, d_ff 1,024 (R = 32, K =
 d_ff 512 on batch 4 × 512, float32. The training step (forward + backward) is timed in 8
 rounds that cycle through the rows, so that a change in the machine's load hits every row
 alike; the median of the last 6 and its ratio to APE's are reported, with the peak memory of
-those steps (GPU) and one decoding step after a prefill of 512 or 16,384 tokens (64 or 1,024
-on a CPU; batch 1, median of 30). Prints one JSON line per row.
+those steps (GPU), the activations a forward keeps for backward (MiB, any device: the bytes of
+the distinct storages autograd saves, parameters excluded) and one decoding step after a
+prefill of 512 or 16,384 tokens (64 or 1,024 on a CPU; batch 1, median of 30). Prints one JSON
+line per row.
 """
 
 import json
@@ -33,6 +35,21 @@ rows = [("ape", "linear", {}), ("sinespe", "linear", {}), ("sinespe", "linear", 
         ("sinespe", "linear", {"decay": "gated"}), ("sinespe", "linear", {"decay": "gated", "spe_time": "learned"}),
         ("rope", "linear-elu", {}), ("rope", "linear-elu", {"rope_time": "learned"}),
         ("sinespe", "performer", {}), ("sinespe", "performer", {"spe_time": "learned"})]
+
+
+def saved_mib(model) -> float:
+    storages = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            model.loss(tok)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(n for ptr, n in storages.items() if ptr not in params) / 2**20
 
 
 def sync():
@@ -63,6 +80,7 @@ for rnd in range(8):
             peaks[i] = max(peaks[i], torch.cuda.max_memory_allocated() / 2**30)
 steps = [statistics.median(t[2:]) * 1e3 for t in times]
 for (pos, att, extra), m, step, peak in zip(rows, models, steps, peaks):
+    saved = saved_mib(m)
     m.eval()
     dec = {}
     for p in PREFILLS:
@@ -78,5 +96,5 @@ for (pos, att, extra), m, step, peak in zip(rows, models, steps, peaks):
                 ts.append(time.perf_counter() - t0)
             dec[p] = round(statistics.median(ts) * 1e3, 3)
     row = dict(device=dev.type, positional=pos, attention=att, **extra, step_ms=round(step, 2),
-               x_ape=round(step / steps[0], 2), peak_gib=round(peak, 2), decode_ms=dec)
+               x_ape=round(step / steps[0], 2), peak_gib=round(peak, 2), saved_mib=round(saved, 1), decode_ms=dec)
     print(json.dumps(row), flush=True)

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from spe.encodings.clock import CLOCK_TIMES, LearnedClock
 from spe.encodings.code import SineCode, SPECode
-from spe.ops.sine.phases import sine_phase, timed_sine_features
+from spe.ops.sine.phases import sine_phase
+from spe.ops.sine.timed import TimedSineProduct
 from spe.encodings.positions import (NOISE_DTYPE, check_code_seed, code_generator, require_positive,
                                      resolve_positions)
 from spe.encodings.filter import SPEFilter, SPEOptions, _check, _gate_term, _scaled, build_filter
@@ -207,34 +208,26 @@ class SineSPE(nn.Module):
 
 
 def _timed_weights(weights: Tensor, phases: Tensor | None, scale: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    # the cos and sin halves (interleaved along 2K) of the code's weights, (H, D, K, R) each, with
-    # the queries' θ folded in: cos(a + θ) w_c + sin(a + θ) w_s
-    #   = cos a (cos θ w_c + sin θ w_s) + sin a (cos θ w_s − sin θ w_c)
+    # the cos and sin halves (interleaved along 2K) of the code's weights as (H, K·D, R) in rows
+    # (k, d), with the queries' θ folded in:
+    #   cos(a + θ) w_c + sin(a + θ) w_s = cos a (cos θ w_c + sin θ w_s) + sin a (cos θ w_s − sin θ w_c)
     h, d, two_k, r = weights.shape
     w = (weights * scale).view(h, d, two_k // 2, 2, r)
     w_cos, w_sin = w[..., 0, :], w[..., 1, :]
     if phases is not None:
         c, s = torch.cos(phases)[..., None], torch.sin(phases)[..., None]
         w_cos, w_sin = c * w_cos + s * w_sin, c * w_sin - s * w_cos
-    return w_cos.to(dtype), w_sin.to(dtype)
+    return tuple(w_.transpose(1, 2).reshape(h, -1, r).to(dtype) for w_ in (w_cos, w_sin))
 
 
-def _apply_timed(x: Tensor, cos: Tensor, sin: Tensor, w_cos: Tensor, w_sin: Tensor, gate: Tensor | None,
-                 gate_noise: Tensor, scale: float) -> Tensor:
-    # head-major (H, B·L, ·) so that both contractions over (D, K) are batched matrix products
-    b, n, h, d = x.shape
-    k = cos.shape[-1]
-    xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
-    xs = xs.permute(2, 0, 1, 3).reshape(h, b * n, d, 1)
-    out = torch.bmm((xs * cos.to(x.dtype)).view(h, b * n, d * k), w_cos.reshape(h, d * k, -1))
-    out = torch.baddbmm(out, (xs * sin.to(x.dtype)).view(h, b * n, d * k), w_sin.reshape(h, d * k, -1))
-    out = out.view(h, b, n, -1).permute(1, 2, 0, 3)
-    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
+def _head_major(x: Tensor) -> Tensor:
+    # (B, L, H, ...) -> (H, B·L, ...)
+    return x.movedim(2, 0).reshape(x.shape[2], x.shape[0] * x.shape[1], *x.shape[3:])
 
 
-def _head_major(times: Tensor) -> Tensor:
-    # (B, L, H) -> (H, B·L)
-    return times.permute(2, 0, 1).reshape(times.shape[2], -1)
+def _batch_major(y: Tensor, b: int, n: int) -> Tensor:
+    # (H, B·L, R) -> (B, L, H, R)
+    return y.view(y.shape[0], b, n, y.shape[-1]).permute(1, 2, 0, 3)
 
 
 def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None, times: Tensor,
@@ -242,12 +235,12 @@ def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None,
     """Eq. (16)/(17) (+ gating (23)-(25)) with the code's sinusoids read at per-sequence times τ.
 
     q̂[b, m] = Σ_{d,j} x_d Ω_j(τ_bmh) (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4} with Ω the cos/sin of
-    2π f_dk τ (+ θ_dk for queries), the phases reduced modulo 2π in float64
-    (:func:`~spe.ops.sine.phases.timed_sine_features`; θ folded into the weights). The code is
-    no longer shared by the batch: this forms the (H, B·L, D, K) cos and sin features (kept for
-    backward) and costs B·L·H·D·2K·R multiply-adds, the fused index form's
-    (:func:`~spe.encodings.filter.apply_sine_code_fused`), instead of the materialised form's
-    L·H·D·2K·R + B·L·H·D·R. Queries and keys read the same features:
+    2π f_dk τ (+ θ_dk for queries), the phases reduced modulo 1 in float64, θ folded into the
+    weights. The code is no longer shared by the batch: this costs B·L·H·D·2K·R multiply-adds,
+    the fused index form's (:func:`~spe.encodings.filter.apply_sine_code_fused`), instead of the
+    materialised form's L·H·D·2K·R + B·L·H·D·R, and forms the cos and sin features one block of
+    positions at a time, in forward and again in backward, never for the whole sequence
+    (:class:`~spe.ops.sine.timed.TimedSineProduct`). Queries and keys read the same features:
     :func:`apply_sine_code_timed_pair` forms them once for both.
 
     Args:
@@ -262,16 +255,19 @@ def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None,
     Returns:
         (B, L, H, R) in x's dtype.
     """
+    b, n = x.shape[:2]
     scale = (x.shape[-1] * weights.shape[-1]) ** -0.25
-    cos, sin = timed_sine_features(frequencies, _head_major(times))
-    return _apply_timed(x, cos, sin, *_timed_weights(weights, phases, scale, x.dtype), gate, gate_noise, scale)
+    xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
+    y, _ = TimedSineProduct.apply(frequencies, _head_major(times), _head_major(xs),
+                                  *_timed_weights(weights, phases, scale, x.dtype), None, None, None)
+    out = _batch_major(y, b, n)
+    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
 
 def apply_sine_code_timed_pair(q: Tensor, k: Tensor, frequencies: Tensor, phases: Tensor, times: Tensor,
                                weights: Tensor, gate: Tensor | None, gate_noise: Tensor) -> tuple[Tensor, Tensor]:
     """q̂ and k̂ of :func:`apply_sine_code_timed` (queries with the code's θ, keys without) from one
-    set of cos and sin features: half the phase reduction, trigonometry and kept memory of two
-    calls.
+    set of cos and sin features: half the phase reduction and trigonometry of two calls.
 
     Args:
         q, k: (B, L, H, D) queries and keys.
@@ -281,10 +277,16 @@ def apply_sine_code_timed_pair(q: Tensor, k: Tensor, frequencies: Tensor, phases
     Returns:
         (q̂, k̂), each (B, L, H, R) in the dtype of q and k.
     """
+    b, n = q.shape[:2]
     scale = (q.shape[-1] * weights.shape[-1]) ** -0.25
-    cos, sin = timed_sine_features(frequencies, _head_major(times))
-    q_hat = _apply_timed(q, cos, sin, *_timed_weights(weights, phases, scale, q.dtype), gate, gate_noise, scale)
-    k_hat = _apply_timed(k, cos, sin, *_timed_weights(weights, None, scale, k.dtype), gate, gate_noise, scale)
+    qs, ks = (x if gate is None else _scaled(x, torch.sqrt(1 - gate)) for x in (q, k))
+    q_hat, k_hat = TimedSineProduct.apply(frequencies, _head_major(times),
+                                          _head_major(qs), *_timed_weights(weights, phases, scale, q.dtype),
+                                          _head_major(ks), *_timed_weights(weights, None, scale, k.dtype))
+    q_hat, k_hat = _batch_major(q_hat, b, n), _batch_major(k_hat, b, n)
+    if gate is not None:
+        q_hat = q_hat + _gate_term(q, gate, gate_noise, scale)
+        k_hat = k_hat + _gate_term(k, gate, gate_noise, scale)
     return q_hat, k_hat
 
 
@@ -378,8 +380,8 @@ class LearnedTimeSPEFilter(TimedSPEFilter):
     (eq. (18)'s kernel, stationary in the clock, Liutkus et al. 2021; our extension). At the
     start (w = 0, b = softplus⁻¹(1)) τ_m = m: index sineSPE, the same code giving the same
     output. The clock reads the layer's input, so the code becomes per sequence: q̂, k̂ cost
-    B·L·H·D·2K·R multiply-adds and (B, L, H, D, 2K) features kept for backward
-    (:func:`apply_sine_code_timed`), where index sineSPE forms one (L, H, D, R) code for the
+    B·L·H·D·2K·R multiply-adds, the features formed in blocks of positions and again in
+    backward (:func:`apply_sine_code_timed_pair`), where index sineSPE forms one (L, H, D, R) code for the
     batch; the clock adds C·H per position. Causal (τ_m reads x_{≤m}); decoding carries τ of the
     last position (B, H) float64 in the layer's :class:`~spe.encodings.spec.EncodingState`.
     Takes :class:`~spe.encodings.code.SineCode` s (sineSPE's) only.

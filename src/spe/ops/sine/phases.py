@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["sine_features", "sine_phase", "timed_sine_features"]
+__all__ = ["sine_features", "sine_phase"]
 
 
 def sine_phase(frequencies: Tensor, positions: Tensor) -> Tensor:
@@ -41,57 +41,3 @@ def sine_features(frequencies: Tensor, positions: Tensor, phases: Tensor | None)
     if phases is not None:
         angle = angle + phases
     return torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1).flatten(-2)
-
-
-class _TimedTrig(torch.autograd.Function):
-    # cos and sin of 2π·frac(f·τ) with a hand-written backward: autograd through the float64
-    # product would keep and return (H, N, D, K) float64 gradients; here the gradient is formed
-    # once in the features' dtype, d angle / d f = 2π τ and d angle / d τ = 2π f, and reduced by
-    # two batched matrix products over the head-major layout.
-
-    @staticmethod
-    def forward(ctx, frequencies: Tensor, times: Tensor) -> tuple[Tensor, Tensor]:
-        cycles = torch.frac(times.double()[..., None, None] * frequencies.double()[:, None])
-        angle = cycles.to(frequencies.dtype) * (2 * math.pi)
-        cos, sin = torch.cos(angle), torch.sin(angle)
-        ctx.save_for_backward(frequencies, times, cos, sin)
-        return cos, sin
-
-    @staticmethod
-    def backward(ctx, grad_cos: Tensor | None, grad_sin: Tensor | None):
-        frequencies, times, cos, sin = ctx.saved_tensors
-        h, n, d, k = cos.shape
-        if grad_cos is None:
-            grad = grad_sin * cos
-        elif grad_sin is None:
-            grad = -(grad_cos * sin)
-        else:
-            grad = grad_sin * cos - grad_cos * sin
-        grad = (grad * (2 * math.pi)).view(h, n, d * k)
-        grad_f = grad_t = None
-        if ctx.needs_input_grad[0]:
-            grad_f = torch.bmm(times.to(grad.dtype)[:, None], grad).view(h, d, k)
-        if ctx.needs_input_grad[1]:
-            grad_t = torch.bmm(grad, frequencies.to(grad.dtype).view(h, d * k, 1)).view(h, n).to(times.dtype)
-        return grad_f, grad_t
-
-
-def timed_sine_features(frequencies: Tensor, times: Tensor) -> tuple[Tensor, Tensor]:
-    """cos and sin of 2π f τ at per-sequence times, the phases reduced as :func:`sine_phase`.
-
-    The learned clock's codes differ per sequence, so these features are the learned-time path's
-    largest tensors; queries and keys share them (the queries' θ goes into their weights:
-    cos(a + θ) = cos a cos θ − sin a sin θ). Head-major, so that their products with the code's
-    weights are batched matrix products over heads without a copy. The backward is written by
-    hand so that no float64 tensor of their size is kept or formed.
-
-    Args:
-        frequencies: (H, D, K) f, cycles per unit of time.
-        times: (H, N) τ of N positions (batch × length flattened) per head (float64 keeps the
-            phase exact at large τ).
-
-    Returns:
-        (cos, sin), each (H, N, D, K) in the dtype of ``frequencies``; differentiable with
-        respect to both arguments (frac has unit slope almost everywhere).
-    """
-    return _TimedTrig.apply(frequencies, times)

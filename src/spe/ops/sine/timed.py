@@ -1,0 +1,146 @@
+"""sineSPE's code applied at per-sequence times (a learned or the music's clock), in blocks of
+positions, never storing the (H, B·L, K, D) features.
+
+Letters: N = positions (batch × length, flattened), n: one block of them, H = num_heads,
+D = head_dim, K = num_sines, R = num_realizations.
+
+With a clock the code differs per sequence: for each side (queries, keys)
+
+    y[h, m, r] = Σ_{k,d} x[h, m, d] · (cos(a[h, m, k, d]) W_c[h, k, d, r] + sin(a) W_s[h, k, d, r]),
+    a = 2π f[h, d, k] τ[h, m],
+
+the queries' phases θ folded into their W_c, W_s beforehand (cos(a + θ) = cos a cos θ −
+sin a sin θ), so both sides read one set of cos and sin. :class:`TimedSineProduct` forms them
+for one block of positions at a time and again in backward, so its extra memory is one block
+whatever the length, and the phases, reduced modulo 1 in float64 (as
+:func:`~spe.ops.sine.phases.sine_phase`), are never kept. Its slow twin is
+:func:`spe.encodings.sine.apply_sine_code_timed_reference` (the code formed whole in float64);
+tests compare them forward and backward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["TIMED_BLOCK_ELEMENTS", "TimedSineProduct", "timed_trig"]
+
+# elements of one block's (H, n, K, D) features: a few MiB, so a block's passes stay in cache
+TIMED_BLOCK_ELEMENTS = 1 << 18
+
+
+def timed_trig(frequencies: Tensor, times: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin of 2π f τ, (H, n, K, D) in ``dtype``: f·τ formed in float64 and reduced modulo 1
+    (its error stays ~6e-8 cycles whatever τ), then 2π in float32.
+
+    Args:
+        frequencies: (H, D, K) f, cycles per unit of time.
+        times: (H, n) τ.
+    """
+    cycles = torch.frac(times.double()[:, :, None, None] * frequencies.double().transpose(1, 2).contiguous()[:, None])
+    angle = cycles.to(_accumulate(dtype)) * (2 * math.pi)
+    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+
+def _accumulate(dtype: torch.dtype) -> torch.dtype:
+    # gradients and phases in float32 at least (bf16 products under autocast), float64 for float64
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _blocks(n: int, h: int, k: int, d: int):
+    step = max(1, TIMED_BLOCK_ELEMENTS // max(1, h * k * d))
+    return ((s, min(n, s + step)) for s in range(0, n, step))
+
+
+class TimedSineProduct(torch.autograd.Function):
+    """(y_1, y_2) of one or two sides (module docstring) from one clock, in blocks of positions.
+
+    ``apply(frequencies, times, x1, w_cos1, w_sin1, x2, w_cos2, w_sin2)``:
+
+    * frequencies: (H, D, K); times: (H, N) (float64 keeps the phases exact at large τ);
+    * x1, x2: (H, N, D), the sides' queries or keys (x2 None for one side);
+    * w_cos, w_sin: (H, K·D, R), rows (k, d), in x's dtype.
+
+    Returns (y1, y2), each (H, N, R) in x's dtype (y2 None for one side). Gradients flow to
+    every tensor input; the features are formed again in backward.
+    """
+
+    @staticmethod
+    def forward(ctx, frequencies: Tensor, times: Tensor, x1: Tensor, w_cos1: Tensor, w_sin1: Tensor,
+                x2: Tensor | None, w_cos2: Tensor | None, w_sin2: Tensor | None):
+        # contiguous (H, N, D) sides, so each block's products are (H, n, K·D) views
+        x1, x2 = x1.contiguous(), (x2.contiguous() if x2 is not None else None)
+        h, n, d = x1.shape
+        k = frequencies.shape[-1]
+        sides = [(x1, w_cos1, w_sin1)] + ([(x2, w_cos2, w_sin2)] if x2 is not None else [])
+        outs = [x.new_empty(h, n, w_c.shape[-1]) for x, w_c, _ in sides]
+        for s, e in _blocks(n, h, k, d):
+            cos, sin = timed_trig(frequencies, times[:, s:e], x1.dtype)
+            for (x, w_c, w_s), out in zip(sides, outs):
+                xb = x[:, s:e, None, :]  # (H, n, 1, D)
+                y = torch.bmm((xb * cos).view(h, e - s, k * d), w_c)
+                out[:, s:e] = torch.baddbmm(y, (xb * sin).view(h, e - s, k * d), w_s)
+        ctx.save_for_backward(frequencies, times, x1, w_cos1, w_sin1, x2, w_cos2, w_sin2)
+        return outs[0], (outs[1] if x2 is not None else None)
+
+    @staticmethod
+    def backward(ctx, grad1: Tensor | None, grad2: Tensor | None):
+        frequencies, times, x1, w_cos1, w_sin1, x2, w_cos2, w_sin2 = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        h, n, d = x1.shape
+        k = frequencies.shape[-1]
+        sides = [(x1, w_cos1, w_sin1, grad1, 2)] + ([(x2, w_cos2, w_sin2, grad2, 5)] if x2 is not None else [])
+        grads: list[Tensor | None] = [None] * 8
+        acc = _accumulate(x1.dtype)
+        for x, w_c, _, g, i in sides:
+            if g is None:
+                continue
+            if needs[i]:
+                grads[i] = torch.empty_like(x)
+            for j in (i + 1, i + 2):
+                if needs[j]:
+                    grads[j] = torch.zeros(w_c.shape, dtype=acc, device=w_c.device)
+        want_angle = needs[0] or needs[1]
+        gf = torch.zeros(h, k * d, dtype=acc, device=x1.device) if needs[0] else None
+        gt = torch.empty(h, n, dtype=acc, device=x1.device) if needs[1] else None
+        for s, e in _blocks(n, h, k, d):
+            l = e - s
+            cos, sin = timed_trig(frequencies, times[:, s:e], x1.dtype)
+            g_angle = None
+            for x, w_c, w_s, g, i in sides:
+                if g is None:
+                    continue
+                gb = g[:, s:e].to(x.dtype)  # (H, n, R)
+                xb = x[:, s:e, None, :]
+                gy_c = torch.bmm(gb, w_c.transpose(1, 2)).view(h, l, k, d)
+                gy_s = torch.bmm(gb, w_s.transpose(1, 2)).view(h, l, k, d)
+                if grads[i] is not None:
+                    grads[i][:, s:e] = (gy_c * cos + gy_s * sin).sum(2)
+                if grads[i + 1] is not None:
+                    grads[i + 1] += torch.bmm((xb * cos).view(h, l, k * d).transpose(1, 2), gb).to(acc)
+                if grads[i + 2] is not None:
+                    grads[i + 2] += torch.bmm((xb * sin).view(h, l, k * d).transpose(1, 2), gb).to(acc)
+                if want_angle:
+                    # d cos a = −sin a da, d sin a = cos a da
+                    term = (gy_s * cos - gy_c * sin) * xb
+                    g_angle = term if g_angle is None else g_angle + term
+            if g_angle is None:
+                if gt is not None:
+                    gt[:, s:e] = 0
+                continue
+            g_angle = (g_angle.to(acc) * (2 * math.pi)).view(h, l, k * d)
+            if gf is not None:
+                gf += torch.bmm(times[:, s:e].to(acc)[:, None], g_angle)[:, 0]
+            if gt is not None:
+                f_kd = frequencies.to(acc).transpose(1, 2).reshape(h, k * d, 1)
+                gt[:, s:e] = torch.bmm(g_angle, f_kd)[..., 0]
+        if gf is not None:
+            grads[0] = gf.view(h, k, d).transpose(1, 2).to(frequencies.dtype)
+        if gt is not None:
+            grads[1] = gt.to(times.dtype)
+        for i in (3, 4, 6, 7):
+            if grads[i] is not None:
+                grads[i] = grads[i].to((w_cos1 if i < 5 else w_cos2).dtype)
+        return tuple(grads)
