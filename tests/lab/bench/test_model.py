@@ -112,6 +112,9 @@ def test_model_worker_sets_the_impl_and_the_training_window():
     assert "resolved_impl" not in rec and rec["median_ms"] > 0 and len(rec["times_ms"]) == 1
     auto = measure_model({**case, "impl": "-", "positional": "sinespe"}, torch.device("cpu"))
     assert auto["resolved_impl"] == "materialized"  # a tiny code
+    # a learned clock's per-sequence codes take their one path, whatever the index choice would be
+    learned = measure_model({**case, "impl": "-", "model": {**TINY, "spe_time": "learned"}}, torch.device("cpu"))
+    assert learned["resolved_impl"] == "timed"
     assert measure_model({**case, "positional": "ape"}, torch.device("cpu"))["attention_window"] is None
 
 

@@ -148,8 +148,9 @@ def model_step(case: dict, device: torch.device):
     extra = {"parameters": model.num_parameters(), "attention_window": config.attention_window,
              "decay": config.decay}
     if case["positional"] == "sinespe" and case["impl"] == "-":
-        extra["resolved_impl"] = choose_sine_impl(b, n, config.num_heads, config.d_model // config.num_heads,
-                                                  config.num_sines, config.num_realizations)
+        # a clock's codes differ per sequence: one path (spe.ops.sine.timed), not the index choice
+        extra["resolved_impl"] = "timed" if config.spe_time != "index" else choose_sine_impl(
+            b, n, config.num_heads, config.d_model // config.num_heads, config.num_sines, config.num_realizations)
     return run, extra
 
 
