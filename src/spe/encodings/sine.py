@@ -207,9 +207,9 @@ class SineSPE(nn.Module):
         return (self.gains[:, :, None] ** 2 * torch.cos(angle)).sum(-1) / (2 * self.num_sines)
 
 
-def _timed_weights(weights: Tensor, phases: Tensor | None, scale: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    # the cos and sin halves (interleaved along 2K) of the code's weights as (H, K·D, R) in rows
-    # (k, d), with the queries' θ folded in:
+def _timed_weights(weights: Tensor, phases: Tensor | None, scale: float, dtype: torch.dtype) -> Tensor:
+    # the cos and sin halves (interleaved along 2K) of the code's weights, stacked (2, H, K·D, R)
+    # in rows (k, d), with the queries' θ folded in:
     #   cos(a + θ) w_c + sin(a + θ) w_s = cos a (cos θ w_c + sin θ w_s) + sin a (cos θ w_s − sin θ w_c)
     h, d, two_k, r = weights.shape
     w = (weights * scale).view(h, d, two_k // 2, 2, r)
@@ -217,7 +217,7 @@ def _timed_weights(weights: Tensor, phases: Tensor | None, scale: float, dtype: 
     if phases is not None:
         c, s = torch.cos(phases)[..., None], torch.sin(phases)[..., None]
         w_cos, w_sin = c * w_cos + s * w_sin, c * w_sin - s * w_cos
-    return tuple(w_.transpose(1, 2).reshape(h, -1, r).to(dtype) for w_ in (w_cos, w_sin))
+    return torch.stack([w_.transpose(1, 2).reshape(h, -1, r) for w_ in (w_cos, w_sin)]).to(dtype)
 
 
 def _head_major(x: Tensor) -> Tensor:
@@ -259,7 +259,7 @@ def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None,
     scale = (x.shape[-1] * weights.shape[-1]) ** -0.25
     xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
     y, _ = TimedSineProduct.apply(frequencies, _head_major(times), _head_major(xs),
-                                  *_timed_weights(weights, phases, scale, x.dtype), None, None, None)
+                                  _timed_weights(weights, phases, scale, x.dtype), None, None)
     out = _batch_major(y, b, n)
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 
@@ -281,8 +281,8 @@ def apply_sine_code_timed_pair(q: Tensor, k: Tensor, frequencies: Tensor, phases
     scale = (q.shape[-1] * weights.shape[-1]) ** -0.25
     qs, ks = (x if gate is None else _scaled(x, torch.sqrt(1 - gate)) for x in (q, k))
     q_hat, k_hat = TimedSineProduct.apply(frequencies, _head_major(times),
-                                          _head_major(qs), *_timed_weights(weights, phases, scale, q.dtype),
-                                          _head_major(ks), *_timed_weights(weights, None, scale, k.dtype))
+                                          _head_major(qs), _timed_weights(weights, phases, scale, q.dtype),
+                                          _head_major(ks), _timed_weights(weights, None, scale, k.dtype))
     q_hat, k_hat = _batch_major(q_hat, b, n), _batch_major(k_hat, b, n)
     if gate is not None:
         q_hat = q_hat + _gate_term(q, gate, gate_noise, scale)

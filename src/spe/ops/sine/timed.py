@@ -57,24 +57,24 @@ def _blocks(n: int, h: int, k: int, d: int):
 class TimedSineProduct(torch.autograd.Function):
     """(y_1, y_2) of one or two sides (module docstring) from one clock, in blocks of positions.
 
-    ``apply(frequencies, times, x1, w_cos1, w_sin1, x2, w_cos2, w_sin2)``:
+    ``apply(frequencies, times, x1, w1, x2, w2)``:
 
     * frequencies: (H, D, K); times: (H, N) (float64 keeps the phases exact at large τ);
-    * x1, x2: (H, N, D), the sides' queries or keys (x2 None for one side);
-    * w_cos, w_sin: (H, K·D, R), rows (k, d), in x's dtype.
+    * x1, x2: (H, N, D), the sides' queries or keys (x2 and w2 None for one side);
+    * w1, w2: (2, H, K·D, R), each side's W_c and W_s stacked, rows (k, d), in x's dtype.
 
     Returns (y1, y2), each (H, N, R) in x's dtype (y2 None for one side). Gradients flow to
     every tensor input; the features are formed again in backward.
     """
 
     @staticmethod
-    def forward(ctx, frequencies: Tensor, times: Tensor, x1: Tensor, w_cos1: Tensor, w_sin1: Tensor,
-                x2: Tensor | None, w_cos2: Tensor | None, w_sin2: Tensor | None):
+    def forward(ctx, frequencies: Tensor, times: Tensor, x1: Tensor, w1: Tensor, x2: Tensor | None,
+                w2: Tensor | None):
         # contiguous (H, N, D) sides, so each block's products are (H, n, K·D) views
         x1, x2 = x1.contiguous(), (x2.contiguous() if x2 is not None else None)
         h, n, d = x1.shape
         k = frequencies.shape[-1]
-        sides = [(x1, w_cos1, w_sin1)] + ([(x2, w_cos2, w_sin2)] if x2 is not None else [])
+        sides = [(x1, *w1)] + ([(x2, *w2)] if x2 is not None else [])
         outs = [x.new_empty(h, n, w_c.shape[-1]) for x, w_c, _ in sides]
         for s, e in _blocks(n, h, k, d):
             cos, sin = timed_trig(frequencies, times[:, s:e], x1.dtype)
@@ -82,26 +82,26 @@ class TimedSineProduct(torch.autograd.Function):
                 xb = x[:, s:e, None, :]  # (H, n, 1, D)
                 y = torch.bmm((xb * cos).view(h, e - s, k * d), w_c)
                 out[:, s:e] = torch.baddbmm(y, (xb * sin).view(h, e - s, k * d), w_s)
-        ctx.save_for_backward(frequencies, times, x1, w_cos1, w_sin1, x2, w_cos2, w_sin2)
+        ctx.save_for_backward(frequencies, times, x1, w1, x2, w2)
         return outs[0], (outs[1] if x2 is not None else None)
 
     @staticmethod
     def backward(ctx, grad1: Tensor | None, grad2: Tensor | None):
-        frequencies, times, x1, w_cos1, w_sin1, x2, w_cos2, w_sin2 = ctx.saved_tensors
+        frequencies, times, x1, w1, x2, w2 = ctx.saved_tensors
         needs = ctx.needs_input_grad
         h, n, d = x1.shape
         k = frequencies.shape[-1]
-        sides = [(x1, w_cos1, w_sin1, grad1, 2)] + ([(x2, w_cos2, w_sin2, grad2, 5)] if x2 is not None else [])
-        grads: list[Tensor | None] = [None] * 8
+        # (x, W_c, W_s, its output's gradient, the index of x among the inputs; W's is next)
+        sides = [(x1, *w1, grad1, 2)] + ([(x2, *w2, grad2, 4)] if x2 is not None else [])
+        grads: list[Tensor | None] = [None] * 6
         acc = _accumulate(x1.dtype)
         for x, w_c, _, g, i in sides:
             if g is None:
                 continue
             if needs[i]:
                 grads[i] = torch.empty_like(x)
-            for j in (i + 1, i + 2):
-                if needs[j]:
-                    grads[j] = torch.zeros(w_c.shape, dtype=acc, device=w_c.device)
+            if needs[i + 1]:
+                grads[i + 1] = torch.zeros((2, *w_c.shape), dtype=acc, device=w_c.device)
         want_angle = needs[0] or needs[1]
         gf = torch.zeros(h, k * d, dtype=acc, device=x1.device) if needs[0] else None
         gt = torch.empty(h, n, dtype=acc, device=x1.device) if needs[1] else None
@@ -119,9 +119,8 @@ class TimedSineProduct(torch.autograd.Function):
                 if grads[i] is not None:
                     grads[i][:, s:e] = (gy_c * cos + gy_s * sin).sum(2)
                 if grads[i + 1] is not None:
-                    grads[i + 1] += torch.bmm((xb * cos).view(h, l, k * d).transpose(1, 2), gb).to(acc)
-                if grads[i + 2] is not None:
-                    grads[i + 2] += torch.bmm((xb * sin).view(h, l, k * d).transpose(1, 2), gb).to(acc)
+                    grads[i + 1][0] += torch.bmm((xb * cos).view(h, l, k * d).transpose(1, 2), gb).to(acc)
+                    grads[i + 1][1] += torch.bmm((xb * sin).view(h, l, k * d).transpose(1, 2), gb).to(acc)
                 if want_angle:
                     # d cos a = −sin a da, d sin a = cos a da
                     term = (gy_s * cos - gy_c * sin) * xb
@@ -140,7 +139,7 @@ class TimedSineProduct(torch.autograd.Function):
             grads[0] = gf.view(h, k, d).transpose(1, 2).to(frequencies.dtype)
         if gt is not None:
             grads[1] = gt.to(times.dtype)
-        for i in (3, 4, 6, 7):
+        for i, w in ((3, w1), (5, w2)):
             if grads[i] is not None:
-                grads[i] = grads[i].to((w_cos1 if i < 5 else w_cos2).dtype)
+                grads[i] = grads[i].to(w.dtype)
         return tuple(grads)
