@@ -96,6 +96,22 @@ def test_music21_corpus_names_and_strides_are_parsed_or_refused():
         music21_corpus_midi("no-such-composer", "/tmp/spe-test-never-written")
 
 
+@pytest.mark.parametrize("progress", [True, False])
+def test_music21_conversion_shows_its_progress_bar_only_when_asked(tmp_path, monkeypatch, capsys, progress):
+    # `spe sweep --no-progress` reaches the once-only conversion of a music21 collection
+    from pathlib import Path
+
+    from music21 import corpus
+
+    import spe.lab.data.music as music
+
+    monkeypatch.setattr(corpus, "getComposer", lambda name: [Path(f"/corpus/{name}/piece{i}.krn") for i in range(3)])
+    monkeypatch.setattr(music, "_convert_score", lambda job: Path(job[1]).write_bytes(b"MThd") and None)
+    out = music.music21_corpus_midi("fake", tmp_path, workers=1, progress=progress)
+    assert sorted(p.name for p in out.glob("*.mid")) == ["piece0.mid", "piece1.mid", "piece2.mid"]
+    assert ("music21 -> MIDI" in capsys.readouterr().err) == progress
+
+
 def test_stored_tokenizer_rebuilds_with_the_corpus_token_ids():
     import json
 

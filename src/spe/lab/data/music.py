@@ -163,13 +163,14 @@ def _convert_score(args: tuple[str, str]) -> str | None:
         return f"{source}: {err}"
 
 
-def bach_chorales_midi(cache_dir: str | os.PathLike | None = None, *, workers: int = 2) -> Path:
+def bach_chorales_midi(cache_dir: str | os.PathLike | None = None, *, workers: int = 2,
+                       progress: bool = True) -> Path:
     """Writes the Bach chorales of music21's corpus as MIDI files, once.
 
     Returns:
         The folder of ``.mid`` files (``cache_dir/bach-chorales-midi-m21-VERSION``).
     """
-    return music21_corpus_midi("bach", cache_dir, workers=workers)
+    return music21_corpus_midi("bach", cache_dir, workers=workers, progress=progress)
 
 
 # Score formats of music21's corpus that convert to MIDI (.rntxt files are harmonic analyses).
@@ -177,7 +178,7 @@ _SCORE_SUFFIXES = (".mxl", ".xml", ".musicxml", ".krn", ".abc", ".mid", ".midi")
 
 
 def music21_corpus_midi(composer: str, cache_dir: str | os.PathLike | None = None, *, workers: int = 2,
-                        stride: int = 1) -> Path:
+                        stride: int = 1, progress: bool = True) -> Path:
     """Writes the scores of one composer (or collection) of music21's corpus as MIDI, once.
 
     ``bach`` keeps the chorales only (the Well-Tempered Clavier prelude is left out), as the
@@ -192,6 +193,7 @@ def music21_corpus_midi(composer: str, cache_dir: str | os.PathLike | None = Non
         workers: conversion processes.
         stride: keep every ``stride``-th score of the sorted list (a deterministic subset of
             a large collection, e.g. 330 of Palestrina's 1,318 with stride 4).
+        progress: show a progress bar while converting.
 
     Returns:
         The folder of ``.mid`` files (``cache_dir/NAME-midi-m21-VERSION``).
@@ -232,9 +234,10 @@ def music21_corpus_midi(composer: str, cache_dir: str | os.PathLike | None = Non
 
             with mp.get_context("spawn").Pool(workers) as pool:
                 results = list(tqdm(pool.imap_unordered(_convert_score, jobs), total=len(jobs),
-                                    desc="music21 -> MIDI", unit="piece"))
+                                    desc="music21 -> MIDI", unit="piece", disable=not progress))
         else:
-            results = [_convert_score(j) for j in tqdm(jobs, desc="music21 -> MIDI", unit="piece")]
+            results = [_convert_score(j) for j in tqdm(jobs, desc="music21 -> MIDI", unit="piece",
+                                                       disable=not progress)]
         failures = [f for f in results if f]
         for failure in failures:
             warnings.warn(f"skipped score {failure}", stacklevel=2)
@@ -410,12 +413,12 @@ def _write_cache(cache_file: Path, corpus: Corpus) -> None:
     atomic_write(cache_file, write)
 
 
-def _data_root(data: str | os.PathLike | None, cache: Path) -> Path:
+def _data_root(data: str | os.PathLike | None, cache: Path, progress: bool = True) -> Path:
     if data is None:
-        return bach_chorales_midi(cache)
+        return bach_chorales_midi(cache, progress=progress)
     if str(data).startswith(MUSIC21_PREFIX):
         name, stride = _parse_music21(str(data))
-        return music21_corpus_midi(name, cache, stride=stride)
+        return music21_corpus_midi(name, cache, stride=stride, progress=progress)
     return Path(data)
 
 
@@ -434,7 +437,7 @@ def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.Pa
         data: folder of MIDI files, ``music21:NAME`` for a composer or collection of
             music21's corpus (e.g. ``music21:palestrina``), or None for the Bach chorales.
         cache_dir: where converted MIDI and token caches live (default :func:`default_cache_dir`).
-        progress: show a progress bar.
+        progress: show progress bars (converting music21's scores, tokenising).
         max_piece_tokens: the longest piece kept, in tokens (default :data:`MAX_PIECE_TOKENS`);
             part of the cache key.
 
@@ -449,7 +452,7 @@ def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.Pa
 
     check_max_piece_tokens(max_piece_tokens)
     cache = Path(cache_dir or default_cache_dir())
-    root = _data_root(data, cache)
+    root = _data_root(data, cache, progress)
     files = find_midi_files(root)
     tokenizer = make_tokenizer()
     tok_json = tokenizer_to_json(tokenizer)
