@@ -230,6 +230,25 @@ def _batch_major(y: Tensor, b: int, n: int) -> Tensor:
     return y.view(y.shape[0], b, n, y.shape[-1]).permute(1, 2, 0, 3)
 
 
+def _apply_timed(sides: list[tuple[Tensor, Tensor | None]], frequencies: Tensor, times: Tensor, weights: Tensor,
+                 gate: Tensor | None, gate_noise: Tensor) -> list[Tensor]:
+    # one or two (x (B, L, H, D), θ or None) sides through one TimedSineProduct (one set of
+    # features for both), gated as eq. (23)-(25): -> their (B, L, H, R)
+    b, n, _, d = sides[0][0].shape
+    scale = (d * weights.shape[-1]) ** -0.25
+    inputs = []
+    for x, phases in sides:
+        xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
+        inputs += [_head_major(xs), _timed_weights(weights, phases, scale, x.dtype)]
+    if len(sides) == 1:
+        inputs += [None, None]  # the product's second side absent
+    ys = TimedSineProduct.apply(frequencies, _head_major(times), *inputs)
+    outs = [_batch_major(y, b, n) for y in ys[:len(sides)]]
+    if gate is not None:
+        outs = [out + _gate_term(x, gate, gate_noise, scale) for out, (x, _) in zip(outs, sides)]
+    return outs
+
+
 def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None, times: Tensor,
                           weights: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
     """Eq. (16)/(17) (+ gating (23)-(25)) with the code's sinusoids read at per-sequence times τ.
@@ -255,13 +274,7 @@ def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None,
     Returns:
         (B, L, H, R) in x's dtype.
     """
-    b, n = x.shape[:2]
-    scale = (x.shape[-1] * weights.shape[-1]) ** -0.25
-    xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
-    y, _ = TimedSineProduct.apply(frequencies, _head_major(times), _head_major(xs),
-                                  _timed_weights(weights, phases, scale, x.dtype), None, None)
-    out = _batch_major(y, b, n)
-    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
+    return _apply_timed([(x, phases)], frequencies, times, weights, gate, gate_noise)[0]
 
 
 def apply_sine_code_timed_pair(q: Tensor, k: Tensor, frequencies: Tensor, phases: Tensor, times: Tensor,
@@ -277,16 +290,7 @@ def apply_sine_code_timed_pair(q: Tensor, k: Tensor, frequencies: Tensor, phases
     Returns:
         (q̂, k̂), each (B, L, H, R) in the dtype of q and k.
     """
-    b, n = q.shape[:2]
-    scale = (q.shape[-1] * weights.shape[-1]) ** -0.25
-    qs, ks = (x if gate is None else _scaled(x, torch.sqrt(1 - gate)) for x in (q, k))
-    q_hat, k_hat = TimedSineProduct.apply(frequencies, _head_major(times),
-                                          _head_major(qs), _timed_weights(weights, phases, scale, q.dtype),
-                                          _head_major(ks), _timed_weights(weights, None, scale, k.dtype))
-    q_hat, k_hat = _batch_major(q_hat, b, n), _batch_major(k_hat, b, n)
-    if gate is not None:
-        q_hat = q_hat + _gate_term(q, gate, gate_noise, scale)
-        k_hat = k_hat + _gate_term(k, gate, gate_noise, scale)
+    q_hat, k_hat = _apply_timed([(q, phases), (k, None)], frequencies, times, weights, gate, gate_noise)
     return q_hat, k_hat
 
 

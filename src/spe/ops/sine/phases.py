@@ -20,13 +20,15 @@ def sine_phase(frequencies: Tensor, positions: Tensor) -> Tensor:
     almost everywhere).
 
     Args:
-        frequencies: (H, D, K) in cycles per position.
-        positions: (L,) integer or real positions shared by the batch, or (B, L, H) times of
-            each sequence and head (a learned clock, :mod:`spe.encodings.clock`).
+        frequencies: (H, D, K) in cycles per position (or any shape that broadcasts against
+            per-sequence times, below).
+        positions: (L,) integer or real positions shared by the batch; or times of another
+            shape, multiplied as ``times[..., None, None] * frequencies`` (a clock's times:
+            :mod:`spe.ops.sine.timed` passes (H, N) times and (H, 1, K, D) frequencies).
 
     Returns:
-        (L, H, D, K), or (B, L, H, D, K) for per-sequence times: phases in radians in [0, 2π),
-        in the dtype of ``frequencies``.
+        (L, H, D, K) for shared positions, else the broadcast shape (e.g. (H, N, K, D)): phases
+        in radians in [0, 2π), in the dtype of ``frequencies``.
     """
     times = positions.double()
     times = times[:, None, None, None] if positions.dim() == 1 else times[..., None, None]

@@ -25,6 +25,8 @@ import math
 import torch
 from torch import Tensor
 
+from spe.ops.sine.phases import sine_phase
+
 __all__ = ["TIMED_BLOCK_ELEMENTS", "TimedSineProduct", "timed_trig"]
 
 # elements of one block's (H, n, K, D) features: a few MiB, so a block's passes stay in cache
@@ -32,15 +34,15 @@ TIMED_BLOCK_ELEMENTS = 1 << 18
 
 
 def timed_trig(frequencies: Tensor, times: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin of 2π f τ, (H, n, K, D) in ``dtype``: f·τ formed in float64 and reduced modulo 1
-    (its error stays ~6e-8 cycles whatever τ), then 2π in float32.
+    """cos and sin of 2π f τ, (H, n, K, D) in ``dtype``, the phases reduced as
+    :func:`~spe.ops.sine.phases.sine_phase` (f·τ in float64 modulo 1: ~6e-8 cycles whatever τ).
 
     Args:
         frequencies: (H, D, K) f, cycles per unit of time.
         times: (H, n) τ.
     """
-    cycles = torch.frac(times.double()[:, :, None, None] * frequencies.double().transpose(1, 2).contiguous()[:, None])
-    angle = cycles.to(_accumulate(dtype)) * (2 * math.pi)
+    rows_kd = frequencies.to(_accumulate(dtype)).transpose(1, 2).contiguous()[:, None]  # (H, 1, K, D)
+    angle = sine_phase(rows_kd, times)
     return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
 
 
@@ -105,6 +107,7 @@ class TimedSineProduct(torch.autograd.Function):
         want_angle = needs[0] or needs[1]
         gf = torch.zeros(h, k * d, dtype=acc, device=x1.device) if needs[0] else None
         gt = torch.empty(h, n, dtype=acc, device=x1.device) if needs[1] else None
+        f_kd = frequencies.to(acc).transpose(1, 2).reshape(h, k * d, 1) if gt is not None else None
         for s, e in _blocks(n, h, k, d):
             l = e - s
             cos, sin = timed_trig(frequencies, times[:, s:e], x1.dtype)
@@ -133,7 +136,6 @@ class TimedSineProduct(torch.autograd.Function):
             if gf is not None:
                 gf += torch.bmm(times[:, s:e].to(acc)[:, None], g_angle)[:, 0]
             if gt is not None:
-                f_kd = frequencies.to(acc).transpose(1, 2).reshape(h, k * d, 1)
                 gt[:, s:e] = torch.bmm(g_angle, f_kd)[..., 0]
         if gf is not None:
             grads[0] = gf.view(h, k, d).transpose(1, 2).to(frequencies.dtype)
