@@ -13,6 +13,7 @@ from spe.encodings.rope import LearnedTimeRotary, RotaryEncoding, rotate
 from spe.encodings.sine import (LearnedTimeSPEFilter, apply_sine_code_timed, apply_sine_code_timed_pair,
                                apply_sine_code_timed_reference)
 from spe.ops.sine import timed as timed_module
+from spe.ops.sine.costs import BLOCK_ELEMENTS
 from spe.ops.sine.timed import timed_trig
 from spe.models import DecoderLM, ModelConfig
 
@@ -131,7 +132,7 @@ def test_the_timed_pair_in_blocks_equals_the_float64_reference_forward_and_backw
     # q̂ with the code's θ and k̂ without, from one set of features; blocks of one position, of a
     # few with a ragged last one, and one block for all; at τ ≈ 1e5 d/df carries τ: its float32
     # gradient is good to ~1e-7 of τ · (terms of size ~1)
-    monkeypatch.setattr(timed_module, "TIMED_BLOCK_ELEMENTS", block_elements)
+    monkeypatch.setitem(BLOCK_ELEMENTS, "timed", (block_elements, block_elements))
     fast = _timed_inputs(gated=gated, seed=4)
     with torch.no_grad():
         fast[3] += offset
@@ -150,6 +151,18 @@ def test_the_timed_pair_in_blocks_equals_the_float64_reference_forward_and_backw
             atol = 1e-3 * max(1.0, offset / 1e3) if name == "frequencies" else 1e-5
             torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=atol, msg=name)
     torch.testing.assert_close(k.grad.double(), k64.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_blocks_take_the_devices_budget_and_cover_every_position():
+    # a CPU's block holds the first budget's features, a GPU's the second (larger: small blocks
+    # left a learned-time step launch-bound on an H100); either way the blocks tile 0..N once
+    h, k, d, n = 8, 5, 32, 300_000
+    cpu, gpu = BLOCK_ELEMENTS["timed"]
+    assert gpu > cpu
+    for device, elements in ((torch.device("cpu"), cpu), (torch.device("cuda"), gpu)):
+        blocks = list(timed_module._blocks(n, h, k, d, device))
+        assert blocks[0] == (0, elements // (h * k * d))
+        assert [s for s, _ in blocks[1:]] == [e for _, e in blocks[:-1]] and blocks[-1][1] == n
 
 
 def test_the_filter_and_its_clock_equal_the_float64_composition_forward_and_backward():

@@ -3,10 +3,12 @@
 Run from the repository root (a minute or two on a shared 2-core machine)::
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python tools/analysis/path_cost.py
+    PYTHONPATH=src python tools/analysis/path_cost.py --device cuda   # L = 2,048 to 16,384
 
 Forward, and forward + backward of (y²).sum(), B = 1, H = 4, D = 64, float32, best of 3 after a
 warm-up; "peak" is the growth of the process's maximum resident memory (MiB) over the warm-up
-forward + backward, each row in a fresh process (so each peak is its own). Prints the table's rows.
+forward + backward (on CUDA: the peak of allocated GPU memory), each row in a fresh process (so
+each peak is its own; a row over 120 s is reported as such). Prints the table's rows.
 """
 
 from __future__ import annotations
@@ -19,19 +21,24 @@ import time
 import torch
 import torch.nn.functional as F
 
-LENGTHS = (512, 2048)
+LENGTHS = {"cpu": (512, 2048), "cuda": (2048, 8192, 16384)}
 KERNELS = ("softmax", "fox", "path", "path-fox")
 
 
-def measure(kernel: str, n: int, b: int = 1, h: int = 4, d: int = 64) -> str:
+def measure(kernel: str, n: int, device: str = "cpu", b: int = 1, h: int = 4, d: int = 64) -> str:
     from spe.ops import path_attention, softmax_attention
 
     torch.set_num_threads(1)
+    cuda = device == "cuda"
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(b, n, h, d, generator=g).requires_grad_() for _ in range(3))
-    w = F.normalize(torch.randn(b, n, h, d, generator=g), dim=-1).requires_grad_()
-    beta = (2 * torch.rand(b, n, h, generator=g)).requires_grad_()
-    gate = (0.1 * torch.rand(b, n, h, generator=g).log()).requires_grad_() if kernel.endswith("fox") else None
+
+    def leaf(t):
+        return t.to(device).requires_grad_()
+
+    q, k, v = (leaf(torch.randn(b, n, h, d, generator=g)) for _ in range(3))
+    w = leaf(F.normalize(torch.randn(b, n, h, d, generator=g), dim=-1))
+    beta = leaf(2 * torch.rand(b, n, h, generator=g))
+    gate = leaf(0.1 * torch.rand(b, n, h, generator=g).log()) if kernel.endswith("fox") else None
 
     def run():
         if kernel in ("softmax", "fox"):
@@ -39,27 +46,41 @@ def measure(kernel: str, n: int, b: int = 1, h: int = 4, d: int = 64) -> str:
         return path_attention(q, k, v, w, beta, log_decay=gate)
 
     def once(backward: bool) -> float:
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         y = run()
         if backward:
             y.square().sum().backward()
+        if cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     once(True)  # warm-up; sets the peak
-    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024  # KiB → MiB (Linux)
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024  # KiB → MiB (Linux)
     forward = min(once(False) for _ in range(3))
     both = min(once(True) for _ in range(3))
     return f"| {kernel} | {n} | {1e3 * forward:.0f} | {1e3 * both:.0f} | {peak:.0f} |"
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3:
-        print(measure(sys.argv[1], int(sys.argv[2])))
+    device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+    if device not in LENGTHS:
+        sys.exit(f"path_cost.py: --device {device!r}: expected one of {', '.join(LENGTHS)}")
+    args = [a for a in sys.argv[1:] if a not in ("--device", device)]
+    if len(args) == 2:
+        print(measure(args[0], int(args[1]), device))
     else:
         print("| kernel | L | forward (ms) | forward + backward (ms) | peak (MiB) |\n|---|---|---|---|---|")
-        for n in LENGTHS:
+        for n in LENGTHS[device]:
             for kernel in KERNELS:
-                out = subprocess.run([sys.executable, __file__, kernel, str(n)], capture_output=True,
-                                     text=True, check=True)
-                print(out.stdout.strip())
+                try:
+                    out = subprocess.run([sys.executable, __file__, kernel, str(n), "--device", device],
+                                         capture_output=True, text=True, check=True, timeout=120)
+                    print(out.stdout.strip(), flush=True)
+                except subprocess.TimeoutExpired:
+                    print(f"| {kernel} | {n} | over 120 s | | |", flush=True)

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from spe.encodings.code import ConvCode, SineCode, SPECode
 from spe.encodings.positions import require_positive
 from spe.ops.conv import conv_code_product
-from spe.ops.sine.costs import MATERIALIZE_LIMIT, choose_sine_impl
+from spe.ops.sine.costs import MATERIALIZE_LIMIT, block_budget, choose_sine_impl
 from spe.ops.sine import FusedSineProduct, SharedSineProduct
 from spe.encodings.spec import LayerEncoding, head_dim, option
 
@@ -96,7 +96,7 @@ def apply_code(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) 
 
 def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None, positions: Tensor,
                           weights: Tensor, gate: Tensor | None, gate_noise: Tensor, *,
-                          block_elements: int = 1 << 20) -> Tensor:
+                          block_elements: int | None = None) -> Tensor:
     """Fused sineSPE filter: one matrix product over the (D × 2K) axis per head.
 
     Same value as :func:`apply_code_reference` on the materialised code, without forming the
@@ -113,7 +113,8 @@ def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None,
         weights: (H, D, 2K, R) λ̈ Z / √(2K).
         gate: (H, D) δ, or None.
         gate_noise: (H, D, R) ε.
-        block_elements: size of one block of (x_d Ω) products.
+        block_elements: size of one block of (x_d Ω) products (default 2²⁰ on a CPU, more on
+            a GPU: :func:`~spe.ops.sine.costs.block_budget`).
 
     Returns:
         (B, L, H, R).
@@ -122,7 +123,8 @@ def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None,
     two_k, r = weights.shape[-2], weights.shape[-1]
     scale = (d * r) ** -0.25
     xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
-    block = max(1, block_elements // max(1, b * h * d * two_k))
+    budget = block_elements if block_elements is not None else block_budget("fused", x.device)
+    block = max(1, budget // max(1, b * h * d * two_k))
     w = (weights * scale).to(x.dtype).reshape(h, d * two_k, r)
     out = FusedSineProduct.apply(xs, frequencies, phases, positions, w, block)
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
@@ -130,7 +132,7 @@ def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None,
 
 def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | None, positions: Tensor,
                             weights: Tensor, gate: Tensor | None, gate_noise: Tensor, *,
-                            block_elements: int = 1 << 21) -> Tensor:
+                            block_elements: int | None = None) -> Tensor:
     """Batch-shared blocked sineSPE filter: each block's code is formed once for the batch.
 
     Same value as :func:`apply_code_reference`. Per block of positions, the (l, H, D, R) code
@@ -139,13 +141,15 @@ def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | Non
     (instead of the fused form's B·L·H·D·2K·R) and, beyond the (B, L, H, R) output, one block
     code of at most ``block_elements`` elements.
 
-    Args and returns as :func:`apply_sine_code_fused`; ``block_elements`` bounds l·H·D·R.
+    Args and returns as :func:`apply_sine_code_fused`; ``block_elements`` bounds l·H·D·R
+    (default 2²¹ on a CPU, more on a GPU).
     """
     b, n, h, d = x.shape
     r = weights.shape[-1]
     scale = (d * r) ** -0.25
     xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
-    block = max(1, block_elements // max(1, h * d * r))
+    budget = block_elements if block_elements is not None else block_budget("blocked", x.device)
+    block = max(1, budget // max(1, h * d * r))
     out = SharedSineProduct.apply(xs, frequencies, phases, positions, (weights * scale).to(x.dtype), block)
     return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
 

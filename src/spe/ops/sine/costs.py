@@ -12,7 +12,10 @@ measured; docs/bench.md says where and how they hold up on other machines.
 
 from __future__ import annotations
 
-__all__ = ["BLOCKED_EFFICIENCY", "MATERIALIZE_LIMIT", "choose_sine_impl", "sine_costs"]
+import torch
+
+__all__ = ["BLOCKED_EFFICIENCY", "BLOCK_ELEMENTS", "MATERIALIZE_LIMIT", "block_budget", "choose_sine_impl",
+           "sine_costs"]
 
 # Above this many elements of Q̄ (L·H·D·R), "auto" does not materialise sineSPE codes
 # (64 MiB per code tensor in float32).
@@ -23,6 +26,28 @@ MATERIALIZE_LIMIT = 1 << 24
 # evaluating sin and cos per position: B = 3, 4, 6, 8 give 0.37, 0.36, 0.35, 0.33 (equal times
 # near B = 6). Before that change the fused product was 1.8× slower and this was 0.65.
 BLOCKED_EFFICIENCY = 0.35
+# Elements of one block of each blocked product, (on a CPU, elsewhere). On a CPU, sized for its
+# caches. On a GPU the CPU's blocks leave each product launch-bound (a learned-time model step
+# at 30× APE's time on an H100, one layer with the fused index product at 19-57×), and a GPU
+# holds a few hundred MiB of one block's temporaries easily; the GPU budgets are the best of
+# 1, 16, 64 and 256 times the CPU's on an H100 (tools/analysis/block_scale.py; docs/bench.md,
+# fifth loan): fused and batch-shared at 64×, timed at 256×. Units: fused, B·l·H·D·2K
+# products; blocked, l·H·D·R code elements; timed, H·l·K·D features (l positions of a block).
+BLOCK_ELEMENTS = {"fused": (1 << 20, 1 << 26), "blocked": (1 << 21, 1 << 27), "timed": (1 << 18, 1 << 26)}
+
+
+def block_budget(product: str, device: torch.device) -> int:
+    """The elements of one block of a blocked sineSPE product on ``device``.
+
+    Args:
+        product: ``fused``, ``blocked`` or ``timed`` (a key of :data:`BLOCK_ELEMENTS`).
+        device: where the product runs; a CPU gets the first budget, any other device the second.
+
+    Raises:
+        KeyError: for another product.
+    """
+    cpu, other = BLOCK_ELEMENTS[product]
+    return cpu if device.type == "cpu" else other
 
 
 def sine_costs(batch: int, length: int, num_heads: int, head_dim: int, num_sines: int,

@@ -25,12 +25,10 @@ import math
 import torch
 from torch import Tensor
 
+from spe.ops.sine.costs import block_budget
 from spe.ops.sine.phases import sine_phase
 
-__all__ = ["TIMED_BLOCK_ELEMENTS", "TimedSineProduct", "timed_trig"]
-
-# elements of one block's (H, n, K, D) features: a few MiB, so a block's passes stay in cache
-TIMED_BLOCK_ELEMENTS = 1 << 18
+__all__ = ["TimedSineProduct", "timed_trig"]
 
 
 def timed_trig(frequencies: Tensor, times: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -51,8 +49,10 @@ def _accumulate(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _blocks(n: int, h: int, k: int, d: int):
-    step = max(1, TIMED_BLOCK_ELEMENTS // max(1, h * k * d))
+def _blocks(n: int, h: int, k: int, d: int, device: torch.device):
+    # a block's (H, n, K, D) features: a few MiB on a CPU, so its passes stay in cache; far more
+    # on a GPU, where small blocks are launch-bound (spe.ops.sine.costs.BLOCK_ELEMENTS)
+    step = max(1, block_budget("timed", device) // max(1, h * k * d))
     return ((s, min(n, s + step)) for s in range(0, n, step))
 
 
@@ -78,7 +78,7 @@ class TimedSineProduct(torch.autograd.Function):
         k = frequencies.shape[-1]
         sides = [(x1, *w1)] + ([(x2, *w2)] if x2 is not None else [])
         outs = [x.new_empty(h, n, w_c.shape[-1]) for x, w_c, _ in sides]
-        for s, e in _blocks(n, h, k, d):
+        for s, e in _blocks(n, h, k, d, x1.device):
             cos, sin = timed_trig(frequencies, times[:, s:e], x1.dtype)
             for (x, w_c, w_s), out in zip(sides, outs):
                 xb = x[:, s:e, None, :]  # (H, n, 1, D)
@@ -108,7 +108,7 @@ class TimedSineProduct(torch.autograd.Function):
         gf = torch.zeros(h, k * d, dtype=acc, device=x1.device) if needs[0] else None
         gt = torch.empty(h, n, dtype=acc, device=x1.device) if needs[1] else None
         f_kd = frequencies.to(acc).transpose(1, 2).reshape(h, k * d, 1) if gt is not None else None
-        for s, e in _blocks(n, h, k, d):
+        for s, e in _blocks(n, h, k, d, x1.device):
             l = e - s
             cos, sin = timed_trig(frequencies, times[:, s:e], x1.dtype)
             g_angle = None
