@@ -37,6 +37,11 @@ def layer_ms(positional: str, impl: str, n: int, device: torch.device) -> float:
     return measure_train(case, device)["median_ms"]
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def model_ms(extra: dict, device: torch.device) -> float:
     torch.manual_seed(0)
     model = DecoderLM(ModelConfig(attention="linear", vocab_size=512, d_model=256, num_heads=8, num_layers=4,
@@ -44,12 +49,12 @@ def model_ms(extra: dict, device: torch.device) -> float:
     tokens = torch.randint(0, 512, (8, 2049), device=device)
     times = []
     for _ in range(8):
-        torch.cuda.synchronize(device) if device.type == "cuda" else None
+        sync(device)
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = model.loss(tokens)
         loss.backward()
-        torch.cuda.synchronize(device) if device.type == "cuda" else None
+        sync(device)
         times.append(time.perf_counter() - start)
         model.zero_grad(set_to_none=True)
     return statistics.median(times[2:]) * 1e3
