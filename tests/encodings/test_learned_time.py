@@ -153,6 +153,24 @@ def test_the_timed_pair_in_blocks_equals_the_float64_reference_forward_and_backw
     torch.testing.assert_close(k.grad.double(), k64.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("wanted", [(0,), (1,), (3,), (4,), (0, 3)])
+def test_the_timed_product_gives_each_wanted_gradient_alone_as_with_every_other(wanted):
+    # backward skips the products an input that needs no gradient would take (W's, the phases'):
+    # asking for a subset must give the same gradients as asking for all
+    names = ("q", "frequencies", "phases", "times", "weights")
+    full = _timed_inputs(gated=False, seed=8)[:5]
+    k = torch.randn(full[0].shape, generator=torch.Generator().manual_seed(9))
+    some = [t.detach().clone().requires_grad_(i in wanted) for i, t in enumerate(full)]
+    for inputs in (full, some):
+        q_hat, k_hat = apply_sine_code_timed_pair(inputs[0], k, *inputs[1:], None, torch.zeros(2, 3, 6))
+        (q_hat * k_hat).sum().backward()
+    for i, name in enumerate(names):
+        if i in wanted:
+            torch.testing.assert_close(some[i].grad, full[i].grad, rtol=0, atol=0, msg=name)
+        else:
+            assert some[i].grad is None, name
+
+
 def test_blocks_take_the_devices_budget_and_cover_every_position():
     # a CPU's block holds the first budget's features, a GPU's the second (larger: small blocks
     # left a learned-time step launch-bound on an H100); either way the blocks tile 0..N once

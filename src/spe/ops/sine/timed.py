@@ -39,8 +39,11 @@ def timed_trig(frequencies: Tensor, times: Tensor, dtype: torch.dtype) -> tuple[
         frequencies: (H, D, K) f, cycles per unit of time.
         times: (H, n) τ.
     """
-    rows_kd = frequencies.to(_accumulate(dtype)).transpose(1, 2).contiguous()[:, None]  # (H, 1, K, D)
-    angle = sine_phase(rows_kd, times)
+    # one float64 product and one in-place frac (a fraction in (−1, 1): the cos and sin of
+    # sine_phase's [0, 1)), then 2π in the features' precision: sine_phase's floor, subtraction
+    # and float64 2π keep a gradient this product forms itself
+    cycles = frequencies.double().transpose(1, 2).contiguous()[:, None] * times.double()[..., None, None]
+    angle = cycles.frac_().to(_accumulate(dtype)).mul_(2 * math.pi)  # (H, n, K, D)
     return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
 
 
@@ -120,14 +123,21 @@ class TimedSineProduct(torch.autograd.Function):
                 gy_c = torch.bmm(gb, w_c.transpose(1, 2)).view(h, l, k, d)
                 gy_s = torch.bmm(gb, w_s.transpose(1, 2)).view(h, l, k, d)
                 if grads[i] is not None:
-                    grads[i][:, s:e] = (gy_c * cos + gy_s * sin).sum(2)
+                    grads[i][:, s:e] = torch.addcmul(gy_c * cos, gy_s, sin).sum(2)
+                if grads[i + 1] is None and not want_angle:
+                    continue
+                # u_c = x cos a, u_s = x sin a serve W's gradient and the phases':
+                # d cos a = −sin a da, d sin a = cos a da, so ∂L/∂a = g_s u_c − g_c u_s
+                u_c, u_s = xb * cos, xb * sin
                 if grads[i + 1] is not None:
-                    grads[i + 1][0] += torch.bmm((xb * cos).view(h, l, k * d).transpose(1, 2), gb).to(acc)
-                    grads[i + 1][1] += torch.bmm((xb * sin).view(h, l, k * d).transpose(1, 2), gb).to(acc)
+                    grads[i + 1][0] += torch.bmm(u_c.view(h, l, k * d).transpose(1, 2), gb).to(acc)
+                    grads[i + 1][1] += torch.bmm(u_s.view(h, l, k * d).transpose(1, 2), gb).to(acc)
                 if want_angle:
-                    # d cos a = −sin a da, d sin a = cos a da
-                    term = (gy_s * cos - gy_c * sin) * xb
-                    g_angle = term if g_angle is None else g_angle + term
+                    if g_angle is None:
+                        g_angle = gy_s * u_c
+                    else:
+                        g_angle.addcmul_(gy_s, u_c)
+                    g_angle.addcmul_(gy_c, u_s, value=-1)
             if g_angle is None:
                 if gt is not None:
                     gt[:, s:e] = 0
