@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 
 from spe.ops.sine.costs import block_budget
-from spe.ops.sine.phases import sine_phase
 
 __all__ = ["TimedSineProduct", "timed_trig"]
 
