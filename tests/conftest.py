@@ -30,3 +30,15 @@ def midi_folder(tmp_path):
     (root / "broken.mid").write_bytes(b"MThd\x00\x00\x00\x06this is not a midi file")
     (root / "notes.txt").write_text("not music")
     return root
+
+
+@pytest.fixture(autouse=True)
+def _timed_compile_off():
+    # `spe train --compile` in a test turns the timed sineSPE product's compile on for the
+    # process: later tests run it eagerly again (a compile costs seconds)
+    from spe.ops.sine import timed
+
+    saved = dict(timed.COMPILE)
+    yield
+    timed.COMPILE.clear()
+    timed.COMPILE.update(saved)

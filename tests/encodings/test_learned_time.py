@@ -171,6 +171,55 @@ def test_the_timed_product_gives_each_wanted_gradient_alone_as_with_every_other(
             assert some[i].grad is None, name
 
 
+def _pair_values_and_grads(seed=4, offset=1.0e5):
+    # q̂, k̂ of the timed pair and every gradient of (q̂·k̂).sum(), in float32 and in the float64 reference
+    fast = _timed_inputs(gated=True, seed=seed)
+    with torch.no_grad():
+        fast[3] += offset
+    k = torch.randn(fast[0].shape, generator=torch.Generator().manual_seed(6)).requires_grad_()
+    q_hat, k_hat = apply_sine_code_timed_pair(fast[0], k, *fast[1:])
+    (q_hat * k_hat).sum().backward()
+    return [q_hat.detach(), k_hat.detach(), k.grad] + [t.grad for t in fast if t is not None and t.grad is not None]
+
+
+def test_the_compiled_product_equals_the_eager_one_and_the_float64_reference(monkeypatch):
+    # COMPILE runs the same per-block functions through torch.compile (fused loops): values and
+    # gradients must be the eager ones to float32 rounding (sums in another order), which the
+    # float64 comparisons above tie to the definition; three blocks, one ragged
+    monkeypatch.setitem(BLOCK_ELEMENTS, "timed", (100, 100))
+    monkeypatch.setattr(timed_module, "_COMPILED", {})
+    monkeypatch.setattr(timed_module, "_COMPILE_FAILED", [])
+    eager = _pair_values_and_grads()
+    monkeypatch.setitem(timed_module.COMPILE, "cpu", True)
+    compiled = _pair_values_and_grads()
+    assert set(timed_module._COMPILED) == {"_features", "_feature_grads"} and not timed_module._COMPILE_FAILED
+    assert len(compiled) == len(eager) == 10  # q̂, k̂, then the gradients of k and of the seven inputs
+    for a, b in zip(compiled, eager):
+        # float32 terms of size ~1 (d/df: ~τ = 1e5 times them): a few ulps of the largest
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+def test_a_compiler_that_fails_warns_once_and_the_eager_twin_runs(monkeypatch):
+    monkeypatch.setattr(timed_module, "_COMPILED", {})
+    monkeypatch.setattr(timed_module, "_COMPILE_FAILED", [])
+    eager = _pair_values_and_grads()
+    monkeypatch.setitem(timed_module.COMPILE, "cpu", True)
+
+    def no_compiler(fn, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    with pytest.warns(RuntimeWarning, match=r"torch.compile of the timed product failed \(RuntimeError: no C\+\+ compiler"):
+        fallback = _pair_values_and_grads()
+    assert timed_module._COMPILE_FAILED == ["RuntimeError: no C++ compiler found"]
+    for a, b in zip(fallback, eager):
+        assert torch.equal(a, b)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: the next call runs eagerly without a word
+        _pair_values_and_grads()
+
+
 def test_blocks_take_the_devices_budget_and_cover_every_position():
     # a CPU's block holds the first budget's features, a GPU's the second (larger: small blocks
     # left a learned-time step launch-bound on an H100); either way the blocks tile 0..N once

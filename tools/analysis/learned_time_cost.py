@@ -11,8 +11,10 @@ rounds that cycle through the rows, so that a change in the machine's load hits 
 alike; the median of the last 6 and its ratio to APE's are reported, with the peak memory of
 those steps (GPU), the activations a forward keeps for backward (MiB, any device: the bytes of
 the distinct storages autograd saves, parameters excluded) and one decoding step after a
-prefill of 512 or 16,384 tokens (64 or 1,024 on a CPU; batch 1, median of 30). Prints one JSON
-line per row.
+prefill of 512 or 16,384 tokens (64 or 1,024 on a CPU; batch 1, median of 30). The learned-time
+sineSPE rows run twice: eagerly, then with the timed product's elementwise passes compiled
+(``spe.ops.sine.timed.COMPILE``, what ``spe train --compile`` turns on; "compiled": true). Prints
+one JSON line per row.
 """
 
 import json
@@ -22,6 +24,7 @@ import time
 import torch
 
 from spe.models import DecoderLM, ModelConfig
+from spe.ops.sine import timed
 
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 small = dev.type == "cpu"
@@ -35,6 +38,12 @@ rows = [("ape", "linear", {}), ("sinespe", "linear", {}), ("sinespe", "linear", 
         ("sinespe", "linear", {"decay": "gated"}), ("sinespe", "linear", {"decay": "gated", "spe_time": "learned"}),
         ("rope", "linear-elu", {}), ("rope", "linear-elu", {"rope_time": "learned"}),
         ("sinespe", "performer", {}), ("sinespe", "performer", {"spe_time": "learned"})]
+# the learned-time sineSPE rows again with the timed product's elementwise passes compiled
+# (spe.ops.sine.timed.COMPILE, as spe train --compile sets it; the compile falls in the
+# untimed first rounds)
+COMPILED = {i for i, (_, _, extra) in enumerate(rows) if extra.get("spe_time") == "learned"}
+rows += [rows[i] for i in sorted(COMPILED)]
+compiled = [False] * (len(rows) - len(COMPILED)) + [True] * len(COMPILED)
 
 
 def saved_mib(model) -> float:
@@ -66,6 +75,7 @@ times = [[] for _ in rows]
 peaks = [0.0 for _ in rows]
 for rnd in range(8):
     for i, m in enumerate(models):
+        timed.COMPILE[dev.type] = compiled[i]
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         sync()
@@ -79,7 +89,8 @@ for rnd in range(8):
         if dev.type == "cuda" and rnd >= 2:
             peaks[i] = max(peaks[i], torch.cuda.max_memory_allocated() / 2**30)
 steps = [statistics.median(t[2:]) * 1e3 for t in times]
-for (pos, att, extra), m, step, peak in zip(rows, models, steps, peaks):
+for (pos, att, extra), m, step, peak, fused in zip(rows, models, steps, peaks, compiled):
+    timed.COMPILE[dev.type] = fused
     saved = saved_mib(m)
     m.eval()
     dec = {}
@@ -95,6 +106,6 @@ for (pos, att, extra), m, step, peak in zip(rows, models, steps, peaks):
                 sync()
                 ts.append(time.perf_counter() - t0)
             dec[p] = round(statistics.median(ts) * 1e3, 3)
-    row = dict(device=dev.type, positional=pos, attention=att, **extra, step_ms=round(step, 2),
+    row = dict(device=dev.type, positional=pos, attention=att, **extra, compiled=fused, step_ms=round(step, 2),
                x_ape=round(step / steps[0], 2), peak_gib=round(peak, 2), saved_mib=round(saved, 1), decode_ms=dec)
     print(json.dumps(row), flush=True)

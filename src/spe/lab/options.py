@@ -169,8 +169,9 @@ class ExperimentOptions:
     tensorboard: bool = option(False, help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install "
                                "'spe[log]')")
     keep_checkpoints: int = option(2, _POSITIVE, "checkpoints kept in OUT/checkpoints")
-    compile: bool = option(False, help="torch.compile the model for training (off by default; falls back to the "
-                           "uncompiled model with a warning where compilation is unavailable)")
+    compile: bool = option(False, help="torch.compile the model for training, and the elementwise passes of sineSPE's "
+                           "learned-time product (off by default; falls back to the uncompiled model with a "
+                           "warning where compilation is unavailable)")
     allow_data_change: bool = option(False, engine=False)
     model: dict = field(default_factory=dict, metadata={"engine": False})
 

@@ -20,6 +20,7 @@ from spe.attention.layer import MultiHeadAttention
 from spe.lab.bench.peers import PEER_ATTENTIONS, build_peer_layer
 from spe.encodings.conv import ConvSPE
 from spe.encodings.filter import IMPLS
+from spe.ops.sine.timed import compile_products
 from spe.ops.sine.costs import choose_sine_impl
 from spe.encodings.registry import positional_spec
 from spe.ops.common.state import KVCache, LinearAttentionState, ScaledLinearAttentionState
@@ -129,6 +130,8 @@ def model_step(case: dict, device: torch.device):
     config = ModelConfig(vocab_size=case["vocab_size"], **{**options, "spe_impl": _spe_impl(case)})
     model = DecoderLM(config).to(device).train()
     forward = torch.compile(model) if case.get("compiled") else model  # as spe train --compile does
+    if case.get("compiled"):
+        compile_products(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, case["vocab_size"], (b, n + 1), generator=g, device=device)

@@ -387,7 +387,8 @@ def _add_bench_parser(sub) -> None:
                         "the score encodings with a flex form, windows; flex's backward needs CUDA) (default auto)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--compile", action="store_true",
-                   help="--modes model: also measure every encoding with torch.compile (rows marked compiled)")
+                   help="--modes model: also measure every encoding with torch.compile, sineSPE's learned-time "
+                        "product's elementwise passes too (rows marked compiled)")
     p.add_argument("--code-errors", action="store_true",
                    help="also measure sineSPE estimation error vs R, Gaussian vs orthogonal noise")
     p.add_argument("--budget-s", type=float, default=30.0, help="skip cases predicted to take longer per run")

@@ -46,6 +46,7 @@ from spe.lab.train.run_folder import METRICS_FILE, check_foreign_files, clear_ru
 from spe.lab.train.state import (checkpoint_folder, global_rng_states, latest_unit, link, load_unit, repair_run_folder,
                              restore_global_rng, save_checkpoint)
 from spe.lab.train.task import EngineSettings, StepStats, Task
+from spe.ops.sine.timed import compile_products
 
 __all__ = ["METRICS_FILE", "Outcome", "TrainingDiverged", "apply_gradients", "compute_gradients", "run"]
 
@@ -115,6 +116,7 @@ class _Training:
         if self.settings.compile:
             try:
                 compiled = torch.compile(self.model)
+                compile_products(next(self.model.parameters()).device)
                 self.compile_pending = True
             except Exception as err:  # noqa: BLE001 - any failure falls back to eager mode
                 _compile_failed(err)

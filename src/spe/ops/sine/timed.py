@@ -21,13 +21,32 @@ tests compare them forward and backward.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import Tensor
 
 from spe.ops.sine.costs import block_budget
 
-__all__ = ["TimedSineProduct", "timed_trig"]
+__all__ = ["COMPILE", "TimedSineProduct", "compile_products", "timed_trig"]
+
+#: ``torch.compile`` the product's elementwise passes per block (the float64 phase reduction,
+#: cos and sin, x times the features, and in backward x's and the phases' gradients) into fused
+#: loops, by device type. Off by default: the first call in a process compiles for some
+#: seconds (dynamic shapes: once per dtype and number of sides, not per length); ``spe train
+#: --compile`` turns it on with the model's compile. A compiler that fails warns once and the
+#: eager twin (the same functions, uncompiled) runs.
+COMPILE: dict[str, bool] = {"cpu": False, "cuda": False}
+
+_COMPILED: dict[str, object] = {}
+_COMPILE_FAILED: list[str] = []
+
+
+def compile_products(device: torch.device | str) -> None:
+    """Turns :data:`COMPILE` on for ``device``'s type (what ``spe train --compile`` and ``spe bench
+    --compile`` do beside compiling the model: the model's compile leaves this product's
+    autograd function opaque)."""
+    COMPILE[torch.device(device).type] = True
 
 
 def timed_trig(frequencies: Tensor, times: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -38,12 +57,59 @@ def timed_trig(frequencies: Tensor, times: Tensor, dtype: torch.dtype) -> tuple[
         frequencies: (H, D, K) f, cycles per unit of time.
         times: (H, n) τ.
     """
-    # one float64 product and one in-place frac (a fraction in (−1, 1): the cos and sin of
-    # sine_phase's [0, 1)), then 2π in the features' precision: sine_phase's floor, subtraction
-    # and float64 2π keep a gradient this product forms itself
-    cycles = frequencies.double().transpose(1, 2).contiguous()[:, None] * times.double()[..., None, None]
-    angle = cycles.frac_().to(_accumulate(dtype)).mul_(2 * math.pi)  # (H, n, K, D)
+    return _trig(_rows_kd(frequencies), times.double(), dtype)
+
+
+def _rows_kd(frequencies: Tensor) -> Tensor:
+    # (H, D, K) -> (H, 1, K, D) float64: the features' (k, d) order, broadcast over positions
+    return frequencies.double().transpose(1, 2).contiguous()[:, None]
+
+
+def _trig(f_kd: Tensor, times: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    # f τ in float64, its fraction (in (−1, 1): the cos and sin of sine_phase's [0, 1)), then
+    # 2π in the features' precision; no gradient is kept (the product forms its own)
+    angle = torch.frac(f_kd * times[..., None, None]).to(_accumulate(dtype)) * (2 * math.pi)
     return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+
+def _features(f_kd: Tensor, times: Tensor, xs: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
+    # one block's u_c = x cos a, u_s = x sin a, (H, n, K, D) each, for every side x (H, n, D)
+    cos, sin = _trig(f_kd, times, xs[0].dtype)
+    return [(x[:, :, None, :] * cos, x[:, :, None, :] * sin) for x in xs]
+
+
+def _feature_grads(f_kd: Tensor, times: Tensor, xs: list[Tensor], grads: list[tuple[Tensor, Tensor]]):
+    # one block's backward through the features, given each side's g_c = ∂L/∂u_c, g_s (H, n, K, D):
+    # x's gradient Σ_k g_c cos a + g_s sin a, the features u_c, u_s again (for W's gradient),
+    # and the phases' ∂L/∂a = Σ_sides g_s u_c − g_c u_s (d cos a = −sin a da, d sin a = cos a da)
+    # reduced at once to τ's gradient (H, n) and f's (H, K, D): a = 2π f τ
+    cos, sin = _trig(f_kd, times, xs[0].dtype)
+    sides, g_angle = [], None
+    for x, (g_c, g_s) in zip(xs, grads):
+        u_c, u_s = x[:, :, None, :] * cos, x[:, :, None, :] * sin
+        sides.append(((g_c * cos + g_s * sin).sum(2), u_c, u_s))
+        term = g_s * u_c - g_c * u_s
+        g_angle = term if g_angle is None else g_angle + term
+    acc = _accumulate(xs[0].dtype)
+    g_angle = g_angle.to(acc) * (2 * math.pi)
+    g_times = (g_angle * f_kd.to(acc)).sum((2, 3))
+    g_freqs = (g_angle * times.to(acc)[..., None, None]).sum(1)
+    return sides, g_times, g_freqs
+
+
+def _run(fn, device: torch.device, *args):
+    # fn compiled where COMPILE asks for it (once per process), else as written
+    if COMPILE.get(device.type, False) and not _COMPILE_FAILED:
+        try:
+            compiled = _COMPILED.get(fn.__name__)
+            if compiled is None:
+                compiled = _COMPILED[fn.__name__] = torch.compile(fn, dynamic=True)
+            return compiled(*args)
+        except Exception as err:  # noqa: BLE001 - a compiler failure of any kind: the eager twin still works
+            _COMPILE_FAILED.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            warnings.warn(f"sineSPE in learned time: torch.compile of the timed product failed "
+                          f"({_COMPILE_FAILED[0]}); it runs uncompiled", RuntimeWarning, stacklevel=2)
+    return fn(*args)
 
 
 def _accumulate(dtype: torch.dtype) -> torch.dtype:
@@ -68,7 +134,8 @@ class TimedSineProduct(torch.autograd.Function):
     * w1, w2: (2, H, K·D, R), each side's W_c and W_s stacked, rows (k, d), in x's dtype.
 
     Returns (y1, y2), each (H, N, R) in x's dtype (y2 None for one side). Gradients flow to
-    every tensor input; the features are formed again in backward.
+    every tensor input; the features are formed again in backward. The elementwise passes of a
+    block are pure functions, compiled into fused loops where :data:`COMPILE` asks for it.
     """
 
     @staticmethod
@@ -78,14 +145,14 @@ class TimedSineProduct(torch.autograd.Function):
         x1, x2 = x1.contiguous(), (x2.contiguous() if x2 is not None else None)
         h, n, d = x1.shape
         k = frequencies.shape[-1]
-        sides = [(x1, *w1)] + ([(x2, *w2)] if x2 is not None else [])
-        outs = [x.new_empty(h, n, w_c.shape[-1]) for x, w_c, _ in sides]
+        xs, ws = [x1] + ([x2] if x2 is not None else []), [w1] + ([w2] if x2 is not None else [])
+        outs = [x.new_empty(h, n, w.shape[-1]) for x, w in zip(xs, ws)]
+        f_kd, times64 = _rows_kd(frequencies), times.double()
         for s, e in _blocks(n, h, k, d, x1.device):
-            cos, sin = timed_trig(frequencies, times[:, s:e], x1.dtype)
-            for (x, w_c, w_s), out in zip(sides, outs):
-                xb = x[:, s:e, None, :]  # (H, n, 1, D)
-                y = torch.bmm((xb * cos).view(h, e - s, k * d), w_c)
-                out[:, s:e] = torch.baddbmm(y, (xb * sin).view(h, e - s, k * d), w_s)
+            features = _run(_features, x1.device, f_kd, times64[:, s:e], [x[:, s:e] for x in xs])
+            for (u_c, u_s), (w_c, w_s), out in zip(features, ws, outs):
+                y = torch.bmm(u_c.view(h, e - s, k * d), w_c)
+                out[:, s:e] = torch.baddbmm(y, u_s.view(h, e - s, k * d), w_s)
         ctx.save_for_backward(frequencies, times, x1, w1, x2, w2)
         return outs[0], (outs[1] if x2 is not None else None)
 
@@ -95,59 +162,38 @@ class TimedSineProduct(torch.autograd.Function):
         needs = ctx.needs_input_grad
         h, n, d = x1.shape
         k = frequencies.shape[-1]
-        # (x, W_c, W_s, its output's gradient, the index of x among the inputs; W's is next)
-        sides = [(x1, *w1, grad1, 2)] + ([(x2, *w2, grad2, 4)] if x2 is not None else [])
+        # the sides with an output gradient: (x, (W_c, W_s), ∂L/∂y, the index of x among the inputs; W's is next)
+        sides = [(x, w, g, i) for x, w, g, i in ((x1, w1, grad1, 2), (x2, w2, grad2, 4))
+                 if x is not None and g is not None]
         grads: list[Tensor | None] = [None] * 6
         acc = _accumulate(x1.dtype)
-        for x, w_c, _, g, i in sides:
-            if g is None:
-                continue
+        for x, w, _, i in sides:
             if needs[i]:
                 grads[i] = torch.empty_like(x)
             if needs[i + 1]:
-                grads[i + 1] = torch.zeros((2, *w_c.shape), dtype=acc, device=w_c.device)
-        want_angle = needs[0] or needs[1]
-        gf = torch.zeros(h, k * d, dtype=acc, device=x1.device) if needs[0] else None
-        gt = torch.empty(h, n, dtype=acc, device=x1.device) if needs[1] else None
-        f_kd = frequencies.to(acc).transpose(1, 2).reshape(h, k * d, 1) if gt is not None else None
-        for s, e in _blocks(n, h, k, d, x1.device):
+                grads[i + 1] = torch.zeros(w.shape, dtype=acc, device=w.device)
+        gf = torch.zeros(h, k, d, dtype=acc, device=x1.device) if needs[0] else None
+        gt = torch.zeros(h, n, dtype=acc, device=x1.device) if needs[1] else None
+        f_kd, times64 = _rows_kd(frequencies), times.double()
+        for s, e in _blocks(n, h, k, d, x1.device) if sides else ():
             l = e - s
-            cos, sin = timed_trig(frequencies, times[:, s:e], x1.dtype)
-            g_angle = None
-            for x, w_c, w_s, g, i in sides:
-                if g is None:
-                    continue
-                gb = g[:, s:e].to(x.dtype)  # (H, n, R)
-                xb = x[:, s:e, None, :]
-                gy_c = torch.bmm(gb, w_c.transpose(1, 2)).view(h, l, k, d)
-                gy_s = torch.bmm(gb, w_s.transpose(1, 2)).view(h, l, k, d)
+            gbs = [g[:, s:e].to(x.dtype) for x, _, g, _ in sides]  # (H, n, R)
+            g_us = [(torch.bmm(gb, w_c.transpose(1, 2)).view(h, l, k, d),
+                     torch.bmm(gb, w_s.transpose(1, 2)).view(h, l, k, d)) for gb, (_, (w_c, w_s), _, _) in zip(gbs, sides)]
+            per_side, g_times, g_freqs = _run(_feature_grads, x1.device, f_kd, times64[:, s:e],
+                                              [x[:, s:e] for x, _, _, _ in sides], g_us)
+            for (gx, u_c, u_s), gb, (_, _, _, i) in zip(per_side, gbs, sides):
                 if grads[i] is not None:
-                    grads[i][:, s:e] = torch.addcmul(gy_c * cos, gy_s, sin).sum(2)
-                if grads[i + 1] is None and not want_angle:
-                    continue
-                # u_c = x cos a, u_s = x sin a serve W's gradient and the phases':
-                # d cos a = −sin a da, d sin a = cos a da, so ∂L/∂a = g_s u_c − g_c u_s
-                u_c, u_s = xb * cos, xb * sin
+                    grads[i][:, s:e] = gx
                 if grads[i + 1] is not None:
                     grads[i + 1][0] += torch.bmm(u_c.view(h, l, k * d).transpose(1, 2), gb).to(acc)
                     grads[i + 1][1] += torch.bmm(u_s.view(h, l, k * d).transpose(1, 2), gb).to(acc)
-                if want_angle:
-                    if g_angle is None:
-                        g_angle = gy_s * u_c
-                    else:
-                        g_angle.addcmul_(gy_s, u_c)
-                    g_angle.addcmul_(gy_c, u_s, value=-1)
-            if g_angle is None:
-                if gt is not None:
-                    gt[:, s:e] = 0
-                continue
-            g_angle = (g_angle.to(acc) * (2 * math.pi)).view(h, l, k * d)
-            if gf is not None:
-                gf += torch.bmm(times[:, s:e].to(acc)[:, None], g_angle)[:, 0]
             if gt is not None:
-                gt[:, s:e] = torch.bmm(g_angle, f_kd)[..., 0]
+                gt[:, s:e] = g_times
+            if gf is not None:
+                gf += g_freqs
         if gf is not None:
-            grads[0] = gf.view(h, k, d).transpose(1, 2).to(frequencies.dtype)
+            grads[0] = gf.transpose(1, 2).to(frequencies.dtype)
         if gt is not None:
             grads[1] = gt.to(times.dtype)
         for i, w in ((3, w1), (5, w2)):
