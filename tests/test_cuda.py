@@ -119,6 +119,19 @@ def test_cuda_gradients_equal_the_float64_cpu_gradients(case):
         assert err <= 1e-3 * scale, f"{name}: {err:.2e} over a gradient of {scale:.2e}"
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c[2].get("spe_time") == "learned"], ids=_ids)
+def test_cuda_compiled_timed_product_gives_the_float64_cpu_gradients(case, monkeypatch):
+    """The learned-time product with its elementwise passes compiled (spe.ops.sine.timed.COMPILE,
+    what spe train --compile turns on; Triton on a GPU): the same gradients as float64."""
+    from spe.ops.sine import timed
+
+    monkeypatch.setitem(timed.COMPILE, DEVICE.type, True)
+    monkeypatch.setattr(timed, "_COMPILED", {})
+    monkeypatch.setattr(timed, "_COMPILE_FAILED", [])
+    test_cuda_gradients_equal_the_float64_cpu_gradients(case)
+    assert set(timed._COMPILED) == {"_features", "_feature_grads"} and not timed._COMPILE_FAILED
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] not in ("shaw", "music-relative")], ids=_ids)
 def test_cuda_recurrent_decoding_equals_the_parallel_forward(case):
     _, fast = _pair(case)
