@@ -44,8 +44,7 @@ _COMPILE_FAILED: list[str] = []
 
 def compile_products(device: torch.device | str) -> None:
     """Turns :data:`COMPILE` on for ``device``'s type (what ``spe train --compile`` and ``spe bench
-    --compile`` do beside compiling the model: the model's compile leaves this product's
-    autograd function opaque)."""
+    --compile`` do beside compiling the model)."""
     COMPILE[torch.device(device).type] = True
 
 
