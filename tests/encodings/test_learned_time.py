@@ -187,6 +187,7 @@ def test_the_compiled_product_equals_the_eager_one_and_the_float64_reference(mon
     # gradients must be the eager ones to float32 rounding (sums in another order), which the
     # float64 comparisons above tie to the definition; three blocks, one ragged
     monkeypatch.setitem(BLOCK_ELEMENTS, "timed", (100, 100))
+    monkeypatch.setattr(timed_module, "COMPILE_MIN_POSITIONS", 1)
     monkeypatch.setattr(timed_module, "_COMPILED", {})
     monkeypatch.setattr(timed_module, "_COMPILE_FAILED", [])
     eager = _pair_values_and_grads()
@@ -200,6 +201,7 @@ def test_the_compiled_product_equals_the_eager_one_and_the_float64_reference(mon
 
 
 def test_a_compiler_that_fails_warns_once_and_the_eager_twin_runs(monkeypatch):
+    monkeypatch.setattr(timed_module, "COMPILE_MIN_POSITIONS", 1)
     monkeypatch.setattr(timed_module, "_COMPILED", {})
     monkeypatch.setattr(timed_module, "_COMPILE_FAILED", [])
     eager = _pair_values_and_grads()
@@ -218,6 +220,15 @@ def test_a_compiler_that_fails_warns_once_and_the_eager_twin_runs(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once: the next call runs eagerly without a word
         _pair_values_and_grads()
+
+
+def test_blocks_of_a_few_positions_run_eagerly_under_compile(monkeypatch):
+    # a decoding step's block: the compiled call's guards cost more than its loops save
+    monkeypatch.setattr(timed_module, "_COMPILED", {})
+    monkeypatch.setitem(timed_module.COMPILE, "cpu", True)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: pytest.fail("compiled a 10-position block"))
+    eager = _pair_values_and_grads()  # 2 sequences × 5 positions
+    assert not timed_module._COMPILED and len(eager) == 10
 
 
 def test_blocks_take_the_devices_budget_and_cover_every_position():
