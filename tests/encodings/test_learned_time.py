@@ -211,7 +211,8 @@ def test_a_compiler_that_fails_warns_once_and_the_eager_twin_runs(monkeypatch):
         raise RuntimeError("no C++ compiler found")
 
     monkeypatch.setattr(torch, "compile", no_compiler)
-    with pytest.warns(RuntimeWarning, match=r"torch.compile of the timed product failed \(RuntimeError: no C\+\+ compiler"):
+    failed = r"torch.compile of the timed product failed \(RuntimeError: no C\+\+ compiler"
+    with pytest.warns(RuntimeWarning, match=failed):
         fallback = _pair_values_and_grads()
     assert timed_module._COMPILE_FAILED == ["RuntimeError: no C++ compiler found"]
     for a, b in zip(fallback, eager):

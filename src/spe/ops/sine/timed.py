@@ -103,20 +103,21 @@ def _feature_grads(f_kd: Tensor, times: Tensor, xs: list[Tensor], grads: list[tu
     return sides, g_times, g_freqs
 
 
-def _run(fn, device: torch.device, *args):
-    # fn compiled where COMPILE asks for it (once per process), else as written; args[1] is
-    # the block's times (H, n)
-    if COMPILE.get(device.type, False) and not _COMPILE_FAILED and args[1].shape[1] >= COMPILE_MIN_POSITIONS:
+def _run(fn, f_kd: Tensor, times: Tensor, *rest):
+    # fn(f_kd, times (H, n), *rest) for one block: compiled where COMPILE asks for it (once per
+    # process) and the block is long enough, else as written
+    if (COMPILE.get(times.device.type, False) and not _COMPILE_FAILED
+            and times.shape[1] >= COMPILE_MIN_POSITIONS):
         try:
             compiled = _COMPILED.get(fn.__name__)
             if compiled is None:
                 compiled = _COMPILED[fn.__name__] = torch.compile(fn, dynamic=True)
-            return compiled(*args)
+            return compiled(f_kd, times, *rest)
         except Exception as err:  # noqa: BLE001 - a compiler failure of any kind: the eager twin still works
             _COMPILE_FAILED.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
             warnings.warn(f"sineSPE in learned time: torch.compile of the timed product failed "
                           f"({_COMPILE_FAILED[0]}); it runs uncompiled", RuntimeWarning, stacklevel=2)
-    return fn(*args)
+    return fn(f_kd, times, *rest)
 
 
 def _accumulate(dtype: torch.dtype) -> torch.dtype:
@@ -156,7 +157,7 @@ class TimedSineProduct(torch.autograd.Function):
         outs = [x.new_empty(h, n, w.shape[-1]) for x, w in zip(xs, ws)]
         f_kd, times64 = _rows_kd(frequencies), times.double()
         for s, e in _blocks(n, h, k, d, x1.device):
-            features = _run(_features, x1.device, f_kd, times64[:, s:e], [x[:, s:e] for x in xs])
+            features = _run(_features, f_kd, times64[:, s:e], [x[:, s:e] for x in xs])
             for (u_c, u_s), (w_c, w_s), out in zip(features, ws, outs):
                 y = torch.bmm(u_c.view(h, e - s, k * d), w_c)
                 out[:, s:e] = torch.baddbmm(y, u_s.view(h, e - s, k * d), w_s)
@@ -184,10 +185,13 @@ class TimedSineProduct(torch.autograd.Function):
         f_kd, times64 = _rows_kd(frequencies), times.double()
         for s, e in _blocks(n, h, k, d, x1.device) if sides else ():
             l = e - s
-            gbs = [g[:, s:e].to(x.dtype) for x, _, g, _ in sides]  # (H, n, R)
-            g_us = [(torch.bmm(gb, w_c.transpose(1, 2)).view(h, l, k, d),
-                     torch.bmm(gb, w_s.transpose(1, 2)).view(h, l, k, d)) for gb, (_, (w_c, w_s), _, _) in zip(gbs, sides)]
-            per_side, g_times, g_freqs = _run(_feature_grads, x1.device, f_kd, times64[:, s:e],
+            gbs, g_us = [], []  # each side's ∂L/∂y (H, n, R) and ∂L/∂u_c, ∂L/∂u_s (H, n, K, D)
+            for x, (w_c, w_s), g, _ in sides:
+                gb = g[:, s:e].to(x.dtype)
+                gbs.append(gb)
+                g_us.append((torch.bmm(gb, w_c.transpose(1, 2)).view(h, l, k, d),
+                             torch.bmm(gb, w_s.transpose(1, 2)).view(h, l, k, d)))
+            per_side, g_times, g_freqs = _run(_feature_grads, f_kd, times64[:, s:e],
                                               [x[:, s:e] for x, _, _, _ in sides], g_us)
             for (gx, u_c, u_s), gb, (_, _, _, i) in zip(per_side, gbs, sides):
                 if grads[i] is not None:
