@@ -19,7 +19,7 @@ from torch import Tensor
 from spe.lab import strict_json
 from spe.checkpoint import LoadedCheckpoint, atomic_write, load
 from spe.lab.data.split import CorpusSplit, split_of_run, validation_sequences
-from spe.encodings.registry import positional_spec
+from spe.lab.labels import run_label
 from spe.lab.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
 from spe.lab.outputs import check_output_file, check_output_folder, check_outside_data
 
@@ -29,15 +29,8 @@ __all__ = ["evaluate_checkpoints", "evaluate_models", "model_label", "stored_sum
 # Moving-mean width of the curves in extrapolation.png, in positions.
 SMOOTHING = 16
 
-
-def model_label(config) -> str:
-    """``positional/attention`` (+ `` gated`` for gated SPE, `` window W`` for a sliding window)."""
-    label = f"{config.positional}/{config.attention}"
-    if positional_spec(config.positional).stochastic and config.gated:
-        label += " gated"
-    if config.attention_window is not None:
-        label += f" window {config.attention_window}"
-    return label
+# The run's name in tables, legends and summary.json (kept under its older name for callers).
+model_label = run_label
 
 
 def _sequence_std(ce: Tensor) -> float:
@@ -49,7 +42,7 @@ def _sequence_std(ce: Tensor) -> float:
 
 def _model_row(loaded: LoadedCheckpoint, ce: Tensor, bucket_width: int | None) -> dict:
     seq_len = loaded.seq_len
-    return {"checkpoint": loaded.path, "label": model_label(loaded.config), "seq_len": seq_len, "step": loaded.step,
+    return {"checkpoint": loaded.path, "label": run_label(loaded.config), "seq_len": seq_len, "step": loaded.step,
             "within": float(ce[:, :seq_len].mean()), "beyond": float(ce[:, seq_len:].mean()),
             # std over sequences of each sequence's mean (Table 6's ±), as bucket_means does
             "within_std": _sequence_std(ce[:, :seq_len]), "beyond_std": _sequence_std(ce[:, seq_len:]),
@@ -65,7 +58,7 @@ def _warn_non_finite(loaded: LoadedCheckpoint, ce: Tensor, width: int) -> None:
     length = ce.shape[1]
     starts = sorted({int(t) // width * width for t in bad.any(0).nonzero()})
     buckets = ", ".join(f"{start}–{min(start + width, length)}" for start in starts)
-    warnings.warn(f"{loaded.path} ({model_label(loaded.config)}): {int(bad.sum())} of {ce.numel()} cross-entropies "
+    warnings.warn(f"{loaded.path} ({run_label(loaded.config)}): {int(bad.sum())} of {ce.numel()} cross-entropies "
                   f"are NaN or infinite, in the bucket(s) of positions {buckets}: their means are NaN (null "
                   "in summary.json)", stacklevel=3)
 

@@ -9,6 +9,7 @@ import math
 
 from spe.encodings.registry import positional_spec
 from spe.lab.evaluation.music_prompt import NUM_PARTS
+from spe.lab.labels import run_label
 
 __all__ = ["render_attention", "render_extrapolation", "render_generation", "render_header", "render_kernels",
            "render_pe_metrics", "render_r_grid", "render_report"]
@@ -41,9 +42,9 @@ def render_header(report: dict) -> list[str]:
     lines = ["# SPE report", "",
              f"Written {report['date']} by `spe report` (spe {report['spe_version']}) on {report['device']}.", "",
              "## What was run", ""]
-    lines += _table(["model", "checkpoint", "positional", "attention", "gated", "R", "training length", "step"],
-                    [[m["name"], f"`{m['checkpoint']}`", m["config"]["positional"], m["config"]["attention"],
-                      "yes" if m["config"].get("gated", True) else "no",
+    # the run's label names encoding, kernel, gate, decay, clock and window as it was trained
+    lines += _table(["model", "checkpoint", "run", "R", "training length", "step"],
+                    [[m["name"], f"`{m['checkpoint']}`", run_label(m["config"]),
                       str(m["config"]["num_realizations"]) if positional_spec(m["config"]["positional"]).stochastic else "–",
                       str(m["seq_len"]), str(m["step"])] for m in models])
     lines += ["", (f"Data: `{report['data']}`, validation split of the first checkpoint "
@@ -70,7 +71,7 @@ def render_extrapolation(report: dict) -> list[str]:
                      _fmt_mean_std(m["beyond"], m.get("beyond_std"))])
     # one unigram figure, over all evaluated positions: labelled so, not read as the within column
     rows.append([f"unigram (all {summary['max_length']} positions)", "–", "–", _fmt(summary["unigram"]), ""])
-    lines += _table(["model", "encoding/attention", "L", "within (nats/token)", "beyond (nats/token)"], rows)
+    lines += _table(["model", "run", "L", "within (nats/token)", "beyond (nats/token)"], rows)
     lines += ["", "![Cross-entropy by position](extrapolation/extrapolation.png)", "",
               "Per-position values: `extrapolation/per_position.csv`; buckets: `extrapolation/summary.json`.", ""]
     return lines

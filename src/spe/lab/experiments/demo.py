@@ -10,6 +10,7 @@ from spe.lab import strict_json
 from spe.checkpoint import load
 from spe.lab.evaluation.checkpoints import evaluate_checkpoints
 from spe.lab.generation_midi import generate_midi
+from spe.lab.labels import run_label
 from spe.lab.train.config import TrainConfig
 from spe.lab.train.loop import train
 from spe.lab.train.status import run_status
@@ -57,7 +58,7 @@ def run_demo(configs: list[TrainConfig], out: str | Path, *, max_length: int | N
     for cfg in configs:
         t = time.perf_counter()
         train_or_reuse(cfg, progress=progress)
-        timings[f"train {cfg.model.get('positional', 'sinespe')}"] = time.perf_counter() - t
+        timings[f"train {run_label(cfg.model)}"] = time.perf_counter() - t
         checkpoints.append(cfg.out)
     t = time.perf_counter()
     loaded = [load(c, device=device) for c in checkpoints]

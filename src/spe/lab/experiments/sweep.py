@@ -42,6 +42,7 @@ from spe.checkpoint import atomic_write, load
 from spe.lab import plans, strict_json
 from spe.lab.data.split import SPLITS, split_of_run
 from spe.lab.evaluation.checkpoints import evaluate_checkpoints, evaluate_models, write_evaluation
+from spe.lab.labels import run_label
 from spe.lab.plans import Column, markdown_table
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
@@ -54,7 +55,7 @@ from spe.models.config import decode_window
 log = logging.getLogger(__name__)
 
 __all__ = ["SWEEP_FORMAT", "Plan", "collect_sweep", "load_plan", "results_table", "run_sweep", "summarize_runs",
-           "variant_config", "write_results"]
+           "variant_config", "variant_label", "write_results"]
 
 EVAL_KEYS = ("num_realizations", "num_draws", "max_length", "bucket_width", "window", "split")
 DEFAULT_DATA = "Bach chorales (music21)"
@@ -142,6 +143,16 @@ def variant_config(plan: Plan, name: str, seed: int, out: Path, *, data: str | N
     return TrainConfig.from_dict(raw)
 
 
+def variant_label(plan: Plan, name: str) -> str:
+    """The run label (:func:`spe.lab.labels.run_label`) of the model a variant evaluates: its
+    source's model options, with the variant's test-time window (eval option ``window``)."""
+    spec = plan.rows[name]
+    model = dict(TrainConfig.from_dict(plan.rows[spec["of"] or name]["train"]).model)
+    if "window" in spec["eval"]:
+        model["attention_window"] = decode_window(spec["eval"]["window"], "eval option window")
+    return run_label(model)
+
+
 def _selected(plan: Plan, only: list[str] | None) -> list[str]:
     """Variants to run, training ones first (re-evaluations then find their checkpoints)."""
     names = plans.select_rows(plan, only)
@@ -172,7 +183,7 @@ def _train_run(plan: Plan, name: str, cfg: TrainConfig, progress: bool) -> float
     if status.state == "finished":
         return None
     t = time.perf_counter()
-    log.info("sweep: training %s/seed%d (%d steps)", name, cfg.seed, cfg.steps)
+    log.info("sweep: training %s/seed%d, %s (%d steps)", name, cfg.seed, variant_label(plan, name), cfg.steps)
     train(cfg, resume=status.state == "resume", progress=progress)
     return time.perf_counter() - t
 
@@ -318,8 +329,8 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
 def summarize_runs(doc: dict, plan: Plan) -> list[dict]:
     """Per variant with runs in ``doc`` (a ``results.json``): the (mean, sample std) over seeds of
     each bucket (:func:`spe.lab.plans.summarize`, std NaN for one seed), the growth of the last
-    bucket over the first, the median training time and the first bucket relative to the
-    reference variant's."""
+    bucket over the first, the median training time, the first bucket relative to the
+    reference variant's and the model's ``run`` label (:func:`variant_label`)."""
     by_variant: dict[str, dict[int, dict]] = {}
     for record in doc.get("runs", {}).values():
         by_variant.setdefault(record["variant"], {})[record["seed"]] = record
@@ -334,7 +345,8 @@ def summarize_runs(doc: dict, plan: Plan) -> list[dict]:
         metrics["growth"] = lambda r: r["buckets"][nb - 1]["ce"] / r["buckets"][0]["ce"] - 1
         summary = plans.summarize(runs, metrics)
         times = [r["train_s"] for r in runs.values() if r.get("train_s")]
-        rows.append({"variant": name, "description": spec["description"], "seeds": summary["seeds"],
+        rows.append({"variant": name, "run": variant_label(plan, name), "description": spec["description"],
+                     "seeds": summary["seeds"],
                      "bucket_edges": [(b["start"], b["end"]) for b in first["buckets"][:nb]],
                      "buckets": [summary[f"bucket{i}"] for i in range(nb)], "growth": summary["growth"],
                      "train_s": statistics.median(times) if times else None})
@@ -351,7 +363,8 @@ def results_table(doc: dict, plan: Plan) -> list[str]:
         return []
     edges = rows[0]["bucket_edges"]
     ref = f" vs {plan.reference}" if plan.reference else ""
-    columns = [Column("variant", cell=lambda r: r["variant"]), Column("seeds", cell=lambda r: str(len(r["seeds"]))),
+    columns = [Column("variant", cell=lambda r: r["variant"]), Column("run", cell=lambda r: r["run"]),
+               Column("seeds", cell=lambda r: str(len(r["seeds"]))),
                *(Column(f"[{a},{b})", cell=lambda r, i=i: format_mean_std(*r["buckets"][i], digits=3))
                  for i, (a, b) in enumerate(edges)),
                Column("growth", cell=lambda r: format_mean_std(100 * r["growth"][0], 100 * r["growth"][1], digits=1,

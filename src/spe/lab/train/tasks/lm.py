@@ -21,6 +21,7 @@ from spe.checkpoint import max_positions
 from spe.encodings.onset import OnsetClock, onset_tokens, reads_onsets, tokens_per_beat
 from spe.models.decoder_lm import DecoderLM
 from spe.models.loss import cross_entropy
+from spe.lab.labels import run_label
 from spe.lab.train import distributed as dist_
 from spe.lab.train.config import TrainConfig
 from spe.lab.train.state_passing import CarriedBatch, StatePassing, chain_steps
@@ -129,7 +130,7 @@ class LMTask:
 
     def build_model(self) -> DecoderLM:
         model = build_model(self.cfg, self.vocab_size, **self.model_settings)
-        self.label = f"train {model.config.positional}"
+        self.label = f"train {run_label(model.config)}"
         if self.cfg.state_passing:  # feature redraws restart chains where there are random features
             redraws = self.cfg.feature_redraw_every if kernel_spec(model.config.attention).random_features else 0
             self.passing = StatePassing(chain_steps(model.config, self.cfg.seq_len), redraws)
