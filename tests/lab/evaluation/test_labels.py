@@ -82,12 +82,7 @@ def test_evaluate_names_each_run_in_table_csv_legend_and_summary(first, second, 
 SWEEP_PLAN = """
 title = "labels"
 seq_len = 16
-[model]
-d_model = 16
-num_layers = 1
-num_heads = 2
-d_ff = 32
-num_realizations = 4
+model = { d_model = 16, num_layers = 1, num_heads = 2, d_ff = 32, num_realizations = 4 }
 [variants.plain]
 model = { positional = "sinespe" }
 [variants.decay]
