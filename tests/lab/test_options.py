@@ -2,7 +2,7 @@
 
 import pytest
 
-from spe.lab.options import check_threads
+from spe.lab.options import MAX_THREADS, check_threads
 from spe.models.config import decode_window
 
 
@@ -17,9 +17,9 @@ def test_a_bad_window_names_the_option_and_the_value(value):
         decode_window(value, "--window")
 
 
-@pytest.mark.parametrize("value", [-1, True, 1.5])
+@pytest.mark.parametrize("value", [-1, True, 1.5, MAX_THREADS + 1, 100000])
 def test_a_bad_thread_count_names_the_option_and_the_value(value):
-    check_threads(None), check_threads(0), check_threads(3)
+    check_threads(None), check_threads(0), check_threads(MAX_THREADS)
     with pytest.raises(ValueError, match=rf"^threads must be 0 \(PyTorch's default\) or a positive number of "
-                                         rf"CPU threads, got {value!r}$"):
+                                         rf"CPU threads up to {MAX_THREADS} .*, got {value!r}$"):
         check_threads(value)

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field, fields
 
 from spe.field_types import check_field_types
 
-__all__ = ["OPTION_RULES", "SCHEDULES", "ExperimentOptions", "OptionRule", "check_option", "check_options",
-           "check_seed", "check_threads", "option", "option_flag", "parse_int_list", "parse_seeds", "read_toml",
-           "set_threads"]
+__all__ = ["MAX_THREADS", "OPTION_RULES", "SCHEDULES", "THREADS_HELP", "ExperimentOptions", "OptionRule",
+           "available_cpus", "check_option", "check_options", "check_seed", "check_threads", "option", "option_flag",
+           "parse_int_list", "parse_seeds", "read_json_object", "read_toml", "set_threads"]
 
 # The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
 # beside their rule, so that a schedule is checked as the other options are, without torch.
@@ -86,6 +86,20 @@ class OptionRule:
         below = value < self.high if self.high_open else value <= self.high
         return above and below
 
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+# More threads than CPUs only slows a run down, and far more crash inside the thread pools
+# (100,000 segfaulted once the data was read and the run folder locked; 20,000 aborted libgomp).
+MAX_THREADS = available_cpus()
 
 _POSITIVE = OptionRule(integer=True, low=1)
 # torch.manual_seed and Generator.manual_seed take a signed 64-bit integer; beyond it they overflow
@@ -215,9 +229,14 @@ OPTION_RULES: dict[str, OptionRule] = {
     "max_transpose": OptionRule(integer=True, low=0, note="semitones; 0: no transposition"),
     "seed": _SEED,
     "split_seed": _SEED,
-    "threads": OptionRule(integer=True, low=0, optional=True,
-                          text="0 (PyTorch's default) or a positive number of CPU threads"),
+    "threads": OptionRule(integer=True, low=0, high=MAX_THREADS, optional=True,
+                          text=f"0 (PyTorch's default) or a positive number of CPU threads up to {MAX_THREADS} "
+                          "(the CPUs this process may use)"),
 }
+
+# --threads of every command that computes: its help, declared once beside its rule (the flag:
+# spe.lab.cli.names.add_threads_flag).
+THREADS_HELP = "CPU threads, at most the CPUs this process may use (0: PyTorch's default)"
 
 
 _FLAG_TYPES = {"int": int, "float": float}
@@ -269,11 +288,12 @@ def check_options(values: Mapping) -> None:
 
 
 def check_threads(value: int | None, name: str = "threads") -> None:
-    """Validates a CPU thread count: None or 0 (PyTorch's default) or a positive count.
+    """Validates a CPU thread count: None or 0 (PyTorch's default) or a count up to
+    :data:`MAX_THREADS`, the CPUs this process may use.
 
     Raises:
-        ValueError: naming ``name`` and the value (``torch.set_num_threads(-1)`` raises a
-            RuntimeError deep inside a run otherwise).
+        ValueError: naming ``name``, the value and the maximum (``torch.set_num_threads(-1)``
+            raises a RuntimeError deep inside a run otherwise, and far too many threads crash).
     """
     check_option("threads", value, name)
 
@@ -347,6 +367,36 @@ def read_toml(path, what: str) -> dict:
         raise ValueError(f"{what} {path} is not valid TOML: {err}") from None
     except RecursionError:  # tomllib recurses once per nested array or inline table
         raise ValueError(f"{what} {path} nests arrays or tables too deeply to be read") from None
+
+
+def read_json_object(path, what: str) -> dict:
+    """The JSON object (a dict) in the file ``path``, every failure one line naming it.
+
+    Args:
+        path: the file (e.g. an experiment folder's ``config.json``).
+        what: what the file should be, for messages (``an experiment's config``).
+
+    Raises:
+        ValueError: ``PATH is not WHAT``: not UTF-8, not JSON (with the line and column), or
+            JSON of another shape (a list, a number: another tool's file).
+    """
+    import json
+    from pathlib import Path
+
+    try:
+        value = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not {what}: not UTF-8 text (offset {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not {what}: not valid JSON ({err.msg} at line {err.lineno}, column "
+                         f"{err.colno}); move it away or choose another --out") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not {what}: JSON nested too deeply to be read") from None
+    if not isinstance(value, dict):
+        kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
+        raise ValueError(f"{path} is not {what}: it holds a JSON {kind}, not an object (another "
+                         "tool's file?); move it away or choose another --out")
+    return value
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:

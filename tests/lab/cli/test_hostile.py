@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from tiny_run import clean_midi, tiny_config, toml_text
 
 from spe.lab.cli.main import main
+from spe.lab.options import MAX_THREADS
 from spe.lab.train.loop import train
 
 # The existing run: ape-learned with 40 position embeddings, trained at length 32.
@@ -108,7 +109,8 @@ CASES = [
     ("wrong type (list lr)", lambda r, c: _train(r, c, "lr_list", *_run(r)),
      r"lr_list\.toml: training option lr must be a number, got \[1\] \(list\)", ()),
     ("threads -1 in a config file", lambda r, c: _train(r, c, "threads_neg", *_new(r)),
-     r"threads_neg\.toml: threads must be 0 \(PyTorch's default\) or a positive number of CPU threads, got -1 "
+     r"threads_neg\.toml: threads must be 0 \(PyTorch's default\) or a positive number of CPU threads up to \d+ "
+     r"\(the CPUs this process may use\), got -1 "
      r"\(options of that file and the command line\)$", ()),
     ("train_state.pt as checkpoint",
      lambda r, c: ["evaluate", "--checkpoint", f"{r}/run/train_state.pt", *_run(r)],
@@ -152,13 +154,21 @@ CASES = [
      r"precision fp16 needs a CUDA device", ()),
     ("keep no checkpoint", lambda r, c: _train(r, c, "run", *_new(r, "--keep-checkpoints", "0")),
      r"keep_checkpoints must be a positive integer, got 0", ()),
-    *[(f"--threads -1 ({command})", argv, r"--threads must be 0 \(PyTorch's default\) or a positive number of "
-       r"CPU threads, got -1$", ())
-      for command, argv in [("train", lambda r, c: _train(r, c, "run", *_new(r, "--threads", "-1"))),
-                            ("demo", lambda r, c: ["demo", "--out", f"{r}/new", "--threads", "-1"]),
-                            ("bench", lambda r, c: ["bench", "--out", f"{r}/new", "--threads", "-1"]),
-                            ("lra", lambda r, c: ["lra", "--task", "listops", "--out", f"{r}/new",
-                                                  "--threads", "-1"])]],
+    # threads beyond the machine's CPUs crashed (a segfault at 100,000, libgomp's abort at 20,000)
+    *[(f"--threads {n} ({command})", lambda r, c, n=n, argv=argv: [*argv(r, c), "--threads", str(n)],
+       rf"--threads must be 0 \(PyTorch's default\) or a positive number of CPU threads up to {MAX_THREADS} "
+       rf"\(the CPUs this process may use\), got {n}$", ())
+      for n in (-1, MAX_THREADS + 1, 100000)
+      for command, argv in [("train", lambda r, c: _train(r, c, "run", *_new(r))),
+                            ("demo", lambda r, c: ["demo", "--out", f"{r}/new"]),
+                            ("bench", lambda r, c: ["bench", "--out", f"{r}/new"]),
+                            ("lra", lambda r, c: ["lra", "--task", "listops", "--data", f"{r}/none", "--out",
+                                                  f"{r}/new"]),
+                            ("synth", lambda r, c: ["synth", "--task", "flip-flop", "--out", f"{r}/new"]),
+                            ("sweep", lambda r, c: ["sweep", "--out", f"{r}/new"]),
+                            ("evaluate", lambda r, c: _evaluate(r, "run")),
+                            ("generate", lambda r, c: _generate(r)),
+                            ("report", lambda r, c: ["report", "--checkpoint", f"{r}/run", "--out", f"{r}/new"])]],
     *[(f"--temperature {t}", lambda r, c, t=t: _generate(r, f"--temperature={t}"),
        rf"--temperature must be a finite positive number, got {shown}$", ())
       for t, shown in [("nan", "nan"), ("inf", "inf"), ("-inf", "-inf"), ("0", "0.0")]],

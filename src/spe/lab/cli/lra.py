@@ -11,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from spe.lab.cli.names import add_aliased, add_option_flag, say_defaults
+from spe.lab.cli.names import add_aliased, add_option_flag, add_threads_flag, say_defaults
 from spe.lab.options import check_threads
 
 __all__ = ["add_lra_parser", "cmd_lra"]
@@ -106,7 +106,7 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
     p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
     add_option_flag(p, "device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (0: PyTorch's default, the default)")
+    add_threads_flag(p)
     add_option_flag(p, "precision", choices=names["precision"])
     # per seed: its own folder OUT/seedK
     add_option_flag(p, "tensorboard",

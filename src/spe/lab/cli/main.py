@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from spe.lab.cli.names import add_aliased, add_option_flag, say_defaults
-from spe.lab.options import parse_int_list
+from spe.lab.cli.names import add_aliased, add_option_flag, add_threads_flag, say_defaults
+from spe.lab.options import parse_int_list, set_threads
 from spe.lab.cli.model_flags import add_model_flags, model_flag_options
 
 __all__ = ["UsageError", "build_parser", "main"]
@@ -88,7 +88,7 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     names = flag_choices()
     p.add_argument("--seed", type=int, help="random seed, in [0, 2**63 - 1]")
     add_option_flag(p, "device")
-    p.add_argument("--threads", type=int, help="CPU threads (0: PyTorch default)")
+    add_threads_flag(p)
     add_option_flag(p, "precision", choices=names["precision"])
     for name in ("tensorboard", "keep_checkpoints", "compile"):
         add_option_flag(p, name)
@@ -107,6 +107,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from spe.lab.evaluation.checkpoints import evaluate_checkpoints, summary_table
 
+    set_threads(args.threads, "--threads")
     summary = evaluate_checkpoints(args.checkpoint, Path(args.out), max_length=args.max_length, data=args.data,
                                    cache_dir=args.cache_dir, batch_size=args.batch_size, device=args.device,
                                    json_path=args.json, progress=not args.no_progress,
@@ -120,6 +121,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from spe.lab.generation_midi import generate_midi
 
+    set_threads(args.threads, "--threads")
     info = generate_midi(args.checkpoint, args.out, length=args.length, prompt=args.prompt,
                          prompt_bars=args.prompt_bars, seed=args.seed, top_p=args.top_p,
                          temperature=args.temperature, device=args.device, progress=not args.no_progress,
@@ -134,6 +136,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.probe_tokens < 1:
         raise UsageError(f"--probe-tokens must be positive, got {args.probe_tokens}")
+    set_threads(args.threads, "--threads")
     path = build_report(args.checkpoint, Path(args.out), data=args.data, cache_dir=args.cache_dir,
                         max_length=args.max_length, r_test=parse_int_list(args.r_test, "--r-test") if args.r_test else (),
                         generate_length=args.length, num_probe_tokens=args.probe_tokens, device=args.device,
@@ -307,6 +310,7 @@ def _add_evaluate_parser(sub) -> None:
     add_aliased(p, "--attention-window", "--window", type=int, dest="window", metavar="W",
                 help="sliding attention window W (0: the whole past; default: as trained)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_evaluate)
 
@@ -323,6 +327,7 @@ def _add_report_parser(sub) -> None:
     p.add_argument("--length", type=int, default=1024, help="tokens generated after the prompt, per model")
     p.add_argument("--probe-tokens", type=int, default=16, help="vocabulary tokens for identical-token probing")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_report)
 
@@ -340,6 +345,7 @@ def _add_generate_parser(sub) -> None:
     add_aliased(p, "--attention-window", "--window", type=int, dest="window", metavar="W",
                 help="sliding attention window W (0: the whole past; default: as trained)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
 
@@ -398,7 +404,7 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="autocast of the timed work as spe train --precision (weights float32; fp16 on CUDA "
                         "only, with a gradient scaler in model mode); default fp32")
-    p.add_argument("--threads", type=int, default=0)
+    add_threads_flag(p, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_bench)
 
@@ -412,8 +418,7 @@ def _add_sweep_parser(sub) -> None:
     p.add_argument("--data", help="training data for every variant (folder or music21:NAME; default Bach)")
     p.add_argument("--cache-dir")
     p.add_argument("--steps", type=int, help="override every variant's optimizer steps")
-    p.add_argument("--threads", type=int,
-                   help="override every variant's CPU threads (0: PyTorch's default; 1 to run sweeps side by side)")
+    add_threads_flag(p)  # every variant's; 1 to run sweeps side by side
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_sweep)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_aliased", "add_option_flag", "flag_choices", "say_defaults"]
+__all__ = ["add_aliased", "add_option_flag", "add_threads_flag", "flag_choices", "say_defaults"]
 
 
 def flag_choices() -> dict:
@@ -47,3 +47,12 @@ def add_option_flag(p: argparse.ArgumentParser, name: str, **keywords) -> None:
 
     flag, derived = option_flag(name)
     p.add_argument(flag, **{**derived, **keywords})
+
+
+def add_threads_flag(p: argparse.ArgumentParser, **keywords) -> None:
+    """``--threads N`` of a command that computes: one flag, its help and rule declared once
+    (:data:`spe.lab.options.THREADS_HELP`, ``OPTION_RULES["threads"]``), checked before any work
+    by :func:`spe.lab.cli.main.main` (``keywords``: a command's own ``default``)."""
+    from spe.lab.options import THREADS_HELP
+
+    p.add_argument("--threads", type=int, metavar="N", help=THREADS_HELP, **keywords)

@@ -79,7 +79,7 @@ def _cmd_plan(args: argparse.Namespace, seeds: list[int] | None) -> int:
 
 def add_synth_parser(sub) -> None:
     from spe.lab.cli.model_flags import add_model_flags
-    from spe.lab.cli.names import flag_choices
+    from spe.lab.cli.names import add_threads_flag, flag_choices
 
     p = sub.add_parser("synth", help="synthetic tasks (flip-flop, MQAR): train at one length, test at longer ones")
     p.add_argument("--task", help="flip-flop or mqar (required unless --plan is given)")
@@ -99,7 +99,7 @@ def add_synth_parser(sub) -> None:
                    "into OUT/ROW, then OUT/results.*")
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
     p.add_argument("--device", help="cpu (default) or cuda")
-    p.add_argument("--threads", type=int, help="torch CPU threads (0: PyTorch's default)")
+    add_threads_flag(p)
     p.add_argument("--precision", choices=flag_choices()["precision"], help="fp32 (default), bf16 or fp16 autocast")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_synth)
