@@ -276,3 +276,20 @@ def test_spe_impl_chooses_how_every_layer_applies_sinespe_codes_with_the_same_nu
     with pytest.raises(ValueError, match="spe_impl must be one of auto, fused, materialized, blocked, reference, "
                                          "got 'fast'"):
         ModelConfig(vocab_size=50, spe_impl="fast")
+
+
+@pytest.mark.parametrize("attention, positional, decay", [
+    ("linear-relu", "none", "gated-channel"), ("linear-relu", "sinespe", "gated-channel"),
+    ("softmax", "path", "none"), ("softmax", "path", "gated"), ("performer", "sinespe", "none")])
+def test_a_batch_of_zero_sequences_decodes_to_empty_logits(attention, positional, decay):
+    # a channel gate's and PaTH's reshapes once left their size to -1, undetermined at batch 0
+    model = _model(positional, attention, decay=decay)
+    nothing = torch.zeros(0, dtype=torch.long)
+    with torch.no_grad():
+        logits, state = model.step(nothing)
+        logits, state = model.step(nothing, state)
+        prompt, state = model.prefill(torch.zeros(0, 3, dtype=torch.long))
+        after, _ = model.step(nothing, state)
+        whole = model(torch.zeros(0, 3, dtype=torch.long))
+    assert logits.shape == after.shape == (0, 50)
+    assert prompt.shape == whole.shape == (0, 3, 50)

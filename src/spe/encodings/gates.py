@@ -128,7 +128,8 @@ class ChannelGate(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, L, C) → (B, L, H, M) log gates ≤ 0, in at least float32."""
         logits = _wide(_wide(x, self.down), self.up, self.bias)  # (B, L, H·M/tied)
-        gates = F.logsigmoid(logits).view(*x.shape[:2], self.num_heads, -1) / self.temperature
+        # sizes spelled out: a batch of 0 leaves -1 undetermined
+        gates = F.logsigmoid(logits).view(*x.shape[:2], self.num_heads, self.channels // self.tied) / self.temperature
         return gates.repeat_interleave(self.tied, dim=-1) if self.tied > 1 else gates
 
     def extra_repr(self) -> str:

@@ -42,7 +42,7 @@ def _blocks(x: Tensor, c: int) -> Tensor:
     b, n, h = x.shape[:3]
     x = x.movedim(1, 2)  # (B, H, L, ...)
     x = F.pad(x, (0, 0, 0, (-n) % c) if x.dim() == 4 else (0, (-n) % c))
-    return x.reshape(b, h, -1, c, *x.shape[3:])
+    return x.reshape(b, h, x.shape[2] // c, c, *x.shape[3:])  # not -1: undetermined at batch 0
 
 
 def _chunk_terms(q: Tensor | None, k: Tensor, w: Tensor, beta: Tensor, c: int):
@@ -119,7 +119,7 @@ def path_transformed_keys(k: Tensor, w: Tensor, beta: Tensor, *,
     for j in range(k_hat.shape[2] - 2, -1, -1):
         suffix = suffix @ product[:, :, j + 1]
         out.append(k_hat[:, :, j] @ suffix.transpose(-1, -2))
-    return torch.stack(out[::-1], 2).reshape(b, h, -1, d)[:, :, :n].transpose(1, 2)
+    return torch.stack(out[::-1], 2).flatten(2, 3)[:, :, :n].transpose(1, 2)
 
 
 def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *,
