@@ -97,3 +97,25 @@ def test_a_warmup_as_long_as_the_run_is_warned_in_one_line():
     assert [str(w.message) for w in caught] == [
         "warmup_steps 100 ≥ steps 20: the learning rate rises for the whole run and ends at 0.0002 (peak lr 0.001), "
         "with no decay; pass --warmup-steps below 20"]
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "generate", "report", "bench", "sweep", "demo", "lra",
+                                     "synth"])
+def test_every_command_that_computes_takes_the_one_threads_flag(command):
+    from spe.lab.options import THREADS_HELP
+
+    assert _help(command, "--threads").startswith(THREADS_HELP)
+
+
+@pytest.mark.parametrize("command,folder,not_plans", [("sweep", "", {"demo"}),
+                                                      ("synth", "synth", {"cpu-small"}),
+                                                      ("lra", "lra", {"cpu-small", "paper"})])
+def test_plan_help_lists_every_packaged_plan(command, folder, not_plans):
+    from pathlib import Path
+
+    import spe.lab
+
+    configs = Path(spe.lab.__file__).parent / "configs" / folder
+    names = {p.stem for p in configs.glob("*.toml")} - not_plans
+    text = _help(command, "--plan")
+    assert names and all(name in text.split(": ", 1)[1] for name in names), (names, text)

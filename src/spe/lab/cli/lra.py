@@ -102,7 +102,11 @@ def add_lra_parser(sub) -> None:
     add_option_flag(p, "positional_lr_scale", help="lr multiplier of positional parameters (default 1)")
     p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, + -lra-2021, "
                    "+ -KEY-VALUE per option, sorted; with --plan runs/lra/PRESET/PLAN)")
-    p.add_argument("--plan", help="study plan (TOML, or listops-study): rows × seeds into OUT/ROW, then OUT/results.*")
+    from spe.lab.lra.study import STUDY_FORMAT
+    from spe.lab.plans import packaged_plans
+
+    p.add_argument("--plan", help="study plan (TOML, or a packaged plan: " + ", ".join(packaged_plans(STUDY_FORMAT))
+                   + "): rows × seeds into OUT/ROW, then OUT/results.*")
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
     p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
     add_option_flag(p, "device", default="cpu", help="cpu or cuda (default cpu)")

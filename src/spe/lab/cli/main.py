@@ -410,8 +410,12 @@ def _add_bench_parser(sub) -> None:
 
 
 def _add_sweep_parser(sub) -> None:
+    from spe.lab.experiments.sweep import SWEEP_FORMAT
+    from spe.lab.plans import packaged_plans
+
     p = sub.add_parser("sweep", help="train and evaluate the variants × seeds of a plan file (resumable)")
-    p.add_argument("--plan", default="ablation", help="plan TOML, or the name of a packaged plan (ablation, peers)")
+    p.add_argument("--plan", default="ablation", help="plan TOML, or the name of a packaged plan: "
+                   + ", ".join(packaged_plans(SWEEP_FORMAT)) + " (default ablation)")
     p.add_argument("--out", default="runs/sweep", help="sweep folder: runs, results.json, results.md")
     p.add_argument("--seeds", help="comma-separated seeds (default: the plan's)")
     p.add_argument("--only", help="comma-separated variants to run (default: all)")

@@ -95,8 +95,11 @@ def add_synth_parser(sub) -> None:
     p.add_argument("--eval-every", type=int, help="steps between validations and checkpoints (default 250)")
     add_model_flags(p)
     p.add_argument("--out", help="experiment folder (default runs/synth/TASK; with --plan runs/synth/PLAN)")
-    p.add_argument("--plan", help="plan (TOML, or learned-time-flip-flop, learned-time-mqar): rows × seeds "
-                   "into OUT/ROW, then OUT/results.*")
+    from spe.lab.plans import packaged_plans
+    from spe.lab.synth.study import SYNTH_FORMAT
+
+    p.add_argument("--plan", help="plan (TOML, or a packaged plan: " + ", ".join(packaged_plans(SYNTH_FORMAT))
+                   + "): rows × seeds into OUT/ROW, then OUT/results.*")
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
     p.add_argument("--device", help="cpu (default) or cuda")
     add_threads_flag(p)
