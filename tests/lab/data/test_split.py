@@ -5,6 +5,7 @@ Scaled down: L = 8, so 16 L + 1 = 129 tokens; pieces of 10-20 notes are shorter,
 """
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -145,3 +146,21 @@ def test_a_run_without_a_test_split_says_so_and_its_options_cannot_change_on_res
         split_of_run(old, split="test")
     other = TrainConfig.from_dict({**trained.to_dict(), "num_test_pieces": 4})
     assert run_status(other).train_differences == {"num_test_pieces": (3, 4)}
+
+
+def test_fewer_than_three_validation_pieces_are_warned_with_the_fraction_that_gives_three(corpus):
+    data, cache = corpus
+    with pytest.warns(UserWarning, match=r"1 validation piece\(s\) of 12 \(val_fraction 0\.05\).*"
+                                         r"--val-fraction 0\.21 \(val_fraction\) holds out 3"):
+        load_split(data, cache_dir=cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load_split(data, cache_dir=cache, val_fraction=0.21).val_pieces) == 3
+
+
+def test_val_fraction_is_a_flag_checked_before_any_work(tmp_path, capsys):
+    from spe.lab.cli.main import main
+
+    assert main(["train", "--val-fraction", "1", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip() == "spe train: error: --val-fraction must be a number in (0, 1), got 1.0"
+    assert not (tmp_path / "run").exists()

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from spe.lab.cli.names import add_aliased, add_option_flag, add_threads_flag, say_defaults
-from spe.lab.options import parse_int_list, set_threads
+from spe.lab.options import OPTION_RULES, parse_int_list, set_threads
 from spe.lab.cli.model_flags import add_model_flags, model_flag_options
 
 __all__ = ["UsageError", "build_parser", "main"]
@@ -23,7 +23,8 @@ __all__ = ["UsageError", "build_parser", "main"]
 log = logging.getLogger("spe")
 
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
-                "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens")
+                "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens",
+                "val_fraction")
 
 
 class UsageError(ValueError):
@@ -79,6 +80,9 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
         p.add_argument("--out", help="run folder for checkpoint, logs and plots")
     add_option_flag(p, "steps")
     p.add_argument("--seq-len", type=int, help="training length in tokens")
+    p.add_argument("--val-fraction", type=float, metavar="F",
+                   help=f"share of the pieces held out for validation, {OPTION_RULES['val_fraction'].allowed()}: "
+                   "round(F × pieces), one at least, and a warning below three")
     for name in ("batch_size", "lr", "warmup_steps", "eval_every"):
         add_option_flag(p, name)
     add_model_flags(p)
@@ -476,12 +480,14 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _check_library_options(args: argparse.Namespace) -> None:
     """Flags whose rule the library owns, checked by the library's own validator before any work."""
-    from spe.lab.options import check_seed, check_threads
+    from spe.lab.options import check_option, check_seed, check_threads
     from spe.models.config import decode_window
 
     decode_window(getattr(args, "window", None), "--attention-window")
     check_threads(getattr(args, "threads", None), "--threads")
     check_seed(getattr(args, "seed", None), "--seed")
+    if getattr(args, "val_fraction", None) is not None:
+        check_option("val_fraction", args.val_fraction, "--val-fraction")
     if getattr(args, "temperature", None) is not None:
         from spe.generation import check_sampling
 

@@ -11,6 +11,7 @@ Letters: N = validation sequences, T = tokens per sequence.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,11 +20,15 @@ from torch import Tensor
 
 from spe.lab.data.dataset import prefix_batch
 
-__all__ = ["NUM_TEST_PIECES", "SPLITS", "CorpusSplit", "hold_out_test_pieces", "load_split", "same_data",
+__all__ = ["MIN_VALIDATION_PIECES", "NUM_TEST_PIECES", "SPLITS", "CorpusSplit", "hold_out_test_pieces", "load_split", "same_data",
            "split_of_run", "validation_sequences"]
 
 # Test pieces a run holds out by default when it asks for a test split (the gates study asks for at least 30 per corpus).
 NUM_TEST_PIECES = 30
+
+# Fewer validation pieces than this are warned about: a validation loss (and an evaluation of the
+# split) that rests on one or two pieces says little (a 26-piece folder at val_fraction 0.05 gave one).
+MIN_VALIDATION_PIECES = 3
 
 # What ``spe evaluate --split`` evaluates: the held-out pieces, the training pieces, every piece,
 # or the test pieces of a run trained with ``test_min_tokens``.
@@ -94,9 +99,26 @@ def load_split(data: str | None, *, cache_dir: str | None, val_fraction: float =
     except DataError as err:
         held = f" (after holding out {len(test)} test pieces)" if test else ""
         raise DataError(f"{where}: {err}{held}") from None
+    _warn_small_validation(where, len(val_idx), len(rest.pieces), val_fraction)
     return CorpusSplit([rest.pieces[i] for i in train_idx], [rest.pieces[i] for i in val_idx],
                        corpus.tokenizer_json, test_pieces=[corpus.pieces[i] for i in test],
                        test_min_tokens=test_min_tokens)
+
+
+def _warn_small_validation(where: str, n_val: int, n_pieces: int, val_fraction: float) -> None:
+    """Warns when the validation split has fewer than :data:`MIN_VALIDATION_PIECES` pieces,
+    naming the ``val_fraction`` that would give that many (round(f · n) pieces, one at least)."""
+    if n_val >= MIN_VALIDATION_PIECES:
+        return
+    # the smallest fraction in hundredths that holds out enough, as Corpus.split counts them
+    enough = [f / 100 for f in range(1, 100)
+              if min(max(1, round(f / 100 * n_pieces)), n_pieces - 1) >= MIN_VALIDATION_PIECES]
+    if enough:
+        fix = f"--val-fraction {enough[0]:g} (val_fraction) holds out {MIN_VALIDATION_PIECES}"
+    else:
+        fix = f"add pieces: {n_pieces} cannot give {MIN_VALIDATION_PIECES} and still train"
+    warnings.warn(f"{where}: {n_val} validation piece(s) of {n_pieces} (val_fraction {val_fraction:g}): validation "
+                  f"and evaluation rest on {'it' if n_val == 1 else 'them'}; {fix}", stacklevel=3)
 
 
 def _content_digest(piece: np.ndarray) -> bytes:
