@@ -98,3 +98,40 @@ def test_the_normaliser_free_output_with_spe_is_sqrt_r_over_d_times_the_exact_ke
     expected = math.sqrt(r / D) * torch.einsum("bhmn,bnhe->bmhe", scores, v)
     # the noise is drawn in float32 (orthogonal to ~1e-7); another factor (R/D, √R, 1) is off by 2× or more
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_learned_time_filter_refuses_the_plain_call_that_would_ignore_its_clock():
+    torch.manual_seed(0)
+    filt = spe.encodings.LearnedTimeSPEFilter(H, D, 8)
+    with torch.no_grad():
+        filt.clock.weight.normal_()  # a trained clock: its times are not the index
+    x, q, k = torch.randn(B, L, 8), torch.randn(B, L, H, D), torch.randn(B, L, H, D)
+    code = spe.SineSPE(H, D, num_realizations=8)(L, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"LearnedTimeSPEFilter .*clock.*f\.prepare\(x, None\).*context=times"):
+        filt(q, k, code)
+    times, _ = filt.prepare(x, None)
+    q_hat, k_hat = filt(q, k, code, context=times)  # what the message says: the clock's times
+    torch.testing.assert_close(q_hat, filt.encode_queries_keys(q, k, code=code, context=times)[0])
+    # the trap the refusal closes: SPEFilter's call reads the index, not the clock
+    index_q, _ = spe.SPEFilter.forward(filt, q, k, code)
+    assert (index_q - q_hat).abs().max() > 0.1
+
+
+def test_an_onset_filter_refuses_the_plain_call_that_would_ignore_the_onsets():
+    filt = spe.encodings.sine.OnsetSPEFilter(H, D)
+    q = torch.randn(B, L, H, D)
+    code = spe.SineSPE(H, D, num_realizations=8)(L, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"OnsetSPEFilter .*onsets.*f\.prepare\(x, onsets\)"):
+        filt(q, q, code)
+
+
+def test_a_learned_time_rotation_refuses_index_positions_and_path_refuses_a_call():
+    rot = spe.encodings.LearnedTimeRotary(8, H)
+    x = torch.randn(B, L, H, D)
+    with pytest.raises(ValueError, match=rf"LearnedTimeRotary .*\({B}, {L}, {H}\), got positions \({L},\)"):
+        rot(x, torch.arange(L))
+    times, _ = rot.prepare(torch.randn(B, L, 8), None)
+    torch.testing.assert_close(rot(x, times), spe.encodings.rotate(x, times))
+    path = spe.encodings.path.PathEncoding(8, H)
+    with pytest.raises(ValueError, match=r"PathEncoding .*enc\.for_input\(x\)"):
+        path(x, x, x)

@@ -105,6 +105,16 @@ class PathEncoding(ScoreEncoding):
         (B, L, C) and the layer's gate (B, L, H) or None."""
         return PathTerm(self, x, log_decay)
 
+    def forward(self, *args, **kwargs):
+        """Refused: PaTH replaces attention and reads the layer's input (:meth:`for_input`).
+
+        Raises:
+            ValueError: always, naming the calls to make instead.
+        """
+        raise ValueError("PathEncoding is not applied to queries and keys: it forms attention from the layer's "
+                         "input x (batch, length, d_model): term = enc.for_input(x), then term.attend(q, k, v) "
+                         "(term.step, term.prefill to decode), as spe.MultiHeadAttention does")
+
     def prepare(self, x: Tensor, positions: Tensor | None, state=None, *,
                 key_padding_mask: Tensor | None = None) -> tuple[Tensor, None]:
         """The layer's protocol (:class:`~spe.encodings.spec.LayerEncoding`): the call's context is

@@ -114,6 +114,20 @@ class LearnedTimeRotary(RotaryEncoding):
         super().__init__(base)
         self.clock = LearnedClock(d_model, num_heads)
 
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x (B, L, H, E) rotated by the clock's times ``positions`` (B, L, H) (:meth:`prepare`'s).
+
+        Raises:
+            ValueError: for positions that are not (B, L, H) times: (L,) positions would rotate by
+                the token index, silently, and train nothing of the clock.
+        """
+        if positions.shape != x.shape[:3]:
+            raise ValueError(f"LearnedTimeRotary rotates by its clock's times (batch, length, num_heads) = "
+                             f"{tuple(x.shape[:3])}, got positions {tuple(positions.shape)}: call times, state = "
+                             f"rot.prepare(x, None) with x (batch, length, d_model) the layer's input, then "
+                             f"rot(features, times), as spe.MultiHeadAttention does")
+        return rotate(x, positions, base=self.base)
+
     def prepare(self, x: Tensor, positions: Tensor | None, state: Tensor | None = None, *,
                 key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The clock's times τ (B, L, H) of x (B, L, C) going on from ``state`` (B, H) (None: the

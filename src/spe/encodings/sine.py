@@ -318,6 +318,23 @@ class TimedSPEFilter(SPEFilter):
     E[q̂_m·k̂_n] = Σ_d q_d k_d P_d(τ_m − τ_n). Takes :class:`~spe.encodings.code.SineCode` s only."""
 
     time_name, clock_name = "time", "clock's times"  # how messages name the time and what sets it
+    prepare_call = "times, _ = f.prepare(x, positions)"  # how a message shows the times being made
+
+    def forward(self, queries: Tensor, keys: Tensor, code: SPECode, *,
+                context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """q̂, k̂ (B, L, H, R) at the times ``context`` (B, L, H) that :meth:`prepare` gives
+        (:meth:`encode_queries_keys`).
+
+        Raises:
+            ValueError: without ``context``: the plain ``(queries, keys, code)`` call of
+                :class:`~spe.encodings.filter.SPEFilter` would read the token index instead of the
+                times, silently, and train nothing of the clock; and as :meth:`encode_queries_keys`.
+        """
+        if context is None:
+            raise ValueError(f"{type(self).__name__} reads sinusoids at the {self.clock_name}, not the token "
+                             f"index: call {self.prepare_call}, then f(queries, keys, code, context=times), "
+                             f"as spe.MultiHeadAttention does")
+        return self.encode_queries_keys(queries, keys, code=code, context=context)
 
     def encode_queries_keys(self, q: Tensor, k: Tensor, *, code: SPECode,
                             context: Tensor) -> tuple[Tensor, Tensor]:
@@ -357,6 +374,8 @@ class OnsetSPEFilter(TimedSPEFilter):
     """
 
     time_name, clock_name = "onset time", "onsets"
+    prepare_call = ("times, _ = f.prepare(x, onsets) with onsets (batch, length) = onset_scale × "
+                    "spe.encodings.onset.remi_onsets(tokens, vocab)")
 
     def prepare(self, x: Tensor, positions: Tensor | None, state=None, *,
                 key_padding_mask: Tensor | None = None) -> tuple[Tensor, None]:
@@ -413,6 +432,7 @@ class LearnedTimeSPEFilter(TimedSPEFilter):
         return self.clock(x, state, key_padding_mask=key_padding_mask)
 
     time_name = "learned time"
+    prepare_call = "times, state = f.prepare(x, None) with x (batch, length, d_model) the layer's input"
 
 
 @dataclass(kw_only=True)
