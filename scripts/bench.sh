@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one `spe bench` run behind docs/bench.md (the speed and memory targets), then the page rendered from it.
+# The one `spe bench` run behind docs/bench/cpu.md (the speed and memory targets), then the page rendered from it.
 # Usage: scripts/bench.sh [OUT]   (default runs/bench_final). Run it on an otherwise idle
 # machine: every case is its own process, and its 1-minute load average is recorded.
 set -eu
@@ -12,4 +12,4 @@ $PY -m spe bench --modes train,generate,model \
   --model-shapes 8x2048,2x8192 --rounds 2 \
   --longest ape,sinespe,convspe,ape+softmax --measure-limit-mb 9500 \
   --repeats 2 --budget-s 200 --threads 2 --out "$OUT"
-$PY tools/docs/bench_doc.py "$OUT/bench.json" docs/bench.md
+$PY tools/docs/bench_doc.py "$OUT/bench.json" docs/bench/cpu.md

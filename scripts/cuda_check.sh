@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The CUDA check behind docs/bench.md's "On CUDA" sections, sized for a 10-minute device call:
+# The CUDA check behind docs/bench/h100.md and h200.md, sized for a 10-minute device call:
 # the CUDA tests (tests/test_cuda.py), the learned-time cost table (tools/analysis/learned_time_cost.py),
 # PaTH beside softmax (tools/analysis/path_cost.py --device cuda), one short `spe bench` of single
 # layers, then the rest of the suite in whatever time is left (TOTAL_S, default 570 s). Run from the
 # repository root on a machine with a GPU and the device image's PyTorch; OUT (default runs/cuda)
-# gets the logs and JSON. Extra wheels (music21, miditok, ...) may sit in .whl/ (see docs/bench.md).
+# gets the logs and JSON. Extra wheels (music21, miditok, ...) may sit in .whl/ (installed first, no index).
 set -uo pipefail
 OUT=${OUT:-runs/cuda}
 TOTAL_S=${TOTAL_S:-570}

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 
 # Python blocks that tests do not run, by the name their first line gives
 # (`# docs-test: skip NAME (why)`); a marked block missing here, or a name here no block has, fails.
@@ -257,7 +257,7 @@ def test_bench_page_shows_no_machine_path(monkeypatch):
     assert portable("spe bench --out /elsewhere/runs/bench_final --lengths 512") == \
         "spe bench --out runs/bench_final --lengths 512"
     assert portable(f"spe bench --json {ROOT}/x/b.json --out /tmp/b") == "spe bench --json x/b.json --out /tmp/b"
-    assert "/work/" not in (ROOT / "docs" / "bench.md").read_text(encoding="utf-8")
+    assert "/work/" not in (ROOT / "docs" / "bench" / "cpu.md").read_text(encoding="utf-8")
 
 
 def test_plot_lines_are_told_apart_beyond_ten_rows():

@@ -1,7 +1,7 @@
-"""Renders the results part of docs/bench.md from one `spe bench` run's JSON.
+"""Renders the results part of docs/bench/cpu.md from one `spe bench` run's JSON.
 
 Usage: python tools/docs/bench_doc.py [BENCH_JSON] [DOC]
-(default runs/bench_final/bench.json and docs/bench.md). Replaces the text between the
+(default runs/bench_final/bench.json and docs/bench/cpu.md). Replaces the text between the
 markers <!-- bench-results:begin --> and <!-- bench-results:end --> in DOC with the run's
 command, the load it ran under and its report (spe.lab.bench.run.bench_markdown); prints it
 otherwise.
@@ -48,7 +48,7 @@ def header(payload: dict) -> str:
 
 def main() -> int:
     run = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/bench_final/bench.json")
-    doc = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/bench.md")
+    doc = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/bench/cpu.md")
     payload = json.loads(run.read_text())
     body = header(payload) + "\n" + bench_markdown(payload)
     if not replace_block(doc, BEGIN, END, body):
