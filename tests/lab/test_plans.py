@@ -103,7 +103,7 @@ def test_a_plan_extends_another_merging_tables_and_appending_rows(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     ('extends = "nowhere"\n', r"child.toml: extends 'nowhere': fake plan 'nowhere' is neither a file nor a packaged plan"),
-    ('extends = "child"\n', r"child.toml: extends 'child': .*extends makes a cycle"),
+    ('extends = "child"\n', r"child.toml: extends 'child': it names this file itself, and no packaged fake plan"),
     ("extends = 3\n", r"child.toml: extends must name a plan, got 3"),
 ])
 def test_a_bad_base_plan_is_refused_naming_the_file(tmp_path, text, message):
@@ -111,6 +111,23 @@ def test_a_bad_base_plan_is_refused_naming_the_file(tmp_path, text, message):
     child.write_text(text + "[rows.x]\n")
     with pytest.raises(ValueError, match=message):
         plans.load_plan(str(child), FAKE)
+
+
+def test_plans_that_extend_each_other_are_a_cycle(tmp_path):
+    (tmp_path / "a.toml").write_text('extends = "b"\n[rows.x]\n')
+    (tmp_path / "b.toml").write_text('extends = "a"\n[rows.y]\n')
+    with pytest.raises(ValueError, match=r"a.toml: extends 'b': .*b.toml: extends 'a': .*extends makes a cycle"):
+        plans.load_plan(str(tmp_path / "a.toml"), FAKE)
+
+
+def test_a_local_plan_named_like_a_packaged_one_extends_the_packaged_one(tmp_path):
+    from spe.lab.experiments.sweep import load_plan
+
+    local = tmp_path / "ablation.toml"
+    local.write_text('extends = "ablation"\ntitle = "mine"\nseeds = [7]\n')
+    plan, packaged = load_plan(str(local)), load_plan("ablation")
+    assert (plan.title, plan.seeds, plan.path) == ("mine", [7], str(local))
+    assert plan.rows == packaged.rows and plan.rows
 
 
 def test_a_missing_plan_names_the_packaged_ones(tmp_path):
@@ -205,3 +222,30 @@ def test_run_once_locks_the_folder_and_reads_a_result_written_meanwhile(tmp_path
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize("name", ["results.md", "results.json"])
+def test_a_folder_holding_another_tools_results_is_refused_before_any_run(tmp_path, name):
+    plan, out = _load(tmp_path), tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("my notes\n")
+    task = FakeTask(plan)
+    with pytest.raises(ValueError, match=rf"--out .*out holds no spe results but {name}"):
+        plans.run_plan(plan, out, task.run)
+    assert task.calls == [] and (out / name).read_text() == "my notes\n"
+    assert sorted(p.name for p in out.iterdir()) == [name]
+
+
+def test_a_folder_of_another_kind_is_refused_and_older_unmarked_runs_are_kept(tmp_path):
+    plan, out = _load(tmp_path), tmp_path / "out"
+    plans.claim_folder(out, "synth")
+    (out / "results.md").write_text("the synth experiment's table\n")
+    with pytest.raises(ValueError, match=r"out holds the results of 'synth' \(.spe-run\), not of a fake plan"):
+        plans.run_plan(plan, out, FakeTask(plan).run)
+    older = tmp_path / "older"  # a plan's folder from before the marker: its runs make it spe's
+    plans.write_result(plans.run_folder(older, "a", 0), {"seed": 0, "score": 2.0})
+    (older / "results.md").write_text("table\n")
+    task = FakeTask(plan)
+    plans.run_plan(plan, older, task.run, seeds=[0])
+    assert task.calls == [("b", 0)]
+

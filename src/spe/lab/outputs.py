@@ -46,14 +46,15 @@ def _kind(path: Path) -> str | None:
     return None
 
 
-def _writable_parent(path: Path, flag: str) -> None:
-    parent = path.parent
+def _writable_parent(path: Path, flag: str, shown: Path | None = None) -> None:
+    """Refuses ``path`` (named ``shown`` in messages) if its first existing folder is a file or read-only."""
+    parent, shown = path.parent, shown or path
     while not parent.exists():  # the command creates missing folders: the first existing one decides
         parent = parent.parent
     if not parent.is_dir():
-        raise ValueError(f"{flag} {path}: {parent} is a file, not a folder")
+        raise ValueError(f"{flag} {shown}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path}: cannot write in {parent} (permission denied)")
+        raise ValueError(f"{flag} {shown}: cannot write in {parent} (permission denied)")
 
 
 def check_output_file(path: str | os.PathLike, flag: str, *, reads: Iterable = ()) -> Path:
@@ -101,7 +102,7 @@ def check_output_folder(path: str | os.PathLike, flag: str = "--out") -> Path:
         kind = _kind(path)
         raise ValueError(f"{flag} {path} is {kind or 'a file'}, not a folder: give a folder (nothing was written)")
     if not path.exists():
-        _writable_parent(path / "x", flag)
+        _writable_parent(path / "x", flag, shown=path)
     return path
 
 

@@ -45,12 +45,13 @@ from spe.lab import strict_json
 from spe.lab.stats import format_mean_std, mean_and_std
 from spe.lab.options import read_toml
 from spe.lab.train.config import quiet_defaults
-from spe.lab.train.run_folder import check_name, run_lock
+from spe.lab.outputs import check_output_folder
+from spe.lab.train.run_folder import MARKER_FILE, check_name, mark_run, run_lock, spe_run_found
 from spe.paths import not_a_file
 
-__all__ = ["PLAN_KEYS", "RESULT_FILE", "Column", "Plan", "PlanFormat", "RunsFailed", "collect", "load_plan",
-           "markdown_table", "packaged_plans", "read_result", "read_results", "results_lock", "run_folder",
-           "run_once", "run_plan", "select_rows", "summarize", "write_result"]
+__all__ = ["PLAN_KEYS", "RESULTS_FILES", "RESULT_FILE", "Column", "Plan", "PlanFormat", "RunsFailed", "claim_folder",
+           "collect", "load_plan", "markdown_table", "option_table", "packaged_plans", "read_result", "read_results", "results_lock",
+           "run_folder", "run_once", "run_plan", "select_rows", "summarize", "write_result"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,17 @@ class Plan:
         return f"{kind} {self.path}" + ("" if name is None else f", {word} {name!r}")
 
 
+def option_table(value: object, key: str) -> dict:
+    """``value``, a plan's table of options (``model``, ``eval``, ``defaults``).
+
+    Raises:
+        ValueError: naming ``key`` and the value, if it is not a table.
+    """
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be a table of options ({key} = {{ name = value, ... }}), got {value!r}")
+    return value
+
+
 def packaged_plans(fmt: PlanFormat) -> dict[str, Path]:
     """Name -> file of the plans shipped in ``spe/lab/<fmt.folder>``, by name."""
     folder = resources.files("spe.lab").joinpath(*fmt.folder.split("/"))
@@ -148,12 +160,32 @@ def _read(path_or_name: str, fmt: PlanFormat, seen: tuple[Path, ...] = ()) -> tu
     if path.resolve() in seen:
         chain = " -> ".join(str(p) for p in (*seen, path.resolve()))
         raise ValueError(f"{where}: extends makes a cycle ({chain})")
-    beside = path.parent / (base if base.endswith(".toml") else f"{base}.toml")
     try:
-        _, parent = _read(str(beside) if beside.is_file() else base, fmt, (*seen, path.resolve()))
+        _, parent = _read(_base_source(path, base, fmt), fmt, (*seen, path.resolve()))
     except ValueError as err:
         raise ValueError(f"{where}: extends {base!r}: {err}") from None
     return path, _merged(parent, raw, fmt.rows_key)
+
+
+def _base_source(path: Path, base: str, fmt: PlanFormat) -> str:
+    """What ``extends = base`` in ``path`` reads: the file beside ``path`` of that name, or the packaged
+    plan of that name where that file is ``path`` itself (a local ``ablation.toml`` may extend the
+    packaged ``ablation``).
+
+    Raises:
+        ValueError: where ``base`` names ``path`` itself and no packaged plan is called so.
+    """
+    beside = path.parent / (base if base.endswith(".toml") else f"{base}.toml")
+    if not beside.is_file():
+        return base
+    if beside.resolve() != path.resolve():
+        return str(beside)
+    name = beside.name[:-5]
+    packaged = packaged_plans(fmt)
+    if name not in packaged:
+        raise ValueError(f"it names this file itself, and no packaged {fmt.kind} is called {name!r} "
+                         f"({', '.join(packaged)})")
+    return str(packaged[name])
 
 
 def _read_file(path_or_name: str, fmt: PlanFormat) -> tuple[Path, dict]:
@@ -323,8 +355,10 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
         ctx: as :func:`run_once`.
 
     Raises:
+        ValueError: if ``out`` is another tool's or another kind's folder (:func:`claim_folder`).
         RunsFailed: (a ValueError) naming the runs that raised one of ``failures``.
     """
+    claim_folder(out, plan.format.kind if plan.format else "plan", ctx=ctx)
     rows, seeds = list(plan.rows if rows is None else rows), list(plan.seeds if seeds is None else seeds)
     pairs = [(r, s) for s in seeds for r in rows] if by_seed else [(r, s) for r in rows for s in seeds]
     results, failed = {}, {}
@@ -349,6 +383,60 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
         raise RunsFailed(f"run(s) {', '.join(failed)} failed (the others ran; results in {out}): "
                          + "; ".join(f"{k}: {v}" for k, v in failed.items()))
     return results
+
+
+RESULTS_FILES = ("results.json", "results.md")  # what a plan (and an spe synth experiment) writes in its --out
+
+
+def _marked_by(marker: Path) -> str:
+    try:
+        owner = json.loads(marker.read_text()).get("spe_run")
+    except (OSError, ValueError, AttributeError):
+        owner = None
+    return owner if isinstance(owner, str) else "an unreadable spe marker"
+
+
+def _holds_runs(out: Path) -> bool:
+    """``out`` holds runs of a plan or experiment written before folders were marked: a ``seedS``
+    folder (or ``ROW/seedS``) with a result or an spe run in it."""
+    return any(_SEED_FOLDER.fullmatch(d.name) and ((d / RESULT_FILE).is_file() or spe_run_found(d))
+               for d in (*out.glob("seed*"), *out.glob("*/seed*")) if d.is_dir())
+
+
+def claim_folder(out: str | Path, kind: str, files: Sequence[str] = RESULTS_FILES, ctx=None) -> Path:
+    """Makes ``out`` the folder of one ``kind`` of results (``"plan"``, ``"synth plan"``, ``"synth"``),
+    created and marked (:func:`~spe.lab.train.run_folder.mark_run`) unless it is already.
+
+    Called before any run: a folder that holds another tool's ``files`` (which the results would
+    replace) or another kind's results is refused, so nothing there is lost.
+
+    Args:
+        out: the ``--out`` folder.
+        kind: what writes there; the marker records it.
+        files: the names written directly in ``out``.
+        ctx: the :class:`~spe.lab.train.distributed.Distributed` context (rank 0 checks and marks), or None.
+
+    Raises:
+        ValueError: naming the folder and the files, if ``out`` is a file, is marked by another
+            kind, or holds one of ``files`` but neither spe's marker nor any run.
+    """
+    out = check_output_folder(out, "--out")
+    if ctx is not None and not ctx.is_main:
+        return out
+    marker = out / MARKER_FILE
+    if marker.is_file():
+        owner = _marked_by(marker)
+        if owner != kind:
+            raise ValueError(f"--out {out} holds the results of {owner!r} ({marker.name}), not of a {kind}: "
+                             "choose another --out (nothing was changed)")
+    elif out.is_dir():
+        taken = [name for name in files if (out / name).exists()]
+        if taken and not _holds_runs(out):
+            raise ValueError(f"--out {out} holds no spe results but {', '.join(taken)}, which this {kind} would "
+                             "write over: choose another --out (nothing was changed)")
+    out.mkdir(parents=True, exist_ok=True)
+    mark_run(out, kind)
+    return out
 
 
 @contextlib.contextmanager

@@ -72,6 +72,11 @@ def test_plan_errors_name_the_file_and_variant(tmp_path):
     bad.write_text('[variants.x]\neval = { bucket_width = 0 }\n')
     with pytest.raises(ValueError, match=r"variant 'x'.*bucket_width"):
         load_plan(str(bad))
+    for text, message in (('[variants.x]\nmodel = 5\n', r"bad.toml, variant 'x': model must be a table .*got 5"),
+                          ('eval = "fast"\n[variants.x]\n', r"bad.toml: eval must be a table of options .*'fast'")):
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            load_plan(str(bad))
     with pytest.raises(ValueError, match="neither a file"):
         load_plan(str(tmp_path / "missing.toml"))
     plan = load_plan("ablation")  # the packaged plan parses
@@ -353,3 +358,16 @@ def test_the_data_dependent_rows_state_their_window_and_mechanism(plan_name):
     assert rows["sinespe-learned-linear-gated"]["model"]["attention"] == "linear"
     assert rows["sinespe-onset"]["model"]["spe_time"] == "onset"
     assert {rows[n]["model"].get("rope_time") for n in ("rope-learned", "rope-learned-gated")} == {"learned"}
+
+
+@pytest.mark.parametrize("name", ["results.md", "results.json"])
+def test_a_sweep_folder_holding_another_tools_results_is_refused_before_any_run(tmp_path, capsys, name):
+    from spe.lab.cli.main import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("{}\n")
+    assert main(["sweep", "--plan", "peers", "--only", "ape", "--steps", "1", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"holds no spe results but {name}" in err, err
+    assert [p.name for p in out.iterdir()] == [name] and (out / name).read_text() == "{}\n"

@@ -188,7 +188,7 @@ def test_grown_eval_lengths_test_finished_seeds_at_the_new_lengths_as_a_fresh_ru
     assert run(out, "64,256") == 2  # a stored length dropped
     assert "eval_lengths may only grow" in capsys.readouterr().err
     assert run(out, "64,128,256,512", "--steps", "3") == 2  # another model than the stored cells measured
-    assert "test lengths can be added only at the same steps" in capsys.readouterr().err
+    assert "holds another synthetic-task experiment (steps 2 -> 3)" in capsys.readouterr().err
     assert json.loads((seed / "result.json").read_text()) == grown
     lengths = {"eval_lengths": [64, 128, 256, 512]}
     with pytest.raises(ValueError, match="test lengths can be added only to a run of the same steps"):

@@ -17,7 +17,7 @@ _RUN_FLAGS = ("steps", "device", "precision")
 
 
 def _config(args: argparse.Namespace):
-    from spe.lab.cli.model_flags import model_flag_options
+    from spe.lab.cli.model_flags import check_model_flags_apply, model_flag_options
     from spe.lab.options import parse_int_list
     from spe.lab.synth import preset_config
 
@@ -25,7 +25,9 @@ def _config(args: argparse.Namespace):
                "eval_every": args.eval_every, **{f: getattr(args, f) for f in _RUN_FLAGS}}
     if args.eval_lengths is not None:
         options["eval_lengths"] = parse_int_list(args.eval_lengths, "--eval-lengths")
-    return preset_config(args.task, model=model_flag_options(args), **options)
+    cfg = preset_config(args.task, model=model_flag_options(args), **options)
+    check_model_flags_apply(args, cfg.model)  # an option the model would ignore, before any data is made
+    return cfg
 
 
 def _given_model_flags(args: argparse.Namespace) -> list[str]:
@@ -43,8 +45,12 @@ def cmd_synth(args: argparse.Namespace) -> int:
         return _cmd_plan(args, seeds)
     if args.task is None:
         raise ValueError("give --task (flip-flop or mqar) or a --plan")
+    if args.write_data is not None:  # '' too (an unset shell variable): refused, not taken as absent
+        from spe.lab.synth.run import check_data_folder
+
+        check_data_folder(args.write_data)
     cfg = _config(args)
-    if args.write_data:
+    if args.write_data is not None:
         from spe.lab.synth import write_data
 
         files = write_data(cfg, args.write_data, seed=(seeds or [0])[0])
@@ -64,7 +70,7 @@ def _cmd_plan(args: argparse.Namespace, seeds: list[int] | None) -> int:
 
     if not args.plan:
         raise ValueError("--only selects rows of a plan: give --plan")
-    given = _given_model_flags(args) + (["--write-data"] if args.write_data else [])
+    given = _given_model_flags(args) + (["--write-data"] if args.write_data is not None else [])
     if given:
         raise ValueError(f"a plan sets {', '.join(given)} per row: leave them out, or write a plan")
     plan = load_synth_plan(args.plan)

@@ -88,15 +88,17 @@ def _check_eval(evaluation: dict) -> None:
 def _settings(top: dict) -> dict:
     """Every variant's training, model and eval options: the demo config's under the plan's."""
     base = load_config_file(packaged_config("demo"))
-    model, evaluation = {**base.pop("model", {}), **top.pop("model", {})}, top.pop("eval", {})
+    model = {**base.pop("model", {}), **plans.option_table(top.pop("model", {}), "model")}
+    evaluation = plans.option_table(top.pop("eval", {}), "eval")
     return {"train": {**base, **top}, "model": model, "eval": evaluation}
 
 
 def _variant(spec: dict, settings: dict) -> dict:
     of = spec.pop("checkpoints_of", None)
-    evaluation = {**settings["eval"], **spec.pop("eval", {})}
+    evaluation = {**settings["eval"], **plans.option_table(spec.pop("eval", {}), "eval")}
     _check_eval(evaluation)
-    train_options = {**settings["train"], **spec, "model": {**settings["model"], **spec.pop("model", {})}}
+    own_model = plans.option_table(spec.pop("model", {}), "model")
+    train_options = {**settings["train"], **spec, "model": {**settings["model"], **own_model}}
     TrainConfig.from_dict(train_options)
     return {"train": train_options, "eval": evaluation, "of": of}
 
@@ -292,7 +294,7 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
             options, or naming the runs whose training diverged (after the others ran).
     """
     names, out = _selected(plan, only), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    plans.claim_folder(out, SWEEP_FORMAT.kind)  # before anything is read or written there
     _adopt_records(plan, out)
 
     def config(name: str, seed: int) -> TrainConfig:

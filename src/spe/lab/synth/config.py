@@ -16,10 +16,15 @@ from spe.lab.experiment import ExperimentOptions
 from spe.lab.synth.data import TASKS, check_length, mqar_pairs, vocabulary
 from spe.models.config import ModelConfig
 
-__all__ = ["MAX_EVAL_FACTOR", "PRESETS", "RUN_ONLY_KEYS", "SynthConfig", "load_preset", "preset_config"]
+__all__ = ["MAX_EVAL_FACTOR", "MAX_TOKENS", "PRESETS", "RUN_ONLY_KEYS", "SynthConfig", "load_preset", "preset_config"]
 
 PRESETS = ("cpu-small",)
 MAX_EVAL_FACTOR = 64  # the longest test length, in training lengths
+# MQAR's key and value vocabularies, each: 8× the largest of Zoology's (8,192 tokens in all); the
+# vocabulary is a dict and every logit row a float per token, so 10^8 keys would take gigabytes
+MAX_TOKENS = 65536
+# float32 logits of a training batch held at once: the logits, their log-softmax and its gradient
+_TRAIN_LOGIT_COPIES = 3
 # Options that change how a run is carried out, not what it computes.
 RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile", "allow_data_change")
 
@@ -80,16 +85,52 @@ class SynthConfig(ExperimentOptions):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("num_keys", "num_values"):
+            if getattr(self, name) > MAX_TOKENS:
+                raise ValueError(f"{name} {getattr(self, name):,} exceeds the limit of {MAX_TOKENS:,} tokens "
+                                 "(each becomes a vocabulary entry and a logit of every position)")
         if isinstance(self.eval_seed, bool) or not isinstance(self.eval_seed, int) or self.eval_seed < 0:
             raise ValueError(f"eval_seed must be an integer ≥ 0, got {self.eval_seed!r}")
         if not isinstance(self.p_ignore, int | float) or not 0.0 <= self.p_ignore < 1.0:
             raise ValueError(f"p_ignore must be a number in [0, 1), got {self.p_ignore!r}")
         if self.task == "mqar":
+            if not self.num_pairs and self.train_length < 8:
+                raise ValueError(f"train_length {self.train_length} is too short for MQAR's default of "
+                                 "train_length / 8 key-value pairs: give train_length ≥ 8, or num_pairs 1")
             pairs = self.train_pairs
             if not 1 <= pairs <= min(self.num_keys, self.train_length // 4):
                 raise ValueError(f"num_pairs {pairs} does not fit: MQAR takes 1 to min(num_keys {self.num_keys}, "
                                  f"train_length / 4 = {self.train_length // 4}) pairs")
+        self._check_memory()
         self._check_model()
+
+    def _check_memory(self) -> None:
+        """Refuses logits and fixed splits (int64 tokens and targets) that cannot fit in the device's
+        memory (:func:`~spe.lab.train.memory.device_memory`), before anything is drawn."""
+        from spe.lab.train.memory import device_memory, format_bytes
+
+        vocab = len(vocabulary(self.task, num_keys=0, num_values=0)) if self.task == "flip-flop" \
+            else 1 + self.num_keys + self.num_values
+        longest = max(self.train_length, *self.eval_lengths)
+        split = max(self.eval_examples * self.train_length, *(self.examples_at(t) * t for t in self.eval_lengths))
+        needs = {  # name -> (bytes, the options that set it)
+            "a training batch's logits": (_TRAIN_LOGIT_COPIES * 4 * self.batch_size * self.train_length * vocab,
+                                          f"batch_size {self.batch_size} × train_length {self.train_length} × "
+                                          f"{vocab:,} tokens"),
+            "an evaluation batch's logits": (4 * max(self.eval_batch_tokens, longest) * vocab,
+                                             f"max(eval_batch_tokens {self.eval_batch_tokens}, length {longest}) × "
+                                             f"{vocab:,} tokens"),
+            "the largest fixed split": (2 * 8 * split, f"{split:,} tokens of eval_examples {self.eval_examples}, "
+                                        f"eval_tokens {self.eval_tokens} and the lengths"),
+        }
+        try:
+            have = device_memory(self.device)
+        except (RuntimeError, AssertionError, ValueError):  # no such device here: the engine says so
+            return
+        for what, (need, sizes) in needs.items():
+            if need > have:
+                raise ValueError(f"{what} needs {format_bytes(need)} ({sizes}) but {str(self.device).split(':')[0]} "
+                                 f"memory is {format_bytes(have)}: lower these options")
 
     def _check_eval(self) -> None:
         lengths = self.eval_lengths

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -27,7 +30,8 @@ import torch
 
 from spe.checkpoint import atomic_write
 from spe.lab import plans, strict_json
-from spe.lab.options import set_threads
+from spe.lab.options import read_json_object, set_threads
+from spe.lab.outputs import check_output_folder
 from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
 from spe.lab.synth.config import RUN_ONLY_KEYS, SynthConfig
 from spe.lab.synth.data import split_seed
@@ -39,7 +43,7 @@ from spe.lab.train.metrics_log import read_records
 from spe.lab.train.run_folder import run_lock
 from spe.lab.train.state import latest_unit
 
-__all__ = ["missing_lengths", "open_experiment", "results_markdown", "run_synth", "summarize", "test_model",
+__all__ = ["check_data_folder", "missing_lengths", "open_experiment", "results_markdown", "run_synth", "summarize", "test_model",
            "train_seed", "validate_model", "validation_lengths", "write_data", "write_summary"]
 
 log = logging.getLogger(__name__)
@@ -198,35 +202,45 @@ def results_markdown(title: str, rows: dict[str, tuple[SynthConfig, list[dict]]]
     return "\n".join(lines)
 
 
-def write_summary(out: str | Path, cfg: SynthConfig, results: list[dict]) -> dict:
-    """Writes ``out/results.json`` and ``out/results.md`` (atomically); returns the JSON's content."""
+def write_summary(out: str | Path, cfg: SynthConfig) -> dict:
+    """Writes ``out/results.json`` and ``out/results.md`` (atomically) from every finished seed in
+    ``out`` (``seedK/result.json``, by seed), under ``out``'s results lock: runners of disjoint
+    seeds on one folder each leave tables that hold every seed finished so far. Returns the JSON's
+    content."""
     out = Path(out)
-    summary = {"config": cfg.to_dict(), "results": results, "accuracy": summarize(cfg, results)}
-    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(summary, indent=2)))
-    text = results_markdown(f"{cfg.task}: {cfg.model.get('attention', 'performer')} + "
-                            f"{cfg.model.get('positional', 'sinespe')}", {out.name: (cfg, results)})
-    atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(text))
+    with plans.results_lock(out):
+        results = list(plans.read_results(out).values())
+        summary = {"config": cfg.to_dict(), "results": results, "accuracy": summarize(cfg, results)}
+        atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(summary, indent=2)))
+        text = results_markdown(f"{cfg.task}: {cfg.model.get('attention', 'performer')} + "
+                                f"{cfg.model.get('positional', 'sinespe')}", {out.name: (cfg, results)})
+        atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(text))
     return summary
 
 
+EXPERIMENT_FILES = ("config.json", *plans.RESULTS_FILES)  # what an experiment writes in its folder
+
+
 def open_experiment(out: str | Path, cfg: SynthConfig) -> None:
-    """Writes ``out/config.json``, or refuses a folder that holds another experiment (options of
-    ``RUN_ONLY_KEYS`` and ``steps`` may differ: a run may be continued longer; ``eval_lengths``
-    may grow at the same steps: the stored lengths all kept, the file then records the new list
-    and finished seeds are tested at the added lengths).
+    """Writes ``out/config.json``, or refuses a folder that holds another experiment (only options
+    of ``RUN_ONLY_KEYS`` may differ: a finished seed is not trained again, so other ``steps``
+    would stand beside results of the stored ones; ``eval_lengths`` may grow: the stored lengths
+    all kept, the file then records the new list and finished seeds are tested at the added
+    lengths) or another tool's files (:func:`spe.lab.plans.claim_folder`).
 
     Raises:
-        ValueError: naming the options that differ.
+        ValueError: naming the options that differ (both values), or the files.
     """
-    out = Path(out)
+    out = plans.claim_folder(out, "synth", EXPERIMENT_FILES)
     file = out / "config.json"
     with run_lock(out):
         current = cfg.to_dict()
         if file.is_file():
             defaults = {f.name: f.default for f in fields(SynthConfig) if f.default is not MISSING}
-            stored = {**defaults, **json.loads(file.read_text())}
+            raw = read_json_object(file, "an spe synth experiment's config")
+            stored = {**defaults, **raw}
             changed = {k: (stored.get(k), v) for k, v in current.items()
-                       if k not in (*RUN_ONLY_KEYS, "steps") and stored.get(k) != v}
+                       if k not in RUN_ONLY_KEYS and stored.get(k) != v}
             grown = set(stored.get("eval_lengths") or ()) <= set(current["eval_lengths"])
             if grown:
                 changed.pop("eval_lengths", None)
@@ -236,31 +250,59 @@ def open_experiment(out: str | Path, cfg: SynthConfig) -> None:
                                  + ("" if grown else " (eval_lengths may only grow: keep every stored length)"))
             if stored.get("eval_lengths") == current["eval_lengths"]:
                 return
-            if stored.get("steps") != current["steps"]:
-                raise ValueError(f"{out}: test lengths can be added only at the same steps as the stored runs "
-                                 f"({stored.get('steps')}); got steps {current['steps']}")
-            current = {**json.loads(file.read_text()), "eval_lengths": current["eval_lengths"]}
+            current = {**raw, "eval_lengths": current["eval_lengths"]}
         atomic_write(file, lambda tmp: Path(tmp).write_text(json.dumps(current, indent=2)))
 
 
 def run_synth(cfg: SynthConfig, seeds: list[int], out: str | Path, *, threads: int | None = None,
               progress: bool = True) -> dict:
     """Trains and tests ``cfg`` once per seed (``out/seed<k>``; finished seeds are read back,
-    interrupted ones resume), then writes ``out/results.json`` and ``results.md``.
+    interrupted ones resume), then writes ``out/results.json`` and ``results.md`` over every
+    seed finished in ``out`` (those of earlier calls too: :func:`write_summary`).
 
     Raises:
-        ValueError: if ``out`` holds another configuration, no seed is given, or as :func:`train_seed`.
+        ValueError: if ``out`` holds another configuration or another tool's files, no seed is
+            given, or as :func:`train_seed`.
     """
     if not seeds:
         raise ValueError("give at least one seed")
     set_threads(threads)
     out = Path(out)
     open_experiment(out, cfg)
-    results = [plans.run_once(out / f"seed{seed}", lambda folder, seed=seed: train_seed(cfg, seed, folder,
-                                                                                        progress=progress),
-                              current=lambda stored: not missing_lengths(cfg, stored))
-               for seed in seeds]
-    return write_summary(out, cfg, results)
+    for seed in seeds:
+        plans.run_once(out / f"seed{seed}", lambda folder, seed=seed: train_seed(cfg, seed, folder, progress=progress),
+                       current=lambda stored: not missing_lengths(cfg, stored))
+    return write_summary(out, cfg)
+
+
+def _write_lines(path: Path, batches) -> None:
+    """Writes ``path``, one JSON line ``{"tokens", "targets"}`` per sequence of ``batches`` (pairs of
+    (B, T) tensors), converting one sequence at a time: the text never exists whole in memory."""
+    with open(path, "w") as fh:
+        for tokens, targets in batches:
+            for a, b in zip(tokens, targets):
+                fh.write(json.dumps({"tokens": a.tolist(), "targets": b.tolist()}) + "\n")
+
+
+def _train_stream(cfg: SynthConfig, seed: int, count: int):
+    """The first ``count`` sequences of the training stream of ``seed``, batch by batch."""
+    generator = torch.Generator().manual_seed(seed)
+    while count > 0:
+        tokens, targets = draw(cfg, training_distribution(cfg.task), cfg.train_length, cfg.batch_size, generator)
+        yield tokens[:count], targets[:count]
+        count -= len(tokens)
+
+
+def check_data_folder(folder: str | Path) -> Path:
+    """``folder`` as a Path, if it can be :func:`write_data`'s folder.
+
+    Raises:
+        ValueError: naming ``--write-data``, if ``folder`` is empty (an unset shell variable), a
+            file, or under a file or a folder that cannot be written.
+    """
+    if not str(folder):
+        raise ValueError("--write-data is empty: give a folder (an unset shell variable?)")
+    return check_output_folder(folder, "--write-data")
 
 
 def write_data(cfg: SynthConfig, folder: str | Path, *, seed: int = 0,
@@ -275,40 +317,36 @@ def write_data(cfg: SynthConfig, folder: str | Path, *, seed: int = 0,
       ``validation-T.jsonl`` at each other test length T (:func:`validation_lengths`);
     * ``test-DISTRIBUTION-T.jsonl``: each fixed test split.
 
+    One split at a time is held in memory (the training stream one batch at a time), written a
+    sequence at a time. The files are written in a hidden folder beside ``folder`` (inside it,
+    if it exists) and moved into place once all are written: a failure leaves nothing behind.
+
     Returns:
         The files written.
 
     Raises:
-        ValueError: if any of these files exists already (nothing is written then).
+        ValueError: if ``folder`` is empty, a file, or already holds any of these files (nothing is
+            written then).
     """
-    folder = Path(folder)
+    folder = check_data_folder(folder)
     names = ["vocab.json", "train.jsonl", "validation.jsonl",
              *(f"validation-{t}.jsonl" for t in validation_lengths(cfg)),
              *(f"test-{d}-{t}.jsonl" for d in distributions(cfg.task) for t in cfg.eval_lengths)]
     existing = [n for n in names if (folder / n).exists()]
     if existing:
         raise ValueError(f"{folder} already holds {', '.join(existing)}: remove them or choose another folder")
-    folder.mkdir(parents=True, exist_ok=True)
-    generator, batches = torch.Generator().manual_seed(seed), []
-    while sum(len(b[0]) for b in batches) < train_examples:
-        batches.append(draw(cfg, training_distribution(cfg.task), cfg.train_length, cfg.batch_size, generator))
-    splits = {"train.jsonl": tuple(torch.cat(column)[:train_examples] for column in zip(*batches)),
-              "validation.jsonl": fixed_split(cfg, "validation", training_distribution(cfg.task), cfg.train_length)}
-    seeds = {"train": seed, "validation": split_seed(cfg.task, "validation", training_distribution(cfg.task),
-                                                     cfg.train_length, cfg.eval_seed)}
+    training = training_distribution(cfg.task)
+    splits = {"train.jsonl": lambda: _train_stream(cfg, seed, train_examples),
+              "validation.jsonl": lambda: [fixed_split(cfg, "validation", training, cfg.train_length)]}
+    seeds = {"train": seed, "validation": split_seed(cfg.task, "validation", training, cfg.train_length,
+                                                     cfg.eval_seed)}
     for t in validation_lengths(cfg):
-        splits[f"validation-{t}.jsonl"] = fixed_split(cfg, "validation", training_distribution(cfg.task), t)
-        seeds[f"validation-{t}"] = split_seed(cfg.task, "validation", training_distribution(cfg.task), t,
-                                              cfg.eval_seed)
+        splits[f"validation-{t}.jsonl"] = lambda t=t: [fixed_split(cfg, "validation", training, t)]
+        seeds[f"validation-{t}"] = split_seed(cfg.task, "validation", training, t, cfg.eval_seed)
     for d in distributions(cfg.task):
         for t in cfg.eval_lengths:
-            splits[f"test-{d}-{t}.jsonl"] = fixed_split(cfg, "test", d, t)
+            splits[f"test-{d}-{t}.jsonl"] = lambda d=d, t=t: [fixed_split(cfg, "test", d, t)]
             seeds[f"test-{d}-{t}"] = split_seed(cfg.task, "test", d, t, cfg.eval_seed)
-    written = []
-    for name, (tokens, targets) in splits.items():
-        lines = (json.dumps({"tokens": a, "targets": b}) for a, b in zip(tokens.tolist(), targets.tolist()))
-        atomic_write(folder / name, lambda tmp, lines=lines: Path(tmp).write_text("\n".join(lines) + "\n"))
-        written.append(folder / name)
     vocab = {"task": cfg.task, "tokens": cfg.vocab(), "ignore_index": -100, "seeds": seeds,
              "options": {k: getattr(cfg, k) for k in ("train_length", "eval_lengths", "eval_examples", "eval_tokens",
                                                       "eval_seed", "batch_size", "p_ignore", "num_pairs",
@@ -316,5 +354,24 @@ def write_data(cfg: SynthConfig, folder: str | Path, *, seed: int = 0,
     if cfg.task == "mqar":
         vocab["pairs"] = {"train": cfg.train_pairs, "more-pairs": {str(t): cfg.pairs_at(t) for t in cfg.eval_lengths},
                           "same-pairs": {str(t): min(cfg.train_pairs, t // 4) for t in cfg.eval_lengths}}
-    atomic_write(folder / "vocab.json", lambda tmp: Path(tmp).write_text(json.dumps(vocab, indent=2)))
-    return [folder / "vocab.json", *written]
+    existed = folder.is_dir()
+    home = folder if existed else next(p for p in folder.parents if p.is_dir())
+    stage = Path(tempfile.mkdtemp(prefix=f".{folder.name or 'data'}.", suffix=".partial", dir=home))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        stage.chmod(0o777 & ~umask)  # mkdtemp's 0700 would become the folder's mode
+        (stage / "vocab.json").write_text(json.dumps(vocab, indent=2))
+        for name, batches in splits.items():
+            _write_lines(stage / name, batches())
+        if existed:
+            for name in names:
+                os.replace(stage / name, folder / name)
+            stage.rmdir()
+        else:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(stage, folder)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return [folder / "vocab.json", *(folder / name for name in splits)]

@@ -42,9 +42,8 @@ __all__ = ["SYNTH_FORMAT", "collect_synth", "load_synth_plan", "packaged_synth_p
 def _settings(top: dict) -> dict:
     if "task" not in top:
         raise ValueError("give task (flip-flop or mqar)")
-    defaults = top.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise ValueError(f"defaults must be a table, got {defaults!r}")
+    defaults = plans.option_table(top.get("defaults", {}), "defaults")
+    plans.option_table(defaults.get("model", {}), "model of [defaults]")
     return {"task": top["task"], "defaults": defaults}
 
 
@@ -52,7 +51,7 @@ def _row(spec: dict, settings: dict) -> dict:
     """A row's options (``[defaults]`` merged in), checked by building its :class:`SynthConfig`."""
     if "task" in spec:
         raise ValueError("task is set once for the whole plan, not per row")
-    base, own_model = dict(settings["defaults"]), spec.pop("model", {})
+    base, own_model = dict(settings["defaults"]), plans.option_table(spec.pop("model", {}), "model")
     options = {**base, **spec, "model": {**base.pop("model", {}), **own_model}}
     preset_config(settings["task"], **options)
     return {"options": options}
@@ -114,12 +113,12 @@ def run_synth_plan(plan: plans.Plan, out: str | Path, *, only: list[str] | None 
     out = Path(out)
     configs = {name: row_config(plan, name, **run_options) for name in plans.select_rows(plan, only)}
     set_threads(threads)
+    plans.claim_folder(out, SYNTH_FORMAT.kind)
     for name, cfg in configs.items():  # a folder holding another experiment is refused before any run
         open_experiment(out / name, cfg)
 
     def after(name: str, seed: int, result: dict) -> None:
-        done = plans.read_results(out / name)
-        write_summary(out / name, configs[name], list(done.values()))
+        write_summary(out / name, configs[name])
         collect_synth(plan, out, configs)
 
     try:
