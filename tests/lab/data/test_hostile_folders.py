@@ -75,8 +75,8 @@ def test_a_45_byte_file_is_cropped_before_it_is_tokenised(tmp_path, monkeypatch)
     encoded = []
     make = music.make_tokenizer
 
-    def recording_tokenizer():
-        tokenizer = make()
+    def recording_tokenizer(*options):
+        tokenizer = make(*options)
         encode = tokenizer.encode
         tokenizer.encode = lambda score: encoded.append(len(encode(score).ids)) or encode(score)
         return tokenizer
@@ -85,13 +85,13 @@ def test_a_45_byte_file_is_cropped_before_it_is_tokenised(tmp_path, monkeypatch)
     corpus, messages = _load(root, tmp_path / "cache", max_piece_tokens=1000)
     assert corpus.names == ["absurd.mid", "piece.mid"] and corpus.cropped == ["absurd.mid"]
     # The score is clipped at 8 quarters per allowed token, before its second note: what is
-    # left is the first note (7 tokens), a prefix of the whole piece's tokens, and MidiTok
+    # left is the first note (8 tokens with its tempo), a prefix of the whole piece's tokens, and MidiTok
     # never sees the 2.5 M empty bars.
     vocab = {i: t for t, i in music.make_tokenizer().vocab.items()}
     assert [vocab[int(i)].split("_")[0] for i in corpus.pieces[0]] == [
-        "Bar", "TimeSig", "Position", "Program", "Pitch", "Velocity", "Duration"]
+        "Bar", "TimeSig", "Position", "Tempo", "Program", "Pitch", "Velocity", "Duration"]
     assert max(encoded) <= 8 * 1000
-    assert f"cropped MIDI file {root / 'absurd.mid'} to its first 7 tokens (max_piece_tokens = 1000)" in messages
+    assert f"cropped MIDI file {root / 'absurd.mid'} to its first 8 tokens (max_piece_tokens = 1000)" in messages
     assert f"cropped 1 of 2 MIDI files in {root} to max_piece_tokens = 1000 tokens" in messages
 
 
@@ -100,7 +100,7 @@ def test_the_default_bound_crops_the_absurd_file(tmp_path):
     write_midi(root / "piece.mid", notes=60)
     (root / "absurd.mid").write_bytes(ABSURD_MIDI)
     corpus, messages = _load(root, tmp_path / "cache")
-    assert MAX_PIECE_TOKENS == 65_536 and len(corpus.pieces[0]) == 7 and corpus.cropped == ["absurd.mid"]
+    assert MAX_PIECE_TOKENS == 65_536 and len(corpus.pieces[0]) == 8 and corpus.cropped == ["absurd.mid"]
     assert f"cropped 1 of 2 MIDI files in {root} to max_piece_tokens = 65536 tokens" in messages
 
 

@@ -24,7 +24,7 @@ log = logging.getLogger("spe")
 
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
                 "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens",
-                "val_fraction")
+                "val_fraction", "tempos", "time_signatures")
 
 
 class UsageError(ValueError):
@@ -70,12 +70,22 @@ def _add_piece_bound_flag(p: argparse.ArgumentParser, default: str = "65536") ->
                    f"and counted (default {default}, 3.8 times the longest Bach chorale)")
 
 
+def _add_tokenizer_flags(p: argparse.ArgumentParser) -> None:
+    """--tempos/--no-tempos and --time-signatures/--no-time-signatures: what the REMI tokenizer
+    keeps (TrainConfig's fields of the same names; a resumed or evaluated run keeps its own)."""
+    for name, what in (("tempos", "tempo tokens (else every piece decodes at 120 qpm)"),
+                       ("time_signatures", "time-signature tokens (else every bar is 4/4)")):
+        p.add_argument("--" + name.replace("_", "-"), dest=name, action=argparse.BooleanOptionalAction,
+                       default=None, help=f"keep {what}")
+
+
 def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> None:
     p.add_argument("--config", help="TOML file of options (default: the packaged demo config)")
     p.add_argument("--data", help="folder of .mid/.midi files, or music21:NAME for a composer of music21's "
                    "corpus (e.g. music21:palestrina); default: the Bach chorales")
     p.add_argument("--cache-dir", help="cache for converted MIDI and tokens (default ~/.cache/spe)")
     _add_piece_bound_flag(p)
+    _add_tokenizer_flags(p)
     if with_out:
         p.add_argument("--out", help="run folder for checkpoint, logs and plots")
     add_option_flag(p, "steps")

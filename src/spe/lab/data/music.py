@@ -6,7 +6,11 @@
 * :func:`load_corpus` tokenises a folder of MIDI files (recursive, ``.mid``/``.midi`` in any
   case) to REMI with one token stream for all voices; unreadable files are skipped with a
   warning naming each; pieces longer than ``max_piece_tokens`` are cropped and counted; the
-  result is cached, keyed by the files, the tokenizer and ``max_piece_tokens``.
+  result is cached, keyed by the files, the tokenizer's parameters and ``max_piece_tokens``.
+* :class:`TokenizerOptions` says what the tokenizer keeps of a score (tempo, time signatures:
+  both by default); runs from before these options keep the tokenizer they used
+  (:func:`legacy_tokenizer_json`); a run's stored tokenizer always wins over the options
+  (:func:`tokenizer_from_json`).
 
 Hostile folders: links to folders are followed, and a folder or file reached a
 second time (a cycle, or a second link to it) is read once, with a warning that counts and
@@ -21,7 +25,7 @@ import json
 import logging
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +36,12 @@ from spe.checkpoint import atomic_write
 __all__ = [
     "MAX_PIECE_TOKENS",
     "MUSIC21_PREFIX",
+    "NUM_TEMPOS",
+    "TEMPO_RANGE",
+    "TIME_SIGNATURE_RANGE",
     "Corpus",
     "DataError",
+    "TokenizerOptions",
     "bach_chorales_midi",
     "check_max_piece_tokens",
     "default_cache_dir",
@@ -42,8 +50,12 @@ __all__ = [
     "load_corpus",
     "make_tokenizer",
     "music21_corpus_midi",
+    "legacy_tokenizer_json",
+    "recorded_tokenizer",
     "same_tokenizer",
     "tokenizer_from_json",
+    "tokenizer_options",
+    "tokenizer_summary",
     "tokenizer_to_json",
 ]
 
@@ -69,8 +81,39 @@ MAX_PIECE_TOKENS = 65_536
 _QUARTERS_PER_TOKEN = 8
 
 
+# Tempo tokens: 40-250 quarter notes per minute in steps of 2 qpm (MidiTok places them evenly and
+# rounds a score's tempo to the nearest): 60, 72, 90, 96, 120 … are exact, others within 1 qpm.
+TEMPO_RANGE = (40, 250)
+NUM_TEMPOS = 106
+# The time signatures kept, numerators per denominator: those of the music21 corpora (Bach: 4/4,
+# 3/4, 3/2, 12/8; Palestrina and the Renaissance collections: 4/2, 2/2, 3/2, 2/1, 3/1) and the
+# common ones besides. A signature outside it is dropped by MidiTok (the previous one goes on).
+TIME_SIGNATURE_RANGE = {1: [1, 2, 3, 4], 2: [1, 2, 3, 4, 5, 6, 8], 4: [1, 2, 3, 4, 5, 6, 7, 8, 9, 12],
+                        8: [3, 5, 6, 7, 9, 12]}
+
+
 class DataError(ValueError):
     """A data folder or file that cannot be used, with the reason."""
+
+
+@dataclass(frozen=True)
+class TokenizerOptions:
+    """What the REMI tokenizer keeps of a score besides its notes (pitch, velocity, duration,
+    program, onset).
+
+    Attributes:
+        tempos: ``Tempo`` tokens (MidiTok's ``use_tempos``, :data:`TEMPO_RANGE` in
+            :data:`NUM_TEMPOS` steps); without them every piece decodes at 120 qpm.
+        time_signatures: ``TimeSig`` tokens after each bar (``use_time_signatures``,
+            :data:`TIME_SIGNATURE_RANGE`); without them every bar is 4/4.
+
+    Tracks that share a program are merged in either case: REMI's one token stream names a
+    note's track by its ``Program`` token only, so two violins decode as one violin track.
+    """
+
+    tempos: bool = True
+    time_signatures: bool = True
+
 
 
 @dataclass
@@ -110,11 +153,64 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SPE_CACHE_DIR", Path.home() / ".cache" / "spe"))
 
 
-def make_tokenizer():
-    """REMI with programs, one token stream for all voices (MidiTok defaults otherwise)."""
+def make_tokenizer(options: TokenizerOptions | None = None):
+    """REMI with programs, one token stream for all voices, tempo and time signatures as
+    ``options`` say (default :class:`TokenizerOptions`: both kept); MidiTok's defaults otherwise."""
     from miditok import REMI, TokenizerConfig
 
-    return REMI(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True))
+    options = options or TokenizerOptions()
+    kept = {"use_time_signatures": options.time_signatures}  # MidiTok's default keeps a few (no x/2)
+    if options.tempos:
+        kept.update(use_tempos=True, tempo_range=TEMPO_RANGE, num_tempos=NUM_TEMPOS)
+    if options.time_signatures:
+        kept.update(time_signature_range=TIME_SIGNATURE_RANGE)
+    return REMI(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True, **kept))
+
+
+def legacy_tokenizer_json() -> str:
+    """The tokenizer of runs trained before :class:`TokenizerOptions` existed (recorded no option):
+    MidiTok's defaults, no tempo, its own time signatures (4/4, 3/4, 6/8 …, none in halves)."""
+    from miditok import REMI, TokenizerConfig
+
+    return tokenizer_to_json(REMI(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True)))
+
+
+def tokenizer_options(tokenizer_json: str) -> TokenizerOptions:
+    """What a stored tokenizer (:func:`tokenizer_to_json`) keeps, as options (the range of its
+    time signatures aside: a run's stored tokenizer is rebuilt as it is, :func:`tokenizer_from_json`)."""
+    config = json.loads(tokenizer_json).get("config", {})
+    return TokenizerOptions(tempos=bool(config.get("use_tempos", False)),
+                            time_signatures=bool(config.get("use_time_signatures", False)))
+
+
+def recorded_tokenizer(train_config: dict) -> TokenizerOptions | str:
+    """The tokenizer of a run's recorded training options: its ``tempos`` and
+    ``time_signatures``, or, for a run from before them (it recorded neither), the tokenizer
+    every run then used (:func:`legacy_tokenizer_json`, JSON text as :func:`load_corpus` takes it)."""
+    names = [f.name for f in fields(TokenizerOptions)]
+    if not any(name in train_config for name in names):
+        return legacy_tokenizer_json()
+    defaults = TokenizerOptions()
+    return TokenizerOptions(**{name: bool(train_config.get(name, getattr(defaults, name))) for name in names})
+
+
+def tokenizer_summary(tokenizer) -> str:
+    """One line: what a REMI tokenizer keeps of a score and what it drops."""
+    config = tokenizer.config
+    kept, dropped = ["notes (pitch, velocity, duration, onset)", "programs"], []
+    if config.use_tempos:
+        low, high = config.tempo_range
+        kept.append(f"tempo ({low:g}-{high:g} qpm, {config.num_tempos} values)")
+    else:
+        dropped.append("tempo (every piece decodes at 120 qpm)")
+    if config.use_time_signatures:
+        kept.append("time signatures " + ", ".join(f"{n}/{d}" for n, d in tokenizer.time_signatures)
+                    + " (others: the previous one goes on)")
+    else:
+        dropped.append("time signatures (every bar is 4/4)")
+    dropped += ["the identity of tracks that share a program (merged into one track)", "key signatures",
+                "pedals", "pitch bends", "control changes", "track names"]
+    return f"tokenizer (REMI): keeps {', '.join(kept)}; drops {', '.join(dropped)}"
 
 
 def tokenizer_to_json(tokenizer) -> str:
@@ -135,14 +231,15 @@ def same_tokenizer(a: str, b: str) -> bool:
 def tokenizer_from_json(text: str):
     """Rebuilds a tokenizer from :func:`tokenizer_to_json` output (stored in checkpoints).
 
-    The library's own tokenizer is rebuilt with :func:`make_tokenizer`, so its token ids are
-    exactly those of the corpus, also for checkpoints written with sorted keys.
+    The library's own tokenizers are rebuilt with :func:`make_tokenizer` (with the stored
+    tokenizer's :func:`tokenizer_options`), so their token ids are exactly those of the corpus,
+    also for checkpoints written with sorted keys.
     """
     import tempfile
 
     from miditok import REMI
 
-    fresh = make_tokenizer()
+    fresh = make_tokenizer(tokenizer_options(text))
     if same_tokenizer(text, tokenizer_to_json(fresh)):
         return fresh
     with tempfile.TemporaryDirectory() as tmp:
@@ -423,7 +520,8 @@ def _data_root(data: str | os.PathLike | None, cache: Path, progress: bool = Tru
 
 
 def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-                progress: bool = True, max_piece_tokens: int = MAX_PIECE_TOKENS) -> Corpus:
+                progress: bool = True, max_piece_tokens: int = MAX_PIECE_TOKENS,
+                tokenizer: TokenizerOptions | str | None = None) -> Corpus:
     """Tokenises a MIDI folder (or the Bach default when ``data`` is None) to REMI.
 
     Unreadable or corrupt files, and files with no notes, are skipped with a warning that
@@ -440,6 +538,9 @@ def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.Pa
         progress: show progress bars (converting music21's scores, tokenising).
         max_piece_tokens: the longest piece kept, in tokens (default :data:`MAX_PIECE_TOKENS`);
             part of the cache key.
+        tokenizer: what the tokenizer keeps (:class:`TokenizerOptions`, default: its
+            defaults), or a run's stored tokenizer (JSON text, :func:`tokenizer_to_json`),
+            which is then used as it is; its parameters are part of the cache key.
 
     Returns:
         A :class:`Corpus`.
@@ -454,7 +555,7 @@ def load_corpus(data: str | os.PathLike | None = None, *, cache_dir: str | os.Pa
     cache = Path(cache_dir or default_cache_dir())
     root = _data_root(data, cache, progress)
     files = find_midi_files(root)
-    tokenizer = make_tokenizer()
+    tokenizer = tokenizer_from_json(tokenizer) if isinstance(tokenizer, str) else make_tokenizer(tokenizer)
     tok_json = tokenizer_to_json(tokenizer)
     cache_file = cache / "tokens" / f"{_cache_key(files, root, tok_json, max_piece_tokens)}.npz"
     if cache_file.exists():

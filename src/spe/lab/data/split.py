@@ -61,7 +61,7 @@ class CorpusSplit:
 
 def load_split(data: str | None, *, cache_dir: str | None, val_fraction: float = 0.05, split_seed: int = 0,
                progress: bool = False, max_piece_tokens: int | None = None, test_min_tokens: int = 0,
-               num_test_pieces: int = NUM_TEST_PIECES) -> CorpusSplit:
+               num_test_pieces: int = NUM_TEST_PIECES, tokenizer=None) -> CorpusSplit:
     """Loads (tokenises or reads from cache) a corpus and splits it by piece.
 
     With ``test_min_tokens`` > 0 the test pieces (:func:`hold_out_test_pieces`) are taken out
@@ -80,6 +80,8 @@ def load_split(data: str | None, *, cache_dir: str | None, val_fraction: float =
         test_min_tokens: the shortest test piece, in tokens (16 L + 1 for next-token targets
             at 16 L positions); 0: no test split.
         num_test_pieces: how many test pieces (ignored when ``test_min_tokens`` is 0).
+        tokenizer: what the tokenizer keeps, or a run's stored tokenizer (see
+            :func:`spe.lab.data.music.load_corpus`; None: the defaults).
 
     Raises:
         ValueError: (``DataError``) on unusable data, a corpus too small to split, or fewer
@@ -87,7 +89,8 @@ def load_split(data: str | None, *, cache_dir: str | None, val_fraction: float =
     """
     from spe.lab.data.music import Corpus, DataError, load_corpus
 
-    corpus = load_corpus(data, cache_dir=cache_dir, progress=progress, **_piece_bound(max_piece_tokens))
+    corpus = load_corpus(data, cache_dir=cache_dir, progress=progress, tokenizer=tokenizer,
+                         **_piece_bound(max_piece_tokens))
     where = data or "the Bach chorales"
     test, rest = [], corpus
     if test_min_tokens > 0:
@@ -194,8 +197,10 @@ def split_of_run(train_config: dict, *, data: str | None = None, cache_dir: str 
         train_config: the run's recorded training options (``LoadedCheckpoint.train_config``).
         data: other data to evaluate on (default: the run's).
         cache_dir: other cache folder (default: the run's).
-        tokenizer_json: the run's tokenizer; when given, the corpus must have been tokenised
-            the same way.
+        tokenizer_json: the run's tokenizer: the corpus is tokenised with it (so a run keeps
+            its own tokenisation whatever the defaults now are). Without it, the tokenizer
+            options the run recorded (``tempos``, ``time_signatures``; for a run that recorded
+            none, the tokenizer of its time, :func:`~spe.lab.data.music.recorded_tokenizer`).
         split: ``validation`` (held-out pieces, with the run's fraction and seed), ``train``,
             ``all``, ``test`` (the pieces the run held out with its ``test_min_tokens`` and
             ``num_test_pieces``), or None for the default above.
@@ -206,9 +211,10 @@ def split_of_run(train_config: dict, *, data: str | None = None, cache_dir: str 
         ValueError: on an unknown split, ``test`` for a run trained without a test split, if
             the corpus's tokenizer differs from ``tokenizer_json``, or from :func:`load_split`.
     """
-    from spe.lab.data.music import load_corpus, same_tokenizer
+    from spe.lab.data.music import load_corpus, recorded_tokenizer, same_tokenizer
 
     run_data = train_config.get("data")
+    tokenizer = tokenizer_json if tokenizer_json is not None else recorded_tokenizer(train_config)
     if split is None:
         split = "validation" if data is None or same_data(data, run_data) else "all"
     if split not in SPLITS:
@@ -224,13 +230,14 @@ def split_of_run(train_config: dict, *, data: str | None = None, cache_dir: str 
     cache = cache_dir or train_config.get("cache_dir")
     bound = max_piece_tokens if max_piece_tokens is not None else train_config.get("max_piece_tokens")
     if split == "all":
-        corpus = load_corpus(source, cache_dir=cache, progress=False, **_piece_bound(bound))
+        corpus = load_corpus(source, cache_dir=cache, progress=False, tokenizer=tokenizer, **_piece_bound(bound))
         result = CorpusSplit(corpus.pieces, corpus.pieces, corpus.tokenizer_json, "all")
     else:
         result = load_split(source, cache_dir=cache, val_fraction=train_config.get("val_fraction", 0.05),
                             split_seed=train_config.get("split_seed", 0), max_piece_tokens=bound,
                             test_min_tokens=test_min_tokens,
-                            num_test_pieces=train_config.get("num_test_pieces", NUM_TEST_PIECES))
+                            num_test_pieces=train_config.get("num_test_pieces", NUM_TEST_PIECES),
+                            tokenizer=tokenizer)
         if split == "train":
             result = CorpusSplit(result.train_pieces, result.train_pieces, result.tokenizer_json, "train")
         elif split == "test":

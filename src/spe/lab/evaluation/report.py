@@ -133,7 +133,7 @@ def generation_section(loaded: list[LoadedCheckpoint], names: list[str], split: 
     """
     from symusic import Score
 
-    from spe.lab.data.music import make_tokenizer
+    from spe.lab.data.music import tokenizer_from_json
     from spe.lab.evaluation.audio import render_audio
     from spe.lab.evaluation.music_prompt import PROMPT_BARS, bar_start, style_rows, write_prompt
     from spe.lab.evaluation.pictures import plot_piano_roll, plot_style_similarity
@@ -141,8 +141,8 @@ def generation_section(loaded: list[LoadedCheckpoint], names: list[str], split: 
 
     generated = out / "generated"
     prompt_path = generated / "prompt.mid"
-    # load_corpus encodes with make_tokenizer(): decode the corpus ids with the same one.
-    prompt_bars, prompt_info = write_prompt(split.val_pieces, make_tokenizer(), prompt_path)
+    # the corpus was tokenised with the run's tokenizer: decode its ids with the same one
+    prompt_bars, prompt_info = write_prompt(split.val_pieces, tokenizer_from_json(split.tokenizer_json), prompt_path)
     style, gen_info, midis = [], {}, []
     for name, c in zip(names, loaded):
         midi = generated / f"{name}.mid"

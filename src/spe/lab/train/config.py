@@ -110,6 +110,9 @@ class TrainConfig(ExperimentOptions):
         max_transpose: transposition augmentation in ±semitones (0 disables).
         max_piece_tokens: the longest piece kept, in REMI tokens; longer ones are cropped
             to their first ``max_piece_tokens`` and counted (:data:`spe.lab.data.music.MAX_PIECE_TOKENS`).
+        tempos, time_signatures: what the REMI tokenizer keeps besides the notes
+            (:class:`spe.lab.data.music.TokenizerOptions`): tempo and time-signature tokens,
+            both kept by default (a run from before these options keeps the tokenizer it stored).
         test_min_tokens: hold out a test split of pieces at least this many tokens long, which
             neither training nor validation sees (``spe evaluate --split test``); 16 L + 1 for
             the 16× protocol (next-token targets at 16 L positions). 0: no test split.
@@ -131,6 +134,8 @@ class TrainConfig(ExperimentOptions):
     split_seed: int = 0
     max_transpose: int = 6
     max_piece_tokens: int = MAX_PIECE_TOKENS
+    tempos: bool = True
+    time_signatures: bool = True
     test_min_tokens: int = 0
     num_test_pieces: int = NUM_TEST_PIECES
     seed: int = 0

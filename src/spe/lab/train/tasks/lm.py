@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -82,10 +82,13 @@ class LMTask:
     model_settings: dict = field(default_factory=dict)
     passing: StatePassing | None = None
 
+    stored_tokenizer: str | None = None  # a resumed run's (JSON text): it wins over the options
     def prepare(self, ctx: dist_.Distributed, *, resume: bool) -> None:
         """Checks the run folder, loads the split (rank 0 tokenises and caches it first)."""
         status = check_run(self.cfg, resume, self.overwrite)
         if not ctx.is_main:
+        if resume:
+            self._keep_recorded_tokenizer(status.metadata)
             dist_.barrier(ctx)
         self._load_data(self.progress and ctx.is_main)
         if ctx.is_main:
@@ -104,16 +107,30 @@ class LMTask:
                  if self.split.test_pieces else "")
 
     def _load_data(self, progress: bool) -> None:
+    def _keep_recorded_tokenizer(self, metadata: dict) -> None:
+        """A resumed run keeps the tokenizer it stored; one from before the tokenizer options (it
+        recorded none) records those its tokenizer has, whatever the defaults now are."""
+        from spe.lab.data.music import TokenizerOptions, tokenizer_options
+
+        self.stored_tokenizer = metadata.get("tokenizer")
+        names = [f.name for f in fields(TokenizerOptions)]
+        if self.stored_tokenizer is not None and not any(name in metadata.get("train", {}) for name in names):
+            kept = tokenizer_options(self.stored_tokenizer)
+            self.cfg = replace(self.cfg, **{name: getattr(kept, name) for name in names})
+
         """The split, the crop sampler, and validation prefixes of L + 1 and 2L + 1 tokens."""
         from spe.lab.data.dataset import CropSampler, PitchShifter, prefix_batch
-        from spe.lab.data.music import make_tokenizer
+        from spe.lab.data.music import TokenizerOptions, tokenizer_from_json, tokenizer_summary
         from spe.lab.data.split import load_split
 
         cfg = self.cfg
         self.split = load_split(cfg.data, cache_dir=cfg.cache_dir, val_fraction=cfg.val_fraction,
+        source = self.stored_tokenizer or TokenizerOptions(tempos=cfg.tempos, time_signatures=cfg.time_signatures)
                                 split_seed=cfg.split_seed, progress=progress, max_piece_tokens=cfg.max_piece_tokens,
-                                test_min_tokens=cfg.test_min_tokens, num_test_pieces=cfg.num_test_pieces)
-        tokenizer = make_tokenizer()
+                                test_min_tokens=cfg.test_min_tokens, num_test_pieces=cfg.num_test_pieces,
+                                tokenizer=source)
+        tokenizer = tokenizer_from_json(self.split.tokenizer_json)
+        log.info("%s", tokenizer_summary(tokenizer))
         self.vocab_size = len(tokenizer)
         config = cfg.model_config(self.vocab_size)
         self.model_settings = {}  # what the data sets in the model (once: build_model may run on a meta device)

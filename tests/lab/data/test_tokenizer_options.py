@@ -1,0 +1,153 @@
+"""The tokenizer keeps what the score says: tempo and time signatures by default (flags turn them
+off), a run from before these options keeps its own tokenizer, caches are keyed on the options,
+the grammar mask and the onset clock read the new vocabulary, and the summary line says what is
+kept and dropped (tracks that share a program are merged: REMI names a track by its program)."""
+
+import logging
+
+import pytest
+import torch
+from conftest import write_midi
+
+from spe.lab.data.grammar import REMIGrammar
+from spe.lab.data.music import (TokenizerOptions, legacy_tokenizer_json, load_corpus, make_tokenizer,
+                                recorded_tokenizer, tokenizer_from_json, tokenizer_options, tokenizer_summary,
+                                tokenizer_to_json)
+
+
+def _score(qpm: float, numerator: int, denominator: int, programs=(40, 40)):
+    """Eight bars of quarter notes at ``qpm`` in ``numerator/denominator``, one track per program."""
+    from symusic import Note, Score, Tempo, TimeSignature, Track
+
+    score, tpq = Score(480), 480
+    score.tempos.append(Tempo(0, qpm=qpm))
+    score.time_signatures.append(TimeSignature(0, numerator, denominator))
+    beats = 8 * numerator * 4 // denominator
+    for k, program in enumerate(programs):
+        track = Track(program=program, name=f"voice {k}")
+        for i in range(beats):
+            track.notes.append(Note(i * tpq, tpq, 60 + 7 * k + i % 5, 80))
+        score.tracks.append(track)
+    return score
+
+
+def _round_trip(tokenizer, score):
+    return tokenizer.decode(tokenizer.encode(score))
+
+
+@pytest.mark.parametrize(("numerator", "denominator"), [(3, 2), (4, 2), (2, 2), (6, 8), (3, 4)])
+def test_a_prompt_keeps_its_tempo_and_time_signature_through_tokens(numerator, denominator):
+    score = _score(90, numerator, denominator)
+    back = _round_trip(make_tokenizer(), score)
+    assert [round(t.qpm, 3) for t in back.tempos] == [90.0]
+    assert [(t.numerator, t.denominator) for t in back.time_signatures] == [(numerator, denominator)]
+    assert sum(len(t.notes) for t in back.tracks) == sum(len(t.notes) for t in score.tracks)
+    # two tracks of one program: REMI's single stream names tracks by program, so they come back
+    # as one track holding both voices' notes (the summary line says so)
+    assert len(back.tracks) == 1
+
+
+def test_without_the_options_tempo_is_120_and_bars_are_4_4():
+    back = _round_trip(make_tokenizer(TokenizerOptions(tempos=False, time_signatures=False)), _score(90, 3, 2))
+    assert [round(t.qpm) for t in back.tempos] == [120]
+    assert [(t.numerator, t.denominator) for t in back.time_signatures] == [(4, 4)]
+
+
+def test_a_run_from_before_the_options_keeps_miditok_s_default_tokenizer():
+    from miditok import REMI, TokenizerConfig
+
+    before = REMI(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True))  # what every run used
+    legacy = legacy_tokenizer_json()
+    assert legacy == tokenizer_to_json(before)
+    assert tokenizer_from_json(legacy).vocab == before.vocab
+    assert recorded_tokenizer({"data": "x", "seq_len": 256}) == legacy  # recorded no option: its tokenizer
+    assert recorded_tokenizer({"tempos": False, "time_signatures": True}) == TokenizerOptions(tempos=False)
+    assert tokenizer_options(legacy) == TokenizerOptions(tempos=False, time_signatures=True)
+    # a stored tokenizer wins: 4/2 stays 4/4 for such a run, as it did
+    back = _round_trip(tokenizer_from_json(legacy), _score(90, 4, 2))
+    assert [(t.numerator, t.denominator) for t in back.time_signatures] == [(4, 4)]
+
+
+def test_the_evaluated_split_of_an_old_run_is_tokenised_as_it_was(tmp_path):
+    from miditok import REMI, TokenizerConfig
+    from symusic import Score
+
+    from spe.lab.data.split import split_of_run
+
+    for i in range(3):
+        write_midi(tmp_path / "midi" / f"p{i}.mid", seed=i)
+    old_run = {"data": str(tmp_path / "midi"), "cache_dir": str(tmp_path / "cache")}
+    split = split_of_run(old_run, split="all")
+    before = REMI(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True))
+    assert split.tokenizer_json == tokenizer_to_json(before)
+    expected = [before.encode(Score(str(tmp_path / "midi" / f"p{i}.mid"))).ids for i in range(3)]
+    assert [p.tolist() for p in split.val_pieces] == expected
+
+
+def test_the_token_cache_is_keyed_on_the_tokenizer_options(tmp_path):
+    for i in range(2):
+        write_midi(tmp_path / "midi" / f"p{i}.mid", seed=i)
+    cache = tmp_path / "cache"
+    kept = load_corpus(tmp_path / "midi", cache_dir=cache, progress=False)
+    plain = load_corpus(tmp_path / "midi", cache_dir=cache, progress=False,
+                        tokenizer=TokenizerOptions(tempos=False, time_signatures=False))
+    assert len(list((cache / "tokens").glob("*.npz"))) == 2
+    assert kept.tokenizer_json != plain.tokenizer_json
+    assert len(kept.pieces[0]) > len(plain.pieces[0])  # the Tempo and TimeSig tokens
+    again = load_corpus(tmp_path / "midi", cache_dir=cache, progress=False)  # from its own cache
+    assert [p.tolist() for p in again.pieces] == [p.tolist() for p in kept.pieces]
+
+
+@pytest.mark.parametrize(("numerator", "denominator"), [(3, 2), (4, 2), (12, 8), (4, 4)])
+def test_the_grammar_mask_accepts_every_token_of_scores_in_the_new_vocabulary(numerator, denominator):
+    tokenizer = make_tokenizer()
+    ids = tokenizer.encode(_score(96, numerator, denominator, programs=(0, 40))).ids
+    grammar = REMIGrammar(tokenizer)
+    refused = [i for i in range(len(ids)) if not grammar.allowed_next(ids[:i])[ids[i]]]
+    assert refused == []
+    assert tokenizer.tokens_errors(ids) == 0  # MidiTok's own check
+
+
+def test_the_onset_clock_reads_half_note_time_signatures():
+    from spe.encodings.onset import remi_onsets
+
+    tokenizer = make_tokenizer()
+    score = _score(90, 3, 2, programs=(0,))
+    seq = tokenizer.encode(score)
+    onsets = remi_onsets(torch.tensor([seq.ids]), tokenizer.vocab)[0]
+    got = [float(onsets[i]) for i, token in enumerate(seq.tokens) if token.startswith("Pitch_")]
+    assert got == [n.time / score.tpq for n in score.tracks[0].notes]
+
+
+def test_the_summary_says_what_is_kept_and_dropped():
+    kept = tokenizer_summary(make_tokenizer())
+    assert "keeps" in kept and "tempo (40-250 qpm" in kept and "3/2" in kept and "4/2" in kept
+    assert "tracks that share a program (merged" in kept
+    plain = tokenizer_summary(make_tokenizer(TokenizerOptions(tempos=False, time_signatures=False)))
+    assert "drops" in plain and "tempo (every piece decodes at 120 qpm)" in plain
+    assert "time signatures (every bar is 4/4)" in plain
+
+
+def test_training_uses_the_flags_logs_the_summary_and_a_resumed_old_run_keeps_its_tokenizer(tmp_path, caplog):
+    from tiny_run import tiny_config
+
+    from spe.lab.cli.main import _train_config, build_parser
+    from spe.lab.train.tasks.lm import LMTask
+
+    args = build_parser().parse_args(["train", "--no-tempos", "--time-signatures", "--out", str(tmp_path / "r")])
+    cfg = _train_config(args)
+    assert (cfg.tempos, cfg.time_signatures) == (False, True)
+
+    task = LMTask(tiny_config(tmp_path, "run", tempos=False), progress=False)
+    with caplog.at_level(logging.INFO):
+        task._load_data(progress=False)
+    assert tokenizer_options(task.split.tokenizer_json) == TokenizerOptions(tempos=False)
+    assert any("tokenizer (REMI): keeps" in r.getMessage() and "tempo (every piece" in r.getMessage()
+               for r in caplog.records)
+
+    old = LMTask(tiny_config(tmp_path, "old"), progress=False)  # defaults now: tempo and signatures kept
+    old._keep_recorded_tokenizer({"tokenizer": legacy_tokenizer_json(), "train": {"seq_len": 32}})
+    old._load_data(progress=False)
+    assert old.split.tokenizer_json == legacy_tokenizer_json()
+    assert old.vocab_size == len(tokenizer_from_json(legacy_tokenizer_json())) < task.vocab_size + 1
+    assert (old.cfg.tempos, old.cfg.time_signatures) == (False, True)  # recorded as its tokenizer has them
