@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA check behind docs/bench/h100.md and h200.md, sized for a 10-minute device call:
+# The CUDA check behind docs/bench/h100.md and h200.md, sized to finish within 10 minutes:
 # the CUDA tests (tests/test_cuda.py), the learned-time cost table (tools/analysis/learned_time_cost.py),
 # PaTH beside softmax (tools/analysis/path_cost.py --device cuda), one short `spe bench` of single
 # layers, then the rest of the suite in whatever time is left (TOTAL_S, default 570 s). Run from the

@@ -1,6 +1,6 @@
 """On CUDA, every kernel and model computes what the float64 CPU form computes.
 
-Skipped without a GPU (CI has none); run on a lent device machine (docs/bench.md says when).
+Skipped without a GPU (CI has none); run on a CUDA machine (scripts/cuda_check.sh; results in docs/bench/).
 The CPU suite already ties every fast path to its float64 O(L²) reference; these tests tie
 the CUDA float32 path to the CPU float64 one, so a CUDA-only branch (PyTorch's fused SDPA,
 cuBLAS reductions, device-side gates, FlexAttention for FoX and the score encodings it takes)

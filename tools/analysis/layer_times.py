@@ -6,7 +6,7 @@ The cases are ``spe bench``'s train cases (:func:`spe.lab.bench.worker.measure_t
 8 heads × 64, R = 64, K = 5, P = 128, 64 FAVOR+ features, chunks of 64), given as
 POSITIONAL+ATTENTION[+DECAY][@SOFTMAX_IMPL], e.g. ``none+softmax+gated@flex``. ``spe bench``
 runs each case in a fresh process (the figures docs/bench.md reports); this is the quick
-look that a few minutes of a lent GPU allow.
+look that fits a few minutes of GPU time.
 """
 
 from __future__ import annotations

@@ -196,7 +196,7 @@ CASES = [
      r"layers_1e9/model\.safetensors: header spe_config\.num_layers = 1000000000, but the file holds \d+ tensors", ()),
     ("header: step a string", lambda r, c: _evaluate(r, "step_str"),
      r"step_str/model\.safetensors: header spe_metadata\.step must be an integer or null, got 'six' \(str\)$", ()),
-    # round 4: outputs never among the data read; sizes checked against the machine before allocating
+    # outputs never among the data read; sizes checked against the machine before allocating
     ("evaluate --json on a piece of its data", lambda r, c: [*_evaluate(r, "run"), "--json", f"{c.data}/piece0.mid"],
      r"--json \S+/piece0\.mid is inside the data folder \S+ this command reads: choose a path outside it", ()),
     ("evaluate --out its data folder", lambda r, c: ["evaluate", "--checkpoint", f"{r}/run", "--out", c.data],

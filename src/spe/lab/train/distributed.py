@@ -105,7 +105,7 @@ def teardown(ctx: Distributed) -> None:
 def session(device_type: str) -> Iterator[Distributed]:
     """:func:`setup` … :func:`teardown`, leaving a process group that was joined before as it was.
 
-    Nested sessions (an LRA experiment around the runs of its seeds) share one group.
+    Nested calls (an LRA experiment around the runs of its seeds) share one group.
     """
     import torch.distributed as dist
 

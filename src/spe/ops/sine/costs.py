@@ -31,8 +31,8 @@ BLOCKED_EFFICIENCY = 0.35
 # at 30× APE's time on an H100, one layer with the fused index product at 19-57×), and a GPU
 # holds one block's temporaries at the budgets below easily (up to about 1 GiB: the timed
 # product's float64 phases alone are 512 MiB at 2²⁶ features); the GPU budgets are the best of
-# 1, 16, 64 and 256 times the CPU's on an H100 (tools/analysis/block_scale.py; docs/bench.md,
-# fifth loan): fused and batch-shared at 64×, timed at 256×. Units: fused, B·l·H·D·2K
+# 1, 16, 64 and 256 times the CPU's on an H100 (tools/analysis/block_scale.py;
+# docs/bench/h100.md, 2026-11-27): fused and batch-shared at 64×, timed at 256×. Units: fused, B·l·H·D·2K
 # products; blocked, l·H·D·R code elements; timed, H·l·K·D features (l positions of a block).
 BLOCK_ELEMENTS = {"fused": (1 << 20, 1 << 26), "blocked": (1 << 21, 1 << 27), "timed": (1 << 18, 1 << 26)}
 
