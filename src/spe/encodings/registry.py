@@ -34,7 +34,7 @@ from spe.encodings import absolute, alibi, conv, conv2d, cosformer, lrpe, music_
 from spe.encodings.spec import PLACES, PositionalSpec
 
 __all__ = ["ENCODING_OPTIONS", "EXACT_TWINS", "PLACES", "POSITIONAL_SPECS", "PositionalSpec",
-           "encoding_flags", "positional_help", "positional_names", "positional_spec"]
+           "encoding_flags", "encodings_reading", "positional_help", "positional_names", "positional_spec"]
 
 POSITIONAL_SPECS: dict[str, PositionalSpec] = {spec.name: spec for spec in (
     *absolute.SPECS, sine.SPEC, conv.SPEC, conv2d.SPEC, rope.SPEC, shaw.SPEC, music_relative.SPEC, alibi.SPEC,
@@ -62,6 +62,14 @@ def encoding_flags() -> list[tuple[str, dict]]:
                     keywords["choices"] = f.metadata["choices"]
                 flags.append((f.name, keywords))
     return flags
+
+
+def encodings_reading(option: str) -> tuple[str, ...]:
+    """The registered encodings whose options classes (:attr:`PositionalSpec.options`) declare
+    ``option``, in registry order: ``encodings_reading("spe_time")`` is ``("sinespe",
+    "sinespe-exact")``; empty for a name no encoding declares (``d_model``, ``attention``)."""
+    return tuple(spec.name for spec in POSITIONAL_SPECS.values()
+                 if any(option in {f.name for f in fields(cls)} for cls in spec.options))
 
 
 # Each SPE oracle and the SPE whose parameters (and so whose checkpoints and preset options) it shares.

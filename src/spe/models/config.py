@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from spe.attention.kernels import KERNELS
 from spe.encodings.positions import require_positive
-from spe.encodings.registry import POSITIONAL_SPECS
+from spe.encodings.registry import POSITIONAL_SPECS, encodings_reading
 from spe.models.trunk_config import POSITIONALS, TrunkConfig
 
-__all__ = ["ModelConfig", "decode_window"]
+__all__ = ["KERNEL_OPTIONS", "ModelConfig", "check_options_apply", "decode_window"]
+
+# The trunk's options that only some kernels read, and which: FAVOR+'s random features, the
+# chunks of causal linear attention (softmax forms its scores whole or in its own blocks).
+KERNEL_OPTIONS = {"num_features": tuple(name for name, k in KERNELS.items() if k.random_features),
+                  "chunk_size": tuple(name for name, k in KERNELS.items() if k.feature_map is not None)}
 
 
 def decode_window(value: int | None, name: str = "window") -> int | None:
@@ -30,6 +37,38 @@ def decode_window(value: int | None, name: str = "window") -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be 0 (the whole past) or a positive number of positions, got {value!r}")
     return value or None
+
+
+def check_options_apply(model: Mapping, given: Mapping[str, str]) -> None:
+    """Refuses an option given explicitly that the model's positional encoding or kernel does not
+    read (``--spe-time learned`` with RoPE would train index time and record ``learned``).
+
+    Which encodings read an option is what their specs declare
+    (:func:`spe.encodings.registry.encodings_reading`); which kernels, :data:`KERNEL_OPTIONS`.
+    Options no encoding and no kernel claims (sizes, ``decay``, ``positional`` itself) always apply.
+
+    Args:
+        model: the model options as they will be built (``positional`` and ``attention``;
+            missing: :class:`ModelConfig`'s defaults). Only options the user gave go in ``given``:
+            a default or a preset's value is not checked.
+        given: option name -> how the user gave it (``--spe-time learned``).
+
+    Raises:
+        ValueError: naming how the option was given, the chosen encoding or kernel and those
+            that read the option.
+    """
+    defaults = {f.name: f.default for f in fields(ModelConfig) if f.name in ("positional", "attention")}
+    positional = model.get("positional", defaults["positional"])
+    attention = model.get("attention", defaults["attention"])
+    for name, how in given.items():
+        readers = encodings_reading(name)
+        if readers and positional not in readers:
+            raise ValueError(f"{how}: positional {positional!r} does not read {name}, an option of "
+                             f"{', '.join(readers)} only; leave it out or choose one of those encodings")
+        kernels = KERNEL_OPTIONS.get(name)
+        if kernels and attention not in kernels:
+            raise ValueError(f"{how}: attention {attention!r} does not read {name}, an option of "
+                             f"{', '.join(kernels)} attention only; leave it out or choose one of those kernels")
 
 
 @dataclass

@@ -41,6 +41,7 @@ def cmd_lra(args: argparse.Namespace) -> int:
 def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
     from spe.lab.lra import default_folder, model_options, parse_seeds, preset_config, run_lra
     from spe.lab.stats import format_mean_std  # one seed: std None, written "–"
+    from spe.models.config import check_options_apply
 
     model = model_options(args.model_option or [], flags={"decay": args.decay} if args.decay else None)
     cfg = preset_config(args.task, args.positional or "sinespe", args.attention or "performer",
@@ -48,6 +49,10 @@ def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
                         positional_lr_scale=args.positional_lr_scale, num_realizations=args.num_realizations,
                         max_length=args.max_length, batch_size=args.batch_size, eval_every=args.eval_every,
                         **{f: getattr(args, f) for f in _RUN_FLAGS if getattr(args, f) is not False})
+    given = {k: f"--decay {v}" if k == "decay" and args.decay else f"--model-option {k}={v!r}" for k, v in model.items()}
+    if args.num_realizations is not None:  # the preset's own options are not checked, only the user's
+        given["num_realizations"] = f"--num-realizations {args.num_realizations}"
+    check_options_apply({"positional": cfg.positional, "attention": cfg.attention}, given)
     out = Path(args.out) if args.out else default_folder(cfg, model)
     summary = run_lra(cfg, parse_seeds(args.seeds or "0"), out, threads=args.threads, progress=not args.no_progress)
     return out, f"results: {out / 'results.json'} (mean {format_mean_std(summary['mean'], summary['std'])} %)"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from spe.lab.cli.names import add_aliased, add_option_flag, add_threads_flag, say_defaults
 from spe.lab.options import OPTION_RULES, parse_int_list, set_threads
-from spe.lab.cli.model_flags import add_model_flags, model_flag_options
+from spe.lab.cli.model_flags import add_model_flags, check_model_flags_apply, model_flag_options
 
 __all__ = ["UsageError", "build_parser", "main"]
 
@@ -112,8 +112,9 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
 def cmd_train(args: argparse.Namespace) -> int:
     from spe.lab.train.loop import train
 
-    out = train(_train_config(args), resume=args.resume, progress=not args.no_progress,
-                overwrite=args.overwrite)
+    cfg = _train_config(args)
+    check_model_flags_apply(args, cfg.model)  # before any data is read: an option the model would ignore
+    out = train(cfg, resume=args.resume, progress=not args.no_progress, overwrite=args.overwrite)
     log.info("checkpoint: %s", out / "model.safetensors")
     return 0
 

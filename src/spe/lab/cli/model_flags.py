@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_model_flags", "model_flag_options"]
+__all__ = ["add_model_flags", "check_model_flags_apply", "model_flag_options"]
 
 _MODEL_FLAGS = ("positional", "attention", "d_model", "num_layers", "num_heads", "decay", "short_conv")
 
@@ -24,6 +24,17 @@ def model_flag_options(args: argparse.Namespace) -> dict:
     if getattr(args, "ungated", False) or getattr(args, "gated", False):
         flags["gated"] = bool(args.gated)
     return model_options(getattr(args, "model_option", None) or [], flags=flags)
+
+
+def check_model_flags_apply(args: argparse.Namespace, model: dict) -> None:
+    """Refuses a model flag or ``--model-option`` that ``model``'s encoding or kernel (the options as
+    they will be built) does not read (:func:`spe.models.config.check_options_apply`)."""
+    from spe.models.config import check_options_apply
+
+    given = {key: ("--gated" if value else "--ungated") if key == "gated" and (args.gated or args.ungated)
+             else f"--{key.replace('_', '-')} {value}" if getattr(args, key, None) is not None
+             else f"--model-option {key}={value!r}" for key, value in model_flag_options(args).items()}
+    check_options_apply(model, given)
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:

@@ -110,6 +110,10 @@ class LRAConfig(ExperimentOptions):
 
         base = {"vocab_size": 512, "num_classes": 2, "positional": self.positional, "attention": self.attention,
                 "grid": (1, 1)}
+        try:  # the pair first: a preset's option (dropout) is not to blame for it
+            ClassifierConfig(**base)
+        except ValueError as err:
+            raise ValueError(f"positional {self.positional!r} with attention {self.attention!r}: {err}") from None
         for key, value in self.model.items():
             _check_model_option(key, value, base)
         options = dict(self.model)
