@@ -24,7 +24,7 @@ log = logging.getLogger("spe")
 
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
                 "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens",
-                "val_fraction", "tempos", "time_signatures")
+                "val_fraction", "tempos", "time_signatures", "merge_tracks")
 
 
 class UsageError(ValueError):
@@ -71,12 +71,14 @@ def _add_piece_bound_flag(p: argparse.ArgumentParser, default: str = "65536") ->
 
 
 def _add_tokenizer_flags(p: argparse.ArgumentParser) -> None:
-    """--tempos/--no-tempos and --time-signatures/--no-time-signatures: what the REMI tokenizer
+    """--tempos, --time-signatures, --merge-tracks (and their --no- forms): what the REMI tokenizer
     keeps (TrainConfig's fields of the same names; a resumed or evaluated run keeps its own)."""
-    for name, what in (("tempos", "tempo tokens (else every piece decodes at 120 qpm)"),
-                       ("time_signatures", "time-signature tokens (else every bar is 4/4)")):
+    for name, what in (("tempos", "keep tempo tokens (else every piece decodes at 120 qpm)"),
+                       ("time_signatures", "keep time-signature tokens (else every bar is 4/4)"),
+                       ("merge_tracks", "merge tracks that share a program into one (else a Track token "
+                                        "after the Program token keeps them apart)")):
         p.add_argument("--" + name.replace("_", "-"), dest=name, action=argparse.BooleanOptionalAction,
-                       default=None, help=f"keep {what}")
+                       default=None, help=what)
 
 
 def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> None:
@@ -109,10 +111,33 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     say_defaults(p, packaged_defaults(), "from the packaged demo config; --config's if it sets it")
 
 
+def _resume_config(args: argparse.Namespace):
+    """--resume: the run's recorded configuration (:func:`spe.lab.train.config.resume_config`), with
+    what the flags and --config set checked against it; the flags' configuration where the run
+    records none."""
+    from spe.lab.train.config import load_config_file, packaged_config, resume_config
+
+    given, sources = {"model": {}}, {}
+    if args.config:
+        raw = load_config_file(args.config)
+        model = raw.get("model", {})
+        given = {**{k: v for k, v in raw.items() if k != "model"},
+                 "model": dict(model) if isinstance(model, dict) else {}}
+        sources = {k: f"config file {args.config}" for k in {*raw, *given["model"]} - {"model"}}
+    switches = [f for f in ("tensorboard", "compile", "allow_data_change", "state_passing") if getattr(args, f, False)]
+    for flag in (*_TRAIN_FLAGS, *switches):
+        if getattr(args, flag, None) is not None:
+            given[flag], sources[flag] = getattr(args, flag), f"--{flag.replace('_', '-')}"
+    for key, value in model_flag_options(args).items():
+        given["model"][key], sources[key] = value, f"--{key.replace('_', '-')}"
+    out = given.get("out") or load_config_file(packaged_config("demo")).get("out") or "runs/default"
+    return resume_config(out, given, sources=sources) or _train_config(args)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from spe.lab.train.loop import train
 
-    cfg = _train_config(args)
+    cfg = _resume_config(args) if args.resume and not args.overwrite else _train_config(args)
     check_model_flags_apply(args, cfg.model)  # before any data is read: an option the model would ignore
     out = train(cfg, resume=args.resume, progress=not args.no_progress, overwrite=args.overwrite)
     log.info("checkpoint: %s", out / "model.safetensors")

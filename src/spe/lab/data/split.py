@@ -20,8 +20,8 @@ from torch import Tensor
 
 from spe.lab.data.dataset import prefix_batch
 
-__all__ = ["MIN_VALIDATION_PIECES", "NUM_TEST_PIECES", "SPLITS", "CorpusSplit", "hold_out_test_pieces", "load_split", "same_data",
-           "split_of_run", "validation_sequences"]
+__all__ = ["MIN_VALIDATION_PIECES", "NUM_TEST_PIECES", "SPLITS", "CorpusSplit", "hold_out_test_pieces", "load_split",
+           "same_data", "split_of_run", "validation_sequences"]
 
 # Test pieces a run holds out by default when it asks for a test split (the gates study asks for at least 30 per corpus).
 NUM_TEST_PIECES = 30

@@ -21,10 +21,10 @@ from spe.lab.lra.config import RUN_ONLY_KEYS, LRAConfig
 from spe.lab.lra.train import train_seed
 from spe.models.classifier_config import ClassifierConfig
 from spe.lab import plans, strict_json
-from spe.lab.options import check_threads
+from spe.lab.options import check_threads, read_json_object
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 from spe.lab.train import distributed as dist_
-from spe.lab.train.run_folder import run_lock
+from spe.lab.train.run_folder import check_task, run_lock
 
 __all__ = ["attention_map", "default_folder", "load_splits", "open_experiment", "run_lra", "summarize",
            "write_summary"]
@@ -152,6 +152,9 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
     with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx:
         # the data first: one refused (an over-long ListOps row …) leaves no config.json behind
         splits = load_splits(cfg) if splits is None else splits
+        if ctx.is_main:  # before config.json is written
+            for folder, latest in ((out, ""), *((out / f"seed{seed}", "last") for seed in seeds)):
+                check_task(folder, latest, "lra")
         open_experiment(out, cfg, ctx)
         log.info("%s: %d seed(s), %d process(es)", out, len(seeds), ctx.world_size)
         results = []
@@ -180,7 +183,7 @@ def _check_config(out: Path, cfg: LRAConfig) -> None:
     current = cfg.to_dict()
     if file.is_file():
         defaults = {f.name: f.default for f in fields(LRAConfig) if f.default is not MISSING}
-        stored = {**defaults, **json.loads(file.read_text())}
+        stored = {**defaults, **read_json_object(file, "an spe lra experiment's config")}
         model_defaults = {f.name: f.default for f in fields(ClassifierConfig) if f.default is not MISSING}
         stored["model"] = {**model_defaults, **stored.get("model", {})}
         current = {**current, "model": {**model_defaults, **current.get("model", {})}}

@@ -70,6 +70,7 @@ class LRATask:
     cfg: LRAConfig
     splits: dict
     label: str = "lra"
+    kind: str = "lra"
     folder: Path | None = None
     generators: tuple[str, ...] = ("data", "code")
     layout: RunLayout = field(default_factory=lambda: RunLayout(latest="last", best="best"))

@@ -113,6 +113,7 @@ class SynthTask:
 
     cfg: SynthConfig
     label: str = "synth"
+    kind: str = "synth"
     generators: tuple[str, ...] = ("data", "code", "feature")
     layout: RunLayout = field(default_factory=lambda: RunLayout(latest="", best=None))
     best_metric: str | None = None

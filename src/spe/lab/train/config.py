@@ -24,8 +24,8 @@ from spe.lab.experiment import ExperimentOptions
 from spe.lab.options import read_toml
 from spe.lab.train.state_passing import chain_steps
 
-__all__ = ["TrainConfig", "load_config_file", "packaged_config", "packaged_defaults", "quiet_defaults",
-           "resolve_model_options"]
+__all__ = ["RESUME_FREE", "TrainConfig", "load_config_file", "packaged_config", "packaged_defaults",
+           "quiet_defaults", "resolve_model_options", "resume_config"]
 
 log = logging.getLogger(__name__)
 _DEFAULT_POSITIONAL = next(f.default for f in fields(ModelConfig) if f.name == "positional")
@@ -110,9 +110,10 @@ class TrainConfig(ExperimentOptions):
         max_transpose: transposition augmentation in ±semitones (0 disables).
         max_piece_tokens: the longest piece kept, in REMI tokens; longer ones are cropped
             to their first ``max_piece_tokens`` and counted (:data:`spe.lab.data.music.MAX_PIECE_TOKENS`).
-        tempos, time_signatures: what the REMI tokenizer keeps besides the notes
+        tempos, time_signatures, merge_tracks: what the REMI tokenizer keeps besides the notes
             (:class:`spe.lab.data.music.TokenizerOptions`): tempo and time-signature tokens,
-            both kept by default (a run from before these options keeps the tokenizer it stored).
+            both kept by default, and tracks that share a program, kept apart unless
+            ``merge_tracks`` (a run from before these options keeps the tokenizer it stored).
         test_min_tokens: hold out a test split of pieces at least this many tokens long, which
             neither training nor validation sees (``spe evaluate --split test``); 16 L + 1 for
             the 16× protocol (next-token targets at 16 L positions). 0: no test split.
@@ -136,6 +137,7 @@ class TrainConfig(ExperimentOptions):
     max_piece_tokens: int = MAX_PIECE_TOKENS
     tempos: bool = True
     time_signatures: bool = True
+    merge_tracks: bool = False
     test_min_tokens: int = 0
     num_test_pieces: int = NUM_TEST_PIECES
     seed: int = 0
@@ -204,3 +206,86 @@ def packaged_defaults() -> dict:
     """The training options of the packaged demo config, resolved (its values over
     :class:`TrainConfig`'s defaults): what a ``spe train`` flag left out means without --config."""
     return vars(TrainConfig.from_dict(load_config_file(packaged_config("demo"))))
+
+
+# Options a resume may set anew: where and how the run goes on, not what it trains. ``steps`` may
+# only grow past the step reached (the schedule then runs to the new end from there); ``lr`` may
+# be lowered after a divergence (what the engine's message advises); state passing may be switched
+# on for post-training (or off, with a warning).
+RESUME_FREE = ("out", "steps", "lr", "device", "threads", "cache_dir", "tensorboard", "keep_checkpoints",
+               "compile", "allow_data_change", "state_passing")
+
+
+def _option_name(key: str, sources: dict) -> str:
+    return sources.get(key, f"--{key.replace('_', '-')}")
+
+
+def resume_config(out: str | Path, given: dict, *, sources: dict | None = None) -> TrainConfig | None:
+    """The configuration that ``spe train --resume`` continues: the run's own, as its checkpoint
+    records it (data folder and model included), with the options of :data:`RESUME_FREE` that are
+    ``given`` on top.
+
+    Every other option given must agree with the recorded one (``given`` holds only what the user
+    set: flags, a config file's entries; ``model``: the model options set).
+
+    Args:
+        out: the run folder.
+        given: training options set by the user, and ``model``: the model options set.
+        sources: option -> how the user set it, for messages (default ``--option-name``; a model
+            option is named so too).
+
+    Returns:
+        The configuration, or None where ``out`` holds no checkpoint, or one that records no
+        training options (written by an older spe): the caller then builds it from ``given``.
+
+    Raises:
+        ValueError: in one line, naming the run folder, when a checkpoint of another command's
+            task is there (:func:`~spe.lab.train.run_folder.check_task`), an option given
+            disagrees with the recorded one (both values named), or ``steps`` is below the step
+            reached.
+    """
+    from spe.checkpoint import MODEL_FILE, load_metadata
+    from spe.lab.data.split import same_data
+    from spe.lab.options import MAX_THREADS
+    from spe.lab.train.run_folder import check_task
+
+    sources = sources or {}
+    out = Path(out)
+    if not (out / MODEL_FILE).is_file():
+        return None
+    check_task(out, "", "train")
+    metadata = load_metadata(out)
+    recorded = metadata.get("train")
+    if not isinstance(recorded, dict):
+        return None
+    where = f"--resume: {out} was trained with"
+    given = dict(given)
+    model_given = dict(given.pop("model", None) or {})
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.name != "model"}
+    options = {**{k: v for k, v in recorded.items() if k != "model"}}
+    for key, value in given.items():
+        before = recorded.get(key, defaults.get(key))
+        agree = same_data(before, value) if key == "data" else before == value
+        if key not in RESUME_FREE and not agree:
+            raise ValueError(f"{where} {key} {before!r}; {_option_name(key, sources)} gives {value!r}: leave it out "
+                             "(the run's value is taken), or train into another --out")
+        if key in RESUME_FREE:
+            options[key] = value
+    step = metadata.get("step") or 0
+    if "steps" in given and given["steps"] < step:
+        raise ValueError(f"--resume: {out} has trained {step} steps; {_option_name('steps', sources)} "
+                         f"{given['steps']} would end before them: give more (steps may grow)")
+    if "threads" not in given and (options.get("threads") or 0) > MAX_THREADS:
+        log.info("--resume: %s was trained with %s threads; this machine has %d CPUs: PyTorch's default here",
+                 out, options["threads"], MAX_THREADS)
+        options["threads"] = 0
+    model = dict(recorded.get("model") or {})
+    if model_given:
+        stored = ModelConfig.from_dict(metadata["config"]).to_dict()
+        asked = ModelConfig(vocab_size=stored["vocab_size"], **{**model, **model_given}).to_dict()
+        for key in model_given:
+            if asked.get(key) != stored.get(key):
+                raise ValueError(f"{where} {key} {stored.get(key)!r}; {_option_name(key, sources)} gives "
+                                 f"{model_given[key]!r}: leave it out (the run's value is taken), or train into "
+                                 "another --out")
+    return TrainConfig.from_dict({**options, "model": model})

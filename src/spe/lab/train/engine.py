@@ -42,7 +42,7 @@ from spe.lab.train.memory import check_model_memory
 from spe.lab.train.metrics_log import append_record, trim_records
 from spe.lab.train.optim import adamw, learning_rate_factor, scaled_lr
 from spe.lab.train.precision import autocast, grad_scaler
-from spe.lab.train.run_folder import METRICS_FILE, check_foreign_files, clear_run, mark_run, run_lock
+from spe.lab.train.run_folder import METRICS_FILE, check_foreign_files, check_task, clear_run, mark_run, run_lock
 from spe.lab.train.state import (checkpoint_folder, global_rng_states, latest_unit, link, load_unit, repair_run_folder,
                              restore_global_rng, save_checkpoint)
 from spe.lab.train.task import EngineSettings, StepStats, Task
@@ -274,10 +274,15 @@ class _Training:
             best = (lambda folder: link(folder / MODEL_FILE, self.out / layout.best / MODEL_FILE)) \
                 if improved and layout.best else None
             save_checkpoint(self.out, self.model, state, step=self.step,
-                            metadata=self.task.metadata(self.step, evaluation),
+                            metadata=self._metadata(evaluation),
                             keep=self.settings.keep_checkpoints, latest=layout.latest, before_links=best)
         self.last_saved = self.step
         dist_.barrier(self.ctx)
+
+    def _metadata(self, evaluation: dict | None) -> dict:
+        """The checkpoint's header metadata: the task's, and which task wrote it (``check_task`` reads it)."""
+        kind = getattr(self.task, "kind", None)
+        return {**({"task": kind} if kind else {}), **self.task.metadata(self.step, evaluation)}
 
     def after_step(self, loss: float, bar) -> None:
         """Records, evaluation, best tracking and the checkpoint of the step just done."""
@@ -379,6 +384,8 @@ def _run(task: Task, settings: EngineSettings, out: Path, ctx: dist_.Distributed
     device = dist_.process_device(settings.device, ctx)
     if ctx.is_main:
         check_foreign_files(out, task.layout)
+        if getattr(task, "kind", None):
+            check_task(out, task.layout.latest, task.kind)
     if ctx.is_main and not overwrite:
         repair_run_folder(out, task.layout.latest)  # a crash between two renames leaves a mismatched pair
     dist_.barrier(ctx)

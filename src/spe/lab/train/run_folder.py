@@ -33,8 +33,8 @@ from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, load_metadata
 from spe.lab.train.task import RunLayout
 from spe.lab.train.tensorboard import TENSORBOARD_SUFFIX
 
-__all__ = ["LOCK_FILE", "MARKER_FILE", "RunFolderBusy", "check_foreign_files", "check_name", "clear_run",
-           "mark_run", "run_lock", "spe_run_found"]
+__all__ = ["LOCK_FILE", "MARKER_FILE", "TASKS", "RunFolderBusy", "check_foreign_files", "check_name", "check_task",
+           "clear_run", "mark_run", "recorded_task", "run_lock", "spe_run_found"]
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,44 @@ def spe_run_found(out: str | os.PathLike, latest: str = "") -> bool:
     root = out / "checkpoints"
     return root.is_dir() and any(_STEP_DIR.match(d.name) and _is_spe_checkpoint(d / MODEL_FILE)
                                  for d in root.iterdir())
+
+
+# The tasks the engine trains, each named by its command (``spe train`` …): a checkpoint records its
+# task as ``task``; one written before that field is known by the key its task's options are under.
+TASKS = ("train", "synth", "lra")
+
+
+def recorded_task(metadata: dict) -> str | None:
+    """The task that wrote a checkpoint (``train``, ``synth``, ``lra``), from its metadata; None if unknown."""
+    task = metadata.get("task")
+    if isinstance(task, str):
+        return task
+    return next((name for name in TASKS if isinstance(metadata.get(name), dict)), None)
+
+
+def check_task(out: str | os.PathLike, latest: str, task: str) -> None:
+    """Refuses a run folder whose checkpoint another task wrote (an ``spe synth`` seed folder given
+    to ``spe train --resume`` loaded weights of another shape, a ``state_dict`` traceback).
+
+    Args:
+        out: the run (or experiment) folder.
+        latest: the subfolder of its latest model (as :class:`~spe.lab.train.task.RunLayout`).
+        task: the task about to use it.
+
+    Raises:
+        ValueError: ``OUT holds a run of spe OTHER (FILE), not of spe TASK: choose another --out``.
+            A folder without a readable spe checkpoint, or one whose task is unknown, passes.
+    """
+    model = Path(out) / latest / MODEL_FILE
+    if not model.is_file():
+        return
+    try:
+        found = recorded_task(load_metadata(model))
+    except (OSError, ValueError):  # not spe's: check_foreign_files and the loaders say so
+        return
+    if found is not None and found != task:
+        raise ValueError(f"{out} holds a run of spe {found} ({model}), not of spe {task}: choose another --out "
+                         "(nothing was changed)")
 
 
 def mark_run(out: str | os.PathLike, command: str) -> None:

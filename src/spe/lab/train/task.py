@@ -127,6 +127,8 @@ class Task(Protocol):
 
     Attributes:
         label: the progress bar's description.
+        kind: the command whose task this is (``train``, ``synth``, ``lra``): every checkpoint
+            records it as ``task``, and a run folder holding another task's run is refused.
         generators: names of the run's explicit ``torch.Generator``s, seeded ``seed + k`` in
             this order (``feature`` is the one feature redraws use).
         layout: where the run folder keeps its latest and best models.
@@ -139,6 +141,7 @@ class Task(Protocol):
     """
 
     label: str
+    kind: str
     generators: tuple[str, ...]
     layout: RunLayout
     best_metric: str | None

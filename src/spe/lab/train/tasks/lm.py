@@ -75,20 +75,21 @@ class LMTask:
     overwrite: bool = False
     progress: bool = True
     label: str = "train"
+    kind: str = "train"
     generators: tuple[str, ...] = ("data", "code", "feature")
     layout: RunLayout = field(default_factory=lambda: RunLayout(latest="", best=None, extra_files=("loss.png",)))
     best_metric: str | None = None
     meta: dict = field(default_factory=dict)
     model_settings: dict = field(default_factory=dict)
     passing: StatePassing | None = None
-
     stored_tokenizer: str | None = None  # a resumed run's (JSON text): it wins over the options
+
     def prepare(self, ctx: dist_.Distributed, *, resume: bool) -> None:
         """Checks the run folder, loads the split (rank 0 tokenises and caches it first)."""
         status = check_run(self.cfg, resume, self.overwrite)
-        if not ctx.is_main:
         if resume:
             self._keep_recorded_tokenizer(status.metadata)
+        if not ctx.is_main:
             dist_.barrier(ctx)
         self._load_data(self.progress and ctx.is_main)
         if ctx.is_main:
@@ -106,7 +107,6 @@ class LMTask:
                  f" ({len(self.split.test_pieces)} test pieces of ≥ {self.cfg.test_min_tokens} tokens held out)"
                  if self.split.test_pieces else "")
 
-    def _load_data(self, progress: bool) -> None:
     def _keep_recorded_tokenizer(self, metadata: dict) -> None:
         """A resumed run keeps the tokenizer it stored; one from before the tokenizer options (it
         recorded none) records those its tokenizer has, whatever the defaults now are."""
@@ -118,14 +118,16 @@ class LMTask:
             kept = tokenizer_options(self.stored_tokenizer)
             self.cfg = replace(self.cfg, **{name: getattr(kept, name) for name in names})
 
+    def _load_data(self, progress: bool) -> None:
         """The split, the crop sampler, and validation prefixes of L + 1 and 2L + 1 tokens."""
         from spe.lab.data.dataset import CropSampler, PitchShifter, prefix_batch
         from spe.lab.data.music import TokenizerOptions, tokenizer_from_json, tokenizer_summary
         from spe.lab.data.split import load_split
 
         cfg = self.cfg
+        source = self.stored_tokenizer or TokenizerOptions(**{f.name: getattr(cfg, f.name)
+                                                              for f in fields(TokenizerOptions)})
         self.split = load_split(cfg.data, cache_dir=cfg.cache_dir, val_fraction=cfg.val_fraction,
-        source = self.stored_tokenizer or TokenizerOptions(tempos=cfg.tempos, time_signatures=cfg.time_signatures)
                                 split_seed=cfg.split_seed, progress=progress, max_piece_tokens=cfg.max_piece_tokens,
                                 test_min_tokens=cfg.test_min_tokens, num_test_pieces=cfg.num_test_pieces,
                                 tokenizer=source)
