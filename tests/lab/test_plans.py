@@ -249,3 +249,24 @@ def test_a_folder_of_another_kind_is_refused_and_older_unmarked_runs_are_kept(tm
     plans.run_plan(plan, older, task.run, seeds=[0])
     assert task.calls == [("b", 0)]
 
+
+
+def test_a_broken_result_file_is_named(tmp_path):
+    (tmp_path / "a" / "seed0").mkdir(parents=True)
+    (tmp_path / "a" / "seed0" / "result.json").write_text("{half")
+    with pytest.raises(ValueError, match=r"a/seed0/result.json is not a run's result: not valid JSON"):
+        plans.read_results(tmp_path / "a")
+
+
+def test_results_collected_before_any_run_belong_to_the_first_kind_that_runs(tmp_path):
+    plan, out = _load(tmp_path), tmp_path / "out"
+    with plans.results_lock(out):  # an empty collection writes its tables first
+        (out / "results.md").write_text("nothing has run\n")
+    task = FakeTask(plan)
+    plans.run_plan(plan, out, task.run, seeds=[0])
+    assert len(task.calls) == 2
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "results.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no spe results but results.json"), plans.results_lock(foreign):
+        pytest.fail("the lock was given over another tool's results")

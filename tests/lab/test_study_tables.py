@@ -247,3 +247,79 @@ def test_validation_beyond_l_joins_the_validation_split_and_orders_rows_there(tm
     assert validation[("gated", 1, 4096)] == 0.71 and validation[("fox", 0, 256)] == 0.97
     text = render_study(records, meta)
     assert "* Best group on validation at N = 4,096: fox" in text  # chosen on validation beyond L, not on test
+
+
+def test_a_null_value_is_left_out_of_every_cell_and_counted(tmp_path):
+    records = _records()
+    nulled = next(i for i, r in enumerate(records) if (r["variant"], r["seed"], r["split"], r["bucket_start"])
+                  == ("a", 1, "validation", 120))
+    records[nulled] = {**records[nulled], "value": None}
+    write_study(tmp_path / "data", records, _meta())
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- table:t -->\n<!-- /table -->\n")
+    tool = _tool()
+    text = tool.render("t", doc, data=tmp_path / "data", plots=tmp_path / "plots")
+    assert "left out of every cell and test: 1 (a seed 1 validation [120,128))" in text
+    row = _line(text, "| a |")
+    assert row.endswith("| **1.210 ± 0.156** | best | +10.0 ± 0.0 % | [0,8) | row a |")  # seeds 0, 2: 1.1, 1.32
+    assert "left out" not in render_study(_records(), _meta())
+    plot_study(*read_study(tmp_path / "data", "t"), tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def _write_lines(folder, lines, meta=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "t.jsonl").write_text("".join(lines))
+    (folder / "t.meta.json").write_text(json.dumps(_meta() if meta is None else meta))
+
+
+def _jsonl(records):
+    return [json.dumps({k: r[k] for k in FIELDS}) + "\n" for r in records]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda lines, meta: (lines[:2] + [lines[1]], meta),
+     r"t.jsonl:3: a second record of \(variant 'a', seed 0, split 'test', bucket_start 8, bucket_end 16\); "
+     r"the first is at .*t.jsonl:2"),
+    (lambda lines, meta: (lines[:1] + ["{not json\n"], meta), r"t.jsonl:2: not JSON"),
+    (lambda lines, meta: (lines[:1] + ["[1, 2]\n"], meta), r"t.jsonl:2: a record must be a JSON object"),
+    (lambda lines, meta: (lines, {k: v for k, v in meta.items() if k != "metric"}),
+     r"t.meta.json: missing metric \(a study's meta holds"),
+    (lambda lines, meta: (lines, {k: v for k, v in meta.items() if k != "rows"}), r"t.meta.json: missing rows"),
+    (lambda lines, meta: (lines, {**meta, "rows": ["a"]}), r"t.meta.json: rows must map each row"),
+])
+def test_bad_study_files_are_refused_naming_the_file_and_line(tmp_path, edit, message):
+    lines, meta = edit(_jsonl(sorted(_records(), key=lambda r: (r["variant"], r["seed"], r["split"],
+                                                                   r["bucket_start"]))), _meta())
+    _write_lines(tmp_path / "data", lines, meta)
+    with pytest.raises(ValueError, match=message):
+        read_study(tmp_path / "data", "t")
+
+
+def test_the_tool_says_a_bad_study_file_in_one_line(tmp_path, capsys):
+    tool = _tool()
+    _write_lines(tmp_path, ["{not json\n"])
+    tool.DATA = tmp_path  # four-best reads the data folder the tool was given
+    assert tool.main(["four-best", "--study", "t"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "t.jsonl:1: not JSON" in err, err
+
+
+def test_duplicated_records_are_refused_when_written_and_rendered(tmp_path):
+    records = _records()
+    with pytest.raises(ValueError, match=r"record 1: a second record of \(variant 'a', seed 0, split 'validation'"):
+        write_study(tmp_path, [records[0], dict(records[0], value=9.0)], _meta())
+    with pytest.raises(ValueError, match=r"two records of .* \('a', 0, 'validation', 0, 8\)"):
+        render_study([*records, dict(records[0], value=9.0)], _meta())
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_synth_result_without_params_is_named(tmp_path):
+    (tmp_path / "ape" / "seed0").mkdir(parents=True)
+    (tmp_path / "ape" / "config.json").write_text(json.dumps({"task": "mqar", "train_length": 64, "model": {}}))
+    (tmp_path / "ape" / "seed0" / "result.json").write_text(json.dumps({"seed": 0, "train_tokens": 10, "test": {}}))
+    with pytest.raises(ValueError, match=r"ape/seed0/result.json has no params"):
+        synth_folder_results(tmp_path)
+    (tmp_path / "ape" / "config.json").write_text(json.dumps({"task": "mqar"}))
+    with pytest.raises(ValueError, match=r"ape/config.json has no train_length"):
+        synth_folder_results(tmp_path)

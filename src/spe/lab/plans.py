@@ -43,15 +43,16 @@ from pathlib import Path
 from spe.checkpoint import atomic_write
 from spe.lab import strict_json
 from spe.lab.stats import format_mean_std, mean_and_std
-from spe.lab.options import read_toml
+from spe.lab.options import read_json_object, read_toml
 from spe.lab.train.config import quiet_defaults
 from spe.lab.outputs import check_output_folder
 from spe.lab.train.run_folder import MARKER_FILE, check_name, mark_run, run_lock, spe_run_found
 from spe.paths import not_a_file
 
-__all__ = ["PLAN_KEYS", "RESULTS_FILES", "RESULT_FILE", "Column", "Plan", "PlanFormat", "RunsFailed", "claim_folder",
-           "collect", "load_plan", "markdown_table", "option_table", "packaged_plans", "read_result", "read_results", "results_lock",
-           "run_folder", "run_once", "run_plan", "select_rows", "summarize", "write_result"]
+__all__ = ["ANY_KIND", "PLAN_KEYS", "RESULTS_FILES", "RESULT_FILE", "Column", "Plan", "PlanFormat", "RunsFailed",
+           "claim_folder", "collect", "load_plan", "markdown_table", "option_table", "packaged_plans", "read_result",
+           "read_results", "results_lock", "run_folder", "run_once", "run_plan", "select_rows", "summarize",
+           "write_result"]
 
 log = logging.getLogger(__name__)
 
@@ -274,9 +275,13 @@ def run_folder(out: str | Path, name: str, seed: int) -> Path:
 
 
 def read_result(folder: str | Path) -> dict | None:
-    """The result stored in a run folder, or None while the run is not finished."""
+    """The result stored in a run folder, or None while the run is not finished.
+
+    Raises:
+        ValueError: naming the file, if it is not a JSON object.
+    """
     file = Path(folder) / RESULT_FILE
-    return json.loads(file.read_text()) if file.is_file() else None
+    return read_json_object(file, "a run's result") if file.is_file() else None
 
 
 def write_result(folder: str | Path, result: dict) -> None:
@@ -386,6 +391,7 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
 
 
 RESULTS_FILES = ("results.json", "results.md")  # what a plan (and an spe synth experiment) writes in its --out
+ANY_KIND = "results"  # the marker of results collected before any run said whose they are
 
 
 def _marked_by(marker: Path) -> str:
@@ -426,7 +432,9 @@ def claim_folder(out: str | Path, kind: str, files: Sequence[str] = RESULTS_FILE
     marker = out / MARKER_FILE
     if marker.is_file():
         owner = _marked_by(marker)
-        if owner != kind:
+        if owner == ANY_KIND and kind != ANY_KIND:  # collected before any run: now this kind's
+            marker.write_text(json.dumps({"spe_run": kind}) + "\n")
+        elif owner != kind and kind != ANY_KIND:
             raise ValueError(f"--out {out} holds the results of {owner!r} ({marker.name}), not of a {kind}: "
                              "choose another --out (nothing was changed)")
     elif out.is_dir():
@@ -442,11 +450,17 @@ def claim_folder(out: str | Path, kind: str, files: Sequence[str] = RESULTS_FILE
 @contextlib.contextmanager
 def results_lock(out: str | Path) -> Iterator[Path]:
     """Waits for, then holds, ``out``'s results lock: runners sharing ``out`` collect and write
-    its results tables one at a time, so that the last writer's tables hold every finished run."""
+    its results tables one at a time, so that the last writer's tables hold every finished run.
+
+    Raises:
+        ValueError: if ``out`` holds another tool's results files (:func:`claim_folder`).
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".results.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (out / MARKER_FILE).is_file():  # a collection before any run: another tool's tables refused
+            claim_folder(out, ANY_KIND)
         yield out
 
 

@@ -36,18 +36,21 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from spe.checkpoint import atomic_write
 from spe.lab import plans
+from spe.lab.options import read_json_object
 from spe.lab.study_rules import METRICS
 
-__all__ = ["FIELDS", "check_record", "read_study", "sweep_study", "synth_folder_results", "synth_study",
-           "window_words", "write_study"]
+__all__ = ["FIELDS", "META_KEYS", "check_meta", "check_record", "read_study", "record_key", "sweep_study",
+           "synth_folder_results", "synth_study", "window_words", "write_study"]
 
 FIELDS = ("study", "corpus_or_task", "variant", "seed", "split", "bucket_start", "bucket_end", "value",
           "metric", "train_tokens", "params")
+_KEY = ("variant", "seed", "split", "bucket_start", "bucket_end")  # one record per key
+META_KEYS = ("study", "title", "command", "corpus_or_task", "metric", "train_length", "rows")
 _INTS = ("seed", "bucket_start", "bucket_end", "train_tokens", "params")
 
 
@@ -78,23 +81,86 @@ def check_record(record: dict, where: str = "record") -> dict:
     return {**record, "value": math.nan if value is None else float(value)}
 
 
+def record_key(record: dict) -> tuple:
+    """What one record measures: (variant, seed, split, bucket_start, bucket_end)."""
+    return tuple(record[k] for k in _KEY)
+
+
+def _key_words(key: tuple) -> str:
+    return ", ".join(f"{name} {value!r}" for name, value in zip(_KEY, key))
+
+
+def _check_unique(records: Iterable[dict], where: Callable[[int], str]) -> None:
+    """Refuses two records of one :func:`record_key` (a careless merge: the last would win unseen).
+
+    Raises:
+        ValueError: ``where(i)`` of the second, the key, and ``where`` of the first.
+    """
+    seen: dict[tuple, int] = {}
+    for i, record in enumerate(records):
+        key = record_key(record)
+        if key in seen:
+            raise ValueError(f"{where(i)}: a second record of ({_key_words(key)}); the first is at "
+                             f"{where(seen[key])}: keep one")
+        seen[key] = i
+
+
+def check_meta(meta: object, where: str = "meta") -> dict:
+    """``meta`` if it holds what the tables need (module docstring, "Meta").
+
+    Raises:
+        ValueError: naming ``where`` and the key that is missing or of the wrong type.
+    """
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: a study's meta must be a JSON object, got {type(meta).__name__}")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)} (a study's meta holds {', '.join(META_KEYS)})")
+    if meta["metric"] not in METRICS:
+        raise ValueError(f"{where}: metric must be one of {', '.join(METRICS)}, got {meta['metric']!r}")
+    length = meta["train_length"]
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"{where}: train_length must be an integer ≥ 1, got {length!r}")
+    rows = meta["rows"]
+    if not isinstance(rows, dict) or not all(isinstance(r, dict) for r in rows.values()):
+        raise ValueError(f"{where}: rows must map each row to {{\"description\", \"window\"}}, got {rows!r}")
+    for key in ("study", "title", "command", "corpus_or_task"):
+        if not isinstance(meta[key], str):
+            raise ValueError(f"{where}: {key} must be a string, got {meta[key]!r}")
+    return meta
+
+
 def read_study(folder: str | Path, study: str) -> tuple[list[dict], dict]:
     """(records, meta) of ``folder/<study>.jsonl`` and ``folder/<study>.meta.json``.
 
     Raises:
         FileNotFoundError: if either file is missing.
-        ValueError: naming the file and line, on a bad record or a record of another study.
+        ValueError: naming the file and line, on a line that is not a JSON object, a bad record,
+            a record of another study or a second record of one :func:`record_key`; naming the
+            meta file, on a meta that is not JSON or lacks a key (:func:`check_meta`).
     """
     folder = Path(folder)
     path = folder / f"{study}.jsonl"
-    records = []
+    records, lines = [], []
     for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            record = check_record(json.loads(line), f"{path}:{number}")
-            if record["study"] != study:
-                raise ValueError(f"{path}:{number}: study {record['study']!r} in the file of {study!r}")
-            records.append(record)
-    return records, json.loads((folder / f"{study}.meta.json").read_text())
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: a record must be a JSON object, got {type(record).__name__}")
+        record = check_record(record, f"{path}:{number}")
+        if record["study"] != study:
+            raise ValueError(f"{path}:{number}: study {record['study']!r} in the file of {study!r}")
+        records.append(record)
+        lines.append(number)
+    _check_unique(records, lambda i: f"{path}:{lines[i]}")
+    meta_path = folder / f"{study}.meta.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path} does not exist (the meta of {path})")
+    return records, check_meta(read_json_object(meta_path, "a study's meta"), str(meta_path))
 
 
 def _line(record: dict) -> str:
@@ -108,12 +174,14 @@ def write_study(folder: str | Path, records: Iterable[dict], meta: dict) -> tupl
     and ``folder/<study>.meta.json``; returns both paths.
 
     Raises:
-        ValueError: on a bad record, or one whose study is not ``meta["study"]``.
+        ValueError: on a bad record or meta, a record whose study is not ``meta["study"]``, or two
+            records of one :func:`record_key`.
     """
-    study, folder = meta["study"], Path(folder)
+    study, folder = check_meta(meta)["study"], Path(folder)
     records = [check_record(r, f"record {i}") for i, r in enumerate(records)]
     if any(r["study"] != study for r in records):
         raise ValueError(f"every record must belong to study {study!r}")
+    _check_unique(records, lambda i: f"record {i}")
     records.sort(key=lambda r: (r["variant"], r["seed"], r["split"], r["bucket_start"], r["bucket_end"]))
     folder.mkdir(parents=True, exist_ok=True)
     jsonl, meta_path = folder / f"{study}.jsonl", folder / f"{study}.meta.json"
@@ -188,6 +256,8 @@ def sweep_study(plan, out: str | Path, *, study: str, corpus: str, command: str)
     out, records = Path(out), []
     for name, by_seed in plans.collect(plan, out).items():
         for seed, result in by_seed.items():
+            _require(result, ("buckets", *(() if "params" in result else ("step",))),
+                     plans.run_folder(out, name, seed) / plans.RESULT_FILE)
             tokens, params = _counts(plan, name, seed, out, result)
             splits = {result.get("eval", {}).get("split") or "validation": result["buckets"]}
             if result.get("validation"):
@@ -235,6 +305,14 @@ def synth_study(results: Iterable[dict], *, study: str, title: str, command: str
                      "metric": "accuracy", "train_length": lengths.pop(), "rows": rows}
 
 
+def _require(record: object, keys: tuple[str, ...], file: Path) -> None:
+    """Refuses a run's file that lacks ``keys`` (hand-edited, or of another tool), naming it."""
+    missing = [k for k in keys if not isinstance(record, dict) or k not in record]
+    if missing:
+        raise ValueError(f"{file} has no {', '.join(missing)}: a study needs it for every run (run it again, "
+                         "or remove the file)")
+
+
 def synth_folder_results(out: str | Path, *,
                          descriptions: dict[str, str] | None = None) -> tuple[list[dict], dict]:
     """The runs of a ``spe synth --plan`` folder in :func:`synth_study`'s input, and its rows' meta.
@@ -254,14 +332,20 @@ def synth_folder_results(out: str | Path, *,
 
     Returns:
         (runs, rows): the runs, and row -> ``{"description", "window"}``.
+
+    Raises:
+        ValueError: naming the file, on a ``config.json`` without ``task`` or ``train_length`` or
+            a ``result.json`` without ``train_tokens`` or ``params``.
     """
     runs, rows = [], {}
     for config_file in sorted(Path(out).glob("*/config.json")):
-        row, config = config_file.parent.name, json.loads(config_file.read_text())
+        row, config = config_file.parent.name, read_json_object(config_file, "an spe synth experiment's config")
+        _require(config, ("task", "train_length"), config_file)
         length = config["train_length"]
         rows[row] = {"description": (descriptions or {}).get(row, row),
                      "window": window_words(config.get("model", {}).get("attention_window"), length)}
         for seed, result in plans.read_results(config_file.parent).items():
+            _require(result, ("train_tokens", "params"), plans.run_folder(out, row, seed) / plans.RESULT_FILE)
             cells = [{"split": "validation", "length": length, "accuracy": result.get("val_accuracy")}]
             cells += [{"split": "validation", "length": int(n), "accuracy": cell.get("accuracy")}
                       for n, cell in result.get("validation", {}).items() if int(n) != length]

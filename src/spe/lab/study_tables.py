@@ -40,11 +40,22 @@ SHOWN_MULTIPLES = {"cross_entropy": (0, 3, 15), "accuracy": (1, 4, 16, 64)}  # b
 
 
 def _values(records: list[dict]) -> dict:
-    """split -> (start, end) -> variant -> seed -> value."""
-    table = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
+    """split -> (start, end) -> variant -> seed -> value, finite values only (:func:`_not_finite`)."""
+    table, seen = defaultdict(lambda: defaultdict(lambda: defaultdict(dict))), set()
     for r in records:
-        table[r["split"]][r["bucket_start"], r["bucket_end"]][r["variant"]][r["seed"]] = r["value"]
+        key = (r["variant"], r["seed"], r["split"], r["bucket_start"], r["bucket_end"])
+        if key in seen:  # the last would win unseen
+            raise ValueError(f"two records of (variant, seed, split, bucket_start, bucket_end) = {key}: keep one")
+        seen.add(key)
+        if math.isfinite(r["value"]):
+            table[r["split"]][r["bucket_start"], r["bucket_end"]][r["variant"]][r["seed"]] = r["value"]
     return table
+
+
+def _not_finite(records: list[dict]) -> list[dict]:
+    """The records whose value is not finite (``null`` in the data: a diverged run's cross-entropy):
+    every mean, spread and test leaves them out, and the tables say how many."""
+    return [r for r in records if not math.isfinite(r["value"])]
 
 
 def shown_buckets(available: list[tuple[int, int]], metric: str, train_length: int) -> list[tuple[int, int]]:
@@ -161,12 +172,14 @@ def _params(records: list[dict]) -> dict[str, str]:
 def render_study(records: list[dict], meta: dict, *, image: str | None = None) -> str:
     """The study's generated Markdown (module docstring), ``image`` the plot's link if any.
 
+    Values that are not finite are left out and counted (:func:`_not_finite`).
+
     Raises:
-        ValueError: if the data hold no validation split (nothing to select on).
+        ValueError: if the data hold no finite value on the validation split (nothing to select on).
     """
     metric, values = meta["metric"], _values(records)
     if SELECTION_SPLIT not in values:
-        raise ValueError(f"study {meta['study']!r} holds no {SELECTION_SPLIT} split: "
+        raise ValueError(f"study {meta['study']!r} holds no {SELECTION_SPLIT} split (no finite value on it): "
                          "its rows cannot be selected")
     validation = values[SELECTION_SPLIT]
     shown = shown_buckets(list(validation), metric, meta["train_length"])
@@ -197,6 +210,12 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None) -
         lines.append(f"* Best group on validation at {_label(b)}: {', '.join(sel.group) or '–'} ({note}).")
     need = list(dict.fromkeys(n for sel in groups.values() for n in sel.needs_seeds))
     lines.append(f"* Rows to run at {MORE_SEEDS} seeds: {', '.join(need) if need else 'none'}.")
+    dropped = _not_finite(records)
+    if dropped:
+        named = ", ".join(f"{r['variant']} seed {r['seed']} {r['split']} {_label((r['bucket_start'], r['bucket_end']))}"
+                          for r in dropped[:5])
+        lines.append(f"* Values that are not finite (null in the data), left out of every cell and test: "
+                     f"{len(dropped)} ({named}{', …' if len(dropped) > 5 else ''}).")
     tokens = sorted({r["train_tokens"] for r in records})
     lines.append("* Training tokens per run: " + ", ".join(f"{t:,}" for t in tokens) + ".")
     if image:
