@@ -134,3 +134,27 @@ def test_kernel_at_negative_lags_is_the_mirrored_phase():
         mirrored.phases.neg_()
     torch.testing.assert_close(enc.kernel(-lags), mirrored.kernel(lags))
     assert (enc.kernel(-lags) - enc.kernel(lags)).abs().max() > 1e-2  # not symmetric once θ ≠ 0
+
+
+def test_a_half_precision_cast_keeps_sinespe_in_float32_and_q_hat_accurate_at_position_1000():
+    # rounded to bfloat16, the frequencies put q̂ 90 % off float32 at positions 990-999
+    from spe import SPEFilter
+    torch.manual_seed(0)
+    h, d, n = 2, 16, 1000
+    enc, filt = SineSPE(h, d, frequency_init="spread"), SPEFilter(h, d)
+    q = torch.randn(1, n, h, d)
+    with torch.no_grad():
+        ref, _ = filt(q, q, enc(n, generator=torch.Generator().manual_seed(0)))
+        for dtype in (torch.bfloat16, torch.float16):
+            cast = SineSPE(h, d, frequency_init="spread")
+            cast.load_state_dict(enc.state_dict())
+            cast.to(dtype)
+            assert {p.dtype for p in cast.parameters()} == {torch.float32}
+            x = q.to(dtype)
+            out, _ = filt.to(dtype)(x, x, cast(n, generator=torch.Generator().manual_seed(0)))
+            assert out.dtype == dtype
+            for span in (slice(0, 10), slice(990, 1000)):
+                err = (out[:, span].float() - ref[:, span]).norm() / ref[:, span].norm()
+                assert err < 0.01, (dtype, span, float(err))
+            filt.float()
+    assert enc.double().frequency_logits.dtype == torch.float64  # a float64 cast applies as before

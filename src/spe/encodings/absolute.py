@@ -12,15 +12,18 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
-from spe.encodings.spec import PositionalSpec, option
+from spe.encodings.spec import KeepsFullPrecision, PositionalSpec, option
 
 __all__ = ["LearnedPositionOptions", "LearnedPositionalEmbedding", "SinusoidalPositionalEncoding", "SPECS"]
 
 
-class SinusoidalPositionalEncoding(nn.Module):
+class SinusoidalPositionalEncoding(KeepsFullPrecision):
     """Sinusoidal absolute positional encoding of Vaswani et al. (2017), added to tokens.
 
-    Defined for any position (no maximum length); values are computed on the fly.
+    Defined for any position (no maximum length); values are computed on the fly, the angles in
+    float64 from a float64 table of frequencies that a cast of the model to bfloat16 or float16 leaves
+    as it is (:class:`~spe.encodings.spec.KeepsFullPrecision`; a bf16 table put a bf16 model's logits
+    11 % off float32 at positions 990-999); the encoding is added in the embeddings' dtype.
 
     Args:
         d_model: C, the embedding size (even).

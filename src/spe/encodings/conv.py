@@ -29,7 +29,7 @@ from spe.encodings.code import ConvCode, DenseCode
 from spe.encodings.positions import (NOISE_DTYPE, check_code_seed, code_generator, require_positive,
                                      resolve_positions)
 from spe.encodings.filter import SPEOptions, build_filter
-from spe.encodings.spec import PositionalSpec, head_dim, option
+from spe.encodings.spec import KeepsFullPrecision, PositionalSpec, head_dim, option
 from spe.ops.conv.filters import direct_filter, fft_filter, fft_size
 
 __all__ = ["NOISE_BLOCK", "ConvOptions", "ConvSPE", "SPEC", "fft_size"]
@@ -47,7 +47,7 @@ def _noise_block(seed: int, shape: tuple[int, ...]) -> Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=NOISE_DTYPE)
 
 
-class ConvSPE(nn.Module):
+class ConvSPE(KeepsFullPrecision):
     """Convolutional stochastic positional encoding (convSPE), eq. (22), 1-D.
 
     Args:
@@ -69,6 +69,10 @@ class ConvSPE(nn.Module):
         code_seed: seed of the code drawn in eval mode without a ``generator`` (default 0):
             in ``eval()`` every call draws the same code, so a layer using it is
             deterministic; in training mode each call draws a new one.
+
+    The filters stay float32 when a model is cast to bfloat16 or float16
+    (:class:`~spe.encodings.spec.KeepsFullPrecision`; PyTorch's FFT has no bfloat16 form); the
+    code is cast to the queries' dtype by :class:`~spe.encodings.filter.SPEFilter`.
 
     Raises:
         ValueError: if a size is not a positive integer or ``impl`` is unknown.

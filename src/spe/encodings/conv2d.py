@@ -21,7 +21,7 @@ from spe.encodings.code import DenseCode
 from spe.encodings.positions import check_code_seed, code_generator, require_positive
 from spe.encodings.conv import ConvOptions
 from spe.encodings.filter import SPEOptions, build_filter
-from spe.encodings.spec import PositionalSpec, head_dim
+from spe.encodings.spec import KeepsFullPrecision, PositionalSpec, head_dim
 
 __all__ = ["ConvSPE2d", "filter_noise_2d", "filter_noise_2d_direct", "SPEC"]
 
@@ -81,7 +81,7 @@ def _pair(owner: str, name: str, value, *, square: bool) -> tuple:
     raise ValueError(f"{owner}: {name} must be {either}a pair (height, width), got {value!r}")
 
 
-class ConvSPE2d(nn.Module):
+class ConvSPE2d(KeepsFullPrecision):
     """Convolutional SPE over an Y × X grid (eq. 22 with a 2-D filter), for images read row-major.
 
     Args:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
-from spe.encodings.spec import FeatureEncoding, PositionalSpec, option
+from spe.encodings.spec import FeatureEncoding, KeepsFullPrecision, PositionalSpec, option
 
 __all__ = ["LRPE", "LRPEOptions", "LRPE_ANGLES", "lrpe_angles", "lrpe_features", "lrpe_weights_reference", "SPEC"]
 
@@ -88,7 +88,7 @@ def lrpe_weights_reference(phi_q: Tensor, phi_k: Tensor, positions: Tensor, angl
     return num, torch.einsum("bmhd,bnhd->bhmn", fq, fk)
 
 
-class LRPE(FeatureEncoding):
+class LRPE(KeepsFullPrecision, FeatureEncoding):
     """The cosine LRPE as a feature transform of :class:`~spe.attention.MultiHeadAttention`.
 
     Args:
@@ -98,6 +98,9 @@ class LRPE(FeatureEncoding):
         angles: ``fixed`` (no parameter, nothing in the state dict) or ``learned`` (an (H, M)
             parameter ``angles``, initialised at the fixed values, not weight-decayed).
         base: the fixed spacing's base.
+
+    Learned angles stay float32 when a model is cast to bfloat16 or float16
+    (:class:`~spe.encodings.spec.KeepsFullPrecision`): they are multiplied by positions.
 
     Raises:
         ValueError: on an unknown ``angles``, a size that is not a positive integer or a base ≤ 1.

@@ -12,19 +12,60 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from spe.ops.common.state import WrappedState
 
-__all__ = ["LAYER_ATTRIBUTES", "PLACES", "EncodingState", "FeatureEncoding", "LayerEncoding",
-           "PositionalSpec",
-           "ScoreEncoding", "head_dim", "option"]
+__all__ = ["HALF_DTYPES", "LAYER_ATTRIBUTES", "PLACES", "EncodingState", "FeatureEncoding", "KeepsFullPrecision",
+           "LayerEncoding", "PositionalSpec", "ScoreEncoding", "head_dim", "option"]
+
+# Floating dtypes narrower than float32: a cast of a whole model to one of them (``model.to(torch.bfloat16)``,
+# ``.half()``) leaves the parameters of a :class:`KeepsFullPrecision` module as they were.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 PLACES = ("tokens", "queries-keys", "scores", "features")
 # Where an attention layer keeps its positional module, by the module's kind (the state-dict
 # prefix of its parameters: checkpoints name them so): an SPE filter, a rotation, a score
 # encoding, a feature transform.
 LAYER_ATTRIBUTES = ("spe_filter", "rotary", "score_encoding", "feature_transform")
+
+
+class KeepsFullPrecision(nn.Module):
+    """A module whose own floating parameters and buffers keep their dtype (float32, or float64 for
+    tables of frequencies) when the module is cast to float16 or bfloat16.
+
+    Frequencies, phases and clocks are multiplied by positions: rounded to bfloat16 (8 bits of
+    mantissa), a frequency is off by up to 2⁻⁹ of itself, so a phase at position 1,000 is off by up to
+    2 radians, and a half-precision product of frequency and position is worse. A module of such
+    parameters (sinusoid frequencies, learned clocks and angles, convolution filters that run through an
+    FFT, which has no bfloat16 form) derives from this class, so that ``model.to(torch.bfloat16)`` (or ``.half()``)
+    casts the rest of the model and leaves these in float32; the modules compute their phases in
+    float32 or float64 and hand queries, keys or features back in the dtype of their input. Casts to
+    float64 (reference checks) and moves between devices apply as usual; the parameters' gradients
+    follow their dtype.
+    """
+
+    def _apply(self, fn, recurse: bool = True):
+        # detached aliases of the tensors before the cast: the cast replaces each parameter's data
+        # (or swaps its tensor), so these still hold the full-precision values
+        before = {name: t.detach() for name, t in (*self._parameters.items(), *self._buffers.items())
+                  if t is not None and t.is_floating_point() and t.dtype not in HALF_DTYPES}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            is_parameter = name in self._parameters
+            now = self._parameters[name] if is_parameter else self._buffers[name]
+            if now is None or now.dtype not in HALF_DTYPES:
+                continue
+            kept = old.to(device=now.device)
+            if not is_parameter:
+                self._buffers[name] = kept
+                continue
+            with torch.no_grad():
+                now.data = kept
+            if now.grad is not None:
+                now.grad = now.grad.to(kept.dtype)
+        return self
 
 
 class LayerEncoding(nn.Module):
