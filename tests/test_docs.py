@@ -62,7 +62,7 @@ def test_python_block_runs_as_written(where, code, tmp_path, monkeypatch):
 def test_skipped_blocks_are_listed_with_their_reason():
     marked = [name for _, code in BLOCKS if (name := _skip_name(code)) is not None]
     assert sorted(marked) == sorted(SKIPPED), "a block's skip marker and SKIPPED disagree"
-    assert len(BLOCKS) - len(marked) >= 7  # the README's two, api.md's four, lra.md's classifier
+    assert len(BLOCKS) - len(marked) >= 7  # the README's two, api.md's four, lra-reference.md's classifier
 
 
 def test_cli_reference_is_what_the_parsers_generate():

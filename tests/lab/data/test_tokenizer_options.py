@@ -1,7 +1,7 @@
-"""The tokenizer keeps what the score says: tempo and time signatures by default (flags turn them
-off), a run from before these options keeps its own tokenizer, caches are keyed on the options,
-the grammar mask and the onset clock read the new vocabulary, and the summary line says what is
-kept and dropped (tracks that share a program are merged: REMI names a track by its program)."""
+"""The tokenizer keeps what the score says: tempo, time signatures and tracks that share a
+program, by default (flags turn each off), a run from before these options keeps its own
+tokenizer, caches are keyed on the options, the grammar mask and the onset clock read the new
+vocabulary, and the summary line says what is kept and dropped."""
 
 import logging
 
@@ -35,22 +35,37 @@ def _round_trip(tokenizer, score):
     return tokenizer.decode(tokenizer.encode(score))
 
 
+def _notes(score) -> list[list[tuple[int, int, float, float]]]:
+    """Each track's notes as (program, pitch, onset, duration) in quarter notes, tracks sorted."""
+    return sorted([(t.program, n.pitch, n.time / score.tpq, n.duration / score.tpq) for n in t.notes]
+                  for t in score.tracks)
+
+
 @pytest.mark.parametrize(("numerator", "denominator"), [(3, 2), (4, 2), (2, 2), (6, 8), (3, 4)])
-def test_a_prompt_keeps_its_tempo_and_time_signature_through_tokens(numerator, denominator):
-    score = _score(90, numerator, denominator)
+def test_a_prompt_keeps_its_tempo_time_signature_and_tracks_through_tokens(numerator, denominator):
+    score = _score(90, numerator, denominator)  # two tracks of program 40 (two violins)
     back = _round_trip(make_tokenizer(), score)
     assert [round(t.qpm, 3) for t in back.tempos] == [90.0]
     assert [(t.numerator, t.denominator) for t in back.time_signatures] == [(numerator, denominator)]
-    assert sum(len(t.notes) for t in back.tracks) == sum(len(t.notes) for t in score.tracks)
-    # two tracks of one program: REMI's single stream names tracks by program, so they come back
-    # as one track holding both voices' notes (the summary line says so)
-    assert len(back.tracks) == 1
+    assert len(back.tracks) == 2 and _notes(back) == _notes(score)
 
 
-def test_without_the_options_tempo_is_120_and_bars_are_4_4():
-    back = _round_trip(make_tokenizer(TokenizerOptions(tempos=False, time_signatures=False)), _score(90, 3, 2))
+def test_tracks_of_several_programs_keep_their_own_voices():
+    score = _score(120, 4, 4, programs=(0, 40, 0, 40, 0))
+    tokenizer = make_tokenizer()
+    ids = tokenizer.encode(score)
+    assert {t for t in ids.tokens if t.startswith("Track_")} == {"Track_1", "Track_2"}
+    assert _notes(tokenizer.decode(ids)) == _notes(score)
+    single = tokenizer.encode(_score(120, 4, 4, programs=(0, 40)))  # one track a program: no Track token
+    assert not any(t.startswith("Track_") for t in single.tokens)
+
+
+def test_without_the_options_tempo_is_120_bars_are_4_4_and_tracks_merge():
+    plain = make_tokenizer(TokenizerOptions(tempos=False, time_signatures=False, merge_tracks=True))
+    back = _round_trip(plain, _score(90, 3, 2))
     assert [round(t.qpm) for t in back.tempos] == [120]
     assert [(t.numerator, t.denominator) for t in back.time_signatures] == [(4, 4)]
+    assert len(back.tracks) == 1 and len(back.tracks[0].notes) == 2 * len(_score(90, 3, 2).tracks[0].notes)
 
 
 def test_a_run_from_before_the_options_keeps_miditok_s_default_tokenizer():
@@ -62,7 +77,7 @@ def test_a_run_from_before_the_options_keeps_miditok_s_default_tokenizer():
     assert tokenizer_from_json(legacy).vocab == before.vocab
     assert recorded_tokenizer({"data": "x", "seq_len": 256}) == legacy  # recorded no option: its tokenizer
     assert recorded_tokenizer({"tempos": False, "time_signatures": True}) == TokenizerOptions(tempos=False)
-    assert tokenizer_options(legacy) == TokenizerOptions(tempos=False, time_signatures=True)
+    assert tokenizer_options(legacy) == TokenizerOptions(tempos=False, time_signatures=True, merge_tracks=True)
     # a stored tokenizer wins: 4/2 stays 4/4 for such a run, as it did
     back = _round_trip(tokenizer_from_json(legacy), _score(90, 4, 2))
     assert [(t.numerator, t.denominator) for t in back.time_signatures] == [(4, 4)]
@@ -91,7 +106,9 @@ def test_the_token_cache_is_keyed_on_the_tokenizer_options(tmp_path):
     kept = load_corpus(tmp_path / "midi", cache_dir=cache, progress=False)
     plain = load_corpus(tmp_path / "midi", cache_dir=cache, progress=False,
                         tokenizer=TokenizerOptions(tempos=False, time_signatures=False))
-    assert len(list((cache / "tokens").glob("*.npz"))) == 2
+    merged = load_corpus(tmp_path / "midi", cache_dir=cache, progress=False,
+                         tokenizer=TokenizerOptions(merge_tracks=True))
+    assert len(list((cache / "tokens").glob("*.npz"))) == 3 and merged.tokenizer_json != kept.tokenizer_json
     assert kept.tokenizer_json != plain.tokenizer_json
     assert len(kept.pieces[0]) > len(plain.pieces[0])  # the Tempo and TimeSig tokens
     again = load_corpus(tmp_path / "midi", cache_dir=cache, progress=False)  # from its own cache
@@ -101,31 +118,33 @@ def test_the_token_cache_is_keyed_on_the_tokenizer_options(tmp_path):
 @pytest.mark.parametrize(("numerator", "denominator"), [(3, 2), (4, 2), (12, 8), (4, 4)])
 def test_the_grammar_mask_accepts_every_token_of_scores_in_the_new_vocabulary(numerator, denominator):
     tokenizer = make_tokenizer()
-    ids = tokenizer.encode(_score(96, numerator, denominator, programs=(0, 40))).ids
+    ids = tokenizer.encode(_score(96, numerator, denominator, programs=(0, 40, 0))).ids
     grammar = REMIGrammar(tokenizer)
     refused = [i for i in range(len(ids)) if not grammar.allowed_next(ids[:i])[ids[i]]]
     assert refused == []
     assert tokenizer.tokens_errors(ids) == 0  # MidiTok's own check
 
 
-def test_the_onset_clock_reads_half_note_time_signatures():
+@pytest.mark.parametrize(("numerator", "denominator"), [(3, 2), (4, 2), (2, 1)])
+def test_the_onset_clock_reads_half_note_time_signatures_and_track_tokens(numerator, denominator):
     from spe.encodings.onset import remi_onsets
 
     tokenizer = make_tokenizer()
-    score = _score(90, 3, 2, programs=(0,))
+    score = _score(90, numerator, denominator, programs=(0, 0))
     seq = tokenizer.encode(score)
     onsets = remi_onsets(torch.tensor([seq.ids]), tokenizer.vocab)[0]
-    got = [float(onsets[i]) for i, token in enumerate(seq.tokens) if token.startswith("Pitch_")]
-    assert got == [n.time / score.tpq for n in score.tracks[0].notes]
+    got = sorted(float(onsets[i]) for i, token in enumerate(seq.tokens) if token.startswith("Pitch_"))
+    assert got == sorted(n.time / score.tpq for t in score.tracks for n in t.notes)
 
 
 def test_the_summary_says_what_is_kept_and_dropped():
     kept = tokenizer_summary(make_tokenizer())
     assert "keeps" in kept and "tempo (40-250 qpm" in kept and "3/2" in kept and "4/2" in kept
-    assert "tracks that share a program (merged" in kept
-    plain = tokenizer_summary(make_tokenizer(TokenizerOptions(tempos=False, time_signatures=False)))
+    assert "tracks that share a program apart" in kept
+    plain = tokenizer_summary(make_tokenizer(TokenizerOptions(tempos=False, time_signatures=False,
+                                                              merge_tracks=True)))
     assert "drops" in plain and "tempo (every piece decodes at 120 qpm)" in plain
-    assert "time signatures (every bar is 4/4)" in plain
+    assert "time signatures (every bar is 4/4)" in plain and "tracks that share a program (merged" in plain
 
 
 def test_training_uses_the_flags_logs_the_summary_and_a_resumed_old_run_keeps_its_tokenizer(tmp_path, caplog):
@@ -134,9 +153,10 @@ def test_training_uses_the_flags_logs_the_summary_and_a_resumed_old_run_keeps_it
     from spe.lab.cli.main import _train_config, build_parser
     from spe.lab.train.tasks.lm import LMTask
 
-    args = build_parser().parse_args(["train", "--no-tempos", "--time-signatures", "--out", str(tmp_path / "r")])
+    args = build_parser().parse_args(["train", "--no-tempos", "--time-signatures", "--merge-tracks",
+                                      "--out", str(tmp_path / "r")])
     cfg = _train_config(args)
-    assert (cfg.tempos, cfg.time_signatures) == (False, True)
+    assert (cfg.tempos, cfg.time_signatures, cfg.merge_tracks) == (False, True, True)
 
     task = LMTask(tiny_config(tmp_path, "run", tempos=False), progress=False)
     with caplog.at_level(logging.INFO):
@@ -150,4 +170,5 @@ def test_training_uses_the_flags_logs_the_summary_and_a_resumed_old_run_keeps_it
     old._load_data(progress=False)
     assert old.split.tokenizer_json == legacy_tokenizer_json()
     assert old.vocab_size == len(tokenizer_from_json(legacy_tokenizer_json())) < task.vocab_size + 1
-    assert (old.cfg.tempos, old.cfg.time_signatures) == (False, True)  # recorded as its tokenizer has them
+    # recorded as its tokenizer has them
+    assert (old.cfg.tempos, old.cfg.time_signatures, old.cfg.merge_tracks) == (False, True, True)

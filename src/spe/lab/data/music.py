@@ -35,6 +35,7 @@ from spe.checkpoint import atomic_write
 
 __all__ = [
     "MAX_PIECE_TOKENS",
+    "MAX_VOICES",
     "MUSIC21_PREFIX",
     "NUM_TEMPOS",
     "TEMPO_RANGE",
@@ -92,6 +93,13 @@ TIME_SIGNATURE_RANGE = {1: [1, 2, 3, 4], 2: [1, 2, 3, 4, 5, 6, 8], 4: [1, 2, 3, 
                         8: [3, 5, 6, 7, 9, 12]}
 
 
+# Tracks of one program kept apart (Track_1 … Track_15 after the first); a further track of that
+# program joins the last one.
+MAX_VOICES = 16
+# The key of TokenizerConfig.additional_params (stored with the tokenizer) that marks a TrackREMI.
+_VOICES_KEY = "spe_voices"
+
+
 class DataError(ValueError):
     """A data folder or file that cannot be used, with the reason."""
 
@@ -106,13 +114,17 @@ class TokenizerOptions:
             :data:`NUM_TEMPOS` steps); without them every piece decodes at 120 qpm.
         time_signatures: ``TimeSig`` tokens after each bar (``use_time_signatures``,
             :data:`TIME_SIGNATURE_RANGE`); without them every bar is 4/4.
-
-    Tracks that share a program are merged in either case: REMI's one token stream names a
-    note's track by its ``Program`` token only, so two violins decode as one violin track.
+        merge_tracks: merge tracks that share a program into one, as MidiTok's REMI does (its
+            one token stream names a note's track by its ``Program`` token only: five voices
+            of one program become one track, two violins one). False (default): the k-th
+            track of a program (k ≥ 1, in the file's track order, up to :data:`MAX_VOICES`)
+            writes ``Track_k`` after each note's ``Program`` token (:class:`TrackREMI`), so
+            the tracks decode apart; a file with one track per program gets no such token.
     """
 
     tempos: bool = True
     time_signatures: bool = True
+    merge_tracks: bool = False
 
 
 
@@ -153,6 +165,96 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SPE_CACHE_DIR", Path.home() / ".cache" / "spe"))
 
 
+def _track_remi_class():
+    """:class:`TrackREMI`, built on first use (MidiTok is imported only where music is read)."""
+    global TrackREMI
+    if TrackREMI is not None:
+        return TrackREMI
+    from miditok import REMI, TokSequence
+    from miditok.classes import Event
+
+    class _TrackREMI(REMI):
+        """MidiTok's REMI, one token stream, that keeps tracks sharing a program apart: after a
+        note's ``Program_p`` token, ``Track_k`` names the k-th track of program p (k ≥ 1; none for
+        the first), and decoding gives each (program, k) its own track. Notes keep REMI's order
+        (by onset, then track), so every clock token and the grammar are REMI's."""
+
+        def _tweak_config_before_creating_voc(self) -> None:
+            super()._tweak_config_before_creating_voc()
+            self._merge_same_program_tracks = False
+
+        def _create_base_vocabulary(self) -> list[str]:
+            return super()._create_base_vocabulary() + [f"Track_{k}" for k in range(1, self._voices)]
+
+        @property
+        def _voices(self) -> int:
+            return int(self.config.additional_params[_VOICES_KEY])
+
+        def _create_token_types_graph(self) -> dict[str, set[str]]:
+            graph = super()._create_token_types_graph()
+            graph["Track"] = set(graph["Program"])
+            graph["Program"] = graph["Program"] | {"Track"}
+            return graph
+
+        def _score_to_tokens(self, score, attribute_controls_indexes=None):
+            seen: dict[tuple[int, bool], int] = {}
+            voices = []
+            for track in score.tracks:  # the order REMI reads them in
+                key = (track.program, track.is_drum)
+                voices.append(min(seen.get(key, 0), self._voices - 1))
+                seen[key] = seen.get(key, 0) + 1
+            self._track_voices = iter(voices)
+            return super()._score_to_tokens(score, attribute_controls_indexes)
+
+        def _create_track_events(self, track, *args, **kwargs) -> list[Event]:
+            events = super()._create_track_events(track, *args, **kwargs)
+            voice = next(self._track_voices)
+            if voice == 0:
+                return events
+            out = []
+            for event in events:
+                out.append(event)
+                if event.type_ == "Program":
+                    out.append(Event("Track", voice, event.time, event.program, event.desc))
+            return out
+
+        def _tokens_to_score(self, tokens, programs=None):
+            streams = _voice_streams(tokens.tokens)
+            score = super()._tokens_to_score(TokSequence(tokens=streams.pop(0, [])), programs)
+            for voice in sorted(streams):
+                part = super()._tokens_to_score(TokSequence(tokens=streams[voice]), programs)
+                score.tracks.extend([t for t in part.tracks if len(t.notes)])
+            return score
+
+        def _tokens_errors(self, tokens) -> int:
+            return super()._tokens_errors([t for t in tokens if not t.startswith("Track_")])
+
+    TrackREMI = _TrackREMI
+    return TrackREMI
+
+
+TrackREMI = None
+
+
+def _voice_streams(tokens: list[str]) -> dict[int, list[str]]:
+    """A TrackREMI token stream split into one REMI stream per voice k (voice 0: the notes
+    without a ``Track`` token): every voice keeps every token but the notes of other voices
+    (``Program``, ``Track`` and the tokens up to the next ``Program``, ``Position`` or ``Bar``)."""
+    voice_of = []  # the voice each token belongs to, None for every voice
+    current = None
+    for i, token in enumerate(tokens):
+        kind = token.split("_", 1)[0]
+        if kind == "Program":
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
+            current = int(nxt.split("_", 1)[1]) if nxt.startswith("Track_") else 0
+        elif kind in ("Position", "Bar", "TimeSig", "Tempo"):
+            current = None
+        voice_of.append(current)
+    voices = {0} | {v for v in voice_of if v is not None}
+    return {v: [t for t, w in zip(tokens, voice_of) if (w is None or w == v) and not t.startswith("Track_")]
+            for v in voices}
+
+
 def make_tokenizer(options: TokenizerOptions | None = None):
     """REMI with programs, one token stream for all voices, tempo and time signatures as
     ``options`` say (default :class:`TokenizerOptions`: both kept); MidiTok's defaults otherwise."""
@@ -164,7 +266,10 @@ def make_tokenizer(options: TokenizerOptions | None = None):
         kept.update(use_tempos=True, tempo_range=TEMPO_RANGE, num_tempos=NUM_TEMPOS)
     if options.time_signatures:
         kept.update(time_signature_range=TIME_SIGNATURE_RANGE)
-    return REMI(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True, **kept))
+    if options.merge_tracks:
+        return REMI(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True, **kept))
+    kept[_VOICES_KEY] = MAX_VOICES
+    return _track_remi_class()(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True, **kept))
 
 
 def legacy_tokenizer_json() -> str:
@@ -180,7 +285,8 @@ def tokenizer_options(tokenizer_json: str) -> TokenizerOptions:
     time signatures aside: a run's stored tokenizer is rebuilt as it is, :func:`tokenizer_from_json`)."""
     config = json.loads(tokenizer_json).get("config", {})
     return TokenizerOptions(tempos=bool(config.get("use_tempos", False)),
-                            time_signatures=bool(config.get("use_time_signatures", False)))
+                            time_signatures=bool(config.get("use_time_signatures", False)),
+                            merge_tracks=_VOICES_KEY not in config.get("additional_params", {}))
 
 
 def recorded_tokenizer(train_config: dict) -> TokenizerOptions | str:
@@ -208,8 +314,12 @@ def tokenizer_summary(tokenizer) -> str:
                     + " (others: the previous one goes on)")
     else:
         dropped.append("time signatures (every bar is 4/4)")
-    dropped += ["the identity of tracks that share a program (merged into one track)", "key signatures",
-                "pedals", "pitch bends", "control changes", "track names"]
+    voices = config.additional_params.get(_VOICES_KEY)
+    if voices:
+        kept.append(f"tracks that share a program apart (up to {voices} a program)")
+    else:
+        dropped.append("the identity of tracks that share a program (merged into one track)")
+    dropped += ["key signatures", "pedals", "pitch bends", "control changes", "track names"]
     return f"tokenizer (REMI): keeps {', '.join(kept)}; drops {', '.join(dropped)}"
 
 
@@ -242,10 +352,11 @@ def tokenizer_from_json(text: str):
     fresh = make_tokenizer(tokenizer_options(text))
     if same_tokenizer(text, tokenizer_to_json(fresh)):
         return fresh
+    track_remi = _VOICES_KEY in json.loads(text).get("config", {}).get("additional_params", {})
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tokenizer.json"
         path.write_text(text)
-        return REMI(params=path)
+        return (_track_remi_class() if track_remi else REMI)(params=path)
 
 
 def _convert_score(args: tuple[str, str]) -> str | None:

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 # Training options a run cannot change midway: they decide what the model sees and is validated on
 # (the test split's are taken out of the corpus before the training / validation split).
 RESUME_KEYS = ("data", "seq_len", "val_fraction", "split_seed", "max_transpose", "max_piece_tokens",
-               "test_min_tokens", "num_test_pieces", "tempos", "time_signatures")
+               "test_min_tokens", "num_test_pieces", "tempos", "time_signatures",
+               "merge_tracks")
 
 
 @dataclass
