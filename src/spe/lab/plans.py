@@ -2,7 +2,8 @@
 
 A plan is a TOML file::
 
-    extends = "NAME"       # optional: another plan (a file beside this one, or a packaged plan)
+    extends = "NAME"       # optional: another plan (a file beside this one, else a packaged plan;
+                           # a file extending its own name extends the packaged plan of that name)
     title = "..."          # the results' title (default: the file's name)
     seeds = [0, 1, 2]      # every row runs once per seed (default [0, 1, 2])
     reference = "ape"      # optional: the row the others are compared with
@@ -19,7 +20,9 @@ A task says how its plans read (:class:`PlanFormat`: its top-level keys, how a r
 options); every row is checked when the plan is loaded, so that a mistake is reported, naming the
 file and the row, before anything runs.
 
-Run (ROW, S) lives in ``OUT/ROW/seedS`` and is finished once ``OUT/ROW/seedS/result.json``
+``OUT`` is claimed before any run (:func:`claim_folder`): a folder holding another tool's
+``results.json`` / ``results.md`` or another command's results is refused, and spe's marker
+records whose results it holds. Run (ROW, S) lives in ``OUT/ROW/seedS`` and is finished once ``OUT/ROW/seedS/result.json``
 exists: :func:`run_plan` skips it (unless the task finds the stored result out of date) and
 runs each other one under its folder's lock (:func:`~spe.lab.train.run_folder.run_lock`),
 writing its result there. Results are collected from those files (:func:`collect`), never
