@@ -5,7 +5,7 @@ Run after the sweeps listed in the page (see ``COMMANDS``)::
     .venv/bin/python tools/docs/ablation_doc.py [--runs runs] [--out docs/ablation.md]
 
 Tables come from ``spe sweep``'s own summary (spe.lab.experiments.sweep.results_table); the final
-comparison pairs every variant with APE seed by seed. The prose at the end is
+comparison pairs every variant with APE seed by seed. The findings that open the page are
 ``tools/docs/ablation_analysis.md``, written by a person after reading the tables.
 """
 
@@ -101,7 +101,9 @@ def main() -> None:
     args = parser.parse_args()
     here = Path(__file__).parent
     plan = load_plan("ablation")
-    out = [(here / "ablation_intro.md").read_text().rstrip(), ""]
+    # the findings open the page: title, then the hand-written analysis, then protocol and tables
+    title, _, intro = (here / "ablation_intro.md").read_text().rstrip().partition("\n")
+    out = [title, "", (here / "ablation_analysis.md").read_text().rstrip(), "", intro.strip(), ""]
     finals = []
     for key, corpus in CORPORA.items():
         doc = merged(Path(args.runs), corpus["dirs"])
@@ -109,11 +111,10 @@ def main() -> None:
             continue
         finals += [f"**{corpus['short']}**", "", *final_comparison(doc), ""]
         out += [f"## {corpus['title']}", "", *([corpus["note"], ""] if "note" in corpus else []), "```bash", *corpus["commands"], "```", "", *results_table(doc, plan), ""]
-    out[2:2] = ["## Final comparison", "",
+    out[6:6] = ["## Final comparison", "",
                 f"Nats/token, {SEED_SPREAD}. Targets: [0,256) within 5 % of APE; "
                 "[512,768) at most 10 % above the model's own [0,256). "
                 "The test-time windows re-evaluate the checkpoints of the row above them.", "", *finals]
-    out += [(here / "ablation_analysis.md").read_text().rstrip(), ""]
     Path(args.out).write_text("\n".join(out))
     print(f"wrote {args.out}")
 
