@@ -103,3 +103,18 @@ def test_the_sweep_table_names_each_variant_s_run(tmp_path):
     assert "| sinespe/performer window 16 |" in lines["| plain"]
     assert "| sinespe/performer decay fixed window 16 |" in lines["| decay"]
     assert "| sinespe/performer learned time window 16 |" in lines["| learned"]
+
+
+def test_the_training_progress_line_names_the_run(tmp_path):
+    from tiny_run import tiny_config
+
+    from spe.lab.train.tasks.lm import LMTask
+
+    labels = []
+    for options in ({}, {"decay": "fixed"}, {"spe_time": "learned"}):
+        task = LMTask(tiny_config(tmp_path, "run", model={"positional": "sinespe", **options}), progress=False)
+        task.vocab_size, task.model_settings = 20, {}
+        task.build_model()
+        labels.append(task.label)
+    assert labels == ["train sinespe/performer window 32", "train sinespe/performer decay fixed window 32",
+                      "train sinespe/performer learned time window 32"]
