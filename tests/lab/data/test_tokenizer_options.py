@@ -3,6 +3,7 @@ program, by default (flags turn each off), a run from before these options keeps
 tokenizer, caches are keyed on the options, the grammar mask and the onset clock read the new
 vocabulary, and the summary line says what is kept and dropped."""
 
+import json
 import logging
 
 import pytest
@@ -75,6 +76,9 @@ def test_a_run_from_before_the_options_keeps_miditok_s_default_tokenizer():
     legacy = legacy_tokenizer_json()
     assert legacy == tokenizer_to_json(before)
     assert tokenizer_from_json(legacy).vocab == before.vocab
+    # checkpoints that stored it with sorted keys: MidiTok would renumber its TimeSig tokens
+    sorted_keys = json.dumps(before.to_dict(), sort_keys=True, default=str)
+    assert tokenizer_from_json(sorted_keys).vocab == before.vocab
     assert recorded_tokenizer({"data": "x", "seq_len": 256}) == legacy  # recorded no option: its tokenizer
     assert recorded_tokenizer({"tempos": False, "time_signatures": True}) == TokenizerOptions(tempos=False)
     assert tokenizer_options(legacy) == TokenizerOptions(tempos=False, time_signatures=True, merge_tracks=True)

@@ -1,7 +1,8 @@
 """REMI grammar for sampling: which token may follow which.
 
-Uses MidiTok's own token-type graph (``tokenizer.tokens_types_graph``) and adds one rule it
-checks only when decoding: inside a bar, ``Position`` tokens must increase. Special tokens
+Uses MidiTok's own token-type graph (``tokenizer.tokens_types_graph``; with tracks kept apart,
+:func:`spe.lab.data.music.make_tokenizer`'s graph lets a ``Track`` token follow ``Program``) and
+adds one rule it checks only when decoding: inside a bar, ``Position`` tokens must increase. Special tokens
 (PAD, BOS, EOS, MASK) are never sampled.
 """
 

@@ -272,12 +272,17 @@ def make_tokenizer(options: TokenizerOptions | None = None):
     return _track_remi_class()(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True, **kept))
 
 
-def legacy_tokenizer_json() -> str:
-    """The tokenizer of runs trained before :class:`TokenizerOptions` existed (recorded no option):
-    MidiTok's defaults, no tempo, its own time signatures (4/4, 3/4, 6/8 …, none in halves)."""
+def _legacy_tokenizer():
     from miditok import REMI, TokenizerConfig
 
-    return tokenizer_to_json(REMI(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True)))
+    return REMI(TokenizerConfig(use_programs=True, one_token_stream_for_programs=True))
+
+
+def legacy_tokenizer_json() -> str:
+    """The tokenizer of runs trained before :class:`TokenizerOptions` existed (recorded no option):
+    MidiTok's defaults, no tempo, its own time signatures (4/4, 3/4, 6/8 …, none in halves),
+    tracks of one program merged."""
+    return tokenizer_to_json(_legacy_tokenizer())
 
 
 def tokenizer_options(tokenizer_json: str) -> TokenizerOptions:
@@ -341,17 +346,18 @@ def same_tokenizer(a: str, b: str) -> bool:
 def tokenizer_from_json(text: str):
     """Rebuilds a tokenizer from :func:`tokenizer_to_json` output (stored in checkpoints).
 
-    The library's own tokenizers are rebuilt with :func:`make_tokenizer` (with the stored
-    tokenizer's :func:`tokenizer_options`), so their token ids are exactly those of the corpus,
-    also for checkpoints written with sorted keys.
+    The library's own tokenizers (:func:`make_tokenizer` with the stored tokenizer's
+    :func:`tokenizer_options`, and the one of runs from before them) are rebuilt fresh, so their
+    token ids are exactly those of the corpus, also for checkpoints written with sorted keys.
     """
     import tempfile
 
     from miditok import REMI
 
-    fresh = make_tokenizer(tokenizer_options(text))
-    if same_tokenizer(text, tokenizer_to_json(fresh)):
-        return fresh
+    for build in (lambda: make_tokenizer(tokenizer_options(text)), _legacy_tokenizer):
+        fresh = build()
+        if same_tokenizer(text, tokenizer_to_json(fresh)):
+            return fresh
     track_remi = _VOICES_KEY in json.loads(text).get("config", {}).get("additional_params", {})
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tokenizer.json"
