@@ -62,3 +62,22 @@ def hold_lock(folder: Path):
     proc = subprocess.Popen([PYTHON, "-c", _HOLD, str(folder)], stdout=subprocess.PIPE, env=subprocess_env(), text=True)
     assert proc.stdout.readline().strip() == "locked"
     return proc
+
+
+def rewrite_header(source: Path, target: Path, **changes) -> Path:
+    """A copy of the checkpoint ``source`` in the folder ``target`` with header entries replaced
+    (``config``: a dict of changes to spe_config; ``metadata``: to spe_metadata; others: whole entries)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(source), framework="pt") as f:
+        header = dict(f.metadata())
+    for key, entry in (("config", "spe_config"), ("metadata", "spe_metadata")):
+        if key in changes:
+            header[entry] = json.dumps({**json.loads(header[entry]), **changes.pop(key)})
+    header.update(changes)
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(load_file(str(source)), str(target / "model.safetensors"), metadata=header)
+    return target

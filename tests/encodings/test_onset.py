@@ -2,6 +2,7 @@
 tokens, the kernel in onset time, causality, decoding and the refusals where there are no onsets."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -185,8 +186,10 @@ def test_where_there_are_no_onsets_the_onset_clock_is_refused():
         DecoderLM(ModelConfig(vocab_size=5, d_model=16, num_heads=2, spe_time="onset"))
     with pytest.raises(ValueError, match="encoder, which has none"):  # LRA's classifiers
         ClassifierConfig(vocab_size=5, num_classes=2, spe_time="onset")
-    with pytest.raises(ValueError, match="onset_scale must be a finite number"):
-        ModelConfig(vocab_size=5, onset_scale=float("nan"))
+    for scale in (float("nan"), 1e308, -1.0):  # 1e308 turned every time into inf, every score into NaN
+        with pytest.raises(ValueError, match=r"onset_scale must be a number in \[0, 1e\+06\] .*got "
+                                             + re.escape(repr(scale))):
+            ModelConfig(vocab_size=5, onset_scale=scale)
     from spe.lab.synth.config import preset_config
 
     with pytest.raises(ValueError, match="spe synth's tasks have none"):

@@ -59,7 +59,8 @@ def onset_tokens(vocab: dict[str, int]) -> dict[str, int]:
 
     Raises:
         ValueError: if the vocabulary has no ``Bar`` or no ``Position`` token (not REMI: the
-            task has no onsets), or has ``Rest`` tokens (time the clock does not read).
+            task has no onsets), has ``Rest`` tokens (time the clock does not read), or a
+            ``TimeSig_n/d`` with n or d 0 (naming it).
     """
     if any(name.startswith("Rest_") for name in vocab):
         raise ValueError("the onset clock reads REMI's Bar and Position tokens; this vocabulary has Rest tokens, "
@@ -69,6 +70,10 @@ def onset_tokens(vocab: dict[str, int]) -> dict[str, int]:
     if not any(_BAR.match(n) for n in kept) or not any(_POSITION.match(n) for n in kept):
         raise ValueError("the onset clock needs a REMI vocabulary (Bar and Position_k tokens): this task's "
                          "tokens have no onsets")
+    for name in kept:  # a bar of 0 beats, or beats of 1/0 of a whole note (a hand-edited header)
+        if (m := _TIME_SIG.match(name)) and (int(m.group(1)) < 1 or int(m.group(2)) < 1):
+            raise ValueError(f"the onset clock's token {name!r} is no time signature: TimeSig_n/d takes n ≥ 1 "
+                             "beats of 1/d ≥ 1 of a whole note")
     return kept
 
 

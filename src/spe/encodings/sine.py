@@ -488,6 +488,10 @@ class SineOptions:
                              f"set), got {self.onset_scale!r}")
         if self.onset_tokens is not None and not isinstance(self.onset_tokens, dict):
             raise ValueError(f"onset_tokens must be a dict of REMI token → id, got {type(self.onset_tokens).__name__}")
+        if self.onset_tokens is not None:  # checked with the config, so a loader names the checkpoint
+            from spe.encodings.onset import onset_tokens
+
+            onset_tokens(self.onset_tokens)
         if self.spe_time == "onset" and self.positional == "sinespe" and not type(self).causal:
             raise ValueError(f"spe_time 'onset' reads the onsets of a music language model's tokens: "
                              f"{type(self).__name__} is an encoder, which has none")

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_midi
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
-from tiny_run import clean_midi, tiny_config, toml_text
+from tiny_run import clean_midi, rewrite_header, tiny_config, toml_text
 
 from spe.lab.cli.main import main
 from spe.lab.options import MAX_THREADS
@@ -24,18 +22,6 @@ def _snapshot(root: Path) -> dict:
     """path -> (bytes, mtime) of every file below root, the token cache left out."""
     return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
             for p in sorted(root.rglob("*")) if p.is_file() and "cache" not in p.parts}
-
-
-def _rewrite_header(source: Path, target: Path, **changes) -> Path:
-    """A copy of a checkpoint with header entries replaced (spe_config given as a dict of changes)."""
-    with safe_open(str(source), framework="pt") as f:
-        header = dict(f.metadata())
-    if "config" in changes:
-        header["spe_config"] = json.dumps({**json.loads(header["spe_config"]), **changes.pop("config")})
-    header.update(changes)
-    target.mkdir(parents=True, exist_ok=True)
-    save_file(load_file(str(source)), str(target / "model.safetensors"), metadata=header)
-    return target
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +39,12 @@ def world(tmp_path_factory):
     (root / "threads_neg.toml").write_text(good.replace("threads = 1", "threads = -1"))
     (root / "huge_conv.toml").write_text(good + f"short_conv = {2 ** 63 - 1}\n")  # [model] is the last table
     checkpoint = root / "run" / "model.safetensors"
-    _rewrite_header(checkpoint, root / "future", spe_format_version="99")
-    _rewrite_header(checkpoint, root / "other", config={"d_model": 64})
+    rewrite_header(checkpoint, root / "future", spe_format_version="99")
+    rewrite_header(checkpoint, root / "other", config={"d_model": 64})
     for name, value in HEADER_CASES.items():
-        _rewrite_header(checkpoint, root / name, config={"vocab_size": value})
-    _rewrite_header(checkpoint, root / "layers_1e9", config={"num_layers": 10 ** 9})
-    _rewrite_header(checkpoint, root / "step_str", spe_metadata=json.dumps({"step": "six"}))
+        rewrite_header(checkpoint, root / name, config={"vocab_size": value})
+    rewrite_header(checkpoint, root / "layers_1e9", config={"num_layers": 10 ** 9})
+    rewrite_header(checkpoint, root / "step_str", spe_metadata=json.dumps({"step": "six"}))
     (root / "broken.mid").write_bytes(b"MThd\x00\x00\x00\x06not a midi file at all")
     write_midi(root / "long_prompt.mid", notes=60)
     for i in range(2):

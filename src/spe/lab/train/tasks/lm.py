@@ -138,7 +138,13 @@ class LMTask:
         self.model_settings = {}  # what the data sets in the model (once: build_model may run on a meta device)
         if reads_onsets(config):
             self.model_settings = onset_settings(dict(tokenizer.vocab), self.split.train_pieces)
-            log.info("onset clock: %.4g tokens per beat (the training pieces' mean)", self.model_settings["onset_scale"])
+            measured, given = self.model_settings["onset_scale"], cfg.model.get("onset_scale")
+            if given:  # the user's scale wins over the corpus's, and says so
+                self.model_settings["onset_scale"] = given
+                warnings.warn(f"onset clock: onset_scale {given:g} tokens per beat as given (the training pieces' "
+                              f"mean is {measured:.4g}; leave onset_scale out to take it)", stacklevel=4)
+            else:
+                log.info("onset clock: %.4g tokens per beat (the training pieces' mean)", measured)
         shifter = PitchShifter(tokenizer.vocab, cfg.max_transpose) if cfg.max_transpose > 0 else None
         self.sampler = CropSampler(self.split.train_pieces, cfg.seq_len, shifter)
         self.val_batch = prefix_batch(self.split.val_pieces, cfg.seq_len + 1)  # (N, L + 1)
