@@ -254,3 +254,13 @@ def test_a_bad_thread_count_is_refused_before_anything_runs(threads, tmp_path):
     with pytest.raises(ValueError, match=rf"threads must be 0 .* got {threads!r}"):
         run_lra(preset_config("listops", "ape", "performer", preset="cpu-small"), [0], tmp_path / "out", threads=threads)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text,message", [("[1, 2]", "it holds a JSON array"), ("{broken", "not valid JSON")])
+def test_an_out_whose_config_json_is_another_tools_is_refused_naming_it(text, message, tmp_path):
+    from spe.lab.lra.run import open_experiment
+
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"{tmp_path}/config\.json is not an spe lra experiment's config: {message}"):
+        open_experiment(tmp_path, preset_config("listops", "ape", "performer", preset="cpu-small"))
+    assert (tmp_path / "config.json").read_text() == text
