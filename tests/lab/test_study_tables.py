@@ -10,7 +10,8 @@ import pytest
 
 from spe.lab.study_data import FIELDS, check_record, read_study, sweep_study, synth_folder_results, synth_study, \
     write_study
-from spe.lab.study_tables import drifted_blocks, line_style, plot_study, render_study, replace_blocks, study_blocks
+from spe.lab.study_tables import PANEL_ROWS, drifted_blocks, line_style, panel_groups, plot_study, render_study, \
+    replace_blocks, study_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 # per-seed validation values of three rows (the rules' hand-computed case, tests/lab/test_study_rules.py)
@@ -323,3 +324,40 @@ def test_a_synth_result_without_params_is_named(tmp_path):
     (tmp_path / "ape" / "config.json").write_text(json.dumps({"task": "mqar"}))
     with pytest.raises(ValueError, match=r"ape/config.json has no train_length"):
         synth_folder_results(tmp_path)
+
+
+BACH_ROWS = ["ape", "sinespe", "gated", "gated-channel", "fox", "sinespe-whole", "sinespe-gated-whole",
+             "sinespe-gated-channel-whole", "foxpro", "path", "path-fox", "rope-learned", "rope-learned-gated",
+             "sinespe-onset", "sinespe-learned", "sinespe-learned-gated", "sinespe-learned-gated-channel",
+             "sinespe-learned-linear-gated"]
+
+
+def test_the_plot_groups_rows_by_family_at_most_six_a_panel():
+    groups = panel_groups(BACH_ROWS)
+    assert sorted(n for _, names in groups for n in names) == sorted(BACH_ROWS)  # each row once
+    assert all(len(names) <= PANEL_ROWS for _, names in groups)
+    families = dict(groups)
+    assert families["PaTH and FoX"] == ["fox", "foxpro", "path", "path-fox"]
+    assert families["sineSPE, ungated"] == ["sinespe", "sinespe-whole", "sinespe-onset", "sinespe-learned"]
+    # a family longer than a panel is cut into parts, in order
+    many = [f"sinespe-gated-{k}" for k in range(8)]
+    assert panel_groups(many) == [("sineSPE under a gate (1/2)", many[:6]), ("sineSPE under a gate (2/2)", many[6:])]
+
+
+def test_every_panel_draws_the_best_row_and_at_most_six_others(tmp_path):
+    pytest.importorskip("matplotlib")
+    names = ["ape", "fox", *(f"sinespe-gated-{k}" for k in range(7))]
+    base = {name: 1.0 + 0.1 * i for i, name in enumerate(names)}  # fox the best after ape
+    base["fox"] = 0.5
+    records = [{**r, "variant": name, "value": r["value"] - 0.95 + base[name]}
+               for name in names for r in _records() if r["variant"] == "a"]
+    meta = {**_meta(), "rows": {n: {"description": n, "window": "whole past"} for n in names}}
+    drawn = plot_study(records, meta, tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+    assert {family for family, _ in drawn} == {"APE and RoPE", "PaTH and FoX", "sineSPE under a gate (1/2)",
+                                              "sineSPE under a gate (2/2)"}
+    for (family, split), labels in drawn.items():
+        rows = [label for label in labels if not label.startswith("best: ")]
+        assert 1 <= len(rows) <= PANEL_ROWS, (family, split)
+        assert "best: fox" in labels or "fox (best group)" in labels, (family, split)
+

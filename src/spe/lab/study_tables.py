@@ -260,9 +260,53 @@ _TAB20 = ("#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d6
           "#17becf", "#9edae5")
 
 
-def plot_study(records: list[dict], meta: dict, png: Path) -> None:
-    """Mean over seeds against position (bucket centre) or length, on a log axis, one panel per
-    split, one line per row: 20 colours × 4 line styles × 7 markers keep 17+ rows apart."""
+#: lines of rows a panel of the plot holds at most (beside the best row, drawn in every panel)
+PANEL_ROWS = 6
+
+
+def row_family(name: str) -> str:
+    """The family a study row is drawn with (one row of panels each), read from its name: PaTH
+    and FoX (softmax with position in the data), the token shift, forget gates alone, sineSPE
+    under a gate, sineSPE ungated, APE and RoPE, other rows."""
+    words = name.split("-")
+    if "path" in words or words[0] in ("fox", "foxpro"):
+        return "PaTH and FoX"
+    if "shift" in words:
+        return "token shift of k and v"
+    if words[0] == "gated":
+        return "forget gates alone"
+    if words[0] == "sinespe":
+        return "sineSPE under a gate" if "gated" in words else "sineSPE, ungated"
+    if words[0] in ("ape", "rope"):
+        return "APE and RoPE"
+    return "other rows"
+
+
+def panel_groups(rows: list[str]) -> list[tuple[str, list[str]]]:
+    """(family, rows) of each row of panels: ``rows`` grouped by :func:`row_family` in the order
+    the families first appear, a family of more than :data:`PANEL_ROWS` rows cut into parts of
+    at most that many (titled ``family (1/2)``, ...)."""
+    families: dict[str, list[str]] = {}
+    for name in rows:
+        families.setdefault(row_family(name), []).append(name)
+    groups = []
+    for family, names in families.items():
+        parts = [names[i:i + PANEL_ROWS] for i in range(0, len(names), PANEL_ROWS)]
+        groups += [(family if len(parts) == 1 else f"{family} ({k}/{len(parts)})", part)
+                   for k, part in enumerate(parts, 1)]
+    return groups
+
+
+def plot_study(records: list[dict], meta: dict, png: Path) -> dict[tuple[str, str], list[str]]:
+    """Mean over seeds against position (bucket centre) or length, on a log axis: small
+    multiples, one column of panels per split and one row per family of rows
+    (:func:`panel_groups`, at most :data:`PANEL_ROWS` rows a panel), the best row on validation
+    at the last shown bucket drawn in every panel (black, dashed) and the rows of its best group
+    drawn thick. Writes ``png``.
+
+    Returns:
+        (family, split) -> the labels drawn in that panel.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -270,26 +314,50 @@ def plot_study(records: list[dict], meta: dict, png: Path) -> None:
 
     values, metric = _values(records), meta["metric"]
     splits = [SELECTION_SPLIT, *sorted(s for s in values if s != SELECTION_SPLIT)]
-    rows = [*meta["rows"], *sorted({r["variant"] for r in records} - set(meta["rows"]))]
-    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits) + 2.5, 4.4), sharey=True, squeeze=False)
+    held = {r["variant"] for r in records}
+    rows = [*(n for n in meta["rows"] if n in held), *sorted(held - set(meta["rows"]))]
+    validation = values[SELECTION_SPLIT]
+    last = shown_buckets(list(validation), metric, meta["train_length"])[-1]
+    sel = select({n: list(s.values()) for n, s in validation[last].items()}, metric)
+    best, group = sel.best, set(sel.group)
+    scale = 100 if metric == "accuracy" else 1
+
+    def curve(split: str, name: str) -> list[tuple[float, float]]:
+        points = [((a + b) / 2, [v for v in values[split][a, b].get(name, {}).values() if math.isfinite(v)])
+                  for a, b in sorted(values[split])]
+        return [(x, mean_and_std(v)[0] * scale) for x, v in points if v]
+
+    groups = panel_groups(rows)
+    fig, axes = plt.subplots(len(groups), len(splits), figsize=(4.6 * len(splits) + 3.2, 2.7 * len(groups) + 0.6),
+                             sharex="col", sharey=True, squeeze=False)
+    drawn: dict[tuple[str, str], list[str]] = {}
+    for (family, names), panels in zip(groups, axes):
+        for ax, split in zip(panels, splits):
+            labels = drawn.setdefault((family, split), [])
+            if best is not None and best not in names and (points := curve(split, best)):
+                ax.plot(*zip(*points), color="black", linestyle="--", linewidth=1.0, label=f"best: {best}")
+                labels.append(f"best: {best}")
+            for i, name in enumerate(names):
+                if points := curve(split, name):
+                    colour, style, marker = line_style(i)
+                    label = f"{name} (best group)" if name in group else name
+                    ax.plot(*zip(*points), color=colour, linestyle=style, marker=marker, markersize=3.5,
+                            linewidth=2.6 if name in group else 1.2, label=label)
+                    labels.append(label)
+            ax.set_xscale("log", base=2)
+            ax.axvline(meta["train_length"], color="grey", linewidth=0.8)
+            ax.tick_params(labelsize=7)
+        panels[0].set_ylabel(f"{family}\n" + ("nats/token" if metric == "cross_entropy" else "accuracy (%)"),
+                             fontsize=8)
+        panels[-1].legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     for ax, split in zip(axes[0], splits):
-        for i, name in enumerate(rows):
-            points = [((a + b) / 2, [v for v in values[split][a, b].get(name, {}).values()
-                                     if math.isfinite(v)]) for a, b in sorted(values[split])]
-            points = [(x, mean_and_std(v)[0] * (100 if metric == "accuracy" else 1)) for x, v in points if v]
-            if points:
-                colour, style, marker = line_style(i)
-                ax.plot(*zip(*points), color=colour, linestyle=style, marker=marker, markersize=4,
-                        linewidth=1.3, label=name)
-        ax.set_xscale("log", base=2)
-        ax.axvline(meta["train_length"], color="grey", linewidth=0.8)
-        ax.set_title(f"{split}{' (selection)' if split == SELECTION_SPLIT else ' (reported)'}", fontsize=10)
+        ax.set_title(f"{split}{' (selection)' if split == SELECTION_SPLIT else ' (reported)'}", fontsize=9)
+    for ax in axes[-1]:
         ax.set_xlabel("token position (bucket centre, log scale)" if metric == "cross_entropy"
-                      else "sequence length N (log scale)")
-    axes[0][0].set_ylabel("cross-entropy (nats/token)" if metric == "cross_entropy" else "accuracy (%)")
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+                      else "sequence length N (log scale)", fontsize=8)
     fig.suptitle(meta["title"], fontsize=10)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=90)
+    fig.savefig(png, dpi=80)
     plt.close(fig)
+    return drawn
