@@ -20,11 +20,30 @@ PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 SKIPPED = {
     "lra-load-task": "reads the official aclImdb folder, and generates the embedded ListOps into ~/.cache",
 }
+
+
+def _music_run(folder: Path) -> None:
+    """runs/music: a tiny music run (tests/tiny_run.py, seconds), and prompt.mid: one of its MIDI files."""
+    import shutil
+
+    from tiny_run import tiny_config
+
+    from spe.lab.train.loop import train
+
+    train(tiny_config(folder, "runs/music"))
+    shutil.copy(folder / "clean_midi" / "piece0.mid", folder / "prompt.mid")
+
+
+# Python blocks that run in a folder prepared for them, by the name their first line gives
+# (`# docs-test: in NAME (what it holds)`): NAME → what writes it into the block's folder.
+PREPARED = {"music-run": _music_run}
+
 # Pages the README links to that other branches add; their links are checked once they exist.
 PENDING_PAGES = {"docs/learned-time.md"}
 
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _SKIP = re.compile(r"^# docs-test: skip ([\w.-]+) \((.+)\)$")
+_IN = re.compile(r"^# docs-test: in ([\w.-]+) \((.+)\)$")
 
 
 def _rel(path: Path) -> str:
@@ -47,6 +66,11 @@ def _skip_name(code: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _folder_name(code: str) -> str | None:
+    match = _IN.match(code.split("\n", 1)[0])
+    return match.group(1) if match else None
+
+
 BLOCKS = _python_blocks()
 
 
@@ -55,6 +79,10 @@ def test_python_block_runs_as_written(where, code, tmp_path, monkeypatch):
     name = _skip_name(code)
     if name is not None:
         pytest.skip(f"{name}: {SKIPPED.get(name, 'not listed in SKIPPED (test_skipped_blocks_are_listed fails)')}")
+    folder = _folder_name(code)
+    if folder is not None:
+        assert folder in PREPARED, f"{where}: no folder {folder!r} in PREPARED"
+        PREPARED[folder](tmp_path)
     monkeypatch.chdir(tmp_path)  # anything a block writes stays in the test's folder
     exec(compile(code, where, "exec"), {"__name__": "__docs__"})
 
@@ -63,6 +91,10 @@ def test_skipped_blocks_are_listed_with_their_reason():
     marked = [name for _, code in BLOCKS if (name := _skip_name(code)) is not None]
     assert sorted(marked) == sorted(SKIPPED), "a block's skip marker and SKIPPED disagree"
     assert len(BLOCKS) - len(marked) >= 7  # the README's two, api.md's four, lra-reference.md's classifier
+
+
+def test_prepared_folders_are_each_used_by_a_block():
+    assert sorted({name for _, code in BLOCKS if (name := _folder_name(code)) is not None}) == sorted(PREPARED)
 
 
 def test_cli_reference_is_what_the_parsers_generate():

@@ -21,6 +21,8 @@ from spe.checkpoint import LoadedCheckpoint, atomic_write, load
 from spe.lab.data.split import CorpusSplit, split_of_run, validation_sequences
 from spe.lab.labels import run_label
 from spe.lab.evaluation.extrapolation import bucket_means, per_position_cross_entropy, unigram_cross_entropy
+from spe.lab.evaluation.memory import check_evaluation_memory, evaluation_bytes, out_of_memory_error
+from spe.lab.train.memory import format_bytes
 from spe.lab.outputs import check_output_file, check_output_folder, check_outside_data
 
 __all__ = ["evaluate_checkpoints", "evaluate_models", "model_label", "stored_summary", "summary_table",
@@ -105,10 +107,21 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
         loaded.check_length(length, f"--eval-length {length}" if max_length
                             else f"the default length {length}")
     seqs = validation_sequences(split, length)
+    batch = max(1, min(batch_size, len(seqs)))
+    for loaded in checkpoints:  # every model before the first forward pass
+        check_evaluation_memory(loaded.path, loaded.config, length, batch, next(loaded.model.parameters()).device,
+                                flag="--eval-length" if max_length else "the default length")
     results = []
     for loaded in checkpoints:
-        ce = per_position_cross_entropy(loaded.model, seqs, batch_size=batch_size, num_realizations=num_realizations,
-                                        num_draws=num_draws, progress=progress)
+        try:
+            ce = per_position_cross_entropy(loaded.model, seqs, batch_size=batch_size,
+                                            num_realizations=num_realizations, num_draws=num_draws, progress=progress)
+        except (RuntimeError, MemoryError) as err:
+            if not out_of_memory_error(err):
+                raise
+            raise ValueError(f"{loaded.path} ran out of memory at length {length} with {batch} sequence(s) per "
+                             "batch (estimated " + format_bytes(evaluation_bytes(loaded.config, length, batch))
+                             + "): lower --eval-length or --batch-size") from None
         _warn_non_finite(loaded, ce, bucket_width or loaded.seq_len)
         results.append(_model_row(loaded, ce, bucket_width))
     uni = unigram_cross_entropy(split.train_pieces, seqs, checkpoints[-1].config.vocab_size)
@@ -199,6 +212,22 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out.tolist()
 
 
+def _check_music_checkpoint(loaded: LoadedCheckpoint) -> None:
+    """Raises ValueError, naming the checkpoint and what to use instead, for a model that ``spe synth``
+    wrote (its metadata holds the synthetic task's config): its tokens are the task's, not REMI's,
+    and no music split exists to evaluate it on."""
+    synth = loaded.metadata.get("synth")
+    if synth is not None:
+        task = synth.get("task", "a synthetic task") if isinstance(synth, dict) else "a synthetic task"
+        seed_folder = Path(loaded.path) if Path(loaded.path).is_dir() else Path(loaded.path).parent
+        if seed_folder.parent.name == "checkpoints":  # OUT/seedK/checkpoints/step-N/model.safetensors
+            seed_folder = seed_folder.parent.parent
+        raise ValueError(f"{loaded.path} was written by spe synth ({task}), a task that music evaluation does not "
+                         f"apply to: spe synth validates and tests its own rows (run it again with --out "
+                         f"{seed_folder.parent} and more --eval-lengths to test the final model at more lengths; "
+                         f"{seed_folder.parent / 'results.json'} holds the scores)")
+
+
 def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | os.PathLike, *,
                          max_length: int | None, data: str | None, cache_dir: str | None, batch_size: int,
                          device: str, json_path: str | None, progress: bool, num_realizations: int | None = None,
@@ -238,6 +267,8 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
     loaded = [c if isinstance(c, LoadedCheckpoint) else load(c, device=device) for c in checkpoints]
     if not loaded:
         raise ValueError("give at least one checkpoint to evaluate")
+    for c in loaded:
+        _check_music_checkpoint(c)
     for c in loaded:
         c.set_window(window)
     read = data if data is not None else loaded[0].train_config.get("data")  # outputs never among the pieces
