@@ -1,0 +1,198 @@
+"""The memory of evaluating a model at a length, estimated from its config before it runs.
+
+Teacher-forced evaluation runs one forward pass per batch without gradients: the layers run one
+after another, so the peak is the batch's activations and logits plus the largest transient of
+one attention layer. That transient is linear in the length for linear kernels and PyTorch's
+fused softmax, but quadratic where attention is formed as an L × L matrix (PaTH, score encodings,
+softmax with a mask or an SPE code whose size differs from the values'), and FoX holds blocks of
+:data:`~spe.ops.softmax.FOX_QUERY_BLOCK` queries × L keys. A 41,000-token piece on a tiny PaTH
+model would need tens of GB: :func:`check_evaluation_memory` refuses that before any forward
+pass, naming the estimate, the memory available and the largest length that fits.
+
+The constants are bytes per element of the (B, H, L, L) scores, measured as the peak resident
+memory of one forward pass on the CPU (float32, PyTorch 2.x) at L = 1,024 to 8,192 and rounded
+up: PaTH 9.8 (with FoX's gate 16.8), Music Transformer's relative term 12.0, ALiBi 12.5, the SPE
+oracle 8.3, softmax through its unfused path 6.3 (a window's mask) to 10.6 (an SPE code), FoX's
+blocks 12 to 16; Shaw's relative values add ~8.5 bytes per (L, L, D) element, shared by the batch and
+the heads. On CUDA the same formula is an upper bound (its kernels fuse more).
+
+Letters: B = sequences per batch, L = positions, H = heads, D = head size, C = d_model,
+V = vocabulary.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from spe.encodings.registry import POSITIONAL_SPECS
+from spe.lab.train.memory import format_bytes
+from spe.ops.softmax import FOX_QUERY_BLOCK
+
+__all__ = ["available_memory", "check_evaluation_memory", "evaluation_bytes", "largest_length",
+           "out_of_memory_error"]
+
+# bytes per (B, H, L, L) score element, by what forms the scores (see the module's docstring)
+_SCORE_BYTES = {"path": 10.0, "path-fox": 17.0, "shaw": 12.5, "scores": 12.5, "unfused-softmax": 11.0, "fox": 16.0}
+_SHAW_VALUE_BYTES = 8.5  # per (L, L, D) element of Shaw's relative values
+# per position and sequence: logits and their log-softmax (V), the residual stream and its
+# projections (C), the kernel's features (H × F)
+_LOGIT_BYTES, _STREAM_BYTES, _FEATURE_BYTES = 12, 32, 64
+_CODE_BYTES = 12  # per element of a materialised (L, H, D, R) SPE code and its products
+_MATERIALISED_CODE = 2 ** 24  # the most elements impl="auto" materialises (spe.encodings.filter)
+
+
+def _score_kind(config, length: int) -> str | None:
+    """What forms a (B, H, L, L) matrix in this config's attention, or None (linear memory)."""
+    spec = POSITIONAL_SPECS[config.positional]
+    gated = config.decay == "gated"
+    if config.positional == "path":
+        return "path-fox" if gated else "path"
+    if config.positional == "shaw":
+        return "shaw"
+    if spec.acts_on == "scores":
+        return "scores"
+    if config.attention != "softmax":
+        return None
+    if gated:
+        return "fox"
+    window = getattr(config, "attention_window", None)
+    if (window is not None and window < length) or (spec.stochastic and config.num_realizations != config.d_model
+                                                     // config.num_heads):
+        return "unfused-softmax"  # a mask, or queries and keys of another size than the values
+    return None
+
+
+def evaluation_bytes(config, length: int, batch: int) -> int:
+    """Estimated peak bytes, beyond the loaded model, of one forward pass over ``batch`` sequences
+    of ``length`` positions (float32, no gradients).
+
+    Args:
+        config: the model's :class:`~spe.models.ModelConfig`.
+        length: L, positions per sequence.
+        batch: B, sequences per forward pass.
+
+    Returns:
+        Bytes: the batch's logits, activations and features (linear in B·L), the SPE code (linear
+        in L, up to what is materialised) and the attention's L × L transient where it has one.
+    """
+    heads, head = config.num_heads, config.d_model // config.num_heads
+    stochastic = POSITIONAL_SPECS[config.positional].stochastic
+    features = max(head, config.num_realizations if stochastic else 0,
+                   config.num_features if config.attention == "performer" else 0)
+    need = batch * length * (_LOGIT_BYTES * config.vocab_size + _STREAM_BYTES * config.d_model
+                             + _FEATURE_BYTES * heads * features)
+    if stochastic:
+        need += _CODE_BYTES * min(length * heads * head * config.num_realizations, _MATERIALISED_CODE)
+    kind = _score_kind(config, length)
+    if kind == "fox":
+        need += _SCORE_BYTES[kind] * batch * heads * min(length, FOX_QUERY_BLOCK) * length
+    elif kind is not None:
+        need += _SCORE_BYTES[kind] * batch * heads * length * length
+        if kind == "shaw":
+            need += _SHAW_VALUE_BYTES * length * length * head
+    return int(need)
+
+
+def available_memory(device: torch.device | str) -> int | None:
+    """Bytes that can still be allocated on ``device``: a CUDA device's free memory
+    (``torch.cuda.mem_get_info``), else the machine's available memory (psutil if installed,
+    else /proc/meminfo's MemAvailable), no more than what the process's cgroup still allows;
+    None where none of these can be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        import psutil
+
+        have = int(psutil.virtual_memory().available)
+    except ImportError:
+        have = _meminfo_available()
+    limit = _cgroup_room()
+    return have if limit is None else limit if have is None else min(have, limit)
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """What the cgroup (v2) of this process may still allocate, or None (no limit, or unreadable)."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def largest_length(config, batch: int, budget: int, upper: int) -> int:
+    """The largest L ≤ ``upper`` whose :func:`evaluation_bytes` fits in ``budget`` (0 if none)."""
+    low, high = 0, upper
+    while low < high:
+        mid = (low + high + 1) // 2
+        if evaluation_bytes(config, mid, batch) <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def check_evaluation_memory(path: str | os.PathLike, config, length: int, batch: int,
+                            device: torch.device | str, *, flag: str = "--eval-length") -> None:
+    """Raises ValueError (one line) if evaluating ``config`` at ``length`` on ``batch`` sequences
+    cannot fit in the memory available (:func:`available_memory`); does nothing where that is unknown.
+
+    Args:
+        path: the checkpoint, for the message.
+        config: its model config.
+        length: L, the positions asked for.
+        batch: B, sequences per forward pass.
+        device: where it runs.
+        flag: how the message names the length option.
+
+    Raises:
+        ValueError: naming the estimate, the memory available, the largest length that fits at
+            this batch size (and at one sequence per batch, where that is larger).
+    """
+    have = available_memory(device)
+    need = evaluation_bytes(config, length, batch)
+    if have is None or need <= have:
+        return
+    fits = largest_length(config, batch, have, length)
+    alone = largest_length(config, 1, have, length) if batch > 1 else fits
+    hint = f"{flag} {fits} fits" if fits else "no length fits"
+    if alone > fits:
+        hint += f" ({alone} with --batch-size 1)"
+    raise ValueError(f"{path} at {flag} {length} needs about {format_bytes(need)} ({_what(config, length)}, "
+                     f"{batch} sequence(s) per batch) but {torch.device(device).type} memory available is "
+                     f"{format_bytes(have)}: {hint}")
+
+
+def _what(config, length: int) -> str:
+    kind = _score_kind(config, length)
+    where = f"positional {config.positional}, attention {config.attention}" + (
+        f", decay {config.decay}" if config.decay != "none" else "")
+    if kind is None:
+        return where + ": linear in the length"
+    return where + (": blocks of queries × the length" if kind == "fox" else ": quadratic in the length")
+
+
+def out_of_memory_error(err: BaseException) -> bool:
+    """Whether ``err`` is the allocator's failure (CUDA's OutOfMemoryError, the CPU allocator's
+    RuntimeError, Python's MemoryError) rather than another error."""
+    if isinstance(err, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and ("alloc" in text and "memory" in text)

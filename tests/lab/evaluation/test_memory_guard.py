@@ -1,0 +1,117 @@
+"""spe evaluate estimates the memory of evaluating a checkpoint at the asked length and refuses,
+in one line, what cannot fit (naming the estimate, the memory available and the largest length
+that fits); an allocator failure during evaluation is one line too; a model of spe synth is
+named as such."""
+
+import pytest
+import torch
+from tiny_run import tiny_config
+
+import spe.lab.evaluation.checkpoints as checkpoints
+import spe.lab.evaluation.memory as memory
+from spe.checkpoint import load_metadata, save
+from spe.lab.cli.main import main
+from spe.lab.train.loop import train
+from spe.models import DecoderLM, ModelConfig
+
+
+@pytest.fixture(scope="module")
+def path_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("memory")
+    cfg = tiny_config(tmp, "path", steps=2, eval_every=2,
+                      model={"positional": "path", "attention": "softmax", "dropout": 0.0})
+    train(cfg, progress=False)
+    return tmp
+
+
+def _config(**options) -> ModelConfig:
+    return ModelConfig(vocab_size=300, d_model=32, num_heads=2, num_layers=1, d_ff=64, **options)
+
+
+def test_the_estimate_is_quadratic_for_path_and_linear_for_a_linear_kernel():
+    path, performer = _config(positional="path", attention="softmax"), _config(positional="rope")
+    assert memory.evaluation_bytes(path, 8192, 1) > 3.5 * memory.evaluation_bytes(path, 4096, 1)
+    assert memory.evaluation_bytes(path, 4096, 2) > 1.9 * memory.evaluation_bytes(path, 4096, 1)
+    assert memory.evaluation_bytes(performer, 8192, 1) < 2.1 * memory.evaluation_bytes(performer, 4096, 1)
+    # the measured case: a tiny PaTH model at 16,384 positions peaked at 5.6 GB
+    assert 4.5e9 < memory.evaluation_bytes(path, 16384, 1) < 7e9
+
+
+def test_the_largest_length_that_fits_is_the_last_within_the_budget():
+    config = _config(positional="path", attention="softmax")
+    budget = memory.evaluation_bytes(config, 1000, 1)
+    assert memory.largest_length(config, 1, budget, 5000) == 1000
+    assert memory.largest_length(config, 1, 10, 5000) == 0
+
+
+def test_what_cannot_fit_is_refused_in_one_line_before_any_forward_pass(path_run, monkeypatch, capsys):
+    def never(*args, **kwargs):
+        raise AssertionError("a forward pass ran")
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 2_000_000)
+    monkeypatch.setattr(checkpoints, "per_position_cross_entropy", never)
+    out = path_run / "refused"
+    assert main(["evaluate", "--checkpoint", str(path_run / "path"), "--eval-length", "200",
+                 "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "--eval-length 200 needs about" in err[0] and "available is 2 MB" in err[0]
+    assert "positional path" in err[0] and "quadratic" in err[0]
+    fits = int(err[0].split(": --eval-length ")[1].split()[0])
+    model = ModelConfig.from_dict(load_metadata(path_run / "path")["config"])
+    assert 0 < fits < 200
+    assert memory.evaluation_bytes(model, fits, 1) <= 2_000_000 < memory.evaluation_bytes(model, fits + 1, 1)
+    assert not out.exists()
+
+
+def test_enough_memory_evaluates(path_run, monkeypatch, capsys):
+    monkeypatch.setattr(memory, "available_memory", lambda device: 10 ** 12)
+    out = path_run / "evaluated"
+    assert main(["evaluate", "--checkpoint", str(path_run / "path"), "--eval-length", "64",
+                 "--out", str(out), "--no-progress"]) == 0
+    assert (out / "summary.json").is_file()
+
+
+def test_an_allocator_failure_during_evaluation_is_one_line(path_run, monkeypatch, capsys):
+    def allocator(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
+                           "you tried to allocate 2147483648 bytes.")
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 10 ** 12)
+    monkeypatch.setattr(checkpoints, "per_position_cross_entropy", allocator)
+    assert main(["evaluate", "--checkpoint", str(path_run / "path"), "--eval-length", "64",
+                 "--out", str(path_run / "oom"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "ran out of memory at length 64" in err[0] and "--batch-size" in err[0]
+
+
+def test_available_memory_reads_meminfo_without_psutil(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_psutil(name, *args, **kwargs):
+        if name == "psutil":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_psutil)
+    monkeypatch.setattr(memory, "_meminfo_available", lambda: 123_000_000)
+    monkeypatch.setattr(memory, "_cgroup_room", lambda: 45_000_000)
+    assert memory.available_memory("cpu") == 45_000_000
+    monkeypatch.setattr(memory, "_cgroup_room", lambda: None)
+    assert memory.available_memory("cpu") == 123_000_000
+
+
+def test_a_model_of_spe_synth_is_named_with_what_to_use_instead(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=5, d_model=16, num_heads=2, num_layers=1, d_ff=32))
+    save(model, tmp_path / "ff" / "seed0", metadata={"step": 2, "synth": {"task": "flip-flop"}})
+    out = tmp_path / "out"
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "ff" / "seed0"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "written by spe synth (flip-flop)" in err[0] and f"--out {tmp_path / 'ff'}" in err[0]
+    assert "token ids" not in err[0]
+    assert not out.exists()
