@@ -176,3 +176,21 @@ def test_training_uses_the_flags_logs_the_summary_and_a_resumed_old_run_keeps_it
     assert old.vocab_size == len(tokenizer_from_json(legacy_tokenizer_json())) < task.vocab_size + 1
     # recorded as its tokenizer has them
     assert (old.cfg.tempos, old.cfg.time_signatures, old.cfg.merge_tracks) == (False, True, True)
+
+
+def test_runs_with_other_tokenizers_are_not_evaluated_together(tmp_path):
+    from spe.checkpoint import LoadedCheckpoint
+    from spe.lab.evaluation.checkpoints import evaluate_checkpoints
+    from spe.models import ModelConfig
+    from spe.models.decoder_lm import DecoderLM
+
+    def run(name, tokenizer_json):
+        model = DecoderLM(ModelConfig(vocab_size=700, d_model=16, num_layers=1, num_heads=2, d_ff=32, num_features=8))
+        return LoadedCheckpoint(path=f"runs/{name}", model=model,
+                                metadata={"train": {"seq_len": 32}, "tokenizer": tokenizer_json})
+
+    old, new = run("old", legacy_tokenizer_json()), run("new", tokenizer_to_json(make_tokenizer()))
+    with pytest.raises(ValueError, match="runs/new was trained with another REMI tokenizer than runs/old"):
+        evaluate_checkpoints([old, new], tmp_path / "eval", max_length=64, data=None, cache_dir=None, batch_size=2,
+                             device="cpu", json_path=None, progress=False)
+    assert not (tmp_path / "eval" / "summary.json").exists()

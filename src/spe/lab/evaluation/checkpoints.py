@@ -25,8 +25,8 @@ from spe.lab.evaluation.memory import check_evaluation_memory, evaluation_bytes,
 from spe.lab.train.memory import format_bytes
 from spe.lab.outputs import check_output_file, check_output_folder, check_outside_data
 
-__all__ = ["evaluate_checkpoints", "evaluate_models", "model_label", "stored_summary", "summary_table",
-           "write_evaluation"]
+__all__ = ["check_tokenizers", "evaluate_checkpoints", "evaluate_models", "model_label", "stored_summary",
+           "summary_table", "write_evaluation"]
 
 # Moving-mean width of the curves in extrapolation.png, in positions.
 SMOOTHING = 16
@@ -228,6 +228,21 @@ def _check_music_checkpoint(loaded: LoadedCheckpoint) -> None:
                          f"{seed_folder.parent / 'results.json'} holds the scores)")
 
 
+def check_tokenizers(loaded: list[LoadedCheckpoint]) -> None:
+    """Raises ValueError, naming both checkpoints, unless every one holds a REMI tokenizer with the
+    first one's parameters: the pieces are tokenised once, with the first one's, and another
+    tokenizer (other tokenizer options, or a run from before them) would read other ids."""
+    from spe.lab.data.music import same_tokenizer
+
+    for c in loaded:
+        if c.tokenizer_json is None:
+            raise ValueError(f"{c.path} holds no tokenizer: it was not trained on music by `spe train`")
+        if not same_tokenizer(c.tokenizer_json, loaded[0].tokenizer_json):
+            raise ValueError(f"{c.path} was trained with another REMI tokenizer than {loaded[0].path} (other "
+                             "--tempos/--time-signatures/--merge-tracks, or an spe from before them): token ids "
+                             "would not match; evaluate them separately")
+
+
 def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | os.PathLike, *,
                          max_length: int | None, data: str | None, cache_dir: str | None, batch_size: int,
                          device: str, json_path: str | None, progress: bool, num_realizations: int | None = None,
@@ -269,6 +284,7 @@ def evaluate_checkpoints(checkpoints: list[str | LoadedCheckpoint], out: str | o
         raise ValueError("give at least one checkpoint to evaluate")
     for c in loaded:
         _check_music_checkpoint(c)
+    check_tokenizers(loaded)
     for c in loaded:
         c.set_window(window)
     read = data if data is not None else loaded[0].train_config.get("data")  # outputs never among the pieces

@@ -25,7 +25,7 @@ from spe.lab import strict_json
 from spe.checkpoint import LoadedCheckpoint, atomic_write, load
 from spe.lab.data.split import CorpusSplit, split_of_run
 from spe.encodings.registry import positional_names, positional_spec
-from spe.lab.evaluation.checkpoints import evaluate_models, stored_summary, write_evaluation
+from spe.lab.evaluation.checkpoints import check_tokenizers, evaluate_models, stored_summary, write_evaluation
 from spe.lab.evaluation.r_grid import r_grids
 from spe.lab.evaluation.report_markdown import render_report
 from spe.lab.outputs import check_output_folder
@@ -74,17 +74,6 @@ def _check_options(checkpoints: list, generate_length: int, num_probe_tokens: in
             raise ValueError(f"{name} must be positive, got {value}")
     if any(r < 1 for r in r_test):
         raise ValueError(f"--r-test takes positive integers, got {r_test}")
-
-
-def _check_tokenizers(loaded: list[LoadedCheckpoint]) -> None:
-    from spe.lab.data.music import same_tokenizer
-
-    for c in loaded:
-        if c.tokenizer_json is None:
-            raise ValueError(f"{c.path} holds no tokenizer: it was not trained on music by `spe train`")
-        if not same_tokenizer(c.tokenizer_json, loaded[0].tokenizer_json):
-            raise ValueError(f"{c.path} was trained with another REMI tokenizer than {loaded[0].path}: "
-                             "token ids would not match")
 
 
 def model_sections(loaded: list[LoadedCheckpoint], names: list[str], split: CorpusSplit, out: Path, *,
@@ -240,7 +229,7 @@ def build_report(checkpoints: list[str], out: str | os.PathLike, *, data: str | 
     _check_options(checkpoints, generate_length, num_probe_tokens, max_length, r_test)
     out = check_output_folder(out)
     loaded = [load(c, device=device) for c in checkpoints]
-    _check_tokenizers(loaded)
+    check_tokenizers(loaded)
     names = run_names(checkpoints)
     length = max_length or 2 * max(c.seq_len for c in loaded)
     split = split_of_run(loaded[0].train_config, data=data, cache_dir=cache_dir,
