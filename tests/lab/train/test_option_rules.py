@@ -7,7 +7,7 @@ import pytest
 
 from spe.lab.cli.main import main
 from spe.lab.lra.config import LRAConfig
-from spe.lab.options import parse_seeds
+from spe.lab.options import MAX_THREADS, parse_seeds
 from spe.lab.train.config import TrainConfig
 
 NAN, INF = math.nan, math.inf
@@ -41,7 +41,8 @@ TRAIN_ONLY = [
     ("max_piece_tokens", 0, POSITIVE),
     ("test_min_tokens", -1, r"an integer ≥ 0 \(tokens; 0: no test split\)"),
     ("num_test_pieces", 0, POSITIVE),
-    ("threads", -1, r"0 \(PyTorch's default\) or a positive number of CPU threads"),
+    *[("threads", n, rf"0 \(PyTorch's default\) or a positive number of CPU threads up to {MAX_THREADS} "
+                     r"\(the CPUs this process may use\)") for n in (-1, MAX_THREADS + 1)],
 ]
 LRA_ONLY = [
     ("eval_examples", -1, r"an integer ≥ 0 \(0: the whole split\)"),
