@@ -134,3 +134,11 @@ def test_spe_train_takes_any_model_option_as_key_value_and_refuses_a_contradicti
         model_of("--model-option", "rope_base=x")
     with pytest.raises(ValueError, match=r"unknown model option\(s\) \['nope'\]"):
         model_of("--model-option", "nope=1")
+
+
+def test_the_packaged_thread_count_is_lowered_to_a_smaller_machines_cpus(monkeypatch):
+    import spe.lab.cli.main as cli
+
+    monkeypatch.setattr(cli, "MAX_THREADS", 1)  # demo.toml asks for 2
+    assert cli._train_config(cli.build_parser().parse_args(["train"])).threads == 1
+    assert cli._train_config(cli.build_parser().parse_args(["train", "--threads", "2"])).threads == 2

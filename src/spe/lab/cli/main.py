@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from spe.lab.cli.names import add_aliased, add_option_flag, add_threads_flag, say_defaults
-from spe.lab.options import OPTION_RULES, parse_int_list, set_threads
+from spe.lab.options import MAX_THREADS, OPTION_RULES, parse_int_list, set_threads
 from spe.lab.cli.model_flags import add_model_flags, check_model_flags_apply, model_flag_options
 
 __all__ = ["UsageError", "build_parser", "main"]
@@ -40,6 +40,8 @@ def _train_config(args: argparse.Namespace, **overrides):
     from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
 
     raw = load_config_file(args.config or packaged_config("demo"))
+    if not args.config and isinstance(raw.get("threads"), int):  # the packaged default, on a smaller machine
+        raw["threads"] = min(raw["threads"], MAX_THREADS)
     model = raw.pop("model", {})
     if not isinstance(model, dict):
         raise UsageError(f"config file {args.config}: model must be a [model] table, got {model!r}")
