@@ -88,6 +88,17 @@ def test_a_config_file_given_with_resume_must_agree_too(run, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_an_unknown_option_given_with_resume_is_one_line(run, tmp_path, capsys):
+    out, _, _ = run
+    assert _resume(out, "--model-option", "bogus=1") == 2
+    assert re.match(r"spe train: error: unknown model option\(s\) \['bogus'\]; known: \[", capsys.readouterr().err)
+    (tmp_path / "bogus.toml").write_text("bogus = 1\n")
+    assert main(["train", "--config", str(tmp_path / "bogus.toml"), "--out", str(out), "--resume"]) == 2
+    assert re.match(rf"spe train: error: config file {tmp_path}/bogus\.toml: unknown training option\(s\) \['bogus'\]",
+                    capsys.readouterr().err)
+
+
+@pytest.mark.slow
 def test_train_and_synth_refuse_each_others_run_folders(run, tmp_path, capsys):
     out, _, _ = run
     synth = tmp_path / "synth"

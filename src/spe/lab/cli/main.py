@@ -133,7 +133,13 @@ def _resume_config(args: argparse.Namespace):
     for key, value in model_flag_options(args).items():
         given["model"][key], sources[key] = value, f"--{key.replace('_', '-')}"
     out = given.get("out") or load_config_file(packaged_config("demo")).get("out") or "runs/default"
-    return resume_config(out, given, sources=sources) or _train_config(args)
+    try:
+        cfg = resume_config(out, given, sources=sources)
+    except ValueError as err:
+        if args.config and str(err).startswith("unknown"):
+            raise UsageError(f"config file {args.config}: {err}") from None
+        raise
+    return cfg or _train_config(args)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

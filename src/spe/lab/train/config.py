@@ -81,6 +81,13 @@ def resolve_model_options(model: dict, seq_len: int) -> dict:
     return model
 
 
+def _refuse_unknown(values: dict, known: set, kind: str) -> None:
+    """Raises ValueError naming the keys of ``values`` outside ``known`` (``unknown KIND option(s)``)."""
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"unknown {kind} option(s) {sorted(unknown)}; known: {sorted(known)}")
+
+
 @dataclass
 class TrainConfig(ExperimentOptions):
     """How to train the music language model: the engine's options
@@ -158,10 +165,7 @@ class TrainConfig(ExperimentOptions):
             raise ValueError(f"test_min_tokens {self.test_min_tokens} exceeds max_piece_tokens "
                              f"{self.max_piece_tokens}: pieces are cropped to that, so none would be long enough; "
                              "raise max_piece_tokens or lower test_min_tokens")
-        known = {f.name for f in fields(ModelConfig)} - {"vocab_size"}
-        unknown = set(self.model) - known
-        if unknown:
-            raise ValueError(f"unknown model option(s) {sorted(unknown)}; known: {sorted(known)}")
+        _refuse_unknown(self.model, {f.name for f in fields(ModelConfig)} - {"vocab_size"}, "model")
         self.model = resolve_model_options(self.model, self.seq_len)
         model = ModelConfig(vocab_size=1, **self.model)  # reject bad names before any data is read
         limit = model.position_limit
@@ -180,10 +184,7 @@ class TrainConfig(ExperimentOptions):
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(values) - known
-        if unknown:
-            raise ValueError(f"unknown training option(s) {sorted(unknown)}; known: {sorted(known)}")
+        _refuse_unknown(values, {f.name for f in fields(cls)}, "training")
         return cls(**values)
 
 
@@ -261,6 +262,8 @@ def resume_config(out: str | Path, given: dict, *, sources: dict | None = None) 
     where = f"--resume: {out} was trained with"
     given = dict(given)
     model_given = dict(given.pop("model", None) or {})
+    _refuse_unknown(given, {f.name for f in fields(TrainConfig)}, "training")
+    _refuse_unknown(model_given, {f.name for f in fields(ModelConfig)} - {"vocab_size"}, "model")
     defaults = {f.name: f.default for f in fields(TrainConfig) if f.name != "model"}
     options = {**{k: v for k, v in recorded.items() if k != "model"}}
     for key, value in given.items():
