@@ -142,3 +142,14 @@ def test_the_packaged_thread_count_is_lowered_to_a_smaller_machines_cpus(monkeyp
     monkeypatch.setattr(cli, "MAX_THREADS", 1)  # demo.toml asks for 2
     assert cli._train_config(cli.build_parser().parse_args(["train"])).threads == 1
     assert cli._train_config(cli.build_parser().parse_args(["train", "--threads", "2"])).threads == 2
+
+
+@pytest.mark.parametrize("command", ["evaluate", "generate", "report"])
+def test_threads_reach_pytorch_in_commands_that_load_a_checkpoint(command, tmp_path, monkeypatch):
+    import torch
+
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    argv = [command, "--checkpoint", str(tmp_path / "missing"), "--threads", "1", "--out", str(tmp_path / "out")]
+    assert main(argv) == 2  # no checkpoint there: the threads were set before it was looked for
+    assert asked == [1]
