@@ -98,10 +98,13 @@ def test_available_memory_reads_meminfo_without_psutil(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_psutil)
     monkeypatch.setattr(memory, "_meminfo_available", lambda: 123_000_000)
+    monkeypatch.setattr(memory, "_address_space_room", lambda: None)
     monkeypatch.setattr(memory, "_cgroup_room", lambda: 45_000_000)
     assert memory.available_memory("cpu") == 45_000_000
     monkeypatch.setattr(memory, "_cgroup_room", lambda: None)
     assert memory.available_memory("cpu") == 123_000_000
+    monkeypatch.setattr(memory, "_address_space_room", lambda: 7_000_000)  # ulimit -v
+    assert memory.available_memory("cpu") == 7_000_000
 
 
 def test_a_model_of_spe_synth_is_named_with_what_to_use_instead(tmp_path, capsys):

@@ -99,8 +99,8 @@ def evaluation_bytes(config, length: int, batch: int) -> int:
 def available_memory(device: torch.device | str) -> int | None:
     """Bytes that can still be allocated on ``device``: a CUDA device's free memory
     (``torch.cuda.mem_get_info``), else the machine's available memory (psutil if installed,
-    else /proc/meminfo's MemAvailable), no more than what the process's cgroup still allows;
-    None where none of these can be read."""
+    else /proc/meminfo's MemAvailable), no more than what the process's cgroup and its
+    ``ulimit -v`` still allow; None where none of these can be read."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
@@ -112,8 +112,8 @@ def available_memory(device: torch.device | str) -> int | None:
         have = int(psutil.virtual_memory().available)
     except ImportError:
         have = _meminfo_available()
-    limit = _cgroup_room()
-    return have if limit is None else limit if have is None else min(have, limit)
+    rooms = [room for room in (have, _cgroup_room(), _address_space_room()) if room is not None]
+    return min(rooms) if rooms else None
 
 
 def _meminfo_available() -> int | None:
@@ -135,6 +135,23 @@ def _cgroup_room() -> int | None:
         return max(0, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
     except (OSError, ValueError):
         return None
+
+
+def _address_space_room() -> int | None:
+    """What ``ulimit -v`` (RLIMIT_AS) still leaves this process: the limit less its virtual size
+    (/proc/self/status VmSize); None without a limit or where it cannot be read."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return max(0, limit - int(line.split()[1]) * 1024)
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def largest_length(config, batch: int, budget: int, upper: int) -> int:
