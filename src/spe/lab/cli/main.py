@@ -123,8 +123,9 @@ def _resume_config(args: argparse.Namespace):
     if args.config:
         raw = load_config_file(args.config)
         model = raw.get("model", {})
-        given = {**{k: v for k, v in raw.items() if k != "model"},
-                 "model": dict(model) if isinstance(model, dict) else {}}
+        if not isinstance(model, dict):
+            raise UsageError(f"config file {args.config}: model must be a [model] table, got {model!r}")
+        given = {**{k: v for k, v in raw.items() if k != "model"}, "model": dict(model)}
         sources = {k: f"config file {args.config}" for k in {*raw, *given["model"]} - {"model"}}
     switches = [f for f in ("tensorboard", "compile", "allow_data_change", "state_passing") if getattr(args, f, False)]
     for flag in (*_TRAIN_FLAGS, *switches):

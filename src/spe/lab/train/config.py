@@ -291,4 +291,4 @@ def resume_config(out: str | Path, given: dict, *, sources: dict | None = None) 
                 raise ValueError(f"{where} {key} {stored.get(key)!r}; {_option_name(key, sources)} gives "
                                  f"{model_given[key]!r}: leave it out (the run's value is taken), or train into "
                                  "another --out")
-    return TrainConfig.from_dict({**options, "model": model})
+    return TrainConfig.from_dict({**options, "out": str(out), "model": model})  # a moved run trains where it is
