@@ -155,3 +155,15 @@ def test_an_old_run_folder_without_the_task_field_still_resumes(tmp_path, capsys
     assert _resume(tmp_path / "old", "--steps", "4") == 0, capsys.readouterr().err
     assert load_metadata(tmp_path / "old")["step"] == 4
 
+
+
+@pytest.mark.slow
+def test_a_moved_run_resumes_where_it_is_and_the_original_is_untouched(run, tmp_path, capsys):
+    import shutil
+
+    out, _, _ = run
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved, ignore=shutil.ignore_patterns(".lock"))
+    before, step = _snapshot(out), load_metadata(out)["step"]
+    assert _resume(moved, "--steps", str(step + 2)) == 0, capsys.readouterr().err
+    assert load_metadata(moved)["step"] == step + 2 and _snapshot(out) == before
