@@ -194,3 +194,27 @@ def test_runs_with_other_tokenizers_are_not_evaluated_together(tmp_path):
         evaluate_checkpoints([old, new], tmp_path / "eval", max_length=64, data=None, cache_dir=None, batch_size=2,
                              device="cpu", json_path=None, progress=False)
     assert not (tmp_path / "eval" / "summary.json").exists()
+
+
+def test_a_generated_piece_keeps_its_prompt_s_tempo_signature_and_tracks(tmp_path):
+    from symusic import Score
+
+    from spe.checkpoint import LoadedCheckpoint
+    from spe.lab.generation_midi import generate_midi
+    from spe.models import ModelConfig
+    from spe.models.decoder_lm import DecoderLM
+
+    tokenizer = make_tokenizer()
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=len(tokenizer), d_model=16, num_layers=1, num_heads=2, d_ff=32,
+                                  num_features=8, num_realizations=4))
+    run = LoadedCheckpoint(path="runs/tiny", model=model,
+                           metadata={"train": {"seq_len": 256}, "tokenizer": tokenizer_to_json(tokenizer)})
+    _score(90, 3, 2).dump_midi(str(tmp_path / "prompt.mid"))  # two violins at 90 qpm in 3/2
+    generate_midi(run, str(tmp_path / "out.mid"), length=16, prompt=str(tmp_path / "prompt.mid"), prompt_bars=2,
+                  seed=0, top_p=0.9, temperature=1.0)
+    out = Score(str(tmp_path / "out.mid"))
+    assert round(out.tempos[0].qpm, 3) == 90.0
+    assert (out.time_signatures[0].numerator, out.time_signatures[0].denominator) == (3, 2)
+    violins = [t for t in out.tracks if t.program == 40 and not t.is_drum]
+    assert len(violins) >= 2 and all(len(t.notes) >= 6 for t in violins[:2])  # two bars of 3/2: 6 notes each
