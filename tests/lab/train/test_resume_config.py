@@ -158,12 +158,16 @@ def test_an_old_run_folder_without_the_task_field_still_resumes(tmp_path, capsys
 
 
 @pytest.mark.slow
-def test_a_moved_run_resumes_where_it_is_and_the_original_is_untouched(run, tmp_path, capsys):
+def test_a_moved_run_resumes_where_it_is_and_the_original_is_untouched(run, tmp_path, monkeypatch, capsys):
     import shutil
 
     out, _, _ = run
-    moved = tmp_path / "moved"
+    monkeypatch.chdir(tmp_path)
+    moved = tmp_path / "runs" / "default"  # --out's default: the run is found there, and trains there
     shutil.copytree(out, moved, ignore=shutil.ignore_patterns(".lock"))
     before, step = _snapshot(out), load_metadata(out)["step"]
-    assert _resume(moved, "--steps", str(step + 2)) == 0, capsys.readouterr().err
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["-q", "train", "--resume", "--steps", str(step + 2), "--no-progress"]) == 0, \
+            capsys.readouterr().err
     assert load_metadata(moved)["step"] == step + 2 and _snapshot(out) == before
