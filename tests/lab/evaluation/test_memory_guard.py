@@ -37,6 +37,11 @@ def test_the_estimate_is_quadratic_for_path_and_linear_for_a_linear_kernel():
     assert 4.5e9 < memory.evaluation_bytes(path, 16384, 1) < 7e9
 
 
+def test_the_test_time_realisations_count():
+    config = _config(positional="sinespe", num_realizations=8)
+    assert memory.evaluation_bytes(config, 4096, 8, num_realizations=128) > 1.5 * memory.evaluation_bytes(config, 4096, 8)
+
+
 def test_the_largest_length_that_fits_is_the_last_within_the_budget():
     config = _config(positional="path", attention="softmax")
     budget = memory.evaluation_bytes(config, 1000, 1)

@@ -110,7 +110,8 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
     batch = max(1, min(batch_size, len(seqs)))
     for loaded in checkpoints:  # every model before the first forward pass
         check_evaluation_memory(loaded.path, loaded.config, length, batch, next(loaded.model.parameters()).device,
-                                flag="--eval-length" if max_length else "the default length")
+                                flag="--eval-length" if max_length else "the default length",
+                                num_realizations=num_realizations)
     results = []
     for loaded in checkpoints:
         try:
@@ -120,7 +121,8 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
             if not out_of_memory_error(err):
                 raise
             raise ValueError(f"{loaded.path} ran out of memory at length {length} with {batch} sequence(s) per "
-                             "batch (estimated " + format_bytes(evaluation_bytes(loaded.config, length, batch))
+                             "batch (estimated " + format_bytes(evaluation_bytes(loaded.config, length, batch,
+                                                                   num_realizations=num_realizations))
                              + "): lower --eval-length or --batch-size") from None
         _warn_non_finite(loaded, ce, bucket_width or loaded.seq_len)
         results.append(_model_row(loaded, ce, bucket_width))

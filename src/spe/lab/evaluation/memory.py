@@ -44,7 +44,7 @@ _CODE_BYTES = 12  # per element of a materialised (L, H, D, R) SPE code and its 
 _MATERIALISED_CODE = 2 ** 24  # the most elements impl="auto" materialises (spe.encodings.filter)
 
 
-def _score_kind(config, length: int) -> str | None:
+def _score_kind(config, length: int, realizations: int | None = None) -> str | None:
     """What forms a (B, H, L, L) matrix in this config's attention, or None (linear memory)."""
     spec = POSITIONAL_SPECS[config.positional]
     gated = config.decay == "gated"
@@ -59,13 +59,14 @@ def _score_kind(config, length: int) -> str | None:
     if gated:
         return "fox"
     window = getattr(config, "attention_window", None)
-    if (window is not None and window < length) or (spec.stochastic and config.num_realizations != config.d_model
+    realizations = realizations or config.num_realizations
+    if (window is not None and window < length) or (spec.stochastic and realizations != config.d_model
                                                      // config.num_heads):
         return "unfused-softmax"  # a mask, or queries and keys of another size than the values
     return None
 
 
-def evaluation_bytes(config, length: int, batch: int) -> int:
+def evaluation_bytes(config, length: int, batch: int, *, num_realizations: int | None = None) -> int:
     """Estimated peak bytes, beyond the loaded model, of one forward pass over ``batch`` sequences
     of ``length`` positions (float32, no gradients).
 
@@ -73,6 +74,7 @@ def evaluation_bytes(config, length: int, batch: int) -> int:
         config: the model's :class:`~spe.models.ModelConfig`.
         length: L, positions per sequence.
         batch: B, sequences per forward pass.
+        num_realizations: R at test time (None: the model's).
 
     Returns:
         Bytes: the batch's logits, activations and features (linear in B·L), the SPE code (linear
@@ -80,13 +82,14 @@ def evaluation_bytes(config, length: int, batch: int) -> int:
     """
     heads, head = config.num_heads, config.d_model // config.num_heads
     stochastic = POSITIONAL_SPECS[config.positional].stochastic
-    features = max(head, config.num_realizations if stochastic else 0,
+    realizations = num_realizations or config.num_realizations
+    features = max(head, realizations if stochastic else 0,
                    config.num_features if config.attention == "performer" else 0)
     need = batch * length * (_LOGIT_BYTES * config.vocab_size + _STREAM_BYTES * config.d_model
                              + _FEATURE_BYTES * heads * features)
     if stochastic:
-        need += _CODE_BYTES * min(length * heads * head * config.num_realizations, _MATERIALISED_CODE)
-    kind = _score_kind(config, length)
+        need += _CODE_BYTES * min(length * heads * head * realizations, _MATERIALISED_CODE)
+    kind = _score_kind(config, length, realizations)
     if kind == "fox":
         need += _SCORE_BYTES[kind] * batch * heads * min(length, FOX_QUERY_BLOCK) * length
     elif kind is not None:
@@ -154,12 +157,12 @@ def _address_space_room() -> int | None:
     return None
 
 
-def largest_length(config, batch: int, budget: int, upper: int) -> int:
+def largest_length(config, batch: int, budget: int, upper: int, *, num_realizations: int | None = None) -> int:
     """The largest L ≤ ``upper`` whose :func:`evaluation_bytes` fits in ``budget`` (0 if none)."""
     low, high = 0, upper
     while low < high:
         mid = (low + high + 1) // 2
-        if evaluation_bytes(config, mid, batch) <= budget:
+        if evaluation_bytes(config, mid, batch, num_realizations=num_realizations) <= budget:
             low = mid
         else:
             high = mid - 1
@@ -167,7 +170,8 @@ def largest_length(config, batch: int, budget: int, upper: int) -> int:
 
 
 def check_evaluation_memory(path: str | os.PathLike, config, length: int, batch: int,
-                            device: torch.device | str, *, flag: str = "--eval-length") -> None:
+                            device: torch.device | str, *, flag: str = "--eval-length",
+                            num_realizations: int | None = None) -> None:
     """Raises ValueError (one line) if evaluating ``config`` at ``length`` on ``batch`` sequences
     cannot fit in the memory available (:func:`available_memory`); does nothing where that is unknown.
 
@@ -178,17 +182,18 @@ def check_evaluation_memory(path: str | os.PathLike, config, length: int, batch:
         batch: B, sequences per forward pass.
         device: where it runs.
         flag: how the message names the length option.
+        num_realizations: SPE's R at test time (None: the model's).
 
     Raises:
         ValueError: naming the estimate, the memory available, the largest length that fits at
             this batch size (and at one sequence per batch, where that is larger).
     """
     have = available_memory(device)
-    need = evaluation_bytes(config, length, batch)
+    need = evaluation_bytes(config, length, batch, num_realizations=num_realizations)
     if have is None or need <= have:
         return
-    fits = largest_length(config, batch, have, length)
-    alone = largest_length(config, 1, have, length) if batch > 1 else fits
+    fits = largest_length(config, batch, have, length, num_realizations=num_realizations)
+    alone = largest_length(config, 1, have, length, num_realizations=num_realizations) if batch > 1 else fits
     hint = f"{flag} {fits} fits" if fits else "no length fits"
     if alone > fits:
         hint += f" ({alone} with --batch-size 1)"
