@@ -229,6 +229,7 @@ def _track_remi_class():
         def _tokens_errors(self, tokens) -> int:
             return super()._tokens_errors([t for t in tokens if not t.startswith("Track_")])
 
+    _TrackREMI.__name__ = _TrackREMI.__qualname__ = "TrackREMI"  # pickled by reference to this module's name
     TrackREMI = _TrackREMI
     return TrackREMI
 
