@@ -123,3 +123,11 @@ def test_a_model_of_spe_synth_is_named_with_what_to_use_instead(tmp_path, capsys
     assert "written by spe synth (flip-flop)" in err[0] and f"--out {tmp_path / 'ff'}" in err[0]
     assert "token ids" not in err[0]
     assert not out.exists()
+
+
+def test_the_default_length_is_named_as_such_and_the_flag_to_lower_it(path_run, monkeypatch, capsys):
+    monkeypatch.setattr(memory, "available_memory", lambda device: 300_000)
+    assert main(["evaluate", "--checkpoint", str(path_run / "path"), "--split", "all",
+                 "--out", str(path_run / "default"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "at the default length 96 needs" in err[0] and ": --eval-length " in err[0]

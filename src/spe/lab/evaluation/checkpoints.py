@@ -110,8 +110,7 @@ def evaluate_models(checkpoints: list[LoadedCheckpoint], split: CorpusSplit, *, 
     batch = max(1, min(batch_size, len(seqs)))
     for loaded in checkpoints:  # every model before the first forward pass
         check_evaluation_memory(loaded.path, loaded.config, length, batch, next(loaded.model.parameters()).device,
-                                flag="--eval-length" if max_length else "the default length",
-                                num_realizations=num_realizations)
+                                default=not max_length, num_realizations=num_realizations)
     results = []
     for loaded in checkpoints:
         try:

@@ -170,7 +170,7 @@ def largest_length(config, batch: int, budget: int, upper: int, *, num_realizati
 
 
 def check_evaluation_memory(path: str | os.PathLike, config, length: int, batch: int,
-                            device: torch.device | str, *, flag: str = "--eval-length",
+                            device: torch.device | str, *, flag: str = "--eval-length", default: bool = False,
                             num_realizations: int | None = None) -> None:
     """Raises ValueError (one line) if evaluating ``config`` at ``length`` on ``batch`` sequences
     cannot fit in the memory available (:func:`available_memory`); does nothing where that is unknown.
@@ -182,6 +182,7 @@ def check_evaluation_memory(path: str | os.PathLike, config, length: int, batch:
         batch: B, sequences per forward pass.
         device: where it runs.
         flag: how the message names the length option.
+        default: the length is the default one (not given with ``flag``).
         num_realizations: SPE's R at test time (None: the model's).
 
     Raises:
@@ -197,7 +198,8 @@ def check_evaluation_memory(path: str | os.PathLike, config, length: int, batch:
     hint = f"{flag} {fits} fits" if fits else "no length fits"
     if alone > fits:
         hint += f" ({alone} with --batch-size 1)"
-    raise ValueError(f"{path} at {flag} {length} needs about {format_bytes(need)} ({_what(config, length)}, "
+    asked = f"the default length {length}" if default else f"{flag} {length}"
+    raise ValueError(f"{path} at {asked} needs about {format_bytes(need)} ({_what(config, length)}, "
                      f"{batch} sequence(s) per batch) but {torch.device(device).type} memory available is "
                      f"{format_bytes(have)}: {hint}")
 
