@@ -54,3 +54,15 @@ def test_the_library_check_names_the_kernels_that_read_a_kernel_option():
     check_options_apply({"positional": "rope"}, {"d_model": "--d-model 64", "decay": "--decay fixed"})
     with pytest.raises(ValueError, match="chunk_size.*performer, linear-relu"):
         check_options_apply({"positional": "rope", "attention": "softmax"}, {"chunk_size": "chunk_size=16"})
+
+
+def test_spe_demo_refuses_an_option_none_of_its_encodings_reads(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--positionals", "ape,rope", "--spe-time", "learned", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "positionals 'ape', 'rope' do not read spe_time" in err[0]
+    assert not out.exists()
+    # one of them reads it: on to the next check (the data folder)
+    assert main(["demo", "--positionals", "sinespe,ape", "--num-realizations", "4", "--data", str(tmp_path / "none"),
+                 "--out", str(out)]) == 2
+    assert "does not read" not in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -39,7 +39,7 @@ def decode_window(value: int | None, name: str = "window") -> int | None:
     return value or None
 
 
-def check_options_apply(model: Mapping, given: Mapping[str, str]) -> None:
+def check_options_apply(model: Mapping | Sequence[Mapping], given: Mapping[str, str]) -> None:
     """Refuses an option given explicitly that the model's positional encoding or kernel does not
     read (``--spe-time learned`` with RoPE would train index time and record ``learned``).
 
@@ -49,26 +49,26 @@ def check_options_apply(model: Mapping, given: Mapping[str, str]) -> None:
 
     Args:
         model: the model options as they will be built (``positional`` and ``attention``;
-            missing: :class:`ModelConfig`'s defaults). Only options the user gave go in ``given``:
-            a default or a preset's value is not checked.
+            missing: :class:`ModelConfig`'s defaults), or several models that share the options
+            (``spe demo``'s encodings): then an option one of them reads is accepted. Only options
+            the user gave go in ``given``: a default or a preset's value is not checked.
         given: option name -> how the user gave it (``--spe-time learned``).
 
     Raises:
-        ValueError: naming how the option was given, the chosen encoding or kernel and those
+        ValueError: naming how the option was given, the chosen encodings or kernels and those
             that read the option.
     """
+    models = [model] if isinstance(model, Mapping) else list(model)
     defaults = {f.name: f.default for f in fields(ModelConfig) if f.name in ("positional", "attention")}
-    positional = model.get("positional", defaults["positional"])
-    attention = model.get("attention", defaults["attention"])
+    chosen = {what: tuple(dict.fromkeys(m.get(what, defaults[what]) for m in models)) for what in defaults}
     for name, how in given.items():
-        readers = encodings_reading(name)
-        if readers and positional not in readers:
-            raise ValueError(f"{how}: positional {positional!r} does not read {name}, an option of "
-                             f"{', '.join(readers)} only; leave it out or choose one of those encodings")
-        kernels = KERNEL_OPTIONS.get(name)
-        if kernels and attention not in kernels:
-            raise ValueError(f"{how}: attention {attention!r} does not read {name}, an option of "
-                             f"{', '.join(kernels)} attention only; leave it out or choose one of those kernels")
+        for what, readers, kind in (("positional", encodings_reading(name), "encodings"),
+                                    ("attention", KERNEL_OPTIONS.get(name, ()), "kernels")):
+            if readers and not set(chosen[what]) & set(readers):
+                names = ", ".join(map(repr, chosen[what]))
+                verb = f"{what} {names} does" if len(chosen[what]) == 1 else f"{what}s {names} do"
+                raise ValueError(f"{how}: {verb} not read {name}, an option of {', '.join(readers)} only; leave "
+                                 f"it out or choose one of those {kind}")
 
 
 @dataclass

@@ -207,6 +207,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for positional in positionals:
         args.positional = positional
         configs.append(_train_config(args, out=str(out / positional)))
+    check_model_flags_apply(args, [cfg.model for cfg in configs])  # an option none of them reads
     result = run_demo(configs, out, max_length=args.max_length, length=args.length, seed=args.seed or 0,
                       data=args.data, cache_dir=args.cache_dir, device=args.device or "cpu",
                       progress=not args.no_progress)

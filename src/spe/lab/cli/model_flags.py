@@ -26,9 +26,10 @@ def model_flag_options(args: argparse.Namespace) -> dict:
     return model_options(getattr(args, "model_option", None) or [], flags=flags)
 
 
-def check_model_flags_apply(args: argparse.Namespace, model: dict) -> None:
+def check_model_flags_apply(args: argparse.Namespace, model: dict | list[dict]) -> None:
     """Refuses a model flag or ``--model-option`` that ``model``'s encoding or kernel (the options as
-    they will be built) does not read (:func:`spe.models.config.check_options_apply`)."""
+    they will be built; several models: all of them) does not read
+    (:func:`spe.models.config.check_options_apply`)."""
     from spe.models.config import check_options_apply
 
     given = {key: ("--gated" if value else "--ungated") if key == "gated" and (args.gated or args.ungated)
