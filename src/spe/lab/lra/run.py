@@ -152,9 +152,9 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
     with dist_.session("cuda" if str(cfg.device).startswith("cuda") else "cpu") as ctx:
         # the data first: one refused (an over-long ListOps row …) leaves no config.json behind
         splits = load_splits(cfg) if splits is None else splits
-        if ctx.is_main:  # before config.json is written
-            for folder, latest in ((out, ""), *((out / f"seed{seed}", "last") for seed in seeds)):
-                check_task(folder, latest, "lra")
+        # before config.json is written; read by every process, so that all of them stop
+        for folder, latest in ((out, ""), *((out / f"seed{seed}", "last") for seed in seeds)):
+            check_task(folder, latest, "lra")
         open_experiment(out, cfg, ctx)
         log.info("%s: %d seed(s), %d process(es)", out, len(seeds), ctx.world_size)
         results = []
