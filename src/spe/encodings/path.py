@@ -191,6 +191,6 @@ def _with_conv(cache: KVCache, conv: Tensor) -> PathCache:
     return PathCache(**{f.name: getattr(cache, f.name) for f in fields(KVCache)}, w_cache=conv)
 
 
-SPEC = PositionalSpec("path", "scores", takes_gate=True, causal_only=True,
+SPEC = PositionalSpec("path", "scores", takes_gate=True, causal_only=True, score_bytes=10.0,
                       source="Yang et al. 2025 (PaTH), fla layers/path_attn.py; softmax only, O(L²D) time",
                       layer_module=lambda c, causal: PathEncoding(c.d_model, c.num_heads, causal=causal))

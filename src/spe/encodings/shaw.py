@@ -102,6 +102,6 @@ class RelativeDistanceOptions:
         require_positive(type(self).__name__, max_distance=self.max_distance)
 
 
-SPEC = PositionalSpec("shaw", "scores", source="Shaw et al. 2018, O(L²D) memory",
+SPEC = PositionalSpec("shaw", "scores", source="Shaw et al. 2018, O(L²D) memory", pair_bytes=8.5,
                       layer_module=lambda c, causal: ShawRelativePosition(head_dim(c), c.max_distance, causal=causal),
                       options=(RelativeDistanceOptions,))

@@ -258,6 +258,12 @@ class PositionalSpec:
         takes_gate: a score encoding that takes the layer's forget gate (``decay gated``) into
             its own scores (PaTH-FoX); other score encodings refuse it (:func:`~spe.attention.layer.check_decay`).
         causal_only: has no non-causal form (PaTH): encoder configs refuse it.
+        score_bytes: for an encoding that forms softmax's scores (``acts_on="scores"``), the
+            bytes per element of the (B, H, L, L) scores that one forward pass without gradients
+            holds at its peak (measured as peak resident memory on the CPU, float32): what
+            ``spe evaluate`` estimates a length's memory with.
+        pair_bytes: bytes per element of an (L, L, D) tensor such an encoding forms besides,
+            shared by the batch and the heads (Shaw's relative values); 0: none.
         options: the options dataclasses whose fields the encoding's builders read (declared
             in its file with :func:`option`, ``kw_only``, with a ``check_options(self)``
             raising ValueError on a bad value). Every model config inherits the fields of
@@ -281,6 +287,8 @@ class PositionalSpec:
     options: tuple[type, ...] = ()
     takes_gate: bool = False
     causal_only: bool = False
+    score_bytes: float = 12.5
+    pair_bytes: float = 0.0
 
     def build_model_module(self, config: Any) -> nn.Module | None:
         """The per-model module (token encoding or SPE code generator), or None."""

@@ -11,10 +11,12 @@ pass, naming the estimate, the memory available and the largest length that fits
 
 The constants are bytes per element of the (B, H, L, L) scores, measured as the peak resident
 memory of one forward pass on the CPU (float32, PyTorch 2.x) at L = 1,024 to 8,192 and rounded
-up: PaTH 9.8 (with FoX's gate 16.8), Music Transformer's relative term 12.0, ALiBi 12.5, the SPE
-oracle 8.3, softmax through its unfused path 6.3 (a window's mask) to 10.6 (an SPE code), FoX's
-blocks 12 to 16; Shaw's relative values add ~8.5 bytes per (L, L, D) element, shared by the batch and
-the heads. On CUDA the same formula is an upper bound (its kernels fuse more).
+up. An encoding that forms the scores declares its own
+(:attr:`~spe.encodings.spec.PositionalSpec.score_bytes`, ``pair_bytes``: PaTH 9.8, relative terms
+8.3 to 12.5, Shaw's relative values ~8.5 per (L, L, D) element besides); a forget gate on its
+logits adds its (B, H, L, L) bias (PaTH-FoX: 16.8 in all); softmax through its unfused path takes
+6.3 (a window's mask) to 10.6 (an SPE code), FoX's blocks 12 to 16. On CUDA the same formula is an
+upper bound (its kernels fuse more).
 
 Letters: B = sequences per batch, L = positions, H = heads, D = head size, C = d_model,
 V = vocabulary.
@@ -34,9 +36,9 @@ from spe.ops.softmax import FOX_QUERY_BLOCK
 __all__ = ["available_memory", "check_evaluation_memory", "evaluation_bytes", "largest_length",
            "out_of_memory_error"]
 
-# bytes per (B, H, L, L) score element, by what forms the scores (see the module's docstring)
-_SCORE_BYTES = {"path": 10.0, "path-fox": 17.0, "shaw": 12.5, "scores": 12.5, "unfused-softmax": 11.0, "fox": 16.0}
-_SHAW_VALUE_BYTES = 8.5  # per (L, L, D) element of Shaw's relative values
+# bytes per (B, H, L, L) score element (see the module's docstring): a gate's bias on formed
+# scores, softmax's unfused path, FoX's blocks of queries
+_GATE_BIAS_BYTES, _UNFUSED_BYTES, _FOX_BYTES = 7.0, 11.0, 16.0
 # per position and sequence: logits and their log-softmax (V), the residual stream and its
 # projections (C), the kernel's features (H × F)
 _LOGIT_BYTES, _STREAM_BYTES, _FEATURE_BYTES = 12, 32, 64
@@ -45,24 +47,21 @@ _MATERIALISED_CODE = 2 ** 24  # the most elements impl="auto" materialises (spe.
 
 
 def _score_kind(config, length: int, realizations: int | None = None) -> str | None:
-    """What forms a (B, H, L, L) matrix in this config's attention, or None (linear memory)."""
+    """What forms a (B, H, L, L) matrix in this config's attention: ``scores`` (an encoding that
+    forms them), ``fox`` (FoX's blocks), ``unfused`` (softmax's path that forms them), or None
+    (linear memory)."""
     spec = POSITIONAL_SPECS[config.positional]
-    gated = config.decay == "gated"
-    if config.positional == "path":
-        return "path-fox" if gated else "path"
-    if config.positional == "shaw":
-        return "shaw"
     if spec.acts_on == "scores":
         return "scores"
     if config.attention != "softmax":
         return None
-    if gated:
+    if config.decay == "gated":
         return "fox"
     window = getattr(config, "attention_window", None)
     realizations = realizations or config.num_realizations
     if (window is not None and window < length) or (spec.stochastic and realizations != config.d_model
                                                      // config.num_heads):
-        return "unfused-softmax"  # a mask, or queries and keys of another size than the values
+        return "unfused"  # a mask, or queries and keys of another size than the values
     return None
 
 
@@ -89,13 +88,14 @@ def evaluation_bytes(config, length: int, batch: int, *, num_realizations: int |
                              + _FEATURE_BYTES * heads * features)
     if stochastic:
         need += _CODE_BYTES * min(length * heads * head * realizations, _MATERIALISED_CODE)
-    kind = _score_kind(config, length, realizations)
+    kind, spec = _score_kind(config, length, realizations), POSITIONAL_SPECS[config.positional]
     if kind == "fox":
-        need += _SCORE_BYTES[kind] * batch * heads * min(length, FOX_QUERY_BLOCK) * length
-    elif kind is not None:
-        need += _SCORE_BYTES[kind] * batch * heads * length * length
-        if kind == "shaw":
-            need += _SHAW_VALUE_BYTES * length * length * head
+        need += _FOX_BYTES * batch * heads * min(length, FOX_QUERY_BLOCK) * length
+    elif kind == "unfused":
+        need += _UNFUSED_BYTES * batch * heads * length * length
+    elif kind == "scores":
+        gate = _GATE_BIAS_BYTES if spec.takes_gate and config.decay == "gated" else 0.0
+        need += (spec.score_bytes + gate) * batch * heads * length * length + spec.pair_bytes * length * length * head
     return int(need)
 
 
