@@ -171,3 +171,16 @@ def test_a_moved_run_resumes_where_it_is_and_the_original_is_untouched(run, tmp_
         assert main(["-q", "train", "--resume", "--steps", str(step + 2), "--no-progress"]) == 0, \
             capsys.readouterr().err
     assert load_metadata(moved)["step"] == step + 2 and _snapshot(out) == before
+
+
+@pytest.mark.slow
+def test_an_lra_seed_folder_holding_a_train_run_is_refused_naming_both(run, tmp_path):
+    from tiny_run import rewrite_header
+
+    out, _, _ = run
+    seed = tmp_path / "experiment" / "seed0"
+    rewrite_header(out / "model.safetensors", seed / "last")  # LRA keeps its latest model in last/
+    with pytest.raises(ValueError, match=rf"^{seed} holds a run of spe train \({seed}/last/model\.safetensors\), "
+                                         "not of spe lra: choose another --out"):
+        check_task(seed, "last", "lra")
+    check_task(seed, "last", "train")
