@@ -8,7 +8,7 @@ import warnings
 import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from tiny_run import clean_midi, tiny_config
+from tiny_run import clean_midi, rewrite_header, tiny_config
 
 from spe.checkpoint import load_metadata
 from spe.lab.cli.main import main
@@ -175,8 +175,6 @@ def test_a_moved_run_resumes_where_it_is_and_the_original_is_untouched(run, tmp_
 
 @pytest.mark.slow
 def test_an_lra_seed_folder_holding_a_train_run_is_refused_naming_both(run, tmp_path):
-    from tiny_run import rewrite_header
-
     out, _, _ = run
     seed = tmp_path / "experiment" / "seed0"
     rewrite_header(out / "model.safetensors", seed / "last")  # LRA keeps its latest model in last/
