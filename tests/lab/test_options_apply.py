@@ -66,3 +66,10 @@ def test_spe_demo_refuses_an_option_none_of_its_encodings_reads(tmp_path, capsys
     assert main(["demo", "--positionals", "sinespe,ape", "--num-realizations", "4", "--data", str(tmp_path / "none"),
                  "--out", str(out)]) == 2
     assert "does not read" not in capsys.readouterr().err
+
+
+def test_a_synth_presets_spe_options_do_not_trigger_it(tmp_path):
+    # the cpu-small preset sets num_realizations for every row; rope with no SPE flag is no mistake
+    assert main(["synth", "--task", "flip-flop", "--positional", "rope", "--eval-lengths", "64",
+                 "--write-data", str(tmp_path / "data")]) == 0
+    assert (tmp_path / "data" / "vocab.json").is_file()
