@@ -261,7 +261,8 @@ class PositionalSpec:
         score_bytes: for an encoding that forms softmax's scores (``acts_on="scores"``), the
             bytes per element of the (B, H, L, L) scores that one forward pass without gradients
             holds at its peak (measured as peak resident memory on the CPU, float32): what
-            ``spe evaluate`` estimates a length's memory with.
+            ``spe evaluate`` estimates a length's memory with; 0 where its default path forms
+            no L × L matrix (a flash-style kernel).
         pair_bytes: bytes per element of an (L, L, D) tensor such an encoding forms besides,
             shared by the batch and the heads (Shaw's relative values); 0: none.
         options: the options dataclasses whose fields the encoding's builders read (declared

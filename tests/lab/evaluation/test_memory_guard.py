@@ -39,7 +39,8 @@ def test_the_estimate_is_quadratic_for_path_and_linear_for_a_linear_kernel():
 
 def test_the_test_time_realisations_count():
     config = _config(positional="sinespe", num_realizations=8)
-    assert memory.evaluation_bytes(config, 4096, 8, num_realizations=128) > 1.5 * memory.evaluation_bytes(config, 4096, 8)
+    usual = memory.evaluation_bytes(config, 4096, 8)
+    assert memory.evaluation_bytes(config, 4096, 8, num_realizations=128) > 1.5 * usual
 
 
 def test_the_largest_length_that_fits_is_the_last_within_the_budget():
@@ -131,3 +132,13 @@ def test_the_default_length_is_named_as_such_and_the_flag_to_lower_it(path_run, 
                  "--out", str(path_run / "default"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "at the default length 96 needs" in err[0] and ": --eval-length " in err[0]
+
+
+def test_on_cuda_what_flex_attention_takes_forms_no_square():
+    # FoX's gate and a score term with flex_arguments go to FlexAttention there; PaTH does not
+    fox, path = _config(positional="none", attention="softmax", decay="gated"), _config(positional="path",
+                                                                                       attention="softmax")
+    for config, linear_on_cuda in ((fox, True), (path, False)):
+        cpu = memory.evaluation_bytes(config, 16384, 1)
+        cuda = memory.evaluation_bytes(config, 16384, 1, device="cuda")
+        assert (cuda < cpu / 4) if linear_on_cuda else (cuda == cpu)

@@ -49,7 +49,8 @@ def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
                         positional_lr_scale=args.positional_lr_scale, num_realizations=args.num_realizations,
                         max_length=args.max_length, batch_size=args.batch_size, eval_every=args.eval_every,
                         **{f: getattr(args, f) for f in _RUN_FLAGS if getattr(args, f) is not False})
-    given = {k: f"--decay {v}" if k == "decay" and args.decay else f"--model-option {k}={v!r}" for k, v in model.items()}
+    given = {k: f"--decay {v}" if k == "decay" and args.decay else f"--model-option {k}={v!r}"
+             for k, v in model.items()}
     if args.num_realizations is not None:  # the preset's own options are not checked, only the user's
         given["num_realizations"] = f"--num-realizations {args.num_realizations}"
     check_options_apply({"positional": cfg.positional, "attention": cfg.attention}, given)

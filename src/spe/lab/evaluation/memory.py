@@ -46,26 +46,40 @@ _CODE_BYTES = 12  # per element of a materialised (L, H, D, R) SPE code and its 
 _MATERIALISED_CODE = 2 ** 24  # the most elements impl="auto" materialises (spe.encodings.filter)
 
 
-def _score_kind(config, length: int, realizations: int | None = None) -> str | None:
+def _score_kind(config, length: int, realizations: int | None = None, device: torch.device | str = "cpu") -> str | None:
     """What forms a (B, H, L, L) matrix in this config's attention: ``scores`` (an encoding that
     forms them), ``fox`` (FoX's blocks), ``unfused`` (softmax's path that forms them), or None
-    (linear memory)."""
+    (linear memory). On CUDA FlexAttention takes FoX's gate, a window and a score term that has
+    ``flex_arguments`` (:func:`spe.ops.softmax.flex.choose_softmax_impl`): none forms the matrix."""
     spec = POSITIONAL_SPECS[config.positional]
+    cuda = torch.device(device).type == "cuda"
     if spec.acts_on == "scores":
-        return "scores"
+        square = spec.score_bytes or spec.pair_bytes
+        return None if not square or (cuda and _takes_flex(spec, config)) else "scores"
     if config.attention != "softmax":
         return None
     if config.decay == "gated":
-        return "fox"
+        return None if cuda else "fox"
     window = getattr(config, "attention_window", None)
     realizations = realizations or config.num_realizations
-    if (window is not None and window < length) or (spec.stochastic and realizations != config.d_model
-                                                     // config.num_heads):
+    if (window is not None and window < length and not cuda) or (
+            spec.stochastic and realizations != config.d_model // config.num_heads):
         return "unfused"  # a mask, or queries and keys of another size than the values
     return None
 
 
-def evaluation_bytes(config, length: int, batch: int, *, num_realizations: int | None = None) -> int:
+def _takes_flex(spec, config) -> bool:
+    """Whether the encoding's score term goes to FlexAttention (its module has ``flex_arguments``;
+    built on the meta device: no storage)."""
+    try:
+        with torch.device("meta"):
+            return hasattr(spec.build_layer_module(config, causal=True), "flex_arguments")
+    except (RuntimeError, ValueError, TypeError):
+        return False
+
+
+def evaluation_bytes(config, length: int, batch: int, *, num_realizations: int | None = None,
+                     device: torch.device | str = "cpu") -> int:
     """Estimated peak bytes, beyond the loaded model, of one forward pass over ``batch`` sequences
     of ``length`` positions (float32, no gradients).
 
@@ -74,6 +88,7 @@ def evaluation_bytes(config, length: int, batch: int, *, num_realizations: int |
         length: L, positions per sequence.
         batch: B, sequences per forward pass.
         num_realizations: R at test time (None: the model's).
+        device: where it runs (CUDA's FlexAttention forms no L × L matrix for some mechanisms).
 
     Returns:
         Bytes: the batch's logits, activations and features (linear in B·L), the SPE code (linear
@@ -88,7 +103,7 @@ def evaluation_bytes(config, length: int, batch: int, *, num_realizations: int |
                              + _FEATURE_BYTES * heads * features)
     if stochastic:
         need += _CODE_BYTES * min(length * heads * head * realizations, _MATERIALISED_CODE)
-    kind, spec = _score_kind(config, length, realizations), POSITIONAL_SPECS[config.positional]
+    kind, spec = _score_kind(config, length, realizations, device), POSITIONAL_SPECS[config.positional]
     if kind == "fox":
         need += _FOX_BYTES * batch * heads * min(length, FOX_QUERY_BLOCK) * length
     elif kind == "unfused":
@@ -157,12 +172,13 @@ def _address_space_room() -> int | None:
     return None
 
 
-def largest_length(config, batch: int, budget: int, upper: int, *, num_realizations: int | None = None) -> int:
-    """The largest L ≤ ``upper`` whose :func:`evaluation_bytes` fits in ``budget`` (0 if none)."""
+def largest_length(config, batch: int, budget: int, upper: int, **options) -> int:
+    """The largest L ≤ ``upper`` whose :func:`evaluation_bytes` (with ``options``: ``num_realizations``,
+    ``device``) fits in ``budget`` (0 if none)."""
     low, high = 0, upper
     while low < high:
         mid = (low + high + 1) // 2
-        if evaluation_bytes(config, mid, batch, num_realizations=num_realizations) <= budget:
+        if evaluation_bytes(config, mid, batch, **options) <= budget:
             low = mid
         else:
             high = mid - 1
@@ -190,22 +206,23 @@ def check_evaluation_memory(path: str | os.PathLike, config, length: int, batch:
             this batch size (and at one sequence per batch, where that is larger).
     """
     have = available_memory(device)
-    need = evaluation_bytes(config, length, batch, num_realizations=num_realizations)
+    options = {"num_realizations": num_realizations, "device": device}
+    need = evaluation_bytes(config, length, batch, **options)
     if have is None or need <= have:
         return
-    fits = largest_length(config, batch, have, length, num_realizations=num_realizations)
-    alone = largest_length(config, 1, have, length, num_realizations=num_realizations) if batch > 1 else fits
+    fits = largest_length(config, batch, have, length, **options)
+    alone = largest_length(config, 1, have, length, **options) if batch > 1 else fits
     hint = f"{flag} {fits} fits" if fits else "no length fits"
     if alone > fits:
         hint += f" ({alone} with --batch-size 1)"
     asked = f"the default length {length}" if default else f"{flag} {length}"
-    raise ValueError(f"{path} at {asked} needs about {format_bytes(need)} ({_what(config, length)}, "
+    raise ValueError(f"{path} at {asked} needs about {format_bytes(need)} ({_what(config, length, device)}, "
                      f"{batch} sequence(s) per batch) but {torch.device(device).type} memory available is "
                      f"{format_bytes(have)}: {hint}")
 
 
-def _what(config, length: int) -> str:
-    kind = _score_kind(config, length)
+def _what(config, length: int, device: torch.device | str) -> str:
+    kind = _score_kind(config, length, device=device)
     where = f"positional {config.positional}, attention {config.attention}" + (
         f", decay {config.decay}" if config.decay != "none" else "")
     if kind is None:
