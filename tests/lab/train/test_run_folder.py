@@ -84,6 +84,18 @@ def test_the_lock_is_reentrant_within_a_process_and_removes_the_folder_it_create
     assert not folder.exists()
 
 
+def test_the_lock_removes_the_parents_it_created_and_keeps_what_holds_anything(tmp_path):
+    # spe demo's --out/POSITIONAL: a refused run leaves no empty --out behind
+    with run_lock(tmp_path / "out" / "sinespe"):
+        pass
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "kept").mkdir()
+    with run_lock(tmp_path / "kept" / "a" / "b"):
+        (tmp_path / "kept" / "a" / "note.txt").write_text("a user's file")
+    assert not (tmp_path / "kept" / "a" / "b").exists()
+    assert (tmp_path / "kept" / "a" / "note.txt").exists() and (tmp_path / "kept").is_dir()
+
+
 @pytest.mark.slow
 def test_two_trainings_started_together_leave_one_undisturbed_run(tmp_path):
     cfg = tiny_config(tmp_path, "shared", steps=6)

@@ -88,14 +88,25 @@ def _acquire(folder: Path):
         fh.close()
 
 
-def _release(folder: Path, fh, created: bool) -> None:
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, innermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _release(folder: Path, fh, created: list[Path]) -> None:
     # Unlink while still holding the lock: a waiter that opened the old file sees it is gone and retries.
     with contextlib.suppress(FileNotFoundError):
         (folder / LOCK_FILE).unlink()
     fh.close()
-    if created:
-        with contextlib.suppress(OSError):  # only if the run left nothing in it
-            folder.rmdir()
+    for made in created:  # innermost first, each only if the run left nothing in it
+        try:
+            made.rmdir()
+        except OSError:
+            break
 
 
 @contextlib.contextmanager
@@ -114,11 +125,11 @@ def run_lock(folder: str | os.PathLike, ctx=None) -> Iterator[Path]:
     main = ctx is None or ctx.is_main
     key = str(folder.resolve())
     refusal = None
-    created = False
+    created: list[Path] = []
     if main and key in _HELD:
         _HELD[key][1] += 1
     elif main:
-        created = not folder.exists()
+        created = _missing_folders(folder)
         folder.mkdir(parents=True, exist_ok=True)
         try:
             _HELD[key] = [_acquire(folder), 1]
