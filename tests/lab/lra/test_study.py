@@ -233,6 +233,18 @@ def test_runner_errors_before_any_run(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_folder_of_another_tools_results_is_refused_before_any_row_folder_is_made(tmp_path):
+    plan_file = tmp_path / "tiny.toml"
+    plan_file.write_text(TINY_PLAN)
+    out = tmp_path / "theirs"
+    out.mkdir()
+    (out / "results.json").write_text('{"theirs": true}')
+    with pytest.raises(ValueError, match="results.json"):
+        run_study(load_study(str(plan_file)), out, only=["ape"], progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+    assert (out / "results.json").read_text() == '{"theirs": true}'
+
+
 @pytest.mark.slow
 def test_a_study_runner_is_refused_a_seed_another_process_holds(tmp_path):
     plan_file = tmp_path / "tiny.toml"

@@ -187,6 +187,8 @@ def run_study(plan: StudyPlan, out: str | Path, *, only: list[str] | None = None
 
     device = next((str(c.device) for c in configs.values()), "cpu")
     with dist_.session("cuda" if device.startswith("cuda") else "cpu") as ctx:
+        # --out itself first: a foreign folder is refused before any row folder is made in it
+        plans.claim_folder(out, plan.format.kind if plan.format else "plan", ctx=ctx)
         for name, cfg in configs.items():  # a folder holding another experiment is refused before any run
             open_experiment(out / name, cfg, ctx)
         try:
