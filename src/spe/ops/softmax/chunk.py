@@ -1,5 +1,6 @@
 """Exact softmax attention, the baseline, with FoX's forget gate (Lin et al. 2025): PyTorch's fused
-kernel, FoX's bias in blocks of queries beyond :data:`FOX_QUERY_BLOCK`.
+kernel; FoX's bias as one (B, H, L, L) tensor below :data:`FLASH_FOX_MIN_LENGTH` positions, from it
+on the O(L)-memory form of :mod:`spe.ops.softmax.flash`.
 Letters: B, L, H, E as elsewhere."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from spe.ops.common.checks import check_window
 from spe.ops.decay.forms import check_gates, check_log_decay, is_gate
 from spe.ops.decay.sums import segment_sums, suffix_sums
 
-__all__ = ["FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "gate_bias", "softmax_attention",
+__all__ = ["FLASH_FOX_MIN_LENGTH", "FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "gate_bias", "softmax_attention",
            "softmax_gates"]
 
 # Queries per block of FoX's bias beyond this length: the (B, H, L, L) bias of a long sequence
@@ -23,6 +24,13 @@ __all__ = ["FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "gate_bias", "
 # an H200); block by block, recomputed in backward, it is (B, H, FOX_QUERY_BLOCK, L) at a time.
 FOX_QUERY_BLOCK = 1024
 
+# From this many positions on, FoX takes the flash-style form (spe.ops.softmax.flash: the gate as
+# one more coordinate of q and k, PyTorch's fused kernel per block of queries, O(L) memory); below
+# it the one-bias form, whose single kernel call is faster there. Forward + backward on a 2-core CPU
+# (H = 4, D = 64, one thread): at B = 1 even at 128 (3.9 ms both), the flash form 1.4x faster at
+# 256, 3.7x at 1,024, 4x at 2,048; at B = 8 the one-bias form 1.2x faster at 64, the flash form
+# 1.35x faster at 128 (docs/path.md says how to measure).
+FLASH_FOX_MIN_LENGTH = 128
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None,
@@ -39,10 +47,10 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
         key_padding_mask: (B, Lk) bool, True at padding keys (PyTorch's convention), which
             get no weight; non-causal only; every query needs one real key.
         log_decay: FoX's forget gate, (B, L, H) log gates G_t ≤ 0 (or (H,), a constant one):
-            the logits gain Σ_{n<t≤m} G_t (:func:`gate_bias`, formed from each
-            segment's own terms; a (B, H, L, L) bias up to :data:`FOX_QUERY_BLOCK` positions,
-            beyond it blocks of that many queries, each bias recomputed in backward);
-            causal only, Lq = Lk. None: none.
+            the logits gain Σ_{n<t≤m} G_t (below :data:`FLASH_FOX_MIN_LENGTH` positions a
+            (B, H, L, L) bias, :func:`gate_bias`, formed from each segment's own terms; from
+            it on :func:`~spe.ops.softmax.flash.flash_fox_attention`, which forms nothing of
+            size L × L); causal only, Lq = Lk. None: none.
 
     Returns:
         (B, Lq, H, Ev), in ``v``'s dtype.
@@ -76,9 +84,14 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: 
 
 
 def _gated_attention(q: Tensor, k: Tensor, v: Tensor, gates: Tensor, window: int | None) -> Tensor:
-    """FoX: one bias for short sequences, blocks of :data:`FOX_QUERY_BLOCK` queries beyond (each
-    reading the keys its queries reach, its bias recomputed in backward)."""
+    """FoX: one bias for short sequences, the flash-style form from :data:`FLASH_FOX_MIN_LENGTH` on
+    (below it, when set above :data:`FOX_QUERY_BLOCK`: blocks of that many queries, each reading
+    the keys its queries reach, its bias recomputed in backward)."""
     n = q.shape[1]
+    if n >= FLASH_FOX_MIN_LENGTH:
+        from spe.ops.softmax.flash import flash_fox_attention  # flash imports this module's checks
+
+        return flash_fox_attention(q, k, v, gates, window=window)
     if n <= FOX_QUERY_BLOCK:
         return attend(q, k, v, gate_bias(gates, window))
     outs = []

@@ -1,0 +1,168 @@
+"""FoX (softmax attention with a forget gate, Lin et al. 2025) in O(L) memory: blocks of queries,
+each through PyTorch's fused kernel, no L × L tensor in forward or backward.
+
+Letters: B = batch, L = length, H = num_heads, D = query/key dimension, E = value dimension,
+W = window, Q = queries in a block, K = keys a block reads.
+
+The gate's logit term is c_m − c_n, c_t = Σ_{s≤t} G_t the running sum of the log gates. In row m
+c_m is the same for every key, so it cancels in the softmax: the bias is a per-KEY term −c_n,
+and a per-key term is one more coordinate of the keys. With q' = [q, 1] and k' = [k, −c_n/s]
+(s = 1/√D the logits' scale), s·q'·k' = s·q·k − c_n, so
+``torch.nn.functional.scaled_dot_product_attention`` (whose CPU kernel is flash-style: it keeps
+neither the logits nor their softmax, and recomputes them in its own backward) does the work,
+and the gradient of c flows through that coordinate.
+
+Precision: c reaches thousands of nats on long sequences (10⁴ · 2⁻²⁴ ≈ 6·10⁻⁴ nats apart in
+float32), so each block of queries [s, e) uses c_n − c_s (summed in float64, then rounded):
+keys long before the block get a very negative bias, where precision no longer matters; keys
+inside it a bias bounded by the block's own gate span, max over batch and heads of c_s − c_{e−1},
+which is therefore kept ≤ :data:`FLASH_FOX_SPAN` nats (a block ends early where the gates are
+strong, down to one query). The logits' error is then about float32's eps × (|q·k|/√D summed
+over D roundings + :data:`FLASH_FOX_SPAN`).
+
+Memory: each block reads the keys its queries reach, [0, e) (or the window's), through a
+(Q, K) boolean mask (causality, window, padding): O(L · Q) at a time. Forward keeps only the
+inputs; backward recomputes each block and takes its gradient (as FlashAttention-2 does, one
+block at a time), so nothing of size L × L is formed or kept.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from spe.ops.common.checks import check_window
+from spe.ops.softmax.chunk import check_key_padding_mask, softmax_gates
+
+__all__ = ["FLASH_FOX_BLOCK", "FLASH_FOX_SPAN", "flash_fox_attention"]
+
+# Queries per block. The per-block (Q, K) mask and the kernel's call overhead trade off: 256
+# measured fastest of 128 / 256 / 512 on a 2-core CPU at L = 2,048 and 4,096 (one causal layer,
+# H = 4, D = 64, forward + backward; tools/analysis/path_cost.py).
+FLASH_FOX_BLOCK = 256
+
+# The most a block's queries may drop in c (nats, over batch and heads): the bias of the keys
+# inside a block is rounded at this magnitude, 256 · 2⁻²⁴ ≈ 1.5·10⁻⁵ nats. Gates of −0.1 per
+# token leave blocks of 256 whole; −50 per token (a head that forgets at once) blocks of 5.
+FLASH_FOX_SPAN = 256.0
+
+
+def flash_fox_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, window: int | None = None,
+                        key_padding_mask: Tensor | None = None, block: int = FLASH_FOX_BLOCK) -> Tensor:
+    """Causal FoX, softmax_n(q_m·k_n/√D + c_m − c_n) v_n over n ≤ m (and m − n < W), c_t = Σ_{s≤t} G_s,
+    in blocks of ``block`` queries, never forming an L × L tensor (module docstring).
+
+    Args:
+        q, k: (B, L, H, D).
+        v: (B, L, H, E).
+        log_decay: (B, L, H) log gates G_t ≤ 0, or (H,) a constant one
+            (:func:`~spe.ops.softmax.chunk.softmax_gates`).
+        window: W, keys n ∈ (m − W, m] only; None: all n ≤ m.
+        key_padding_mask: (B, L) bool, True at padding keys, which get no weight; every query
+            needs one real key among those it sees (key 0 real, for instance).
+        block: queries per block at most, ≥ 1 (fewer where the gates drop by more than
+            :data:`FLASH_FOX_SPAN` nats within it).
+
+    Returns:
+        (B, L, H, E) in ``v``'s dtype. Float32 and bfloat16 inputs are computed in float32
+        (float64 ones in float64), autocast off; gradients of q, k, v and the gates.
+
+    Raises:
+        ValueError: naming the shapes received unless q and k are (B, L, H, D) and v
+            (B, L, H, E); a bad gate (:func:`~spe.ops.softmax.chunk.softmax_gates`), window,
+            padding mask or block.
+    """
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"flash_fox_attention needs q, k (B, L, H, D) and v (B, L, H, E), got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    gates = softmax_gates(log_decay, tuple(q.shape))
+    check_window(window)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be a positive int (queries per block), got {block!r}")
+    allowed = None
+    if key_padding_mask is not None:
+        allowed = check_key_padding_mask(key_padding_mask, k)  # (B, 1, 1, L), True: attend
+    return _FlashFox.apply(q, k, v, gates, allowed, window, block)
+
+
+def _compute_dtype(q: Tensor, k: Tensor, v: Tensor) -> torch.dtype:
+    return torch.promote_types(torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype), torch.float32)
+
+
+def _spans(c: Tensor, block: int, window: int | None) -> list[tuple[int, int, int]]:
+    """(s, e, lo) per block, queries [s, e) reading keys [lo, e): at most ``block`` queries, and
+    c_s − c_{e−1} ≤ :data:`FLASH_FOX_SPAN` over batch and heads (one query at least); c (B, L, H)."""
+    n, spans, s = c.shape[1], [], 0
+    while s < n:
+        drop = (c[:, s:s + 1] - c[:, s:s + block]).amax(dim=(0, 2))  # (Q,), non-decreasing: gates ≤ 0
+        e = s + max(1, int((drop <= FLASH_FOX_SPAN).cumprod(0).sum()))
+        spans.append((s, e, 0 if window is None else max(0, s - window + 1)))
+        s = e
+    return spans
+
+
+def _attend_block(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, s: int, lo: int, window: int | None,
+                  allowed: Tensor | None) -> Tensor:
+    """One block: queries s … s + Q − 1 (q (B, Q, H, D)), keys lo … lo + K − 1 (k (B, K, H, D),
+    v (B, K, H, E)), rel (B, K, H) = c_n − c_s (float64); all in the compute dtype but rel.
+    Returns (B, Q, H, E)."""
+    d, e = q.shape[-1], v.shape[-1]
+    scale = d ** -0.5
+    width = -(-max(d + 1, e) // 8) * 8  # one width for q, k and v (the CPU kernel's rule), vector-aligned
+    one = torch.ones_like(q[..., :1])
+    qx = F.pad(torch.cat([q, one], -1), (0, width - d - 1))
+    kx = F.pad(torch.cat([k, (rel / -scale).to(k.dtype)[..., None]], -1), (0, width - d - 1))
+    vx = F.pad(v, (0, width - e))
+    lag = torch.arange(s, s + q.shape[1], device=q.device)[:, None] - torch.arange(
+        lo, lo + k.shape[1], device=q.device)[None, :]
+    keep = lag >= 0 if window is None else (lag >= 0) & (lag < window)
+    if allowed is not None:
+        keep = keep & allowed[..., lo:lo + k.shape[1]]
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        out = F.scaled_dot_product_attention(qx.transpose(1, 2), kx.transpose(1, 2), vx.transpose(1, 2),
+                                             attn_mask=keep, scale=scale)
+    return out[..., :e].transpose(1, 2)
+
+
+class _FlashFox(torch.autograd.Function):
+    """Forward keeps the inputs only; backward recomputes and differentiates one block at a time."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gates, allowed, window, block):
+        dtype = _compute_dtype(q, k, v)
+        c = torch.cumsum(gates.to(torch.float64), 1)
+        outs, spans = [], _spans(c, block, window)
+        for s, e, lo in spans:
+            rel = c[:, lo:e] - c[:, s:s + 1]
+            outs.append(_attend_block(q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype), rel, s, lo,
+                                      window, allowed))
+        ctx.save_for_backward(q, k, v, gates, allowed)
+        ctx.window, ctx.spans = window, spans
+        return torch.cat(outs, 1).to(v.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        q, k, v, gates, allowed = ctx.saved_tensors
+        dtype = _compute_dtype(q, k, v)
+        c = torch.cumsum(gates.to(torch.float64), 1)
+        grad = grad.to(dtype)
+        # accumulated in the compute dtype (bf16 inputs: float32), c's in float64
+        dq, dk, dv = torch.zeros_like(q, dtype=dtype), torch.zeros_like(k, dtype=dtype), torch.zeros_like(v, dtype=dtype)
+        dc = torch.zeros_like(c)
+        for s, e, lo in ctx.spans:
+            leaves = [q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype), c[:, lo:e] - c[:, s:s + 1]]
+            leaves = [t.detach().requires_grad_() for t in leaves]
+            with torch.enable_grad():
+                out = _attend_block(*leaves, s, lo, ctx.window, allowed)
+            gq, gk, gv, grel = torch.autograd.grad(out, leaves, grad[:, s:e])
+            dq[:, s:e] = gq
+            dk[:, lo:e] += gk
+            dv[:, lo:e] += gv
+            dc[:, lo:e] += grel
+            dc[:, s] -= grel.sum(1)  # rel = c_n − c_s
+        # c_t = Σ_{u≤t} G_u: dG_u = Σ_{t≥u} dc_t
+        dgates = dc.flip(1).cumsum(1).flip(1)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgates.to(gates.dtype), None, None, None
