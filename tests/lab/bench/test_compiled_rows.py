@@ -1,7 +1,5 @@
 """spe bench --compile: compiled rows of the whole-model benchmark, divided by the compiled APE."""
 
-import functools
-
 import pytest
 import torch
 
@@ -30,9 +28,26 @@ def test_compiled_rows_are_pooled_apart_and_compared_with_the_compiled_ape():
 def test_a_compiled_model_step_trains(monkeypatch):
     from spe.lab.bench.worker import model_step
 
-    # inductor takes minutes on a CPU: dynamo's eager backend exercises the same compiled-call path
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    compiled, graphs = [], []
+
+    def eager(graph, example_inputs):  # inductor takes minutes on a CPU: the captured graph runs as traced
+        graphs.append(graph)
+        return graph.forward
+
+    def compile_spy(model, **options):
+        compiled.append(model)
+        return real_compile(model, backend=eager)
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", compile_spy)
     case = {"length": 16, "batch": 2, "positional": "ape", "attention": "performer", "impl": "-",
             "vocab_size": 40, "model": {"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 32}}
     run, _ = model_step({**case, "compiled": True}, torch.device("cpu"))
+    (model,) = compiled
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     run()
+    assert graphs, "the step did not go through the compiled forward"
+    after = model.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values())
+    moved = {k for k in after if not torch.equal(after[k], before[k])}
+    assert {"embed.weight", "blocks.0.attn.qkv.weight", "blocks.0.ffn.0.weight", "head.weight"} <= moved, sorted(moved)

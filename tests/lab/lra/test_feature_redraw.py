@@ -7,13 +7,13 @@ really redrawing, and on runs without the option keeping the generators they alw
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_run import lra_splits, tiny_lra_config
 
 from spe.lab.lra import preset_config
 from spe.lab.lra.run import default_folder
 from spe.lab.lra.task import LRATask
 from spe.lab.lra.train import train_seed
 
-from test_lra_experiments import _splits, _tiny_config
 
 
 def _projections(folder):
@@ -22,24 +22,24 @@ def _projections(folder):
 
 
 def test_only_runs_with_redraws_get_a_feature_stream():
-    assert LRATask(_tiny_config(), {}).generators == ("data", "code")
-    assert LRATask(_tiny_config(feature_redraw_every=1), {}).generators == ("data", "code", "feature")
+    assert LRATask(tiny_lra_config(), {}).generators == ("data", "code")
+    assert LRATask(tiny_lra_config(feature_redraw_every=1), {}).generators == ("data", "code", "feature")
 
 
 @pytest.mark.slow
 def test_redrawn_every_step_the_projections_change_and_never_otherwise(tmp_path):
     """The projections are buffers (no gradient): only a redraw moves them, and one at step 3 is
     not the draw of initialisation, while weights, data and codes see the same streams."""
-    splits = _splits()
+    splits = lra_splits()
     for name, every in (("never", 0), ("every", 1)):
         torch.manual_seed(0)
-        train_seed(_tiny_config(steps=3, eval_every=3, attention="performer", feature_redraw_every=every),
+        train_seed(tiny_lra_config(steps=3, eval_every=3, attention="performer", feature_redraw_every=every),
                    splits, 0, tmp_path / name, progress=False)
     never, every = _projections(tmp_path / "never"), _projections(tmp_path / "every")
     assert never and never.keys() == every.keys()
     from spe.lab.lra import build_classifier
     torch.manual_seed(0)
-    initial = {k: v for k, v in build_classifier(_tiny_config(), splits["train"]).state_dict().items()
+    initial = {k: v for k, v in build_classifier(tiny_lra_config(), splits["train"]).state_dict().items()
                if k.endswith("projection")}
     for key in never:
         assert torch.equal(never[key], initial[key])  # seed 0's initialisation, untouched

@@ -2,18 +2,15 @@
 
 import json
 import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
-from test_lra_experiments import _splits, _tiny_config
+from tiny_run import free_port, lra_splits, needs_gloo, records, tiny_lra_config
 
 from spe.lab.lra.train import train_seed
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                reason="torch.distributed with gloo is unavailable")
+pytestmark = needs_gloo
 
 # Relative tolerance of the 2-process training losses against the 1-process ones. The runs differ
 # only in float32 rounding: one process averages the cross-entropy over B examples and cuts the batch
@@ -33,40 +30,30 @@ RTOL = 2e-5
 STEPS, LR = 6, 1e-3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cfg():
-    return _tiny_config(steps=STEPS, lr=LR, warmup_steps=2, eval_every=2)  # dropout 0: masks are per process
+    return tiny_lra_config(steps=STEPS, lr=LR, warmup_steps=2, eval_every=2)  # dropout 0: masks are per process
 
 
 def _worker(rank: int, port: int, folder: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    result = train_seed(_cfg(), _splits(), 0, folder, progress=False)
+    result = train_seed(_cfg(), lra_splits(), 0, folder, progress=False)
     with open(f"{folder}/rank{rank}.json", "w") as fh:
         json.dump(result, fh)
-
-
-def _records(folder) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
 def test_two_processes_train_a_seed_as_one_does(tmp_path):
     import torch.multiprocessing as mp
 
-    one = train_seed(_cfg(), _splits(), 0, tmp_path / "one", progress=False)
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path / "two")), nprocs=2)
+    one = train_seed(_cfg(), lra_splits(), 0, tmp_path / "one", progress=False)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path / "two")), nprocs=2)
     two = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in range(2)]
     assert {**two[0], "seconds": 0} == {**two[1], "seconds": 0}  # every process returns the same result (test accuracy summed over processes)
     keys = ("test_accuracy", "val_accuracy", "best_step", "steps", "num_parameters")
     assert {k: two[0][k] for k in keys} == {k: one[k] for k in keys}
-    a, b = _records(tmp_path / "one"), _records(tmp_path / "two")
+    a, b = records(tmp_path / "one"), records(tmp_path / "two")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [2, 4, 6]
     for r1, r2 in zip(a, b):
         assert r2["train_loss"] == pytest.approx(r1["train_loss"], rel=RTOL)

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_lra_experiments import _splits, _tiny_config
+from tiny_run import Kill, lra_splits, tiny_lra_config
 
 from spe.checkpoint import TRAIN_STATE_FILE
 import spe.lab.lra.train as lra_train
@@ -23,12 +23,8 @@ from spe.lab.train.state import CHECKPOINTS_DIR
 STEPS = 6
 
 
-class _Kill(BaseException):
-    """Stands for SIGKILL at one moment: nothing after it runs (not an Exception, so nothing catches it)."""
-
-
 def _cfg(**kw):
-    return _tiny_config(**{"steps": STEPS, **kw})
+    return tiny_lra_config(**{"steps": STEPS, **kw})
 
 
 def _without_seconds(result: dict) -> dict:
@@ -42,7 +38,7 @@ def _weights(folder, sub) -> dict:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lra") / "whole"
-    result = train_seed(_cfg(), _splits(), 0, folder, progress=False)
+    result = train_seed(_cfg(), lra_splits(), 0, folder, progress=False)
     return folder, result
 
 
@@ -59,14 +55,14 @@ def _assert_same_run(folder, uninterrupted):
 
 
 def _kill_once(monkeypatch, module, name, when):
-    """Makes ``module.name`` raise _Kill on the first call for which ``when(*args)`` is true."""
+    """Makes ``module.name`` raise Kill on the first call for which ``when(*args)`` is true."""
     original = getattr(module, name)
     fired = []
 
     def wrapper(*args, **kwargs):
         if not fired and when(*args, **kwargs):
             fired.append(True)
-            raise _Kill
+            raise Kill
         return original(*args, **kwargs)
 
     monkeypatch.setattr(module, name, wrapper)
@@ -94,11 +90,11 @@ def test_a_kill_in_any_window_then_the_same_command_gives_the_uninterrupted_run(
     module, name, when = KILLS[window]
     restore = _kill_once(monkeypatch, module, name, when)
     folder = tmp_path / "seed0"
-    with pytest.raises(_Kill):
-        train_seed(_cfg(), _splits(), 0, folder, progress=False)
+    with pytest.raises(Kill):
+        train_seed(_cfg(), lra_splits(), 0, folder, progress=False)
     restore()
     assert not (folder / "result.json").exists()
-    train_seed(_cfg(), _splits(), 0, folder, progress=False)
+    train_seed(_cfg(), lra_splits(), 0, folder, progress=False)
     _assert_same_run(folder, uninterrupted)
 
 
@@ -106,13 +102,13 @@ def test_a_kill_in_any_window_then_the_same_command_gives_the_uninterrupted_run(
 def test_a_torn_metrics_line_is_dropped_with_a_warning_naming_the_file(tmp_path, monkeypatch, uninterrupted):
     restore = _kill_once(monkeypatch, engine._Training, "save", lambda run, *a: run.step == 4)
     folder = tmp_path / "seed0"
-    with pytest.raises(_Kill):
-        train_seed(_cfg(), _splits(), 0, folder, progress=False)
+    with pytest.raises(Kill):
+        train_seed(_cfg(), lra_splits(), 0, folder, progress=False)
     restore()
     with open(folder / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 5, "train_lo')  # a kill while appending
     with pytest.warns(UserWarning, match=r"metrics\.jsonl: dropped its last line, half-written"):
-        train_seed(_cfg(), _splits(), 0, folder, progress=False)
+        train_seed(_cfg(), lra_splits(), 0, folder, progress=False)
     _assert_same_run(folder, uninterrupted)
 
 
@@ -120,13 +116,13 @@ def test_a_torn_metrics_line_is_dropped_with_a_warning_naming_the_file(tmp_path,
 def test_a_model_and_state_of_different_steps_are_refused_in_one_line(tmp_path, monkeypatch):
     restore = _kill_once(monkeypatch, engine._Training, "save", lambda run, *a: run.step == 6)
     folder = tmp_path / "seed0"
-    with pytest.raises(_Kill):
-        train_seed(_cfg(), _splits(), 0, folder, progress=False)
+    with pytest.raises(Kill):
+        train_seed(_cfg(), lra_splits(), 0, folder, progress=False)
     restore()
     newest, older = (folder / CHECKPOINTS_DIR / f"step-{s:07d}" for s in (4, 2))
     shutil.copyfile(older / TRAIN_STATE_FILE, newest / TRAIN_STATE_FILE)
     with pytest.raises(ValueError) as err:
-        train_seed(_cfg(), _splits(), 0, folder, progress=False)
+        train_seed(_cfg(), lra_splits(), 0, folder, progress=False)
     message = str(err.value)
     assert "\n" not in message and "is at step 2 but" in message and "at step 4" in message
     assert str(newest / TRAIN_STATE_FILE) in message
@@ -149,15 +145,15 @@ def test_a_training_state_that_would_run_code_is_refused_and_nothing_runs(tmp_pa
 
     restore = _kill_once(monkeypatch, engine._Training, "save", lambda run, *a: run.step == 4)
     folder = tmp_path / "seed0"
-    with pytest.raises(_Kill):
-        train_seed(_cfg(), _splits(), 0, folder, progress=False)
+    with pytest.raises(Kill):
+        train_seed(_cfg(), lra_splits(), 0, folder, progress=False)
     restore()
     marker = tmp_path / "marker"
     newest = folder / CHECKPOINTS_DIR / "step-0000002" / TRAIN_STATE_FILE
     good = torch.load(newest, weights_only=True)
     torch.save({**good, "payload": _Payload(marker)}, newest)
     with pytest.raises(ValueError) as err:
-        train_seed(_cfg(), _splits(), 0, folder, progress=False)
+        train_seed(_cfg(), lra_splits(), 0, folder, progress=False)
     message = str(err.value)
     assert not marker.exists()
     assert "\n" not in message and f"refused {newest}: it holds {open.__module__}.open, which is not data" in message
@@ -169,8 +165,8 @@ def test_compiled_training_gives_the_eager_weights(tmp_path, monkeypatch):
     # Inductor takes minutes on a CPU: the engine's compile path runs with dynamo's eager backend
     # (the same graph capture, executed op by op), which must reproduce the uncompiled run exactly.
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    compiled = train_seed(_cfg(compile=True, positional="ape"), _splits(), 0, tmp_path / "c", progress=False)
-    eager = train_seed(_cfg(positional="ape"), _splits(), 0, tmp_path / "e", progress=False)
+    compiled = train_seed(_cfg(compile=True, positional="ape"), lra_splits(), 0, tmp_path / "c", progress=False)
+    eager = train_seed(_cfg(positional="ape"), lra_splits(), 0, tmp_path / "e", progress=False)
     assert _without_seconds(compiled) == _without_seconds(eager)
     a, b = _weights(tmp_path / "c", "last"), _weights(tmp_path / "e", "last")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -194,8 +190,8 @@ def test_compile_failures_fall_back_with_a_message_and_train_as_eager(where, tmp
     monkeypatch.setattr(torch, "compile", unavailable if where == "torch.compile" else Broken)
     with pytest.warns(RuntimeWarning, match=r"--compile: torch.compile is unavailable or failed here "
                                             r"\(RuntimeError: .*no C compiler\); training continues uncompiled"):
-        compiled = train_seed(_cfg(compile=True), _splits(), 0, tmp_path / "c", progress=False)
-    eager = train_seed(_cfg(), _splits(), 0, tmp_path / "e", progress=False)
+        compiled = train_seed(_cfg(compile=True), lra_splits(), 0, tmp_path / "c", progress=False)
+    eager = train_seed(_cfg(), lra_splits(), 0, tmp_path / "e", progress=False)
     assert _without_seconds(compiled) == _without_seconds(eager)
 
 
@@ -224,7 +220,7 @@ def test_options_that_only_change_how_a_run_is_carried_out_may_change_between_re
 
     from spe.lab.lra import run_lra
 
-    monkeypatch.setattr(tasks, "load_task", lambda *a, **k: _splits())
+    monkeypatch.setattr(tasks, "load_task", lambda *a, **k: lra_splits())
     first = run_lra(_cfg(steps=2), [0], tmp_path, progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

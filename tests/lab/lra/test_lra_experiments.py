@@ -6,37 +6,13 @@ import math
 
 import pytest
 import torch
+from tiny_run import TINY_LRA_MODEL, lra_dataset, lra_splits, tiny_lra_config
 
 from spe.lab.cli.main import main
-from spe.lab.data.lra.dataset import PairDataset, SequenceDataset
 from spe.lab.lra import LRAConfig, build_classifier, preset_config, run_lra
 from spe.lab.lra.task import engine_settings
 from spe.lab.lra.train import train_seed
 from spe.lab.train.optim import learning_rate_factor
-
-TINY_MODEL = {"d_model": 16, "num_heads": 2, "num_layers": 1, "d_ff": 16, "num_realizations": 8, "num_sines": 2,
-              "kernel_size": 3, "num_features": 8, "gated": True, "dropout": 0.0}
-
-
-def _sequences(n, length, vocab, classes, seed, grid=None):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.full((n,), length) if grid else torch.randint(2, length + 1, (n,), generator=g)
-    tokens = torch.randint(2, vocab, (n, length), generator=g)
-    tokens[torch.arange(length)[None] >= lengths[:, None]] = 0
-    return tokens, lengths, torch.randint(0, classes, (n,), generator=g)
-
-
-def _dataset(task, n=12, seed=0):
-    if task == "retrieval":
-        t1, l1, y = _sequences(n, 9, 258, 2, seed)
-        t2, l2, _ = _sequences(n, 7, 258, 2, seed + 1)
-        return PairDataset(t1, l1, t2, l2, y, vocab_size=258, num_classes=2)
-    if task == "image":
-        return SequenceDataset(*_sequences(n, 16, 258, 10, seed, grid=(4, 4)), vocab_size=258, num_classes=10,
-                               grid=(4, 4))
-    vocab, classes = (19, 10) if task == "listops" else (258, 2)
-    return SequenceDataset(*_sequences(n, 10, vocab, classes, seed), vocab_size=vocab, num_classes=classes)
-
 
 STEP_CASES = [(task, attention, positional)
               for task in ("listops", "text", "retrieval", "image")
@@ -50,8 +26,8 @@ def test_one_training_step_per_task_kernel_and_encoding(task, attention, positio
     """One step of the engine (spe lra's code path): a positive finite loss, and every part learns."""
     from safetensors.torch import load_file
 
-    train = _dataset(task)
-    cfg = LRAConfig(task=task, positional=positional, attention=attention, model=TINY_MODEL, batch_size=4, steps=1,
+    train = lra_dataset(task)
+    cfg = LRAConfig(task=task, positional=positional, attention=attention, model=TINY_LRA_MODEL, batch_size=4, steps=1,
                     eval_every=1)
     torch.manual_seed(0)  # the engine builds the model of seed s right after torch.manual_seed(s)
     model = build_classifier(cfg, train)
@@ -84,22 +60,12 @@ def test_learning_rate_schedules():
     assert _factor(39, rsqrt) == pytest.approx(0.5)  # sqrt(10 / 40), LRA's rsqrt_decay
 
 
-def _tiny_config(**kw):
-    values = dict(task="text", positional="sinespe", attention="performer", steps=4, batch_size=4, eval_every=2,
-                  eval_batch_size=8, model=TINY_MODEL)
-    return LRAConfig(**{**values, **kw})
-
-
-def _splits():
-    return {"train": _dataset("text", 16, 0), "val": _dataset("text", 8, 1), "test": _dataset("text", 8, 2)}
-
-
 def test_a_seed_keeps_its_best_validation_checkpoint_and_tests_it(tmp_path):
     from spe.checkpoint import load, load_metadata
     from spe.lab.lra import accuracy
 
-    splits = _splits()
-    result = train_seed(_tiny_config(), splits, 0, tmp_path / "seed0", progress=False)
+    splits = lra_splits()
+    result = train_seed(tiny_lra_config(), splits, 0, tmp_path / "seed0", progress=False)
     records = [json.loads(line) for line in (tmp_path / "seed0" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4]
     best = max(records, key=lambda r: (r["val_accuracy"], -r["step"]))  # the first of the highest
@@ -115,8 +81,8 @@ def test_an_interrupted_seed_resumes_to_the_same_weights(tmp_path, monkeypatch):
 
     from spe.lab.lra.task import LRATask
 
-    splits = _splits()
-    whole = train_seed(_tiny_config(), splits, 0, tmp_path / "whole", progress=False)
+    splits = lra_splits()
+    whole = train_seed(tiny_lra_config(), splits, 0, tmp_path / "whole", progress=False)
     calls = {"n": 0}
     original = LRATask.loss
 
@@ -128,9 +94,9 @@ def test_an_interrupted_seed_resumes_to_the_same_weights(tmp_path, monkeypatch):
 
     monkeypatch.setattr(LRATask, "loss", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        train_seed(_tiny_config(), splits, 0, tmp_path / "cut", progress=False)
+        train_seed(tiny_lra_config(), splits, 0, tmp_path / "cut", progress=False)
     monkeypatch.setattr(LRATask, "loss", original)
-    cut = train_seed(_tiny_config(), splits, 0, tmp_path / "cut", progress=False)
+    cut = train_seed(tiny_lra_config(), splits, 0, tmp_path / "cut", progress=False)
     assert {k: v for k, v in cut.items() if k != "seconds"} == {k: v for k, v in whole.items() if k != "seconds"}
     a, b = (load_file(str(tmp_path / f / "last" / "model.safetensors")) for f in ("whole", "cut"))
     for name, value in a.items():
@@ -146,8 +112,8 @@ def test_results_over_seeds_and_finished_seeds_are_not_rerun(tmp_path, monkeypat
     import spe.lab.data.lra.tasks as tasks
     import spe.lab.lra.run as run_module
 
-    monkeypatch.setattr(tasks, "load_task", lambda *a, **k: _splits())
-    summary = run_lra(_tiny_config(), [0, 1], tmp_path, progress=False)
+    monkeypatch.setattr(tasks, "load_task", lambda *a, **k: lra_splits())
+    summary = run_lra(tiny_lra_config(), [0, 1], tmp_path, progress=False)
     accs = [100 * r["test_accuracy"] for r in summary["results"]]
     assert summary["seeds"] == [0, 1] and summary["mean"] == pytest.approx(sum(accs) / 2)
     # sample std of two values: deviations ±|a − b|/2 from the mean, squares summed |a − b|²/2, / (n − 1 = 1)
@@ -156,10 +122,10 @@ def test_results_over_seeds_and_finished_seeds_are_not_rerun(tmp_path, monkeypat
     monkeypatch.setattr(run_module, "train_seed", lambda cfg, splits, seed, folder, **k:
                         json.loads((folder / "result.json").read_text()) if (folder / "result.json").exists()
                         else pytest.fail(f"seed {seed} was trained again"))
-    again = run_lra(_tiny_config(), [0, 1], tmp_path, progress=False)
+    again = run_lra(tiny_lra_config(), [0, 1], tmp_path, progress=False)
     assert again["results"] == summary["results"]
     with pytest.raises(ValueError, match="another LRA experiment"):
-        run_lra(_tiny_config(steps=6), [0], tmp_path, progress=False)
+        run_lra(tiny_lra_config(steps=6), [0], tmp_path, progress=False)
 
 
 def test_one_seed_has_no_std_and_is_written_as_a_dash():
@@ -170,7 +136,7 @@ def test_one_seed_has_no_std_and_is_written_as_a_dash():
     summary = summarize(one)
     assert summary["mean"] == 25.0 and summary["std"] is None  # null in results.json, never NaN
     assert json.loads(strict_json.dumps(summary))["std"] is None
-    assert "Test accuracy 25.00 ± – % over 1 seed(s)" in _markdown(_tiny_config(), summary, one)
+    assert "Test accuracy 25.00 ± – % over 1 seed(s)" in _markdown(tiny_lra_config(), summary, one)
     assert summarize([])["mean"] is None and summarize([])["std"] is None
 
 

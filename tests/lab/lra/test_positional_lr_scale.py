@@ -3,18 +3,18 @@
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_run import TINY_LRA_MODEL, lra_dataset, lra_splits, tiny_lra_config
 
 from spe.lab.lra import LRAConfig, build_classifier, preset_config
 from spe.lab.lra.train import train_seed
 from spe.lab.train import engine, optim
 
-from test_lra_experiments import TINY_MODEL, _dataset, _splits, _tiny_config
 
 
 def _model(seed=0):
     torch.manual_seed(seed)
-    cfg = LRAConfig(task="listops", positional="sinespe", attention="performer", model=TINY_MODEL, batch_size=4)
-    return cfg, build_classifier(cfg, _dataset("listops"))
+    cfg = LRAConfig(task="listops", positional="sinespe", attention="performer", model=TINY_LRA_MODEL, batch_size=4)
+    return cfg, build_classifier(cfg, lra_dataset("listops"))
 
 
 def _names(model, params) -> set[str]:
@@ -62,9 +62,9 @@ def test_one_adamw_step_moves_positional_parameters_scale_times_as_far(tmp_path)
 
     The step is the engine's (spe lra's code path): one step, no warmup, so the scheduled lr is the peak.
     """
-    splits, moves = _splits(), {}
+    splits, moves = lra_splits(), {}
     for scale in (1.0, 4.0):
-        cfg = _tiny_config(steps=1, eval_every=1, warmup_steps=0, lr=1e-2, positional_lr_scale=scale)
+        cfg = tiny_lra_config(steps=1, eval_every=1, warmup_steps=0, lr=1e-2, positional_lr_scale=scale)
         torch.manual_seed(0)  # the engine builds the model of seed s right after torch.manual_seed(s)
         before = build_classifier(cfg, splits["train"]).state_dict()
         train_seed(cfg, splits, 0, tmp_path / str(scale), progress=False)
@@ -82,17 +82,17 @@ def test_one_adamw_step_moves_positional_parameters_scale_times_as_far(tmp_path)
 
 @pytest.mark.slow
 def test_scale_one_trains_bit_identically_to_the_optimizer_of_before(tmp_path, monkeypatch):
-    splits = _splits()
-    train_seed(_tiny_config(steps=3, eval_every=3), splits, 0, tmp_path / "now", progress=False)
+    splits = lra_splits()
+    train_seed(tiny_lra_config(steps=3, eval_every=3), splits, 0, tmp_path / "now", progress=False)
     monkeypatch.setattr(engine, "adamw", lambda model, *, lr, weight_decay, positional_lr_scale:
                         torch.optim.AdamW(_old_rule(model, weight_decay), lr=lr, betas=optim.ADAM_BETAS))
-    train_seed(_tiny_config(steps=3, eval_every=3), splits, 0, tmp_path / "before", progress=False)
+    train_seed(tiny_lra_config(steps=3, eval_every=3), splits, 0, tmp_path / "before", progress=False)
     a, b = (load_file(str(tmp_path / f / "last" / "model.safetensors")) for f in ("now", "before"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_the_engine_applies_the_scale_at_every_step(tmp_path):
-    train_seed(_tiny_config(steps=3, eval_every=3, warmup_steps=10, positional_lr_scale=0.25), _splits(), 0,
+    train_seed(tiny_lra_config(steps=3, eval_every=3, warmup_steps=10, positional_lr_scale=0.25), lra_splits(), 0,
                tmp_path, progress=False)
     state = torch.load(tmp_path / "train_state.pt", weights_only=False)
     groups = state["optimizer"]["param_groups"]

@@ -2,52 +2,18 @@
 
 import json
 import shutil
-import socket
-import subprocess
 
 import pytest
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
-from tiny_run import PYTHON, subprocess_env, tiny_config, toml_text
+from tiny_run import RTOL, needs_gloo, records, tiny_config, torchrun
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE
 from spe.lab.train.loop import train
 from spe.lab.train.state import CHECKPOINTS_DIR
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                reason="torch.distributed with gloo is unavailable")
-
-# Tolerance of the 2-process losses against the 1-process ones, relative. The two runs differ
-# only in float32 summation order: one process averages the cross-entropy over all B·L tokens,
-# two average over B·L/2 each and DDP averages their gradients. Each such sum carries a relative
-# rounding of a few units of float32's u = 6e-8 (pairwise sums: ~log2(B·L) u ≈ 7u ≈ 4e-7 here).
-# AdamW passes a relative change of the gradient through to the update at the same relative
-# size (m/√v, for gradients well above eps = 1e-8), so after N steps the weights, hence the
-# loss, differ by about N × 4e-7 relative if nothing amplifies it; 6 steps give 2.4e-6. We allow
-# 1e-5 (4× that, for amplification by the tiny model's curvature over 6 steps). Measured:
-# 7e-8 at most, i.e. the first step's difference, which is the loss reduction's rounding alone.
-RTOL = 1e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(cfg, toml, *extra) -> subprocess.CompletedProcess:
-    toml.write_text(toml_text(cfg))
-    command = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-               "-m", "spe", "-q", "train", "--config", str(toml), "--no-progress", *extra]
-    done = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
-def _records(run) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+pytestmark = needs_gloo
 
 
 @pytest.mark.slow
@@ -59,8 +25,8 @@ def test_two_processes_match_one_with_the_same_global_batch_and_resume_identical
 
     one = train(config("one"), progress=False)
     two = tmp_path / "two"
-    _torchrun(config("two"), tmp_path / "two.toml")
-    a, b = _records(one), _records(two)
+    torchrun(config("two"), tmp_path / "two.toml")
+    a, b = records(one), records(two)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 7))
     for r1, r2 in zip(a, b):
         assert r2["loss"] == pytest.approx(r1["loss"], rel=RTOL)
@@ -82,8 +48,8 @@ def test_two_processes_match_one_with_the_same_global_batch_and_resume_identical
     for name in (MODEL_FILE, TRAIN_STATE_FILE):
         shutil.copyfile(step4 / name, again / name)
     (again / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in b[:4]))
-    _torchrun(config("again"), tmp_path / "again.toml", "--resume")
-    assert [r["loss"] for r in _records(again)] == [r["loss"] for r in b]
+    torchrun(config("again"), tmp_path / "again.toml", "--resume")
+    assert [r["loss"] for r in records(again)] == [r["loss"] for r in b]
     w2, w3 = load_file(str(two / MODEL_FILE)), load_file(str(again / MODEL_FILE))
     assert all(torch.equal(w2[k], w3[k]) for k in w2)
 

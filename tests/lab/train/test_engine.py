@@ -6,11 +6,10 @@ import warnings
 
 import pytest
 import torch
-from safetensors.torch import load_file
-from tiny_run import tiny_config
+from tiny_run import Kill, same_weights, tiny_config
 from torch import nn
 
-from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE
+from spe.checkpoint import TRAIN_STATE_FILE
 from spe.lab.cli.main import main
 from spe.models import ModelConfig
 from spe.models.classifier_config import ClassifierConfig
@@ -101,15 +100,6 @@ def test_the_metrics_log_drops_a_torn_last_line_names_the_file_and_trims_atomica
         read_records(path)
 
 
-class _Kill(BaseException):
-    """Stands for SIGKILL at one moment (not an Exception: nothing catches it)."""
-
-
-def _same_weights(a, b) -> bool:
-    wa, wb = load_file(str(a / MODEL_FILE)), load_file(str(b / MODEL_FILE))
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     return train(tiny_config(tmp_path_factory.mktemp("music"), "straight"), progress=False)
@@ -122,17 +112,17 @@ def test_music_killed_between_the_state_and_the_model_resumes_to_the_same_weight
 
     def kill_at_step_4(model, folder, **kwargs):
         if "step-0000004" in str(folder):
-            raise _Kill
+            raise Kill
         return original(model, folder, **kwargs)
 
     monkeypatch.setattr(state, "save", kill_at_step_4)
     cfg = tiny_config(tmp_path, "killed")
-    with pytest.raises(_Kill):
+    with pytest.raises(Kill):
         train(cfg, progress=False)
     monkeypatch.setattr(state, "save", original)
     assert (tmp_path / "killed" / CHECKPOINTS_DIR / "step-0000004" / TRAIN_STATE_FILE).is_file()  # half a unit
     train(cfg, resume=True, progress=False)
-    assert _same_weights(straight, tmp_path / "killed")
+    assert same_weights(straight, tmp_path / "killed")
 
 
 @pytest.mark.slow
@@ -142,11 +132,11 @@ def test_a_state_of_an_older_format_is_refused_naming_the_file(tmp_path, monkeyp
     def kill_after_step_4(run, *args):
         original(run, *args)
         if run.step == 4:
-            raise _Kill
+            raise Kill
 
     monkeypatch.setattr(engine._Training, "save", kill_after_step_4)
     cfg = tiny_config(tmp_path, "old")
-    with pytest.raises(_Kill):
+    with pytest.raises(Kill):
         train(cfg, progress=False)
     monkeypatch.setattr(engine._Training, "save", original)
     file = tmp_path / "old" / CHECKPOINTS_DIR / "step-0000004" / TRAIN_STATE_FILE

@@ -5,10 +5,7 @@ import math
 
 import pytest
 import torch
-from test_distributed import RTOL, _records, _torchrun
-from test_distributed import pytestmark as needs_gloo
-from test_engine import _Kill, _same_weights
-from tiny_run import tiny_config, toml_text
+from tiny_run import RTOL, Kill, needs_gloo, records, same_weights, tiny_config, toml_text, torchrun
 
 from spe.checkpoint import TRAIN_STATE_FILE
 from spe.lab.cli.main import main
@@ -91,7 +88,7 @@ def test_chains_stop_at_sixteen_crops_or_at_a_position_limit():
 
 
 def _losses(run) -> list[float]:
-    return [r["loss"] for r in _records(run)]
+    return [r["loss"] for r in records(run)]
 
 
 @pytest.mark.slow
@@ -136,15 +133,15 @@ def test_a_killed_run_resumes_its_carried_states_bit_for_bit(tmp_path, monkeypat
 
     def killed_before_step_5(run):  # the checkpoint of step 4 is written, the carried states move on
         if run.step == 4:
-            raise _Kill
+            raise Kill
         return train_step(run)
 
     monkeypatch.setattr(engine._Training, "train_step", killed_before_step_5)
-    with pytest.raises(_Kill):
+    with pytest.raises(Kill):
         train(config("killed"), progress=False)
     monkeypatch.setattr(engine._Training, "train_step", train_step)
     train(config("killed"), resume=True, progress=False)
-    assert _same_weights(straight, tmp_path / "killed")
+    assert same_weights(straight, tmp_path / "killed")
     assert _losses(straight) == _losses(tmp_path / "killed")
 
 
@@ -164,8 +161,8 @@ def test_two_processes_carry_their_own_slices_states_and_match_one(tmp_path):
         return tiny_config(tmp_path, name, state_passing=True, model={"dropout": 0.0})
 
     one = train(config("one"), progress=False)
-    _torchrun(config("two"), tmp_path / "two.toml")
-    for r1, r2 in zip(_records(one), _records(tmp_path / "two"), strict=True):
+    torchrun(config("two"), tmp_path / "two.toml")
+    for r1, r2 in zip(records(one), records(tmp_path / "two"), strict=True):
         assert r2["loss"] == pytest.approx(r1["loss"], rel=RTOL)
     whole = torch.load(one / TRAIN_STATE_FILE, weights_only=True)["task"][0]["state"]["layers"][0]
     halves = [t["state"]["layers"][0] for t in torch.load(tmp_path / "two" / TRAIN_STATE_FILE,
