@@ -28,6 +28,8 @@ block at a time), so nothing of size L × L is formed or kept.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -50,7 +52,7 @@ FLASH_FOX_SPAN = 256.0
 
 
 def flash_fox_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, window: int | None = None,
-                        key_padding_mask: Tensor | None = None, block: int = FLASH_FOX_BLOCK) -> Tensor:
+                        key_padding_mask: Tensor | None = None, block: int | None = None) -> Tensor:
     """Causal FoX, softmax_n(q_m·k_n/√D + c_m − c_n) v_n over n ≤ m (and m − n < W), c_t = Σ_{s≤t} G_s,
     in blocks of ``block`` queries, never forming an L × L tensor (module docstring).
 
@@ -62,8 +64,8 @@ def flash_fox_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, w
         window: W, keys n ∈ (m − W, m] only; None: all n ≤ m.
         key_padding_mask: (B, L) bool, True at padding keys, which get no weight; every query
             needs one real key among those it sees (key 0 real, for instance).
-        block: queries per block at most, ≥ 1 (fewer where the gates drop by more than
-            :data:`FLASH_FOX_SPAN` nats within it).
+        block: queries per block at most, ≥ 1 (None: :data:`FLASH_FOX_BLOCK`; fewer where
+            the gates drop by more than :data:`FLASH_FOX_SPAN` nats within it).
 
     Returns:
         (B, L, H, E) in ``v``'s dtype. Float32 and bfloat16 inputs are computed in float32
@@ -75,20 +77,24 @@ def flash_fox_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, w
             padding mask or block.
     """
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"flash_fox_attention needs q, k (B, L, H, D) and v (B, L, H, E), got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(f"flash_fox_attention needs q, k (B, L, H, D) and v (B, L, H, E), got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     gates = softmax_gates(log_decay, tuple(q.shape))
     check_window(window)
+    block = FLASH_FOX_BLOCK if block is None else block
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise ValueError(f"block must be a positive int (queries per block), got {block!r}")
     allowed = None
     if key_padding_mask is not None:
         allowed = check_key_padding_mask(key_padding_mask, k)  # (B, 1, 1, L), True: attend
-    return _FlashFox.apply(q, k, v, gates, allowed, window, block)
+    with torch.no_grad():
+        spans = _spans(torch.cumsum(gates.to(torch.float64), 1), block, window)
+    return _FlashFox.apply(q, k, v, gates, allowed, _Plan(window, spans))
 
 
 def _compute_dtype(q: Tensor, k: Tensor, v: Tensor) -> torch.dtype:
-    return torch.promote_types(torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype), torch.float32)
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _spans(c: Tensor, block: int, window: int | None) -> list[tuple[int, int, int]]:
@@ -103,7 +109,7 @@ def _spans(c: Tensor, block: int, window: int | None) -> list[tuple[int, int, in
     return spans
 
 
-def _attend_block(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, s: int, lo: int, window: int | None,
+def _attend_block(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, *, s: int, lo: int, window: int | None,
                   allowed: Tensor | None) -> Tensor:
     """One block: queries s … s + Q − 1 (q (B, Q, H, D)), keys lo … lo + K − 1 (k (B, K, H, D),
     v (B, K, H, E)), rel (B, K, H) = c_n − c_s (float64); all in the compute dtype but rel.
@@ -126,20 +132,28 @@ def _attend_block(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, s: int, lo: int,
     return out[..., :e].transpose(1, 2)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The window and the blocks (s, e, lo) of one call, shared by forward and backward."""
+
+    window: int | None
+    spans: list[tuple[int, int, int]]
+
+
 class _FlashFox(torch.autograd.Function):
     """Forward keeps the inputs only; backward recomputes and differentiates one block at a time."""
 
     @staticmethod
-    def forward(ctx, q, k, v, gates, allowed, window, block):
+    def forward(ctx, q, k, v, gates, allowed, plan):
         dtype = _compute_dtype(q, k, v)
         c = torch.cumsum(gates.to(torch.float64), 1)
-        outs, spans = [], _spans(c, block, window)
-        for s, e, lo in spans:
+        outs = []
+        for s, e, lo in plan.spans:
             rel = c[:, lo:e] - c[:, s:s + 1]
-            outs.append(_attend_block(q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype), rel, s, lo,
-                                      window, allowed))
+            outs.append(_attend_block(q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype), rel,
+                                      s=s, lo=lo, window=plan.window, allowed=allowed))
         ctx.save_for_backward(q, k, v, gates, allowed)
-        ctx.window, ctx.spans = window, spans
+        ctx.plan = plan
         return torch.cat(outs, 1).to(v.dtype)
 
     @staticmethod
@@ -150,13 +164,13 @@ class _FlashFox(torch.autograd.Function):
         c = torch.cumsum(gates.to(torch.float64), 1)
         grad = grad.to(dtype)
         # accumulated in the compute dtype (bf16 inputs: float32), c's in float64
-        dq, dk, dv = torch.zeros_like(q, dtype=dtype), torch.zeros_like(k, dtype=dtype), torch.zeros_like(v, dtype=dtype)
+        dq, dk, dv = (torch.zeros_like(t, dtype=dtype) for t in (q, k, v))
         dc = torch.zeros_like(c)
-        for s, e, lo in ctx.spans:
-            leaves = [q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype), c[:, lo:e] - c[:, s:s + 1]]
-            leaves = [t.detach().requires_grad_() for t in leaves]
+        for s, e, lo in ctx.plan.spans:
+            leaves = [t.detach().requires_grad_() for t in (q[:, s:e].to(dtype), k[:, lo:e].to(dtype),
+                                                            v[:, lo:e].to(dtype), c[:, lo:e] - c[:, s:s + 1])]
             with torch.enable_grad():
-                out = _attend_block(*leaves, s, lo, ctx.window, allowed)
+                out = _attend_block(*leaves, s=s, lo=lo, window=ctx.plan.window, allowed=allowed)
             gq, gk, gv, grel = torch.autograd.grad(out, leaves, grad[:, s:e])
             dq[:, s:e] = gq
             dk[:, lo:e] += gk
@@ -165,4 +179,4 @@ class _FlashFox(torch.autograd.Function):
             dc[:, s] -= grel.sum(1)  # rel = c_n − c_s
         # c_t = Σ_{u≤t} G_u: dG_u = Σ_{t≥u} dc_t
         dgates = dc.flip(1).cumsum(1).flip(1)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgates.to(gates.dtype), None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgates.to(gates.dtype), None, None
