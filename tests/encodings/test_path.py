@@ -15,7 +15,7 @@ from spe.encodings.short_conv import depthwise_conv_reference
 from spe.lab.cli.main import main
 from spe.models import ClassifierConfig, DecoderLM, ModelConfig
 from spe.ops import KVCache
-from spe.ops.path import path_attention_reference
+from spe.ops.path import flash, path_attention_reference
 
 C, HEADS = 16, 2
 TINY = dict(vocab_size=30, d_model=C, num_layers=2, num_heads=HEADS, d_ff=32, dropout=0.0,
@@ -63,6 +63,25 @@ def test_the_layer_is_path_attention_of_its_projections_and_gate(decay):
         weights = layer.attention_weights(x, dtype=torch.float64)
         weighted = torch.einsum("bhmn,bnhe->bmhe", weights, v.double())
         torch.testing.assert_close(weighted, y, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("decay", ["none", "gated"])
+def test_the_layer_gives_the_same_output_and_gradients_with_either_form(decay, monkeypatch):
+    # path_attention takes the flash-style form from FLASH_MIN_LENGTH positions on: the layer's
+    # output and its gradients are the same function either way
+    layer = _layer(decay)
+    x = torch.randn(2, 70, C, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    calls, original = [], flash.flash_path_attention
+    monkeypatch.setattr(flash, "flash_path_attention", lambda *a: calls.append(1) or original(*a))
+    results = []
+    for threshold in (10**9, 1):  # the chunked form, then the flash-style one
+        monkeypatch.setattr(flash, "FLASH_MIN_LENGTH", threshold)
+        y = layer(x)
+        results.append((y, *torch.autograd.grad(y.square().sum(), [x, *layer.parameters()], allow_unused=True)))
+    assert len(calls) == 1
+    for chunked, flashed in zip(*results):
+        if chunked is not None:
+            torch.testing.assert_close(flashed, chunked, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("options", [

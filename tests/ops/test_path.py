@@ -1,6 +1,7 @@
-"""PaTH attention (spe.ops.path): the chunked form and the decoding step against the float64
-definition, the definition against explicit D × D products, the special cases it must reduce
-to, causality, and the input checks. fla's own reference, when importable, is the oracle."""
+"""PaTH attention (spe.ops.path): the chunked and flash-style forms and the decoding step against
+the float64 definition, the definition against explicit D × D products, the special cases it must
+reduce to, causality, what the flash-style form keeps, the choice between the forms, and the input
+checks. fla's own reference, when importable, is the oracle."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from spe.ops import path_attention, path_attention_step, path_prefill_cache, softmax_attention
-from spe.ops.path import path_attention_reference, path_logits_reference
+from spe.ops.path import flash, path_attention_reference, path_logits_reference
+from spe.ops.path.flash import flash_path_attention
 
 B, H, D = 2, 3, 8
 
@@ -117,13 +121,123 @@ def test_outputs_ignore_the_future():
                                path_attention(q, k, v, w, beta, log_decay=log_decay, chunk_size=4)[:, :11])
 
 
-# --- decoding -------------------------------------------------------------------------------
+# --- the flash-style form -------------------------------------------------------------------
+
+
+def _gates(kind, length, seed=3):
+    """FoX gates (B, L, H): none, FoX's usual, near 0 (almost no decay), or a mix of near 0 and
+    near −∞ (some steps forget everything before them)."""
+    u = torch.rand(B, length, H, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return {"none": None, "fox": 0.3 * u.log(), "near 0": -1e-7 * u,
+            "near −∞": torch.where(u < 0.3, -1e4 * (1 + u), -0.01 * u)}[kind]
+
+
+@pytest.mark.parametrize("length, chunk, block, tile, beta_range, sharp, gates", [
+    (37, 8, 16, 8, (0.0, 2.0), 1.0, "fox"),        # ragged last chunk; blocks of 2 chunks, tiles of 1
+    (70, 4, 12, 20, (0.0, 2.0), 1.0, "none"),      # 18 chunks, blocks of 3, tiles of 5: ragged tiles too
+    (64, 16, 16, 16, (0.0, 2.0), 4.0, "fox"),      # sharp attention (logits of tens)
+    (45, 4, 8, 8, (0.0, 0.02), 1.0, "near 0"),     # β near 0 (H_t ≈ I), gates near 0
+    (45, 4, 8, 8, (1.98, 2.0), 1.0, "near −∞"),    # near reflections, gates that forget everything
+    (30, 1, 3, 2, (0.0, 2.0), 1.0, "fox"),         # one position per chunk
+])
+def test_flash_equals_the_float64_definition_forward_and_backward(length, chunk, block, tile, beta_range, sharp,
+                                                                   gates):
+    q, k, v, w, beta, _ = _inputs(length, beta_range=beta_range, sharp=sharp)
+    inputs = (q, k, v, w, beta, _gates(gates, length))
+
+    def run(*args, log_decay):
+        return flash_path_attention(*args, log_decay, D ** -0.5, chunk, block, tile)
+
+    ref, ref_grads = _grads(path_attention_reference, *inputs)
+    out, grads = _grads(run, *inputs)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    for name, got, want in zip(("q", "k", "v", "w", "beta", "log_decay"), grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-8, msg=f"gradient w.r.t. {name}")
+
+
+def test_float32_flash_is_the_float64_definition_to_float32_rounding():
+    inputs = _inputs(200, beta_range=(1.5, 2.0))
+    ref, ref_grads = _grads(path_attention_reference, *inputs)
+    out, grads = _grads(path_attention, *(t.float() for t in inputs), impl="flash", chunk_size=16)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-4)
+
+
+def _saved_bytes(length, impl):
+    """Bytes autograd keeps for the backward of one PaTH-FoX call (B = 1, H = 1, D = 8)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, length, 1, D, generator=g, requires_grad=True) for _ in range(3))
+    w = F.normalize(torch.randn(1, length, 1, D, generator=g), dim=-1).requires_grad_()
+    beta = torch.rand(1, length, 1, generator=g).mul(2).requires_grad_()
+    gate = torch.rand(1, length, 1, generator=g).log().mul(0.1).requires_grad_()
+    kept = []
+
+    def pack(t):
+        kept.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        path_attention(q, k, v, w, beta, log_decay=gate, impl=impl)
+    return sum(kept)
+
+
+def test_flash_keeps_for_backward_memory_linear_in_the_length():
+    # the chunked form keeps the (B, H, L, L) logits: 4× from L to 2L (the measure sees it)
+    assert _saved_bytes(1024, "chunk") > 3.3 * _saved_bytes(512, "chunk")
+    ratio = _saved_bytes(2048, "flash") / _saved_bytes(1024, "flash")
+    assert 1.8 < ratio < 2.2, ratio
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the most elements of any tensor an operation returns while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
 
 
 @pytest.mark.parametrize("gate", [False, True])
-def test_steps_and_a_prefill_then_steps_equal_the_parallel_form(gate):
+def test_flash_never_forms_an_l_by_l_tensor_forward_or_backward(gate):
+    length = 1024
+    q, k, v, w, beta, log_decay = (None if t is None else t[:1, :, :1].float().requires_grad_()
+                                   for t in _inputs(length, gate=gate))
+    with _LargestTensor() as seen:
+        path_attention(q, k, v, w, beta, log_decay=log_decay, impl="flash").square().sum().backward()
+    # one block's tile of logits (128 × 512) is the largest; L² would be 1,048,576
+    assert seen.largest <= 128 * 512, seen.largest
+    assert q.grad is not None and w.grad is not None and beta.grad is not None
+
+
+def test_auto_takes_the_flash_form_from_its_threshold(monkeypatch):
+    calls = []
+    original = flash.flash_path_attention
+    monkeypatch.setattr(flash, "flash_path_attention", lambda *a, **kw: calls.append(a[0].shape[1]) or original(*a, **kw))
+    monkeypatch.setattr(flash, "FLASH_MIN_LENGTH", 20)
+    for length in (19, 20, 41):
+        inputs = _inputs(length)
+        out = path_attention(*inputs[:5], log_decay=inputs[5], chunk_size=8)
+        torch.testing.assert_close(out, path_attention(*inputs[:5], log_decay=inputs[5], chunk_size=8, impl="chunk"),
+                                   rtol=1e-10, atol=1e-10)
+    assert calls == [20, 41]
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["chunk", "flash"])
+@pytest.mark.parametrize("gate", [False, True])
+def test_steps_and_a_prefill_then_steps_equal_the_parallel_form(gate, impl):
     q, k, v, w, beta, log_decay = _inputs(21, gate=gate)
-    parallel = path_attention(q, k, v, w, beta, log_decay=log_decay, chunk_size=4)
+    parallel = path_attention(q, k, v, w, beta, log_decay=log_decay, chunk_size=4, impl=impl)
     one = lambda t: None if t is None else t[:, i:i + 1]  # noqa: E731
     for start in (0, 10):  # from nothing; after a prompt of 10 positions
         cut = slice(None, start)
@@ -162,19 +276,20 @@ def test_scale_multiplies_q_dot_k_in_every_form():
 # --- fla's reference ------------------------------------------------------------------------
 
 
-def test_equals_fla_naive_path_attn():
+@pytest.mark.parametrize("impl", ["chunk", "flash"])
+def test_equals_fla_naive_path_attn(impl):
     naive = pytest.importorskip(
         "fla.ops.path_attn.naive",
         reason="flash-linear-attention is not installed (no network here); this compares with its "
                "naive_path_attn when it is").naive_path_attn
     q, k, v, w, beta, log_decay = (t.float() for t in _inputs(70, beta_range=(1.0, 2.0)))
     scale = D ** -0.5
-    ours = path_attention(q, k, v, w, beta, log_decay=log_decay)
+    ours = path_attention(q, k, v, w, beta, log_decay=log_decay, impl=impl)
     # fla multiplies its gate g by the scale with the logits: our gate is g·scale
     theirs = naive(q, k, v, w, beta, log_decay / scale, scale, chunk_size=16)
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
     theirs = naive(q, k, v, w, beta, torch.zeros_like(log_decay), scale, chunk_size=16)
-    torch.testing.assert_close(path_attention(q, k, v, w, beta), theirs, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(path_attention(q, k, v, w, beta, impl=impl), theirs, rtol=1e-4, atol=1e-5)
 
 
 # --- input checks ---------------------------------------------------------------------------
@@ -192,6 +307,7 @@ def test_equals_fla_naive_path_attn():
     (lambda a: a.update(w=2 * a["w"]), r"w must have unit norm.*a ‖w_t‖ of 2 was received"),
     (lambda a: a.update(log_decay=-a["log_decay"] + 0.1), r"log_decay|> 0"),
     (lambda a: a.update(scale=-1.0), r"scale must be a positive finite float or None \(1/√D\), got -1.0"),
+    (lambda a: a.update(impl="fast"), r"impl must be one of auto, chunk, flash, got 'fast'"),
 ])
 def test_bad_inputs_are_refused_naming_what_was_received(change, message):
     q, k, v, w, beta, log_decay = _inputs(5)

@@ -2,8 +2,11 @@
 product of data-dependent Householder-like matrices H_t = I − β_t w_t w_tᵀ between key and query.
 
 Layout after fla's ``ops/path_attn``: :mod:`~spe.ops.path.naive` (the O(L²·D) definition, the
-float64 reference), :mod:`~spe.ops.path.chunk` (the UT-transform chunked form, what the layer
-runs), :mod:`~spe.ops.path.recurrent` (decoding from a cache of transformed keys).
+float64 reference), :mod:`~spe.ops.path.chunk` (the UT-transform chunked form, and
+:func:`path_attention`, which picks it or the flash-style form by length),
+:mod:`~spe.ops.path.flash` (query blocks against key tiles with an online softmax, recomputed
+in backward: O(L·D) memory kept), :mod:`~spe.ops.path.recurrent` (decoding from a cache of
+transformed keys).
 """
 
 from spe.ops.path.chunk import path_attention, path_logits, path_transformed_keys

@@ -32,9 +32,13 @@ from spe.ops.softmax.chunk import gate_bias
 from spe.ops.linear_attn.options import kernel_dtype
 from spe.ops.path.checks import check_path_inputs
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "path_attention", "path_logits", "path_transformed_keys"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "PATH_IMPLS", "path_attention", "path_logits", "path_transformed_keys"]
 
 DEFAULT_CHUNK_SIZE = 64
+# path_attention's forms: "chunk" (this module's, the (B, H, L, L) logits), "flash"
+# (:mod:`~spe.ops.path.flash`, blocks recomputed in backward), "auto" (flash from
+# spe.ops.path.flash.FLASH_MIN_LENGTH positions on).
+PATH_IMPLS = ("auto", "chunk", "flash")
 
 
 def _blocks(x: Tensor, c: int) -> Tensor:
@@ -124,7 +128,7 @@ def path_transformed_keys(k: Tensor, w: Tensor, beta: Tensor, *,
 
 def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *,
                    log_decay: Tensor | None = None, scale: float | None = None,
-                   chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
+                   chunk_size: int = DEFAULT_CHUNK_SIZE, impl: str = "auto") -> Tensor:
     """Causal PaTH attention (Yang et al. 2025): y_m = Σ_{n≤m} softmax_n(s_mn) v_n with
     s_mn = scale · q_mᵀ (H_m ⋯ H_{n+1}) k_n + F_m − F_n, H_t = I − β_t w_t w_tᵀ, F the running
     sum of the gate (PaTH-FoX; none without one).
@@ -145,20 +149,33 @@ def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *,
         log_decay: (B, L, H) FoX's forget gate G_t ≤ 0 (log of a factor in (0, 1]), or None.
         scale: multiplies q·k; None: 1/√D.
         chunk_size: C of the chunked form (results do not depend on it beyond rounding).
+        impl: ``"chunk"`` forms the (B, H, L, L) logits and keeps them and every chunk's carried
+            queries for backward (O(L²) memory; the faster below ~1,000 positions on a CPU);
+            ``"flash"`` (:func:`~spe.ops.path.flash.flash_path_attention`) goes block by block
+            with an online softmax and recomputes each block in backward (O(L·D) kept);
+            ``"auto"``: flash from :data:`~spe.ops.path.flash.FLASH_MIN_LENGTH` positions on.
+            The same function either way, to rounding.
 
     Returns:
         (B, L, H, E) in ``v``'s dtype; computed in the widest of q's, k's and float32, autocast off.
 
     Raises:
         ValueError: naming a shape, dtype or value received that is not allowed (w not unit,
-            beta outside [0, 2], a gate > 0 or of another shape, a scale ≤ 0).
+            beta outside [0, 2], a gate > 0 or of another shape, a scale ≤ 0, an unknown impl).
     """
+    from spe.ops.path.flash import FLASH_MIN_LENGTH, flash_path_attention  # it builds on this module
+
     gates, scale = check_path_inputs(q, k, v, w, beta, log_decay=log_decay, scale=scale)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if impl not in PATH_IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(PATH_IMPLS)}, got {impl!r}")
     dtype = kernel_dtype(q, k)
     with torch.autocast(q.device.type, enabled=False):
         q, k, w, beta = (t.to(dtype) for t in (q, k, w, beta))
+        if q.shape[1] and (impl == "flash" or impl == "auto" and q.shape[1] >= FLASH_MIN_LENGTH):
+            gates = None if gates is None else gates.to(dtype)
+            return flash_path_attention(q, k, v.to(dtype), w, beta, gates, scale, chunk_size).to(v.dtype)
         scores = path_logits(q, k, w, beta, chunk_size=chunk_size) * scale
         if gates is not None:
             scores = scores + gate_bias(gates.to(dtype))  # −∞ after m

@@ -43,7 +43,13 @@ from spe.ops.decay.sums import suffix_sums
 from spe.ops.path.chunk import _blocks, _chunk_terms
 from spe.ops.softmax.chunk import gate_bias
 
-__all__ = ["FLASH_BLOCK", "FLASH_TILE", "flash_path_attention"]
+__all__ = ["FLASH_BLOCK", "FLASH_MIN_LENGTH", "FLASH_TILE", "flash_path_attention"]
+
+# From this many positions on, path_attention(impl="auto") takes this form: one causal layer
+# (B = 1, H = 4, D = 64, float32, one thread of the development CPU) forward + backward took
+# about as long both ways at 1,024 positions (PaTH-FoX less here), less memory here from there on,
+# and at 512 the chunked form was faster (fewer Python steps).
+FLASH_MIN_LENGTH = 1024
 
 # Queries per block and keys per tile (rounded down to whole chunks, at least one): one tile's
 # logits and weights are R × T; more queries per block means fewer carries of the earlier keys
