@@ -9,6 +9,11 @@ Forward, and forward + backward of (y²).sum(), B = 1, H = 4, D = 64, float32, b
 warm-up; "peak" is the growth of the process's maximum resident memory (MiB) over the warm-up
 forward + backward (on CUDA: the peak of allocated GPU memory), each row in a fresh process (so
 each peak is its own; a row over 120 s is reported as such). Prints the table's rows.
+
+FoX has three rows: ``fox`` what ``softmax_attention`` picks (the flash-style form from
+``FLASH_FOX_MIN_LENGTH`` positions on), ``fox-bias`` the (B, H, L, L) gate term (in blocks of
+``FOX_QUERY_BLOCK`` queries beyond that length), ``fox-flash`` ``flash_fox_attention`` itself. One
+row: ``python tools/analysis/path_cost.py fox-flash 256``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 LENGTHS = {"cpu": (512, 2048), "cuda": (2048, 8192, 16384)}
-KERNELS = ("softmax", "fox", "path", "path-fox")
+KERNELS = ("softmax", "fox", "fox-bias", "fox-flash", "path", "path-fox")
 
 
 def measure(kernel: str, n: int, device: str = "cpu", b: int = 1, h: int = 4, d: int = 64) -> str:
@@ -38,10 +43,18 @@ def measure(kernel: str, n: int, device: str = "cpu", b: int = 1, h: int = 4, d:
     q, k, v = (leaf(torch.randn(b, n, h, d, generator=g)) for _ in range(3))
     w = leaf(F.normalize(torch.randn(b, n, h, d, generator=g), dim=-1))
     beta = leaf(2 * torch.rand(b, n, h, generator=g))
-    gate = leaf(0.1 * torch.rand(b, n, h, generator=g).log()) if kernel.endswith("fox") else None
+    gate = leaf(0.1 * torch.rand(b, n, h, generator=g).log()) if "fox" in kernel else None
+    if kernel == "fox-bias":  # the gate term as a tensor at every length (this process only)
+        import spe.ops.softmax.chunk as chunk
+
+        chunk.FLASH_FOX_MIN_LENGTH = n + 1
 
     def run():
-        if kernel in ("softmax", "fox"):
+        if kernel == "fox-flash":
+            from spe.ops.softmax import flash_fox_attention
+
+            return flash_fox_attention(q, k, v, gate)
+        if kernel in ("softmax", "fox", "fox-bias"):
             return softmax_attention(q, k, v, causal=True, log_decay=gate)
         return path_attention(q, k, v, w, beta, log_decay=gate)
 

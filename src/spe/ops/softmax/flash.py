@@ -28,6 +28,7 @@ block at a time), so nothing of size L × L is formed or kept.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -117,19 +118,25 @@ def _attend_block(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, *, s: int, lo: i
     d, e = q.shape[-1], v.shape[-1]
     scale = d ** -0.5
     width = -(-max(d + 1, e) // 8) * 8  # one width for q, k and v (the CPU kernel's rule), vector-aligned
-    one = torch.ones_like(q[..., :1])
-    qx = F.pad(torch.cat([q, one], -1), (0, width - d - 1))
-    kx = F.pad(torch.cat([k, (rel / -scale).to(k.dtype)[..., None]], -1), (0, width - d - 1))
-    vx = F.pad(v, (0, width - e))
+    qx, kx, vx = (_widened(t, width) for t in (q, k, v))  # (B, H, ·, width), zeros beyond the inputs
+    qx[..., d] = 1.0
+    kx[..., d] = (rel / -scale).to(k.dtype).transpose(1, 2)
     lag = torch.arange(s, s + q.shape[1], device=q.device)[:, None] - torch.arange(
         lo, lo + k.shape[1], device=q.device)[None, :]
     keep = lag >= 0 if window is None else (lag >= 0) & (lag < window)
     if allowed is not None:
         keep = keep & allowed[..., lo:lo + k.shape[1]]
     with torch.autocast(device_type=q.device.type, enabled=False):
-        out = F.scaled_dot_product_attention(qx.transpose(1, 2), kx.transpose(1, 2), vx.transpose(1, 2),
-                                             attn_mask=keep, scale=scale)
+        out = F.scaled_dot_product_attention(qx, kx, vx, attn_mask=keep, scale=scale)
     return out[..., :e].transpose(1, 2)
+
+
+def _widened(t: Tensor, width: int) -> Tensor:
+    """t (B, N, H, X) as a new contiguous (B, H, N, width) tensor, zero beyond X (one copy, the
+    layout the kernel reads)."""
+    out = t.new_zeros(t.shape[0], t.shape[2], t.shape[1], width)
+    out[..., :t.shape[-1]] = t.transpose(1, 2)
+    return out
 
 
 @dataclass(frozen=True)
@@ -148,13 +155,13 @@ class _FlashFox(torch.autograd.Function):
         dtype = _compute_dtype(q, k, v)
         c = torch.cumsum(gates.to(torch.float64), 1)
         outs = []
-        for s, e, lo in plan.spans:
+        for s, e, lo in reversed(plan.spans):  # the widest block first: the later ones reuse its memory
             rel = c[:, lo:e] - c[:, s:s + 1]
             outs.append(_attend_block(q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype), rel,
                                       s=s, lo=lo, window=plan.window, allowed=allowed))
         ctx.save_for_backward(q, k, v, gates, allowed)
         ctx.plan = plan
-        return torch.cat(outs, 1).to(v.dtype)
+        return torch.cat(outs[::-1], 1).to(v.dtype)
 
     @staticmethod
     @once_differentiable
@@ -166,17 +173,22 @@ class _FlashFox(torch.autograd.Function):
         # accumulated in the compute dtype (bf16 inputs: float32), c's in float64
         dq, dk, dv = (torch.zeros_like(t, dtype=dtype) for t in (q, k, v))
         dc = torch.zeros_like(c)
-        for s, e, lo in ctx.plan.spans:
-            leaves = [t.detach().requires_grad_() for t in (q[:, s:e].to(dtype), k[:, lo:e].to(dtype),
-                                                            v[:, lo:e].to(dtype), c[:, lo:e] - c[:, s:s + 1])]
+        heads = q.shape[2]
+        for (s, e, lo), h in itertools.product(reversed(ctx.plan.spans), range(heads)):
+            hs = slice(h, h + 1)  # one head at a time: the widened keys' gradients are per head
+            leaves = [t.detach().requires_grad_() for t in (
+                q[:, s:e, hs].to(dtype), k[:, lo:e, hs].to(dtype), v[:, lo:e, hs].to(dtype),
+                c[:, lo:e, hs] - c[:, s:s + 1, hs])]
             with torch.enable_grad():
                 out = _attend_block(*leaves, s=s, lo=lo, window=ctx.plan.window, allowed=allowed)
-            gq, gk, gv, grel = torch.autograd.grad(out, leaves, grad[:, s:e])
-            dq[:, s:e] = gq
-            dk[:, lo:e] += gk
-            dv[:, lo:e] += gv
-            dc[:, lo:e] += grel
-            dc[:, s] -= grel.sum(1)  # rel = c_n − c_s
+                # ⟨out, grad⟩ differentiated: the same gradients as grad_outputs=grad, without
+                # the shape checks that import sympy (≈ 40 MiB resident) on their first use
+                gq, gk, gv, grel = torch.autograd.grad((out * grad[:, s:e, hs]).sum(), leaves)
+            dq[:, s:e, hs] = gq
+            dk[:, lo:e, hs] += gk
+            dv[:, lo:e, hs] += gv
+            dc[:, lo:e, hs] += grel
+            dc[:, s, hs] -= grel.sum(1)  # rel = c_n − c_s
         # c_t = Σ_{u≤t} G_u: dG_u = Σ_{t≥u} dc_t
         dgates = dc.flip(1).cumsum(1).flip(1)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgates.to(gates.dtype), None, None
