@@ -93,23 +93,26 @@ def test_beta_two_reflects_the_past_keys():
     (64, 16, (0.0, 2.0), 4.0),     # sharp attention (logits of tens)
 ])
 def test_chunked_equals_the_float64_definition_forward_and_backward(length, chunk_size, beta_range, sharp):
-    inputs = _inputs(length, beta_range=beta_range, sharp=sharp)
+    _assert_is_the_definition(path_attention, _inputs(length, beta_range=beta_range, sharp=sharp),
+                              chunk_size=chunk_size)
+
+
+def _assert_is_the_definition(fn, inputs, *, float32=False, **kwargs):
+    """fn's output and gradients (q, k, v, w, β, gate) equal the float64 definition's: to float64
+    rounding, or with ``float32`` on inputs cast to float32, to its rounding (~1e-7 relative per
+    operation over a few hundred operations per entry)."""
     ref, ref_grads = _grads(path_attention_reference, *inputs)
-    out, grads = _grads(path_attention, *inputs, chunk_size=chunk_size)
-    # float64 both ways: only rounding separates them
-    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    out, grads = _grads(fn, *(t if t is None or not float32 else t.float() for t in inputs), **kwargs)
+    assert out.dtype == (torch.float32 if float32 else torch.float64)
+    close = dict(rtol=1e-4, atol=1e-5) if float32 else dict(rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(out.double(), ref, **close)
+    close = dict(rtol=1e-3, atol=1e-4) if float32 else dict(rtol=1e-8, atol=1e-8)
     for name, got, want in zip(("q", "k", "v", "w", "beta", "log_decay"), grads, ref_grads):
-        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-8, msg=f"gradient w.r.t. {name}")
+        torch.testing.assert_close(got.double(), want, **close, msg=f"gradient w.r.t. {name}")
 
 
 def test_float32_chunked_is_the_float64_definition_to_float32_rounding():
-    inputs = _inputs(130, beta_range=(1.5, 2.0))
-    ref, ref_grads = _grads(path_attention_reference, *inputs)
-    out, grads = _grads(path_attention, *(t.float() for t in inputs))
-    # ~1e-7 relative per operation over a few hundred operations per entry
-    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-4)
+    _assert_is_the_definition(path_attention, _inputs(130, beta_range=(1.5, 2.0)), float32=True)
 
 
 def test_outputs_ignore_the_future():
@@ -143,26 +146,16 @@ def _gates(kind, length, seed=3):
 def test_flash_equals_the_float64_definition_forward_and_backward(length, chunk, block, tile, beta_range, sharp,
                                                                    gates):
     q, k, v, w, beta, _ = _inputs(length, beta_range=beta_range, sharp=sharp)
-    inputs = (q, k, v, w, beta, _gates(gates, length))
 
     def run(*args, log_decay):
         return flash_path_attention(*args, log_decay, D ** -0.5, chunk, block, tile)
 
-    ref, ref_grads = _grads(path_attention_reference, *inputs)
-    out, grads = _grads(run, *inputs)
-    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
-    for name, got, want in zip(("q", "k", "v", "w", "beta", "log_decay"), grads, ref_grads):
-        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-8, msg=f"gradient w.r.t. {name}")
+    _assert_is_the_definition(run, (q, k, v, w, beta, _gates(gates, length)))
 
 
 def test_float32_flash_is_the_float64_definition_to_float32_rounding():
-    inputs = _inputs(200, beta_range=(1.5, 2.0))
-    ref, ref_grads = _grads(path_attention_reference, *inputs)
-    out, grads = _grads(path_attention, *(t.float() for t in inputs), impl="flash", chunk_size=16)
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-4)
+    _assert_is_the_definition(path_attention, _inputs(200, beta_range=(1.5, 2.0)), float32=True, impl="flash",
+                              chunk_size=16)
 
 
 def _saved_bytes(length, impl):
