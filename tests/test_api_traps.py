@@ -24,8 +24,7 @@ def _signed_spe(seed=0, r=16):
                                     "linear_attention"])
 def test_signed_features_with_the_normaliser_are_refused_saying_what_to_pass(kernel):
     q_hat, k_hat, v = _signed_spe()
-    with pytest.raises(ValueError, match=rf"^{kernel}: phi_q has negative entries, .*normaliser.*: pass "
-                       r"non-negative features \(spe.ops.elu_feature_map of each.*or normalize=False"):
+    with pytest.raises(ValueError, match=rf"^{kernel}: phi_q has negative entries.*elu_feature_map.*normalize=False"):
         getattr(spe, kernel)(q_hat, k_hat, v)
     # what the message says to pass is accepted: features, or the numerator alone
     fq, fk = elu_feature_map(q_hat), elu_feature_map(k_hat)
@@ -75,7 +74,7 @@ def test_an_spe_encoding_in_eval_mode_draws_the_same_code_and_in_training_a_new_
 
 
 def test_code_seed_is_checked():
-    with pytest.raises(ValueError, match=r"SineSPE: code_seed must be an integer in \[0, 2\*\*63\), got -1"):
+    with pytest.raises(ValueError, match=r"SineSPE: code_seed .*\[0, 2\*\*63\).*got -1"):
         spe.SineSPE(H, D, code_seed=-1)
     with pytest.raises(ValueError, match=r"ConvSPE: code_seed must be .*got 1.5"):
         spe.ConvSPE(H, D, code_seed=1.5)

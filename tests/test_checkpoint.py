@@ -48,21 +48,20 @@ BAD_HEADERS = [
      r"header spe_config\.attention_window must be an integer or null, got '8' \(str\)$"),
     ({"config": {"d_ff": -3}}, r"header spe_config: ModelConfig: d_ff must be a positive integer, got -3$"),
     ({"config": {"vocab_size": 10 ** 12}},
-     r"its tensors do not match its configuration \(\S+ has shape \(40, 16\), the configuration gives "
-     r"\(1000000000000, 16\); header spe_config: vocab_size = 1000000000000\)"),
+     r"\S+ has shape \(40, 16\).*\(1000000000000, 16\).*spe_config: vocab_size = 1000000000000"),
     ({"config": {"d_ff": 2 ** 40}}, r"\S+ has shape \(32(, 16)?,?\), .*; header spe_config: d_ff = 1099511627776\)"),
     ({"config": {"d_model": 2 ** 40}}, r"header spe_config describes tensors that cannot exist \(.*overflow"),
     ({"config": {"num_layers": 10 ** 9}},
-     r"header spe_config\.num_layers = 1000000000, but the file holds \d+ tensors \(every layer has its own\)"),
+     r"spe_config\.num_layers = 1000000000.*holds \d+ tensors"),
     ({"metadata": {"step": "six"}}, r"header spe_metadata\.step must be an integer or null, got 'six' \(str\)$"),
     ({"metadata": {"step": -1}}, r"header spe_metadata\.step must be ≥ 0, got -1$"),
     ({"metadata": {"train": [32]}}, r"header spe_metadata\.train must be a JSON object, got \[32\] \(list\)$"),
     ({"metadata": {"train": {"seq_len": "32"}}},
-     r"header spe_metadata\.train\.seq_len must be an integer, got '32' \(str\)$"),
-    ({"metadata": {"tokenizer": 5}}, r"header spe_metadata\.tokenizer must be a string or null, got 5 \(int\)$"),
-    ({"spe_config": "[1, 2]"}, r"header entry spe_config must be a JSON object, got \[1, 2\] \(list\)$"),
+     r"spe_metadata\.train\.seq_len .*integer.*got '32' \(str\)$"),
+    ({"metadata": {"tokenizer": 5}}, r"spe_metadata\.tokenizer .*got 5 \(int\)$"),
+    ({"spe_config": "[1, 2]"}, r"spe_config .*JSON object.*got \[1, 2\] \(list\)$"),
     ({"spe_config": "{oops"}, r"header entry spe_config is not valid JSON \(Expecting property name"),
-    ({"spe_metadata": "null"}, r"header entry spe_metadata must be a JSON object, got None \(NoneType\)$"),
+    ({"spe_metadata": "null"}, r"spe_metadata .*JSON object.*got None \(NoneType\)$"),
 ]
 
 
@@ -112,7 +111,7 @@ def test_classifier_checkpoints_are_checked_against_their_own_class(tmp_path):
     with pytest.raises(ValueError, match=r"head\.\S+ has shape .*the configuration gives .*num_classes = 4"):
         spe.load(tmp_path / "bad")
     _variant(file, tmp_path / "grid", config={"grid": "2x2"})
-    with pytest.raises(ValueError, match=r"header spe_config\.grid must be a list or null, got '2x2' \(str\)$"):
+    with pytest.raises(ValueError, match=r"spe_config\.grid .*got '2x2' \(str\)$"):
         spe.load(tmp_path / "grid")
 
 
@@ -125,8 +124,7 @@ def test_the_test_time_window_is_decoded_by_the_shared_helper(saved):
     assert loaded.config.attention_window == 5
     loaded.set_window(0)  # 0: the whole past
     assert loaded.config.attention_window is None
-    with pytest.raises(ValueError, match=r"^window must be 0 \(the whole past\) or a positive number of positions, "
-                                         r"got -1$"):
+    with pytest.raises(ValueError, match=r"^window .*got -1$"):
         loaded.set_window(-1)
 
 
@@ -142,7 +140,6 @@ def test_non_finite_weights_are_refused_at_load_naming_the_tensor(saved, tmp_pat
     (tmp_path / "bad").mkdir()
     file = tmp_path / "bad" / "model.safetensors"
     save_file(state, str(file), metadata=header)
-    message = (rf"^{file}: tensor blocks\.1\.attn\.qkv\.weight holds 3 non-finite values \(NaN/inf\) of 768 "
-               r"\(1 other tensor too\): the checkpoint is unusable$")
+    message = rf"^{file}: tensor blocks\.1\.attn\.qkv\.weight .*3 non-finite.* of 768 .*1 other tensor"
     with pytest.raises(ValueError, match=message):
         spe.load(tmp_path / "bad")

@@ -36,11 +36,11 @@ def test_sampling_respects_the_mask_and_frequencies():
 def test_generate_refuses_a_temperature_that_is_not_finite_and_positive_before_any_step(temperature):
     model = DecoderLM(ModelConfig(vocab_size=12, d_model=8, num_layers=1, num_heads=2, d_ff=16, num_features=4))
     model.step = None  # any decoding step would fail otherwise: the check comes first
-    with pytest.raises(ValueError, match=rf"^temperature must be a finite positive number, got {temperature!r}$"):
+    with pytest.raises(ValueError, match=rf"^temperature .*positive.*got {temperature!r}$"):
         generate(model, [1, 2], 0, temperature=temperature)
-    with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got nan$"):
+    with pytest.raises(ValueError, match=r"^top_p .*\(0, 1\].*got nan$"):
         generate(model, [1, 2], 3, top_p=float("nan"))
-    with pytest.raises(ValueError, match=r"^num_tokens must be an integer ≥ 0, got -1$"):
+    with pytest.raises(ValueError, match=r"^num_tokens .*≥ 0.*got -1$"):
         generate(model, [1, 2], -1)
 
 
@@ -71,9 +71,9 @@ def test_ordinary_temperatures_draw_exactly_as_before():
 
 
 def test_check_sampling_names_the_caller_s_flags():
-    with pytest.raises(ValueError, match=r"^--temperature must be a finite positive number, got inf$"):
+    with pytest.raises(ValueError, match=r"^--temperature .*got inf$"):
         check_sampling(top_p=0.9, temperature=float("inf"), temperature_name="--temperature")
-    with pytest.raises(ValueError, match=r"^--top-p must be in \(0, 1\], got 1.5$"):
+    with pytest.raises(ValueError, match=r"^--top-p .*got 1.5$"):
         check_sampling(top_p=1.5, temperature=1.0, top_p_name="--top-p")
 
 

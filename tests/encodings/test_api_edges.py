@@ -94,8 +94,7 @@ def test_a_code_for_other_heads_is_refused_naming_both(kind, impl):
     _, filt = _setup(kind, impl)
     other = SineSPE(3, D, R, K) if kind == "sine" else ConvSPE(3, D, R, kernel_size=3)
     q, k = _qk()
-    with pytest.raises(ValueError, match=r"^SPEFilter: the code is for num_heads 3, head_dim 4, this "
-                                         r"filter for num_heads 2, head_dim 4: draw the code"):
+    with pytest.raises(ValueError, match=r"SPEFilter.*num_heads 3, head_dim 4.*num_heads 2, head_dim 4"):
         filt(q, k, other(L))
 
 
@@ -103,20 +102,20 @@ def test_a_code_for_other_heads_is_refused_naming_both(kind, impl):
 def test_integer_queries_are_refused(kind, impl):
     enc, filt = _setup(kind, impl)
     q, k = _qk()
-    with pytest.raises(ValueError, match=r"^SPEFilter: queries must be floating point, got torch.int64$"):
+    with pytest.raises(ValueError, match=r"SPEFilter: queries .*floating point.*torch.int64"):
         filt(q.long(), k, enc(L))
 
 
 @pytest.mark.parametrize("cls,name", [(SineSPE, "SineSPE"), (ConvSPE, "ConvSPE")])
 @pytest.mark.parametrize("length", [4.5, True, 4.0])
 def test_a_length_that_is_not_a_positive_integer_is_refused(cls, name, length):
-    with pytest.raises(ValueError, match=rf"^{name}: length must be a positive integer, got {length!r}$"):
+    with pytest.raises(ValueError, match=rf"{name}: length .*positive integer.*got {length!r}$"):
         cls(H, D, R)(length=length)
 
 
 @pytest.mark.parametrize("cls,name", [(SineSPE, "SineSPE"), (ConvSPE, "ConvSPE")])
 def test_a_float_number_of_realizations_per_call_is_refused(cls, name):
-    with pytest.raises(ValueError, match=rf"^{name}: num_realizations must be a positive integer, got 2.0$"):
+    with pytest.raises(ValueError, match=rf"{name}: num_realizations .*got 2.0$"):
         cls(H, D, R)(L, num_realizations=2.0)
 
 
@@ -140,13 +139,12 @@ def test_a_float_number_of_realizations_per_call_is_refused(cls, name):
     (lambda: ExactSPEScores(0, 4), "ExactSPEScores", "num_heads", 0),
 ])
 def test_sizes_that_are_not_positive_integers_are_refused_naming_them(build, owner, name, value):
-    with pytest.raises(ValueError, match=f"^{owner}: {name} must be a positive integer, got {value!r}$"):
+    with pytest.raises(ValueError, match=rf"{owner}: {name} .*positive integer.*got {value!r}$"):
         build()
 
 
 def test_conv2d_sizes_that_are_not_pairs_are_refused():
-    with pytest.raises(ValueError, match=r"^ConvSPE2d: kernel_size must be an int or a pair "
-                                         r"\(height, width\), got \(3,\)$"):
+    with pytest.raises(ValueError, match=r"ConvSPE2d: kernel_size .*pair.*got \(3,\)$"):
         ConvSPE2d(2, 4, kernel_size=(3,))
-    with pytest.raises(ValueError, match=r"^ConvSPE2d: grid must be a pair \(height, width\), got 5$"):
+    with pytest.raises(ValueError, match=r"ConvSPE2d: grid .*pair.*got 5$"):
         ConvSPE2d(2, 4)(5)

@@ -63,8 +63,7 @@ def test_a_plan_reads_title_seeds_reference_settings_and_rows(tmp_path):
     (lambda t: t.replace("scale = 3.0", "scael = 3.0"), r"plan.toml, row 'b': unknown option\(s\) \['scael'\]"),
     (lambda t: t.replace("factor = 2.0", "factr = 2.0"), r"plan.toml: unknown top-level key\(s\) \['factr'\]; "
                                                          "known: title, seeds, reference, factor, rows"),
-    (lambda t: t.replace("seeds = [0, 1, 2]", "seeds = []"), r"plan.toml: seeds must be a non-empty list of "
-                                                              r"distinct integers ≥ 0, got \[\]"),
+    (lambda t: t.replace("seeds = [0, 1, 2]", "seeds = []"), r"plan.toml: seeds .*got \[\]"),
     (lambda t: t.replace("seeds = [0, 1, 2]", "seeds = [0, 0]"), "plan.toml: seeds must be"),
     (lambda t: t.replace("seeds = [0, 1, 2]", "seeds = [-1]"), "plan.toml: seeds must be"),
     (lambda t: t.replace("seeds = [0, 1, 2]", 'seeds = "0,1"'), "plan.toml: seeds must be"),
@@ -102,8 +101,8 @@ def test_a_plan_extends_another_merging_tables_and_appending_rows(tmp_path):
 
 
 @pytest.mark.parametrize("text,message", [
-    ('extends = "nowhere"\n', r"child.toml: extends 'nowhere': fake plan 'nowhere' is neither a file nor a packaged plan"),
-    ('extends = "child"\n', r"child.toml: extends 'child': it names this file itself, and no packaged fake plan"),
+    ('extends = "nowhere"\n', r"child.toml: extends 'nowhere'.*'nowhere'.*packaged"),
+    ('extends = "child"\n', r"child.toml: extends 'child'.*this file itself"),
     ("extends = 3\n", r"child.toml: extends must name a plan, got 3"),
 ])
 def test_a_bad_base_plan_is_refused_naming_the_file(tmp_path, text, message):
@@ -116,7 +115,7 @@ def test_a_bad_base_plan_is_refused_naming_the_file(tmp_path, text, message):
 def test_plans_that_extend_each_other_are_a_cycle(tmp_path):
     (tmp_path / "a.toml").write_text('extends = "b"\n[rows.x]\n')
     (tmp_path / "b.toml").write_text('extends = "a"\n[rows.y]\n')
-    with pytest.raises(ValueError, match=r"a.toml: extends 'b': .*b.toml: extends 'a': .*extends makes a cycle"):
+    with pytest.raises(ValueError, match=r"a.toml: extends 'b'.*b.toml: extends 'a'.*cycle"):
         plans.load_plan(str(tmp_path / "a.toml"), FAKE)
 
 
@@ -131,7 +130,7 @@ def test_a_local_plan_named_like_a_packaged_one_extends_the_packaged_one(tmp_pat
 
 
 def test_a_missing_plan_names_the_packaged_ones(tmp_path):
-    with pytest.raises(ValueError, match=r"fake plan '.*nowhere.toml' is neither a file nor a packaged plan \(.*ablation"):
+    with pytest.raises(ValueError, match=r"'.*nowhere.toml'.*packaged.*ablation"):
         plans.load_plan(str(tmp_path / "nowhere.toml"), FAKE)
     assert "demo" not in plans.packaged_plans(FAKE)
 
@@ -172,7 +171,7 @@ def test_a_failing_run_does_not_stop_the_others_and_is_named_at_the_end(tmp_path
             raise ArithmeticError("loss became NaN")
         return {"seed": seed}
 
-    with pytest.raises(plans.RunsFailed, match=r"run\(s\) a/seed1 failed .*a/seed1: loss became NaN"):
+    with pytest.raises(plans.RunsFailed, match=r"a/seed1 failed.*a/seed1: loss became NaN"):
         plans.run_plan(plan, out, run, failures=(ArithmeticError,))
     assert sorted(plans.collect(plan, out)["a"]) == [0, 2] and sorted(plans.collect(plan, out)["b"]) == [0, 1, 2]
     with pytest.raises(KeyError):  # any other error stops the plan at once
@@ -240,7 +239,7 @@ def test_a_folder_of_another_kind_is_refused_and_older_unmarked_runs_are_kept(tm
     plan, out = _load(tmp_path), tmp_path / "out"
     plans.claim_folder(out, "synth")
     (out / "results.md").write_text("the synth experiment's table\n")
-    with pytest.raises(ValueError, match=r"out holds the results of 'synth' \(.spe-run\), not of a fake plan"):
+    with pytest.raises(ValueError, match=r"out .*'synth' \(.spe-run\).*fake plan"):
         plans.run_plan(plan, out, FakeTask(plan).run)
     older = tmp_path / "older"  # a plan's folder from before the marker: its runs make it spe's
     plans.write_result(plans.run_folder(older, "a", 0), {"seed": 0, "score": 2.0})
@@ -254,7 +253,7 @@ def test_a_folder_of_another_kind_is_refused_and_older_unmarked_runs_are_kept(tm
 def test_a_broken_result_file_is_named(tmp_path):
     (tmp_path / "a" / "seed0").mkdir(parents=True)
     (tmp_path / "a" / "seed0" / "result.json").write_text("{half")
-    with pytest.raises(ValueError, match=r"a/seed0/result.json is not a run's result: not valid JSON"):
+    with pytest.raises(ValueError, match=r"a/seed0/result.json.*not valid JSON"):
         plans.read_results(tmp_path / "a")
 
 
