@@ -41,9 +41,10 @@ from spe.ops.softmax.chunk import check_key_padding_mask, softmax_gates
 
 __all__ = ["FLASH_FOX_BLOCK", "FLASH_FOX_SPAN", "flash_fox_attention"]
 
-# Queries per block. The per-block (Q, K) mask and the kernel's call overhead trade off: 256
-# measured fastest of 128 / 256 / 512 on a 2-core CPU at L = 2,048 and 4,096 (one causal layer,
-# H = 4, D = 64, forward + backward; tools/analysis/path_cost.py).
+# Queries per block: the per-block (Q, K) mask and widened keys (each block copies the keys it
+# reads) against the kernel's call overhead. Rough single runs on a loaded 2-core CPU (one causal
+# layer, H = 4, D = 64, forward + backward): 256 the fastest of 128 / 256 / 512 at L = 2,048, within
+# the noise of 512 at 4,096.
 FLASH_FOX_BLOCK = 256
 
 # The most a block's queries may drop in c (nats, over batch and heads): the bias of the keys
