@@ -84,7 +84,7 @@ def test_the_bounds_themselves_are_accepted_where_the_rule_says_so():
     assert (cfg.grad_clip, cfg.min_lr_ratio) == (0, 1)
     assert _lra(grad_clip=0.0, eval_examples=0, max_length=None, num_realizations=None).grad_clip == 0.0
     assert parse_seeds("0,3") == [0, 3]
-    with pytest.raises(ValueError, match=r"^--seeds '0,-1': seed must be an integer in \[0, 2\*\*63 - 1\], got -1$"):
+    with pytest.raises(ValueError, match=r"^--seeds '0,-1'.*\[0, 2\*\*63 - 1\].*got -1$"):
         parse_seeds("0,-1")
 
 

@@ -42,9 +42,7 @@ def test_what_changed_is_named_and_older_checkpoints_are_compared_on_what_they_r
     grown = data_record(train=_pieces(3, 4, 6), validation=_pieces(5))
     edited = data_record(train=_pieces(3, 4), validation=_pieces(7))
     check_resume(_status(tmp_path, data=before), "", before)
-    with pytest.raises(ValueError, match=r"^--resume: the data in corpus changed since the run started \(train "
-                                         r"pieces 2 -> 3\): restore it, train into another --out, or pass "
-                                         r"--allow-data-change to continue .*run on the new split$"):
+    with pytest.raises(ValueError, match=r"^--resume: .*corpus.*\(train pieces 2 -> 3\).*--out.*--allow-data-change"):
         check_resume(_status(tmp_path, data=before), "", grown)
     with pytest.raises(ValueError, match=r"\(validation pieces: the same number \(1\), other contents\)"):
         check_resume(_status(tmp_path, data=before), "", edited)
@@ -115,10 +113,8 @@ def test_an_lra_seed_resumed_on_other_splits_is_refused_and_allowed_only_when_as
     changed = _lra_splits()
     val = changed["val"]
     changed["val"] = type(val)(val.tokens, val.lengths, (val.labels + 1) % 10, val.vocab_size, val.num_classes)
-    with pytest.raises(ValueError, match=rf"^--resume: the data of {re.escape(str(folder))} changed since the run "
-                                         r"started \(val examples: the same number \(8\), other contents\): "
-                                         rf"restore it, or delete {re.escape(str(folder))} to train that seed "
-                                         r"again$"):
+    with pytest.raises(ValueError, match=rf"^--resume: .*{re.escape(str(folder))}.*\(val examples: the same number \(8\), other contents\)"
+                                         rf".*delete {re.escape(str(folder))}"):
         train_seed(cfg(), changed, 0, folder, progress=False)
     assert not (folder / RESULT_FILE).exists()
     with pytest.warns(UserWarning, match=r"\(val examples: the same number \(8\), other contents\); continuing"):

@@ -58,14 +58,13 @@ def test_from_options_reads_same_named_attributes_and_takes_the_rest_explicitly(
 
 def test_from_options_refuses_a_setting_left_to_its_default():
     options = SimpleNamespace(steps=3, batch_size=2, lr=0.5, warmup_steps=0, eval_every=1)
-    with pytest.raises(ValueError, match=r"engine setting\(s\) \['schedule', 'min_lr_ratio', .*'compile', "
-                                         r"'units_per_example'\] are neither options of SimpleNamespace"):
+    with pytest.raises(ValueError, match=r"\['schedule', 'min_lr_ratio', .*'compile', 'units_per_example'\].*SimpleNamespace"):
         EngineSettings.from_options(options, seed=0)
 
 
 def test_from_options_refuses_a_setting_given_both_ways_and_an_unknown_one():
     cfg = _lra()
-    with pytest.raises(ValueError, match=r"\['lr'\]: LRAConfig has these options and they are given explicitly"):
+    with pytest.raises(ValueError, match=r"\['lr'\]: LRAConfig .*explicitly"):
         EngineSettings.from_options(cfg, seed=0, units_per_example=1, lr=1.0)
     with pytest.raises(ValueError, match=r"\['seq_len'\] are not engine settings"):
         EngineSettings.from_options(cfg, seed=0, units_per_example=1, seq_len=3)

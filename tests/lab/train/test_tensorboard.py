@@ -38,7 +38,6 @@ def test_asking_without_the_package_says_how_to_install(tmp_path, monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
-    with pytest.raises(ValueError, match=r"--tensorboard needs the tensorboard package: pip install "
-                                         r"'spe\[log\]'"):
+    with pytest.raises(ValueError, match=r"--tensorboard .*pip install 'spe\[log\]'"):
         train(tiny_config(tmp_path, "tb", tensorboard=True), progress=False)
     assert not (tmp_path / "tb").exists()  # refused before anything is written
