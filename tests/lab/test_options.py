@@ -14,31 +14,29 @@ def test_window_zero_is_the_whole_past_and_a_positive_window_is_kept():
 
 @pytest.mark.parametrize("value", [-1, True, 2.0, "8"])
 def test_a_bad_window_names_the_option_and_the_value(value):
-    with pytest.raises(ValueError, match=rf"^--window must be 0 \(the whole past\) or a positive number of "
-                                         rf"positions, got {value!r}$"):
+    with pytest.raises(ValueError, match=rf"^--window .*0 .*positive.*got {value!r}$"):
         decode_window(value, "--window")
 
 
 @pytest.mark.parametrize("value", [-1, True, 1.5, MAX_THREADS + 1, 100000])
 def test_a_bad_thread_count_names_the_option_and_the_value(value):
     check_threads(None), check_threads(0), check_threads(MAX_THREADS)
-    with pytest.raises(ValueError, match=rf"^threads must be 0 \(PyTorch's default\) or a positive number of "
-                                         rf"CPU threads up to {MAX_THREADS} .*, got {value!r}$"):
+    with pytest.raises(ValueError, match=rf"^threads .*up to {MAX_THREADS}.*got {value!r}$"):
         check_threads(value)
 
 
 @pytest.mark.parametrize("text,message", [
-    ("[1, 2]", r"it holds a JSON array, not an object \(another tool's file\?\)"),
-    ("3", r"it holds a JSON number, not an object"),
-    ('{"task": "mqar",', r"not valid JSON \(Expecting property name enclosed in double quotes at line 1, column 17\)"),
-    (b"\xff{}", r"not UTF-8 text \(offset 0\)"),
+    ("[1, 2]", r"JSON array, not an object"),
+    ("3", r"JSON number, not an object"),
+    ('{"task": "mqar",', r"not valid JSON .*line 1, column 17"),
+    (b"\xff{}", r"not UTF-8 .*offset 0"),
 ])
 def test_a_config_json_that_is_no_json_object_is_one_line_naming_the_file(tmp_path, text, message):
     from spe.lab.options import read_json_object
 
     file = tmp_path / "config.json"
     file.write_bytes(text if isinstance(text, bytes) else text.encode())
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(file))} is not an experiment's config: {message}"):
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(file))}.*{message}"):
         read_json_object(file, "an experiment's config")
     (tmp_path / "good.json").write_text('{"a": 1}')
     assert read_json_object(tmp_path / "good.json", "x") == {"a": 1}

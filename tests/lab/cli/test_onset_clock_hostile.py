@@ -36,8 +36,7 @@ def test_an_explicit_onset_scale_is_kept_and_said(onset_run, tmp_path):
     root, _ = onset_run
     measured = load_metadata(root / "run")["config"]["onset_scale"]
     cfg = tiny_config(root, "given", model={**ONSET, "onset_scale": 2.5}, steps=1)
-    with pytest.warns(UserWarning, match=rf"onset_scale 2\.5 tokens per beat as given \(the training pieces' "
-                                         rf"mean is {measured:.4g}; leave onset_scale out"):
+    with pytest.warns(UserWarning, match=rf"onset_scale 2\.5 .*{measured:.4g}.*leave onset_scale out"):
         train(cfg, progress=False)
     assert load_metadata(root / "given")["config"]["onset_scale"] == 2.5
 

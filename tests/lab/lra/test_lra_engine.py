@@ -188,8 +188,7 @@ def test_compile_failures_fall_back_with_a_message_and_train_as_eager(where, tmp
             raise RuntimeError("inductor: no C compiler")
 
     monkeypatch.setattr(torch, "compile", unavailable if where == "torch.compile" else Broken)
-    with pytest.warns(RuntimeWarning, match=r"--compile: torch.compile is unavailable or failed here "
-                                            r"\(RuntimeError: .*no C compiler\); training continues uncompiled"):
+    with pytest.warns(RuntimeWarning, match=r"--compile: .*RuntimeError: .*no C compiler.*uncompiled"):
         compiled = train_seed(_cfg(compile=True), lra_splits(), 0, tmp_path / "c", progress=False)
     eager = train_seed(_cfg(), lra_splits(), 0, tmp_path / "e", progress=False)
     assert _without_seconds(compiled) == _without_seconds(eager)

@@ -227,6 +227,6 @@ def test_an_out_whose_config_json_is_another_tools_is_refused_naming_it(text, me
     from spe.lab.lra.run import open_experiment
 
     (tmp_path / "config.json").write_text(text)
-    with pytest.raises(ValueError, match=rf"{tmp_path}/config\.json is not an spe lra experiment's config: {message}"):
+    with pytest.raises(ValueError, match=rf"{tmp_path}/config\.json .*spe lra.*{message}"):
         open_experiment(tmp_path, preset_config("listops", "ape", "performer", preset="cpu-small"))
     assert (tmp_path / "config.json").read_text() == text

@@ -103,8 +103,7 @@ def test_the_engine_applies_the_scale_at_every_step(tmp_path):
 
 @pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf")])
 def test_bad_scales_are_refused_by_name(value):
-    with pytest.raises(ValueError, match=rf"^positional_lr_scale must be a finite number > 0 \(1.0: the model's "
-                                         rf"learning rate\), got {value!r}$"):
+    with pytest.raises(ValueError, match=rf"^positional_lr_scale .*> 0.*got {value!r}$"):
         preset_config("listops", "sinespe", "performer", positional_lr_scale=value)
 
 

@@ -143,7 +143,7 @@ def test_a_state_of_an_older_format_is_refused_naming_the_file(tmp_path, monkeyp
     old = torch.load(file, weights_only=True)
     old["format_version"] = 1  # format 1 pickled NumPy's random state as an array; nothing reads it now
     torch.save(old, file)
-    with pytest.raises(ValueError, match=r"step-0000004/train_state\.pt has training-state format version 1, older"):
+    with pytest.raises(ValueError, match=r"step-0000004/train_state\.pt .*format version 1"):
         train(cfg, resume=True, progress=False)
 
 

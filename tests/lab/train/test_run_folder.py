@@ -67,7 +67,7 @@ def test_a_second_process_on_a_held_folder_is_refused_naming_the_holder(tmp_path
     cfg = tiny_config(tmp_path, "run", steps=2)
     holder = hold_lock(Path(cfg.out))
     try:
-        with pytest.raises(RunFolderBusy, match=rf"{cfg.out} is in use by another spe process \(PID {holder.pid}\)"):
+        with pytest.raises(RunFolderBusy, match=rf"{cfg.out} .*in use.*PID {holder.pid}"):
             train(cfg, progress=False)
         assert sorted(p.name for p in Path(cfg.out).iterdir()) == [LOCK_FILE]  # nothing written
     finally:
@@ -127,7 +127,7 @@ def test_a_sweep_runner_is_refused_a_run_another_process_holds(tmp_path):
     data = tiny_config(tmp_path, "unused").data
     holder = hold_lock(tmp_path / "sweep" / "ape" / "seed0")
     try:
-        with pytest.raises(RunFolderBusy, match=rf"ape/seed0 is in use by another spe process \(PID {holder.pid}\)"):
+        with pytest.raises(RunFolderBusy, match=rf"ape/seed0 .*in use.*PID {holder.pid}"):
             run_sweep(load_plan(str(tmp_path / "plan.toml")), tmp_path / "sweep", data=data,
                       cache_dir=str(tmp_path / "cache"), progress=False)
     finally:
