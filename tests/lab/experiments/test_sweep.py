@@ -237,10 +237,9 @@ def test_a_variant_evaluates_the_test_split_in_buckets_of_l_up_to_16_l(midi_fold
 
 @pytest.mark.parametrize(("variants", "message"), [
     ('[variants.x]\neval = { split = "tset" }\n',
-     r"variant 'x': eval option split must be one of validation, train, all, test, got 'tset'"),
+     r"variant 'x': eval option split .*validation, train, all, test.*got 'tset'"),
     ('[variants.x]\n[variants.y]\ncheckpoints_of = "x"\neval = { split = "test" }\n',
-     r"variant 'y': eval option split = \"test\" needs the training option test_min_tokens \(e.g. 16 × "
-     r"seq_len \+ 1\) in variant 'x'"),
+     r"variant 'y': .*split = \"test\".*test_min_tokens.*variant 'x'"),
 ])
 def test_a_plan_evaluating_a_split_its_runs_do_not_hold_is_refused(tmp_path, variants, message):
     bad = tmp_path / "bad.toml"

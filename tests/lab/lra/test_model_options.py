@@ -23,7 +23,7 @@ def test_values_are_read_as_toml_scalars_else_as_text(text, expected):
 
 @pytest.mark.parametrize("text,message", [
     ("gated", "--model-option takes KEY=VALUE .*got 'gated'"), ("=1", "takes KEY=VALUE"),
-    ("grid=[4, 4]", "--model-option grid: VALUE must be a number, true, false or a string, got '\\[4, 4\\]'"),
+    ("grid=[4, 4]", "--model-option grid: .*got '\\[4, 4\\]'"),
 ])
 def test_malformed_options_are_refused(text, message):
     with pytest.raises(ValueError, match=message):
@@ -86,12 +86,12 @@ def test_text_values_are_made_safe_for_a_folder_name(seen):
 
 @pytest.mark.parametrize("option,message", [
     ("foo=1", "unknown model option foo=1; allowed: chunk_size, .*gate_init, gated, "),
-    ("gated=3", "model option gated must be true or false \\(default False\\), got 3"),
-    ("num_realizations=0", "model option num_realizations=0: .*num_realizations must be a positive integer, got 0"),
-    ("gate_init=high", "model option gate_init must be a number \\(default 0.0\\), got 'high'"),
-    ("pooling=max", "model option pooling='max': pooling must be one of cls, mean, got 'max'"),
-    ("vocab_size=3", "unknown model option vocab_size=3; it is set by the data"),
-    ("positional=ape", "unknown model option positional='ape'; it is set by --positional"),
+    ("gated=3", "model option gated .*true or false.*got 3"),
+    ("num_realizations=0", "model option num_realizations=0: .*positive integer.*got 0"),
+    ("gate_init=high", "model option gate_init .*number.*got 'high'"),
+    ("pooling=max", "model option pooling='max': .*cls, mean"),
+    ("vocab_size=3", "unknown model option vocab_size=3; .*data"),
+    ("positional=ape", "unknown model option positional='ape'; .*--positional"),
 ])
 def test_bad_options_are_one_line_errors_naming_key_value_and_what_is_allowed(seen, capsys, option, message):
     assert main(["lra", "--task", "listops", "--model-option", option]) == 2
