@@ -69,15 +69,13 @@ def test_only_the_first_bars_are_tokenised_and_the_ids_are_those_of_the_whole_fi
     ([], {"tracks": 0}, r"^prompt \S+ holds no notes$"),
     ([], {}, r"^prompt \S+ holds no notes$"),
     ([(i * 480, 240, 36 + i % 3) for i in range(12)], {"drum": True},
-     r"^prompt \S+ holds drum notes only \(12 notes\), which prompts leave out: give a prompt with pitched notes$"),
+     r"^prompt \S+ .*drum notes only \(12 notes\).*pitched notes"),
     ([(i * 480, 240, 5 + i) for i in range(12)], {},
-     r"^prompt \S+: no notes within the tokenizer's pitch range 21–108 \(found 12 notes, pitches 5–16\)$"),
+     r"^prompt \S+: .*pitch range 21–108 .*12 notes, pitches 5–16"),
     ([(i * 480, 240, 110) for i in range(8)] + [(20 * 480, 240, 60)], {},
-     r"^prompt \S+: its first 2 bars \(--prompt-bars 2\) hold no note the tokenizer keeps; its first note "
-     r"within the pitch range 21–108 starts at quarter note 20$"),
+     r"^prompt \S+: .*first 2 bars \(--prompt-bars 2\).*21–108.*quarter note 20$"),
     ([(40 * 480 + i * 480, 240, 60) for i in range(8)], {},
-     r"^prompt \S+: its first 2 bars \(--prompt-bars 2\) hold no note the tokenizer keeps; its first note within "
-     r"the pitch range 21–108 starts at quarter note 40$"),
+     r"^prompt \S+: .*first 2 bars \(--prompt-bars 2\).*21–108.*quarter note 40$"),
 ], ids=["no tracks", "no notes", "drums only", "pitches below the range", "first bars above the range",
         "first bars empty"])
 def test_a_prompt_without_a_usable_note_is_an_error_naming_why(tokenizer, tmp_path, notes, options, message):
@@ -95,7 +93,7 @@ def test_drum_tracks_are_left_out_of_a_prompt_with_a_warning(tokenizer, tmp_path
         drums.notes.append(Note(i * 480, 120, 36, 80))
     score.tracks.append(drums)
     score.dump_midi(str(tmp_path / "band.mid"))
-    with pytest.warns(UserWarning, match=r"^prompt \S+band\.mid: left out its 16 drum notes \(1 drum track\)$"):
+    with pytest.warns(UserWarning, match=r"^prompt \S+band\.mid: .*16 drum notes.*1 drum track"):
         ids = prompt_ids(tokenizer, tmp_path / "band.mid", 2)
     assert ids == prompt_ids(tokenizer, tmp_path / "melody.mid", 2)
     assert not any(tokenizer[i].startswith("PitchDrum") for i in ids)
