@@ -26,11 +26,11 @@ FOX_QUERY_BLOCK = 1024
 
 # From this many positions on, FoX takes the flash-style form (spe.ops.softmax.flash: the gate as
 # one more coordinate of q and k, PyTorch's fused kernel per block of queries, O(L) memory); below
-# it the one-bias form, whose single kernel call is faster there. Forward + backward on a 2-core CPU
-# (H = 4, D = 64, one thread): at B = 1 even at 128 (3.9 ms both), the flash form 1.4x faster at
-# 256, 3.7x at 1,024, 4x at 2,048; at B = 8 the one-bias form 1.2x faster at 64, the flash form
-# 1.35x faster at 128 (docs/path.md says how to measure).
-FLASH_FOX_MIN_LENGTH = 128
+# it the one-bias form, whose single kernel call is as fast or faster there. Rough runs on a loaded
+# 2-core CPU (forward + backward, D = 64, one thread): at 256 the flash form as fast or faster in
+# every run (B = 1, H = 4: 1.0-1.4x; B = 8, H = 8: 1.6-1.8x); at 128 it depends on the batch (B = 8:
+# 1.1-1.35x faster; B = 1: up to 1.8x slower); at 1,024 3.7x and at 2,048 4x faster (B = 1).
+FLASH_FOX_MIN_LENGTH = 256
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None,

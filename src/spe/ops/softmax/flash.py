@@ -28,7 +28,6 @@ block at a time), so nothing of size L × L is formed or kept.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -118,7 +117,7 @@ def _attend_block(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, *, s: int, lo: i
     Returns (B, Q, H, E)."""
     d, e = q.shape[-1], v.shape[-1]
     scale = d ** -0.5
-    width = -(-max(d + 1, e) // 8) * 8  # one width for q, k and v (the CPU kernel's rule), vector-aligned
+    width = _width(d, e)
     qx, kx, vx = (_widened(t, width) for t in (q, k, v))  # (B, H, ·, width), zeros beyond the inputs
     qx[..., d] = 1.0
     kx[..., d] = (rel / -scale).to(k.dtype).transpose(1, 2)
@@ -132,12 +131,34 @@ def _attend_block(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, *, s: int, lo: i
     return out[..., :e].transpose(1, 2)
 
 
+def _width(d: int, e: int) -> int:
+    """One width for q, k and v (the CPU kernel's rule): D + 1 (the gate's coordinate) or E,
+    rounded up to 8 (vector-aligned rows)."""
+    return -(-max(d + 1, e) // 8) * 8
+
+
 def _widened(t: Tensor, width: int) -> Tensor:
     """t (B, N, H, X) as a new contiguous (B, H, N, width) tensor, zero beyond X (one copy, the
     layout the kernel reads)."""
     out = t.new_zeros(t.shape[0], t.shape[2], t.shape[1], width)
     out[..., :t.shape[-1]] = t.transpose(1, 2)
     return out
+
+
+# Bytes of widened keys per backward call: a block's heads are differentiated in groups this size
+# (one head at least), whose copies and gradients of the keys and values are what backward adds
+# to the inputs' memory; more heads per call where they are short, where the calls' overhead counts.
+_BACKWARD_BYTES = 2 ** 20
+
+
+def _backward_parts(spans: list[tuple[int, int, int]], k: Tensor, v: Tensor):
+    """(s, e, lo, heads) per backward call: the blocks widest first, each in groups of heads."""
+    b, _, h, d = k.shape
+    width = _width(d, v.shape[-1])
+    for s, e, lo in reversed(spans):
+        group = max(1, _BACKWARD_BYTES // (b * (e - lo) * width * 4))
+        for h0 in range(0, h, group):
+            yield s, e, lo, slice(h0, min(h, h0 + group))
 
 
 @dataclass(frozen=True)
@@ -174,9 +195,7 @@ class _FlashFox(torch.autograd.Function):
         # accumulated in the compute dtype (bf16 inputs: float32), c's in float64
         dq, dk, dv = (torch.zeros_like(t, dtype=dtype) for t in (q, k, v))
         dc = torch.zeros_like(c)
-        heads = q.shape[2]
-        for (s, e, lo), h in itertools.product(reversed(ctx.plan.spans), range(heads)):
-            hs = slice(h, h + 1)  # one head at a time: the widened keys' gradients are per head
+        for s, e, lo, hs in _backward_parts(ctx.plan.spans, k, v):
             leaves = [t.detach().requires_grad_() for t in (
                 q[:, s:e, hs].to(dtype), k[:, lo:e, hs].to(dtype), v[:, lo:e, hs].to(dtype),
                 c[:, lo:e, hs] - c[:, s:s + 1, hs])]
