@@ -30,7 +30,7 @@ def test_weights_are_non_negative_for_every_pair_within_l_max():
 
 def test_positions_beyond_l_max_raise_naming_l_max_and_the_position():
     t = CosFormerReweighting(16)
-    with pytest.raises(ValueError, match=r"cosFormer attends within L_max = 16 positions \(0 … 15\), got position 16"):
+    with pytest.raises(ValueError, match=r"cosFormer .*L_max = 16 .*got position 16"):
         t(torch.rand(1, 17, 2, 4), torch.arange(17))
     with pytest.raises(ValueError, match="got position -1"):
         t(torch.rand(1, 2, 2, 4), torch.tensor([-1, 0]))

@@ -177,23 +177,21 @@ def test_encoder_outputs_at_real_positions_ignore_padding(name, kernel):
 
 @pytest.mark.parametrize("positional", ["lrpe", "permute", "cosformer"])
 def test_softmax_refuses_feature_transforms_at_build_time(positional):
-    with pytest.raises(ValueError, match=rf"positional '{positional}' transforms the features .* softmax attention "
-                                         r"does not have.*'performer' or 'linear-relu' or 'linear-elu'"):
+    with pytest.raises(ValueError, match=rf"positional '{positional}' .*softmax.*'performer' or 'linear-relu' or 'linear-elu'"):
         ModelConfig(vocab_size=10, positional=positional, attention="softmax")
     with pytest.raises(ValueError, match="softmax attention does not have"):
         MultiHeadAttention(12, 2, attention="softmax", positional=CosFormerReweighting(8))
 
 
 def test_lrpe_refuses_relu_features_like_rope():
-    with pytest.raises(ValueError, match="positional 'lrpe' with linear attention needs strictly positive"):
+    with pytest.raises(ValueError, match="positional 'lrpe' .*linear.*strictly positive"):
         ModelConfig(vocab_size=10, positional="lrpe", attention="linear-relu")
-    with pytest.raises(ValueError, match="LRPE with linear attention needs strictly positive features"):
+    with pytest.raises(ValueError, match="LRPE .*strictly positive"):
         MultiHeadAttention(12, 2, attention="linear-relu", positional=LRPE(2, 6))
 
 
 def test_a_feature_transform_gets_the_kernels_feature_size():
-    with pytest.raises(ValueError, match=r"PermuteFormer was built for 6 features but this kernel has 16 "
-                                         r"\(num_features\)"):
+    with pytest.raises(ValueError, match=r"PermuteFormer .*6 features.*16 \(num_features\)"):
         MultiHeadAttention(12, 2, attention="performer", num_features=16, positional=PermuteFeatures(2, 6))
 
 

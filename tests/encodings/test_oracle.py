@@ -242,7 +242,7 @@ def test_an_unbound_or_mismatched_score_term_says_so():
     term = ExactSPEScores(2, 4)
     with pytest.raises(RuntimeError, match="not bound"):
         term.attend(*(torch.randn(1, 3, 2, 4) for _ in range(3)))
-    with pytest.raises(ValueError, match=r"\(num_heads, head_dim\) = \(2, 4\) cannot use an SPE module of \(2, 8\)"):
+    with pytest.raises(ValueError, match=r"\(num_heads, head_dim\) = \(2, 4\).*SPE module of \(2, 8\)"):
         term.bind(SineSPE(2, 8))
     with pytest.raises(ValueError, match="kernel"):
         term.bind(torch.nn.Linear(2, 2))
