@@ -208,6 +208,14 @@ def test_no_tensor_of_size_l_by_l_in_forward_or_backward():
     assert record2.peak <= 2.5 * record.peak, (record.peak, record2.peak)
 
 
+def test_no_positions_give_an_empty_output():
+    q = torch.zeros(2, 0, 3, 4, requires_grad=True)
+    y = flash_fox_attention(q, q, torch.zeros(2, 0, 3, 5), torch.zeros(2, 0, 3))
+    assert y.shape == (2, 0, 3, 5)
+    y.sum().backward()
+    assert q.grad.shape == q.shape
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(block=0), "block must be a positive int"),
     (dict(window=0), "window"),

@@ -23,7 +23,8 @@ over D roundings + :data:`FLASH_FOX_SPAN`).
 Memory: each block reads the keys its queries reach, [0, e) (or the window's), through a
 (Q, K) boolean mask (causality, window, padding): O(L · Q) at a time. Forward keeps only the
 inputs; backward recomputes each block and takes its gradient (as FlashAttention-2 does, one
-block at a time), so nothing of size L × L is formed or kept.
+block at a time, its heads in groups of about a MiB of widened keys), so nothing of size L × L is
+formed or kept.
 """
 
 from __future__ import annotations
@@ -183,6 +184,8 @@ class _FlashFox(torch.autograd.Function):
                                       s=s, lo=lo, window=plan.window, allowed=allowed))
         ctx.save_for_backward(q, k, v, gates, allowed)
         ctx.plan = plan
+        if not outs:  # no positions
+            return v.new_zeros(v.shape)
         return torch.cat(outs[::-1], 1).to(v.dtype)
 
     @staticmethod
