@@ -25,7 +25,7 @@ def test_an_empty_input_gives_an_empty_output_with_gradients(attention, decay, s
 
 
 def test_an_input_of_the_wrong_width_is_named():
-    with pytest.raises(ValueError, match=r"x must be \(batch, length, d_model = 16\), got shape \(2, 0, 8\)"):
+    with pytest.raises(ValueError, match=r"x .*d_model = 16.*got shape \(2, 0, 8\)"):
         spe.MultiHeadAttention(C, H, attention="linear-elu")(torch.randn(2, 0, 8))
 
 
@@ -41,7 +41,7 @@ def test_kernels_of_length_zero_return_empty_outputs(decay):
 
 def test_a_state_of_no_position_is_refused_and_an_initial_state_passed_on():
     q, v = torch.rand(1, 0, H, 4), torch.randn(1, 0, H, 3)
-    with pytest.raises(ValueError, match=r"length 0 .* has no final state: give at least one position"):
+    with pytest.raises(ValueError, match=r"length 0 .*no final state"):
         spe.causal_linear_attention_with_state(q, q, v)
     one = torch.rand(1, 1, H, 4)
     _, state = spe.causal_linear_attention_with_state(one, one, torch.randn(1, 1, H, 3))

@@ -206,15 +206,13 @@ def test_gate_parameters_are_positional_and_never_weight_decayed(decay):
 
 @pytest.mark.parametrize("options,message", [
     ({"attention": "softmax", "decay": "gated-channel"},
-     "decay 'gated-channel' is a forget gate per feature channel .* softmax attention does not take a gate per "
-     "feature channel: use attention linear-relu, linear-elu, linear, or decay 'none'"),
+     "decay 'gated-channel' .*softmax.*linear-relu, linear-elu, linear, or decay 'none'"),
     ({"attention": "performer", "decay": "gated-channel"},
-     r"not performer's: FAVOR\+ keeps one log scale per key.* performer attention does not take a gate per feature "
-     "channel"),
+     r"FAVOR\+ .*log scale per key.*performer attention .*feature channel"),
     ({"attention": "softmax", "decay": "gated", "positional": "alibi"},
-     "decay 'gated' puts a forget gate on softmax's scores \\(FoX\\), which positional 'alibi' forms itself"),
+     "decay 'gated' .*FoX.*positional 'alibi'"),
     ({"attention": "linear-elu", "decay": "gated-channel", "positional": "permute"},
-     "decay 'gated-channel' gates each feature channel, which positional 'permute' moves or mixes them"),
+     "decay 'gated-channel' .*positional 'permute'"),
 ])
 def test_configs_refuse_what_a_gate_cannot_do(options, message):
     with pytest.raises(ValueError, match=message):
@@ -222,8 +220,7 @@ def test_configs_refuse_what_a_gate_cannot_do(options, message):
 
 
 def test_an_encoder_takes_gates_on_linear_kernels_but_not_fox():
-    with pytest.raises(ValueError, match="softmax attention does not take a gate per head and position in an "
-                                         "encoder \\(not causal\\): use attention performer"):
+    with pytest.raises(ValueError, match="softmax .*encoder.*use attention performer"):
         ClassifierConfig(vocab_size=10, attention="softmax", decay="gated", positional="none")
 
 

@@ -112,7 +112,7 @@ def test_a_layer_with_a_short_conv_refuses_a_bare_kernel_state_and_one_without_i
     _, wrapped = with_conv.step(x, None, None)
     _, bare = plain.step(x, None, None)
     assert isinstance(wrapped, ShortConvState) and isinstance(bare, LinearAttentionState)
-    with pytest.raises(TypeError, match="short convolution: it decodes with a ShortConvState, got LinearAttentionState"):
+    with pytest.raises(TypeError, match="short convolution: .*ShortConvState, got LinearAttentionState"):
         with_conv.step(x, None, bare)
     with pytest.raises(TypeError, match="got ShortConvState"):
         plain.step(x, None, wrapped)

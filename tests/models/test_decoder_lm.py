@@ -273,8 +273,7 @@ def test_spe_impl_chooses_how_every_layer_applies_sinespe_codes_with_the_same_nu
     for impl in ("materialized", "fused", "blocked"):
         torch.testing.assert_close(losses[impl], losses["reference"])
         torch.testing.assert_close(grads[impl], grads["reference"])
-    with pytest.raises(ValueError, match="spe_impl must be one of auto, fused, materialized, blocked, reference, "
-                                         "got 'fast'"):
+    with pytest.raises(ValueError, match="spe_impl .*auto, fused, materialized, blocked, reference.*got 'fast'"):
         ModelConfig(vocab_size=50, spe_impl="fast")
 
 
