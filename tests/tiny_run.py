@@ -1,8 +1,10 @@
 """Shared test helpers: a tiny MIDI corpus and training configuration (music and LRA, seconds a run),
 torchrun with 2 gloo processes, a stand-in for SIGKILL and checkpoint comparisons."""
 
+import itertools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -174,3 +176,23 @@ def tiny_lra_config(**overrides):
 def lra_splits() -> dict:
     """Train (16), validation (8) and test (8) splits of random text-task examples."""
     return {"train": lra_dataset("text", 16, 0), "val": lra_dataset("text", 8, 1), "test": lra_dataset("text", 8, 2)}
+
+
+def table_rows(text: str, *keys: str) -> dict:
+    """The rows of every Markdown table in ``text`` as {header: cell} dicts (cells stripped), keyed by
+    their cells in the columns ``keys`` (a tuple; one key: the cell itself; no key: the first column)."""
+    lines = text.splitlines()
+    rows = {}
+    for i, line in enumerate(lines[:-1]):
+        if not (line.startswith("|") and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1].strip())):
+            continue
+        header = _cells(line)
+        for row_line in itertools.takewhile(lambda s: s.startswith("|"), lines[i + 2:]):
+            row = dict(zip(header, _cells(row_line), strict=True))
+            key = tuple(row[k] for k in keys) if keys else (row[header[0]],)
+            rows[key[0] if len(key) == 1 else key] = row
+    return rows
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]

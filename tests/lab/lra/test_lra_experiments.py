@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from tiny_run import TINY_LRA_MODEL, lra_dataset, lra_splits, tiny_lra_config
+from tiny_run import TINY_LRA_MODEL, lra_dataset, lra_splits, table_rows, tiny_lra_config
 
 from spe.lab.cli.main import main
 from spe.lab.lra import LRAConfig, build_classifier, preset_config, run_lra
@@ -209,8 +209,12 @@ def test_results_tables_put_each_run_beside_the_papers_value_for_its_kernel_and_
     assert rows[:3] == [["| performer", "sinespe"], ["| performer", "none"], ["| linear-relu", "convspe"]]
     assert text.index("### ListOps") < text.index("### Image")  # the paper's task order
     # [30, 32]: sample std |30 − 32| / √2 = 1.414; one seed has no spread ("–"); the paper's column as printed
-    assert "| performer | convspe-2d | **31.00 ± 1.41** | 2 | 30.0, 32.0 | 10, 10 / 20 | 2.0 | 40.06 |" in text
-    assert "| linear-relu | convspe | **20.00 ± –** | 1 | 20.0 | 10 / 20 | 2.0 | 9.50 ± 1.17 |" in text
+    cells = table_rows(text, "kernel", "encoding")
+    columns = ("test accuracy (%)", "seeds", "per seed", "best step / steps", "minutes per run", "paper, Table 1")
+    assert [cells["performer", "convspe-2d"][c] for c in columns] == [
+        "**31.00 ± 1.41**", "2", "30.0, 32.0", "10, 10 / 20", "2.0", "40.06"]
+    assert [cells["linear-relu", "convspe"][c] for c in columns] == [
+        "**20.00 ± –**", "1", "20.0", "10 / 20", "2.0", "9.50 ± 1.17"]
     assert "mean ± sample std (n − 1) over seeds; – for one seed" in text.splitlines()[0]
     assert "Transformer 36.37" in text
 
