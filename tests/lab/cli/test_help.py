@@ -75,8 +75,9 @@ def test_the_window_error_names_the_canonical_flag_whichever_name_was_typed(caps
 
     for flag in ("--window", "--attention-window"):
         assert main(["generate", "--checkpoint", "nowhere", flag, "-1"]) == 2
-        assert capsys.readouterr().err.strip() == ("spe generate: error: --attention-window must be 0 (the whole past) "
-                                                   "or a positive number of positions, got -1")
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("spe generate: error: --attention-window ") and err.endswith("got -1"), err
+        assert len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("flag,default", [("--prompt-bars", "2"), ("--length", "1024"), ("--out", "generated.mid"),

@@ -261,8 +261,8 @@ def test_a_hostile_data_folder_trains_with_every_skip_named_and_counted(world, t
     messages = [str(w.message) for w in caught]
     assert any(m.startswith(f"skipped 1 path(s) in {data} reached a second time through symbolic links")
                and m.endswith("real/loop") for m in messages), messages
-    assert f"cropped MIDI file {data}/real/bad\\xff.mid to its first 200 tokens (max_piece_tokens = 200)" in messages
-    assert f"cropped 6 of 6 MIDI files in {data} to max_piece_tokens = 200 tokens" in messages
+    assert any(m.startswith(f"cropped MIDI file {data}/real/bad\\xff.mid ") and "200 tokens" in m for m in messages)
+    assert any(m.startswith("cropped 6 of 6 MIDI files") and str(data) in m and "200" in m for m in messages)
     assert load_metadata(tmp_path / "out")["train"]["max_piece_tokens"] == 200
 
 
@@ -373,8 +373,8 @@ def test_resuming_a_state_passing_run_without_the_flag_says_so(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         train(again, resume=True, progress=False)
-    assert f"--resume: {tmp_path / 'run'} was trained with state passing; it goes on without it, as asked (pass " \
-           "--state-passing to keep it)" in [str(w.message) for w in caught]
+    assert any(m.startswith(f"--resume: {tmp_path / 'run'} ") and "state passing" in m and "--state-passing" in m
+               for m in map(str, (w.message for w in caught)))
 
 
 def test_an_over_long_listops_row_is_refused_before_padding(tmp_path, capsys):

@@ -101,26 +101,28 @@ def no_work(monkeypatch):
     monkeypatch.setattr(spe.lab.train.tasks.lm, "DecoderLM", never)
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ("grad_clip = -1", "grad_clip must be a finite number ≥ 0 (0: no clipping), got -1"),
-    ("lr = inf", "lr must be a finite number > 0, got inf"),
-    ("min_lr_ratio = nan", "min_lr_ratio must be a number in [0, 1], got nan"),
+@pytest.mark.parametrize(("line", "facts"), [
+    ("grad_clip = -1", ("grad_clip", "≥ 0", "got -1")),
+    ("lr = inf", ("lr", "> 0", "got inf")),
+    ("min_lr_ratio = nan", ("min_lr_ratio", "[0, 1]", "got nan")),
 ])
-def test_spe_train_refuses_a_config_value_before_reading_data_or_building_the_model(line, message, tmp_path,
+def test_spe_train_refuses_a_config_value_before_reading_data_or_building_the_model(line, facts, tmp_path,
                                                                                        no_work, capsys):
     config = tmp_path / "run.toml"
     config.write_text(f'steps = 2\n{line}\n[model]\npositional = "ape"\n')
     out = tmp_path / "run"
     assert main(["train", "--config", str(config), "--out", str(out), "--no-progress"]) == 2
-    assert capsys.readouterr().err == (f"spe train: error: config file {config}: {message} "
-                                       "(options of that file and the command line)\n")
+    err = capsys.readouterr().err
+    assert err.startswith(f"spe train: error: config file {config}: {facts[0]} ") and len(err.splitlines()) == 1
+    assert all(fact in err for fact in facts), err
     assert not out.exists()
 
 
 def test_spe_train_refuses_a_flag_value_in_the_same_words(tmp_path, no_work, capsys):
     out = tmp_path / "run"
     assert main(["train", "--lr", "nan", "--out", str(out), "--no-progress"]) == 2
-    assert capsys.readouterr().err == "spe train: error: lr must be a finite number > 0, got nan\n"
+    err = capsys.readouterr().err
+    assert err.startswith("spe train: error: lr ") and err.endswith("> 0, got nan\n") and len(err.splitlines()) == 1
     assert not out.exists()
 
 
