@@ -268,7 +268,7 @@ def test_the_gates_of_a_step_come_from_the_steps_input():
     assert a.shape == (1, 6, 2, 8) and (a <= 0).all()
     changed = (a - b).abs().amax(dim=(0, 2, 3)) > 0
     assert changed.tolist() == [False, False, False, True, False, False]
-    with pytest.raises(ValueError, match="decay 'gated-channel' is computed from the layer's input"):
+    with pytest.raises(ValueError, match="decay 'gated-channel' .*layer's input"):
         layer.log_decay()
 
 

@@ -191,7 +191,7 @@ def test_grown_eval_lengths_test_finished_seeds_at_the_new_lengths_as_a_fresh_ru
     assert "holds another synthetic-task experiment (steps 2 -> 3)" in capsys.readouterr().err
     assert json.loads((seed / "result.json").read_text()) == grown
     lengths = {"eval_lengths": [64, 128, 256, 512]}
-    with pytest.raises(ValueError, match="test lengths can be added only to a run of the same steps"):
+    with pytest.raises(ValueError, match="test lengths .*same steps"):
         train_seed(preset_config("mqar", steps=3, **lengths), 0, seed)
     bare = tmp_path / "bare" / "seed0"  # a result whose checkpoints are gone: nothing to test
     bare.mkdir(parents=True)
