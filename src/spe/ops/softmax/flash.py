@@ -21,15 +21,19 @@ strong, down to one query). The logits' error is then about float32's eps × (|q
 over D roundings + :data:`FLASH_FOX_SPAN`).
 
 Memory: each block reads the keys its queries reach, [0, e) (or the window's), through a
-(Q, K) boolean mask (causality, window, padding): O(L · Q) at a time. Forward keeps only the
-inputs; backward recomputes each block and takes its gradient (as FlashAttention-2 does, one
-block at a time, its heads in groups of about a MiB of widened keys), so nothing of size L × L is
-formed or kept.
+(Q, K) mask (causality, window, padding): O(L · Q) at a time. On the CPU forward calls the
+kernel's operator that also returns each row's log-sum-exp, and keeps the inputs, the output and
+those (O(L)); backward hands them to the kernel's backward operator one block at a time (as
+FlashAttention-2 does), its heads in groups of about a MiB of widened keys. Elsewhere (or
+without those operators) forward keeps the inputs only and backward recomputes each block. Either
+way nothing of size L × L is formed or kept.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -111,14 +115,16 @@ def _spans(c: Tensor, block: int, window: int | None) -> list[tuple[int, int, in
     return spans
 
 
-def _attend_block(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, *, s: int, lo: int, window: int | None,
-                  allowed: Tensor | None) -> Tensor:
-    """One block: queries s … s + Q − 1 (q (B, Q, H, D)), keys lo … lo + K − 1 (k (B, K, H, D),
-    v (B, K, H, E)), rel (B, K, H) = c_n − c_s (float64); all in the compute dtype but rel.
-    Returns (B, Q, H, E)."""
-    d, e = q.shape[-1], v.shape[-1]
+def _block_inputs(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, *, s: int, lo: int, window: int | None,
+                  allowed: Tensor | None, additive: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, float]:
+    """One block's kernel inputs: queries s … s + Q − 1 (q (B, Q, H, D)), keys lo … lo + K − 1
+    (k (B, K, H, D), v (B, K, H, E)), rel (B, K, H) = c_n − c_s (float64); all in the compute
+    dtype but rel. Returns q', k', v' (B, H, ·, width) (q' = [q, 1], k' = [k, −rel·√D], zeros
+    beyond), the (Q, K) or (B, 1, Q, K) mask (bool, or 0 / −∞ in q's dtype when ``additive``) and the
+    scale 1/√D; differentiable in q, k, v and rel."""
+    d = q.shape[-1]
     scale = d ** -0.5
-    width = _width(d, e)
+    width = _width(d, v.shape[-1])
     qx, kx, vx = (_widened(t, width) for t in (q, k, v))  # (B, H, ·, width), zeros beyond the inputs
     qx[..., d] = 1.0
     kx[..., d] = (rel / -scale).to(k.dtype).transpose(1, 2)
@@ -127,9 +133,28 @@ def _attend_block(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, *, s: int, lo: i
     keep = lag >= 0 if window is None else (lag >= 0) & (lag < window)
     if allowed is not None:
         keep = keep & allowed[..., lo:lo + k.shape[1]]
+    if additive:
+        keep = torch.where(keep, torch.zeros((), dtype=q.dtype, device=q.device), -math.inf)
+    return qx, kx, vx, keep, scale
+
+
+def _attend_block(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, **where) -> Tensor:
+    """One block through ``scaled_dot_product_attention`` (differentiable; :func:`_block_inputs`'
+    arguments): (B, Q, H, E)."""
+    qx, kx, vx, keep, scale = _block_inputs(q, k, v, rel, **where, additive=False)
     with torch.autocast(device_type=q.device.type, enabled=False):
         out = F.scaled_dot_product_attention(qx, kx, vx, attn_mask=keep, scale=scale)
-    return out[..., :e].transpose(1, 2)
+    return out[..., :v.shape[-1]].transpose(1, 2)
+
+
+def _fused_cpu(q: Tensor):
+    """PyTorch's CPU flash kernel and its backward as operators ((output, logsumexp) forward, the
+    backward from them), or None off the CPU or where this PyTorch has none: with them backward
+    reuses each block's output and log-sum-exp instead of recomputing the block."""
+    ops = torch.ops.aten
+    if q.device.type != "cpu" or not hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        return None
+    return ops._scaled_dot_product_flash_attention_for_cpu, ops._scaled_dot_product_flash_attention_for_cpu_backward
 
 
 def _width(d: int, e: int) -> int:
@@ -171,27 +196,38 @@ class _Plan:
 
 
 class _FlashFox(torch.autograd.Function):
-    """Forward keeps the inputs only; backward recomputes and differentiates one block at a time."""
+    """Forward keeps the inputs (on the CPU also each block's widened output and log-sum-exp, O(L));
+    backward differentiates one block at a time, its heads in groups."""
 
     @staticmethod
     def forward(ctx, q, k, v, gates, allowed, plan):
         dtype = _compute_dtype(q, k, v)
         c = torch.cumsum(gates.to(torch.float64), 1)
-        outs = []
+        fused = _fused_cpu(q)
+        outs, ctx.kept = [], {}
         for s, e, lo in reversed(plan.spans):  # the widest block first: the later ones reuse its memory
-            rel = c[:, lo:e] - c[:, s:s + 1]
-            outs.append(_attend_block(q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype), rel,
-                                      s=s, lo=lo, window=plan.window, allowed=allowed))
-        ctx.save_for_backward(q, k, v, gates, allowed)
+            block = (q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype), c[:, lo:e] - c[:, s:s + 1])
+            where = dict(s=s, lo=lo, window=plan.window, allowed=allowed)
+            if fused is None:
+                outs.append(_attend_block(*block, **where))
+                continue
+            qx, kx, vx, mask, scale = _block_inputs(*block, **where, additive=True)
+            out, ctx.kept[s] = fused[0](qx, kx, vx, 0.0, False, attn_mask=mask, scale=scale)  # lse (B, H, Q)
+            outs.append(out[..., :v.shape[-1]].transpose(1, 2))
         ctx.plan = plan
-        if not outs:  # no positions
-            return v.new_zeros(v.shape)
-        return torch.cat(outs[::-1], 1).to(v.dtype)
+        exact = torch.cat(outs[::-1], 1) if outs else v.new_zeros(v.shape, dtype=dtype)
+        result = exact.to(v.dtype)
+        # the kernel's backward reads the output (its widened form is [o, 0 …]: v' is zero beyond
+        # E) in the compute dtype: the result itself, or a copy kept beside a bfloat16 result
+        ctx.exact = None if result is exact else exact
+        ctx.save_for_backward(q, k, v, gates, allowed, result if result is exact else None)
+        return result
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        q, k, v, gates, allowed = ctx.saved_tensors
+        q, k, v, gates, allowed, exact = ctx.saved_tensors
+        exact = ctx.exact if exact is None else exact
         dtype = _compute_dtype(q, k, v)
         c = torch.cumsum(gates.to(torch.float64), 1)
         grad = grad.to(dtype)
@@ -199,19 +235,41 @@ class _FlashFox(torch.autograd.Function):
         dq, dk, dv = (torch.zeros_like(t, dtype=dtype) for t in (q, k, v))
         dc = torch.zeros_like(c)
         for s, e, lo, hs in _backward_parts(ctx.plan.spans, k, v):
-            leaves = [t.detach().requires_grad_() for t in (
-                q[:, s:e, hs].to(dtype), k[:, lo:e, hs].to(dtype), v[:, lo:e, hs].to(dtype),
-                c[:, lo:e, hs] - c[:, s:s + 1, hs])]
-            with torch.enable_grad():
-                out = _attend_block(*leaves, s=s, lo=lo, window=ctx.plan.window, allowed=allowed)
-                # ⟨out, grad⟩ differentiated: the same gradients as grad_outputs=grad, without
-                # the shape checks that import sympy (≈ 40 MiB resident) on their first use
-                gq, gk, gv, grel = torch.autograd.grad((out * grad[:, s:e, hs]).sum(), leaves)
+            block = (q[:, s:e, hs].to(dtype), k[:, lo:e, hs].to(dtype), v[:, lo:e, hs].to(dtype),
+                     c[:, lo:e, hs] - c[:, s:s + 1, hs])
+            where = dict(s=s, lo=lo, window=ctx.plan.window, allowed=allowed)
+            if ctx.kept:
+                gq, gk, gv, grel = _fused_block_grads(block, grad[:, s:e, hs], exact[:, s:e, hs],
+                                                      ctx.kept[s][:, hs], where)
+            else:
+                leaves = [t.detach().requires_grad_() for t in block]
+                with torch.enable_grad():
+                    out = _attend_block(*leaves, **where)
+                    # ⟨out, grad⟩ differentiated: the same gradients as grad_outputs=grad, without
+                    # the shape checks that import sympy (≈ 40 MiB resident) on their first use
+                    gq, gk, gv, grel = torch.autograd.grad((out * grad[:, s:e, hs]).sum(), leaves)
             dq[:, s:e, hs] = gq
             dk[:, lo:e, hs] += gk
             dv[:, lo:e, hs] += gv
             dc[:, lo:e, hs] += grel
             dc[:, s, hs] -= grel.sum(1)  # rel = c_n − c_s
+        ctx.kept = ctx.exact = None
         # c_t = Σ_{u≤t} G_u: dG_u = Σ_{t≥u} dc_t
         dgates = dc.flip(1).cumsum(1).flip(1)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dgates.to(gates.dtype), None, None
+
+
+def _fused_block_grads(block: tuple[Tensor, ...], grad: Tensor, out: Tensor, lse: Tensor,
+                       where: dict) -> tuple[Tensor, ...]:
+    """Gradients of one block's q, k, v (B, ·, h, ·) and rel (B, K, h) from the CPU kernel's
+    backward, given the block's output ``out`` and output gradient ``grad`` (B, Q, h, E) and the
+    forward's log-sum-exp ``lse`` (B, h, Q)."""
+    q, k, v, rel = block
+    d, e = q.shape[-1], v.shape[-1]
+    qx, kx, vx, mask, scale = _block_inputs(*block, **where, additive=True)
+    width = qx.shape[-1]
+    gqx, gkx, gvx = _fused_cpu(q)[1](_widened(grad, width), qx, kx, vx, _widened(out, width), lse.contiguous(),
+                                     0.0, False, attn_mask=mask, scale=scale)
+    # k' = [k, −rel/scale]: rel's gradient is −1/scale times that of the extra coordinate
+    grel = (gkx[..., d] / -scale).transpose(1, 2).to(rel.dtype)
+    return (gqx[..., :d].transpose(1, 2), gkx[..., :d].transpose(1, 2), gvx[..., :e].transpose(1, 2), grel)
