@@ -96,7 +96,8 @@ def _reference_weights(q, k, gates, window, mask):
 def _check(n, *, block, window=None, **kw):
     (q, k, v, gates), mask, out_grad = _inputs(n, **kw)
     y = flash_fox_attention(q, k, v, gates, window=window, key_padding_mask=mask, block=block)
-    ref = softmax_attention_reference(q, k, v, causal=True, window=window, key_padding_mask=mask, log_decay=gates)
+    ref = softmax_attention_reference(q, k, v, causal=True, window=window, key_padding_mask=mask,
+                                      log_decay=gates)
     tols = _tolerances(q, k, v, out_grad.double(), _reference_weights(q, k, gates, window, mask), q.shape[-1])
     fast = [y, *torch.autograd.grad(y, (q, k, v, gates), out_grad.to(y.dtype))]
     slow = [ref, *torch.autograd.grad(ref, (q, k, v, gates), out_grad.double())]

@@ -16,8 +16,8 @@ from spe.ops.common.checks import check_window
 from spe.ops.decay.forms import check_gates, check_log_decay, is_gate
 from spe.ops.decay.sums import segment_sums, suffix_sums
 
-__all__ = ["FLASH_FOX_MIN_LENGTH", "FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "gate_bias", "softmax_attention",
-           "softmax_gates"]
+__all__ = ["FLASH_FOX_MIN_LENGTH", "FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "gate_bias",
+           "softmax_attention", "softmax_gates"]
 
 # Queries per block of FoX's bias beyond this length: the (B, H, L, L) bias of a long sequence
 # (and its gradient, and its segment sums) would be 66 GB at B = 2, H = 8, L = 16,384 (measured on

@@ -120,8 +120,8 @@ def _block_inputs(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, *, s: int, lo: i
     """One block's kernel inputs: queries s … s + Q − 1 (q (B, Q, H, D)), keys lo … lo + K − 1
     (k (B, K, H, D), v (B, K, H, E)), rel (B, K, H) = c_n − c_s (float64); all in the compute
     dtype but rel. Returns q', k', v' (B, H, ·, width) (q' = [q, 1], k' = [k, −rel·√D], zeros
-    beyond), the (Q, K) or (B, 1, Q, K) mask (bool, or 0 / −∞ in q's dtype when ``additive``) and the
-    scale 1/√D; differentiable in q, k, v and rel."""
+    beyond), the (Q, K) or (B, 1, Q, K) mask (bool, or 0 / −∞ in q's dtype when ``additive``)
+    and the scale 1/√D; differentiable in q, k, v and rel."""
     d = q.shape[-1]
     scale = d ** -0.5
     width = _width(d, v.shape[-1])
@@ -151,10 +151,10 @@ def _fused_cpu(q: Tensor):
     """PyTorch's CPU flash kernel and its backward as operators ((output, logsumexp) forward, the
     backward from them), or None off the CPU or where this PyTorch has none: with them backward
     reuses each block's output and log-sum-exp instead of recomputing the block."""
-    ops = torch.ops.aten
-    if q.device.type != "cpu" or not hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+    ops, name = torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"
+    if q.device.type != "cpu" or not hasattr(ops, name + "_backward"):
         return None
-    return ops._scaled_dot_product_flash_attention_for_cpu, ops._scaled_dot_product_flash_attention_for_cpu_backward
+    return getattr(ops, name), getattr(ops, name + "_backward")
 
 
 def _width(d: int, e: int) -> int:
@@ -206,13 +206,15 @@ class _FlashFox(torch.autograd.Function):
         fused = _fused_cpu(q)
         outs, ctx.kept = [], {}
         for s, e, lo in reversed(plan.spans):  # the widest block first: the later ones reuse its memory
-            block = (q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype), c[:, lo:e] - c[:, s:s + 1])
+            block = (q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype),
+                     c[:, lo:e] - c[:, s:s + 1])
             where = dict(s=s, lo=lo, window=plan.window, allowed=allowed)
             if fused is None:
                 outs.append(_attend_block(*block, **where))
                 continue
             qx, kx, vx, mask, scale = _block_inputs(*block, **where, additive=True)
-            out, ctx.kept[s] = fused[0](qx, kx, vx, 0.0, False, attn_mask=mask, scale=scale)  # lse (B, H, Q)
+            with torch.autocast(device_type="cpu", enabled=False):  # lse (B, H, Q)
+                out, ctx.kept[s] = fused[0](qx, kx, vx, 0.0, False, attn_mask=mask, scale=scale)
             outs.append(out[..., :v.shape[-1]].transpose(1, 2))
         ctx.plan = plan
         exact = torch.cat(outs[::-1], 1) if outs else v.new_zeros(v.shape, dtype=dtype)
@@ -268,8 +270,9 @@ def _fused_block_grads(block: tuple[Tensor, ...], grad: Tensor, out: Tensor, lse
     d, e = q.shape[-1], v.shape[-1]
     qx, kx, vx, mask, scale = _block_inputs(*block, **where, additive=True)
     width = qx.shape[-1]
-    gqx, gkx, gvx = _fused_cpu(q)[1](_widened(grad, width), qx, kx, vx, _widened(out, width), lse.contiguous(),
-                                     0.0, False, attn_mask=mask, scale=scale)
+    with torch.autocast(device_type="cpu", enabled=False):
+        gqx, gkx, gvx = _fused_cpu(q)[1](_widened(grad, width), qx, kx, vx, _widened(out, width),
+                                         lse.contiguous(), 0.0, False, attn_mask=mask, scale=scale)
     # k' = [k, −rel/scale]: rel's gradient is −1/scale times that of the extra coordinate
     grel = (gkx[..., d] / -scale).transpose(1, 2).to(rel.dtype)
     return (gqx[..., :d].transpose(1, 2), gkx[..., :d].transpose(1, 2), gvx[..., :e].transpose(1, 2), grel)
