@@ -324,8 +324,7 @@ def test_the_count_of_distinct_expressions_matches_an_enumeration(max_depth, max
 def test_asking_for_more_distinct_expressions_than_exist_raises_at_once():
     # depth 2, two arguments, length 4 only: an operator over two digits, 4 × 10 × 10 = 400 expressions
     assert len({s for s, _ in generate(400, seed=0, max_depth=2, max_args=2, min_length=3, max_length=5)}) == 400
-    with pytest.raises(ValueError, match=r"generate: 401 distinct expressions asked for, but only 400 exist "
-                                         r"with max_depth 2, max_args 2 and 3 < length < 5"):
+    with pytest.raises(ValueError, match=r"401 .*only 400 .*max_depth 2.*max_args 2.*3 < length < 5"):
         generate(401, seed=0, max_depth=2, max_args=2, min_length=3, max_length=5)
     with pytest.raises(ValueError, match="11 distinct expressions asked for, but only 10 exist"):
         generate(11, max_depth=1, min_length=0, max_length=2)  # the ten digits

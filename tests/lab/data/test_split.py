@@ -75,9 +75,7 @@ def test_the_choice_depends_on_the_pieces_only_and_holds_out_copies():
 
 def test_too_few_long_pieces_is_an_error_naming_the_corpus_the_count_and_the_longest(corpus):
     data, cache = corpus
-    with pytest.raises(DataError, match=rf"{data}: 6 distinct pieces have at least {MIN_TOKENS} tokens \(the "
-                       r"longest has 2\d\d\), fewer than num_test_pieces = 7: lower test_min_tokens or "
-                       "num_test_pieces"):
+    with pytest.raises(DataError, match=rf"{data}: 6 .*{MIN_TOKENS} tokens.*longest has 2\d\d.*num_test_pieces = 7.*test_min_tokens"):
         load_split(data, cache_dir=cache, test_min_tokens=MIN_TOKENS, num_test_pieces=7)
     with pytest.raises(DataError, match=r"need at least 2 pieces.*got 1 \(after holding out 11 test pieces\)"):
         load_split(data, cache_dir=cache, test_min_tokens=50, num_test_pieces=11)  # every piece is that long
@@ -150,8 +148,7 @@ def test_a_run_without_a_test_split_says_so_and_its_options_cannot_change_on_res
 
 def test_fewer_than_three_validation_pieces_are_warned_with_the_fraction_that_gives_three(corpus):
     data, cache = corpus
-    with pytest.warns(UserWarning, match=r"1 validation piece\(s\) of 12 \(val_fraction 0\.05\).*"
-                                         r"--val-fraction 0\.21 \(val_fraction\) holds out 3"):
+    with pytest.warns(UserWarning, match=r"1 validation piece.* of 12 .*0\.05.*--val-fraction 0\.21.* 3"):
         load_split(data, cache_dir=cache)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
