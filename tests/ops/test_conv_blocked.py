@@ -9,7 +9,7 @@ import torch
 from spe import ConvSPE, SPEFilter
 from spe.encodings.code import ConvCode
 from spe.models import DecoderLM, ModelConfig
-from spe.ops.conv import conv_code_product, conv_code_product_reference, fft_size
+from spe.ops.conv import conv_code_product, conv_code_product_reference
 from spe.ops.conv.blocked import block_length
 from spe.ops.sine.costs import MATERIALIZE_LIMIT
 
@@ -46,10 +46,16 @@ def test_the_reference_is_eq_22_written_out():
     torch.testing.assert_close(conv_code_product_reference(x, z, fq)[0, :, 0, 0], x[0, :, 0, 0] * code)
 
 
-def test_block_lengths_make_5_smooth_noise_spans():
-    for target, p in [(1, 5), (256, 128), (300, 64), (4096, 128), (7, 7)]:
-        n = block_length(target, p)
-        assert n >= max(target, p) and fft_size(n + p - 1) == n + p - 1
+def test_block_spans_are_powers_of_two_of_at_least_4p():
+    for target, p, length in [(1, 5, None), (256, 128, None), (300, 64, None), (4096, 128, None), (7, 7, None),
+                              (1024, 64, 8192), (1024, 64, 100), (1 << 20, 3, 37)]:
+        n = block_length(target, p, length)
+        span = n + p - 1
+        assert span & (span - 1) == 0 and span >= 4 * p
+        # no more than the target unless 4P is, and no span longer than one covering the length
+        assert n <= target or span < 8 * p
+        if length is not None:
+            assert span < 2 * (length + p - 1)
 
 
 def test_bad_shapes_are_refused():

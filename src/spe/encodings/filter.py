@@ -155,7 +155,7 @@ def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | Non
 
 
 def apply_conv_code_blocked(queries: Tensor, keys: Tensor, code: ConvCode, gate: Tensor | None, *,
-                            block_elements: int = 1 << 23) -> tuple[Tensor, Tensor]:
+                            block_elements: int = 1 << 22) -> tuple[Tensor, Tensor]:
     """Eq. (16)-(17) with a convSPE code applied a block of positions at a time.
 
     Same value as :func:`apply_code` on ``code.materialize()``, but neither the (L, H, D, R)

@@ -1,15 +1,28 @@
 """Applying a convSPE code to queries and keys one block of positions at a time.
 
 Letters: B = batch, L = length (l: one block), H = num_heads, D = head_dim, R =
-num_realizations, P = kernel_size.
+num_realizations, P = kernel_size, N = l + P − 1 the block's noise span and FFT size.
 
 The materialised form keeps two (L, H, D, R) codes, their spectra and their gradients: about
 five code-sized tensors, 537 MB each at L = 4,096, H = 8, D = 64, R = 64. Here only the noise
 (one code-sized tensor, shared by queries, keys and every layer) is kept: per block of l
-positions, the noise span of l + P − 1 samples is filtered into the block's codes (one FFT of
-the noise for both filters), applied, and freed; backward forms the block again
-(activation checkpointing, so autograd differentiates the same operations as forward: the
-gradients to x and to both filters are exact by construction).
+positions, the noise span of N = l + P − 1 samples is filtered into the block's codes (one FFT
+of the span for both filters), applied, and freed; backward forms the block's codes again.
+
+Where the time goes, and why it is laid out so (one thread, B = 2, L = 8,192, H = 4, D = 64,
+R = 32, P = 64): applying a time-last code by broadcast products and a sum over D cost more
+than the FFTs (the products of every layer, forward and backward, were over half of a whole
+model's step). Each block's codes are therefore turned time-first by one 2-D transpose of the
+whole span (PyTorch's blocked transpose copy; a 4-D permute of the sliced view was 4× slower)
+and applied by batched matrix products over (position, head). N is a power of two (the
+5-smooth lengths around 2,000 were measured 1.7× slower per sample).
+
+Backward is written out rather than left to autograd: the noise spectrum of the block is
+formed once and serves both the codes (for the gradients to queries and keys) and the
+filters' gradients, summed over blocks in the frequency domain and transformed back once:
+  ∂/∂Φ[h, d, p] = Σ_{t, r} G[t, h, d, r] Z[h, d, r, t + P − 1 − p],  G[t, h, d, r] = Σ_b x[b, t, h, d] g[b, t, h, r],
+a cross-correlation of each block's G (shifted by P − 1) with its noise span, so
+irfft(Ĝ · conj(Ẑ))[p] for p < P with no wrap-around.
 """
 
 from __future__ import annotations
@@ -17,80 +30,149 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spe.ops.conv.filters import direct_filter, fft_filter_time_last, fft_size
+from spe.ops.conv.filters import direct_filter
 
 __all__ = ["block_length", "conv_code_product"]
 
 
+def block_length(target: int, kernel_size: int, length: int | None = None) -> int:
+    """The number of positions l of a block whose noise span N = l + P − 1 is a power of two.
+
+    N is the largest power of two with l ≤ ``target``, but at least 4P (so that the P − 1
+    samples of overlap stay under a quarter of each span) and no more than the smallest
+    power of two that covers ``length`` positions in one block.
+    """
+    p = kernel_size
+    n = 1 << max(0, (max(1, target) + p - 1).bit_length() - 1)  # largest power of two ≤ target + P − 1
+    n = max(n, 1 << (4 * p - 1).bit_length())
+    if length is not None:
+        n = min(n, 1 << (length + p - 2).bit_length())
+    return n - p + 1
+
+
+def _time_first(code: Tensor, p: int, l: int) -> Tensor:
+    """(H, D, R, N) time last -> (l, H, D, R) contiguous, positions P − 1 … P − 2 + l of the span.
+
+    The whole (H·D·R, N) matrix is transposed (PyTorch's fast transpose copy needs an exact
+    transposed view), then the block's rows are kept: a contiguous slice."""
+    h, d, r, n = code.shape
+    return code.reshape(h * d * r, n).t().contiguous()[p - 1:p - 1 + l].view(l, h, d, r)
+
+
 def _apply(x: Tensor, code: Tensor) -> Tensor:
-    # Σ_d x[b, t, h, d] C[h, d, r, t] on the time-last code as the FFT leaves it: transposing the
-    # code to (t, H, D, R) for a batched matrix product cost more than the products themselves
-    # (a strided copy of the whole block, and 2·l·H tiny products per block at B = 2).
-    xt = x.permute(0, 2, 3, 1)[:, :, :, None, :]  # (B, H, D, 1, l)
-    return (xt * code.to(x.dtype)).sum(2).permute(0, 3, 1, 2)  # (B, l, H, R)
+    # Σ_d x[b, t, h, d] C[t, h, d, r]: one (B × D)·(D × R) product per (position, head)
+    return torch.matmul(x.permute(1, 2, 0, 3), code.to(x.dtype)).permute(2, 0, 1, 3)  # (B, l, H, R)
 
 
-def _block(xq: Tensor, xk: Tensor, z: Tensor, fq: Tensor, fk: Tensor, use_fft: bool) -> tuple[Tensor, Tensor]:
-    if use_fft:
-        qbar, kbar = fft_filter_time_last(z, [fq, fk])
-    else:
-        qbar, kbar = (c.permute(1, 2, 3, 0) for c in direct_filter(z, [fq, fk]))
-    return _apply(xq, qbar), _apply(xk, kbar)
+def _spectra(z: Tensor, fq: Tensor, fk: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(Ẑ, Φ̂^Q, Φ̂^K) of one noise span and the filters at FFT size n."""
+    return torch.fft.rfft(z, n=n), torch.fft.rfft(fq, n=n)[:, :, None], torch.fft.rfft(fk, n=n)[:, :, None]
 
 
-def block_length(target: int, kernel_size: int) -> int:
-    """The number of positions l ≥ max(target, P) of a block whose noise span l + P − 1 is
-    5-smooth, so that its FFT needs no zero padding (:func:`spe.ops.conv.filters.fft_size`)."""
-    return fft_size(max(target, kernel_size) + kernel_size - 1) - kernel_size + 1
+def _fft_codes(zf: Tensor, ff: Tensor, n: int, p: int, l: int) -> Tensor:
+    return _time_first(torch.fft.irfft(zf * ff, n=n), p, l)
 
 
-class _ConvCodeProduct(torch.autograd.Function):
-    """Both products, block by block; backward forms each block again and differentiates it
-    alone (its inputs detached), writing the block's gradients into whole-length buffers: per
-    block autograd would otherwise zero-fill a whole-length gradient for every slice."""
+class _ConvCodeProductFFT(torch.autograd.Function):
+    """Both products, block by block, the codes filtered by FFT; backward forms each block's
+    codes again and writes the block's gradients into whole-length buffers."""
 
     @staticmethod
     def forward(ctx, queries: Tensor, keys: Tensor, z: Tensor, fq: Tensor, fk: Tensor,
-                how: tuple[bool, int]) -> tuple[Tensor, Tensor]:
-        use_fft, block = how  # (filter by FFT, positions per block)
-        b, n, h, _ = queries.shape
+                block: int) -> tuple[Tensor, Tensor]:
+        b, length, h, _ = queries.shape
         r, p = z.shape[2], fq.shape[-1]
-        out_q, out_k = queries.new_empty(b, n, h, r), keys.new_empty(b, n, h, r)
-        for s in range(0, n, block):
-            e = min(n, s + block)
-            out_q[:, s:e], out_k[:, s:e] = _block(queries[:, s:e], keys[:, s:e], z[..., s:e + p - 1], fq, fk, use_fft)
+        n = block + p - 1
+        out_q, out_k = queries.new_empty(b, length, h, r), keys.new_empty(b, length, h, r)
+        with torch.no_grad():
+            for s in range(0, length, block):
+                e = min(length, s + block)
+                zf, fqf, fkf = _spectra(z[..., s:e + p - 1], fq, fk, n)
+                out_q[:, s:e] = _apply(queries[:, s:e], _fft_codes(zf, fqf, n, p, e - s))
+                out_k[:, s:e] = _apply(keys[:, s:e], _fft_codes(zf, fkf, n, p, e - s))
         ctx.save_for_backward(queries, keys, z, fq, fk)
-        ctx.use_fft, ctx.block = use_fft, block
+        ctx.block = block
         return out_q, out_k
 
     @staticmethod
     def backward(ctx, grad_q: Tensor, grad_k: Tensor):
         queries, keys, z, fq, fk = ctx.saved_tensors
-        n, p = queries.shape[1], fq.shape[-1]
+        length, p, block = queries.shape[1], fq.shape[-1], ctx.block
+        # an expanded gradient (of a sum) would make every per-(position, head) product copy its slice
+        grad_q, grad_k = grad_q.contiguous(), grad_k.contiguous()
+        n = block + p - 1
         need_q, need_k, _, need_fq, need_fk = ctx.needs_input_grad[:5]
         gq = torch.empty_like(queries) if need_q else None
         gk = torch.empty_like(keys) if need_k else None
-        gfq = torch.zeros_like(fq) if need_fq else None
-        gfk = torch.zeros_like(fk) if need_fk else None
-        for s in range(0, n, ctx.block):
-            e = min(n, s + ctx.block)
-            with torch.enable_grad():
-                leaves = [t.detach().requires_grad_() for t in (queries[:, s:e], keys[:, s:e], fq, fk)]
-                yq, yk = _block(leaves[0], leaves[1], z[..., s:e + p - 1], leaves[2], leaves[3], ctx.use_fft)
-                grads = torch.autograd.grad((yq, yk), leaves, (grad_q[:, s:e], grad_k[:, s:e]))
-            if gq is not None:
-                gq[:, s:e] = grads[0]
-            if gk is not None:
-                gk[:, s:e] = grads[1]
-            if gfq is not None:
-                gfq += grads[2]
-            if gfk is not None:
-                gfk += grads[3]
+        # Σ over blocks of Σ_r Ĝ conj(Ẑ): the filters' gradients, in the frequency domain
+        sq = fq.new_zeros(*fq.shape[:2], n // 2 + 1, dtype=torch.fft.rfft(fq[:1, :1]).dtype) if need_fq else None
+        sk = torch.zeros_like(sq) if need_fk else None
+        for s in range(0, length, block):
+            e = min(length, s + block)
+            zf, fqf, fkf = _spectra(z[..., s:e + p - 1], fq, fk, n)
+            for x, g, ff, grad_x, spec in ((queries, grad_q, fqf, gq, sq), (keys, grad_k, fkf, gk, sk)):
+                if grad_x is None and spec is None:
+                    continue
+                xs, gs = x[:, s:e].permute(1, 2, 0, 3), g[:, s:e].permute(1, 2, 0, 3)  # (l, H, B, ·)
+                if grad_x is not None:
+                    code = _fft_codes(zf, ff, n, p, e - s).to(x.dtype)
+                    grad_x[:, s:e] = torch.matmul(gs, code.transpose(-1, -2)).permute(2, 0, 1, 3)
+                if spec is not None:
+                    code_grad = torch.matmul(xs.transpose(-1, -2), gs).to(z.dtype)  # (l, H, D, R)
+                    h, d, r = code_grad.shape[1:]
+                    time_last = code_grad.view(e - s, h * d * r).t().contiguous()  # a fast 2-D transpose
+                    spec += torch.linalg.vecdot(zf, torch.fft.rfft(time_last, n=n).view(h, d, r, -1), dim=2)
+        # G enters the correlation shifted by P − 1 samples: one phase per frequency, after the sums
+        shift = torch.exp(-2j * torch.pi * (p - 1) / n * torch.arange(n // 2 + 1, device=z.device,
+                                                                          dtype=fq.dtype))
+        gfq = torch.fft.irfft(sq * shift, n=n)[..., :p] if sq is not None else None
+        gfk = torch.fft.irfft(sk * shift, n=n)[..., :p] if sk is not None else None
         return gq, gk, None, gfq, gfk, None
 
 
+class _ConvCodeProductDirect(torch.autograd.Function):
+    """The twin with codes filtered by direct convolution: backward forms each block again and
+    differentiates it alone (its inputs detached)."""
+
+    @staticmethod
+    def forward(ctx, queries: Tensor, keys: Tensor, z: Tensor, fq: Tensor, fk: Tensor,
+                block: int) -> tuple[Tensor, Tensor]:
+        b, length, h, _ = queries.shape
+        r, p = z.shape[2], fq.shape[-1]
+        out_q, out_k = queries.new_empty(b, length, h, r), keys.new_empty(b, length, h, r)
+        for s in range(0, length, block):
+            e = min(length, s + block)
+            cq, ck = direct_filter(z[..., s:e + p - 1], [fq, fk])
+            out_q[:, s:e], out_k[:, s:e] = _apply(queries[:, s:e], cq), _apply(keys[:, s:e], ck)
+        ctx.save_for_backward(queries, keys, z, fq, fk)
+        ctx.block = block
+        return out_q, out_k
+
+    @staticmethod
+    def backward(ctx, grad_q: Tensor, grad_k: Tensor):
+        queries, keys, z, fq, fk = ctx.saved_tensors
+        length, p = queries.shape[1], fq.shape[-1]
+        need = ctx.needs_input_grad
+        grads = [torch.empty_like(queries) if need[0] else None, torch.empty_like(keys) if need[1] else None,
+                 torch.zeros_like(fq) if need[3] else None, torch.zeros_like(fk) if need[4] else None]
+        for s in range(0, length, ctx.block):
+            e = min(length, s + ctx.block)
+            with torch.enable_grad():
+                leaves = [t.detach().requires_grad_() for t in (queries[:, s:e], keys[:, s:e], fq, fk)]
+                cq, ck = direct_filter(z[..., s:e + p - 1], leaves[2:])
+                outs = (_apply(leaves[0], cq), _apply(leaves[1], ck))
+                block_grads = torch.autograd.grad(outs, leaves, (grad_q[:, s:e], grad_k[:, s:e]))
+            for i in (0, 1):
+                if grads[i] is not None:
+                    grads[i][:, s:e] = block_grads[i]
+            for i in (2, 3):
+                if grads[i] is not None:
+                    grads[i] += block_grads[i]
+        return grads[0], grads[1], None, grads[2], grads[3], None
+
+
 def conv_code_product(queries: Tensor, keys: Tensor, z: Tensor, filters_q: Tensor, filters_k: Tensor, *,
-                      use_fft: bool = True, block_elements: int = 1 << 23) -> tuple[Tensor, Tensor]:
+                      use_fft: bool = True, block_elements: int = 1 << 22) -> tuple[Tensor, Tensor]:
     """q̂ = Σ_d x_d Q̄_d and k̂ = Σ_d x_d K̄_d (eq. 16-17) with Q̄, K̄ filtered noise (eq. 22),
     never forming the whole codes.
 
@@ -100,8 +182,8 @@ def conv_code_product(queries: Tensor, keys: Tensor, z: Tensor, filters_q: Tenso
             (:meth:`spe.ConvSPE.noise_span` of the first position − P + 1); no gradient flows to it.
         filters_q, filters_k: (H, D, P) Φ^Q, Φ^K.
         use_fft: filter each block by FFT (True) or by direct convolution.
-        block_elements: the most elements of one block's code (l·H·D·R); a block holds at
-            least P positions so that the P − 1 samples of overlap stay a fraction of it.
+        block_elements: the most elements of one block's code (l·H·D·R), unless a block of
+            :func:`block_length`'s least size (a span of 4P) is larger.
 
     Returns:
         q̂ (B, L, H, R) and k̂ (B, L, H, R), in the dtypes of queries and keys.
@@ -116,5 +198,6 @@ def conv_code_product(queries: Tensor, keys: Tensor, z: Tensor, filters_q: Tenso
         raise ValueError(f"conv_code_product: queries {tuple(queries.shape)}, keys {tuple(keys.shape)}, "
                          f"noise {tuple(z.shape)} and filters {tuple(filters_q.shape)}/{tuple(filters_k.shape)} "
                          "do not fit: noise must be (H, D, R, L + P − 1), filters (H, D, P)")
-    block = block_length(block_elements // max(1, h * d * z.shape[2]), p)
-    return _ConvCodeProduct.apply(queries, keys, z.detach(), filters_q, filters_k, (use_fft, block))
+    block = block_length(block_elements // max(1, h * d * z.shape[2]), p, n)
+    product = _ConvCodeProductFFT if use_fft else _ConvCodeProductDirect
+    return product.apply(queries, keys, z.detach(), filters_q, filters_k, block)

@@ -1,0 +1,50 @@
+"""Each decay reaches the layer through one protocol (:mod:`spe.attention.decays`): a model's
+logits, in parallel and step by step, are bitwise those recorded before the decay became an
+object (float64, one thread, fixed seeds: SHA-256 of the logits' bytes)."""
+
+import hashlib
+
+import pytest
+import torch
+
+from spe.models import ModelConfig
+from spe.models.decoder_lm import DecoderLM
+
+# (decay, attention, positional) -> the first 16 hex digits of SHA-256(parallel logits ‖ step logits)
+RECORDED = {
+    ("none", "linear-elu", "rope"): "bd178db85c62b9cd",
+    ("fixed", "linear-elu", "rope"): "1b0f01a07b1c63b0",
+    ("learned", "performer", "sinespe"): "e0fa7209e659f508",
+    ("gated", "softmax", "none"): "4226ee5ac7c8c4de",
+    ("gated", "linear-elu", "sinespe"): "d2aecc8d9ff87162",
+    ("gated-channel", "linear-elu", "rope"): "25be9dee8b87ee06",
+    ("gated-channel", "linear-elu", "sinespe"): "80ff6c8f53feb06a",
+}
+
+
+@pytest.fixture
+def one_thread():
+    # the sums' order, hence the last bits, depend on the thread count
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("case", list(RECORDED), ids="-".join)
+def test_logits_per_decay_are_bitwise_the_recorded_ones(case, one_thread):
+    decay, attention, positional = case
+    torch.manual_seed(0)
+    extra = {"num_realizations": 8} if positional == "sinespe" else {}
+    config = ModelConfig(vocab_size=30, d_model=16, num_heads=2, num_layers=2, d_ff=32, dropout=0.0,
+                         chunk_size=4, decay=decay, attention=attention, positional=positional, **extra)
+    model = DecoderLM(config).double().eval()
+    tokens = torch.randint(0, 30, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens)
+        state, steps = None, []
+        for t in range(tokens.shape[1]):
+            out, state = model.step(tokens[:, t], state)
+            steps.append(out)
+    digest = hashlib.sha256(full.numpy().tobytes() + torch.stack(steps, 1).numpy().tobytes()).hexdigest()
+    assert digest[:16] == RECORDED[case]
