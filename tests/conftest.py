@@ -42,3 +42,15 @@ def _timed_compile_off():
     yield
     timed.COMPILE.clear()
     timed.COMPILE.update(saved)
+
+
+def load_tool(relative_path: str, name: str):
+    """A script of tools/ (not a package) imported as module ``name``."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / relative_path
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -143,6 +143,13 @@ def test_equals_the_float64_definition_at_extreme_gates_logits_and_padding(case)
     _check(case.pop("n"), block=64, **case)
 
 
+@pytest.mark.slow
+def test_default_blocks_at_a_long_length():
+    """L = 2,100 (8 blocks of 256 and a ragged one), D = 32: −9,000 nats on head 0 (its blocks
+    cut short by the span), long memories on head 1."""
+    _check(2100, block=None, gates=_strong, b=1, h=2, d=32)
+
+
 def test_blocks_end_where_the_gates_drop_by_more_than_the_span():
     """The bias of a block's own keys is rounded at its size: a block's queries never span a drop
     of c larger than FLASH_FOX_SPAN nats (here 8 tokens of −50 at most), and mild gates keep the

@@ -1,21 +1,19 @@
 """tools/analysis/engine4_cost.py: a run at tiny sizes measures its cases in their own processes,
 stops one over its budget, and --render writes the before/after table into a doc's block."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from conftest import load_tool
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("engine4_cost_tool", ROOT / "tools" / "analysis" / "engine4_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("tools/analysis/engine4_cost.py", "engine4_cost_tool")
 
 
 def _record(name, n, ms, mb, status="ok"):

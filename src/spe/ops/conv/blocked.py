@@ -73,6 +73,18 @@ def _fft_codes(zf: Tensor, ff: Tensor, n: int, p: int, l: int) -> Tensor:
     return _time_first(torch.fft.irfft(zf * ff, n=n), p, l)
 
 
+def _products(queries: Tensor, keys: Tensor, z: Tensor, p: int, block: int, codes) -> tuple[Tensor, Tensor]:
+    """q̂, k̂ (B, L, H, R), block by block: ``codes(noise span, l)`` gives the block's (l, H, D, R) Q̄, K̄."""
+    b, length, h, _ = queries.shape
+    r = z.shape[2]
+    out_q, out_k = queries.new_empty(b, length, h, r), keys.new_empty(b, length, h, r)
+    for s in range(0, length, block):
+        e = min(length, s + block)
+        cq, ck = codes(z[..., s:e + p - 1], e - s)
+        out_q[:, s:e], out_k[:, s:e] = _apply(queries[:, s:e], cq), _apply(keys[:, s:e], ck)
+    return out_q, out_k
+
+
 class _ConvCodeProductFFT(torch.autograd.Function):
     """Both products, block by block, the codes filtered by FFT; backward forms each block's
     codes again and writes the block's gradients into whole-length buffers."""
@@ -80,16 +92,14 @@ class _ConvCodeProductFFT(torch.autograd.Function):
     @staticmethod
     def forward(ctx, queries: Tensor, keys: Tensor, z: Tensor, fq: Tensor, fk: Tensor,
                 block: int) -> tuple[Tensor, Tensor]:
-        b, length, h, _ = queries.shape
-        r, p = z.shape[2], fq.shape[-1]
-        n = block + p - 1
-        out_q, out_k = queries.new_empty(b, length, h, r), keys.new_empty(b, length, h, r)
+        n, p = block + fq.shape[-1] - 1, fq.shape[-1]
+
+        def codes(span: Tensor, l: int) -> tuple[Tensor, Tensor]:
+            zf, fqf, fkf = _spectra(span, fq, fk, n)
+            return _fft_codes(zf, fqf, n, p, l), _fft_codes(zf, fkf, n, p, l)
+
         with torch.no_grad():
-            for s in range(0, length, block):
-                e = min(length, s + block)
-                zf, fqf, fkf = _spectra(z[..., s:e + p - 1], fq, fk, n)
-                out_q[:, s:e] = _apply(queries[:, s:e], _fft_codes(zf, fqf, n, p, e - s))
-                out_k[:, s:e] = _apply(keys[:, s:e], _fft_codes(zf, fkf, n, p, e - s))
+            out_q, out_k = _products(queries, keys, z, p, block, codes)
         ctx.save_for_backward(queries, keys, z, fq, fk)
         ctx.block = block
         return out_q, out_k
@@ -137,13 +147,7 @@ class _ConvCodeProductDirect(torch.autograd.Function):
     @staticmethod
     def forward(ctx, queries: Tensor, keys: Tensor, z: Tensor, fq: Tensor, fk: Tensor,
                 block: int) -> tuple[Tensor, Tensor]:
-        b, length, h, _ = queries.shape
-        r, p = z.shape[2], fq.shape[-1]
-        out_q, out_k = queries.new_empty(b, length, h, r), keys.new_empty(b, length, h, r)
-        for s in range(0, length, block):
-            e = min(length, s + block)
-            cq, ck = direct_filter(z[..., s:e + p - 1], [fq, fk])
-            out_q[:, s:e], out_k[:, s:e] = _apply(queries[:, s:e], cq), _apply(keys[:, s:e], ck)
+        out_q, out_k = _products(queries, keys, z, fq.shape[-1], block, lambda span, l: direct_filter(span, [fq, fk]))
         ctx.save_for_backward(queries, keys, z, fq, fk)
         ctx.block = block
         return out_q, out_k
