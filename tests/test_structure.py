@@ -175,8 +175,8 @@ def test_the_positional_scan_counts_what_it_should():
 # The modules directly under spe/ops/ that are no mechanism folder, and why each stays.
 OPS_TOP_MODULES = {
     "__init__.py": "spe.ops's public names (docs/api.md), re-exported from the mechanism folders",
-    "linear.py": "re-exports spe.ops.linear, linear attention's earlier public path (now spe.ops.linear_attn)",
-    "recurrent.py": "re-exports spe.ops.recurrent, the decoding steps' earlier public path (now each "
+    "linear.py": "public alias spe.ops.linear, linear attention's earlier path (now spe.ops.linear_attn)",
+    "recurrent.py": "public alias spe.ops.recurrent, the decoding steps' earlier path (now each "
                     "mechanism's recurrent.py)",
 }
 # Folders of spe/ops/ that hold what the mechanisms share rather than a mechanism of their own.
@@ -200,6 +200,17 @@ def test_ops_reads_one_mechanism_a_folder():
         if folder.name not in OPS_SHARED_FOLDERS:
             # every mechanism has its slow reference twin (fla's naive.py)
             assert (folder / "naive.py").is_file(), f"ops/{folder.name}/ has no naive.py reference"
+
+
+# The public aliases at earlier paths: for user code only, never imported by the library itself.
+SHIMS = {"spe.ops.linear", "spe.ops.recurrent"}
+
+
+def test_the_library_imports_no_shim():
+    importers = sorted(f"{name} imports {sorted(edges & SHIMS)}"
+                       for name, edges in _import_graph().items() if edges & SHIMS)
+    assert importers == [], importers
+    assert SHIMS == {_module_name(SRC / "ops" / name) for name in OPS_TOP_MODULES if name != "__init__.py"}
 
 
 def test_the_ops_shims_only_re_export():

@@ -49,9 +49,11 @@ from spe.ops.common.feature_maps import (
     relu_feature_map,
 )
 from spe.ops.decay.forms import ChannelGate, ConstantDecay, ScalarGate, given_form
-from spe.ops.linear import kernel_dtype, unchecked_causal_linear_attention_with_state, unchecked_linear_attention
-from spe.ops.recurrent import append_to_cache, prefill_cache, softmax_attention_step, unchecked_linear_attention_step
+from spe.ops.linear_attn.chunk import unchecked_causal_linear_attention_with_state, unchecked_linear_attention
+from spe.ops.linear_attn.options import kernel_dtype
+from spe.ops.linear_attn.recurrent import unchecked_linear_attention_step
 from spe.ops.softmax import check_key_padding_mask, softmax_attention
+from spe.ops.softmax.recurrent import append_to_cache, prefill_cache, softmax_attention_step
 from spe.ops.softmax.flex import check_softmax_impl, choose_softmax_impl, flex_softmax_attention, run_flex
 from spe.ops.common.state import (
     KVCache,

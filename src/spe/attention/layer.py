@@ -49,7 +49,7 @@ from spe.encodings.spec import LAYER_ATTRIBUTES, EncodingState, LayerEncoding
 from spe.encodings.short_conv import ShortConvolution, ShortConvState, check_short_conv
 from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
 from spe.ops.common.feature_maps import orthogonal_random_features
-from spe.ops.linear import kernel_dtype
+from spe.ops.linear_attn.options import kernel_dtype
 from spe.ops.softmax import check_key_padding_mask, check_window, gate_bias, softmax_gates
 from spe.ops.softmax.flex import check_softmax_impl
 from spe.ops.common.state import AttentionState, check_state_window
@@ -505,9 +505,9 @@ class MultiHeadAttention(nn.Module):
         """One causal decoding step with an explicit state; equals :meth:`forward` position by position.
 
         The kernel's step function does the work (:mod:`spe.attention.kernels`, over
-        :mod:`spe.ops.recurrent`): linear kernels keep running sums
-        (:class:`~spe.ops.LinearAttentionState`: S = Σ φ(k̂_n) v_nᵀ and z = Σ φ(k̂_n), so every
-        step costs the same) or, with a window, the last W keys and values
+        :mod:`spe.ops.linear_attn.recurrent` and :mod:`spe.ops.softmax.recurrent`): linear
+        kernels keep running sums (:class:`~spe.ops.LinearAttentionState`: S = Σ φ(k̂_n) v_nᵀ
+        and z = Σ φ(k̂_n), so every step costs the same) or, with a window, the last W keys and values
         (:class:`~spe.ops.RecentKeys`); FAVOR+ their ``Scaled`` subclasses; softmax a
         :class:`~spe.ops.KVCache`. States count the positions seen (RoPE and score encodings
         need the index of the new one) and record their window. With a short convolution the

@@ -5,7 +5,7 @@ One mechanism a folder (fla's layout): :mod:`spe.ops.linear_attn`, :mod:`spe.ops
 with a float64 reference (``naive``), its fast forms (``chunk``, ``parallel``, ``fused`` …) and,
 where it decodes, the step (``recurrent``); :mod:`spe.ops.common` holds what they share (chunked
 sums, checks, feature maps, decoding states). :mod:`spe.ops.linear` and :mod:`spe.ops.recurrent`
-re-export earlier public paths.
+are public aliases at earlier paths, for user code only (the library imports the folders).
 """
 
 from spe.ops.common.feature_maps import (

@@ -1,6 +1,6 @@
-"""Linear attention's public names at their earlier path: the kernels now live in
-:mod:`spe.ops.linear_attn` (one mechanism a folder); this module re-exports them so that
-``spe.ops.linear`` keeps working."""
+"""Public alias: linear attention's names at their earlier path ``spe.ops.linear``, which user
+code may import. The kernels live in :mod:`spe.ops.linear_attn` (one mechanism a folder); this
+module only re-exports them, and nothing inside :mod:`spe` imports it (tests/test_structure.py)."""
 
 from spe.ops.linear_attn import (
     LinearState,
