@@ -59,6 +59,9 @@ FLASH_TILE = 512
 # Chunks whose terms are formed (and differentiated) at once: the UT transform's temporaries are
 # several times the terms themselves.
 _TERM_SLICE = 8
+# Softmax weights below e^-80 (~2e-35, the smallest normal float32 is ~1e-38) are taken as e^-80:
+# exp is ~20× slower on the CPU where it underflows, which FoX's gates do for most of a long row.
+_EXP_FLOOR = -80.0
 
 
 def _inner(intra: Tensor, q_hat: Tensor, k_hat: Tensor, product: Tensor, gates: Tensor | None,
@@ -95,6 +98,11 @@ def _inner(intra: Tensor, q_hat: Tensor, k_hat: Tensor, product: Tensor, gates: 
     return scores, torch.cat(carried, -2)
 
 
+def _weights(x: Tensor) -> Tensor:
+    """exp(x) in place of x (a temporary), x floored at :data:`_EXP_FLOOR`."""
+    return x.clamp_(min=_EXP_FLOOR).exp_()
+
+
 def _carriers(product: Tensor) -> Tensor:
     """A_j = P_{c−1} ⋯ P_{j+1} for j = 0 … c − 1 (A_{c−1} = I) from product (B, H, c, D, D)."""
     mats = product.unbind(2)
@@ -124,19 +132,19 @@ class _FlashPath(torch.autograd.Function):
             s, q_t = _inner(*_chunk_terms(q[:, span], k[:, span], w[:, span], beta[:, span], c),
                             None if g_b is None else g_b[:, :, lo:hi], scale)
             top = s.amax(-1)
-            p = torch.exp(s - top[..., None])
+            p = _weights(s - top[..., None]).masked_fill_(s.isneginf(), 0)
             total, acc = p.sum(-1), p @ v_b[:, :, lo:hi]
             if c0:
-                carriers = _carriers(product[:, :, :c0])
+                keys = (k_hat[:, :, :c0] @ _carriers(product[:, :, :c0]).mT).flatten(2, 3)  # (B, H, lo, D)
                 within, before = _cross_gates(g_b, lo, hi)
-                for j0, j1 in _tiles(c0, tile):
-                    keys = (k_hat[:, :, j0:j1] @ carriers[:, :, j0:j1].mT).flatten(2, 3)
-                    s = _cross_scores(q_t, keys, within, before, j0 * c, j1 * c, scale)
+                q_t = q_t * scale
+                for k0, k1 in _tiles(lo, tile * c):
+                    s = _cross_scores(q_t, keys[:, :, k0:k1], within, before, k0, k1)
                     new_top = torch.maximum(top, s.amax(-1))
                     fade = torch.exp(top - new_top)
-                    p = torch.exp(s - new_top[..., None])
-                    total = total * fade + p.sum(-1)
-                    acc = acc * fade[..., None] + p @ v_b[:, :, j0 * c:j1 * c]
+                    p = _weights(s.sub_(new_top[..., None]))
+                    total = total.mul_(fade).add_(p.sum(-1))
+                    acc = acc.mul_(fade[..., None]).add_(p @ v_b[:, :, k0:k1])
                     top = new_top
             outs.append(acc / total[..., None])
             lses.append(top + total.log())
@@ -163,38 +171,37 @@ class _FlashPath(torch.autograd.Function):
             with torch.enable_grad():
                 s, q_t = _inner(*_chunk_terms(*leaves, c), own_gates, scale)
             rows_lse, rows_delta, rows_dy = lse[:, :, lo:hi], delta[:, :, lo:hi], dy_b[:, :, lo:hi]
-            p = torch.exp(s.detach() - rows_lse[..., None])
+            p = _weights(s.detach() - rows_lse[..., None]).masked_fill_(s.detach().isneginf(), 0)
             d_v[:, :, lo:hi] += p.mT @ rows_dy
             d_s = p * (rows_dy @ v_b[:, :, lo:hi].mT - rows_delta[..., None])
             d_q_t = torch.zeros_like(q_t)
             if c0:
                 carriers = _carriers(product[:, :, :c0])
+                keys = (k_hat[:, :, :c0] @ carriers.mT).flatten(2, 3)  # (B, H, lo, D)
+                d_keys = torch.empty_like(keys)
                 within, before = _cross_gates(g_b, lo, hi)
-                d_carriers = torch.empty_like(carriers)
                 d_within = None if g_b is None else torch.zeros_like(within)
                 d_before = None if g_b is None else torch.zeros_like(before)
                 q_t_plain = q_t.detach()
-                for j0, j1 in _tiles(c0, ctx.tile):
-                    a, kh = carriers[:, :, j0:j1], k_hat[:, :, j0:j1]
-                    keys = (kh @ a.mT).flatten(2, 3)
-                    x = _cross_scores(q_t_plain, keys, within, before, j0 * c, j1 * c, scale)
-                    pc = torch.exp(x - rows_lse[..., None])
-                    d_v[:, :, j0 * c:j1 * c] += pc.mT @ rows_dy
-                    d_x = pc * (rows_dy @ v_b[:, :, j0 * c:j1 * c].mT - rows_delta[..., None])
+                q_scaled = q_t_plain * scale
+                for k0, k1 in _tiles(lo, ctx.tile * c):
+                    x = _cross_scores(q_scaled, keys[:, :, k0:k1], within, before, k0, k1)
+                    pc = _weights(x.sub_(rows_lse[..., None]))
+                    d_v[:, :, k0:k1] += pc.mT @ rows_dy
+                    d_x = (rows_dy @ v_b[:, :, k0:k1].mT).sub_(rows_delta[..., None]).mul_(pc)
                     if d_within is not None:
                         d_within += d_x.sum(-1)
-                        d_before[:, :, j0 * c:j1 * c] += d_x.sum(-2)
-                    d_x = d_x * scale
-                    d_q_t += d_x @ keys
-                    d_keys = (d_x.mT @ q_t_plain).unflatten(2, (j1 - j0, c))  # (B, H, t, C, D)
-                    d_k_hat[:, :, j0:j1] += d_keys @ a
-                    d_carriers[:, :, j0:j1] = d_keys.mT @ kh
-                _chain_backward(carriers, d_carriers, product[:, :, :c0], d_product[:, :, :c0])
+                        d_before[:, :, k0:k1] += d_x.sum(-2)
+                    d_x.mul_(scale)
+                    d_q_t += d_x @ keys[:, :, k0:k1]
+                    d_keys[:, :, k0:k1] = d_x.mT @ q_t_plain
+                d_keys = d_keys.unflatten(2, (c0, c))  # (B, H, c₀, C, D)
+                d_k_hat[:, :, :c0] += d_keys @ carriers
+                _chain_backward(carriers, d_keys.mT @ k_hat[:, :, :c0], product[:, :, :c0], d_product[:, :, :c0])
                 if d_g is not None:
                     d_g[:, :, lo:hi] += d_within.flip(-1).cumsum(-1).flip(-1)  # G_t enters every row m ≥ t
                     d_g[:, :, 1:lo] += d_before[:, :, :-1].cumsum(-1)  # and every key n < t before the block
-            grads = torch.autograd.grad((s, q_t), leaves + ([] if own_gates is None else [own_gates]), (d_s, d_q_t),
-                                        allow_unused=True)
+            grads = _vjp((s, q_t), leaves + ([] if own_gates is None else [own_gates]), (d_s, d_q_t))
             for total, grad in zip(d_inputs, grads):
                 if grad is not None:
                     total[:, span] += grad
@@ -239,11 +246,19 @@ def _key_terms_backward(k: Tensor, w: Tensor, beta: Tensor, c: int, d_k_hat: Ten
         with torch.enable_grad():
             leaves = [t[:, span].detach().requires_grad_() for t in (k, w, beta)]
             _, _, k_hat, product = _chunk_terms(None, *leaves, c)
-        parts = torch.autograd.grad((k_hat, product), leaves, (d_k_hat[:, :, s0:s1], d_product[:, :, s0:s1]),
-                                    allow_unused=True)
+        parts = _vjp((k_hat, product), leaves, (d_k_hat[:, :, s0:s1], d_product[:, :, s0:s1]))
         for out, part in zip(outs, parts):
             if part is not None:
                 out[:, span] += part
+
+
+def _vjp(outputs, inputs, grads):
+    """torch.autograd.grad(outputs, inputs, grads) as the gradient of Σ outputs·grads, a scalar: the same
+    numbers, without the shape checks of explicit output gradients (which import sympy, ~35 MB of
+    resident memory the first time)."""
+    with torch.enable_grad():
+        total = sum((out * grad).sum() for out, grad in zip(outputs, grads))
+    return torch.autograd.grad(total, inputs, allow_unused=True)
 
 
 def _gate_rows(gates: Tensor | None, c: int) -> Tensor | None:
@@ -259,13 +274,13 @@ def _cross_gates(gates: Tensor | None, lo: int, hi: int) -> tuple[Tensor | None,
     return gates[:, :, lo:hi].cumsum(-1), suffix_sums(gates[:, :, :lo], -1)
 
 
-def _cross_scores(q_t: Tensor, keys: Tensor, within: Tensor | None, before: Tensor | None, k0: int, k1: int,
-                  scale: float) -> Tensor:
-    """Scaled logits (B, H, R, k1 − k0) of the block's carried queries against carried keys k0 … k1 − 1,
-    with FoX's bias."""
-    s = (q_t @ keys.mT) * scale
+def _cross_scores(q_scaled: Tensor, keys: Tensor, within: Tensor | None, before: Tensor | None, k0: int,
+                  k1: int) -> Tensor:
+    """Logits (B, H, R, k1 − k0) of the block's carried queries (already scaled) against carried keys
+    k0 … k1 − 1 (B, H, k1 − k0, D), with FoX's bias."""
+    s = q_scaled @ keys.mT
     if within is not None:
-        s = s + within[..., :, None] + before[..., None, k0:k1]
+        s.add_(within[..., :, None]).add_(before[..., None, k0:k1])
     return s
 
 
