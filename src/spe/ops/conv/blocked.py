@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spe.ops.conv.filters import direct_filter
+from spe.ops.conv.filters import direct_filter, time_first
 
 __all__ = ["block_length", "conv_code_product"]
 
@@ -50,15 +50,6 @@ def block_length(target: int, kernel_size: int, length: int | None = None) -> in
     return n - p + 1
 
 
-def _time_first(code: Tensor, p: int, l: int) -> Tensor:
-    """(H, D, R, N) time last -> (l, H, D, R) contiguous, positions P − 1 … P − 2 + l of the span.
-
-    The whole (H·D·R, N) matrix is transposed (PyTorch's fast transpose copy needs an exact
-    transposed view), then the block's rows are kept: a contiguous slice."""
-    h, d, r, n = code.shape
-    return code.reshape(h * d * r, n).t().contiguous()[p - 1:p - 1 + l].view(l, h, d, r)
-
-
 def _apply(x: Tensor, code: Tensor) -> Tensor:
     # Σ_d x[b, t, h, d] C[t, h, d, r]: one (B × D)·(D × R) product per (position, head)
     return torch.matmul(x.permute(1, 2, 0, 3), code.to(x.dtype)).permute(2, 0, 1, 3)  # (B, l, H, R)
@@ -70,7 +61,7 @@ def _spectra(z: Tensor, fq: Tensor, fk: Tensor, n: int) -> tuple[Tensor, Tensor,
 
 
 def _fft_codes(zf: Tensor, ff: Tensor, n: int, p: int, l: int) -> Tensor:
-    return _time_first(torch.fft.irfft(zf * ff, n=n), p, l)
+    return time_first(torch.fft.irfft(zf * ff, n=n), p - 1, l)
 
 
 def _products(queries: Tensor, keys: Tensor, z: Tensor, p: int, block: int, codes) -> tuple[Tensor, Tensor]:

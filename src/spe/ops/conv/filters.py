@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["direct_filter", "fft_filter", "fft_filter_time_last", "fft_size"]
+__all__ = ["direct_filter", "fft_filter", "fft_size", "time_first"]
 
 
 def fft_size(n: int) -> int:
@@ -42,16 +42,22 @@ def fft_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
     """
     # contiguous (L, H, D, R): every layer's code product then reads it as it is, where a
     # time-last view made each layer copy (and save for backward) its own transposed code
-    return [code.permute(3, 0, 1, 2).contiguous() for code in fft_filter_time_last(z, filters)]
-
-
-def fft_filter_time_last(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
-    """:func:`fft_filter`'s codes time last, (H, D, R, T − P + 1) views, as the inverse FFT
-    leaves them."""
     t, p = z.shape[-1], filters[0].shape[-1]
     n = fft_size(t)
     zf = torch.fft.rfft(z, n=n)  # (H, D, R, F), shared by Q̄ and K̄
-    return [torch.fft.irfft(zf * torch.fft.rfft(f, n=n)[:, :, None], n=n)[..., p - 1:t] for f in filters]
+    return [time_first(torch.fft.irfft(zf * torch.fft.rfft(f, n=n)[:, :, None], n=n), p - 1, t - p + 1)
+            for f in filters]
+
+
+def time_first(signal: Tensor, start: int, count: int) -> Tensor:
+    """Samples start … start + count − 1 of a time-last (H, D, R, n) signal, time first:
+    a contiguous (count, H, D, R).
+
+    The whole (H·D·R, n) matrix is transposed, then the kept rows sliced: PyTorch's blocked
+    2-D transpose copy applies only to an exact transposed view (a 4-D permute of the sliced
+    view was measured 4× slower)."""
+    h, d, r, n = signal.shape
+    return signal.reshape(h * d * r, n).t().contiguous()[start:start + count].view(count, h, d, r)
 
 
 def direct_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
