@@ -134,13 +134,13 @@ def test_the_recomputing_backward_equals_the_definition_too(case, monkeypatch):
 @pytest.mark.parametrize("case", [
     dict(n=100, scale=4.0, d=16),  # sharp logits: |q|, |k| ≈ 16, logits of ±64 nats
     dict(n=150, gates=_near_zero),  # gates near 0: every key of the past weighs
-    dict(n=200, gates=_minus_50, b=1, h=2),  # near −∞: −50 per token, sums of −10,000 nats
+    dict(n=200, gates=_minus_50, b=1, h=2, block=256),  # near −∞: −50 per token, sums of −10,000 nats
     dict(n=1200, gates=_strong, b=1, h=2),  # −9,000 nats on head 0, long memories on head 1
     dict(n=77, e=12, padding=True),  # key padding; values wider than q and k
     dict(n=90, d=16, e=4, padding=True, seed=3),  # values narrower
 ], ids=["sharp", "near-0", "minus-50", "strong-1200", "padding-wide-v", "padding-narrow-v"])
 def test_equals_the_float64_definition_at_extreme_gates_logits_and_padding(case):
-    _check(case.pop("n"), block=64, **case)
+    _check(case.pop("n"), **{"block": 64, **case})
 
 
 @pytest.mark.slow
@@ -151,12 +151,13 @@ def test_default_blocks_at_a_long_length():
 
 
 def test_blocks_end_where_the_gates_drop_by_more_than_the_span():
-    """The bias of a block's own keys is rounded at its size: a block's queries never span a drop
-    of c larger than FLASH_FOX_SPAN nats (here 8 tokens of −50 at most), and mild gates keep the
-    full block."""
+    """The bias of a block's own keys is rounded at its size, half the block's drop of c: a
+    block's queries never span a drop larger than 2 × FLASH_FOX_SPAN nats (here 1 + 1,024 / 50
+    tokens of −50 at most), and mild gates keep the full block."""
     c = torch.cumsum(torch.full((1, 100, 2), -50.0, dtype=torch.float64), 1)
     spans = flash._spans(c, 64, None)
-    assert all(e - s <= flash.FLASH_FOX_SPAN / 50 + 1 for s, e, _ in spans) and spans[-1][1] == 100
+    assert all(e - s <= 2 * flash.FLASH_FOX_SPAN / 50 + 1 for s, e, _ in spans) and spans[-1][1] == 100
+    assert max(e - s for s, e, _ in spans) > flash.FLASH_FOX_SPAN / 50 + 1  # the middle as reference
     c = torch.cumsum(torch.full((1, 100, 2), -0.1, dtype=torch.float64), 1)
     assert flash._spans(c, 64, 10) == [(0, 64, 0), (64, 100, 55)]
 

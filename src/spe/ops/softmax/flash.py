@@ -13,12 +13,12 @@ neither the logits nor their softmax, and recomputes them in its own backward) d
 and the gradient of c flows through that coordinate.
 
 Precision: c reaches thousands of nats on long sequences (10⁴ · 2⁻²⁴ ≈ 6·10⁻⁴ nats apart in
-float32), so each block of queries [s, e) uses c_n − c_s (summed in float64, then rounded):
-keys long before the block get a very negative bias, where precision no longer matters; keys
-inside it a bias bounded by the block's own gate span, max over batch and heads of c_s − c_{e−1},
-which is therefore kept ≤ :data:`FLASH_FOX_SPAN` nats (a block ends early where the gates are
-strong, down to one query). The logits' error is then about float32's eps × (|q·k|/√D summed
-over D roundings + :data:`FLASH_FOX_SPAN`).
+float32), so each block of queries [s, e) uses c_n − r, r = (c_s + c_{e−1}) / 2 the middle of
+its own range (summed in float64, then rounded): keys long before the block get a very negative
+bias, where precision no longer matters; keys inside it a bias of at most half the block's drop
+c_s − c_{e−1}, which is therefore kept ≤ 2 × :data:`FLASH_FOX_SPAN` nats over batch and heads (a
+block ends early where the gates are strong, down to one query). The logits' error is then about
+float32's eps × (|q·k|/√D summed over D roundings + :data:`FLASH_FOX_SPAN`).
 
 Memory: each block reads the keys its queries reach, [0, e) (or the window's), through a
 (Q, K) mask (causality, window, padding): O(L · Q) at a time. On the CPU forward calls the
@@ -51,10 +51,12 @@ __all__ = ["FLASH_FOX_BLOCK", "FLASH_FOX_SPAN", "flash_fox_attention"]
 # the noise of 512 at 4,096.
 FLASH_FOX_BLOCK = 256
 
-# The most a block's queries may drop in c (nats, over batch and heads): the bias of the keys
-# inside a block is rounded at this magnitude, 256 · 2⁻²⁴ ≈ 1.5·10⁻⁵ nats. Gates of −0.1 per
-# token leave blocks of 256 whole; −50 per token (a head that forgets at once) blocks of 5.
-FLASH_FOX_SPAN = 256.0
+# The largest bias of a block's own keys (nats; half the most its queries may drop in c, over
+# batch and heads): rounded at this magnitude, 512 · 2⁻²⁴ ≈ 3·10⁻⁵ nats. Gates of −0.1 per token
+# leave blocks of 256 whole, −5 per token (one strongly gated head is enough) blocks of 205, −50
+# (a head that forgets at once) blocks of 21. Each shorter block is one more kernel call and one
+# more copy of the keys it reads: at L = 2,048 blocks of 51 took 1.8x the time of blocks of 256.
+FLASH_FOX_SPAN = 512.0
 
 
 def flash_fox_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, window: int | None = None,
@@ -71,7 +73,7 @@ def flash_fox_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, w
         key_padding_mask: (B, L) bool, True at padding keys, which get no weight; every query
             needs one real key among those it sees (key 0 real, for instance).
         block: queries per block at most, ≥ 1 (None: :data:`FLASH_FOX_BLOCK`; fewer where
-            the gates drop by more than :data:`FLASH_FOX_SPAN` nats within it).
+            the gates drop by more than 2 × :data:`FLASH_FOX_SPAN` nats within it).
 
     Returns:
         (B, L, H, E) in ``v``'s dtype. Float32 and bfloat16 inputs are computed in float32
@@ -105,20 +107,26 @@ def _compute_dtype(q: Tensor, k: Tensor, v: Tensor) -> torch.dtype:
 
 def _spans(c: Tensor, block: int, window: int | None) -> list[tuple[int, int, int]]:
     """(s, e, lo) per block, queries [s, e) reading keys [lo, e): at most ``block`` queries, and
-    c_s − c_{e−1} ≤ :data:`FLASH_FOX_SPAN` over batch and heads (one query at least); c (B, L, H)."""
+    c_s − c_{e−1} ≤ 2 × :data:`FLASH_FOX_SPAN` over batch and heads (one query at least); c (B, L, H)."""
     n, spans, s = c.shape[1], [], 0
     while s < n:
         drop = (c[:, s:s + 1] - c[:, s:s + block]).amax(dim=(0, 2))  # (Q,), non-decreasing: gates ≤ 0
-        e = s + max(1, int((drop <= FLASH_FOX_SPAN).cumprod(0).sum()))
+        e = s + max(1, int((drop <= 2 * FLASH_FOX_SPAN).cumprod(0).sum()))
         spans.append((s, e, 0 if window is None else max(0, s - window + 1)))
         s = e
     return spans
 
 
+def _middle(c: Tensor, s: int, e: int) -> Tensor:
+    """r = (c_s + c_{e−1}) / 2, (B, 1, H): the reference of block [s, e)'s bias, the middle of
+    its queries' range of c."""
+    return (c[:, s:s + 1] + c[:, e - 1:e]) / 2
+
+
 def _block_inputs(q: Tensor, k: Tensor, v: Tensor, rel: Tensor, *, s: int, lo: int, window: int | None,
                   allowed: Tensor | None, additive: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, float]:
     """One block's kernel inputs: queries s … s + Q − 1 (q (B, Q, H, D)), keys lo … lo + K − 1
-    (k (B, K, H, D), v (B, K, H, E)), rel (B, K, H) = c_n − c_s (float64); all in the compute
+    (k (B, K, H, D), v (B, K, H, E)), rel (B, K, H) = c_n − r (:func:`_middle`, float64); all in the compute
     dtype but rel. Returns q', k', v' (B, H, ·, width) (q' = [q, 1], k' = [k, −rel·√D], zeros
     beyond), the (Q, K) or (B, 1, Q, K) mask (bool, or 0 / −∞ in q's dtype when ``additive``)
     and the scale 1/√D; differentiable in q, k, v and rel."""
@@ -207,7 +215,7 @@ class _FlashFox(torch.autograd.Function):
         outs, ctx.kept = [], {}
         for s, e, lo in reversed(plan.spans):  # the widest block first: the later ones reuse its memory
             block = (q[:, s:e].to(dtype), k[:, lo:e].to(dtype), v[:, lo:e].to(dtype),
-                     c[:, lo:e] - c[:, s:s + 1])
+                     c[:, lo:e] - _middle(c, s, e))
             where = dict(s=s, lo=lo, window=plan.window, allowed=allowed)
             if fused is None:
                 outs.append(_attend_block(*block, **where))
@@ -238,7 +246,7 @@ class _FlashFox(torch.autograd.Function):
         dc = torch.zeros_like(c)
         for s, e, lo, hs in _backward_parts(ctx.plan.spans, k, v):
             block = (q[:, s:e, hs].to(dtype), k[:, lo:e, hs].to(dtype), v[:, lo:e, hs].to(dtype),
-                     c[:, lo:e, hs] - c[:, s:s + 1, hs])
+                     c[:, lo:e, hs] - _middle(c, s, e)[..., hs])
             where = dict(s=s, lo=lo, window=ctx.plan.window, allowed=allowed)
             if ctx.kept:
                 gq, gk, gv, grel = _fused_block_grads(block, grad[:, s:e, hs], exact[:, s:e, hs],
@@ -254,7 +262,8 @@ class _FlashFox(torch.autograd.Function):
             dk[:, lo:e, hs] += gk
             dv[:, lo:e, hs] += gv
             dc[:, lo:e, hs] += grel
-            dc[:, s, hs] -= grel.sum(1)  # rel = c_n − c_s
+            dc[:, s, hs] -= grel.sum(1) / 2  # rel = c_n − (c_s + c_{e−1}) / 2
+            dc[:, e - 1, hs] -= grel.sum(1) / 2
         ctx.kept = ctx.exact = None
         # c_t = Σ_{u≤t} G_u: dG_u = Σ_{t≥u} dc_t
         dgates = dc.flip(1).cumsum(1).flip(1)
