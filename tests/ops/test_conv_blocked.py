@@ -140,3 +140,46 @@ def test_a_convspe_model_gives_the_same_loss_and_gradients_blocked_or_materialis
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-10, atol=1e-12)
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("use_fft", [True, False])
+def test_future_noise_changes_no_past_product(use_fft):
+    # position t reads the span's samples t … t + P − 1: samples from m + P − 1 on are the future of m − 1
+    z, (xq, xk, fq, fk) = _inputs(n=70, p=5)
+    m = 41  # inside a block of the 28 positions the least block holds at P = 5
+    later = z.clone()
+    later[..., m + 4:] = torch.randn(later[..., m + 4:].shape, dtype=torch.float64,
+                                     generator=torch.Generator().manual_seed(9))
+    q, k = conv_code_product(xq, xk, z, fq, fk, use_fft=use_fft, block_elements=1)
+    q2, k2 = conv_code_product(xq, xk, later, fq, fk, use_fft=use_fft, block_elements=1)
+    torch.testing.assert_close(q2[:, :m], q[:, :m], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(k2[:, :m], k[:, :m], rtol=1e-12, atol=1e-12)
+    assert (q2[:, m] - q[:, m]).abs().min() > 1e-6 and (k2[:, m] - k[:, m]).abs().min() > 1e-6
+
+
+@pytest.mark.parametrize("use_fft", [True, False])
+def test_gradients_of_some_inputs_only_and_of_a_sum_equal_the_reference(use_fft):
+    # keys and Φ^Q frozen; the loss a plain sum, whose gradient PyTorch passes as an expanded (stride 0) tensor
+    z, (xq, xk, fq, fk) = _inputs()
+    xk, fq = xk.detach(), fq.detach()
+    q, k = conv_code_product(xq, xk, z, fq, fk, use_fft=use_fft, block_elements=1)
+    got = torch.autograd.grad(q.sum() + k.sum(), (xq, fk))
+    want = torch.autograd.grad(conv_code_product_reference(xq, z, fq).sum()
+                               + conv_code_product_reference(xk, z, fk).sum(), (xq, fk))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_float32_and_bfloat16_inputs_keep_their_dtypes_and_stay_near_float64():
+    z, leaves = _inputs(n=50, h=2, d=8, r=4, p=6)
+    want = [conv_code_product_reference(leaves[i], z, leaves[2 + i]) for i in (0, 1)]
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        xq, xk = (t.detach().to(dtype).requires_grad_() for t in leaves[:2])
+        fq, fk = (t.detach().float().requires_grad_() for t in leaves[2:])
+        q, k = conv_code_product(xq, xk, z.float(), fq, fk, block_elements=1)
+        assert q.dtype == k.dtype == dtype
+        scale = max(w.abs().max() for w in want)
+        for got, ref in zip((q, k), want):
+            assert (got.double() - ref).abs().max() <= tol * scale
+        (q.float().square().sum() + k.float().sum()).backward()
+        assert xq.grad.dtype == dtype and fq.grad.dtype == torch.float32 and torch.isfinite(fk.grad).all()

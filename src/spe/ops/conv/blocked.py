@@ -106,8 +106,9 @@ class _ConvCodeProductFFT(torch.autograd.Function):
         gq = torch.empty_like(queries) if need_q else None
         gk = torch.empty_like(keys) if need_k else None
         # Σ over blocks of Σ_r Ĝ conj(Ẑ): the filters' gradients, in the frequency domain
-        sq = fq.new_zeros(*fq.shape[:2], n // 2 + 1, dtype=torch.fft.rfft(fq[:1, :1]).dtype) if need_fq else None
-        sk = torch.zeros_like(sq) if need_fk else None
+        complex_dtype = (torch.ones(1, dtype=fq.dtype) * 1j).dtype
+        sq, sk = (fq.new_zeros(*fq.shape[:2], n // 2 + 1, dtype=complex_dtype) if need else None
+                  for need in (need_fq, need_fk))
         for s in range(0, length, block):
             e = min(length, s + block)
             zf, fqf, fkf = _spectra(z[..., s:e + p - 1], fq, fk, n)
