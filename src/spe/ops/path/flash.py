@@ -177,15 +177,16 @@ class _FlashPath(torch.autograd.Function):
             d_q_t = torch.zeros_like(q_t)
             if c0:
                 carriers = _carriers(product[:, :, :c0])
-                keys = (k_hat[:, :, :c0] @ carriers.mT).flatten(2, 3)  # (B, H, lo, D)
-                d_keys = torch.empty_like(keys)
+                d_carriers = torch.empty_like(carriers)
                 within, before = _cross_gates(g_b, lo, hi)
                 d_within = None if g_b is None else torch.zeros_like(within)
                 d_before = None if g_b is None else torch.zeros_like(before)
                 q_t_plain = q_t.detach()
                 q_scaled = q_t_plain * scale
-                for k0, k1 in _tiles(lo, ctx.tile * c):
-                    x = _cross_scores(q_scaled, keys[:, :, k0:k1], within, before, k0, k1)
+                for j0, j1 in _tiles(c0, ctx.tile):  # keys carried a tile at a time: O(T·D) held, not O(L·D)
+                    k0, k1, a, kh = j0 * c, j1 * c, carriers[:, :, j0:j1], k_hat[:, :, j0:j1]
+                    keys = (kh @ a.mT).flatten(2, 3)
+                    x = _cross_scores(q_scaled, keys, within, before, k0, k1)
                     pc = _weights(x.sub_(rows_lse[..., None]))
                     d_v[:, :, k0:k1] += pc.mT @ rows_dy
                     d_x = (rows_dy @ v_b[:, :, k0:k1].mT).sub_(rows_delta[..., None]).mul_(pc)
@@ -193,11 +194,11 @@ class _FlashPath(torch.autograd.Function):
                         d_within += d_x.sum(-1)
                         d_before[:, :, k0:k1] += d_x.sum(-2)
                     d_x.mul_(scale)
-                    d_q_t += d_x @ keys[:, :, k0:k1]
-                    d_keys[:, :, k0:k1] = d_x.mT @ q_t_plain
-                d_keys = d_keys.unflatten(2, (c0, c))  # (B, H, c₀, C, D)
-                d_k_hat[:, :, :c0] += d_keys @ carriers
-                _chain_backward(carriers, d_keys.mT @ k_hat[:, :, :c0], product[:, :, :c0], d_product[:, :, :c0])
+                    d_q_t += d_x @ keys
+                    d_keys = (d_x.mT @ q_t_plain).unflatten(2, (j1 - j0, c))  # (B, H, t, C, D)
+                    d_k_hat[:, :, j0:j1] += d_keys @ a
+                    d_carriers[:, :, j0:j1] = d_keys.mT @ kh
+                _chain_backward(carriers, d_carriers, product[:, :, :c0], d_product[:, :, :c0])
                 if d_g is not None:
                     d_g[:, :, lo:hi] += d_within.flip(-1).cumsum(-1).flip(-1)  # G_t enters every row m ≥ t
                     d_g[:, :, 1:lo] += d_before[:, :, :-1].cumsum(-1)  # and every key n < t before the block
