@@ -13,7 +13,9 @@ each peak is its own; a row over 120 s is reported as such). Prints the table's 
 FoX has three rows: ``fox`` what ``softmax_attention`` picks (the flash-style form from
 ``FLASH_FOX_MIN_LENGTH`` positions on), ``fox-bias`` the (B, H, L, L) gate term (in blocks of
 ``FOX_QUERY_BLOCK`` queries beyond that length), ``fox-flash`` ``flash_fox_attention`` itself. One
-row: ``python tools/analysis/path_cost.py fox-flash 256``.
+row: ``python tools/analysis/path_cost.py fox-flash 256``. PaTH and PaTH-FoX likewise: ``path``
+what ``path_attention`` picks (flash-style from ``FLASH_MIN_LENGTH`` positions on), ``-chunk`` the
+chunked form (the (B, H, L, L) logits), ``-flash`` the flash-style form.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 LENGTHS = {"cpu": (512, 2048), "cuda": (2048, 8192, 16384)}
-KERNELS = ("softmax", "fox", "fox-bias", "fox-flash", "path", "path-fox")
+KERNELS = ("softmax", "fox", "fox-bias", "fox-flash", "path", "path-chunk", "path-flash", "path-fox",
+           "path-fox-chunk", "path-fox-flash")
 
 
 def measure(kernel: str, n: int, device: str = "cpu", b: int = 1, h: int = 4, d: int = 64) -> str:
@@ -56,7 +59,8 @@ def measure(kernel: str, n: int, device: str = "cpu", b: int = 1, h: int = 4, d:
             return flash_fox_attention(q, k, v, gate)
         if kernel in ("softmax", "fox", "fox-bias"):
             return softmax_attention(q, k, v, causal=True, log_decay=gate)
-        return path_attention(q, k, v, w, beta, log_decay=gate)
+        impl = kernel.rpartition("-")[2]
+        return path_attention(q, k, v, w, beta, log_decay=gate, impl=impl if impl in ("chunk", "flash") else "auto")
 
     def once(backward: bool) -> float:
         if cuda:
