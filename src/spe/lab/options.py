@@ -11,21 +11,26 @@ Each option of the training engine is declared once, as a field of :class:`Exper
 (:func:`option`: default, rule, help): the engine's settings
 (:class:`~spe.lab.train.task.EngineSettings`), the engine's rules in :data:`OPTION_RULES` (which
 the TOML configs are checked with) and the flags of ``spe train`` and ``spe lra``
-(:func:`option_flag`) are derived from it.
+(:func:`option_flag`) are derived from it. The options of a run, whichever task it trains (seed,
+threads, device, precision, out), are declared once likewise, as the fields of :class:`RunOptions`:
+every command's ``--seed``, ``--threads``, ``--device``, ``--precision`` and ``--out``, their help
+and their checks derive from it (:func:`run_flag`, :func:`check_flags`), and so do the device and
+precision of :class:`ExperimentOptions`.
 No torch import: the CLI checks its flags before loading anything heavy.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from spe.field_types import check_field_types
 
-__all__ = ["MAX_THREADS", "OPTION_RULES", "SCHEDULES", "THREADS_HELP", "ExperimentOptions", "OptionRule",
-           "available_cpus", "check_option", "check_options", "check_seed", "check_threads", "option", "option_flag",
-           "parse_int_list", "parse_seeds", "read_json_object", "read_toml", "set_threads"]
+__all__ = ["MAX_THREADS", "OPTION_RULES", "SCHEDULES", "ExperimentOptions", "OptionRule", "RunOptions",
+           "available_cpus", "check_flags", "check_option", "check_options", "check_seed", "check_threads", "option",
+           "option_flag", "parse_int_list", "parse_seeds", "read_json_object", "read_toml", "run_flag", "set_threads"]
 
 # The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
 # beside their rule, so that a schedule is checked as the other options are, without torch.
@@ -44,6 +49,8 @@ class OptionRule:
         optional: None is allowed too (the option is unset).
         text: the allowed values in words, where the bounds alone would say it less well.
         choices: the names the option takes (a string option, e.g. a schedule); empty: a number.
+        pattern: a regular expression the whole string must match (a device: ``cuda:0``); say
+            what it allows in ``text``.
     """
 
     integer: bool
@@ -55,6 +62,7 @@ class OptionRule:
     optional: bool = False
     text: str = ""
     choices: tuple[str, ...] = ()
+    pattern: str = ""
 
     def allowed(self) -> str:
         """The allowed values in words (``an integer ≥ 0 (0: never)``, ``a number in [0, 1]``,
@@ -78,6 +86,8 @@ class OptionRule:
             return self.optional
         if self.choices:
             return isinstance(value, str) and value in self.choices
+        if self.pattern:
+            return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
         if isinstance(value, bool) or not isinstance(value, int if self.integer else int | float):
             return False
         if not math.isfinite(value):
@@ -112,6 +122,51 @@ def option(default, rule: OptionRule | None = None, help: str = "", *, engine: b
     default) and whether the engine takes it (:class:`~spe.lab.train.task.EngineSettings` has
     exactly the fields marked ``engine``)."""
     return field(default=default, metadata={"rule": rule, "help": help, "engine": engine})
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """The options of one run, whichever task it trains or command it serves: their one
+    declaration (each field's default, rule and help, :func:`option`). Every command's flag of
+    these names is derived from it (:func:`run_flag`: the help, the type, a command's own default),
+    checked by its rule before any work (:func:`check_flags`), and :class:`ExperimentOptions`
+    takes its ``device`` and ``precision`` from here.
+
+    Attributes:
+        seed: seeds the initialisation, the data's draws, SPE's codes or the sampling; what
+            ``torch.manual_seed`` takes.
+        threads: CPU threads (0: PyTorch's default), at most the CPUs this process may use:
+            more only slow a run down and far more crash inside the thread pools (100,000
+            segfaulted once the data was read; 20,000 aborted libgomp).
+        device: ``cpu`` or ``cuda`` (``cuda:N``; under ``torchrun`` each process takes the GPU
+            of its local rank).
+        precision: ``fp32``, ``bf16`` (autocast, CPU or CUDA) or ``fp16`` (autocast with a
+            gradient scaler, CUDA only); weights and checkpoints stay float32. Its names are
+            :data:`spe.lab.train.precision.PRECISIONS` (torch), checked there.
+        out: where the command writes (a folder, or the file ``spe generate`` writes); nothing
+            is written elsewhere and no file the command did not write is replaced.
+    """
+
+    seed: int = option(0, _SEED, "random seed, an integer in [0, 2**63 - 1]", engine=False)
+    threads: int = option(0, OptionRule(integer=True, low=0, high=MAX_THREADS, optional=True,
+                                        text=f"0 (PyTorch's default) or a positive number of CPU threads up to "
+                                        f"{MAX_THREADS} (the CPUs this process may use)"),
+                          "CPU threads, at most the CPUs this process may use (0: PyTorch's default)", engine=False)
+    device: str = option("cpu", OptionRule(integer=False, pattern=r"cpu|cuda(:\d+)?",
+                                           text="'cpu', 'cuda' or 'cuda:N'"), "cpu, cuda or cuda:N")
+    precision: str = option("fp32", help="fp32, bf16 autocast (CPU or CUDA) or fp16 autocast with a gradient scaler "
+                            "(CUDA)")
+    out: str | None = option(None, help="where the command writes", engine=False)
+
+
+_RUN_FIELDS = {f.name: f for f in fields(RunOptions)}
+
+
+def _run_option(name: str):
+    """The field of ExperimentOptions that is the run option ``name``: its default, rule and help are
+    :class:`RunOptions`', not copied."""
+    declared = _RUN_FIELDS[name]
+    return field(default=declared.default, metadata={**declared.metadata, "engine": True})
 
 
 @dataclass(kw_only=True)
@@ -177,16 +232,16 @@ class ExperimentOptions:
     eval_every: int = option(250, _POSITIVE, "steps between validation and checkpoints")
     feature_redraw_every: int = option(1000, OptionRule(integer=True, low=0, note="0: never"),
                                        "steps between FAVOR+ feature redraws")
-    device: str = option("cpu", help="cpu or cuda")
-    precision: str = option("fp32", help="fp32 (default), bf16 autocast (CPU or CUDA) or fp16 autocast with a "
-                            "gradient scaler (CUDA)")
+    device: str = _run_option("device")
+    precision: str = _run_option("precision")
     tensorboard: bool = option(False, help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install "
                                "'spe[log]')")
     keep_checkpoints: int = option(2, _POSITIVE, "checkpoints kept in OUT/checkpoints")
     compile: bool = option(False, help="torch.compile the model for training, and the elementwise passes of sineSPE's "
                            "learned-time product (off by default; falls back to the uncompiled model with a "
                            "warning where compilation is unavailable)")
-    allow_data_change: bool = option(False, engine=False)
+    allow_data_change: bool = option(False, help="let --resume continue on data whose examples or split changed "
+                                     "(a warning says what changed)", engine=False)
     model: dict = field(default_factory=dict, metadata={"engine": False})
 
     def check_experiment_options(self, what: str) -> None:
@@ -204,8 +259,6 @@ class ExperimentOptions:
         except TypeError as err:
             raise ValueError(str(err)) from None
         check_options(self.__dict__)
-        if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
-            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         from spe.lab.train.precision import check_precision  # torch: only once the options are read
 
         check_precision(self.precision, "cuda" if self.device.startswith("cuda") else "cpu")
@@ -214,9 +267,10 @@ class ExperimentOptions:
 
 # Option name -> its rule, whichever configuration has the option (an option of the same name
 # means the same in every configuration): the engine's, declared with ExperimentOptions' fields,
-# then the tasks' own.
+# the run's (RunOptions), then the tasks' own.
 OPTION_RULES: dict[str, OptionRule] = {
     **{f.name: f.metadata["rule"] for f in fields(ExperimentOptions) if f.metadata.get("rule")},
+    **{f.name: f.metadata["rule"] for f in fields(RunOptions) if f.metadata.get("rule")},
     "eval_batch_size": _POSITIVE,
     "seq_len": _POSITIVE,
     "max_piece_tokens": _POSITIVE,
@@ -227,36 +281,69 @@ OPTION_RULES: dict[str, OptionRule] = {
     "val_fraction": OptionRule(integer=False, low=0, high=1, low_open=True, high_open=True),
     "eval_examples": OptionRule(integer=True, low=0, note="0: the whole split"),
     "max_transpose": OptionRule(integer=True, low=0, note="semitones; 0: no transposition"),
-    "seed": _SEED,
     "split_seed": _SEED,
-    "threads": OptionRule(integer=True, low=0, high=MAX_THREADS, optional=True,
-                          text=f"0 (PyTorch's default) or a positive number of CPU threads up to {MAX_THREADS} "
-                          "(the CPUs this process may use)"),
 }
-
-# --threads of every command that computes: its help, declared once beside its rule (the flag:
-# spe.lab.cli.names.add_threads_flag).
-THREADS_HELP = "CPU threads, at most the CPUs this process may use (0: PyTorch's default)"
 
 
 _FLAG_TYPES = {"int": int, "float": float}
+_METAVARS = {"threads": "N"}
 
 
-def option_flag(name: str) -> tuple[str, dict]:
+def _flag(declared, note: str, default) -> tuple[str, dict]:
+    """``--NAME`` and its argparse keywords, derived from the field ``declared``: a bool as a switch
+    (``store_true``), an int or a float read as one, the declared help, then ``; NOTE`` and
+    ``(default DEFAULT)`` where a command gives them."""
+    help = declared.metadata["help"] + (f"; {note}" if note else "")
+    keywords = {"help": help if default is None else f"{help} (default {default})"}
+    if declared.type == "bool":
+        keywords["action"] = "store_true"
+    else:
+        if declared.type in _FLAG_TYPES:
+            keywords["type"] = _FLAG_TYPES[declared.type]
+        if default is not None:
+            keywords["default"] = default
+        if declared.name in _METAVARS:
+            keywords["metavar"] = _METAVARS[declared.name]
+    return "--" + declared.name.replace("_", "-"), keywords
+
+
+def option_flag(name: str, *, note: str = "", default=None) -> tuple[str, dict]:
     """The command-line flag of the option ``name`` of :class:`ExperimentOptions` and its argparse
     keywords, derived from the field: ``--NAME`` with dashes, a bool as a switch (``store_true``),
-    an int or a float read as one, the help the option declares.
+    an int or a float read as one, the help the option declares, followed by a command's ``note``
+    (``per seed``) and its ``default`` (None: unset, the command's config resolves it).
 
     Raises:
         KeyError: if ``name`` is not an option of ExperimentOptions (a programming error).
     """
-    declared = {f.name: f for f in fields(ExperimentOptions)}[name]
-    keywords = {"help": declared.metadata["help"]}
-    if declared.type == "bool":
-        keywords["action"] = "store_true"
-    elif declared.type in _FLAG_TYPES:
-        keywords["type"] = _FLAG_TYPES[declared.type]
-    return "--" + name.replace("_", "-"), keywords
+    return _flag({f.name: f for f in fields(ExperimentOptions)}[name], note, default)
+
+
+def run_flag(name: str, *, note: str = "", default=None) -> tuple[str, dict]:
+    """As :func:`option_flag`, for the option ``name`` of :class:`RunOptions` (``--threads``,
+    ``--out``: ``note`` then says what this command writes there).
+
+    Raises:
+        KeyError: if ``name`` is not a run option (a programming error).
+    """
+    return _flag(_RUN_FIELDS[name], note, default)
+
+
+def check_flags(values: Mapping, flags: Mapping[str, str] | None = None) -> None:
+    """Checks every value of ``values`` (a command's parsed flags, by destination) that is set and
+    has a rule (:data:`OPTION_RULES`), before any work: a flag's check is its option's rule.
+
+    Args:
+        values: destination -> value (None: not given).
+        flags: destination -> the flag that messages name (default ``--dest-with-dashes``).
+
+    Raises:
+        ValueError: ``--FLAG must be ALLOWED, got VALUE``, for the first value refused.
+    """
+    flags = flags or {}
+    for dest, value in values.items():
+        if value is not None and dest in OPTION_RULES:
+            check_option(dest, value, flags.get(dest, "--" + dest.replace("_", "-")))
 
 
 def check_option(option: str, value, name: str | None = None) -> None:

@@ -58,11 +58,12 @@ def test_every_option_has_help_text(command):
                                                    ("generate", "--attention-window", "--window", "7"),
                                                    ("evaluate", "--eval-length", "--max-length", "64"),
                                                    ("report", "--eval-length", "--max-length", "64"),
-                                                   ("lra", "--seq-len", "--max-length", "64")])
+                                                   ("lra", "--seq-len", "--max-length", "64"),
+                                                   ("synth", "--seq-len", "--train-length", "64")])
 def test_one_name_per_idea_and_the_old_name_an_alias_that_says_the_new_one(command, new, old, value):
     parser = _subparser(command)
     required = {"evaluate": ["--checkpoint", "x"], "generate": ["--checkpoint", "x"],
-                "report": ["--checkpoint", "x", "--out", "o"], "lra": []}[command]
+                "report": ["--checkpoint", "x", "--out", "o"], "lra": [], "synth": []}[command]
     by_new, by_old = (vars(parser.parse_args([*required, flag, value])) for flag in (new, old))
     assert by_new == by_old and int(value) in by_new.values()
     assert _help(command, old) == f"old name of {new} (an alias)"
@@ -103,9 +104,12 @@ def test_a_warmup_as_long_as_the_run_is_warned_in_one_line():
 @pytest.mark.parametrize("command", ["train", "evaluate", "generate", "report", "bench", "sweep", "demo", "lra",
                                      "synth"])
 def test_every_command_that_computes_takes_the_one_threads_flag(command):
-    from spe.lab.options import THREADS_HELP
+    from dataclasses import fields
 
-    assert _help(command, "--threads").startswith(THREADS_HELP)
+    from spe.lab.options import RunOptions
+
+    threads = next(f for f in fields(RunOptions) if f.name == "threads")
+    assert _help(command, "--threads").startswith(threads.metadata["help"])
 
 
 @pytest.mark.parametrize("command,folder,not_plans", [("sweep", "", {"demo"}),

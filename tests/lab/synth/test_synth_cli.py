@@ -30,7 +30,7 @@ def _refused(capsys, argv: list[str], fragment: str) -> None:
     (["--task", "flip-flop", "--eval-lengths", "65"], "even number of tokens"),
     (["--task", "flip-flop", "--eval-lengths", "8192"], "exceeds 64 × train_length = 4096"),
     (["--task", "mqar", "--train-length", "63"], "train_length must be an even number"),
-    (["--task", "flip-flop", "--steps", "0"], "--steps must be positive"),
+    (["--task", "flip-flop", "--steps", "0"], "--steps must be a positive integer, got 0"),
     (["--task", "flip-flop", "--positional", "nope"], "unknown positional encoding 'nope'"),
     (["--task", "flip-flop", "--positional", "ape-learned", "--max-positions", "256"], "length 4096 exceeds the 256"),
     (["--task", "mqar", "--threads", "-1"], "--threads must be 0 (PyTorch's default) or a positive number"),

@@ -11,8 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from spe.lab.cli.names import add_aliased, add_option_flag, add_threads_flag, say_defaults
-from spe.lab.options import check_threads
+from spe.lab.cli.names import add_aliased, add_option_flag, add_run_flag, say_defaults
 
 __all__ = ["add_lra_parser", "cmd_lra"]
 
@@ -23,9 +22,6 @@ _RUN_FLAGS = ("data", "steps", "device", "precision", "keep_checkpoints", "tenso
 
 
 def cmd_lra(args: argparse.Namespace) -> int:
-    check_threads(args.threads, "--threads")  # 0: PyTorch's default, as spe train takes it
-    if args.num_realizations is not None and args.num_realizations < 1:
-        raise ValueError(f"--num-realizations must be positive, got {args.num_realizations}")
     if args.plan or args.collect or args.only:
         out, line = _cmd_plan(args)
     elif args.task is None:
@@ -97,17 +93,17 @@ def add_lra_parser(sub) -> None:
                    help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "
                         "operators without '[', digits, no ']' and no parentheses)")
     p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's)")
-    add_option_flag(p, "steps", help="optimizer steps per seed")
-    add_option_flag(p, "batch_size", help="examples per step")
-    add_option_flag(p, "eval_every", help="steps between validations")
+    add_option_flag(p, "steps", note="per seed")
+    add_option_flag(p, "batch_size", note="here examples (pairs for Retrieval)")
+    add_option_flag(p, "eval_every")
     add_aliased(p, "--seq-len", "--max-length", type=int, dest="max_length",
                 help="input length: tokens per sequence / document, longer ones truncated")
     p.add_argument("--num-realizations", type=int, help="R for SPE")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE", help="any classifier option, e.g. "
                    "gated=false, gate_init=-2, code_noise=orthogonal (VALUE read as TOML, else text; repeatable)")
-    add_option_flag(p, "positional_lr_scale", help="lr multiplier of positional parameters (default 1)")
-    p.add_argument("--out", help="experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, + -lra-2021, "
-                   "+ -KEY-VALUE per option, sorted; with --plan runs/lra/PRESET/PLAN)")
+    add_option_flag(p, "positional_lr_scale")
+    add_run_flag(p, "out", note="the experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, + "
+                 "-lra-2021, + -KEY-VALUE per option, sorted; with --plan runs/lra/PRESET/PLAN)")
     from spe.lab.lra.study import STUDY_FORMAT
     from spe.lab.plans import packaged_plans
 
@@ -115,15 +111,13 @@ def add_lra_parser(sub) -> None:
                    + "): rows × seeds into OUT/ROW, then OUT/results.*")
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
     p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
-    add_option_flag(p, "device", default="cpu", help="cpu or cuda (default cpu)")
-    add_threads_flag(p)
-    add_option_flag(p, "precision", choices=names["precision"])
+    add_run_flag(p, "device", default="cpu")
+    add_run_flag(p, "threads")
+    add_run_flag(p, "precision")
     # per seed: its own folder OUT/seedK
-    add_option_flag(p, "tensorboard",
-                    help="also write TensorBoard scalars to OUT/seedK/tensorboard (needs: pip install 'spe[log]')")
-    add_option_flag(p, "keep_checkpoints", help="checkpoints kept per seed in OUT/seedK/checkpoints (default 2)")
-    add_option_flag(p, "compile",
-                    help="torch.compile the model for training (falls back to the uncompiled model with a warning)")
+    add_option_flag(p, "tensorboard", note="here OUT/seedK/tensorboard, per seed")
+    add_option_flag(p, "keep_checkpoints", note="per seed, in OUT/seedK/checkpoints (default 2)")
+    add_option_flag(p, "compile")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     say_defaults(p, preset_defaults(), "the preset's, here cpu-small's per task")
     p.set_defaults(func=cmd_lra)

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from spe.lab.cli.names import add_aliased, add_option_flag, add_threads_flag, say_defaults
+from spe.lab.cli.names import add_aliased, add_option_flag, add_run_flag, say_defaults
 from spe.lab.options import MAX_THREADS, OPTION_RULES, parse_int_list, set_threads
 from spe.lab.cli.model_flags import add_model_flags, check_model_flags_apply, model_flag_options
 
@@ -91,7 +91,7 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     _add_piece_bound_flag(p)
     _add_tokenizer_flags(p)
     if with_out:
-        p.add_argument("--out", help="run folder for checkpoint, logs and plots")
+        add_run_flag(p, "out", note="the run folder: checkpoints, logs and plots")
     add_option_flag(p, "steps")
     p.add_argument("--seq-len", type=int, help="training length in tokens")
     p.add_argument("--val-fraction", type=float, metavar="F",
@@ -100,14 +100,11 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     for name in ("batch_size", "lr", "warmup_steps", "eval_every"):
         add_option_flag(p, name)
     add_model_flags(p)
-    from spe.lab.cli.names import flag_choices
     from spe.lab.train.config import packaged_defaults
 
-    names = flag_choices()
-    p.add_argument("--seed", type=int, help="random seed, in [0, 2**63 - 1]")
-    add_option_flag(p, "device")
-    add_threads_flag(p)
-    add_option_flag(p, "precision", choices=names["precision"])
+    add_run_flag(p, "seed")
+    for name in ("device", "threads", "precision"):
+        add_run_flag(p, name)
     for name in ("tensorboard", "keep_checkpoints", "compile"):
         add_option_flag(p, name)
     say_defaults(p, packaged_defaults(), "from the packaged demo config; --config's if it sets it")
@@ -332,8 +329,7 @@ def _add_train_parser(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run in --out (its checkpoints, metrics and plots) instead of refusing")
-    p.add_argument("--allow-data-change", action="store_true",
-                   help="let --resume continue on data whose pieces or split changed (it says what changed)")
+    add_option_flag(p, "allow_data_change")
     p.add_argument("--state-passing", action="store_true", help="start each crop from the detached final state "
                    "of a previous step's crop (Buitrago Ruiz & Gu 2025); recurrent-state kernels only")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -351,7 +347,7 @@ def _add_evaluate_parser(sub) -> None:
     _add_piece_bound_flag(p, "the checkpoint's run's, else 65536")
     add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
                 help="positions evaluated (default: 3 × training length; test: test_min_tokens − 1)")
-    p.add_argument("--out", default="runs/evaluation", help="folder for CSV, PNG, JSON")
+    add_run_flag(p, "out", note="the folder for CSV, PNG and JSON", default="runs/evaluation")
     p.add_argument("--json", help="also write bucket means (start, end, ce, n) to this file")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass (default 8)")
     p.add_argument("--num-realizations", type=int, help="SPE realisations R at test time (default: as trained)")
@@ -359,8 +355,8 @@ def _add_evaluate_parser(sub) -> None:
                    help="SPE codes whose predicted probabilities are averaged (default 1)")
     add_aliased(p, "--attention-window", "--window", type=int, dest="window", metavar="W",
                 help="sliding attention window W (0: the whole past; default: as trained)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    add_threads_flag(p)
+    add_run_flag(p, "device", default="cpu")
+    add_run_flag(p, "threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_evaluate)
 
@@ -368,7 +364,7 @@ def _add_evaluate_parser(sub) -> None:
 def _add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="Markdown report: extrapolation, PE metrics, pictures, generations")
     p.add_argument("--checkpoint", action="append", required=True, help="run folder or .safetensors (repeatable)")
-    p.add_argument("--out", required=True, help="folder for report.md, report.json, figures and MIDI")
+    add_run_flag(p, "out", note="the folder for report.md, report.json, figures and MIDI", required=True)
     p.add_argument("--data", help="MIDI folder (default: the first checkpoint's training data)")
     p.add_argument("--cache-dir")
     add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
@@ -376,8 +372,8 @@ def _add_report_parser(sub) -> None:
     p.add_argument("--r-test", help="comma-separated test-time R for the R ablation of SPE models, e.g. 8,32,64")
     p.add_argument("--length", type=int, default=1024, help="tokens generated after the prompt, per model")
     p.add_argument("--probe-tokens", type=int, default=16, help="vocabulary tokens for identical-token probing")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    add_threads_flag(p)
+    add_run_flag(p, "device", default="cpu")
+    add_run_flag(p, "threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_report)
 
@@ -388,14 +384,14 @@ def _add_generate_parser(sub) -> None:
     p.add_argument("--prompt", help="MIDI file whose first bars start the piece (default: none)")
     p.add_argument("--prompt-bars", type=int, default=2, help="prompt bars kept, ≥ 1 (default 2; past its end: all)")
     p.add_argument("--length", type=int, default=1024, help="tokens to generate (default 1024; may exceed training)")
-    p.add_argument("--out", default="generated.mid", help="MIDI file written (default generated.mid)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the sampling, in [0, 2**63 - 1] (default 0)")
+    add_run_flag(p, "out", note="the MIDI file", default="generated.mid")
+    add_run_flag(p, "seed", note="the sampling's", default=0)
     p.add_argument("--top-p", type=float, default=0.9, help="nucleus: top tokens of mass P, in (0, 1] (default 0.9)")
     p.add_argument("--temperature", type=float, default=1.2, help="divides the logits, > 0 (default 1.2)")
     add_aliased(p, "--attention-window", "--window", type=int, dest="window", metavar="W",
                 help="sliding attention window W (0: the whole past; default: as trained)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    add_threads_flag(p)
+    add_run_flag(p, "device", default="cpu")
+    add_run_flag(p, "threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_generate)
 
@@ -449,12 +445,11 @@ def _add_bench_parser(sub) -> None:
                    help="also measure sineSPE estimation error vs R, Gaussian vs orthogonal noise")
     p.add_argument("--budget-s", type=float, default=30.0, help="skip cases predicted to take longer per run")
     p.add_argument("--json", help="records file (default OUT/bench.json)")
-    p.add_argument("--out", default="runs/bench", help="folder for JSON, Markdown table and plots")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
-                   help="autocast of the timed work as spe train --precision (weights float32; fp16 on CUDA "
-                        "only, with a gradient scaler in model mode); default fp32")
-    add_threads_flag(p, default=0)
+    add_run_flag(p, "out", note="the folder for JSON, Markdown table and plots", default="runs/bench")
+    add_run_flag(p, "device", default="cpu")
+    add_run_flag(p, "precision", note="of the timed work, as spe train's (weights float32; fp16 with a gradient "
+                 "scaler in model mode)", default="fp32")
+    add_run_flag(p, "threads", default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_bench)
 
@@ -466,13 +461,13 @@ def _add_sweep_parser(sub) -> None:
     p = sub.add_parser("sweep", help="train and evaluate the variants × seeds of a plan file (resumable)")
     p.add_argument("--plan", default="ablation", help="plan TOML, or the name of a packaged plan: "
                    + ", ".join(packaged_plans(SWEEP_FORMAT)) + " (default ablation)")
-    p.add_argument("--out", default="runs/sweep", help="sweep folder: runs, results.json, results.md")
+    add_run_flag(p, "out", note="the sweep folder: runs, results.json, results.md", default="runs/sweep")
     p.add_argument("--seeds", help="comma-separated seeds (default: the plan's)")
     p.add_argument("--only", help="comma-separated variants to run (default: all)")
     p.add_argument("--data", help="training data for every variant (folder or music21:NAME; default Bach)")
     p.add_argument("--cache-dir")
     p.add_argument("--steps", type=int, help="override every variant's optimizer steps")
-    add_threads_flag(p)  # every variant's; 1 to run sweeps side by side
+    add_run_flag(p, "threads", note="every variant's (1 to run sweeps side by side)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_sweep)
 
@@ -480,7 +475,7 @@ def _add_sweep_parser(sub) -> None:
 def _add_demo_parser(sub) -> None:
     p = sub.add_parser("demo", help="the main job: train sinespe and ape, evaluate, generate")
     _add_train_flags(p, with_out=False)
-    p.add_argument("--out", default="runs/demo")
+    add_run_flag(p, "out", note="a run folder per encoding, evaluation/ and the generated MIDI", default="runs/demo")
     p.add_argument("--positionals", default="sinespe,ape", help="comma-separated encodings to train")
     add_aliased(p, "--eval-length", "--max-length", type=int, dest="max_length",
                 help="positions evaluated (default: 3 × training length)")
@@ -506,18 +501,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    device = getattr(args, "device", None)
-    if device is not None:
-        if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
-            raise UsageError(f"--device must be cpu or cuda, got {device!r}")
-        if device.startswith("cuda"):
-            import torch
+def _check_args(args: argparse.Namespace, flags: dict[str, str]) -> None:
+    """Every flag given, checked before any work: a flag of an option by the option's one rule
+    (:func:`spe.lab.options.check_flags`; ``flags``: destination -> the flag's name), the others here.
 
-            if not torch.cuda.is_available():
-                raise UsageError("--device cuda was asked for but PyTorch sees no CUDA device")
-    for flag in ("batch_size", "max_length", "length", "steps", "seq_len", "repeats", "prompt_bars",
-                 "max_piece_tokens"):
+    Raises:
+        ValueError: naming the flag (its canonical name, whichever alias was typed) and the value.
+    """
+    from spe.lab.options import check_flags
+
+    check_flags({k: v for k, v in vars(args).items() if k != "command"}, flags)
+    if (getattr(args, "device", None) or "").startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda was asked for but PyTorch sees no CUDA device")
+    for flag in ("length", "repeats", "prompt_bars"):  # no option of a config: rules of these commands
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
@@ -526,19 +525,22 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _check_library_options(args: argparse.Namespace) -> None:
     """Flags whose rule the library owns, checked by the library's own validator before any work."""
-    from spe.lab.options import check_option, check_seed, check_threads
     from spe.models.config import decode_window
 
     decode_window(getattr(args, "window", None), "--attention-window")
-    check_threads(getattr(args, "threads", None), "--threads")
-    check_seed(getattr(args, "seed", None), "--seed")
-    if getattr(args, "val_fraction", None) is not None:
-        check_option("val_fraction", args.val_fraction, "--val-fraction")
     if getattr(args, "temperature", None) is not None:
         from spe.generation import check_sampling
 
         check_sampling(top_p=args.top_p, temperature=args.temperature, top_p_name="--top-p",
                        temperature_name="--temperature")
+
+
+def _canonical_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """Destination -> the flag that names it in messages, for ``command``'s parser: its first
+    name, never an alias (an alias sets no default of its own: :func:`~spe.lab.cli.names.add_aliased`)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    return {a.dest: a.option_strings[0] for a in sub._actions
+            if a.option_strings and a.default is not argparse.SUPPRESS}
 
 
 def _one_line(err: BaseException) -> str:
@@ -547,13 +549,14 @@ def _one_line(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     # Under torchrun only rank 0 reports progress; the others report warnings and errors.
     quiet = args.quiet or os.environ.get("RANK", "0") != "0"
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s")
     try:
-        _check_args(args)
+        _check_args(args, _canonical_flags(parser, args.command))
         return args.func(args)
     except KeyboardInterrupt:
         print("spe: interrupted", file=sys.stderr)

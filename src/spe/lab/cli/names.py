@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_aliased", "add_option_flag", "add_threads_flag", "flag_choices", "say_defaults"]
+__all__ = ["add_aliased", "add_option_flag", "add_run_flag", "flag_choices", "say_defaults"]
 
 
 def flag_choices() -> dict:
@@ -37,22 +37,35 @@ def say_defaults(p: argparse.ArgumentParser, values: dict, source: str) -> None:
             a.help = f"{a.help} (default {values[a.dest]}, {source})"
 
 
-
-
-def add_option_flag(p: argparse.ArgumentParser, name: str, **keywords) -> None:
+def add_option_flag(p: argparse.ArgumentParser, name: str, *, note: str = "", default=None,
+                    **keywords) -> argparse.Action:
     """The flag of the training option ``name``, derived from its one declaration
-    (:func:`spe.lab.options.option_flag`); ``keywords``: what this command says otherwise (its own
-    help where its runs differ, e.g. ``spe lra``'s per-seed folders; ``choices``; a ``default``)."""
+    (:func:`spe.lab.options.option_flag`: its help, then this command's ``note`` where its runs
+    differ, e.g. ``spe lra``'s per-seed folders, and its ``default``); ``keywords``: argparse's
+    own (``choices``). The action records its declaration (``declared``), which
+    tests/lab/cli/test_declared_once.py checks."""
     from spe.lab.options import option_flag
 
-    flag, derived = option_flag(name)
-    p.add_argument(flag, **{**derived, **keywords})
+    return _declared(p, "ExperimentOptions", name, option_flag(name, note=note, default=default), keywords)
 
 
-def add_threads_flag(p: argparse.ArgumentParser, **keywords) -> None:
-    """``--threads N`` of a command that computes: one flag, its help and rule declared once
-    (:data:`spe.lab.options.THREADS_HELP`, ``OPTION_RULES["threads"]``), checked before any work
-    by :func:`spe.lab.cli.main.main` (``keywords``: a command's own ``default``)."""
-    from spe.lab.options import THREADS_HELP
+def add_run_flag(p: argparse.ArgumentParser, name: str, *, note: str = "", default=None,
+                 **keywords) -> argparse.Action:
+    """The flag of the run option ``name`` (``seed``, ``threads``, ``device``, ``precision``,
+    ``out``) of a command, derived from its one declaration (:class:`spe.lab.options.RunOptions`,
+    :func:`spe.lab.options.run_flag`); ``note``: what this command adds (what ``--out`` holds);
+    ``default``: this command's; ``keywords``: argparse's own (``required``). Its rule is checked before any work
+    (:func:`spe.lab.options.check_flags` from :func:`spe.lab.cli.main.main`)."""
+    from spe.lab.options import run_flag
 
-    p.add_argument("--threads", type=int, metavar="N", help=THREADS_HELP, **keywords)
+    if name == "precision":
+        keywords["choices"] = flag_choices()["precision"]
+    return _declared(p, "RunOptions", name, run_flag(name, note=note, default=default), keywords)
+
+
+def _declared(p: argparse.ArgumentParser, record: str, name: str, derived: tuple[str, dict],
+              keywords: dict) -> argparse.Action:
+    flag, derived_keywords = derived
+    action = p.add_argument(flag, **{**derived_keywords, **keywords})
+    action.declared = (record, name)
+    return action

@@ -11,8 +11,10 @@ from pathlib import Path
 
 __all__ = ["add_synth_parser", "cmd_synth"]
 
-# Flags that define an experiment (a plan sets them per row) beside the model flags.
+# Flags that define an experiment (a plan sets them per row) beside the model flags, by destination
+# (train_length: --seq-len, the training length's one flag in every command)
 _EXPERIMENT_FLAGS = ("task", "train_length", "eval_lengths", "batch_size", "lr", "eval_every")
+_FLAG_NAMES = {"train_length": "--seq-len"}
 _RUN_FLAGS = ("steps", "device", "precision")
 
 
@@ -33,7 +35,8 @@ def _config(args: argparse.Namespace):
 def _given_model_flags(args: argparse.Namespace) -> list[str]:
     from spe.lab.cli.model_flags import model_flag_options
 
-    given = [f"--{f.replace('_', '-')}" for f in _EXPERIMENT_FLAGS if getattr(args, f, None) is not None]
+    given = [_FLAG_NAMES.get(f, f"--{f.replace('_', '-')}") for f in _EXPERIMENT_FLAGS
+             if getattr(args, f, None) is not None]
     return given + [f"--{k.replace('_', '-')}" for k in model_flag_options(args)]
 
 
@@ -85,30 +88,32 @@ def _cmd_plan(args: argparse.Namespace, seeds: list[int] | None) -> int:
 
 def add_synth_parser(sub) -> None:
     from spe.lab.cli.model_flags import add_model_flags
-    from spe.lab.cli.names import add_threads_flag, flag_choices
+    from spe.lab.cli.names import add_aliased, add_option_flag, add_run_flag
+    from spe.lab.synth.config import EVAL_LENGTHS, MAX_EVAL_FACTOR
 
     p = sub.add_parser("synth", help="synthetic tasks (flip-flop, MQAR): train at one length, test at longer ones")
     p.add_argument("--task", help="flip-flop or mqar (required unless --plan is given)")
-    p.add_argument("--train-length", type=int, help="L, tokens per training sequence (default 64)")
-    p.add_argument("--eval-lengths", help="comma-separated test lengths in tokens, up to 64 L (default 64,256,1024,4096)")
+    add_aliased(p, "--seq-len", "--train-length", type=int, dest="train_length", metavar="L",
+                help="training length L, tokens per training sequence (default: the preset's, 64)")
+    p.add_argument("--eval-lengths", help=f"comma-separated test lengths in tokens, up to {MAX_EVAL_FACTOR} L "
+                   f"(default {','.join(map(str, EVAL_LENGTHS))})")
     p.add_argument("--write-data", metavar="DIR", help="write the generated splits as JSON lines and vocab.json "
                    "to DIR (refuses existing files) and train nothing")
     p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's; "
                    "--write-data: the first seeds the training stream written)")
-    p.add_argument("--steps", type=int, help="optimizer steps per seed (default: the preset's)")
-    p.add_argument("--batch-size", type=int, help="sequences per step (default: the preset's, 32)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
-    p.add_argument("--eval-every", type=int, help="steps between validations and checkpoints (default 250)")
+    add_option_flag(p, "steps", note="per seed (default: the preset's)")
+    add_option_flag(p, "batch_size", note="here sequences (default: the preset's)")
+    add_option_flag(p, "lr", note="default: the preset's")
+    add_option_flag(p, "eval_every", note="default: the preset's")
     add_model_flags(p)
-    p.add_argument("--out", help="experiment folder (default runs/synth/TASK; with --plan runs/synth/PLAN)")
+    add_run_flag(p, "out", note="the experiment folder (default runs/synth/TASK; with --plan runs/synth/PLAN)")
     from spe.lab.plans import packaged_plans
     from spe.lab.synth.study import SYNTH_FORMAT
 
     p.add_argument("--plan", help="plan (TOML, or a packaged plan: " + ", ".join(packaged_plans(SYNTH_FORMAT))
                    + "): rows × seeds into OUT/ROW, then OUT/results.*")
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
-    p.add_argument("--device", help="cpu (default) or cuda")
-    add_threads_flag(p)
-    p.add_argument("--precision", choices=flag_choices()["precision"], help="fp32 (default), bf16 or fp16 autocast")
+    for name in ("device", "threads", "precision"):
+        add_run_flag(p, name)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_synth)

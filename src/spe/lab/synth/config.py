@@ -13,13 +13,17 @@ from importlib import resources
 
 from spe.field_types import check_field_types
 from spe.lab.experiment import ExperimentOptions
+from spe.lab.options import check_option
 from spe.lab.synth.data import TASKS, check_length, mqar_pairs, vocabulary
 from spe.models.config import ModelConfig
 
-__all__ = ["MAX_EVAL_FACTOR", "MAX_TOKENS", "PRESETS", "RUN_ONLY_KEYS", "SynthConfig", "load_preset", "preset_config"]
+__all__ = ["EVAL_LENGTHS", "MAX_EVAL_FACTOR", "MAX_TOKENS", "PRESETS", "RUN_ONLY_KEYS", "SynthConfig", "load_preset", "preset_config"]
 
 PRESETS = ("cpu-small",)
 MAX_EVAL_FACTOR = 64  # the longest test length, in training lengths
+# The test lengths unless given: L, 4 L, 16 L and 64 L of the preset's L = 64 (written here only:
+# the preset and the flag's help take them from here)
+EVAL_LENGTHS = (64, 256, 1024, 4096)
 # MQAR's key and value vocabularies, each: 8× the largest of Zoology's (8,192 tokens in all); the
 # vocabulary is a dict and every logit row a float per token, so 10^8 keys would take gigabytes
 MAX_TOKENS = 65536
@@ -43,6 +47,9 @@ class SynthConfig(ExperimentOptions):
         eval_lengths: the test lengths in tokens (each even, ≥ 4, at most 64 L).
         eval_examples: sequences in the validation split (in-distribution at L, evaluated every
             ``eval_every`` steps) and, at most, per test split (one per distribution and length).
+            0: the whole split, as for every task (:data:`spe.lab.options.OPTION_RULES`): the
+            splits are generated, so "whole" is what ``eval_tokens`` allows, ``eval_tokens // L``
+            validation sequences (at least one), the value the config then holds.
         eval_tokens: tokens per test split at most: a split of length T holds
             min(``eval_examples``, max(1, ``eval_tokens`` // T)) sequences (defaults: 128 up to
             T = 1,024, 32 at T = 4,096), so the quadratic cost of softmax at 64 L stays within a
@@ -64,7 +71,7 @@ class SynthConfig(ExperimentOptions):
 
     task: str
     train_length: int = 64
-    eval_lengths: list = field(default_factory=lambda: [64, 256, 1024, 4096])
+    eval_lengths: list = field(default_factory=lambda: list(EVAL_LENGTHS))
     eval_examples: int = 128
     eval_tokens: int = 131072
     eval_batch_tokens: int = 8192
@@ -81,10 +88,13 @@ class SynthConfig(ExperimentOptions):
             raise ValueError(f"unknown synthetic task {self.task!r}; choose from {', '.join(TASKS)}")
         check_length(self.task, self.train_length, "train_length")
         self._check_eval()
-        for name in ("eval_examples", "eval_tokens", "eval_batch_tokens", "num_keys", "num_values"):
+        for name in ("eval_tokens", "eval_batch_tokens", "num_keys", "num_values"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_option("eval_examples", self.eval_examples)
+        if self.eval_examples == 0:  # the whole split: here as many sequences as eval_tokens allows
+            self.eval_examples = max(1, self.eval_tokens // self.train_length)
         for name in ("num_keys", "num_values"):
             if getattr(self, name) > MAX_TOKENS:
                 raise ValueError(f"{name} {getattr(self, name):,} exceeds the limit of {MAX_TOKENS:,} tokens "
