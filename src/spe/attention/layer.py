@@ -27,7 +27,6 @@ import math
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.attention.kernels import (
@@ -43,11 +42,11 @@ from spe.attention.kernels import (
 )
 from spe.attention.pro import FoxPro, ShiftState, check_pro_options
 from spe.encodings.code import SPECode
-from spe.encodings.gates import ChannelGate, ScalarGate
 from spe.encodings.registry import POSITIONAL_SPECS, positional_names
 from spe.encodings.spec import LAYER_ATTRIBUTES, EncodingState, LayerEncoding
 from spe.encodings.short_conv import ShortConvolution, ShortConvState, check_short_conv
-from spe.ops.decay import NO_DECAY, check_decay_mode, retnet_decay_logits, retnet_log_decay
+from spe.attention.decays import DECAYS, LayerDecay, layer_decay
+from spe.ops.decay import NO_DECAY
 from spe.ops.common.feature_maps import orthogonal_random_features
 from spe.ops.linear_attn.options import kernel_dtype
 from spe.ops.softmax import check_key_padding_mask, check_window, gate_bias, softmax_gates
@@ -70,8 +69,8 @@ POSITIONAL_ROLES = LAYER_ATTRIBUTES
 # the positional module's own state (a learned clock's) in layers whose module has one.
 LayerState = AttentionState | ShiftState | ShortConvState | EncodingState
 # The form of KernelOptions.decay (spe.attention.kernels.DECAY_FORMS) each decay mode hands the
-# kernel ("none" hands none).
-DECAY_FORM = {"fixed": "constant", "learned": "constant", "gated": "gate", "gated-channel": "channel"}
+# kernel ("none" hands none), from the decays' registry (spe.attention.decays).
+DECAY_FORM = {name: decay.form for name, decay in DECAYS.items() if decay.form is not None}
 # What each form is, for messages.
 _DECAY_ROLE = {"constant": "acts on the sums of linear attention",
                "gate": "is a forget gate per head and position, on the sums of linear attention or on "
@@ -99,10 +98,9 @@ def check_decay(kernel: KernelSpec, decay: str, *, causal: bool = True, score_en
     Raises:
         ValueError: naming the decay, what it is and what to use instead.
     """
-    check_decay_mode(decay)
-    if decay == NO_DECAY:
+    form = layer_decay(decay).form
+    if form is None:
         return
-    form = DECAY_FORM[decay]
     if not kernel.takes_decay(form, causal=causal):
         takers = [name for name, spec in KERNELS.items() if spec.takes_decay(form, causal=causal)]
         where = "" if causal else " in an encoder (not causal)"
@@ -264,16 +262,9 @@ class MultiHeadAttention(nn.Module):
                     score_encoding=(type(positional).__name__
                                     if _forms_scores(positional) and not positional.takes_gate else None),
                     feature_transform=positional.label if tie == 1 and _transforms(positional) else None)
-        self.decay = decay
-        if decay == "learned":
-            self.decay_logit = nn.Parameter(retnet_decay_logits(num_heads))
-        elif decay == "gated":
-            self.decay_gate = ScalarGate(d_model, num_heads)
-        elif decay == "gated-channel":  # over the kernel's features: head_dim, or R with SPE
-            if self.kernel_dim is None:
-                raise ValueError("decay 'gated-channel' with SPE gates the R channels of q̂ and k̂, so it is built "
-                                 "for one R: pass num_realizations")
-            self.decay_gate = ChannelGate(d_model, num_heads, self.kernel_dim, tied=tie)
+        self.decay = decay  # the mode's name: the layer's decay object is looked up from it (decay_kind)
+        # a channel gate acts over the kernel's features: head_dim, or R with SPE
+        self.decay_kind.build(self, d_model=d_model, num_heads=num_heads, features=self.kernel_dim, tied=tie)
         check_pro_options(output_gate=output_gate, qk_norm=qk_norm, kv_shift=kv_shift, output_norm=output_norm)
         self.output_norm = (nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS)
                             if self.kernel.normalizer_free or output_norm else None)
@@ -285,7 +276,7 @@ class MultiHeadAttention(nn.Module):
             what = "num_features" if self.kernel.random_features else "head_dim"
             positional.check_features(feature_dim, what)
         self.feature_transform = feature_transform
-        constant = self.log_decay() if DECAY_FORM.get(decay) == "constant" else None  # gates: check_decay's
+        constant = None if self.decay_kind.from_input else self.log_decay()  # gates: check_decay's
         self.kernel.check(KernelOptions(causal=causal, decay=constant), transform=self._transform)
         self.window = window
 
@@ -309,29 +300,22 @@ class MultiHeadAttention(nn.Module):
         return FeatureTransform(module.transform_features, numerator_only=module.numerator_only,
                                 name=module.label)
 
+    @property
+    def decay_kind(self) -> LayerDecay:
+        """The layer's decay object (:data:`spe.attention.decays.DECAYS`), from its mode's name."""
+        return DECAYS[self.decay]
+
     def log_decay(self, x: Tensor | None = None, key_padding_mask: Tensor | None = None) -> Tensor | None:
         """The kernel's ``log_decay``, or None without one: (H,) log γ_h of a constant decay
         (float32; learned: logsigmoid of the logits, exact where sigmoid would round γ to 1 in
         float32); a gate (B, L, H) or (B, L, H, M) of the input x (B, L, C) in at least
-        float32, 0 where ``key_padding_mask`` (B, L) is True.
+        float32, 0 where ``key_padding_mask`` (B, L) is True
+        (:meth:`spe.attention.decays.LayerDecay.log_decay`).
 
         Raises:
             ValueError: for a gate without x.
         """
-        if self.decay == NO_DECAY:
-            return None
-        if self.decay == "fixed":
-            return retnet_log_decay(self.num_heads, device=self.qkv.weight.device)
-        if self.decay == "learned":
-            return F.logsigmoid(self.decay_logit.float())
-        if x is None:
-            raise ValueError(f"decay {self.decay!r} is computed from the layer's input: pass x (B, L, C)")
-        gates = self.decay_gate(x)
-        if key_padding_mask is not None:
-            check_key_padding_mask(key_padding_mask, x)
-            padding = key_padding_mask.view(*key_padding_mask.shape, *[1] * (gates.dim() - 2))
-            gates = gates.masked_fill(padding, 0.0)
-        return gates
+        return self.decay_kind.log_decay(self, x, key_padding_mask)
 
     @property
     def window(self) -> int | None:
@@ -423,7 +407,7 @@ class MultiHeadAttention(nn.Module):
         r = code.num_realizations
         if self.kernel_dim is None:
             self._set_realizations(r)
-        elif r != self.kernel_dim and self.decay == "gated-channel":
+        elif r != self.kernel_dim and self.decay_kind.sized_by_features:
             raise ValueError(f"the SPE code has num_realizations {r} but this layer's decay 'gated-channel' gates "
                              f"num_realizations {self.kernel_dim} channels: draw codes of R = {self.kernel_dim}")
 
