@@ -1,4 +1,5 @@
-"""Options decoded once: "window 0 means the whole past" and thread counts (spe.models.config, spe.lab.options)."""
+"""Options decoded once: "window 0 means the whole past", thread counts, one rule and one default per
+option (spe.models.config, spe.lab.options)."""
 
 import re
 
@@ -40,3 +41,30 @@ def test_a_config_json_that_is_no_json_object_is_one_line_naming_the_file(tmp_pa
         read_json_object(file, "an experiment's config")
     (tmp_path / "good.json").write_text('{"a": 1}')
     assert read_json_object(tmp_path / "good.json", "x") == {"a": 1}
+
+
+def test_eval_examples_has_one_rule_for_every_task_zero_the_whole_split():
+    from spe.lab.lra import preset_config as lra_config
+    from spe.lab.synth import preset_config as synth_config
+
+    assert lra_config("listops", "ape", "softmax", eval_examples=0).eval_examples == 0  # LRA: the whole split
+    # synth's splits are generated: the whole split is what eval_tokens allows at L
+    assert synth_config("flip-flop", eval_examples=0, eval_tokens=4096, train_length=64).eval_examples == 64
+    for make in (lambda: lra_config("listops", "ape", "softmax", eval_examples=-1),
+                 lambda: synth_config("flip-flop", eval_examples=-1)):
+        with pytest.raises(ValueError, match=r"^eval_examples .*0: the whole split.*got -1$"):
+            make()
+
+
+def test_the_test_lengths_default_is_written_once():
+    from spe.lab.cli.main import build_parser
+    from spe.lab.synth import preset_config
+    from spe.lab.synth.config import EVAL_LENGTHS, load_preset
+
+    assert "eval_lengths" not in load_preset("cpu-small")
+    assert preset_config("mqar").eval_lengths == list(EVAL_LENGTHS)
+    from argparse import _SubParsersAction
+
+    synth = next(a for a in build_parser()._actions if isinstance(a, _SubParsersAction)).choices["synth"]
+    flag = next(a for a in synth._actions if "--eval-lengths" in a.option_strings)
+    assert f"default {','.join(map(str, EVAL_LENGTHS))}" in flag.help
