@@ -51,7 +51,7 @@ MAIN_JOB = {"d_model": 256, "num_layers": 4, "num_heads": 4, "d_ff": 1024, "drop
             "num_realizations": 32, "num_sines": 5}
 LAYER = {"batch": 2, "num_heads": 8, "head_dim": 64, "num_realizations": 64, "num_sines": 5, "kernel_size": 128,
          "num_features": 64, "chunk_size": 64, "impl": "-", "attention": "performer", "decay": "none"}
-# (target ratio of time, of memory, the row it is a ratio to): the issue's targets
+# (target ratio of time, of memory, the row it is a ratio to): the targets of FoX, PaTH and convSPE at length
 TARGETS = {"fox": (2, 2, "softmax"), "path": (4, 3, "softmax"), "path-fox": (4, 3, "softmax"),
            "model convspe": (1.5, None, "model ape"), "layer convspe": (5, None, "layer ape")}
 PATH_FOX_MEMORY_TARGET_MB = 4096

@@ -11,9 +11,11 @@ the common shift leaves P_d(τ) unchanged.
 Cost of a length-L code: (L + P − 1)·H·D·R Gaussian samples (the least any sampler of this
 distribution needs, up to the P − 1 warm-up samples), drawn in time-last blocks and
 concatenated; one real FFT of them, shared by Q̄ and K̄, and one inverse FFT per code, at a
-5-smooth length. The codes are time-last views: applying them (eq. 16-17) transposes them
-once. (Transforming a cache-sized chunk of features at a time, with the noise time-first,
-was measured 2× slower on CPU: it transposes the noise twice, in forward and in backward.)
+5-smooth length; each code is then turned time-first, (L, H, D, R), by one 2-D transpose, so
+that the layers sharing it apply it by batched matrix products. (Transforming a cache-sized
+chunk of features at a time, with the noise time-first, was measured 2× slower on CPU: it
+transposes the noise twice, in forward and in backward.) Long codes are not formed whole:
+:func:`spe.ops.conv.conv_code_product` filters and applies them a block of positions at a time.
 """
 
 from __future__ import annotations
