@@ -19,16 +19,20 @@ The scale, FoX's bias (Σ_{n<t≤m} G_t, each entry a sum of its own gates: insi
 plus those from the key to the block's start) or the causal mask, and an online softmax over the
 tiles (FlashAttention's running maximum and sum) give the outputs and each query's log-sum-exp.
 
-Backward (FlashAttention-2's, per block): the block's products A_j again, then per tile the
-logits, the weights exp(s − lse), dV += Pᵀ dY, dS = P ∘ (dY Vᵀ − Δ) with Δ = rowsum(dY ∘ Y), the
-gradients of q̃ and of the carried keys, then back through k̃_j = k̂_j A_jᵀ and the chain of A_j
-(one D × D product per chunk, in the opposite order); the block's own R × R part is
-differentiated by autograd. The chunk terms' gradients are then taken a slice of chunks at a time.
+Backward (FlashAttention-2's, per block): the block's own chunk terms formed again from its
+positions and its R × R part differentiated by autograd (one scalar's gradient); the products A_j
+again, then per tile the carried keys, the logits, the weights exp(s − lse), dV += Pᵀ dY,
+dS = P ∘ (dY Vᵀ − Δ) with Δ = rowsum(dY ∘ Y), the gradients of q̃ and of the carried keys, back
+through k̃_j = k̂_j A_jᵀ, and after the tiles through the chain of A_j (one D × D product per
+chunk, in the opposite order). The gradients of every k̂_j and P_j gather over the blocks and go
+through the keys' chunk terms at the end, a slice of chunks at a time.
 
-Memory: kept for backward only the inputs, the outputs and the log-sum-exp, O(L·D); at a time one
-tile's R × T logits, the block's A_j (N·D²) and the gradients of the chunk terms (O(L·C + L·D +
-N·D²)). Never L × L. Time O(L²·D) for the logits and values (as softmax) plus O(L²·D²/R) for
-carrying the earlier keys to each block's start and O(L²·D³/(R·C)) for the products A_j.
+Memory: kept for backward only the inputs, the outputs and the log-sum-exp, O(L·D). Held at a
+time: k̂ and P of every chunk and their gradients (O(L·D + N·D²)), the block's A_j and their
+gradients (O(N·D²)), one tile's R × T logits and weights. Never L × L. Softmax weights below
+e^−80 are taken as e^−80 (:data:`_EXP_FLOOR`). Time O(L²·D) for the logits and values (as
+softmax's), plus O(L²·D²/R) to carry the earlier keys to each block's start and O(L²·D³/(R·C))
+for the products A_j; about L²/(R·C) Python steps for the products and L²/(R·T) for the tiles.
 """
 
 from __future__ import annotations
