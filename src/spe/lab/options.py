@@ -24,13 +24,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 from spe.field_types import check_field_types
 
 __all__ = ["MAX_THREADS", "OPTION_RULES", "SCHEDULES", "ExperimentOptions", "OptionRule", "RunOptions",
            "available_cpus", "check_flags", "check_option", "check_options", "check_seed", "check_threads", "option",
-           "option_flag", "parse_int_list", "parse_seeds", "read_json_object", "read_toml", "run_flag", "set_threads"]
+           "option_flag", "parse_int_list", "parse_seeds", "read_json_object", "read_toml", "run_flag", "run_option",
+           "set_threads"]
 
 # The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
 # beside their rule, so that a schedule is checked as the other options are, without torch.
@@ -162,11 +163,14 @@ class RunOptions:
 _RUN_FIELDS = {f.name: f for f in fields(RunOptions)}
 
 
-def _run_option(name: str):
-    """The field of ExperimentOptions that is the run option ``name``: its default, rule and help are
-    :class:`RunOptions`', not copied."""
+def run_option(name: str, *, default=MISSING, engine: bool = False):
+    """The field of a configuration that is the run option ``name`` (ExperimentOptions' device and
+    precision, TrainConfig's seed, threads and out): its rule and help are :class:`RunOptions`', not
+    copied; ``default``: the configuration's own where it differs (a run folder), else the record's;
+    ``engine``: whether :class:`~spe.lab.train.task.EngineSettings` takes it."""
     declared = _RUN_FIELDS[name]
-    return field(default=declared.default, metadata={**declared.metadata, "engine": True})
+    return field(default=declared.default if default is MISSING else default,
+                 metadata={**declared.metadata, "engine": engine})
 
 
 @dataclass(kw_only=True)
@@ -232,8 +236,8 @@ class ExperimentOptions:
     eval_every: int = option(250, _POSITIVE, "steps between validation and checkpoints")
     feature_redraw_every: int = option(1000, OptionRule(integer=True, low=0, note="0: never"),
                                        "steps between FAVOR+ feature redraws")
-    device: str = _run_option("device")
-    precision: str = _run_option("precision")
+    device: str = run_option("device", engine=True)
+    precision: str = run_option("precision", engine=True)
     tensorboard: bool = option(False, help="also write TensorBoard scalars to OUT/tensorboard (needs: pip install "
                                "'spe[log]')")
     keep_checkpoints: int = option(2, _POSITIVE, "checkpoints kept in OUT/checkpoints")

@@ -89,3 +89,14 @@ def test_a_synth_plan_names_the_training_length_by_its_new_flag(capsys):
     assert main(["synth", "--plan", "learned-time-flip-flop-quick", "--train-length", "32"]) == 2
     err = capsys.readouterr().err
     assert "--seq-len" in err and "--train-length" not in err, err
+
+
+def test_a_configs_run_options_are_the_records_fields():
+    from spe.lab.lra.config import LRAConfig
+    from spe.lab.synth.config import SynthConfig
+    from spe.lab.train.config import TrainConfig
+
+    for config in (ExperimentOptions, TrainConfig, LRAConfig, SynthConfig):
+        for f in fields(config):
+            if f.name in RUN:
+                assert f.metadata.get("help") == RUN[f.name], (config.__name__, f.name)

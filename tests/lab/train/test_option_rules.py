@@ -122,7 +122,7 @@ def test_spe_train_refuses_a_flag_value_in_the_same_words(tmp_path, no_work, cap
     out = tmp_path / "run"
     assert main(["train", "--lr", "nan", "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("spe train: error: lr ") and err.endswith("> 0, got nan\n") and len(err.splitlines()) == 1
+    assert err.startswith("spe train: error: --lr ") and err.endswith("> 0, got nan\n") and len(err.splitlines()) == 1
     assert not out.exists()
 
 

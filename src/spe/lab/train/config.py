@@ -21,7 +21,7 @@ from spe.encodings.registry import POSITIONAL_SPECS, positional_spec
 from spe.field_types import check_field_types
 from spe.models.config import ModelConfig
 from spe.lab.experiment import ExperimentOptions
-from spe.lab.options import read_toml
+from spe.lab.options import read_toml, run_option
 from spe.lab.train.state_passing import chain_steps
 
 __all__ = ["RESUME_FREE", "TrainConfig", "load_config_file", "packaged_config", "packaged_defaults",
@@ -136,7 +136,7 @@ class TrainConfig(ExperimentOptions):
     """
 
     cache_dir: str | None = None
-    out: str = "runs/default"
+    out: str = run_option("out", default="runs/default")
     seq_len: int = 256
     val_fraction: float = 0.05
     split_seed: int = 0
@@ -147,8 +147,8 @@ class TrainConfig(ExperimentOptions):
     merge_tracks: bool = False
     test_min_tokens: int = 0
     num_test_pieces: int = NUM_TEST_PIECES
-    seed: int = 0
-    threads: int = 0
+    seed: int = run_option("seed")
+    threads: int = run_option("threads")
     state_passing: bool = False
 
     def __post_init__(self) -> None:
