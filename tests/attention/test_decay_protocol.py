@@ -7,8 +7,12 @@ import hashlib
 import pytest
 import torch
 
+from spe.attention.decays import DECAYS
+from spe.attention.kernels import decay_form
+from spe.attention.layer import MultiHeadAttention
 from spe.models import ModelConfig
 from spe.models.decoder_lm import DecoderLM
+from spe.ops.decay import DECAY_MODES
 
 # (decay, attention, positional) -> the first 16 hex digits of SHA-256(parallel logits ‖ step logits)
 RECORDED = {
@@ -48,3 +52,17 @@ def test_logits_per_decay_are_bitwise_the_recorded_ones(case, one_thread):
             steps.append(out)
     digest = hashlib.sha256(full.numpy().tobytes() + torch.stack(steps, 1).numpy().tobytes()).hexdigest()
     assert digest[:16] == RECORDED[case]
+
+
+@pytest.mark.parametrize("name", DECAY_MODES)
+def test_each_decay_hands_the_kernel_the_form_it_declares(name):
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(16, 2, attention="linear-elu", decay=name)
+    assert layer.decay_kind is DECAYS[name]
+    x = torch.randn(2, 5, 16)
+    assert decay_form(layer.log_decay(x)) == DECAYS[name].form
+    if DECAYS[name].from_input:
+        with pytest.raises(ValueError, match=f"{name}.*pass x"):
+            layer.log_decay()
+        padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+        assert (layer.log_decay(x, padding)[1, 3:] == 0).all()  # padding keeps the state

@@ -8,10 +8,11 @@ import torch
 
 from spe.attention import MultiHeadAttention
 from spe.encodings import SineSPE, SPEFilter
-from spe.encodings.clock import LearnedClock, clock_reference, inverse_softplus
+from spe.encodings.clock import LearnedClock, inverse_softplus
 from spe.encodings.rope import LearnedTimeRotary, RotaryEncoding, rotate
-from spe.encodings.sine import (LearnedTimeSPEFilter, apply_sine_code_timed, apply_sine_code_timed_pair,
-                               apply_sine_code_timed_reference)
+from spe.encodings.sine import LearnedTimeSPEFilter
+from spe.ops.sine.apply import apply_sine_code_timed, apply_sine_code_timed_pair
+from spe.ops.sine.naive import apply_sine_code_timed_reference, clock_reference
 from spe.ops.sine import timed as timed_module
 from spe.ops.sine.costs import BLOCK_ELEMENTS
 from spe.ops.sine.timed import timed_trig

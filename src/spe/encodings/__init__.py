@@ -17,6 +17,10 @@
   :class:`LearnedTimeSPEFilter` (sineSPE) and :class:`LearnedTimeRotary` (RoPE).
 * What an attention layer asks of its positional module: :class:`LayerEncoding` (its decoding
   state in an :class:`EncodingState`).
+
+The functions that apply a code live with their kernels in :mod:`spe.ops.sine`;
+:func:`apply_code_reference` and :func:`apply_sine_code_fused` are re-exported here, where they
+were first public, as is :func:`sine_phase` (:mod:`spe.ops.sine.phases`).
 """
 
 from spe.encodings.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -25,7 +29,7 @@ from spe.encodings.code import DenseCode, SineCode, SPECode
 from spe.encodings.conv import ConvSPE
 from spe.encodings.clock import LearnedClock
 from spe.encodings.cosformer import CosFormerReweighting
-from spe.encodings.filter import SPEFilter, apply_code_reference, apply_sine_code_fused
+from spe.encodings.filter import SPEFilter
 from spe.encodings.gates import ChannelGate, ScalarGate
 from spe.encodings.lrpe import LRPE
 from spe.encodings.music_relative import MusicRelativePosition
@@ -37,6 +41,8 @@ from spe.encodings.shaw import ShawRelativePosition
 from spe.encodings.short_conv import ShortConvolution, ShortConvState, depthwise_conv, depthwise_conv_reference
 from spe.encodings.sine import LearnedTimeSPEFilter, SineSPE, sine_phase
 from spe.encodings.spec import EncodingState, LayerEncoding
+from spe.ops.sine.apply import apply_sine_code_fused
+from spe.ops.sine.naive import apply_code_reference
 
 __all__ = [
     "LRPE", "ALiBi", "ChannelGate", "ConvSPE", "CosFormerReweighting", "DenseCode", "EncodingState", "LayerEncoding",

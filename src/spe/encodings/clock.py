@@ -22,6 +22,10 @@ would only add a constant to every τ, which a relative encoding does not see. P
 Precision: τ is summed in float64 (a float32 sum of L steps of size ≈ 1 is off by ~L·6e-8, a
 phase error of 2π f·1e-3 at L = 16,384), and the encodings reduce their phases from it in
 float64 (:func:`spe.ops.sine.phases.sine_phase`, :func:`spe.encodings.rope.rotate`).
+
+This module holds the clock's parameters; the sum is :func:`spe.ops.sine.clock.clock_times`
+and its float64 twin :func:`spe.ops.sine.naive.clock_reference` (re-exported here, where it was
+first public).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spe.encodings.spec import KeepsFullPrecision
+from spe.ops.sine.clock import clock_times
+from spe.ops.sine.naive import clock_reference  # re-exported: its earlier public path
 
 __all__ = ["CLOCK_TIMES", "LearnedClock", "clock_reference", "inverse_softplus"]
 
@@ -43,25 +49,6 @@ CLOCK_TIMES = ("index", "learned")
 def inverse_softplus(y: float) -> float:
     """b with softplus(b) = y (> 0): log(e^y − 1)."""
     return y + math.log(-math.expm1(-y))
-
-
-def clock_reference(x: Tensor, weight: Tensor, bias: Tensor, start: Tensor | None = None) -> Tensor:
-    """The clock of :class:`LearnedClock`, step by step in float64 (the slow twin, for tests).
-
-    Args:
-        x: (B, L, C) the layer's input.
-        weight: (H, C) w; bias: (H,) b.
-        start: (B, H) the time of the position before x's first (None: x starts the sequence).
-
-    Returns:
-        (B, L, H) τ in float64.
-    """
-    delta = F.softplus(torch.einsum("blc,hc->blh", x.double(), weight.double()) + bias.double())
-    times, now = [], start
-    for t in range(x.shape[1]):
-        now = torch.zeros_like(delta[:, 0]) if now is None else now.double() + delta[:, t]
-        times.append(now)
-    return torch.stack(times, dim=1) if times else delta
 
 
 class LearnedClock(KeepsFullPrecision):
@@ -116,16 +103,7 @@ class LearnedClock(KeepsFullPrecision):
         Raises:
             ValueError: if ``start`` is not (B, H).
         """
-        delta = self.steps(x, key_padding_mask).double()
-        times = delta.cumsum(dim=1)
-        if start is None:
-            times = times - delta[:, :1]  # τ_0 = 0: the first token's step is not counted
-        else:
-            if start.shape != delta.shape[::2]:
-                raise ValueError(f"the clock's state must be (batch, num_heads) = {tuple(delta.shape[::2])}, "
-                                 f"got {tuple(start.shape)}")
-            times = times + start.double()[:, None]
-        return times, times[:, -1]
+        return clock_times(self.steps(x, key_padding_mask), start)
 
     def extra_repr(self) -> str:
         return f"d_model={self.weight.shape[1]}, num_heads={self.weight.shape[0]}"

@@ -1,7 +1,13 @@
-"""Applying an SPE code to queries and keys, with optional gating.
+"""The SPE filter: applies an SPE code to queries and keys, with optional gating.
 
 Eq. (16)-(17) and (23)-(25) of Liutkus et al. 2021. Letters: B = batch, L = length,
 H = num_heads, D = head_dim, R = num_realizations, K = num_sines.
+
+This module holds the filter's parameters (the gate) and picks an implementation; the
+mathematics lives in :mod:`spe.ops.sine.apply` (:func:`apply_code`, :func:`apply_sine_code_fused`,
+:func:`apply_sine_code_blocked`) and its float64 twin in :mod:`spe.ops.sine.naive`
+(:func:`apply_code_reference`). Those four names are re-exported here, where they were first
+public, for code that imports them from ``spe.encodings.filter``.
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from torch import Tensor, nn
 from spe.encodings.code import ConvCode, SineCode, SPECode
 from spe.encodings.positions import require_positive
 from spe.ops.conv import conv_code_product
-from spe.ops.sine.costs import MATERIALIZE_LIMIT, block_budget, choose_sine_impl
-from spe.ops.sine import FusedSineProduct, SharedSineProduct
+from spe.ops.sine.apply import (apply_code, apply_sine_code_blocked, apply_sine_code_fused, gate_term,
+                                scaled_input)
+from spe.ops.sine.costs import MATERIALIZE_LIMIT, choose_sine_impl
+from spe.ops.sine.naive import apply_code_reference
 from spe.encodings.spec import LayerEncoding, head_dim, option
 
 __all__ = ["IMPLS", "SPEFilter", "SPEOptions", "apply_code", "check_gate_init", "apply_code_reference",
@@ -47,113 +55,6 @@ def _check(queries: Tensor, keys: Tensor, code: SPECode, num_heads: int, head_di
             raise ValueError(f"SPEFilter: {name} must be floating point, got {x.dtype}")
 
 
-def _scaled(x: Tensor, factor: Tensor | float) -> Tensor:
-    # formed in the wider of the two dtypes and rounded once to x's (under bf16 autocast the
-    # matrix product would round it to bf16 anyway; a float64 x keeps float64)
-    return (x * factor).to(x.dtype)
-
-
-def apply_code_reference(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
-    """Straightforward eq. (16)/(17) (+ gating (23)-(25)) from a materialised code.
-
-    The slow, obviously correct twin of :func:`apply_code`: it forms the gated code.
-
-    Args:
-        x: (B, L, H, D) queries or keys.
-        bar: (L, H, D, R) code Q̄ or K̄.
-        gate: (H, D) δ in [0, 1], or None for no gating.
-        gate_noise: (H, D, R) ε.
-
-    Returns:
-        (B, L, H, R): Σ_d x_d (√(1−δ_d) bar_d + √δ_d ε_d) / (D·R)^{1/4}, in x's dtype (the
-        code and gate are cast to it, as in every implementation).
-    """
-    d, r = bar.shape[-2], bar.shape[-1]
-    if gate is not None:
-        bar = torch.sqrt(1 - gate)[..., None] * bar + (torch.sqrt(gate)[..., None] * gate_noise)[None]
-    return torch.einsum("blhd,lhdr->blhr", x, bar.to(x.dtype)) / (d * r) ** 0.25
-
-
-def _gate_term(x: Tensor, gate: Tensor, gate_noise: Tensor, scale: float) -> Tensor:
-    # Σ_d x_d √δ_d ε_d: the gate noise is the same at every position, one (D × R) product per head.
-    return torch.einsum("blhd,hdr->blhr", _scaled(x, torch.sqrt(gate)), (gate_noise * scale).to(x.dtype))
-
-
-def apply_code(x: Tensor, bar: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
-    """Eq. (16)/(17) with gating, the gate folded into x so the shared code stays ungated.
-
-    Σ_d x_d (√(1−δ_d) Q̄_d + √δ_d ε_d) = Σ_d (x_d √(1−δ_d)) Q̄_d + Σ_d (x_d √δ_d) ε_d: no
-    per-layer copy of the (L, H, D, R) code is made.
-
-    Args and returns as :func:`apply_code_reference`.
-    """
-    d, r = bar.shape[-2], bar.shape[-1]
-    scale = (d * r) ** -0.25
-    xs = _scaled(x, scale if gate is None else torch.sqrt(1 - gate) * scale)
-    out = torch.einsum("blhd,lhdr->blhr", xs, bar.to(x.dtype))
-    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
-
-
-def apply_sine_code_fused(x: Tensor, frequencies: Tensor, phases: Tensor | None, positions: Tensor,
-                          weights: Tensor, gate: Tensor | None, gate_noise: Tensor, *,
-                          block_elements: int | None = None) -> Tensor:
-    """Fused sineSPE filter: one matrix product over the (D × 2K) axis per head.
-
-    Same value as :func:`apply_code_reference` on the materialised code, without forming the
-    (L, H, D, R) code nor the (L, H, D, 2K) features Ω: q̂[m] = Σ_{d,j} (x_d Ω[m,d,j]) ·
-    (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4}, computed in blocks of positions with recomputation in
-    backward, so the extra memory is O(B·L·H·R) plus one block of ``block_elements`` products.
-    Costs B·L·H·D·2K·R multiply-adds (the code is recomputed for every example).
-
-    Args:
-        x: (B, L, H, D).
-        frequencies: (H, D, K) f, cycles per position.
-        phases: (H, D, K) θ (queries), or None (keys).
-        positions: (L,) positions of x.
-        weights: (H, D, 2K, R) λ̈ Z / √(2K).
-        gate: (H, D) δ, or None.
-        gate_noise: (H, D, R) ε.
-        block_elements: size of one block of (x_d Ω) products (default 2²⁰ on a CPU, more on
-            a GPU: :func:`~spe.ops.sine.costs.block_budget`).
-
-    Returns:
-        (B, L, H, R).
-    """
-    b, n, h, d = x.shape
-    two_k, r = weights.shape[-2], weights.shape[-1]
-    scale = (d * r) ** -0.25
-    xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
-    budget = block_elements if block_elements is not None else block_budget("fused", x.device)
-    block = max(1, budget // max(1, b * h * d * two_k))
-    w = (weights * scale).to(x.dtype).reshape(h, d * two_k, r)
-    out = FusedSineProduct.apply(xs, frequencies, phases, positions, w, block)
-    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
-
-
-def apply_sine_code_blocked(x: Tensor, frequencies: Tensor, phases: Tensor | None, positions: Tensor,
-                            weights: Tensor, gate: Tensor | None, gate_noise: Tensor, *,
-                            block_elements: int | None = None) -> Tensor:
-    """Batch-shared blocked sineSPE filter: each block's code is formed once for the batch.
-
-    Same value as :func:`apply_code_reference`. Per block of positions, the (l, H, D, R) code
-    Q̄ = Ω diag(λ̈) Z / √(2K) of eq. (20)-(21) is formed once, applied to every example
-    (eq. 16-17) and freed; backward forms it again. Costs L·H·D·2K·R + B·L·H·D·R multiply-adds
-    (instead of the fused form's B·L·H·D·2K·R) and, beyond the (B, L, H, R) output, one block
-    code of at most ``block_elements`` elements.
-
-    Args and returns as :func:`apply_sine_code_fused`; ``block_elements`` bounds l·H·D·R
-    (default 2²¹ on a CPU, more on a GPU).
-    """
-    b, n, h, d = x.shape
-    r = weights.shape[-1]
-    scale = (d * r) ** -0.25
-    xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
-    budget = block_elements if block_elements is not None else block_budget("blocked", x.device)
-    block = max(1, budget // max(1, h * d * r))
-    out = SharedSineProduct.apply(xs, frequencies, phases, positions, (weights * scale).to(x.dtype), block)
-    return out if gate is None else out + _gate_term(x, gate, gate_noise, scale)
-
-
 def apply_conv_code_blocked(queries: Tensor, keys: Tensor, code: ConvCode, gate: Tensor | None, *,
                             block_elements: int = 1 << 22) -> tuple[Tensor, Tensor]:
     """Eq. (16)-(17) with a convSPE code applied a block of positions at a time.
@@ -174,12 +75,12 @@ def apply_conv_code_blocked(queries: Tensor, keys: Tensor, code: ConvCode, gate:
     d, r = queries.shape[-1], code.num_realizations
     scale = (d * r) ** -0.25
     factor = scale if gate is None else torch.sqrt(1 - gate) * scale
-    q_hat, k_hat = conv_code_product(_scaled(queries, factor), _scaled(keys, factor), code.noise, code.filters_q,
+    q_hat, k_hat = conv_code_product(scaled_input(queries, factor), scaled_input(keys, factor), code.noise, code.filters_q,
                                      code.filters_k, use_fft=code.use_fft, block_elements=block_elements)
     if gate is None:
         return q_hat, k_hat
-    return (q_hat + _gate_term(queries, gate, code.gate_noise, scale),
-            k_hat + _gate_term(keys, gate, code.gate_noise, scale))
+    return (q_hat + gate_term(queries, gate, code.gate_noise, scale),
+            k_hat + gate_term(keys, gate, code.gate_noise, scale))
 
 
 IMPLS = ("auto", "fused", "materialized", "blocked", "reference")

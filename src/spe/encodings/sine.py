@@ -4,6 +4,12 @@ music's onsets (:class:`OnsetSPEFilter`).
 
 Letters: B = batch, L = length, C = d_model, H = num_heads, D = head_dim, R = num_realizations,
 K = num_sines.
+
+This module holds the encodings' parameters (frequencies, phases, gains, clocks) and draws the
+codes; the code's application at per-sequence times is :mod:`spe.ops.sine.apply`
+(:func:`apply_sine_code_timed`, :func:`apply_sine_code_timed_pair`) and its float64 twin
+:func:`spe.ops.sine.naive.apply_sine_code_timed_reference`. Those three names are re-exported
+here, where they were first public, for code that imports them from ``spe.encodings.sine``.
 """
 
 from __future__ import annotations
@@ -16,16 +22,18 @@ from torch import Tensor, nn
 
 from spe.encodings.clock import CLOCK_TIMES, LearnedClock
 from spe.encodings.code import SineCode, SPECode
+from spe.ops.sine.apply import apply_sine_code_timed, apply_sine_code_timed_pair
+from spe.ops.sine.naive import apply_sine_code_timed_reference
 from spe.ops.sine.phases import sine_phase
-from spe.ops.sine.timed import TimedSineProduct
 from spe.encodings.positions import (NOISE_DTYPE, check_code_seed, code_generator, require_positive,
                                      resolve_positions)
-from spe.encodings.filter import SPEFilter, SPEOptions, _check, _gate_term, _scaled, build_filter
+from spe.encodings.filter import SPEFilter, SPEOptions, _check, build_filter
 from spe.encodings.spec import KeepsFullPrecision, PositionalSpec, head_dim, option
 
 __all__ = ["CODE_NOISES", "FREQUENCY_INITS", "SPE_TIMES", "LearnedTimeSPEFilter", "OnsetSPEFilter", "SineOptions",
            "SineSPE", "TimedSPEFilter",
-           "apply_sine_code_timed", "apply_sine_code_timed_pair", "apply_sine_code_timed_reference", "orthogonal_noise", "sine_phase",
+           "apply_sine_code_timed", "apply_sine_code_timed_pair", "apply_sine_code_timed_reference",
+           "orthogonal_noise", "sine_phase",
            "SPEC"]
 
 # the accepted values of SineSPE's ``noise`` and ``frequency_init`` (ModelConfig checks them too)
@@ -211,111 +219,6 @@ class SineSPE(KeepsFullPrecision):
         lags = torch.as_tensor(lags, device=self.frequency_logits.device)
         angle = sine_phase(self.frequencies, lags).permute(1, 2, 0, 3) + self.phases[:, :, None]
         return (self.gains[:, :, None] ** 2 * torch.cos(angle)).sum(-1) / (2 * self.num_sines)
-
-
-def _timed_weights(weights: Tensor, phases: Tensor | None, scale: float, dtype: torch.dtype) -> Tensor:
-    # the cos and sin halves (interleaved along 2K) of the code's weights, stacked (2, H, K·D, R)
-    # in rows (k, d), with the queries' θ folded in:
-    #   cos(a + θ) w_c + sin(a + θ) w_s = cos a (cos θ w_c + sin θ w_s) + sin a (cos θ w_s − sin θ w_c)
-    h, d, two_k, r = weights.shape
-    w = (weights * scale).view(h, d, two_k // 2, 2, r)
-    w_cos, w_sin = w[..., 0, :], w[..., 1, :]
-    if phases is not None:
-        c, s = torch.cos(phases)[..., None], torch.sin(phases)[..., None]
-        w_cos, w_sin = c * w_cos + s * w_sin, c * w_sin - s * w_cos
-    return torch.stack([w_.transpose(1, 2).reshape(h, -1, r) for w_ in (w_cos, w_sin)]).to(dtype)
-
-
-def _head_major(x: Tensor) -> Tensor:
-    # (B, L, H, ...) -> (H, B·L, ...)
-    return x.movedim(2, 0).reshape(x.shape[2], x.shape[0] * x.shape[1], *x.shape[3:])
-
-
-def _batch_major(y: Tensor, b: int, n: int) -> Tensor:
-    # (H, B·L, R) -> (B, L, H, R)
-    return y.view(y.shape[0], b, n, y.shape[-1]).permute(1, 2, 0, 3)
-
-
-def _apply_timed(sides: list[tuple[Tensor, Tensor | None]], frequencies: Tensor, times: Tensor, weights: Tensor,
-                 gate: Tensor | None, gate_noise: Tensor) -> list[Tensor]:
-    # one or two (x (B, L, H, D), θ or None) sides through one TimedSineProduct (one set of
-    # features for both), gated as eq. (23)-(25): -> their (B, L, H, R)
-    b, n, _, d = sides[0][0].shape
-    scale = (d * weights.shape[-1]) ** -0.25
-    inputs = []
-    for x, phases in sides:
-        xs = x if gate is None else _scaled(x, torch.sqrt(1 - gate))
-        inputs += [_head_major(xs), _timed_weights(weights, phases, scale, x.dtype)]
-    if len(sides) == 1:
-        inputs += [None, None]  # the product's second side absent
-    ys = TimedSineProduct.apply(frequencies, _head_major(times), *inputs)
-    outs = [_batch_major(y, b, n) for y in ys[:len(sides)]]
-    if gate is not None:
-        outs = [out + _gate_term(x, gate, gate_noise, scale) for out, (x, _) in zip(outs, sides)]
-    return outs
-
-
-def apply_sine_code_timed(x: Tensor, frequencies: Tensor, phases: Tensor | None, times: Tensor,
-                          weights: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
-    """Eq. (16)/(17) (+ gating (23)-(25)) with the code's sinusoids read at per-sequence times τ.
-
-    q̂[b, m] = Σ_{d,j} x_d Ω_j(τ_bmh) (λ̈_dj Z_d[j] / √(2K)) / (DR)^{1/4} with Ω the cos/sin of
-    2π f_dk τ (+ θ_dk for queries), the phases reduced modulo 1 in float64, θ folded into the
-    weights. The code is no longer shared by the batch: this costs B·L·H·D·2K·R multiply-adds,
-    the fused index form's (:func:`~spe.encodings.filter.apply_sine_code_fused`), instead of the
-    materialised form's L·H·D·2K·R + B·L·H·D·R, and forms the cos and sin features one block of
-    positions at a time, in forward and again in backward, never for the whole sequence
-    (:class:`~spe.ops.sine.timed.TimedSineProduct`). Queries and keys read the same features:
-    :func:`apply_sine_code_timed_pair` forms them once for both.
-
-    Args:
-        x: (B, L, H, D) queries or keys.
-        frequencies: (H, D, K) f, cycles per unit of time.
-        phases: (H, D, K) θ (queries), or None (keys).
-        times: (B, L, H) τ (float64 keeps the phases exact at large τ).
-        weights: (H, D, 2K, R) λ̈ Z / √(2K).
-        gate: (H, D) δ, or None.
-        gate_noise: (H, D, R) ε.
-
-    Returns:
-        (B, L, H, R) in x's dtype.
-    """
-    return _apply_timed([(x, phases)], frequencies, times, weights, gate, gate_noise)[0]
-
-
-def apply_sine_code_timed_pair(q: Tensor, k: Tensor, frequencies: Tensor, phases: Tensor, times: Tensor,
-                               weights: Tensor, gate: Tensor | None, gate_noise: Tensor) -> tuple[Tensor, Tensor]:
-    """q̂ and k̂ of :func:`apply_sine_code_timed` (queries with the code's θ, keys without) from one
-    set of cos and sin features: half the phase reduction and trigonometry of two calls.
-
-    Args:
-        q, k: (B, L, H, D) queries and keys.
-        phases: (H, D, K) the queries' θ.
-        frequencies, times, weights, gate, gate_noise: as :func:`apply_sine_code_timed`.
-
-    Returns:
-        (q̂, k̂), each (B, L, H, R) in the dtype of q and k.
-    """
-    q_hat, k_hat = _apply_timed([(q, phases), (k, None)], frequencies, times, weights, gate, gate_noise)
-    return q_hat, k_hat
-
-
-def apply_sine_code_timed_reference(x: Tensor, frequencies: Tensor, phases: Tensor | None, times: Tensor,
-                                    weights: Tensor, gate: Tensor | None, gate_noise: Tensor) -> Tensor:
-    """:func:`apply_sine_code_timed` the straightforward way, in float64: each sequence's code
-    Q̄ (B, L, H, D, R) of eq. (20)-(21) at times τ, gated as eq. (23)-(25), then applied (eq. 16/17).
-    No phase reduction: cos(2π f τ + θ) in float64 (exact enough up to τ ≈ 10⁹). Returns
-    (B, L, H, R) float64."""
-    d, r = weights.shape[1], weights.shape[-1]
-    angle = 2 * math.pi * frequencies.double() * times.double()[..., None, None]  # (B, L, H, D, K)
-    if phases is not None:
-        angle = angle + phases.double()
-    omega = torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1).flatten(-2)
-    bar = torch.einsum("blhdj,hdjr->blhdr", omega, weights.double())
-    if gate is not None:
-        gate = gate.double()
-        bar = torch.sqrt(1 - gate)[..., None] * bar + torch.sqrt(gate)[..., None] * gate_noise.double()
-    return torch.einsum("blhd,blhdr->blhr", x.double(), bar) / (d * r) ** 0.25
 
 
 class TimedSPEFilter(SPEFilter):

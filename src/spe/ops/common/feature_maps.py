@@ -21,8 +21,8 @@ class ScaledFeatures:
     """Key features that travel with their scale: φ(k_n) = features_n · exp(log_scale_n).
 
     What :func:`favor_key_features` returns. Pass it whole as ``phi_k`` to any linear kernel
-    (:func:`~spe.ops.linear.linear_attention`, :func:`~spe.ops.linear.causal_linear_attention`,
-    :func:`~spe.ops.recurrent.linear_attention_step`, …): the kernel reads the scale, as if
+    (:func:`~spe.ops.linear_attn.linear_attention`, :func:`~spe.ops.linear_attn.causal_linear_attention`,
+    :func:`~spe.ops.linear_attn.linear_attention_step`, …): the kernel reads the scale, as if
     given ``key_log_scale=log_scale``. ``features`` alone is *not* φ(k) (each key is divided by
     its own largest feature), so the object does not unpack like a tuple: that would make it
     easy to pass the features without their scale, a silently different attention.
@@ -155,7 +155,7 @@ def favor_key_features(x: Tensor, projection: Tensor) -> ScaledFeatures:
     Each key is divided by its own largest feature (detached), so features lie in (0, 1/√M]
     whatever R and the keys' norms; the kernels read the scale from the returned
     :class:`ScaledFeatures` (pass it as ``phi_k``) and bring keys to a common scale with a
-    causal running maximum (:func:`spe.ops.linear.causal_linear_attention`), so nothing
+    causal running maximum (:func:`spe.ops.linear_attn.causal_linear_attention`), so nothing
     overflows and no key's weight is clipped.
 
     Args:

@@ -55,7 +55,7 @@ def decay_attention_reference(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_decay
     Args:
         phi_q, phi_k: (B, L, H, M); v: (B, L, H, E); log_decay: (H,) λ = log γ, or a gate
             (B, L, H) or (B, L, H, M).
-        causal, window: as :func:`~spe.ops.linear.causal_linear_attention`.
+        causal, window: as :func:`~spe.ops.linear_attn.causal_linear_attention`.
         normalizer: (ψ(q), ψ(k)) (B, L, H, M') for the denominator, or None (ψ = φ).
         key_log_scale: (B, L, H) a_n, φ(k_n) = phi_k_n · e^{a_n} (taken relative to the
             largest a_n of each example and head; keep them within ±700 nats); None when

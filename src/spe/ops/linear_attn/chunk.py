@@ -271,7 +271,7 @@ def causal_linear_attention_with_state(phi_q: Tensor, phi_k: Tensor, v: Tensor, 
         (B, L, H, E) output in ``v``'s dtype, and the final state (in the kernel's dtype, at
         least float32): :class:`~spe.ops.common.state.LinearAttentionState` (whole past) or
         :class:`~spe.ops.common.state.RecentKeys` (window), their ``Scaled`` subclasses with
-        ``key_log_scale``; :func:`~spe.ops.recurrent.linear_attention_step` or another call
+        ``key_log_scale``; :func:`~spe.ops.linear_attn.linear_attention_step` or another call
         continues from it.
     """
     check_normaliser_features(phi_q, phi_k, normalizer, normalize, "causal_linear_attention_with_state")

@@ -3,7 +3,7 @@
 Letters: B = batch, L = length, H = num_heads, D = head_dim, K = num_sines (J = 2K),
 R = num_realizations, U = L·H·D·R.
 
-The implementations are :func:`spe.encodings.filter.apply_code` on a materialised code, and
+The implementations are :func:`spe.ops.sine.apply.apply_code` on a materialised code, and
 the blocked products (``fused``, :mod:`spe.ops.sine.fused`: one GEMM of inner size D·2K
 per example; ``blocked``, :mod:`spe.ops.sine.blocked`: each block's code formed once for the
 batch). The constants were

@@ -14,7 +14,7 @@ sin a sin θ), so both sides read one set of cos and sin. :class:`TimedSineProdu
 for one block of positions at a time and again in backward, so its extra memory is one block
 whatever the length, and the phases, reduced modulo 1 in float64 (as
 :func:`~spe.ops.sine.phases.sine_phase`), are never kept. Its slow twin is
-:func:`spe.encodings.sine.apply_sine_code_timed_reference` (the code formed whole in float64);
+:func:`spe.ops.sine.naive.apply_sine_code_timed_reference` (the code formed whole in float64);
 tests compare them forward and backward. A block's elementwise passes are two pure functions
 (``_features`` forward, ``_feature_grads`` backward), run as written or, under :data:`COMPILE`,
 through ``torch.compile`` as fused loops; the matrix products stay ``bmm``.
