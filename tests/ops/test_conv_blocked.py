@@ -183,3 +183,43 @@ def test_float32_and_bfloat16_inputs_keep_their_dtypes_and_stay_near_float64():
             assert (got.double() - ref).abs().max() <= tol * scale
         (q.float().square().sum() + k.float().sum()).backward()
         assert xq.grad.dtype == dtype and fq.grad.dtype == torch.float32 and torch.isfinite(fk.grad).all()
+
+
+def _reference_codes(z, filters):
+    # Q̄[t, h, d, r] = Σ_p Φ[h, d, p] Z[h, d, r, t + P − 1 − p], written out
+    p = filters[0].shape[-1]
+    windows = z.unfold(-1, p, 1)[..., :z.shape[-1] - p + 1, :].flip(-1)  # (H, D, R, L, P)
+    return [torch.einsum("hdrtp,hdp->thdr", windows, f) for f in filters]
+
+
+@pytest.mark.parametrize("block_elements", [1, 1 << 22])  # spans of 4P, one span
+def test_fft_filter_in_spans_equals_the_written_out_codes_forward_and_backward(block_elements, monkeypatch):
+    import spe.ops.conv.filters as filters
+
+    monkeypatch.setattr(filters, "BLOCK_ELEMENTS", block_elements)
+    z, (_, _, fq, fk) = _inputs(n=90, p=5)
+    codes = filters.fft_filter(z, [fq, fk])
+    want = _reference_codes(z, [fq, fk])
+    w = torch.randn(want[0].shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    for got, ref in zip(codes, want):
+        assert got.is_contiguous()
+        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+    got = torch.autograd.grad((codes[0] * w).sum() + codes[1].square().sum(), (fq, fk))
+    ref = torch.autograd.grad((want[0] * w).sum() + want[1].square().sum(), (fq, fk))
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    # one code's gradient alone (the other unused): no gradient for the unused filter
+    assert torch.autograd.grad(filters.fft_filter(z, [fq, fk])[1].sum(), (fq, fk), allow_unused=True)[0] is None
+
+
+def test_fft_filter_codes_read_no_future_noise(monkeypatch):
+    import spe.ops.conv.filters as filters
+
+    monkeypatch.setattr(filters, "BLOCK_ELEMENTS", 1)
+    z, (_, _, fq, _) = _inputs(n=90, p=5)
+    m = 50
+    later = z.clone()
+    later[..., m + 4:] += 1.0
+    before, after = filters.fft_filter(z, [fq])[0], filters.fft_filter(later, [fq])[0]
+    torch.testing.assert_close(after[:m], before[:m], rtol=1e-12, atol=1e-12)
+    assert (after[m] - before[m]).abs().min() > 1e-6

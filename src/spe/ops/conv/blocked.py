@@ -30,24 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spe.ops.conv.filters import direct_filter, time_first
+from spe.ops.conv.filters import (BLOCK_ELEMENTS, add_filter_grad, block_length, direct_filter, filter_grad,
+                                  filter_spectrum, new_filter_spectrum, span_code)
 
 __all__ = ["block_length", "conv_code_product"]
-
-
-def block_length(target: int, kernel_size: int, length: int | None = None) -> int:
-    """The number of positions l of a block whose noise span N = l + P − 1 is a power of two.
-
-    N is the largest power of two with l ≤ ``target``, but at least 4P (so that the P − 1
-    samples of overlap stay under a quarter of each span) and no more than the smallest
-    power of two that covers ``length`` positions in one block.
-    """
-    p = kernel_size
-    n = 1 << max(0, (max(1, target) + p - 1).bit_length() - 1)  # largest power of two ≤ target + P − 1
-    n = max(n, 1 << (4 * p - 1).bit_length())
-    if length is not None:
-        n = min(n, 1 << (length + p - 2).bit_length())
-    return n - p + 1
 
 
 def _apply(x: Tensor, code: Tensor) -> Tensor:
@@ -57,11 +43,7 @@ def _apply(x: Tensor, code: Tensor) -> Tensor:
 
 def _spectra(z: Tensor, fq: Tensor, fk: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
     """(Ẑ, Φ̂^Q, Φ̂^K) of one noise span and the filters at FFT size n."""
-    return torch.fft.rfft(z, n=n), torch.fft.rfft(fq, n=n)[:, :, None], torch.fft.rfft(fk, n=n)[:, :, None]
-
-
-def _fft_codes(zf: Tensor, ff: Tensor, n: int, p: int, l: int) -> Tensor:
-    return time_first(torch.fft.irfft(zf * ff, n=n), p - 1, l)
+    return torch.fft.rfft(z, n=n), filter_spectrum(fq, n), filter_spectrum(fk, n)
 
 
 def _products(queries: Tensor, keys: Tensor, z: Tensor, p: int, block: int, codes) -> tuple[Tensor, Tensor]:
@@ -87,7 +69,7 @@ class _ConvCodeProductFFT(torch.autograd.Function):
 
         def codes(span: Tensor, l: int) -> tuple[Tensor, Tensor]:
             zf, fqf, fkf = _spectra(span, fq, fk, n)
-            return _fft_codes(zf, fqf, n, p, l), _fft_codes(zf, fkf, n, p, l)
+            return span_code(zf, fqf, n, p, l), span_code(zf, fkf, n, p, l)
 
         with torch.no_grad():
             out_q, out_k = _products(queries, keys, z, p, block, codes)
@@ -106,9 +88,7 @@ class _ConvCodeProductFFT(torch.autograd.Function):
         gq = torch.empty_like(queries) if need_q else None
         gk = torch.empty_like(keys) if need_k else None
         # Σ over blocks of Σ_r Ĝ conj(Ẑ): the filters' gradients, in the frequency domain
-        complex_dtype = (torch.ones(1, dtype=fq.dtype) * 1j).dtype
-        sq, sk = (fq.new_zeros(*fq.shape[:2], n // 2 + 1, dtype=complex_dtype) if need else None
-                  for need in (need_fq, need_fk))
+        sq, sk = (new_filter_spectrum(fq, n) if need else None for need in (need_fq, need_fk))
         for s in range(0, length, block):
             e = min(length, s + block)
             zf, fqf, fkf = _spectra(z[..., s:e + p - 1], fq, fk, n)
@@ -117,18 +97,12 @@ class _ConvCodeProductFFT(torch.autograd.Function):
                     continue
                 xs, gs = x[:, s:e].permute(1, 2, 0, 3), g[:, s:e].permute(1, 2, 0, 3)  # (l, H, B, ·)
                 if grad_x is not None:
-                    code = _fft_codes(zf, ff, n, p, e - s).to(x.dtype)
+                    code = span_code(zf, ff, n, p, e - s).to(x.dtype)
                     grad_x[:, s:e] = torch.matmul(gs, code.transpose(-1, -2)).permute(2, 0, 1, 3)
                 if spec is not None:
-                    code_grad = torch.matmul(xs.transpose(-1, -2), gs).to(z.dtype)  # (l, H, D, R)
-                    h, d, r = code_grad.shape[1:]
-                    time_last = code_grad.view(e - s, h * d * r).t().contiguous()  # a fast 2-D transpose
-                    spec += torch.linalg.vecdot(zf, torch.fft.rfft(time_last, n=n).view(h, d, r, -1), dim=2)
-        # G enters the correlation shifted by P − 1 samples: one phase per frequency, after the sums
-        shift = torch.exp(-2j * torch.pi * (p - 1) / n * torch.arange(n // 2 + 1, device=z.device,
-                                                                          dtype=fq.dtype))
-        gfq = torch.fft.irfft(sq * shift, n=n)[..., :p] if sq is not None else None
-        gfk = torch.fft.irfft(sk * shift, n=n)[..., :p] if sk is not None else None
+                    add_filter_grad(spec, zf, torch.matmul(xs.transpose(-1, -2), gs), n)  # G (l, H, D, R)
+        gfq = filter_grad(sq, n, p) if sq is not None else None
+        gfk = filter_grad(sk, n, p) if sk is not None else None
         return gq, gk, None, gfq, gfk, None
 
 
@@ -168,7 +142,7 @@ class _ConvCodeProductDirect(torch.autograd.Function):
 
 
 def conv_code_product(queries: Tensor, keys: Tensor, z: Tensor, filters_q: Tensor, filters_k: Tensor, *,
-                      use_fft: bool = True, block_elements: int = 1 << 22) -> tuple[Tensor, Tensor]:
+                      use_fft: bool = True, block_elements: int = BLOCK_ELEMENTS) -> tuple[Tensor, Tensor]:
     """q̂ = Σ_d x_d Q̄_d and k̂ = Σ_d x_d K̄_d (eq. 16-17) with Q̄, K̄ filtered noise (eq. 22),
     never forming the whole codes.
 

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["direct_filter", "fft_filter", "fft_size", "time_first"]
+__all__ = ["BLOCK_ELEMENTS", "add_filter_grad", "block_length", "direct_filter", "fft_filter", "fft_size",
+           "filter_grad", "filter_spectrum", "new_filter_spectrum", "span_code", "time_first"]
 
 
 def fft_size(n: int) -> int:
@@ -27,26 +28,115 @@ def fft_size(n: int) -> int:
     return best
 
 
+# Elements of one block's code (l·H·D·R) in the blocked FFTs: spans of 512 samples at the main
+# job's sizes (H·D·R = 8,192), measured the fastest of 2^21-2^24 (one thread, L = 4,096; larger
+# blocks fall out of the caches).
+BLOCK_ELEMENTS = 1 << 22
+
+
+def block_length(target: int, kernel_size: int, length: int | None = None) -> int:
+    """The number of positions l of a block whose noise span N = l + P − 1 is a power of two.
+
+    N is the largest power of two with l ≤ ``target``, but at least 4P (so that the P − 1
+    samples of overlap stay under a quarter of each span) and no more than the smallest
+    power of two that covers ``length`` positions in one block. (Power-of-two transforms were
+    measured 1.7× faster per sample than 5-smooth ones near 2,000.)
+    """
+    p = kernel_size
+    n = 1 << max(0, (max(1, target) + p - 1).bit_length() - 1)  # largest power of two ≤ target + P − 1
+    n = max(n, 1 << (4 * p - 1).bit_length())
+    if length is not None:
+        n = min(n, 1 << (length + p - 2).bit_length())
+    return n - p + 1
+
+
+def filter_spectrum(f: Tensor, n: int) -> Tensor:
+    """Φ̂ (H, D, 1, n // 2 + 1) of (H, D, P) filters at FFT size n, broadcast over R."""
+    return torch.fft.rfft(f, n=n)[:, :, None]
+
+
+def span_code(zf: Tensor, spectrum: Tensor, n: int, p: int, l: int) -> Tensor:
+    """The (l, H, D, R) code of one noise span from its spectrum Ẑ (H, D, R, n // 2 + 1) and a
+    filter's: samples P − 1 … P − 2 + l of the circular convolution, where it is linear."""
+    return time_first(torch.fft.irfft(zf * spectrum, n=n), p - 1, l)
+
+
+def add_filter_grad(spec: Tensor, zf: Tensor, code_grad: Tensor, n: int) -> None:
+    """Adds Σ_r Ĝ_r conj(Ẑ_r) to ``spec`` (H, D, n // 2 + 1): one span's share of a filter's
+    gradient, G the gradient (l, H, D, R) of the span's code (:func:`filter_grad` ends it)."""
+    l, h, d, r = code_grad.shape
+    time_last = code_grad.reshape(l, h * d * r).t().contiguous()  # a fast 2-D transpose
+    spec += torch.linalg.vecdot(zf, torch.fft.rfft(time_last.to(zf.real.dtype), n=n).view(h, d, r, -1), dim=2)
+
+
+def filter_grad(spec: Tensor, n: int, p: int) -> Tensor:
+    """∂/∂Φ[h, d, p] = Σ_{t, r} G[t, h, d, r] Z[h, d, r, t + P − 1 − p] (H, D, P) from the spans'
+    summed :func:`add_filter_grad`: G enters the correlation shifted by P − 1 samples, one
+    phase per frequency, and nothing wraps around (t + P − 1 − p stays within each span)."""
+    freq = torch.arange(n // 2 + 1, device=spec.device, dtype=spec.real.dtype)
+    return torch.fft.irfft(spec * torch.exp(-2j * torch.pi * (p - 1) / n * freq), n=n)[..., :p]
+
+
+def new_filter_spectrum(f: Tensor, n: int) -> Tensor:
+    """Zeros for :func:`add_filter_grad` to sum into, for (H, D, P) filters at FFT size n."""
+    return f.new_zeros(*f.shape[:2], n // 2 + 1, dtype=(torch.ones(1, dtype=f.dtype) * 1j).dtype)
+
+
+class _FFTFilter(torch.autograd.Function):
+    """The codes of every filter, span by span; backward sums the filters' gradients over the
+    spans in the frequency domain (the codes' spectra are not kept)."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, block: int, *filters: Tensor) -> tuple[Tensor, ...]:
+        h, d, r, t = z.shape
+        p = filters[0].shape[-1]
+        n, length = block + p - 1, t - p + 1
+        codes = [z.new_empty(length, h, d, r) for _ in filters]
+        spectra = [filter_spectrum(f, n) for f in filters]
+        for s in range(0, length, block):
+            e = min(length, s + block)
+            zf = torch.fft.rfft(z[..., s:e + p - 1], n=n)  # shared by every filter
+            for code, spectrum in zip(codes, spectra):
+                code[s:e] = span_code(zf, spectrum, n, p, e - s)
+        ctx.save_for_backward(z, *filters)
+        ctx.block = block
+        ctx.set_materialize_grads(False)  # an unused code's gradient stays None: no spans transformed for it
+        return tuple(codes)
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor):
+        z, *filters = ctx.saved_tensors
+        p, block = filters[0].shape[-1], ctx.block
+        n, length = block + p - 1, z.shape[-1] - p + 1
+        wanted = [i for i, g in enumerate(grads) if g is not None and ctx.needs_input_grad[2 + i]]
+        specs = {i: new_filter_spectrum(filters[i], n) for i in wanted}
+        for s in range(0, length, block):
+            e = min(length, s + block)
+            zf = torch.fft.rfft(z[..., s:e + p - 1], n=n)
+            for i in wanted:
+                add_filter_grad(specs[i], zf, grads[i][s:e], n)
+        return (None, None, *(filter_grad(specs[i], n, p) if i in specs else None for i in range(len(filters))))
+
+
 def fft_filter(z: Tensor, filters: list[Tensor]) -> list[Tensor]:
-    """Σ_p Φ(p) Z(t − p) for t ∈ [P − 1, T) by real FFTs, one noise spectrum for every filter.
+    """Σ_p Φ(p) Z(t − p) for t ∈ [P − 1, T) by real FFTs of spans of the noise (overlap-save),
+    one noise spectrum per span for every filter.
 
     Args:
-        z: (H, D, R, T) noise, time last.
+        z: (H, D, R, T) noise, time last; no gradient flows to it.
         filters: (H, D, P) each.
 
     Returns:
-        One contiguous (T − P + 1, H, D, R) code per filter. Zero-padding to ``fft_size(T)`` ≥ T
-        makes the circular convolution linear on the kept outputs. The transforms run on
-        time-last signals: along a strided axis, or after a transposing copy, the same work is
-        3-4× slower on CPU.
+        One contiguous (T − P + 1, H, D, R) code per filter: every layer's code product then
+        reads it as it is (a time-last view made each layer copy, and save for backward, its
+        own transposed code). Spans of N = l + P − 1 samples (:func:`block_length`, a power of
+        two) give l codes each; each span's codes are turned time-first by one 2-D transpose.
+        Backward keeps no spectrum: it transforms the noise again with the codes' gradients.
     """
-    # contiguous (L, H, D, R): every layer's code product then reads it as it is, where a
-    # time-last view made each layer copy (and save for backward) its own transposed code
-    t, p = z.shape[-1], filters[0].shape[-1]
-    n = fft_size(t)
-    zf = torch.fft.rfft(z, n=n)  # (H, D, R, F), shared by Q̄ and K̄
-    return [time_first(torch.fft.irfft(zf * torch.fft.rfft(f, n=n)[:, :, None], n=n), p - 1, t - p + 1)
-            for f in filters]
+    h, d, r, t = z.shape
+    p = filters[0].shape[-1]
+    block = block_length(BLOCK_ELEMENTS // max(1, h * d * r), p, t - p + 1)
+    return list(_FFTFilter.apply(z.detach(), block, *filters))
 
 
 def time_first(signal: Tensor, start: int, count: int) -> Tensor:
