@@ -322,7 +322,7 @@ def test_a_synth_result_without_params_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"ape/seed0/result.json has no params"):
         synth_folder_results(tmp_path)
     (tmp_path / "ape" / "config.json").write_text(json.dumps({"task": "mqar"}))
-    with pytest.raises(ValueError, match=r"ape/config.json has no train_length"):
+    with pytest.raises(ValueError, match=r"ape/config.json has no seq_len"):
         synth_folder_results(tmp_path)
 
 

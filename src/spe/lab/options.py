@@ -30,8 +30,8 @@ from spe.field_types import check_field_types
 
 __all__ = ["MAX_THREADS", "OPTION_RULES", "SCHEDULES", "ExperimentOptions", "OptionRule", "RunOptions",
            "available_cpus", "check_flags", "check_option", "check_options", "check_seed", "check_threads", "option",
-           "option_flag", "parse_int_list", "parse_seeds", "read_json_object", "read_toml", "run_flag", "run_option",
-           "set_threads"]
+           "option_flag", "parse_int_list", "parse_seeds", "read_json_object", "read_toml", "rename_old_names",
+           "run_flag", "run_option", "set_threads"]
 
 # The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
 # beside their rule, so that a schedule is checked as the other options are, without torch.
@@ -348,6 +348,35 @@ def check_flags(values: Mapping, flags: Mapping[str, str] | None = None) -> None
     for dest, value in values.items():
         if value is not None and dest in OPTION_RULES:
             check_option(dest, value, flags.get(dest, "--" + dest.replace("_", "-")))
+
+
+def rename_old_names(values: Mapping, old_names: Mapping[str, str], where: str = "") -> dict:
+    """``values`` (a config file's, a preset's, a plan row's, a stored config's options) with each
+    old name of an option renamed to its one name (``old_names``: old -> new, e.g. synth's
+    ``train_length`` -> ``seq_len``), so that what was written before keeps working.
+
+    Args:
+        values: option -> value (not modified).
+        old_names: the configuration's old names.
+        where: how a log line names the source (``plan P row R``); empty: say nothing (a stored
+            config, which the user did not write).
+
+    Raises:
+        ValueError: naming both names when both are given.
+    """
+    values = dict(values)
+    for old, new in old_names.items():
+        if old not in values:
+            continue
+        if new in values:
+            raise ValueError(f"{where + ': ' if where else ''}{old} is the old name of {new}: give {new} only, "
+                             f"got both ({old} {values[old]!r}, {new} {values[new]!r})")
+        values[new] = values.pop(old)
+        if where:
+            import logging
+
+            logging.getLogger(__name__).info("%s: %s is the old name of %s (read as %s)", where, old, new, new)
+    return values
 
 
 def check_option(option: str, value, name: str | None = None) -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from spe.checkpoint import atomic_write
 from spe.lab import plans
-from spe.lab.options import read_json_object
+from spe.lab.options import read_json_object, rename_old_names
 from spe.lab.study_rules import METRICS
 
 __all__ = ["FIELDS", "META_KEYS", "check_meta", "check_record", "read_study", "record_key", "sweep_study",
@@ -318,7 +318,7 @@ def synth_folder_results(out: str | Path, *,
     """The runs of a ``spe synth --plan`` folder in :func:`synth_study`'s input, and its rows' meta.
 
     The folder holds one experiment per row, ``OUT/ROW/config.json`` (the row's options:
-    ``task``, ``train_length``, ``model`` with its resolved ``attention_window``) and
+    ``task``, ``seq_len``, ``model`` with its resolved ``attention_window``) and
     ``OUT/ROW/seedK/result.json`` per finished seed (``seed``, ``train_tokens``, ``params``,
     ``val_accuracy``: the validation split at the training length, ``validation``: length ->
     ``{"accuracy", ...}`` beyond it (absent in results older than it), and ``test``:
@@ -334,14 +334,17 @@ def synth_folder_results(out: str | Path, *,
         (runs, rows): the runs, and row -> ``{"description", "window"}``.
 
     Raises:
-        ValueError: naming the file, on a ``config.json`` without ``task`` or ``train_length`` or
-            a ``result.json`` without ``train_tokens`` or ``params``.
+        ValueError: naming the file, on a ``config.json`` without ``task`` or ``seq_len`` (or its old
+            name ``train_length``) or a ``result.json`` without ``train_tokens`` or ``params``.
     """
+    from spe.lab.synth.config import OLD_NAMES  # the training length, seq_len, was train_length
+
     runs, rows = [], {}
     for config_file in sorted(Path(out).glob("*/config.json")):
-        row, config = config_file.parent.name, read_json_object(config_file, "an spe synth experiment's config")
-        _require(config, ("task", "train_length"), config_file)
-        length = config["train_length"]
+        row = config_file.parent.name
+        config = rename_old_names(read_json_object(config_file, "an spe synth experiment's config"), OLD_NAMES)
+        _require(config, ("task", "seq_len"), config_file)
+        length = config["seq_len"]
         rows[row] = {"description": (descriptions or {}).get(row, row),
                      "window": window_words(config.get("model", {}).get("attention_window"), length)}
         for seed, result in plans.read_results(config_file.parent).items():

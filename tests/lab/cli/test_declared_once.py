@@ -80,7 +80,7 @@ def test_a_flag_is_checked_by_its_options_rule_and_named_by_its_new_name(capsys,
 def test_synth_takes_the_training_length_as_seq_len_and_train_length_as_its_alias():
     synth = _commands()["synth"]
     assert vars(synth.parse_args(["--seq-len", "48"])) == vars(synth.parse_args(["--train-length", "48"]))
-    assert synth.parse_args(["--train-length", "48"]).train_length == 48
+    assert synth.parse_args(["--train-length", "48"]).seq_len == 48
     alias = next(a for a in synth._actions if "--train-length" in a.option_strings)
     assert alias.help == "old name of --seq-len (an alias)"
 

@@ -28,8 +28,8 @@ def _refused(capsys, argv: list[str], fragment: str) -> None:
     (["--task", "flip-flop", "--eval-lengths", "64,0"], "positive integers"),
     (["--task", "flip-flop", "--eval-lengths", "64,x"], "comma-separated integers"),
     (["--task", "flip-flop", "--eval-lengths", "65"], "even number of tokens"),
-    (["--task", "flip-flop", "--eval-lengths", "8192"], "exceeds 64 × train_length = 4096"),
-    (["--task", "mqar", "--train-length", "63"], "train_length must be an even number"),
+    (["--task", "flip-flop", "--eval-lengths", "8192"], "exceeds 64 × seq_len = 4096"),
+    (["--task", "mqar", "--train-length", "63"], "seq_len must be an even number"),
     (["--task", "flip-flop", "--steps", "0"], "--steps must be a positive integer, got 0"),
     (["--task", "flip-flop", "--positional", "nope"], "unknown positional encoding 'nope'"),
     (["--task", "flip-flop", "--positional", "ape-learned", "--max-positions", "256"], "length 4096 exceeds the 256"),
@@ -269,3 +269,28 @@ def test_reading_a_plan_announces_no_default_and_the_run_of_a_row_announces_its_
     with quiet_defaults():  # the same defaults, filled without a word
         assert row_config(plan, "sinespe").model == loud.model
     assert not caplog.records
+
+
+def test_the_training_length_is_seq_len_and_train_length_its_old_name_everywhere(tmp_path, caplog):
+    from spe.lab.synth.run import open_experiment
+    from spe.lab.train.run_folder import mark_run
+
+    caplog.set_level(logging.INFO)
+    assert preset_config("flip-flop", train_length=32, eval_lengths=[32]).seq_len == 32  # a keyword
+    assert "train_length is the old name of seq_len" in caplog.text
+    plan = tmp_path / "p.toml"  # a plan row
+    plan.write_text('task = "flip-flop"\n[rows.a]\ntrain_length = 32\neval_lengths = [32, 64]\n')
+    assert row_config(load_synth_plan(str(plan)), "a").seq_len == 32
+    with pytest.raises(ValueError, match=r"train_length is the old name of seq_len.*both"):
+        preset_config("flip-flop", train_length=32, seq_len=32)
+    cfg = preset_config("flip-flop", seq_len=32, eval_lengths=[32])  # a folder of before the rename resumes
+    stored = {k: v for k, v in cfg.to_dict().items() if k != "seq_len"}
+    (tmp_path / "old").mkdir()
+    mark_run(tmp_path / "old", "synth")
+    (tmp_path / "old" / "config.json").write_text(json.dumps({**stored, "train_length": 32}))
+    open_experiment(tmp_path / "old", cfg)
+    (tmp_path / "other").mkdir()
+    mark_run(tmp_path / "other", "synth")
+    (tmp_path / "other" / "config.json").write_text(json.dumps({**stored, "train_length": 16}))
+    with pytest.raises(ValueError, match=r"seq_len 16 -> 32"):
+        open_experiment(tmp_path / "other", cfg)

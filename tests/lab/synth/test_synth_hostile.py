@@ -94,7 +94,7 @@ def test_sizes_beyond_memory_are_refused_before_any_work(options, message):
 
 @pytest.mark.parametrize(("argv", "fragment"), [
     (["--task", "mqar", "--train-length", "4", "--eval-lengths", "4"],
-     ("train_length 4", "MQAR", "train_length ≥ 8")),
+     ("seq_len 4", "MQAR", "seq_len ≥ 8")),
     (["--task", "flip-flop", "--write-data", ""], "--write-data is empty: give a folder"),
 ])
 def test_unclear_values_are_named(capsys, argv, fragment):

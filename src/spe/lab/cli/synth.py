@@ -11,10 +11,8 @@ from pathlib import Path
 
 __all__ = ["add_synth_parser", "cmd_synth"]
 
-# Flags that define an experiment (a plan sets them per row) beside the model flags, by destination
-# (train_length: --seq-len, the training length's one flag in every command)
-_EXPERIMENT_FLAGS = ("task", "train_length", "eval_lengths", "batch_size", "lr", "eval_every")
-_FLAG_NAMES = {"train_length": "--seq-len"}
+# Flags that define an experiment (a plan sets them per row) beside the model flags.
+_EXPERIMENT_FLAGS = ("task", "seq_len", "eval_lengths", "batch_size", "lr", "eval_every")
 _RUN_FLAGS = ("steps", "device", "precision")
 
 
@@ -23,7 +21,7 @@ def _config(args: argparse.Namespace):
     from spe.lab.options import parse_int_list
     from spe.lab.synth import preset_config
 
-    options = {"train_length": args.train_length, "batch_size": args.batch_size, "lr": args.lr,
+    options = {"seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr,
                "eval_every": args.eval_every, **{f: getattr(args, f) for f in _RUN_FLAGS}}
     if args.eval_lengths is not None:
         options["eval_lengths"] = parse_int_list(args.eval_lengths, "--eval-lengths")
@@ -35,8 +33,7 @@ def _config(args: argparse.Namespace):
 def _given_model_flags(args: argparse.Namespace) -> list[str]:
     from spe.lab.cli.model_flags import model_flag_options
 
-    given = [_FLAG_NAMES.get(f, f"--{f.replace('_', '-')}") for f in _EXPERIMENT_FLAGS
-             if getattr(args, f, None) is not None]
+    given = [f"--{f.replace('_', '-')}" for f in _EXPERIMENT_FLAGS if getattr(args, f, None) is not None]
     return given + [f"--{k.replace('_', '-')}" for k in model_flag_options(args)]
 
 
@@ -93,7 +90,7 @@ def add_synth_parser(sub) -> None:
 
     p = sub.add_parser("synth", help="synthetic tasks (flip-flop, MQAR): train at one length, test at longer ones")
     p.add_argument("--task", help="flip-flop or mqar (required unless --plan is given)")
-    add_aliased(p, "--seq-len", "--train-length", type=int, dest="train_length", metavar="L",
+    add_aliased(p, "--seq-len", "--train-length", type=int, metavar="L",
                 help="training length L, tokens per training sequence (default: the preset's, 64)")
     p.add_argument("--eval-lengths", help=f"comma-separated test lengths in tokens, up to {MAX_EVAL_FACTOR} L "
                    f"(default {','.join(map(str, EVAL_LENGTHS))})")

@@ -13,11 +13,11 @@ from importlib import resources
 
 from spe.field_types import check_field_types
 from spe.lab.experiment import ExperimentOptions
-from spe.lab.options import check_option
+from spe.lab.options import check_option, rename_old_names
 from spe.lab.synth.data import TASKS, check_length, mqar_pairs, vocabulary
 from spe.models.config import ModelConfig
 
-__all__ = ["EVAL_LENGTHS", "MAX_EVAL_FACTOR", "MAX_TOKENS", "PRESETS", "RUN_ONLY_KEYS", "SynthConfig", "load_preset", "preset_config"]
+__all__ = ["EVAL_LENGTHS", "MAX_EVAL_FACTOR", "MAX_TOKENS", "OLD_NAMES", "PRESETS", "RUN_ONLY_KEYS", "SynthConfig", "load_preset", "preset_config"]
 
 PRESETS = ("cpu-small",)
 MAX_EVAL_FACTOR = 64  # the longest test length, in training lengths
@@ -31,6 +31,8 @@ MAX_TOKENS = 65536
 _TRAIN_LOGIT_COPIES = 3
 # Options that change how a run is carried out, not what it computes.
 RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile", "allow_data_change")
+# Old names of options -> their one name, read wherever options are (spe.lab.options.rename_old_names)
+OLD_NAMES = {"train_length": "seq_len"}
 
 
 @dataclass
@@ -38,12 +40,14 @@ class SynthConfig(ExperimentOptions):
     """One synthetic-task experiment (each seed is one run): the task, its data, a decoder LM
     (:class:`~spe.models.ModelConfig` options in ``model``) and the engine's options
     (:class:`~spe.lab.experiment.ExperimentOptions`; ``batch_size`` counts sequences of
-    ``train_length`` tokens). The run's seed and CPU threads are arguments of the run
+    ``seq_len`` tokens). The run's seed and CPU threads are arguments of the run
     (:func:`spe.lab.synth.run_synth`), not options of the experiment.
 
     Attributes:
         task: ``flip-flop`` or ``mqar``.
-        train_length: L, tokens per training sequence (even, ≥ 4).
+        seq_len: L, the training length: tokens per training sequence (even, ≥ 4); the name of the
+            training length in every task (``train_length``, its old name, is read as it in presets,
+            plan rows and stored configs, :data:`OLD_NAMES`; ``cfg.train_length`` reads it too).
         eval_lengths: the test lengths in tokens (each even, ≥ 4, at most 64 L).
         eval_examples: sequences in the validation split (in-distribution at L, evaluated every
             ``eval_every`` steps) and, at most, per test split (one per distribution and length).
@@ -70,7 +74,7 @@ class SynthConfig(ExperimentOptions):
     """
 
     task: str
-    train_length: int = 64
+    seq_len: int = 64
     eval_lengths: list = field(default_factory=lambda: list(EVAL_LENGTHS))
     eval_examples: int = 128
     eval_tokens: int = 131072
@@ -86,7 +90,7 @@ class SynthConfig(ExperimentOptions):
         self.check_experiment_options("synthetic-task option")
         if self.task not in TASKS:
             raise ValueError(f"unknown synthetic task {self.task!r}; choose from {', '.join(TASKS)}")
-        check_length(self.task, self.train_length, "train_length")
+        check_length(self.task, self.seq_len, "seq_len")
         self._check_eval()
         for name in ("eval_tokens", "eval_batch_tokens", "num_keys", "num_values"):
             value = getattr(self, name)
@@ -94,7 +98,7 @@ class SynthConfig(ExperimentOptions):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         check_option("eval_examples", self.eval_examples)
         if self.eval_examples == 0:  # the whole split: here as many sequences as eval_tokens allows
-            self.eval_examples = max(1, self.eval_tokens // self.train_length)
+            self.eval_examples = max(1, self.eval_tokens // self.seq_len)
         for name in ("num_keys", "num_values"):
             if getattr(self, name) > MAX_TOKENS:
                 raise ValueError(f"{name} {getattr(self, name):,} exceeds the limit of {MAX_TOKENS:,} tokens "
@@ -104,13 +108,13 @@ class SynthConfig(ExperimentOptions):
         if not isinstance(self.p_ignore, int | float) or not 0.0 <= self.p_ignore < 1.0:
             raise ValueError(f"p_ignore must be a number in [0, 1), got {self.p_ignore!r}")
         if self.task == "mqar":
-            if not self.num_pairs and self.train_length < 8:
-                raise ValueError(f"train_length {self.train_length} is too short for MQAR's default of "
-                                 "train_length / 8 key-value pairs: give train_length ≥ 8, or num_pairs 1")
+            if not self.num_pairs and self.seq_len < 8:
+                raise ValueError(f"seq_len {self.seq_len} is too short for MQAR's default of "
+                                 "seq_len / 8 key-value pairs: give seq_len ≥ 8, or num_pairs 1")
             pairs = self.train_pairs
-            if not 1 <= pairs <= min(self.num_keys, self.train_length // 4):
+            if not 1 <= pairs <= min(self.num_keys, self.seq_len // 4):
                 raise ValueError(f"num_pairs {pairs} does not fit: MQAR takes 1 to min(num_keys {self.num_keys}, "
-                                 f"train_length / 4 = {self.train_length // 4}) pairs")
+                                 f"seq_len / 4 = {self.seq_len // 4}) pairs")
         self._check_memory()
         self._check_model()
 
@@ -121,11 +125,11 @@ class SynthConfig(ExperimentOptions):
 
         vocab = len(vocabulary(self.task, num_keys=0, num_values=0)) if self.task == "flip-flop" \
             else 1 + self.num_keys + self.num_values
-        longest = max(self.train_length, *self.eval_lengths)
-        split = max(self.eval_examples * self.train_length, *(self.examples_at(t) * t for t in self.eval_lengths))
+        longest = max(self.seq_len, *self.eval_lengths)
+        split = max(self.eval_examples * self.seq_len, *(self.examples_at(t) * t for t in self.eval_lengths))
         needs = {  # name -> (bytes, the options that set it)
-            "a training batch's logits": (_TRAIN_LOGIT_COPIES * 4 * self.batch_size * self.train_length * vocab,
-                                          f"batch_size {self.batch_size} × train_length {self.train_length} × "
+            "a training batch's logits": (_TRAIN_LOGIT_COPIES * 4 * self.batch_size * self.seq_len * vocab,
+                                          f"batch_size {self.batch_size} × seq_len {self.seq_len} × "
                                           f"{vocab:,} tokens"),
             "an evaluation batch's logits": (4 * max(self.eval_batch_tokens, longest) * vocab,
                                              f"max(eval_batch_tokens {self.eval_batch_tokens}, length {longest}) × "
@@ -147,13 +151,13 @@ class SynthConfig(ExperimentOptions):
         if not isinstance(lengths, list | tuple) or not lengths:
             raise ValueError(f"eval_lengths must be a non-empty list of lengths, got {lengths!r}")
         self.eval_lengths = list(lengths)
-        longest = MAX_EVAL_FACTOR * self.train_length
+        longest = MAX_EVAL_FACTOR * self.seq_len
         for length in lengths:
             if isinstance(length, bool) or not isinstance(length, int) or length < 1:
                 raise ValueError(f"eval lengths must be positive integers, got {length!r}")
             check_length(self.task, length, "every eval length")
             if length > longest:
-                raise ValueError(f"eval length {length} exceeds {MAX_EVAL_FACTOR} × train_length = {longest}")
+                raise ValueError(f"eval length {length} exceeds {MAX_EVAL_FACTOR} × seq_len = {longest}")
         if len(set(lengths)) != len(lengths):
             raise ValueError(f"eval_lengths must be distinct, got {lengths!r}")
 
@@ -169,13 +173,13 @@ class SynthConfig(ExperimentOptions):
         unknown = set(self.model) - known
         if unknown:
             raise ValueError(f"unknown model option(s) {sorted(unknown)}; known: {sorted(known)}")
-        self.model = resolve_model_options(self.model, self.train_length)
+        self.model = resolve_model_options(self.model, self.seq_len)
         config = self.model_config()
         from spe.encodings.onset import reads_onsets
 
         if reads_onsets(config):
             raise ValueError("spe_time 'onset' reads the onsets of music (REMI) tokens: spe synth's tasks have none")
-        limit, longest = config.position_limit, max(self.train_length, *self.eval_lengths)
+        limit, longest = config.position_limit, max(self.seq_len, *self.eval_lengths)
         if limit is not None and longest > limit:
             raise ValueError(f"length {longest} exceeds the {limit} {positional_spec(config.positional).limit_text}; "
                              "raise that option or test shorter lengths")
@@ -185,13 +189,19 @@ class SynthConfig(ExperimentOptions):
         return min(self.eval_examples, max(1, self.eval_tokens // length))
 
     @property
+    def train_length(self) -> int:
+        """The training length :attr:`seq_len` under its old name (what callers and stored results
+        read)."""
+        return self.seq_len
+
+    @property
     def train_pairs(self) -> int:
         """MQAR's N at the training length."""
-        return self.num_pairs or self.train_length // 8
+        return self.num_pairs or self.seq_len // 8
 
     def pairs_at(self, length: int) -> int:
         """MQAR's N of the ``more-pairs`` test at ``length`` (:func:`~spe.lab.synth.data.mqar_pairs`)."""
-        return mqar_pairs(length, self.train_length, self.train_pairs, self.num_keys)
+        return mqar_pairs(length, self.seq_len, self.train_pairs, self.num_keys)
 
     def vocab(self) -> dict[str, int]:
         """Token name -> id."""
@@ -225,9 +235,9 @@ def preset_config(task: str, *, preset: str = "cpu-small", **overrides) -> Synth
     """
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}; choose from {', '.join(TASKS)}")
-    table = load_preset(preset)
-    per_task = dict(table.pop("tasks", {}).get(task, {}))
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    table = rename_old_names(load_preset(preset), OLD_NAMES, f"preset {preset}")
+    per_task = rename_old_names(table.pop("tasks", {}).get(task, {}), OLD_NAMES, f"preset {preset} task {task}")
+    overrides = rename_old_names({k: v for k, v in overrides.items() if v is not None}, OLD_NAMES, "synthetic-task options")
     model = {**table.pop("model", {}), **per_task.pop("model", {}), **overrides.pop("model", {})}
     values = {**table, **per_task, **overrides, "model": model}
     known = {f.name for f in fields(SynthConfig)}

@@ -30,10 +30,10 @@ import torch
 
 from spe.checkpoint import atomic_write
 from spe.lab import plans, strict_json
-from spe.lab.options import read_json_object, set_threads
+from spe.lab.options import read_json_object, rename_old_names, set_threads
 from spe.lab.outputs import check_output_folder
 from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
-from spe.lab.synth.config import RUN_ONLY_KEYS, SynthConfig
+from spe.lab.synth.config import OLD_NAMES, RUN_ONLY_KEYS, SynthConfig
 from spe.lab.synth.data import split_seed
 from spe.lab.synth.task import (SynthTask, correct_count, distributions, draw, engine_settings, fixed_split,
                                 training_distribution)
@@ -237,7 +237,7 @@ def open_experiment(out: str | Path, cfg: SynthConfig) -> None:
         current = cfg.to_dict()
         if file.is_file():
             defaults = {f.name: f.default for f in fields(SynthConfig) if f.default is not MISSING}
-            raw = read_json_object(file, "an spe synth experiment's config")
+            raw = rename_old_names(read_json_object(file, "an spe synth experiment's config"), OLD_NAMES)
             stored = {**defaults, **raw}
             changed = {k: (stored.get(k), v) for k, v in current.items()
                        if k not in RUN_ONLY_KEYS and stored.get(k) != v}
