@@ -141,4 +141,16 @@ def test_on_cuda_what_flex_attention_takes_forms_no_square():
     for config, linear_on_cuda in ((fox, True), (path, False)):
         cpu = memory.evaluation_bytes(config, 16384, 1)
         cuda = memory.evaluation_bytes(config, 16384, 1, device="cuda")
-        assert (cuda < cpu / 4) if linear_on_cuda else (cuda == cpu)
+        assert (cuda <= cpu) if linear_on_cuda else (cuda == cpu)
+
+
+def test_fox_is_linear_in_the_length_from_its_flash_threshold_on():
+    from spe.ops.softmax import FLASH_FOX_MIN_LENGTH
+
+    fox = _config(positional="none", attention="softmax", decay="gated")
+    short = memory.evaluation_bytes(fox, FLASH_FOX_MIN_LENGTH * 16, 1)
+    long = memory.evaluation_bytes(fox, FLASH_FOX_MIN_LENGTH * 64, 1)
+    assert long < 4.5 * short  # 4x the length: linear (a square would be 16x)
+    below = memory.evaluation_bytes(fox, FLASH_FOX_MIN_LENGTH - 1, 1)
+    plain = memory.evaluation_bytes(_config(positional="none", attention="softmax"), FLASH_FOX_MIN_LENGTH - 1, 1)
+    assert below > plain  # below the threshold FoX still forms its blocks of queries x keys

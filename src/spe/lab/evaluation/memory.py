@@ -5,7 +5,9 @@ after another, so the peak is the batch's activations and logits plus the larges
 one attention layer. That transient is linear in the length for linear kernels and PyTorch's
 fused softmax, but quadratic where attention is formed as an L × L matrix (PaTH, score encodings,
 softmax with a mask or an SPE code whose size differs from the values'), and FoX holds blocks of
-:data:`~spe.ops.softmax.FOX_QUERY_BLOCK` queries × L keys. A 41,000-token piece on a tiny PaTH
+:data:`~spe.ops.softmax.FOX_QUERY_BLOCK` queries × L keys below
+:data:`~spe.ops.softmax.FLASH_FOX_MIN_LENGTH` positions, of :data:`~spe.ops.softmax.FLASH_FOX_BLOCK`
+from there on (its flash-style form). A 41,000-token piece on a tiny PaTH
 model would need tens of GB: :func:`check_evaluation_memory` refuses that before any forward
 pass, naming the estimate, the memory available and the largest length that fits.
 
@@ -35,7 +37,7 @@ import torch
 
 from spe.encodings.registry import POSITIONAL_SPECS
 from spe.lab.train.memory import format_bytes
-from spe.ops.softmax import FOX_QUERY_BLOCK
+from spe.ops.softmax import FLASH_FOX_BLOCK, FLASH_FOX_MIN_LENGTH, FOX_QUERY_BLOCK
 
 __all__ = ["available_memory", "check_evaluation_memory", "evaluation_bytes", "largest_length",
            "out_of_memory_error"]
@@ -43,6 +45,9 @@ __all__ = ["available_memory", "check_evaluation_memory", "evaluation_bytes", "l
 # bytes per (B, H, L, L) score element (see the module's docstring): a gate's bias on formed
 # scores, softmax's unfused path, FoX's blocks of queries
 _GATE_BIAS_BYTES, _UNFUSED_BYTES, _FOX_BYTES = 7.0, 11.0, 16.0
+# per element of FoX's flash-style blocks (queries of a block x the keys it reaches: its mask and
+# SDPA's transient), from FLASH_FOX_MIN_LENGTH positions on; measured 3.3 (B 1, H 2, L 8,192)
+_FOX_FLASH_BYTES = 4.0
 # per position and sequence: logits and their log-softmax (V), the residual stream and its
 # projections (C), the kernel's features (H × F)
 _LOGIT_BYTES, _STREAM_BYTES, _FEATURE_BYTES = 12, 32, 64
@@ -109,7 +114,9 @@ def evaluation_bytes(config, length: int, batch: int, *, num_realizations: int |
     if stochastic:
         need += _CODE_BYTES * min(length * heads * head * realizations, _MATERIALISED_CODE)
     kind, spec = _score_kind(config, length, realizations, device), POSITIONAL_SPECS[config.positional]
-    if kind == "fox":
+    if kind == "fox" and length >= FLASH_FOX_MIN_LENGTH:
+        need += _FOX_FLASH_BYTES * batch * heads * min(length, FLASH_FOX_BLOCK) * length
+    elif kind == "fox":
         need += _FOX_BYTES * batch * heads * min(length, FOX_QUERY_BLOCK) * length
     elif kind == "unfused":
         need += _UNFUSED_BYTES * batch * heads * length * length
