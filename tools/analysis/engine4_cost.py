@@ -201,11 +201,14 @@ def _child_rss_mb(pid: int) -> float:
 
 
 def run_all(src: Path, *, threads: int, repeats: int, budget_s: float, memory_mb: float, smoke: bool,
-            progress=print) -> dict:
-    """Every case of :func:`plan` against the tree ``src``; the run's JSON payload."""
+            only: list[str] | None = None, progress=print) -> dict:
+    """Every case of :func:`plan` (those named in ``only``, if given) against the tree ``src``;
+    the run's JSON payload."""
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     records, stopped = [], set()
     for case in plan(smoke):
+        if only and case["name"] not in only:
+            continue
         if case["name"] in stopped:
             record = {**case, "status": "not run: over at a shorter length"}
         else:
@@ -289,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-limit-mb", type=float, default=12000.0,
                         help="the most resident memory one case may hold")
     parser.add_argument("--smoke", action="store_true", help="every case at tiny sizes")
+    parser.add_argument("--only", help="comma-separated case names (e.g. 'fox,layer convspe'): those cases alone")
     parser.add_argument("--render", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
                         help="write the table of two runs' JSON into --doc's generated block")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "bench" / "cpu.md")
@@ -329,12 +333,17 @@ def _main(args) -> int:
         return 0
     if not (args.src / "spe").is_dir():
         raise ValueError(f"--src {args.src}: no spe package there (give a checkout's src/)")
+    names = {case["name"] for case in plan()}
+    only = [name.strip() for name in args.only.split(",")] if args.only else None
+    unknown = sorted(set(only or []) - names)
+    if unknown:
+        raise ValueError(f"--only {', '.join(unknown)}: no such case (cases: {', '.join(sorted(names))})")
     if args.out is None:
         raise ValueError("--out FILE.json is required for a run")
     if args.out.exists():
         raise ValueError(f"--out {args.out} exists: give a new file")
     payload = run_all(args.src.resolve(), threads=args.threads, repeats=args.repeats, budget_s=args.budget_s,
-                      memory_mb=args.memory_limit_mb, smoke=args.smoke,
+                      memory_mb=args.memory_limit_mb, smoke=args.smoke, only=only,
                       progress=lambda line: print(line, file=sys.stderr, flush=True))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=1))

@@ -63,9 +63,11 @@ def test_user_errors_are_one_line_and_write_nothing(tool, tmp_path, capsys):
     doc.write_text("no block\n")
     assert tool.main(["--render", str(run), str(run), "--doc", str(doc)]) == 2
     assert tool.main(["--out", str(tmp_path / "new.json"), "--budget-s", "0"]) == 2
+    assert tool.main(["--out", str(tmp_path / "new.json"), "--only", "fox,layr"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 5 and "exists" in errors[0] and "missing.json" in errors[1]
+    assert len(errors) == 6 and "exists" in errors[0] and "missing.json" in errors[1]
     assert "run.json is not a run" in errors[2] and "--doc" in errors[3] and "--budget-s" in errors[4]
+    assert "--only layr" in errors[5]
     assert doc.read_text() == "no block\n" and not (tmp_path / "new.json").exists()
 
 
