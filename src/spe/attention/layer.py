@@ -18,7 +18,9 @@ A decay (``decay``, :data:`DECAY_FORM`) weighs the kernel's sums: RetNet's const
 (``fixed``, ``learned``), or a forget gate computed from the layer's input x
 (:mod:`spe.encodings.gates`): ``gated``, one per head and position (Mamba2; with softmax,
 FoX), ``gated-channel``, one per feature channel of a linear kernel (GLA). Which kernel takes
-which is :func:`check_decay`'s rule, the one :class:`~spe.models.TrunkConfig` asks too.
+which is :func:`check_decay`'s rule, the one :class:`~spe.models.TrunkConfig` asks too. Each
+mode is an object of :data:`spe.attention.decays.DECAYS` (its parameters, its ``log_decay``),
+which the layer looks up by name and calls, as it calls its positional module.
 """
 
 from __future__ import annotations
