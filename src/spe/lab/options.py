@@ -276,10 +276,13 @@ OPTION_RULES: dict[str, OptionRule] = {
     **{f.name: f.metadata["rule"] for f in fields(ExperimentOptions) if f.metadata.get("rule")},
     **{f.name: f.metadata["rule"] for f in fields(RunOptions) if f.metadata.get("rule")},
     "eval_batch_size": _POSITIVE,
-    "seq_len": _POSITIVE,
+    # the training length of every task; None only where the config's type allows it (LRA: the
+    # task's default), so the words say what every task takes
+    "seq_len": OptionRule(integer=True, low=1, optional=True, text="a positive integer"),
     "max_piece_tokens": _POSITIVE,
     "test_min_tokens": OptionRule(integer=True, low=0, note="tokens; 0: no test split"),
     "num_test_pieces": _POSITIVE,
+    # the positions evaluated (spe evaluate, report, demo --eval-length)
     "max_length": OptionRule(integer=True, low=1, optional=True, text="a positive integer or unset"),
     "num_realizations": OptionRule(integer=True, low=1, optional=True, text="a positive integer or unset"),
     "val_fraction": OptionRule(integer=False, low=0, high=1, low_open=True, high_open=True),

@@ -27,6 +27,7 @@ SHARED = [  # options both configurations have: (option, value, what the message
     ("eval_every", 0, POSITIVE),
     ("keep_checkpoints", 0, POSITIVE),
     ("feature_redraw_every", -1, r"an integer ≥ 0 \(0: never\)"),
+    ("seq_len", 0, POSITIVE),  # the training length: one name and one rule in every task
 ]
 TRAIN_ONLY = [
     ("max_transpose", -3, r"an integer ≥ 0 \(semitones; 0: no transposition\)"),
@@ -37,7 +38,6 @@ TRAIN_ONLY = [
     ("split_seed", -1, r"an integer in \[0, 2\*\*63 - 1\]"),
     ("val_fraction", 0.0, r"a number in \(0, 1\)"),
     ("val_fraction", 1, r"a number in \(0, 1\)"),
-    ("seq_len", 0, POSITIVE),
     ("max_piece_tokens", 0, POSITIVE),
     ("test_min_tokens", -1, r"an integer ≥ 0 \(tokens; 0: no test split\)"),
     ("num_test_pieces", 0, POSITIVE),
@@ -47,7 +47,6 @@ TRAIN_ONLY = [
 LRA_ONLY = [
     ("eval_examples", -1, r"an integer ≥ 0 \(0: the whole split\)"),
     ("eval_batch_size", 0, POSITIVE),
-    ("max_length", 0, "a positive integer or unset"),
     ("num_realizations", 0, "a positive integer or unset"),
 ]
 
@@ -82,7 +81,7 @@ def test_a_bool_is_no_number_and_a_float_no_integer(make, option, value):
 def test_the_bounds_themselves_are_accepted_where_the_rule_says_so():
     cfg = _train(grad_clip=0, weight_decay=0, warmup_steps=0, min_lr_ratio=1, max_transpose=0, seed=0, threads=0)
     assert (cfg.grad_clip, cfg.min_lr_ratio) == (0, 1)
-    assert _lra(grad_clip=0.0, eval_examples=0, max_length=None, num_realizations=None).grad_clip == 0.0
+    assert _lra(grad_clip=0.0, eval_examples=0, seq_len=None, num_realizations=None).grad_clip == 0.0
     assert parse_seeds("0,3") == [0, 3]
     with pytest.raises(ValueError, match=r"^--seeds '0,-1'.*\[0, 2\*\*63 - 1\].*got -1$"):
         parse_seeds("0,-1")

@@ -17,7 +17,7 @@ __all__ = ["add_lra_parser", "cmd_lra"]
 
 # Flags that define an experiment: a study plan sets them per row. Run flags go to every row.
 _EXPERIMENT_FLAGS = ("task", "positional", "attention", "decay", "preset", "listops_pipeline", "batch_size",
-                     "eval_every", "max_length", "num_realizations", "model_option", "positional_lr_scale")
+                     "eval_every", "seq_len", "num_realizations", "model_option", "positional_lr_scale")
 _RUN_FLAGS = ("data", "steps", "device", "precision", "keep_checkpoints", "tensorboard", "compile")
 
 
@@ -43,7 +43,7 @@ def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
     cfg = preset_config(args.task, args.positional or "sinespe", args.attention or "performer",
                         preset=args.preset or "cpu-small", listops_pipeline=args.listops_pipeline, model=model or None,
                         positional_lr_scale=args.positional_lr_scale, num_realizations=args.num_realizations,
-                        max_length=args.max_length, batch_size=args.batch_size, eval_every=args.eval_every,
+                        seq_len=args.seq_len, batch_size=args.batch_size, eval_every=args.eval_every,
                         **{f: getattr(args, f) for f in _RUN_FLAGS if getattr(args, f) is not False})
     given = {k: f"--decay {v}" if k == "decay" and args.decay else f"--model-option {k}={v!r}"
              for k, v in model.items()}
@@ -96,8 +96,8 @@ def add_lra_parser(sub) -> None:
     add_option_flag(p, "steps", note="per seed")
     add_option_flag(p, "batch_size", note="here examples (pairs for Retrieval)")
     add_option_flag(p, "eval_every")
-    add_aliased(p, "--seq-len", "--max-length", type=int, dest="max_length",
-                help="input length: tokens per sequence / document, longer ones truncated")
+    add_aliased(p, "--seq-len", "--max-length", type=int,
+                help="training length: tokens per sequence / document, longer ones truncated")
     p.add_argument("--num-realizations", type=int, help="R for SPE")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE", help="any classifier option, e.g. "
                    "gated=false, gate_init=-2, code_noise=orthogonal (VALUE read as TOML, else text; repeatable)")

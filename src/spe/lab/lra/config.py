@@ -18,14 +18,18 @@ from spe.lab.data.lra.tasks import TASKS
 from spe.encodings.registry import EXACT_TWINS
 from spe.field_types import describe_types, field_value_types
 from spe.lab.experiment import ExperimentOptions, model_options
+from spe.lab.options import rename_old_names
 
-__all__ = ["LISTOPS_PIPELINES", "PRESETS", "RUN_ONLY_KEYS", "LRAConfig", "load_preset", "preset_defaults",
+__all__ = ["LISTOPS_PIPELINES", "OLD_NAMES", "PRESETS", "RUN_ONLY_KEYS", "LRAConfig", "load_preset", "preset_defaults",
            "model_option_names", "model_options", "preset_config"]
 
 PRESETS = ("paper", "cpu-small")
 # Options that change how a run is carried out, not what it computes: an experiment folder may be
 # continued with other values of them.
 RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile", "allow_data_change")
+# Old names of options -> their one name, read wherever options are (spe.lab.options.rename_old_names);
+# a data_options' max_length is another option (embedded ListOps' longest row) and keeps its name
+OLD_NAMES = {"max_length": "seq_len"}
 _DATA_KEYS = ("num_train", "num_val", "num_test", "max_depth", "max_args", "min_length", "max_length",
               "drop_parentheses")
 # ClassifierConfig fields an LRA experiment sets itself: from the data, or from its own fields.
@@ -62,7 +66,10 @@ class LRAConfig(ExperimentOptions):
         eval_examples: validation examples used during training (0: the whole split); the
             best checkpoint is the one of highest validation accuracy on them.
         eval_batch_size: examples per evaluation batch.
-        max_length: L, tokens per sequence (per document for Retrieval); None: the task's default.
+        seq_len: L, the training length: tokens per sequence (per document for Retrieval), longer
+            ones truncated; None: the task's default. The name of the training length in every task
+            (``max_length``, its old name, is read as it in presets, plan rows and stored configs,
+            :data:`OLD_NAMES`; ``cfg.max_length`` reads it too).
         data_options: embedded-ListOps sizes and generator options (``num_train``, ``num_val``,
             ``num_test``, ``max_depth``, ``max_args``, ``min_length``, ``max_length``) and
             ``drop_parentheses``.
@@ -83,7 +90,7 @@ class LRAConfig(ExperimentOptions):
     preset: str = "cpu-small"
     eval_examples: int = 0
     eval_batch_size: int = 64
-    max_length: int | None = None
+    seq_len: int | None = None
     data_options: dict = field(default_factory=dict)
     num_realizations: int | None = None
     listops_pipeline: str = "lossless"
@@ -122,13 +129,18 @@ class LRAConfig(ExperimentOptions):
         except TypeError as err:  # a value of the wrong type deep in a check
             raise ValueError(f"model options {options}: {err}") from None
 
+    @property
+    def max_length(self) -> int | None:
+        """The training length :attr:`seq_len` under its old name."""
+        return self.seq_len
+
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> LRAConfig:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        return cls(**{k: v for k, v in rename_old_names(values, OLD_NAMES).items() if k in known})
 
 
 def model_option_names() -> tuple[str, ...]:
@@ -207,7 +219,9 @@ def preset_config(task: str, positional: str, attention: str, *, preset: str = "
     defaults, task_table = dict(table.get("defaults", {})), dict(table.get(task, {}))
     model = {**defaults.pop("model", {}), **task_table.pop("model", {}), **_positional_model(table, positional)}
     data_options = task_table.pop("data", {})
-    values = {**defaults, **task_table}
+    values = {**rename_old_names(defaults, OLD_NAMES, f"preset {preset}"),
+              **rename_old_names(task_table, OLD_NAMES, f"preset {preset} task {task}")}
+    overrides = rename_old_names(overrides, OLD_NAMES, "LRA options")
     known = {f.name for f in fields(LRAConfig)}
     unknown = set(overrides) - known
     if unknown:
@@ -220,7 +234,7 @@ def preset_config(task: str, positional: str, attention: str, *, preset: str = "
 
 
 def preset_defaults(preset: str = "cpu-small") -> dict[str, str]:
-    """Per run option (``steps``, ``batch_size``, ``eval_every``, ``max_length``,
+    """Per run option (``steps``, ``batch_size``, ``eval_every``, ``seq_len``,
     ``num_realizations``), its value in ``preset`` for each task, in words
     (``listops 2000, text 600, retrieval 500, image 1000``): what ``spe lra`` flags left out mean."""
     from spe.lab.data.listops import LISTOPS_MAX_TOKENS
@@ -231,9 +245,9 @@ def preset_defaults(preset: str = "cpu-small") -> dict[str, str]:
     def value(cfg: LRAConfig, option: str):
         if option == "num_realizations":
             return cfg.model.get(option)
-        if option == "max_length" and cfg.max_length is None:
+        if option == "seq_len" and cfg.seq_len is None:
             return DEFAULT_LENGTHS[cfg.task] or f"its longest row, at most {LISTOPS_MAX_TOKENS}"
         return getattr(cfg, option)
 
     return {option: ", ".join(f"{task} {value(cfg, option)}" for task, cfg in configs.items())
-            for option in ("steps", "batch_size", "eval_every", "max_length", "num_realizations")}
+            for option in ("steps", "batch_size", "eval_every", "seq_len", "num_realizations")}

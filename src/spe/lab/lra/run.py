@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from spe.checkpoint import atomic_write
-from spe.lab.lra.config import RUN_ONLY_KEYS, LRAConfig
+from spe.lab.lra.config import OLD_NAMES, RUN_ONLY_KEYS, LRAConfig
 from spe.lab.lra.train import train_seed
 from spe.models.classifier_config import ClassifierConfig
 from spe.lab import plans, strict_json
-from spe.lab.options import check_threads, read_json_object
+from spe.lab.options import check_threads, read_json_object, rename_old_names
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 from spe.lab.train import distributed as dist_
 from spe.lab.train.run_folder import check_task, run_lock
@@ -183,7 +183,8 @@ def _check_config(out: Path, cfg: LRAConfig) -> None:
     current = cfg.to_dict()
     if file.is_file():
         defaults = {f.name: f.default for f in fields(LRAConfig) if f.default is not MISSING}
-        stored = {**defaults, **read_json_object(file, "an spe lra experiment's config")}
+        raw = read_json_object(file, "an spe lra experiment's config")
+        stored = {**defaults, **rename_old_names(raw, OLD_NAMES)}  # a folder of before seq_len's rename
         model_defaults = {f.name: f.default for f in fields(ClassifierConfig) if f.default is not MISSING}
         stored["model"] = {**model_defaults, **stored.get("model", {})}
         current = {**current, "model": {**model_defaults, **current.get("model", {})}}
