@@ -141,3 +141,10 @@ def test_codes_are_contiguous_so_layers_sharing_them_copy_nothing(impl):
     code = enc(16, generator=torch.Generator().manual_seed(0))
     for bar in (code.qbar, code.kbar):
         assert bar.shape == (16, 2, 8, 4) and bar.is_contiguous()
+
+
+def test_auto_filters_by_fft_at_every_kernel_size():
+    # spans of the noise filtered by FFT were measured faster than conv1d from P = 4 on
+    for p in (1, 4, 15, 16, 64):
+        assert ConvSPE(1, 2, 4, p).uses_fft and ConvSPE(1, 2, 4, p, impl="fft").uses_fft
+        assert not ConvSPE(1, 2, 4, p, impl="direct").uses_fft

@@ -59,9 +59,11 @@ class ConvSPE(KeepsFullPrecision):
         kernel_size: P, filter length in positions; the kernel vanishes for |lag| ≥ P
             (default 64). Both defaults are :class:`~spe.models.ModelConfig`'s (tests keep
             them equal).
-        impl: ``fft`` (one real FFT of the noise shared by Q̄ and K̄, O(N log N), appendix
-            A.2), ``direct`` (``conv1d``, O(N·P), the twin) or ``auto`` (fft when P ≥ 16).
-            Same numbers either way.
+        impl: ``fft`` (real FFTs of spans of the noise, each shared by Q̄ and K̄, O(N log P),
+            appendix A.2), ``direct`` (``conv1d``, O(N·P), the twin) or ``auto`` (fft: with
+            spans of a power-of-two length it was measured 2.5-5× faster than ``conv1d``,
+            forward and backward, at every P from 4 to 64, one thread, L = 2,048, 4 × 64
+            features, R = 32). Same numbers either way.
         causal: True (default): the code at position t filters the noise at t − P + 1 … t,
             so decoding needs only past noise. False: a centred filter, noise at
             t − P + 1 + c … t + c with c = ⌊(P − 1)/2⌋, and an envelope centred on p = c
@@ -215,8 +217,8 @@ class ConvSPE(KeepsFullPrecision):
 
     @property
     def uses_fft(self) -> bool:
-        """Whether contiguous spans of noise are filtered by FFT (``impl`` fft, or auto and P ≥ 16)."""
-        return self.impl == "fft" or (self.impl == "auto" and self.kernel_size >= 16)
+        """Whether contiguous spans of noise are filtered by FFT (``impl`` fft or auto)."""
+        return self.impl in ("fft", "auto")
 
     def kernel(self, lags: Tensor) -> Tensor:
         """Exact expected kernel E[Q̄_d(m) K̄_d(n)] / R for m − n = lag (appendix A.1).
