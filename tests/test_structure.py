@@ -139,7 +139,8 @@ def test_an_encoding_is_named_only_in_its_file_the_registry_and_the_exports(name
 
 
 # The receiver of a method, or torch.autograd.Function's ctx (whose forward takes its inputs
-# positionally: Function.apply passes no keywords), does not count as a positional parameter.
+# positionally: Function.apply passes no keywords), does not count as a positional parameter; such
+# a forward may take one record of the call's scalars beside its six tensors.
 _RECEIVERS = {"self", "cls", "ctx"}
 MAX_POSITIONAL = 6
 
@@ -149,9 +150,12 @@ def _long_positional_functions(source: str, where: str) -> list[str]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             names = [a.arg for a in node.args.posonlyargs + node.args.args]
+            limit = MAX_POSITIONAL
+            if names and names[0] == "ctx":  # up to six tensors and one record of the call's scalars
+                limit += 1
             if names and names[0] in _RECEIVERS:
                 names = names[1:]
-            if len(names) > MAX_POSITIONAL:
+            if len(names) > limit:
                 found.append(f"{where}:{node.lineno} {getattr(node, 'name', 'lambda')} ({len(names)} positional)")
     return found
 

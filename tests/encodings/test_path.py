@@ -72,7 +72,7 @@ def test_the_layer_gives_the_same_output_and_gradients_with_either_form(decay, m
     layer = _layer(decay)
     x = torch.randn(2, 70, C, generator=torch.Generator().manual_seed(3), requires_grad=True)
     calls, original = [], flash.flash_path_attention
-    monkeypatch.setattr(flash, "flash_path_attention", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(flash, "flash_path_attention", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     results = []
     for threshold in (10**9, 1):  # the chunked form, then the flash-style one
         monkeypatch.setattr(flash, "FLASH_MIN_LENGTH", threshold)

@@ -148,7 +148,7 @@ def test_flash_equals_the_float64_definition_forward_and_backward(length, chunk,
     q, k, v, w, beta, _ = _inputs(length, beta_range=beta_range, sharp=sharp)
 
     def run(*args, log_decay):
-        return flash_path_attention(*args, log_decay, D ** -0.5, chunk, block, tile)
+        return flash_path_attention(*args, log_decay, scale=D ** -0.5, chunk_size=chunk, block=block, tile=tile)
 
     _assert_is_the_definition(run, (q, k, v, w, beta, _gates(gates, length)))
 

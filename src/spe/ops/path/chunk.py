@@ -175,7 +175,8 @@ def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *,
         q, k, w, beta = (t.to(dtype) for t in (q, k, w, beta))
         if q.shape[1] and (impl == "flash" or impl == "auto" and q.shape[1] >= FLASH_MIN_LENGTH):
             gates = None if gates is None else gates.to(dtype)
-            return flash_path_attention(q, k, v.to(dtype), w, beta, gates, scale, chunk_size).to(v.dtype)
+            return flash_path_attention(q, k, v.to(dtype), w, beta, gates, scale=scale,
+                                        chunk_size=chunk_size).to(v.dtype)
         scores = path_logits(q, k, w, beta, chunk_size=chunk_size) * scale
         if gates is not None:
             scores = scores + gate_bias(gates.to(dtype))  # −∞ after m

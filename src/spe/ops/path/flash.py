@@ -37,6 +37,8 @@ for the products A_j; about L²/(R·C) Python steps for the products and L²/(R�
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import math
 
 import torch
@@ -120,12 +122,24 @@ def _tiles(num: int, size: int):
     return [(s, min(num, s + size)) for s in range(0, num, size)]
 
 
+@dataclass(frozen=True)
+class _Sizes:
+    """The scalars of one call: the logits' scale, C positions a chunk, chunks a block of queries
+    and chunks a tile of carried keys."""
+
+    scale: float
+    chunk: int
+    block: int
+    tile: int
+
+
 class _FlashPath(torch.autograd.Function):
     """y (B, L, H, E) from q, k, w (B, L, H, D), v (B, L, H, E), beta and gates (B, L, H) or
     None, all in the compute dtype. Saves the inputs, y and the log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, q, k, v, w, beta, gates, scale, chunk, block, tile):
+    def forward(ctx, q, k, v, w, beta, gates, sizes: _Sizes):
+        scale, chunk, block, tile = sizes.scale, sizes.chunk, sizes.block, sizes.tile
         n, c = q.shape[1], chunk
         k_hat, product = _key_terms(k, w, beta, c)
         v_b, g_b = _blocks(v, c).flatten(2, 3), _gate_rows(gates, c)
@@ -213,10 +227,10 @@ class _FlashPath(torch.autograd.Function):
             if own_gates is not None:
                 d_g[:, :, lo:hi] += grads[4]
         del k_hat, product, v_b, dy_b, delta  # before the keys' terms are formed again
-        _key_terms_backward(k, w, beta, c, d_k_hat, d_product, d_inputs[1:])
+        _key_terms_backward(k, w, beta, c, d_k_hat, d_product, outs=d_inputs[1:])
         d_v = d_v[:, :, :n].transpose(1, 2)
         d_gates = None if d_g is None else d_g[:, :, :n].transpose(1, 2)
-        return (*d_inputs[:2], d_v, *d_inputs[2:], d_gates, None, None, None, None)
+        return (*d_inputs[:2], d_v, *d_inputs[2:], d_gates, None)
 
 
 def _chain_backward(carriers: Tensor, d_carriers: Tensor, product: Tensor, d_product: Tensor) -> None:
@@ -243,7 +257,7 @@ def _key_terms(k: Tensor, w: Tensor, beta: Tensor, c: int) -> tuple[Tensor, Tens
     return torch.cat([p[0] for p in parts], 2), torch.cat([p[1] for p in parts], 2)
 
 
-def _key_terms_backward(k: Tensor, w: Tensor, beta: Tensor, c: int, d_k_hat: Tensor, d_product: Tensor,
+def _key_terms_backward(k: Tensor, w: Tensor, beta: Tensor, c: int, d_k_hat: Tensor, d_product: Tensor, *,
                         outs: list[Tensor]) -> None:
     """Adds to outs (the gradients of k, w, β) those of k̂ and P, through their terms formed again a
     slice of chunks at a time."""
@@ -289,7 +303,7 @@ def _cross_scores(q_scaled: Tensor, keys: Tensor, within: Tensor | None, before:
     return s
 
 
-def flash_path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, gates: Tensor | None,
+def flash_path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, gates: Tensor | None, *,
                          scale: float, chunk_size: int, block: int = FLASH_BLOCK, tile: int = FLASH_TILE) -> Tensor:
     """Causal PaTH attention block by block (the module docstring), inputs already checked and in
     the compute dtype: q, k, w (B, L, H, D), v (B, L, H, E), beta and gates (B, L, H) (gates None
@@ -297,4 +311,4 @@ def flash_path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tenso
     max(1, block // C) chunks of queries, tiles of max(1, tile // C) chunks of keys. Returns
     (B, L, H, E) in the compute dtype."""
     c = min(chunk_size, q.shape[1])
-    return _FlashPath.apply(q, k, v, w, beta, gates, scale, c, max(1, block // c), max(1, tile // c))
+    return _FlashPath.apply(q, k, v, w, beta, gates, _Sizes(scale, c, max(1, block // c), max(1, tile // c)))

@@ -13,8 +13,9 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from spe.ops.common.checks import check_window
-from spe.ops.decay.forms import check_gates, check_log_decay, is_gate
 from spe.ops.decay.sums import segment_sums, suffix_sums
+from spe.ops.softmax.checks import check_key_padding_mask, softmax_gates
+from spe.ops.softmax.flash import flash_fox_attention
 
 __all__ = ["FLASH_FOX_MIN_LENGTH", "FOX_QUERY_BLOCK", "attend", "check_key_padding_mask", "gate_bias",
            "softmax_attention", "softmax_gates"]
@@ -89,8 +90,6 @@ def _gated_attention(q: Tensor, k: Tensor, v: Tensor, gates: Tensor, window: int
     the keys its queries reach, its bias recomputed in backward)."""
     n = q.shape[1]
     if n >= FLASH_FOX_MIN_LENGTH:
-        from spe.ops.softmax.flash import flash_fox_attention  # flash imports this module's checks
-
         return flash_fox_attention(q, k, v, gates, window=window)
     if n <= FOX_QUERY_BLOCK:
         return attend(q, k, v, gate_bias(gates, window))
@@ -108,20 +107,6 @@ def _gated_attention(q: Tensor, k: Tensor, v: Tensor, gates: Tensor, window: int
 
 def _gated_block(q: Tensor, k: Tensor, v: Tensor, gates: Tensor, start: int, window: int | None) -> Tensor:
     return attend(q, k, v, gate_bias(gates, window, start))
-
-
-def softmax_gates(log_decay: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """A forget gate for queries of shape (B, L, H, D), as (B, L, H): (B, L, H) as given, (H,)
-    a constant one.
-
-    Raises:
-        ValueError: naming the shape received and those allowed ((H,), (B, L, H): a gate per
-            feature channel has no meaning on logits), or a value not finite or > 0.
-    """
-    if is_gate(log_decay):
-        return check_gates(log_decay, shape, channel=False)[..., 0]
-    check_log_decay(log_decay, shape[2])
-    return log_decay.expand(*shape[:3])
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool = False) -> Tensor:
@@ -148,26 +133,6 @@ def _padding_mask(key_padding_mask: Tensor, k: Tensor, causal: bool) -> Tensor:
         raise ValueError("key_padding_mask is for non-causal attention (a causal model has no padding before "
                          "its last real token)")
     return check_key_padding_mask(key_padding_mask, k)
-
-
-def check_key_padding_mask(key_padding_mask: Tensor, k: Tensor) -> Tensor:
-    """Validates a key padding mask for keys ``k`` (B, Lk, H, E), as every softmax path with a
-    score term does (:mod:`spe.attention.kernels`).
-
-    Args:
-        key_padding_mask: (B, Lk) bool, True at padding keys.
-        k: the keys it masks.
-
-    Returns:
-        (B, 1, 1, Lk) bool, True where attention is allowed.
-
-    Raises:
-        ValueError: naming the shape and dtype received, unless the mask is (B, Lk) bool.
-    """
-    if key_padding_mask.shape != k.shape[:2] or key_padding_mask.dtype != torch.bool:
-        raise ValueError(f"key_padding_mask must be a (batch, keys) = {tuple(k.shape[:2])} bool tensor, got "
-                         f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
-    return ~key_padding_mask[:, None, None, :]
 
 
 def gate_bias(gates: Tensor, window: int | None = None, start: int = 0) -> Tensor:

@@ -41,7 +41,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from spe.ops.common.checks import check_window
-from spe.ops.softmax.chunk import check_key_padding_mask, softmax_gates
+from spe.ops.softmax.checks import check_key_padding_mask, softmax_gates
 
 __all__ = ["FLASH_FOX_BLOCK", "FLASH_FOX_SPAN", "flash_fox_attention"]
 
@@ -68,7 +68,7 @@ def flash_fox_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, w
         q, k: (B, L, H, D).
         v: (B, L, H, E).
         log_decay: (B, L, H) log gates G_t ≤ 0, or (H,) a constant one
-            (:func:`~spe.ops.softmax.chunk.softmax_gates`).
+            (:func:`~spe.ops.softmax.checks.softmax_gates`).
         window: W, keys n ∈ (m − W, m] only; None: all n ≤ m.
         key_padding_mask: (B, L) bool, True at padding keys, which get no weight; every query
             needs one real key among those it sees (key 0 real, for instance).
@@ -81,7 +81,7 @@ def flash_fox_attention(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, *, w
 
     Raises:
         ValueError: naming the shapes received unless q and k are (B, L, H, D) and v
-            (B, L, H, E); a bad gate (:func:`~spe.ops.softmax.chunk.softmax_gates`), window,
+            (B, L, H, E); a bad gate (:func:`~spe.ops.softmax.checks.softmax_gates`), window,
             padding mask or block.
     """
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from spe.ops.common.checks import check_window
-from spe.ops.softmax.chunk import check_key_padding_mask, softmax_gates
+from spe.ops.softmax.checks import check_key_padding_mask, softmax_gates
 
 __all__ = ["SOFTMAX_IMPLS", "auto_flex_failure", "check_softmax_impl", "choose_softmax_impl",
            "flex_available", "flex_fallback_reason", "flex_softmax_attention", "run_flex"]

@@ -14,7 +14,8 @@ from torch import Tensor
 
 from spe.ops.common.checks import check_one_position, check_window
 from spe.ops.decay.sums import suffix_sums
-from spe.ops.softmax.chunk import attend, softmax_gates
+from spe.ops.softmax.checks import softmax_gates
+from spe.ops.softmax.chunk import attend
 from spe.ops.common.state import KVCache, check_state_window
 
 __all__ = ["append_to_cache", "prefill_cache", "softmax_attention_step"]
