@@ -59,11 +59,12 @@ def test_every_option_has_help_text(command):
                                                    ("evaluate", "--eval-length", "--max-length", "64"),
                                                    ("report", "--eval-length", "--max-length", "64"),
                                                    ("lra", "--seq-len", "--max-length", "64"),
-                                                   ("synth", "--seq-len", "--train-length", "64")])
+                                                   ("synth", "--seq-len", "--train-length", "64"),
+                                                   ("demo", "--eval-length", "--max-length", "64")])
 def test_one_name_per_idea_and_the_old_name_an_alias_that_says_the_new_one(command, new, old, value):
     parser = _subparser(command)
     required = {"evaluate": ["--checkpoint", "x"], "generate": ["--checkpoint", "x"],
-                "report": ["--checkpoint", "x", "--out", "o"], "lra": [], "synth": []}[command]
+                "report": ["--checkpoint", "x", "--out", "o"], "lra": [], "synth": [], "demo": []}[command]
     by_new, by_old = (vars(parser.parse_args([*required, flag, value])) for flag in (new, old))
     assert by_new == by_old and int(value) in by_new.values()
     assert _help(command, old) == f"old name of {new} (an alias)"
