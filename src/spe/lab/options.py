@@ -221,7 +221,8 @@ class ExperimentOptions:
 
     data: str | None = option(None, engine=False)
     steps: int = option(1000, _POSITIVE, "optimizer steps")
-    batch_size: int = option(8, _POSITIVE, "crops per step over all processes (under torchrun each takes its share)")
+    batch_size: int = option(8, _POSITIVE,
+                             "examples per step over all processes (under torchrun each takes its share)")
     lr: float = option(1e-3, OptionRule(integer=False, low=0, low_open=True), "peak learning rate")
     warmup_steps: int = option(100, OptionRule(integer=True, low=0),
                                "linear warmup steps (a warning if not below --steps)")

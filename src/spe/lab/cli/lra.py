@@ -94,7 +94,7 @@ def add_lra_parser(sub) -> None:
                         "operators without '[', digits, no ']' and no parentheses)")
     p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's)")
     add_option_flag(p, "steps", note="per seed")
-    add_option_flag(p, "batch_size", note="here examples (pairs for Retrieval)")
+    add_option_flag(p, "batch_size", note="pairs for Retrieval")
     add_option_flag(p, "eval_every")
     add_aliased(p, "--seq-len", "--max-length", type=int,
                 help="training length: tokens per sequence / document, longer ones truncated")

@@ -97,7 +97,8 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     p.add_argument("--val-fraction", type=float, metavar="F",
                    help=f"share of the pieces held out for validation, {OPTION_RULES['val_fraction'].allowed()}: "
                    "round(F × pieces), one at least, and a warning below three")
-    for name in ("batch_size", "lr", "warmup_steps", "eval_every"):
+    add_option_flag(p, "batch_size", note="here crops of --seq-len tokens")
+    for name in ("lr", "warmup_steps", "eval_every"):
         add_option_flag(p, name)
     add_model_flags(p)
     from spe.lab.train.config import packaged_defaults

@@ -99,7 +99,7 @@ def add_synth_parser(sub) -> None:
     p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's; "
                    "--write-data: the first seeds the training stream written)")
     add_option_flag(p, "steps", note="per seed (default: the preset's)")
-    add_option_flag(p, "batch_size", note="here sequences (default: the preset's)")
+    add_option_flag(p, "batch_size", note="here sequences of --seq-len tokens (default: the preset's)")
     add_option_flag(p, "lr", note="default: the preset's")
     add_option_flag(p, "eval_every", note="default: the preset's")
     add_model_flags(p)
