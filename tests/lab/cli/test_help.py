@@ -47,7 +47,16 @@ def test_lra_flags_say_each_tasks_default_of_the_default_preset(flag, option):
         assert f"{task} {getattr(preset_config(task, 'sinespe', 'performer'), option)}" in text, text
 
 
-@pytest.mark.parametrize("command", ["generate", "evaluate", "lra", "train"])
+@pytest.mark.parametrize("flag,option", [("--seq-len", "seq_len"), ("--steps", "steps"), ("--batch-size", "batch_size"),
+                                         ("--eval-every", "eval_every"), ("--device", "device")])
+def test_synth_flags_say_the_presets_default_as_resolved(flag, option):
+    from spe.lab.synth import preset_config
+
+    for task in ("flip-flop", "mqar"):
+        assert f"{getattr(preset_config(task), option)}" in _help("synth", flag).split("(default ")[1]
+
+
+@pytest.mark.parametrize("command", ["generate", "evaluate", "lra", "train", "synth"])
 def test_every_option_has_help_text(command):
     missing = [a.option_strings for a in _subparser(command)._actions
                if a.option_strings and a.help in (None, "") and "-h" not in a.option_strings]

@@ -85,23 +85,22 @@ def _cmd_plan(args: argparse.Namespace, seeds: list[int] | None) -> int:
 
 def add_synth_parser(sub) -> None:
     from spe.lab.cli.model_flags import add_model_flags
-    from spe.lab.cli.names import add_aliased, add_option_flag, add_run_flag
-    from spe.lab.synth.config import EVAL_LENGTHS, MAX_EVAL_FACTOR
+    from spe.lab.cli.names import add_aliased, add_option_flag, add_run_flag, say_defaults
+    from spe.lab.synth.config import MAX_EVAL_FACTOR, preset_defaults
 
     p = sub.add_parser("synth", help="synthetic tasks (flip-flop, MQAR): train at one length, test at longer ones")
     p.add_argument("--task", help="flip-flop or mqar (required unless --plan is given)")
     add_aliased(p, "--seq-len", "--train-length", type=int, metavar="L",
-                help="training length L, tokens per training sequence (default: the preset's, 64)")
-    p.add_argument("--eval-lengths", help=f"comma-separated test lengths in tokens, up to {MAX_EVAL_FACTOR} L "
-                   f"(default {','.join(map(str, EVAL_LENGTHS))})")
+                help="training length L, tokens per training sequence")
+    p.add_argument("--eval-lengths", help=f"comma-separated test lengths in tokens, up to {MAX_EVAL_FACTOR} L")
     p.add_argument("--write-data", metavar="DIR", help="write the generated splits as JSON lines and vocab.json "
                    "to DIR (refuses existing files) and train nothing")
     p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's; "
                    "--write-data: the first seeds the training stream written)")
-    add_option_flag(p, "steps", note="per seed (default: the preset's)")
-    add_option_flag(p, "batch_size", note="here sequences of --seq-len tokens (default: the preset's)")
-    add_option_flag(p, "lr", note="default: the preset's")
-    add_option_flag(p, "eval_every", note="default: the preset's")
+    add_option_flag(p, "steps", note="per seed")
+    add_option_flag(p, "batch_size", note="here sequences of --seq-len tokens")
+    for name in ("lr", "eval_every"):
+        add_option_flag(p, name)
     add_model_flags(p)
     add_run_flag(p, "out", note="the experiment folder (default runs/synth/TASK; with --plan runs/synth/PLAN)")
     from spe.lab.plans import packaged_plans
@@ -113,4 +112,5 @@ def add_synth_parser(sub) -> None:
     for name in ("device", "threads", "precision"):
         add_run_flag(p, name)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    say_defaults(p, preset_defaults(), "the preset's")
     p.set_defaults(func=cmd_synth)

@@ -17,7 +17,8 @@ from spe.lab.options import check_option, rename_old_names
 from spe.lab.synth.data import TASKS, check_length, mqar_pairs, vocabulary
 from spe.models.config import ModelConfig
 
-__all__ = ["EVAL_LENGTHS", "MAX_EVAL_FACTOR", "MAX_TOKENS", "OLD_NAMES", "PRESETS", "RUN_ONLY_KEYS", "SynthConfig", "load_preset", "preset_config"]
+__all__ = ["EVAL_LENGTHS", "MAX_EVAL_FACTOR", "MAX_TOKENS", "OLD_NAMES", "PRESETS", "RUN_ONLY_KEYS", "SynthConfig", "load_preset",
+           "preset_config", "preset_defaults"]
 
 PRESETS = ("cpu-small",)
 MAX_EVAL_FACTOR = 64  # the longest test length, in training lengths
@@ -247,3 +248,21 @@ def preset_config(task: str, *, preset: str = "cpu-small", **overrides) -> Synth
     values.pop("task", None)
     values.pop("preset", None)
     return SynthConfig(task=task, preset=preset, **values)
+
+
+def preset_defaults(preset: str = "cpu-small") -> dict[str, str]:
+    """Per option a flag of ``spe synth`` sets, its value in ``preset`` (``64``; per task where the
+    tasks differ: ``flip-flop 2000, mqar 3000``; lists comma-separated): what a flag left out
+    means, for its help (:func:`spe.lab.cli.names.say_defaults`)."""
+    from spe.lab.train.config import quiet_defaults
+
+    with quiet_defaults():  # only read for the help: no model default announced
+        configs = {task: preset_config(task, preset=preset) for task in TASKS}
+
+    def words(value) -> str:
+        return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    options = ("seq_len", "eval_lengths", "steps", "batch_size", "lr", "eval_every", "device", "precision")
+    values = {option: {task: words(getattr(cfg, option)) for task, cfg in configs.items()} for option in options}
+    return {option: next(iter(by_task.values())) if len(set(by_task.values())) == 1
+            else ", ".join(f"{task} {value}" for task, value in by_task.items()) for option, by_task in values.items()}
