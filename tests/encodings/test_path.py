@@ -15,6 +15,7 @@ from spe.encodings.short_conv import depthwise_conv_reference
 from spe.lab.cli.main import main
 from spe.models import ClassifierConfig, DecoderLM, ModelConfig
 from spe.ops import KVCache
+from spe.ops.path import chunk as path_chunk
 from spe.ops.path import flash, path_attention_reference
 
 C, HEADS = 16, 2
@@ -72,10 +73,10 @@ def test_the_layer_gives_the_same_output_and_gradients_with_either_form(decay, m
     layer = _layer(decay)
     x = torch.randn(2, 70, C, generator=torch.Generator().manual_seed(3), requires_grad=True)
     calls, original = [], flash.flash_path_attention
-    monkeypatch.setattr(flash, "flash_path_attention", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    monkeypatch.setattr(path_chunk, "flash_path_attention", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     results = []
     for threshold in (10**9, 1):  # the chunked form, then the flash-style one
-        monkeypatch.setattr(flash, "FLASH_MIN_LENGTH", threshold)
+        monkeypatch.setattr(path_chunk, "FLASH_MIN_LENGTH", threshold)
         y = layer(x)
         results.append((y, *torch.autograd.grad(y.square().sum(), [x, *layer.parameters()], allow_unused=True)))
     assert len(calls) == 1

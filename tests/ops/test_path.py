@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from spe.ops import path_attention, path_attention_step, path_prefill_cache, softmax_attention
+from spe.ops.path import chunk as path_chunk
 from spe.ops.path import flash, path_attention_reference, path_logits_reference
 from spe.ops.path.flash import flash_path_attention
 
@@ -212,9 +213,10 @@ def test_flash_never_forms_an_l_by_l_tensor_forward_or_backward(gate):
 
 def test_auto_takes_the_flash_form_from_its_threshold(monkeypatch):
     calls = []
-    original = flash.flash_path_attention
-    monkeypatch.setattr(flash, "flash_path_attention", lambda *a, **kw: calls.append(a[0].shape[1]) or original(*a, **kw))
-    monkeypatch.setattr(flash, "FLASH_MIN_LENGTH", 20)
+    original = flash.flash_path_attention  # path_attention (spe.ops.path.chunk) dispatches by its names
+    monkeypatch.setattr(path_chunk, "flash_path_attention",
+                        lambda *a, **kw: calls.append(a[0].shape[1]) or original(*a, **kw))
+    monkeypatch.setattr(path_chunk, "FLASH_MIN_LENGTH", 20)
     for length in (19, 20, 41):
         inputs = _inputs(length)
         out = path_attention(*inputs[:5], log_decay=inputs[5], chunk_size=8)

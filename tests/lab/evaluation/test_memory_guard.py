@@ -28,13 +28,24 @@ def _config(**options) -> ModelConfig:
     return ModelConfig(vocab_size=300, d_model=32, num_heads=2, num_layers=1, d_ff=64, **options)
 
 
-def test_the_estimate_is_quadratic_for_path_and_linear_for_a_linear_kernel():
-    path, performer = _config(positional="path", attention="softmax"), _config(positional="rope")
-    assert memory.evaluation_bytes(path, 8192, 1) > 3.5 * memory.evaluation_bytes(path, 4096, 1)
-    assert memory.evaluation_bytes(path, 4096, 2) > 1.9 * memory.evaluation_bytes(path, 4096, 1)
+def test_the_estimate_is_quadratic_for_score_terms_and_linear_for_a_linear_kernel():
+    shaw, performer = _config(positional="shaw", attention="softmax"), _config(positional="rope")
+    assert memory.evaluation_bytes(shaw, 8192, 1) > 3.5 * memory.evaluation_bytes(shaw, 4096, 1)
+    alibi = _config(positional="alibi", attention="softmax")  # no (L, L, D) term shared by the batch
+    assert memory.evaluation_bytes(alibi, 4096, 2) > 1.9 * memory.evaluation_bytes(alibi, 4096, 1)
     assert memory.evaluation_bytes(performer, 8192, 1) < 2.1 * memory.evaluation_bytes(performer, 4096, 1)
-    # the measured case: a tiny PaTH model at 16,384 positions peaked at 5.6 GB
-    assert 4.5e9 < memory.evaluation_bytes(path, 16384, 1) < 7e9
+
+
+def test_path_is_quadratic_below_its_flash_threshold_and_linear_from_it():
+    from spe.ops.path.flash import FLASH_MIN_LENGTH
+
+    path = _config(positional="path", attention="softmax")
+    below = memory.evaluation_bytes(path, FLASH_MIN_LENGTH - 1, 1)
+    assert below > 2.5 * memory.evaluation_bytes(path, (FLASH_MIN_LENGTH - 1) // 2, 1)  # linear: 2
+    assert memory.evaluation_bytes(path, 16384, 1) < 2.2 * memory.evaluation_bytes(path, 8192, 1)
+    # the quadratic form peaked at 5.6 GB for a tiny PaTH model at 16,384 positions; the flash form
+    # measured 85 MB at 8,192 (B 1, H 2, D 16), of which 75 MB softmax alone takes
+    assert memory.evaluation_bytes(path, 16384, 1) < 3e8
 
 
 def test_the_test_time_realisations_count():
@@ -44,10 +55,20 @@ def test_the_test_time_realisations_count():
 
 
 def test_the_largest_length_that_fits_is_the_last_within_the_budget():
-    config = _config(positional="path", attention="softmax")
-    budget = memory.evaluation_bytes(config, 1000, 1)
-    assert memory.largest_length(config, 1, budget, 5000) == 1000
-    assert memory.largest_length(config, 1, 10, 5000) == 0
+    from spe.ops.path.flash import FLASH_MIN_LENGTH
+
+    shaw = _config(positional="shaw", attention="softmax")
+    budget = memory.evaluation_bytes(shaw, 1000, 1)
+    assert memory.largest_length(shaw, 1, budget, 5000) == 1000
+    assert memory.largest_length(shaw, 1, 10, 5000) == 0
+    # PaTH's estimate drops where its flash form starts: the stretch beyond it is searched too
+    path = _config(positional="path", attention="softmax")
+    budget = memory.evaluation_bytes(path, 3000, 1)
+    assert budget < memory.evaluation_bytes(path, FLASH_MIN_LENGTH - 1, 1)
+    assert memory.largest_length(path, 1, budget, 5000) == 3000
+    small = memory.evaluation_bytes(path, 500, 1)
+    assert small < memory.evaluation_bytes(path, FLASH_MIN_LENGTH, 1)
+    assert memory.largest_length(path, 1, small, 5000) == 500
 
 
 def test_what_cannot_fit_is_refused_in_one_line_before_any_forward_pass(path_run, monkeypatch, capsys):

@@ -3,7 +3,8 @@
 Teacher-forced evaluation runs one forward pass per batch without gradients: the layers run one
 after another, so the peak is the batch's activations and logits plus the largest transient of
 one attention layer. That transient is linear in the length for linear kernels and PyTorch's
-fused softmax, but quadratic where attention is formed as an L × L matrix (PaTH, score encodings,
+fused softmax, but quadratic where attention is formed as an L × L matrix (PaTH below
+:data:`~spe.ops.path.flash.FLASH_MIN_LENGTH` positions, score encodings,
 softmax with a mask or an SPE code whose size differs from the values'), and FoX holds blocks of
 :data:`~spe.ops.softmax.FOX_QUERY_BLOCK` queries × L keys below
 :data:`~spe.ops.softmax.FLASH_FOX_MIN_LENGTH` positions, of :data:`~spe.ops.softmax.FLASH_FOX_BLOCK`
@@ -37,6 +38,7 @@ import torch
 
 from spe.encodings.registry import POSITIONAL_SPECS
 from spe.lab.train.memory import format_bytes
+from spe.ops.path.flash import FLASH_BLOCK, FLASH_MIN_LENGTH, FLASH_TILE
 from spe.ops.softmax import FLASH_FOX_BLOCK, FLASH_FOX_MIN_LENGTH, FOX_QUERY_BLOCK
 
 __all__ = ["available_memory", "check_evaluation_memory", "evaluation_bytes", "largest_length",
@@ -48,6 +50,10 @@ _GATE_BIAS_BYTES, _UNFUSED_BYTES, _FOX_BYTES = 7.0, 11.0, 16.0
 # per element of FoX's flash-style blocks (queries of a block x the keys it reaches: its mask and
 # SDPA's transient), from FLASH_FOX_MIN_LENGTH positions on; measured 3.3 (B 1, H 2, L 8,192)
 _FOX_FLASH_BYTES = 4.0
+# PaTH's flash-style form from FLASH_MIN_LENGTH positions on (spe.ops.path.flash): per element of
+# the keys carried chunk by chunk (B, H, L, D) and of one block x tile of logits; measured
+# 30 per key element (B 1, H 2, D 16, L 8,192: 8 MB above softmax alone)
+_PATH_FLASH_KEY_BYTES, _PATH_FLASH_LOGIT_BYTES = 32.0, 16.0
 # per position and sequence: logits and their log-softmax (V), the residual stream and its
 # projections (C), the kernel's features (H × F)
 _LOGIT_BYTES, _STREAM_BYTES, _FEATURE_BYTES = 12, 32, 64
@@ -58,12 +64,14 @@ _MATERIALISED_CODE = 2 ** 24  # the most elements impl="auto" materialises (spe.
 def _score_kind(config, length: int, realizations: int | None = None,
                 device: torch.device | str = "cpu") -> str | None:
     """What forms a (B, H, L, L) matrix in this config's attention: ``scores`` (an encoding that
-    forms them), ``fox`` (FoX's blocks), ``unfused`` (softmax's path that forms them), or None
+    forms them), ``path-flash`` (PaTH's flash-style form: linear), ``fox`` (FoX's blocks), ``unfused`` (softmax's path that forms them), or None
     (linear memory). On CUDA FlexAttention takes FoX's gate, a window and a score term that has
     ``flex_arguments`` (:func:`spe.ops.softmax.flex.choose_softmax_impl`): none forms the matrix."""
     spec = POSITIONAL_SPECS[config.positional]
     cuda = torch.device(device).type == "cuda"
     if spec.acts_on == "scores":
+        if config.positional == "path" and length >= FLASH_MIN_LENGTH:
+            return "path-flash"
         square = spec.score_bytes or spec.pair_bytes
         return None if not square or (cuda and _takes_flex(spec, config)) else "scores"
     if config.attention != "softmax":
@@ -118,6 +126,9 @@ def evaluation_bytes(config, length: int, batch: int, *, num_realizations: int |
         need += _FOX_FLASH_BYTES * batch * heads * min(length, FLASH_FOX_BLOCK) * length
     elif kind == "fox":
         need += _FOX_BYTES * batch * heads * min(length, FOX_QUERY_BLOCK) * length
+    elif kind == "path-flash":
+        need += batch * heads * (_PATH_FLASH_KEY_BYTES * length * head
+                                 + _PATH_FLASH_LOGIT_BYTES * FLASH_BLOCK * FLASH_TILE)
     elif kind == "unfused":
         need += _UNFUSED_BYTES * batch * heads * length * length
     elif kind == "scores":
@@ -186,15 +197,25 @@ def _address_space_room() -> int | None:
 
 def largest_length(config, batch: int, budget: int, upper: int, **options) -> int:
     """The largest L ≤ ``upper`` whose :func:`evaluation_bytes` (with ``options``: ``num_realizations``,
-    ``device``) fits in ``budget`` (0 if none)."""
-    low, high = 0, upper
-    while low < high:
-        mid = (low + high + 1) // 2
-        if evaluation_bytes(config, mid, batch, **options) <= budget:
-            low = mid
-        else:
-            high = mid - 1
-    return low
+    ``device``) fits in ``budget`` (0 if none).
+
+    The estimate grows with L except where a kernel switches to its flash-style form
+    (:data:`FLASH_MIN_LENGTH` for PaTH, :data:`FLASH_FOX_MIN_LENGTH` for FoX), where it drops: each
+    stretch between those lengths is searched on its own, the longest first."""
+    edges = sorted({0, *(e for e in (FLASH_MIN_LENGTH, FLASH_FOX_MIN_LENGTH) if 0 < e <= upper)}, reverse=True)
+    top = upper
+    for start in edges:
+        low, high = start - 1, top  # low: known to fit (start - 1 stands for "none in this stretch")
+        while low < high:
+            mid = (low + high + 1) // 2
+            if evaluation_bytes(config, mid, batch, **options) <= budget:
+                low = mid
+            else:
+                high = mid - 1
+        if low >= max(start, 1):
+            return low
+        top = start - 1
+    return 0
 
 
 def check_evaluation_memory(path: str | os.PathLike, config, length: int, batch: int,
@@ -237,7 +258,7 @@ def _what(config, length: int, device: torch.device | str) -> str:
     kind = _score_kind(config, length, device=device)
     where = f"positional {config.positional}, attention {config.attention}" + (
         f", decay {config.decay}" if config.decay != "none" else "")
-    if kind is None:
+    if kind is None or kind == "path-flash" or (kind == "fox" and length >= FLASH_FOX_MIN_LENGTH):
         return where + ": linear in the length"
     return where + (": blocks of queries × the length" if kind == "fox" else ": quadratic in the length")
 

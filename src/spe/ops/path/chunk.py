@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from spe.ops.softmax.chunk import gate_bias
 from spe.ops.linear_attn.options import kernel_dtype
 from spe.ops.path.checks import check_path_inputs
+from spe.ops.path.flash import FLASH_MIN_LENGTH, flash_path_attention
+from spe.ops.path.terms import chunk_terms
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "PATH_IMPLS", "path_attention", "path_logits", "path_transformed_keys"]
 
@@ -39,39 +40,6 @@ DEFAULT_CHUNK_SIZE = 64
 # (:mod:`~spe.ops.path.flash`, blocks recomputed in backward), "auto" (flash from
 # spe.ops.path.flash.FLASH_MIN_LENGTH positions on).
 PATH_IMPLS = ("auto", "chunk", "flash")
-
-
-def _blocks(x: Tensor, c: int) -> Tensor:
-    """(B, L, H, ...) → (B, H, N, C, ...), zero-padded to N·C positions (w = β = 0 there: H = I)."""
-    b, n, h = x.shape[:3]
-    x = x.movedim(1, 2)  # (B, H, L, ...)
-    x = F.pad(x, (0, 0, 0, (-n) % c) if x.dim() == 4 else (0, (-n) % c))
-    return x.reshape(b, h, x.shape[2] // c, c, *x.shape[3:])  # not -1: undetermined at batch 0
-
-
-def _chunk_terms(q: Tensor | None, k: Tensor, w: Tensor, beta: Tensor, c: int):
-    """The per-chunk terms of the module docstring, from (B, L, H, ·) inputs.
-
-    Returns:
-        (intra (B, H, N, C, C) or None, Q̂ (B, H, N, C, D) or None, K̂ (B, H, N, C, D),
-        P (B, H, N, D, D)); the queries' terms are None without q.
-    """
-    k, w, beta = _blocks(k, c), _blocks(w, c), _blocks(beta, c)
-    eye = torch.eye(c, dtype=k.dtype, device=k.device)
-    strict = torch.ones(c, c, dtype=torch.bool, device=k.device).tril(-1)
-    wb = w * beta[..., None]  # diag(β) W
-    lower = eye + (wb @ w.transpose(-1, -2)).masked_fill(~strict, 0)  # I + diag(β) tril₋₁(W Wᵀ)
-    wk = (wb @ k.transpose(-1, -2)).masked_fill(~strict, 0)  # diag(β) tril₋₁(W Kᵀ)
-    solved = torch.linalg.solve_triangular(lower, torch.cat([wb, wk], -1), upper=False, unitriangular=True)
-    twb, twk = solved[..., :w.shape[-1]], solved[..., w.shape[-1]:]  # T diag(β) W, T diag(β) tril₋₁(W Kᵀ)
-    k_hat = k - twk.transpose(-1, -2) @ w
-    product = torch.eye(w.shape[-1], dtype=k.dtype, device=k.device) - w.transpose(-1, -2) @ twb
-    if q is None:
-        return None, None, k_hat, product
-    q = _blocks(q, c)
-    qw = (q @ w.transpose(-1, -2)).tril()  # (B, H, N, C, C), s ≤ m
-    intra = q @ k.transpose(-1, -2) - qw @ twk
-    return intra, q - qw @ twb, k_hat, product
 
 
 def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, *,
@@ -88,7 +56,7 @@ def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, *,
     """
     b, n, h, _ = q.shape
     c = min(chunk_size, n)
-    intra, q_hat, k_hat, product = _chunk_terms(q, k, w, beta, c)
+    intra, q_hat, k_hat, product = chunk_terms(q, k, w, beta, c)
     num = intra.shape[2]
     blocks, rows, cols = [intra], [torch.arange(num)], [torch.arange(num)]
     carried = q_hat
@@ -117,7 +85,7 @@ def path_transformed_keys(k: Tensor, w: Tensor, beta: Tensor, *,
     """
     b, n, h, d = k.shape
     c = min(chunk_size, n)
-    _, _, k_hat, product = _chunk_terms(None, k, w, beta, c)
+    _, _, k_hat, product = chunk_terms(None, k, w, beta, c)
     out = [k_hat[:, :, -1]]
     suffix = torch.eye(d, dtype=k.dtype, device=k.device).expand(b, h, d, d)  # P_{N−1} ⋯ P_{j+1}
     for j in range(k_hat.shape[2] - 2, -1, -1):
@@ -163,7 +131,6 @@ def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, *,
         ValueError: naming a shape, dtype or value received that is not allowed (w not unit,
             beta outside [0, 2], a gate > 0 or of another shape, a scale ≤ 0, an unknown impl).
     """
-    from spe.ops.path.flash import FLASH_MIN_LENGTH, flash_path_attention  # it builds on this module
 
     gates, scale = check_path_inputs(q, k, v, w, beta, log_decay=log_decay, scale=scale)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from spe.ops.decay.sums import suffix_sums
-from spe.ops.path.chunk import _blocks, _chunk_terms
+from spe.ops.path.terms import chunk_blocks, chunk_terms
 from spe.ops.softmax.chunk import gate_bias
 
 __all__ = ["FLASH_BLOCK", "FLASH_MIN_LENGTH", "FLASH_TILE", "flash_path_attention"]
@@ -142,12 +142,12 @@ class _FlashPath(torch.autograd.Function):
         scale, chunk, block, tile = sizes.scale, sizes.chunk, sizes.block, sizes.tile
         n, c = q.shape[1], chunk
         k_hat, product = _key_terms(k, w, beta, c)
-        v_b, g_b = _blocks(v, c).flatten(2, 3), _gate_rows(gates, c)
+        v_b, g_b = chunk_blocks(v, c).flatten(2, 3), _gate_rows(gates, c)
         outs, lses = [], []
         for c0, c1 in _tiles(k_hat.shape[2], block):
             lo, hi = c0 * c, c1 * c
             span = slice(lo, min(n, hi))
-            s, q_t = _inner(*_chunk_terms(q[:, span], k[:, span], w[:, span], beta[:, span], c),
+            s, q_t = _inner(*chunk_terms(q[:, span], k[:, span], w[:, span], beta[:, span], c),
                             None if g_b is None else g_b[:, :, lo:hi], scale)
             top = s.amax(-1)
             p = _weights(s - top[..., None]).masked_fill_(s.isneginf(), 0)
@@ -176,7 +176,7 @@ class _FlashPath(torch.autograd.Function):
         q, k, v, w, beta, gates, y, lse = ctx.saved_tensors
         c, scale, n = ctx.chunk, ctx.scale, q.shape[1]
         k_hat, product = _key_terms(k, w, beta, c)
-        v_b, g_b, dy_b = _blocks(v, c).flatten(2, 3), _gate_rows(gates, c), _blocks(dy, c).flatten(2, 3)
+        v_b, g_b, dy_b = chunk_blocks(v, c).flatten(2, 3), _gate_rows(gates, c), chunk_blocks(dy, c).flatten(2, 3)
         delta = (dy_b * y).sum(-1)  # Δ (B, H, N·C)
         d_k_hat, d_product, d_v = (torch.zeros_like(t) for t in (k_hat, product, v_b))
         d_inputs = [torch.zeros_like(t) for t in (q, k, w, beta)]
@@ -187,7 +187,7 @@ class _FlashPath(torch.autograd.Function):
             leaves = [t[:, span].detach().requires_grad_() for t in (q, k, w, beta)]
             own_gates = None if g_b is None else g_b[:, :, lo:hi].detach().requires_grad_()
             with torch.enable_grad():
-                s, q_t = _inner(*_chunk_terms(*leaves, c), own_gates, scale)
+                s, q_t = _inner(*chunk_terms(*leaves, c), own_gates, scale)
             rows_lse, rows_delta, rows_dy = lse[:, :, lo:hi], delta[:, :, lo:hi], dy_b[:, :, lo:hi]
             p = _weights(s.detach() - rows_lse[..., None]).masked_fill_(s.detach().isneginf(), 0)
             d_v[:, :, lo:hi] += p.mT @ rows_dy
@@ -251,9 +251,9 @@ def _slices(n: int, c: int):
 
 
 def _key_terms(k: Tensor, w: Tensor, beta: Tensor, c: int) -> tuple[Tensor, Tensor]:
-    """k̂ (B, H, N, C, D) and P (B, H, N, D, D) of :func:`~spe.ops.path.chunk._chunk_terms`, a slice of
+    """k̂ (B, H, N, C, D) and P (B, H, N, D, D) of :func:`~spe.ops.path.terms.chunk_terms`, a slice of
     chunks at a time (each chunk's terms depend on its own positions only)."""
-    parts = [_chunk_terms(None, k[:, span], w[:, span], beta[:, span], c)[2:] for _, _, span in _slices(k.shape[1], c)]
+    parts = [chunk_terms(None, k[:, span], w[:, span], beta[:, span], c)[2:] for _, _, span in _slices(k.shape[1], c)]
     return torch.cat([p[0] for p in parts], 2), torch.cat([p[1] for p in parts], 2)
 
 
@@ -264,7 +264,7 @@ def _key_terms_backward(k: Tensor, w: Tensor, beta: Tensor, c: int, d_k_hat: Ten
     for s0, s1, span in _slices(k.shape[1], c):
         with torch.enable_grad():
             leaves = [t[:, span].detach().requires_grad_() for t in (k, w, beta)]
-            _, _, k_hat, product = _chunk_terms(None, *leaves, c)
+            _, _, k_hat, product = chunk_terms(None, *leaves, c)
         parts = _vjp((k_hat, product), leaves, (d_k_hat[:, :, s0:s1], d_product[:, :, s0:s1]))
         for out, part in zip(outs, parts):
             if part is not None:
