@@ -48,6 +48,13 @@ def test_each_run_and_engine_flag_comes_from_its_one_declaration(command):
     assert not copied, f"declared by hand instead of from the record: {copied}"
 
 
+def test_the_training_length_has_one_flag_in_every_command_that_trains():
+    for command in TRAINING:
+        actions = [a for a, names in _declared_flags(_commands()[command]) if "seq_len" in names]
+        assert [a.declared for a in actions] == [("seq_len", "seq_len")], command
+        assert actions[0].option_strings == ["--seq-len"] and actions[0].help.startswith("training length L")
+
+
 def test_a_flag_declared_by_hand_is_caught():
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, help="threads")

@@ -11,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from spe.lab.cli.names import add_aliased, add_option_flag, add_run_flag, say_defaults
+from spe.lab.cli.names import add_option_flag, add_run_flag, add_seq_len_flag, say_defaults
 
 __all__ = ["add_lra_parser", "cmd_lra"]
 
@@ -96,8 +96,7 @@ def add_lra_parser(sub) -> None:
     add_option_flag(p, "steps", note="per seed")
     add_option_flag(p, "batch_size", note="pairs for Retrieval")
     add_option_flag(p, "eval_every")
-    add_aliased(p, "--seq-len", "--max-length", type=int,
-                help="training length: tokens per sequence / document, longer ones truncated")
+    add_seq_len_flag(p, old="--max-length", note="per sequence (per document for Retrieval), longer ones truncated")
     p.add_argument("--num-realizations", type=int, help="R for SPE")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE", help="any classifier option, e.g. "
                    "gated=false, gate_init=-2, code_noise=orthogonal (VALUE read as TOML, else text; repeatable)")

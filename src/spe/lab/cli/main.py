@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from spe.lab.cli.names import add_aliased, add_option_flag, add_run_flag, say_defaults
+from spe.lab.cli.names import add_aliased, add_option_flag, add_run_flag, add_seq_len_flag, say_defaults
 from spe.lab.options import MAX_THREADS, OPTION_RULES, parse_int_list, set_threads
 from spe.lab.cli.model_flags import add_model_flags, check_model_flags_apply, model_flag_options
 
@@ -93,7 +93,7 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     if with_out:
         add_run_flag(p, "out", note="the run folder: checkpoints, logs and plots")
     add_option_flag(p, "steps")
-    p.add_argument("--seq-len", type=int, help="training length in tokens")
+    add_seq_len_flag(p, note="random crops of the pieces")
     p.add_argument("--val-fraction", type=float, metavar="F",
                    help=f"share of the pieces held out for validation, {OPTION_RULES['val_fraction'].allowed()}: "
                    "round(F × pieces), one at least, and a warning below three")

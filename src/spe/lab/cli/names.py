@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_aliased", "add_option_flag", "add_run_flag", "flag_choices", "say_defaults"]
+__all__ = ["add_aliased", "add_option_flag", "add_run_flag", "add_seq_len_flag", "flag_choices", "say_defaults"]
 
 
 def flag_choices() -> dict:
@@ -19,14 +19,27 @@ def flag_choices() -> dict:
             "encoding_flags": encoding_flags(), "precision": tuple(PRECISIONS), "pipelines": PIPELINES, "tasks": TASKS}
 
 
-def add_aliased(p: argparse.ArgumentParser, name: str, old: str, **keywords) -> None:
-    """A flag under its one name ``name``, and ``old`` kept as an alias whose help says the
-    new name (same destination; the alias sets no default of its own)."""
+def add_aliased(p: argparse.ArgumentParser, name: str, old: str | None, **keywords) -> argparse.Action:
+    """A flag under its one name ``name``, and ``old`` (None: none) kept as an alias whose help
+    says the new name (same destination; the alias sets no default of its own)."""
     dest = keywords.setdefault("dest", name.lstrip("-").replace("-", "_"))
     metavar = keywords.setdefault("metavar", dest.upper())
-    p.add_argument(name, **keywords)
-    p.add_argument(old, dest=dest, type=keywords.get("type"), metavar=metavar, default=argparse.SUPPRESS,
-                   help=f"old name of {name} (an alias)")
+    action = p.add_argument(name, **keywords)
+    if old:
+        p.add_argument(old, dest=dest, type=keywords.get("type"), metavar=metavar, default=argparse.SUPPRESS,
+                       help=f"old name of {name} (an alias)")
+    return action
+
+
+def add_seq_len_flag(p: argparse.ArgumentParser, *, old: str | None = None, note: str = "") -> argparse.Action:
+    """``--seq-len L``, the training length of every task (``seq_len`` in TrainConfig, LRAConfig and
+    SynthConfig), declared once; ``old``: this command's old name of it, kept as an alias
+    (``--max-length`` of ``spe lra``, ``--train-length`` of ``spe synth``); ``note``: what a
+    token is here."""
+    action = add_aliased(p, "--seq-len", old, type=int, metavar="L",
+                         help="training length L in tokens" + (f"; {note}" if note else ""))
+    action.declared = ("seq_len", "seq_len")
+    return action
 
 
 def say_defaults(p: argparse.ArgumentParser, values: dict, source: str) -> None:

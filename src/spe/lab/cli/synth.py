@@ -85,13 +85,12 @@ def _cmd_plan(args: argparse.Namespace, seeds: list[int] | None) -> int:
 
 def add_synth_parser(sub) -> None:
     from spe.lab.cli.model_flags import add_model_flags
-    from spe.lab.cli.names import add_aliased, add_option_flag, add_run_flag, say_defaults
+    from spe.lab.cli.names import add_option_flag, add_run_flag, add_seq_len_flag, say_defaults
     from spe.lab.synth.config import MAX_EVAL_FACTOR, preset_defaults
 
     p = sub.add_parser("synth", help="synthetic tasks (flip-flop, MQAR): train at one length, test at longer ones")
     p.add_argument("--task", help="flip-flop or mqar (required unless --plan is given)")
-    add_aliased(p, "--seq-len", "--train-length", type=int, metavar="L",
-                help="training length L, tokens per training sequence")
+    add_seq_len_flag(p, old="--train-length", note="per training sequence")
     p.add_argument("--eval-lengths", help=f"comma-separated test lengths in tokens, up to {MAX_EVAL_FACTOR} L")
     p.add_argument("--write-data", metavar="DIR", help="write the generated splits as JSON lines and vocab.json "
                    "to DIR (refuses existing files) and train nothing")
