@@ -139,7 +139,7 @@ CASES = [
     ("fp16 on CPU", lambda r, c: _train(r, c, "run", *_new(r, "--precision", "fp16")),
      r"precision fp16 needs a CUDA device", ()),
     ("keep no checkpoint", lambda r, c: _train(r, c, "run", *_new(r, "--keep-checkpoints", "0")),
-     r"keep_checkpoints must be a positive integer, got 0", ()),
+     r"--keep-checkpoints must be a positive integer, got 0", ()),
     # threads beyond the machine's CPUs crashed (a segfault at 100,000, libgomp's abort at 20,000)
     *[(f"--threads {n} ({command})", lambda r, c, n=n, argv=argv: [*argv(r, c), "--threads", str(n)],
        rf"--threads must be 0 \(PyTorch's default\) or a positive number of CPU threads up to {MAX_THREADS} "

@@ -1,4 +1,8 @@
-"""The choice lists of the command's flags, read from the registries (never copied in the parsers)."""
+"""The flags that every command shares, derived from their one declaration (never copied in the
+parsers): the choice lists (read from the registries), the run options' flags
+(:class:`spe.lab.options.RunOptions`), the engine options' (:class:`spe.lab.options.ExperimentOptions`),
+the training length's ``--seq-len``, an old name kept as an alias, defaults said as resolved.
+tests/lab/cli/test_declared_once.py walks every command's flags and fails on one declared by hand."""
 
 from __future__ import annotations
 
