@@ -31,7 +31,7 @@ from spe.field_types import check_field_types
 __all__ = ["MAX_THREADS", "OPTION_RULES", "SCHEDULES", "ExperimentOptions", "OptionRule", "RunOptions",
            "available_cpus", "check_flags", "check_option", "check_options", "check_seed", "check_threads", "option",
            "option_flag", "parse_int_list", "parse_seeds", "read_json_object", "read_toml", "rename_old_names",
-           "run_flag", "run_option", "set_threads"]
+           "run_flag", "run_option", "set_threads", "takes_old_names"]
 
 # The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
 # beside their rule, so that a schedule is checked as the other options are, without torch.
@@ -381,6 +381,23 @@ def rename_old_names(values: Mapping, old_names: Mapping[str, str], where: str =
 
             logging.getLogger(__name__).info("%s: %s is the old name of %s (read as %s)", where, old, new, new)
     return values
+
+
+def takes_old_names(old_names: Mapping[str, str]):
+    """Class decorator, above ``@dataclass``: the configuration's constructor takes each old name of
+    an option (``old_names``: old -> new) as a keyword too, read as the new one
+    (:func:`rename_old_names`), so that ``SynthConfig(task=..., train_length=64)`` keeps working."""
+    def wrap(cls):
+        init = cls.__init__
+
+        def __init__(self, *args, **options):
+            init(self, *args, **rename_old_names(options, old_names, cls.__name__))
+
+        __init__.__doc__, __init__.__wrapped__ = init.__doc__, init
+        cls.__init__ = __init__
+        return cls
+
+    return wrap
 
 
 def check_option(option: str, value, name: str | None = None) -> None:

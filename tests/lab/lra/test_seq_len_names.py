@@ -16,6 +16,7 @@ def test_the_old_name_is_read_as_seq_len_and_says_so(caplog):
     assert "max_length is the old name of seq_len" in caplog.text
     assert LRAConfig.from_dict({"task": "listops", "positional": "ape", "attention": "performer",
                                 "max_length": 48}).seq_len == 48
+    assert LRAConfig("listops", "ape", "performer", max_length=40).seq_len == 40  # the constructor too
     with pytest.raises(ValueError, match=r"max_length is the old name of seq_len.*both"):
         preset_config("listops", "ape", "performer", max_length=64, seq_len=64)
 

@@ -278,6 +278,9 @@ def test_the_training_length_is_seq_len_and_train_length_its_old_name_everywhere
     caplog.set_level(logging.INFO)
     assert preset_config("flip-flop", train_length=32, eval_lengths=[32]).seq_len == 32  # a keyword
     assert "train_length is the old name of seq_len" in caplog.text
+    from spe.lab.synth.config import SynthConfig
+
+    assert SynthConfig(task="flip-flop", train_length=32, eval_lengths=[32]).seq_len == 32  # the constructor too
     plan = tmp_path / "p.toml"  # a plan row
     plan.write_text('task = "flip-flop"\n[rows.a]\ntrain_length = 32\neval_lengths = [32, 64]\n')
     assert row_config(load_synth_plan(str(plan)), "a").seq_len == 32

@@ -18,7 +18,7 @@ from spe.lab.data.lra.tasks import TASKS
 from spe.encodings.registry import EXACT_TWINS
 from spe.field_types import describe_types, field_value_types
 from spe.lab.experiment import ExperimentOptions, model_options
-from spe.lab.options import rename_old_names
+from spe.lab.options import rename_old_names, takes_old_names
 
 __all__ = ["LISTOPS_PIPELINES", "OLD_NAMES", "PRESETS", "RUN_ONLY_KEYS", "LRAConfig", "load_preset", "preset_defaults",
            "model_option_names", "model_options", "preset_config"]
@@ -37,6 +37,7 @@ _MODEL_KEYS_FROM_RUN = {"vocab_size": "the data", "num_classes": "the data", "gr
                         "max_positions": "the data", "positional": "--positional", "attention": "--attention"}
 
 
+@takes_old_names(OLD_NAMES)
 @dataclass
 class LRAConfig(ExperimentOptions):
     """One LRA experiment: a task, a model and how to train it (each seed is one run).

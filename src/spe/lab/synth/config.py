@@ -13,7 +13,7 @@ from importlib import resources
 
 from spe.field_types import check_field_types
 from spe.lab.experiment import ExperimentOptions
-from spe.lab.options import check_option, rename_old_names
+from spe.lab.options import check_option, rename_old_names, takes_old_names
 from spe.lab.synth.data import TASKS, check_length, mqar_pairs, vocabulary
 from spe.models.config import ModelConfig
 
@@ -36,6 +36,7 @@ RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile", "allow_
 OLD_NAMES = {"train_length": "seq_len"}
 
 
+@takes_old_names(OLD_NAMES)
 @dataclass
 class SynthConfig(ExperimentOptions):
     """One synthetic-task experiment (each seed is one run): the task, its data, a decoder LM
