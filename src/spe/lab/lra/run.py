@@ -43,7 +43,7 @@ def load_splits(cfg: LRAConfig) -> dict:
     options = dict(cfg.data_options)
     sizes = tuple(options.pop(k, d) for k, d in (("num_train", 96_000), ("num_val", 2_000), ("num_test", 2_000)))
     drop = bool(options.pop("drop_parentheses", False))
-    return load_task(cfg.task, cfg.data, max_length=cfg.max_length, drop_parentheses=drop, listops_sizes=sizes,
+    return load_task(cfg.task, cfg.data, max_length=cfg.seq_len, drop_parentheses=drop, listops_sizes=sizes,
                      listops_options=options, listops_pipeline=cfg.listops_pipeline)
 
 

@@ -65,7 +65,7 @@ def _cell(cfg: SynthConfig, model, split: str, distribution: str, length: int, d
 def validation_lengths(cfg: SynthConfig) -> list[int]:
     """The lengths of ``cfg.eval_lengths`` other than the training length L: where a seed is
     validated beyond ``val_accuracy``'s split at L."""
-    return [n for n in cfg.eval_lengths if n != cfg.train_length]
+    return [n for n in cfg.eval_lengths if n != cfg.seq_len]
 
 
 def validate_model(cfg: SynthConfig, model, device: torch.device, ctx: dist_.Distributed | None = None, *,
@@ -157,12 +157,12 @@ def train_seed(cfg: SynthConfig, seed: int, folder: str | Path, *, progress: boo
             test = {d: {**stored.get("test", {}).get(d, {}), **cells} for d, cells in added.items()}
             validation = {**stored.get("validation", {}), **validate_model(cfg, model, device, ctx, lengths=checks)}
             return {**stored, "validation": validation, "test": test}
-        at_l = _cell(cfg, model, "validation", training_distribution(cfg.task), cfg.train_length, device, ctx)
+        at_l = _cell(cfg, model, "validation", training_distribution(cfg.task), cfg.seq_len, device, ctx)
         beyond = validate_model(cfg, model, device, ctx)
         test = test_model(cfg, model, device, ctx)
         records = read_records(folder / engine.METRICS_FILE)
         return {"task": cfg.task, "seed": seed, "steps": cfg.steps,
-                "train_tokens": cfg.steps * cfg.batch_size * cfg.train_length,
+                "train_tokens": cfg.steps * cfg.batch_size * cfg.seq_len,
                 "params": model.num_parameters(), "seconds": outcome.seconds + time.perf_counter() - started,
                 "val_accuracy": at_l["accuracy"], "val_99_step": _first_step_at(records, 0.99),
                 "validation": beyond, "test": test}
@@ -288,7 +288,7 @@ def _train_stream(cfg: SynthConfig, seed: int, count: int):
     """The first ``count`` sequences of the training stream of ``seed``, batch by batch."""
     generator = torch.Generator().manual_seed(seed)
     while count > 0:
-        tokens, targets = draw(cfg, training_distribution(cfg.task), cfg.train_length, cfg.batch_size, generator)
+        tokens, targets = draw(cfg, training_distribution(cfg.task), cfg.seq_len, cfg.batch_size, generator)
         yield tokens[:count], targets[:count]
         count -= len(tokens)
 
@@ -337,8 +337,8 @@ def write_data(cfg: SynthConfig, folder: str | Path, *, seed: int = 0,
         raise ValueError(f"{folder} already holds {', '.join(existing)}: remove them or choose another folder")
     training = training_distribution(cfg.task)
     splits = {"train.jsonl": lambda: _train_stream(cfg, seed, train_examples),
-              "validation.jsonl": lambda: [fixed_split(cfg, "validation", training, cfg.train_length)]}
-    seeds = {"train": seed, "validation": split_seed(cfg.task, "validation", training, cfg.train_length,
+              "validation.jsonl": lambda: [fixed_split(cfg, "validation", training, cfg.seq_len)]}
+    seeds = {"train": seed, "validation": split_seed(cfg.task, "validation", training, cfg.seq_len,
                                                      cfg.eval_seed)}
     for t in validation_lengths(cfg):
         splits[f"validation-{t}.jsonl"] = lambda t=t: [fixed_split(cfg, "validation", training, t)]

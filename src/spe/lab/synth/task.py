@@ -66,7 +66,7 @@ def fixed_split(cfg: SynthConfig, split: str, distribution: str, length: int) ->
     :func:`~spe.lab.synth.data.split_seed` ``(task, split, distribution, length, eval_seed)``:
     the same sequences for every run and every seed."""
     generator = torch.Generator().manual_seed(split_seed(cfg.task, split, distribution, length, cfg.eval_seed))
-    at_l = split == "validation" and length == cfg.train_length
+    at_l = split == "validation" and length == cfg.seq_len
     count = cfg.eval_examples if at_l else cfg.examples_at(length)
     return draw(cfg, distribution, length, count, generator)
 
@@ -99,7 +99,7 @@ def correct_count(model: DecoderLM, tokens: Tensor, targets: Tensor, *, batch_to
 def engine_settings(cfg: SynthConfig, seed: int) -> EngineSettings:
     """The engine options of one seed: the experiment's options of the same names, the seed, and
     ``units_per_example = train_length`` (the progress rate counts tokens)."""
-    return EngineSettings.from_options(cfg, seed=seed, units_per_example=cfg.train_length)
+    return EngineSettings.from_options(cfg, seed=seed, units_per_example=cfg.seq_len)
 
 
 @dataclass
@@ -122,7 +122,7 @@ class SynthTask:
     def prepare(self, ctx: dist_.Distributed, *, resume: bool) -> None:
         """Draws the fixed validation split."""
         self.validation = fixed_split(self.cfg, "validation", training_distribution(self.cfg.task),
-                                      self.cfg.train_length)
+                                      self.cfg.seq_len)
 
     def build_model(self) -> DecoderLM:
         return DecoderLM(self.cfg.model_config())
@@ -130,7 +130,7 @@ class SynthTask:
     def batch(self, gens: dict[str, torch.Generator], ctx: dist_.Distributed,
               device: torch.device) -> tuple[Tensor, Tensor]:
         """This process's slice of B fresh training sequences: ``tokens``, ``targets`` (B / N, L)."""
-        tokens, targets = draw(self.cfg, training_distribution(self.cfg.task), self.cfg.train_length,
+        tokens, targets = draw(self.cfg, training_distribution(self.cfg.task), self.cfg.seq_len,
                                self.cfg.batch_size, gens["data"])
         return dist_.shard(tokens, ctx).to(device), dist_.shard(targets, ctx).to(device)
 
