@@ -54,12 +54,12 @@ def test_sweep_trains_each_variant_and_seed_once_and_tabulates(midi_folder, tmp_
     assert spe0["buckets"][0]["ce"] != draws0["buckets"][0]["ce"]  # other test-time options, other numbers
     assert doc["runs"]["ape/seed0"]["buckets"][0]["ce"] != doc["runs"]["ape/seed1"]["buckets"][0]["ce"]
     table = (out / "results.md").read_text()
-    assert "| spe | 2 |" in table and "±" in table and "+0.0%" in table  # ape vs itself
+    assert "| spe | sinespe/performer window 16 | 2 |" in table and "±" in table and "+0.0%" in table  # ape vs itself
     stamp = (out / "ape" / "seed0" / "model.safetensors").stat().st_mtime_ns
     capsys.readouterr()
     assert main(args) == 0  # everything finished: nothing is trained again
     assert (out / "ape" / "seed0" / "model.safetensors").stat().st_mtime_ns == stamp
-    assert "| ape | 2 |" in capsys.readouterr().out
+    assert "| ape | ape/performer | 2 |" in capsys.readouterr().out
 
 
 def test_plan_errors_name_the_file_and_variant(tmp_path):
@@ -277,16 +277,17 @@ def test_every_16x_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan
 
     plan = load_plan(plan_name)
     assert rows <= set(plan.variants)
+    vocab = len(make_tokenizer())
     for name, spec in plan.variants.items():
         cfg = variant_config(plan, name, 0, tmp_path)
         assert (cfg.seq_len, cfg.test_min_tokens) == (length, 16 * length + 1), name
         assert spec["eval"]["split"] == "test" and spec["eval"]["bucket_width"] == length, name
-        config = dataclasses.replace(cfg.model_config(486), d_model=16, num_heads=2, num_layers=1, d_ff=16,
+        config = dataclasses.replace(cfg.model_config(vocab), d_model=16, num_heads=2, num_layers=1, d_ff=16,
                                      num_realizations=4, num_features=8, dropout=0.0)
         if reads_onsets(config):  # what spe train sets from the corpus (spe.lab.train.tasks.lm.onset_settings)
             config = dataclasses.replace(config, onset_tokens=onset_tokens(make_tokenizer().vocab), onset_scale=3.0)
         model = DecoderLM(config).eval()
-        tokens = torch.randint(0, 486, (1, 16 * 64), generator=torch.Generator().manual_seed(0))
+        tokens = torch.randint(0, vocab, (1, 16 * 64), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             logits = model(tokens)
             state = None
