@@ -331,7 +331,8 @@ def test_bench_page_shows_no_machine_path(monkeypatch):
     assert portable("spe bench --out /elsewhere/runs/bench_final --lengths 512") == \
         "spe bench --out runs/bench_final --lengths 512"
     assert portable(f"spe bench --json {ROOT}/x/b.json --out /tmp/b") == "spe bench --json x/b.json --out /tmp/b"
-    assert "/work/" not in (ROOT / "docs" / "bench" / "cpu.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "bench" / "cpu.md").read_text(encoding="utf-8")
+    assert str(ROOT) not in page and str(ROOT.parent) + "/" not in page  # no path of the machine it ran on
 
 
 def test_plot_lines_are_told_apart_beyond_ten_rows():

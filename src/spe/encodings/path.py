@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from spe.encodings.short_conv import ShortConvolution
 from spe.encodings.spec import PositionalSpec, ScoreEncoding
 from spe.ops.path import path_attention, path_attention_step, path_logits, path_prefill_cache
+from spe.ops.path.flash import FLASH_MIN_LENGTH
 from spe.ops.common.state import KVCache
 
 __all__ = ["PATH_CONV_SIZE", "PATH_W_RANK", "PathCache", "PathEncoding", "PathTerm", "SPEC"]
@@ -192,5 +193,6 @@ def _with_conv(cache: KVCache, conv: Tensor) -> PathCache:
 
 
 SPEC = PositionalSpec("path", "scores", takes_gate=True, causal_only=True, score_bytes=10.0,
+                      linear_from=FLASH_MIN_LENGTH,
                       source="Yang et al. 2025 (PaTH), fla layers/path_attn.py; softmax only, O(L²D) time",
                       layer_module=lambda c, causal: PathEncoding(c.d_model, c.num_heads, causal=causal))

@@ -265,6 +265,9 @@ class PositionalSpec:
             no L × L matrix (a flash-style kernel).
         pair_bytes: bytes per element of an (L, L, D) tensor such an encoding forms besides,
             shared by the batch and the heads (Shaw's relative values); 0: none.
+        linear_from: the length from which the encoding's kernel takes a flash-style form that
+            forms no L × L tensor (PaTH's :data:`~spe.ops.path.flash.FLASH_MIN_LENGTH`), so that
+            ``score_bytes`` and ``pair_bytes`` apply below it only; None: at every length.
         options: the options dataclasses whose fields the encoding's builders read (declared
             in its file with :func:`option`, ``kw_only``, with a ``check_options(self)``
             raising ValueError on a bad value). Every model config inherits the fields of
@@ -290,6 +293,7 @@ class PositionalSpec:
     causal_only: bool = False
     score_bytes: float = 12.5
     pair_bytes: float = 0.0
+    linear_from: int | None = None
 
     def build_model_module(self, config: Any) -> nn.Module | None:
         """The per-model module (token encoding or SPE code generator), or None."""

@@ -4,7 +4,7 @@ Teacher-forced evaluation runs one forward pass per batch without gradients: the
 after another, so the peak is the batch's activations and logits plus the largest transient of
 one attention layer. That transient is linear in the length for linear kernels and PyTorch's
 fused softmax, but quadratic where attention is formed as an L × L matrix (PaTH below
-:data:`~spe.ops.path.flash.FLASH_MIN_LENGTH` positions, score encodings,
+:data:`~spe.ops.path.flash.FLASH_MIN_LENGTH` positions (its spec's ``linear_from``), score encodings,
 softmax with a mask or an SPE code whose size differs from the values'), and FoX holds blocks of
 :data:`~spe.ops.softmax.FOX_QUERY_BLOCK` queries × L keys below
 :data:`~spe.ops.softmax.FLASH_FOX_MIN_LENGTH` positions, of :data:`~spe.ops.softmax.FLASH_FOX_BLOCK`
@@ -38,7 +38,7 @@ import torch
 
 from spe.encodings.registry import POSITIONAL_SPECS
 from spe.lab.train.memory import format_bytes
-from spe.ops.path.flash import FLASH_BLOCK, FLASH_MIN_LENGTH, FLASH_TILE
+from spe.ops.path.flash import FLASH_BLOCK, FLASH_TILE
 from spe.ops.softmax import FLASH_FOX_BLOCK, FLASH_FOX_MIN_LENGTH, FOX_QUERY_BLOCK
 
 __all__ = ["available_memory", "check_evaluation_memory", "evaluation_bytes", "largest_length",
@@ -64,14 +64,15 @@ _MATERIALISED_CODE = 2 ** 24  # the most elements impl="auto" materialises (spe.
 def _score_kind(config, length: int, realizations: int | None = None,
                 device: torch.device | str = "cpu") -> str | None:
     """What forms a (B, H, L, L) matrix in this config's attention: ``scores`` (an encoding that
-    forms them), ``path-flash`` (PaTH's flash-style form: linear), ``fox`` (FoX's blocks), ``unfused`` (softmax's path that forms them), or None
+    forms them), ``flash-scores`` (an encoding's flash-style form, from its ``linear_from``: linear),
+    ``fox`` (FoX's blocks), ``unfused`` (softmax's path that forms them), or None
     (linear memory). On CUDA FlexAttention takes FoX's gate, a window and a score term that has
     ``flex_arguments`` (:func:`spe.ops.softmax.flex.choose_softmax_impl`): none forms the matrix."""
     spec = POSITIONAL_SPECS[config.positional]
     cuda = torch.device(device).type == "cuda"
     if spec.acts_on == "scores":
-        if config.positional == "path" and length >= FLASH_MIN_LENGTH:
-            return "path-flash"
+        if spec.linear_from is not None and length >= spec.linear_from:
+            return "flash-scores"  # the encoding's flash-style form (PaTH's: its blocks' constants below)
         square = spec.score_bytes or spec.pair_bytes
         return None if not square or (cuda and _takes_flex(spec, config)) else "scores"
     if config.attention != "softmax":
@@ -126,7 +127,7 @@ def evaluation_bytes(config, length: int, batch: int, *, num_realizations: int |
         need += _FOX_FLASH_BYTES * batch * heads * min(length, FLASH_FOX_BLOCK) * length
     elif kind == "fox":
         need += _FOX_BYTES * batch * heads * min(length, FOX_QUERY_BLOCK) * length
-    elif kind == "path-flash":
+    elif kind == "flash-scores":
         need += batch * heads * (_PATH_FLASH_KEY_BYTES * length * head
                                  + _PATH_FLASH_LOGIT_BYTES * FLASH_BLOCK * FLASH_TILE)
     elif kind == "unfused":
@@ -200,9 +201,10 @@ def largest_length(config, batch: int, budget: int, upper: int, **options) -> in
     ``device``) fits in ``budget`` (0 if none).
 
     The estimate grows with L except where a kernel switches to its flash-style form
-    (:data:`FLASH_MIN_LENGTH` for PaTH, :data:`FLASH_FOX_MIN_LENGTH` for FoX), where it drops: each
-    stretch between those lengths is searched on its own, the longest first."""
-    edges = sorted({0, *(e for e in (FLASH_MIN_LENGTH, FLASH_FOX_MIN_LENGTH) if 0 < e <= upper)}, reverse=True)
+    (the encoding's ``linear_from``, PaTH's flash form; :data:`FLASH_FOX_MIN_LENGTH` for FoX), where it
+    drops: each stretch between those lengths is searched on its own, the longest first."""
+    switches = (POSITIONAL_SPECS[config.positional].linear_from, FLASH_FOX_MIN_LENGTH)
+    edges = sorted({0, *(e for e in switches if e is not None and 0 < e <= upper)}, reverse=True)
     top = upper
     for start in edges:
         low, high = start - 1, top  # low: known to fit (start - 1 stands for "none in this stretch")
@@ -258,7 +260,7 @@ def _what(config, length: int, device: torch.device | str) -> str:
     kind = _score_kind(config, length, device=device)
     where = f"positional {config.positional}, attention {config.attention}" + (
         f", decay {config.decay}" if config.decay != "none" else "")
-    if kind is None or kind == "path-flash" or (kind == "fox" and length >= FLASH_FOX_MIN_LENGTH):
+    if kind is None or kind == "flash-scores" or (kind == "fox" and length >= FLASH_FOX_MIN_LENGTH):
         return where + ": linear in the length"
     return where + (": blocks of queries × the length" if kind == "fox" else ": quadratic in the length")
 
