@@ -52,11 +52,13 @@ from spe.ops.decay import NO_DECAY
 from spe.ops.common.feature_maps import orthogonal_random_features
 from spe.ops.linear_attn.options import kernel_dtype
 from spe.ops.softmax import check_key_padding_mask, check_window, gate_bias, softmax_gates
+from spe.ops.softmax.local import (block_keep, block_local_attention, block_local_step, check_blocks,
+                                   prefill_block_cache)
 from spe.ops.softmax.flex import check_softmax_impl
 from spe.ops.common.state import AttentionState, check_state_window
 
 __all__ = ["ACCEPTS", "ATTENTIONS", "DECAY_FORM", "OUTPUT_NORM_EPS", "POSITIONAL_ROLES", "LayerState",
-           "MultiHeadAttention", "check_decay", "check_placement", "positional_role"]
+           "MultiHeadAttention", "check_attention_blocks", "check_decay", "check_placement", "positional_role"]
 
 # The kernels' names and where a positional encoding may act with each, from the kernel
 # registry (spe.attention.kernels): "tokens" (added to embeddings), "queries-keys" (SPE codes,
@@ -117,6 +119,41 @@ def check_decay(kernel: KernelSpec, decay: str, *, causal: bool = True, score_en
         raise ValueError(f"decay {decay!r} gates each feature channel, which {feature_transform} moves or "
                          f"mixes them by position (the gated product would depend on absolute positions): use "
                          f"decay 'gated', or a positional encoding on queries and keys ({on_queries_keys}) or none")
+
+
+def check_attention_blocks(kernel: KernelSpec, blocks: int | None, *, window: int | None = None,
+                           decay: str = NO_DECAY, positional: LayerEncoding | None = None) -> int | None:
+    """The one rule for block-local attention (``attention_blocks``, :mod:`spe.ops.softmax.local`),
+    asked by the layer and by model configs: softmax attention, no window, no gate on the logits,
+    no score encoding whose scores depend on more than the distance (PaTH: the tokens between).
+
+    Args:
+        kernel: the attention kernel's spec.
+        blocks: N positions a block; None or 0: off.
+        window, decay: the layer's window and decay mode.
+        positional: the layer's positional module (or one like it), or None.
+
+    Returns:
+        N, or None when off.
+
+    Raises:
+        ValueError: naming ``attention_blocks``, its value and what it cannot be combined with.
+    """
+    if blocks is None or (blocks == 0 and not isinstance(blocks, bool)):
+        return None
+    check_blocks(blocks)
+    if kernel.feature_map is not None:
+        raise ValueError(f"attention_blocks ({blocks}) is block-local softmax attention: {kernel.name} attention "
+                         f"is refused; use attention softmax")
+    if window is not None:
+        raise ValueError(f"attention_blocks ({blocks}) cannot be combined with an attention window ({window}): "
+                         f"choose one")
+    if positional is not None and not getattr(positional, "distance_only", True):
+        raise ValueError(f"attention_blocks ({blocks}) cannot be combined with {positional.label}, whose scores "
+                         f"depend on more than the distance between query and key")
+    if layer_decay(decay).form is not None:
+        raise ValueError(f"attention_blocks ({blocks}) cannot be combined with decay {decay!r}: use decay 'none'")
+    return blocks
 
 
 class MultiHeadAttention(nn.Module):
@@ -202,6 +239,14 @@ class MultiHeadAttention(nn.Module):
             :mod:`spe.ops.softmax.flex`), ``flex`` or ``blocks``; settable later
             (``spe.attention.kernels.set_softmax_impl``).
             Other kernels ignore it.
+        attention_blocks: N, the Music Transformer's block-local attention (Huang et al. 2018,
+            after Liu et al. 2018; :mod:`spe.ops.softmax.local`): blocks of N positions, each
+            query attends to its own block (causally in a decoder) and to the whole previous
+            one, in :meth:`forward`, :meth:`step` and :meth:`prefill` alike; memory O(L·N),
+            decoding keeps at most 2N keys. With a score encoding each window's keys are offset
+            by the window's start (exact for terms of the distance alone: relative distances up
+            to 2N − 1). None or 0: off. Softmax only; not with a window, a gate or PaTH.
+            Settable later (``layer.attention_blocks = N``).
 
     Raises:
         ValueError: on an unknown attention name, d_model not divisible by num_heads, a
@@ -228,7 +273,8 @@ class MultiHeadAttention(nn.Module):
                  num_realizations: int | None = None, num_features: int = 64,
                  chunk_size: int = 64, window: int | None = None, decay: str = NO_DECAY,
                  short_conv: int = 0, output_gate: bool = False, qk_norm: bool = False,
-                 kv_shift: bool = False, output_norm: bool = False, softmax_impl: str = "auto") -> None:
+                 kv_shift: bool = False, output_norm: bool = False, softmax_impl: str = "auto",
+                 attention_blocks: int | None = None) -> None:
         super().__init__()
         self.softmax_impl = check_softmax_impl(softmax_impl)
         # the one positional hook: the module's kind says where it acts; it is kept under the
@@ -280,7 +326,9 @@ class MultiHeadAttention(nn.Module):
         self.feature_transform = feature_transform
         constant = None if self.decay_kind.from_input else self.log_decay()  # gates: check_decay's
         self.kernel.check(KernelOptions(causal=causal, decay=constant), transform=self._transform)
+        self._attention_blocks = None
         self.window = window
+        self.attention_blocks = attention_blocks
 
     @property
     def positional(self) -> LayerEncoding | None:
@@ -333,8 +381,40 @@ class MultiHeadAttention(nn.Module):
             if _forms_scores(self.positional):
                 raise ValueError(f"an attention window cannot be combined with "
                                  f"{type(self.positional).__name__}, which forms its own scores")
+            if self.attention_blocks is not None:
+                raise ValueError(f"an attention window ({value}) cannot be combined with attention_blocks "
+                                 f"({self.attention_blocks}): choose one")
             self.kernel.check(KernelOptions(window=value))
         self._window = value
+
+    @property
+    def attention_blocks(self) -> int | None:
+        """N of block-local attention (:mod:`spe.ops.softmax.local`), None: off."""
+        return getattr(self, "_attention_blocks", None)  # layers pickled before it
+
+    @attention_blocks.setter
+    def attention_blocks(self, value: int | None) -> None:
+        self._attention_blocks = check_attention_blocks(self.kernel, value, window=self.window, decay=self.decay,
+                                                        positional=self.positional)
+
+    def _block_term(self, options: KernelOptions):
+        """The score term's attention over block windows (its ``attend``), None without one."""
+        term = options.score_term
+        return None if term is None else term.attend
+
+    def _parallel(self, f: KernelFeatures, v: Tensor, options: KernelOptions) -> Tensor:
+        """The kernel's parallel function, or block-local attention with ``attention_blocks``."""
+        if self.attention_blocks is None:
+            return self.kernel.parallel(f, v, options)
+        return block_local_attention(f.q, f.k, v, self.attention_blocks, causal=options.causal,
+                                     key_padding_mask=options.key_padding_mask,
+                                     attend_term=self._block_term(options))
+
+    def _step(self, f: KernelFeatures, v: Tensor, state, options: KernelOptions):
+        """The kernel's step function, or block-local attention's (a cache of at most 2N keys)."""
+        if self.attention_blocks is None:
+            return self.kernel.step(f, v, state, options)
+        return block_local_step(f.q, f.k, v, state, self.attention_blocks, attend_term=self._block_term(options))
 
     @torch.no_grad()
     def redraw_features(self, generator: torch.Generator | None = None) -> None:
@@ -520,7 +600,7 @@ class MultiHeadAttention(nn.Module):
                                                 else times, encoding_state)
         q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
         f = self.features(q, k, context)
-        y, state = self.kernel.step(f, v, state, self._options(x, None, context))
+        y, state = self._step(f, v, state, self._options(x, None, context))
         return self._output(y, x), self._join_state(state, conv_cache, previous, encoding_state)
 
     def _split_state(self, state):
@@ -586,7 +666,13 @@ class MultiHeadAttention(nn.Module):
         context, encoding_state = self._prepare(x, positions if times is None else times, encoding_state)
         q, k, v, conv_cache, previous = self._project(x, code, conv_cache, previous=previous, context=context)
         f = self.features(q, k, context)
-        y, state = self.kernel.prefill(f, v, self._options(x, None, context), state)
+        options = self._options(x, None, context)
+        if self.attention_blocks is not None:
+            if state is not None:
+                raise ValueError("block-local attention prefills from the start only: go on from its cache with step")
+            y, state = self._parallel(f, v, options), prefill_block_cache(f.k, v, self.attention_blocks)
+        else:
+            y, state = self.kernel.prefill(f, v, options, state)
         return self._output(y, x), self._join_state(state, conv_cache, previous, encoding_state)
 
     def forward(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
@@ -623,7 +709,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v, _, _ = self._project(x, code, None, key_padding_mask, context=context)
         options = self._options(x, key_padding_mask, context)
         self.kernel.check(options)
-        y = self.kernel.parallel(self.features(q, k, context), v, options)
+        y = self._parallel(self.features(q, k, context), v, options)
         return self._output(y, x)
 
     def attention_weights(self, x: Tensor, code: SPECode | None = None, *, positions: Tensor | None = None,
@@ -684,7 +770,7 @@ class MultiHeadAttention(nn.Module):
             options = replace(options, decay=options.decay.to(torch.promote_types(options.decay.dtype, dtype)))
         if self.kernel.feature_map is None:  # softmax: RoPE rotates q and k themselves
             f = self.features(q, k, context)
-            return _softmax_weights(f.q, f.k, options)
+            return _softmax_weights(f.q, f.k, options, self.attention_blocks)
         if exact:
             if self._transform is not None:
                 raise ValueError(f"exact weights are the softmax of q̂·k̂: {self._transform.name} transforms the "
@@ -795,16 +881,21 @@ def _check_realizations(num_realizations, coded: bool) -> None:
                          f"spe_filter: leave it out")
 
 
-def _softmax_weights(q: Tensor, k: Tensor, options: KernelOptions) -> Tensor:
+def _softmax_weights(q: Tensor, k: Tensor, options: KernelOptions, blocks: int | None = None) -> Tensor:
     """(B, H, L, L) softmax attention of q, k (B, L, H, E), formed explicitly with the score term,
-    decay, causal mask, window and key padding of ``options`` (the softmax kernel's terms)."""
+    decay, causal mask, window and key padding of ``options`` (the softmax kernel's terms), and
+    the mask of block-local attention of ``blocks`` positions a block."""
     term = options.score_term
     mask = options.key_padding_mask
-    if term is not None and hasattr(term, "weights"):  # the SPE oracle: its scores depend on the keys
-        return term.weights(q, k, key_padding_mask=mask).to(q.dtype)
     n = q.shape[1]
-    scores = torch.einsum("bmhe,bnhe->bhmn", q, k) / math.sqrt(q.shape[-1])
-    if term is not None:  # Shaw, Music Transformer …: a term added to q·k/√D
+    oracle = term is not None and hasattr(term, "weights")  # the SPE oracle: its scores depend on the keys
+    if oracle and blocks is None:
+        return term.weights(q, k, key_padding_mask=mask).to(q.dtype)
+    if oracle:
+        scores = term.scores(q, k).to(q.dtype)
+    else:
+        scores = torch.einsum("bmhe,bnhe->bhmn", q, k) / math.sqrt(q.shape[-1])
+    if term is not None and not oracle:  # Shaw, Music Transformer …: a term added to q·k/√D
         scores = scores + term.score_bias(q, n).to(scores.dtype)
     if options.decay is not None:
         scores = scores + _decay_logits(options.decay, q.shape, causal=options.causal).to(scores.dtype)
@@ -813,6 +904,8 @@ def _softmax_weights(q: Tensor, k: Tensor, options: KernelOptions) -> Tensor:
     visible = (lag >= 0) if options.causal else torch.ones_like(lag, dtype=torch.bool)
     if options.window is not None:
         visible = visible & (lag < options.window)
+    if blocks is not None:
+        visible = visible & block_keep(n, n, blocks, causal=options.causal, device=q.device)
     visible = visible[None, None]  # (1, 1, L, L)
     if mask is not None:
         visible = visible & check_key_padding_mask(mask, k)  # (B, 1, 1, L)

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from spe.encodings.positions import require_positive
 from spe.ops.relative import music_relative_attention, music_relative_attention_reference
+from spe.ops.softmax.local import relative_block_attention
 from spe.encodings.shaw import RelativeDistanceOptions
 from spe.encodings.spec import PositionalSpec, ScoreEncoding, head_dim
 
@@ -100,6 +101,8 @@ class MusicRelativePosition(ScoreEncoding):
         table = self._table(low, high)
         if lq == lk and query_offset == 0:
             return music_relative_attention(q, k, v, table, causal=self.causal, key_padding_mask=key_padding_mask)
+        if self.causal and lq > 1 and query_offset > 0 and lq + query_offset == lk:  # a block-local window's queries
+            return relative_block_attention(q, k, v, table, key_padding_mask=key_padding_mask)
         return music_relative_attention_reference(q, k, v, table, causal=self.causal, query_offset=query_offset,
                                                   key_padding_mask=key_padding_mask)
 

@@ -72,6 +72,8 @@ class PathEncoding(ScoreEncoding):
 
     label = "PaTH"
     takes_gate = True  # FoX's gate enters its logits (PaTH-FoX): the layer hands it over
+    # its logits depend on the tokens between key and query, which block-local attention's windows cut
+    distance_only = False
 
     def __init__(self, d_model: int, num_heads: int, *, causal: bool = True) -> None:
         super().__init__()

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from spe.attention.fourier import MIXERS
 from spe.attention.kernels import KERNELS
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import POSITIONAL_SPECS, encodings_reading
@@ -16,7 +17,8 @@ __all__ = ["KERNEL_OPTIONS", "ModelConfig", "check_options_apply", "decode_windo
 # The trunk's options that only some kernels read, and which: FAVOR+'s random features, the
 # chunks of causal linear attention (softmax forms its scores whole or in its own blocks).
 KERNEL_OPTIONS = {"num_features": tuple(name for name, k in KERNELS.items() if k.random_features),
-                  "chunk_size": tuple(name for name, k in KERNELS.items() if k.feature_map is not None)}
+                  "chunk_size": tuple(name for name, k in KERNELS.items() if k.feature_map is not None),
+                  "fourier_length": tuple(name for name, m in MIXERS.items() if m.causal)}
 
 
 def decode_window(value: int | None, name: str = "window") -> int | None:
@@ -89,18 +91,22 @@ class ModelConfig(TrunkConfig):
             (docs/ablation.md); can be changed at test time
             (:meth:`~spe.DecoderLM.set_attention_window`). 0 means None (config files have
             no null). Not with score encodings.
+        fourier_length: N, the DFT length of ``attention = "fnet-causal"`` (required there,
+            None otherwise; ``spe train`` sets the training length): position m reads frequency
+            m mod N of its prefix (:func:`spe.ops.fourier.fourier_mixing`).
 
     Raises:
         ValueError: as :class:`~spe.models.TrunkConfig`; for ``convspe-2d`` (it needs an
             image grid, which a language model has not), a ``max_distance`` that is not a
             positive integer, or a bad ``attention_window`` (not a positive integer, or with
-            a score encoding).
+            a score encoding, or with ``attention_blocks``).
     """
 
     causal: ClassVar[bool] = True
 
     tie_embeddings: bool = True
     attention_window: int | None = None
+    fourier_length: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -108,6 +114,18 @@ class ModelConfig(TrunkConfig):
             raise ValueError(f"positional {self.positional!r} encodes positions on a 2-D grid: use it with the "
                              "encoder classifier on images (spe.models.ClassifierConfig with a grid)")
         self.attention_window = decode_window(self.attention_window, "attention_window")  # TOML has no null
+        if self.fourier_length is not None and self.attention not in MIXERS:
+            raise ValueError(f"fourier_length is the DFT length of 'fnet-causal'; attention {self.attention!r} "
+                             f"does not read it: leave it out")
         if self.attention_window is not None and POSITIONALS[self.positional] == "scores":
             raise ValueError(f"attention_window cannot be combined with positional {self.positional!r}, "
                              "which forms its own attention scores")
+        self._check_blocks(self.attention_window)
+
+    def to_dict(self) -> dict:
+        """As :meth:`TrunkConfig.to_dict`; ``fourier_length`` left out when None (headers of
+        models without a Fourier mixer stay as they were)."""
+        values = super().to_dict()
+        if values.get("fourier_length") is None:
+            values.pop("fourier_length", None)
+        return values

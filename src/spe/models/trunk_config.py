@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar, Self
 
-from spe.attention.kernels import kernel_spec
-from spe.attention.layer import check_decay, check_placement
+from spe.attention.fourier import MIXERS, check_mixer
+from spe.attention.kernels import KERNELS, kernel_spec
+from spe.attention.layer import check_attention_blocks, check_decay, check_placement
 from spe.attention.pro import PRO_OPTIONS, check_pro_options
 from spe.encodings.positions import require_positive
 from spe.encodings.registry import ENCODING_OPTIONS, POSITIONAL_SPECS, positional_names, positional_spec
@@ -43,7 +44,9 @@ class TrunkConfig(*ENCODING_OPTIONS):
             model takes is its own config's rule.
         attention: ``softmax``, ``performer``, ``linear-relu``, ``linear-elu`` or ``linear``
             (normaliser-free: identity features, no denominator, a per-head RMS norm of the
-            output; RetNet, GLA, fla's ``linear_attn``).
+            output; RetNet, GLA, fla's ``linear_attn``); or a mixer in the attention's place
+            (:data:`spe.attention.fourier.MIXERS`): ``fnet`` in encoders, ``fnet-causal`` in
+            decoders, with encodings on tokens only and none of attention's options.
         (each encoding's options): the fields of every options class the registry lists
             (:data:`spe.encodings.registry.ENCODING_OPTIONS`), declared and checked in the
             encoding's own file (``num_realizations``, ``gated`` … in
@@ -81,6 +84,12 @@ class TrunkConfig(*ENCODING_OPTIONS):
             keys and values; the per-head RMS norm of the attention output (``linear`` always
             has it). With every kernel, encoding and decay; FoX-Pro is ``attention = "softmax"``,
             ``decay = "gated"``, ``positional = "none"`` and all four.
+        attention_blocks: N, the Music Transformer's block-local attention in every layer
+            (Huang et al. 2018, after Liu et al. 2018; :mod:`spe.ops.softmax.local`): blocks of
+            N positions, each query attends to its own block (causally in a decoder) and to the
+            whole previous one; memory O(L·N), decoding keeps at most 2N keys. Softmax only,
+            with every encoding but PaTH (score encodings see relative distances up to 2N − 1);
+            not with a decay, nor with a sliding window. 0 (default): off.
 
     Class attributes:
         causal: whether the trunk's blocks mask the future (the registry builds encoder
@@ -113,12 +122,17 @@ class TrunkConfig(*ENCODING_OPTIONS):
     qk_norm: bool = False
     kv_shift: bool = False
     output_norm: bool = False
+    attention_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONALS:
             raise ValueError(f"unknown positional encoding {self.positional!r}; "
                              f"choose one of {', '.join(POSITIONALS)}")
-        kernel = kernel_spec(self.attention)  # the registry's own "unknown attention" error
+        if self.attention in MIXERS:  # FNet: no queries, keys or kernel
+            return self._check_mixer()
+        if self.attention not in KERNELS:
+            raise ValueError(f"unknown attention {self.attention!r}; choose one of {', '.join([*KERNELS, *MIXERS])}")
+        kernel = kernel_spec(self.attention)
         check_placement(kernel, POSITIONALS[self.positional], f"positional {self.positional!r}")
         if not self.causal and POSITIONAL_SPECS[self.positional].causal_only:
             raise ValueError(f"positional {self.positional!r} is causal only: {type(self).__name__} is an encoder "
@@ -127,15 +141,42 @@ class TrunkConfig(*ENCODING_OPTIONS):
             kernel.check_numerator_transform(f"positional {self.positional!r}")
         require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
             "vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_features", "chunk_size")})
+        self._check_shared()
+        self._check_decay()
+        check_short_conv(self.short_conv)
+        check_pro_options(**{name: getattr(self, name) for name in PRO_OPTIONS})
+        self._check_blocks()
+
+    def _check_blocks(self, window: int | None = None) -> None:
+        """``attention_blocks``: 0 or a positive int, and what it combines with
+        (:func:`~spe.attention.layer.check_attention_blocks`)."""
+        if isinstance(self.attention_blocks, bool) or not isinstance(self.attention_blocks, int) \
+                or self.attention_blocks < 0:
+            raise ValueError(f"attention_blocks must be 0 (off) or a positive number of positions, got "
+                             f"{self.attention_blocks!r}")
+        if not self.attention_blocks:
+            return
+        spec = POSITIONAL_SPECS[self.positional]
+        # the module's class says whether its scores are of the distance alone (PaTH's are not)
+        module = spec.build_layer_module(self, causal=self.causal) if spec.acts_on == "scores" else None
+        check_attention_blocks(kernel_spec(self.attention), self.attention_blocks, window=window,
+                               decay=self.decay, positional=module)
+
+    def _check_shared(self) -> None:
         for options in ENCODING_OPTIONS:  # every encoding's own checks, whichever encoding is chosen
             options.check_options(self)
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        self._check_decay()
-        check_short_conv(self.short_conv)
-        check_pro_options(**{name: getattr(self, name) for name in PRO_OPTIONS})
+
+    def _check_mixer(self) -> None:
+        """A mixer's model (:func:`spe.attention.fourier.check_mixer`: tokens-only encodings, none of
+        attention's options), then the sizes and encoding options every model checks."""
+        check_mixer(self, causal=self.causal)
+        require_positive(type(self).__name__, **{name: getattr(self, name) for name in (
+            "vocab_size", "d_model", "num_layers", "num_heads", "d_ff")})
+        self._check_shared()
 
     def _check_decay(self) -> None:
         where = POSITIONALS[self.positional]
@@ -149,7 +190,8 @@ class TrunkConfig(*ENCODING_OPTIONS):
     def feature_dim(self) -> int:
         """M, the kernel's feature dimension that feature transforms act on: ``num_features``
         with random features (performer), head_dim otherwise."""
-        return self.num_features if kernel_spec(self.attention).random_features else self.d_model // self.num_heads
+        random = self.attention in KERNELS and kernel_spec(self.attention).random_features
+        return self.num_features if random else self.d_model // self.num_heads
 
     @property
     def position_limit(self) -> int | None:
@@ -160,14 +202,15 @@ class TrunkConfig(*ENCODING_OPTIONS):
 
     def to_dict(self) -> dict:
         """The options as a JSON-serialisable dict (what checkpoint headers store). ``decay`` is
-        left out when it is ``none``, ``short_conv`` when 0, ``fixed_code`` and FoX-Pro's options
-        when False, so headers of models without them stay as they were (and load with those
-        defaults)."""
+        left out when it is ``none``, ``short_conv`` and ``attention_blocks`` when 0, ``fixed_code``
+        and FoX-Pro's options when False, so headers of models without them stay as they were
+        (and load with those defaults)."""
         values = asdict(self)
         if values["decay"] == NO_DECAY:
             del values["decay"]
-        if not values["short_conv"]:
-            del values["short_conv"]
+        for name in ("short_conv", "attention_blocks"):
+            if not values[name]:
+                del values[name]
         for name in ("fixed_code", *PRO_OPTIONS):
             if not values[name]:
                 del values[name]

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from spe.ops.common.checks import reference_keep
 
-__all__ = ["gated_softmax_reference", "softmax_attention_reference"]
+__all__ = ["block_local_reference", "gated_softmax_reference", "softmax_attention_reference"]
 
 
 def softmax_attention_reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int | None = None,
@@ -62,5 +62,35 @@ def gated_softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, 
     i = torch.arange(n)
     lag = i[:, None] - i[None, :]
     keep = (lag >= 0) if window is None else (lag >= 0) & (lag < window)
+    weights = torch.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
+    return torch.einsum("bhmn,bnhe->bmhe", weights, v)
+
+
+def block_local_reference(q: Tensor, k: Tensor, v: Tensor, block: int, *, causal: bool,
+                          key_padding_mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    """Block-local softmax attention (:func:`~spe.ops.softmax.local.block_local_attention`) in
+    float64 as the L × L masked form: softmax_n(q_m·k_n/√D + s_mn) v_n over the keys n with
+    ⌊m/N⌋ − ⌊n/N⌋ ∈ {0, 1}, n ≤ m when causal, n not padding. For tests; memory O(B·H·L²).
+
+    Args:
+        q: (B, L, H, D); k: (B, L, H, D); v: (B, L, H, E).
+        block: N, positions per block.
+        causal, key_padding_mask: as :func:`softmax_attention_reference`.
+        bias: (B or 1, H or 1, L, L) a score term s_mn added to the scaled scores (a relative
+            encoding's over the whole sequence); None: none.
+
+    Returns:
+        (B, L, H, E) in float64.
+    """
+    f64 = torch.float64
+    q, k, v = q.to(f64), k.to(f64), v.to(f64)
+    n = q.shape[1]
+    logits = torch.einsum("bmhd,bnhd->bhmn", q, k) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        logits = logits + bias.to(f64)
+    m, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    keep = (m // block - j // block).abs() <= 1
+    keep &= (j <= m) if causal else (j // block <= m // block)
+    keep = reference_keep(n, n, q.device, causal=False, window=None, key_padding_mask=key_padding_mask) & keep
     weights = torch.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
     return torch.einsum("bhmn,bnhe->bmhe", weights, v)
