@@ -135,26 +135,34 @@ def test_a_missing_plan_names_the_packaged_ones(tmp_path):
     assert "demo" not in plans.packaged_plans(FAKE)
 
 
+def _plain(results: dict) -> dict:
+    """Row -> seed -> result without its provenance (times and host differ from run to run)."""
+    return {name: {seed: {k: v for k, v in r.items() if k != "provenance"} for seed, r in by_seed.items()}
+            for name, by_seed in results.items()}
+
+
 def test_runs_are_resumed_finished_ones_skipped_and_a_missing_one_rerun(tmp_path):
     plan, out = _load(tmp_path), tmp_path / "out"
     task = FakeTask(plan)
-    results = plans.run_plan(plan, out, task.run)
+    results = _plain(plans.run_plan(plan, out, task.run))
     assert task.calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]  # seed by seed
     assert results["b"] == {0: {"seed": 0, "score": 6.0}, 1: {"seed": 1, "score": 12.0}, 2: {"seed": 2, "score": 18.0}}
-    assert json.loads((out / "b" / "seed2" / plans.RESULT_FILE).read_text()) == {"seed": 2, "score": 18.0}
+    stored = json.loads((out / "b" / "seed2" / plans.RESULT_FILE).read_text())
+    assert stored.pop("provenance")["commit"] is not None and stored == {"seed": 2, "score": 18.0}
 
     task.calls.clear()
     after = []
-    again = plans.run_plan(plan, out, task.run, after=lambda *call: after.append(call))
+    again = _plain(plans.run_plan(plan, out, task.run, after=lambda *call: after.append(call)))
     assert task.calls == [] and after == [] and again == results  # everything finished: read back
 
     (out / "a" / "seed1" / plans.RESULT_FILE).unlink()  # e.g. a run stopped before its end
-    assert plans.run_plan(plan, out, task.run, by_seed=False) == results
+    assert _plain(plans.run_plan(plan, out, task.run, by_seed=False)) == results
     assert task.calls == [("a", 1)] and after == []
 
     task.calls.clear()
-    stale = plans.run_plan(plan, out, task.run, rows=["b"], seeds=[0, 5],
-                           current=lambda name, seed, stored: stored["score"] != 6.0, after=lambda *c: after.append(c))
+    stale = _plain(plans.run_plan(plan, out, task.run, rows=["b"], seeds=[0, 5],
+                                  current=lambda name, seed, stored: stored["score"] != 6.0,
+                                  after=lambda *c: after.append(c)))
     assert task.calls == [("b", 0), ("b", 5)] and [c[:2] for c in after] == [("b", 0), ("b", 5)]
     assert stale == {"b": {0: {"seed": 0, "score": 6.0}, 5: {"seed": 5, "score": 36.0}}}
     # collected from the folders: every seed found, nothing from a neighbouring folder

@@ -82,7 +82,7 @@ def cmd_write(args) -> int:
         meta = {**meta, "steps": args.steps, "rows": {n: r for n, r in meta["rows"].items() if n in ran}}
     if args.title:
         meta = {**meta, "title": args.title}
-    for path in write_study(args.data_dir, records, meta):
+    for path in write_study(args.data_dir, records, meta, allow_dirty=args.allow_dirty):
         print(f"wrote {path}")
     return 0
 
@@ -98,7 +98,7 @@ def cmd_write_synth(args) -> int:
     command = args.command or shlex.join(["spe", "synth", *(["--plan", args.plan] if args.plan else []),
                                           "--out", args.runs])
     records, meta = synth_study(runs, study=args.study, title=title or args.study, command=command, rows=rows)
-    for path in write_study(args.data_dir, records, meta):
+    for path in write_study(args.data_dir, records, meta, allow_dirty=args.allow_dirty):
         print(f"wrote {path}")
     return 0
 
@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--title", help="the table's title (default: the plan's)")
     w.add_argument("--steps", type=int, help="the runs' steps where --steps overrode the plan's (the 4x point)")
     w.add_argument("--data-dir", default=str(DATA))
+    w.add_argument("--allow-dirty", action="store_true",
+                   help="write runs made from a source tree with uncommitted changes too (refused by default)")
     s = sub.add_parser("write-synth", help="a spe synth --plan folder -> docs/data/STUDY.jsonl and meta")
     s.add_argument("--runs", required=True, help="the plan's --out folder (OUT/ROW/seedK/result.json)")
     s.add_argument("--study", required=True)
@@ -145,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--title")
     s.add_argument("--command", help="the command that made the runs (default: spe synth --plan P --out R)")
     s.add_argument("--data-dir", default=str(DATA))
+    s.add_argument("--allow-dirty", action="store_true",
+                   help="write runs made from a source tree with uncommitted changes too (refused by default)")
     f = sub.add_parser("four-best", help="print the spe sweep command of the longer-budget point")
     f.add_argument("--study", required=True)
     f.add_argument("--k", type=int, default=4)

@@ -38,6 +38,7 @@ import fcntl
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -49,6 +50,7 @@ from spe.lab.stats import format_mean_std, mean_and_std
 from spe.lab.options import read_json_object, read_toml
 from spe.lab.train.config import quiet_defaults
 from spe.lab.outputs import check_output_folder
+from spe.lab.provenance import provenance
 from spe.lab.train.run_folder import MARKER_FILE, check_name, mark_run, run_lock, spe_run_found
 from spe.paths import not_a_file
 
@@ -308,7 +310,7 @@ def collect(plan: Plan, out: str | Path) -> dict[str, dict[int, dict]]:
 
 
 def run_once(folder: str | Path, run: Callable[[Path], dict], *, current: Callable[[dict], bool] | None = None,
-             ctx=None) -> dict:
+             ctx=None, config: Callable[[], Mapping] | None = None) -> dict:
     """The result of the run in ``folder``: the stored one if the run is finished (and ``current``
     accepts it), otherwise ``run(folder)``'s, run under the folder's lock and then stored.
 
@@ -319,6 +321,9 @@ def run_once(folder: str | Path, run: Callable[[Path], dict], *, current: Callab
             raise to refuse the folder.
         ctx: the :class:`~spe.lab.train.distributed.Distributed` context under ``torchrun``
             (rank 0 locks and writes), None for one process.
+        config: () -> the run's resolved configuration, recorded with its hash in the result's
+            ``provenance`` (:func:`spe.lab.provenance.provenance`, which every result a run stores
+            gets: commit, versions, threads, host, times).
 
     Raises:
         RunFolderBusy: if another process holds the folder.
@@ -331,7 +336,10 @@ def run_once(folder: str | Path, run: Callable[[Path], dict], *, current: Callab
         stored = read_result(folder)  # finished by another runner since
         if stored is not None and (current is None or current(stored)):
             return stored
+        started = time.time()
         result = run(folder)
+        result = {**result, "provenance": provenance(started=started, ended=time.time(),
+                                                     config=None if config is None else config())}
         if ctx is None or ctx.is_main:
             write_result(folder, result)
     return result
@@ -345,7 +353,8 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
              rows: Sequence[str] | None = None, seeds: Sequence[int] | None = None, by_seed: bool = True,
              current: Callable[[str, int, dict], bool] | None = None,
              after: Callable[[str, int, dict], None] | None = None,
-             failures: tuple[type[Exception], ...] = (), ctx=None) -> dict[str, dict[int, dict]]:
+             failures: tuple[type[Exception], ...] = (), ctx=None,
+             config: Callable[[str, int], Mapping] | None = None) -> dict[str, dict[int, dict]]:
     """Runs every (row, seed) not finished yet (:func:`run_once`); returns row -> seed -> result.
 
     Args:
@@ -361,6 +370,8 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
         failures: exceptions of one run that do not stop the others; they are raised together
             at the end as :class:`RunsFailed`.
         ctx: as :func:`run_once`.
+        config: (row, seed) -> the run's resolved configuration, for its provenance
+            (:func:`run_once`).
 
     Raises:
         ValueError: if ``out`` is another tool's or another kind's folder (:func:`claim_folder`).
@@ -379,7 +390,8 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
 
         check = None if current is None else (lambda stored, name=name, seed=seed: current(name, seed, stored))
         try:
-            result = run_once(run_folder(out, name, seed), run_here, current=check, ctx=ctx)
+            describe = None if config is None else (lambda name=name, seed=seed: config(name, seed))
+            result = run_once(run_folder(out, name, seed), run_here, current=check, ctx=ctx, config=describe)
         except failures as err:
             log.warning("%s/seed%d: %s", name, seed, err)
             failed[f"{name}/seed{seed}"] = str(err)

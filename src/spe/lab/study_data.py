@@ -25,7 +25,9 @@ them, and a test keeps the docs equal to them.
 ``command`` (how the runs were made), ``corpus_or_task``, ``metric``, ``train_length`` (L),
 ``plan`` and ``steps`` (for a sweep: the packaged plan and its steps, from which the
 longer-budget command is written), and ``rows``: row -> ``{"description", "window"}`` in the
-plan's order (the window in words: ``"L = 64"``, ``"whole past"``).
+plan's order (the window in words: ``"L = 64"``, ``"whole past"``); ``provenance`` (where the runs
+recorded it): row -> seed (a string) -> the run's :mod:`spe.lab.provenance` record without its
+config (commit, dirty, config hash, threads, device, versions, CPU, host, times).
 
 **Sources.** :func:`sweep_study` reads a ``spe sweep`` folder (each run's ``result.json``: its
 eval split's ``buckets`` and, for the test split, ``validation``). :func:`synth_folder_results`
@@ -44,8 +46,8 @@ from spe.lab import plans
 from spe.lab.options import read_json_object, rename_old_names
 from spe.lab.study_rules import METRICS
 
-__all__ = ["FIELDS", "META_KEYS", "check_meta", "check_record", "read_study", "record_key", "sweep_study",
-           "synth_folder_results", "synth_study", "window_words", "write_study"]
+__all__ = ["FIELDS", "META_KEYS", "check_meta", "check_record", "dirty_runs", "read_study", "record_key",
+           "run_provenance", "sweep_study", "synth_folder_results", "synth_study", "window_words", "write_study"]
 
 FIELDS = ("study", "corpus_or_task", "variant", "seed", "split", "bucket_start", "bucket_end", "value",
           "metric", "train_tokens", "params")
@@ -169,15 +171,46 @@ def _line(record: dict) -> str:
     return json.dumps(ordered, ensure_ascii=False, allow_nan=False)
 
 
-def write_study(folder: str | Path, records: Iterable[dict], meta: dict) -> tuple[Path, Path]:
+def dirty_runs(meta: dict) -> list[str]:
+    """``ROW seed S`` of every run in ``meta["provenance"]`` made from a source tree with changes
+    not committed (its ``dirty`` flag), in order."""
+    return [f"{row} seed {seed}" for row, by_seed in meta.get("provenance", {}).items()
+            for seed, record in by_seed.items() if record.get("dirty")]
+
+
+def run_provenance(result: dict) -> dict | None:
+    """A run's provenance as study meta keeps it (without its config), None if it has none."""
+    record = result.get("provenance")
+    return None if not isinstance(record, dict) else {k: v for k, v in record.items() if k != "config"}
+
+
+def _with_provenance(meta: dict, by_row: dict[str, dict[int, dict]]) -> dict:
+    """``meta`` with ``provenance`` from the runs' results (row -> seed -> result), where any run has one."""
+    found = {row: {str(seed): p for seed, result in by_seed.items() if (p := run_provenance(result))}
+             for row, by_seed in by_row.items()}
+    found = {row: by_seed for row, by_seed in found.items() if by_seed}
+    return {**meta, "provenance": found} if found else meta
+
+
+def write_study(folder: str | Path, records: Iterable[dict], meta: dict, *,
+                allow_dirty: bool = False) -> tuple[Path, Path]:
     """Writes ``folder/<study>.jsonl`` (checked records, sorted by variant, seed, split and bucket)
     and ``folder/<study>.meta.json``; returns both paths.
 
+    Args:
+        allow_dirty: write runs made from a source tree with uncommitted changes too (their
+            provenance says so); by default they are refused, since their code cannot be checked out.
+
     Raises:
-        ValueError: on a bad record or meta, a record whose study is not ``meta["study"]``, or two
-            records of one :func:`record_key`.
+        ValueError: on a bad record or meta, a record whose study is not ``meta["study"]``, two
+            records of one :func:`record_key`, or (unless ``allow_dirty``) runs from a dirty tree.
     """
     study, folder = check_meta(meta)["study"], Path(folder)
+    dirty = dirty_runs(meta)
+    if dirty and not allow_dirty:
+        raise ValueError(f"study {study!r}: {len(dirty)} run(s) were made from a source tree with uncommitted "
+                         f"changes ({', '.join(dirty[:4])}{', …' if len(dirty) > 4 else ''}): their code cannot be "
+                         "checked out again; rerun them from a commit, or allow it (--allow-dirty)")
     records = [check_record(r, f"record {i}") for i, r in enumerate(records)]
     if any(r["study"] != study for r in records):
         raise ValueError(f"every record must belong to study {study!r}")
@@ -269,7 +302,8 @@ def sweep_study(plan, out: str | Path, *, study: str, corpus: str, command: str)
                              "train_tokens": tokens, "params": params} for b in buckets]
     if not records:
         raise ValueError(f"no finished run of {plan.where()} under {out}")
-    return records, _sweep_meta(plan, study=study, corpus=corpus, command=command)
+    return records, _with_provenance(_sweep_meta(plan, study=study, corpus=corpus, command=command),
+                                     plans.collect(plan, out))
 
 
 def synth_study(results: Iterable[dict], *, study: str, title: str, command: str,
@@ -301,8 +335,12 @@ def synth_study(results: Iterable[dict], *, study: str, title: str, command: str
                for r in results for e in r["results"]]
     names = list(dict.fromkeys(r["variant"] for r in results))
     rows = {n: (rows or {}).get(n, {"description": n, "window": ""}) for n in names}
-    return records, {"study": study, "title": title, "command": command, "corpus_or_task": tasks.pop(),
-                     "metric": "accuracy", "train_length": lengths.pop(), "rows": rows}
+    by_row: dict[str, dict[int, dict]] = {}
+    for r in results:
+        by_row.setdefault(r["variant"], {})[r["seed"]] = r
+    return records, _with_provenance({"study": study, "title": title, "command": command,
+                                      "corpus_or_task": tasks.pop(), "metric": "accuracy",
+                                      "train_length": lengths.pop(), "rows": rows}, by_row)
 
 
 def _require(record: object, keys: tuple[str, ...], file: Path) -> None:
@@ -356,5 +394,6 @@ def synth_folder_results(out: str | Path, *,
                       for dist, by_length in result.get("test", {}).items() for n, cell in by_length.items()]
             runs.append({"task": config["task"], "variant": row, "seed": seed, "train_length": length,
                          "train_tokens": result["train_tokens"], "params": result["params"],
-                         "results": [c for c in cells if c["accuracy"] is not None]})
+                         "results": [c for c in cells if c["accuracy"] is not None],
+                         **({"provenance": result["provenance"]} if "provenance" in result else {})})
     return runs, rows

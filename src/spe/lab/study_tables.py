@@ -109,6 +109,52 @@ def _order(rows: list[str], last: dict, metric: str) -> list[str]:
     return ranked + [n for n in rows if n not in ranked]
 
 
+MIXED_MARK = " †"  # the mark of a row whose seeds ran on more than one commit (or on one not recorded)
+
+
+def commits_by_seed(meta: dict, name: str, seeds) -> dict[int, str | None]:
+    """Seed -> the commit row ``name``'s run recorded (None: not recorded; a run from a tree with
+    uncommitted changes gets ``COMMIT+dirty``), for ``seeds``."""
+    by_seed = meta.get("provenance", {}).get(name, {})
+    found = {}
+    for seed in seeds:
+        record = by_seed.get(str(seed), {})
+        commit = record.get("commit")
+        found[seed] = None if commit is None else commit + ("+dirty" if record.get("dirty") else "")
+    return found
+
+
+def mixed_commits(meta: dict, by_bucket: dict, shown) -> dict[str, dict[int, str | None]]:
+    """Rows whose seeds (those in ``shown`` buckets) do not share one recorded commit -> seed ->
+    commit; empty when the meta holds no provenance at all (then :func:`render_study` says so once)."""
+    if not meta.get("provenance"):
+        return {}
+    mixed = {}
+    for name in {n for b in shown for n in by_bucket.get(b, {})}:
+        seeds = sorted({s for b in shown for s in by_bucket.get(b, {}).get(name, {})})
+        commits = commits_by_seed(meta, name, seeds)
+        if None in commits.values() or len(set(commits.values())) > 1:
+            mixed[name] = commits
+    return mixed
+
+
+def _provenance_line(meta: dict, by_bucket: dict, shown) -> str:
+    if not meta.get("provenance"):
+        return ("* Provenance: these runs recorded no commit (they were made before runs kept one), so their "
+                "seeds cannot be tied to one code version.")
+    mixed = mixed_commits(meta, by_bucket, shown)
+    if not mixed:
+        commits = {c for n in meta["provenance"] for c in commits_by_seed(meta, n, map(int, meta["provenance"][n]))
+                   .values()}
+        return (f"* Provenance: each row's seeds ran on one commit ({', '.join(sorted(c[:10] + c[40:] for c in commits))}); "
+                "commit, configuration hash, threads, versions and host of every run are in the meta file.")
+    def seeds(commits: dict) -> str:
+        return ", ".join(f"seed {s}: {'not recorded' if c is None else c[:10] + c[40:]}" for s, c in commits.items())
+
+    rows = "; ".join(f"{n} ({seeds(commits)})" for n, commits in sorted(mixed.items()))
+    return f"* Provenance:{MIXED_MARK} rows whose seeds ran on more than one commit or on one not recorded: {rows}."
+
+
 def _selection_table(by_bucket, shown, groups, order, meta, params) -> list[str]:
     metric, unit = meta["metric"], "%" if meta["metric"] == "accuracy" else ""
     tested = set(groups)
@@ -121,10 +167,12 @@ def _selection_table(by_bucket, shown, groups, order, meta, params) -> list[str]
         header.append("growth")
     header += [f"{MORE_SEEDS} seeds", "description"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    mixed = mixed_commits(meta, by_bucket, shown)
     for name in order:
         info = meta["rows"].get(name, {})
         seeds = sorted({s for b in shown for s in by_bucket.get(b, {}).get(name, {})})
-        cells = [name, info.get("window", ""), str(len(seeds)), params.get(name, "")]
+        cells = [name + (MIXED_MARK if name in mixed else ""), info.get("window", ""), str(len(seeds)),
+                 params.get(name, "")]
         near = []
         for b in shown:
             values = by_bucket.get(b, {}).get(name, {})
@@ -218,6 +266,7 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None) -
                      f"{len(dropped)} ({named}{', …' if len(dropped) > 5 else ''}).")
     tokens = sorted({r["train_tokens"] for r in records})
     lines.append("* Training tokens per run: " + ", ".join(f"{t:,}" for t in tokens) + ".")
+    lines.append(_provenance_line(meta, validation, shown))
     if image:
         lines += ["", f"![{meta['study']}]({image})"]
     return "\n".join(lines) + "\n"

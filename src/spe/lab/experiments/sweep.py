@@ -324,7 +324,8 @@ def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: li
                 "unigram_buckets": summary["unigram_buckets"]}
 
     plans.run_plan(plan, out, run, rows=names, seeds=seeds, current=current, failures=(TrainingDiverged,),
-                   after=lambda *_: collect_sweep(plan, out, data=data))
+                   after=lambda *_: collect_sweep(plan, out, data=data),
+                   config=lambda name, seed: {**config(name, seed).to_dict(), "eval": plan.rows[name]["eval"]})
     return collect_sweep(plan, out, data=data)
 
 

@@ -160,7 +160,8 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
         results = []
         for seed in seeds:
             results.append(plans.run_once(out / f"seed{seed}", lambda folder, seed=seed: train_seed(
-                cfg, splits, seed, folder, progress=progress), ctx=ctx))
+                cfg, splits, seed, folder, progress=progress), ctx=ctx,
+                config=lambda seed=seed: {**cfg.to_dict(), "seed": seed}))
             log.info("%s seed %d: test accuracy %.4f", out, seed, results[-1]["test_accuracy"])
             if ctx.is_main:
                 attention_map(out, seed, splits, cfg)

@@ -195,7 +195,8 @@ def run_study(plan: StudyPlan, out: str | Path, *, only: list[str] | None = None
             plans.run_plan(plan, out, lambda name, seed, folder: train_seed(configs[name], splits(configs[name]), seed,
                                                                             folder, progress=progress),
                            rows=list(configs), seeds=seeds, by_seed=False, after=after, ctx=ctx,
-                           failures=(TrainingDiverged,))
+                           failures=(TrainingDiverged,),
+                           config=lambda name, seed: {**configs[name].to_dict(), "seed": seed})
         except plans.RunsFailed:
             collect_study(plan, out)
             raise

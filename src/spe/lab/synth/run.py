@@ -271,7 +271,8 @@ def run_synth(cfg: SynthConfig, seeds: list[int], out: str | Path, *, threads: i
     open_experiment(out, cfg)
     for seed in seeds:
         plans.run_once(out / f"seed{seed}", lambda folder, seed=seed: train_seed(cfg, seed, folder, progress=progress),
-                       current=lambda stored: not missing_lengths(cfg, stored))
+                       current=lambda stored: not missing_lengths(cfg, stored),
+                       config=lambda seed=seed: {**cfg.to_dict(), "seed": seed})
     return write_summary(out, cfg)
 
 

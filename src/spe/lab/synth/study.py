@@ -124,7 +124,8 @@ def run_synth_plan(plan: plans.Plan, out: str | Path, *, only: list[str] | None 
     try:
         plans.run_plan(plan, out, lambda name, seed, folder: train_seed(configs[name], seed, folder, progress=progress),
                        rows=list(configs), seeds=seeds, by_seed=True, after=after, failures=(TrainingDiverged,),
-                       current=lambda name, seed, stored: not missing_lengths(configs[name], stored))
+                       current=lambda name, seed, stored: not missing_lengths(configs[name], stored),
+                       config=lambda name, seed: {**configs[name].to_dict(), "seed": seed})
     finally:
         record = collect_synth(plan, out, configs)
     return record

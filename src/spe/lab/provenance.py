@@ -1,0 +1,118 @@
+"""Where and how a run was made: the record every finished run keeps beside its numbers.
+
+A run's ``result.json`` (:func:`spe.lab.plans.run_once`, the one place every task's runs are
+finished: ``spe sweep``, ``spe lra``, ``spe synth``) holds ``provenance``:
+
+* ``commit``: the git commit of the source tree the ``spe`` package was imported from, None when
+  it is not a git checkout (an installed wheel: then ``version`` says which release);
+  ``dirty``: whether files under the package's folder (tracked or untracked, not ignored) differed
+  from that commit (None without git);
+* ``config``: the run's resolved configuration as the task wrote it (every option, defaults
+  included) and ``config_sha256``, the hash of its canonical JSON (sorted keys): two runs with the
+  same hash were asked for the same thing;
+* ``threads`` (torch's intra-op threads when the run ended), ``device``, ``torch``, ``python``,
+  ``cpu`` (the processor's model name) and ``host``;
+* ``started`` and ``ended``: UTC times (ISO 8601, seconds) of the process that finished the run
+  (a resumed run: of its last part).
+
+Study data (:mod:`spe.lab.study_data`) copies each run's record, without its config, into the
+study's meta, so that a table can say which rows' seeds ran on different commits.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["PROVENANCE_KEYS", "commit_of", "config_hash", "cpu_model", "provenance", "source_state", "utc"]
+
+# The keys of a run's provenance record, in the order they are written (the module docstring).
+PROVENANCE_KEYS = ("commit", "dirty", "version", "config_sha256", "config", "threads", "device", "torch",
+                   "python", "cpu", "host", "started", "ended")
+
+
+def utc(seconds: float) -> str:
+    """``seconds`` since the epoch as a UTC time in ISO 8601 to the second, e.g. ``2026-12-05T03:20:00Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def config_hash(config: Mapping) -> str:
+    """The sha256 (hex) of ``config``'s canonical JSON: sorted keys, no spaces, non-ASCII kept."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def source_state(folder: str | Path) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the git checkout holding ``folder``; (None, None) outside one.
+
+    ``dirty`` is True when a tracked file under ``folder`` differs from the commit or an untracked,
+    not ignored file lies there: either could change what the run computed (files elsewhere in the
+    checkout, docs for instance, do not).
+    """
+    folder = Path(folder)
+    commit = _git(folder, "rev-parse", "HEAD")
+    if commit is None:
+        return None, None
+    changed = _git(folder, "status", "--porcelain", "--untracked-files=all", "--", ".")
+    return commit.strip(), None if changed is None else bool(changed.strip())
+
+
+@functools.cache
+def commit_of() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the source tree the ``spe`` package was imported from (once per process:
+    a run records the code it started with)."""
+    import spe
+
+    return source_state(Path(spe.__file__).resolve().parent)
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``'s ``model name`` on Linux), else
+    :func:`platform.processor`, else the machine type."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(*, started: float, ended: float, config: Mapping | None = None, device: str | None = None) -> dict:
+    """A run's provenance record (module docstring).
+
+    Args:
+        started, ended: seconds since the epoch (``time.time()``).
+        config: the run's resolved configuration (JSON-able); None: not known (no hash either).
+        device: where it ran (default: the config's ``device``, else ``cpu``).
+
+    Returns:
+        A dict with the keys of :data:`PROVENANCE_KEYS`, in that order.
+    """
+    import torch
+
+    import spe
+
+    commit, dirty = commit_of()
+    config = None if config is None else json.loads(json.dumps(config, default=str))
+    device = device or (config or {}).get("device") or "cpu"
+    return {"commit": commit, "dirty": dirty, "version": spe.__version__,
+            "config_sha256": None if config is None else config_hash(config), "config": config,
+            "threads": torch.get_num_threads(), "device": str(device), "torch": torch.__version__,
+            "python": platform.python_version(), "cpu": cpu_model(), "host": platform.node(),
+            "started": utc(started), "ended": utc(ended)}

@@ -1,0 +1,129 @@
+"""Every finished run records where and how it was made, and study data carry it to the tables."""
+
+import hashlib
+import json
+import subprocess
+
+import pytest
+import torch
+
+from spe.lab import plans
+from spe.lab.provenance import PROVENANCE_KEYS, config_hash, provenance, source_state
+from spe.lab.study_data import dirty_runs, read_study, synth_study, write_study
+from spe.lab.study_tables import MIXED_MARK, render_study
+
+
+def _git(folder, *args):
+    subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True)
+
+
+def _repo(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "a.py").write_text("x = 1\n")
+    (repo / "README").write_text("r\n")
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return repo, head
+
+
+def test_the_commit_is_the_checkouts_and_only_changes_under_the_package_make_it_dirty(tmp_path):
+    repo, head = _repo(tmp_path)
+    assert source_state(repo / "pkg") == (head, False)
+    (repo / "README").write_text("changed\n")  # outside the package: what the run computed is the same
+    assert source_state(repo / "pkg") == (head, False)
+    (repo / "pkg" / "new.py").write_text("y = 2\n")  # untracked, under the package
+    assert source_state(repo / "pkg") == (head, True)
+    (repo / "pkg" / "new.py").unlink()
+    (repo / "pkg" / "a.py").write_text("x = 2\n")  # tracked, changed
+    assert source_state(repo / "pkg") == (head, True)
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    assert source_state(outside) == (None, None)
+
+
+def test_the_config_hash_is_of_canonical_json():
+    assert config_hash({"b": 1, "a": [1, 2]}) == config_hash({"a": [1, 2], "b": 1})
+    assert config_hash({"a": 1}) == hashlib.sha256(b'{"a":1}').hexdigest()
+    assert config_hash({"a": 1}) != config_hash({"a": 1.5})
+
+
+def test_a_record_holds_every_key_in_order():
+    record = provenance(started=0.0, ended=61.0, config={"device": "cpu", "lr": 1e-3})
+    assert tuple(record) == PROVENANCE_KEYS
+    assert (record["started"], record["ended"]) == ("1970-01-01T00:00:00Z", "1970-01-01T00:01:01Z")
+    assert record["torch"] == torch.__version__ and record["threads"] == torch.get_num_threads()
+    assert record["config_sha256"] == config_hash({"device": "cpu", "lr": 1e-3}) and record["device"] == "cpu"
+    assert provenance(started=0.0, ended=0.0)["config_sha256"] is None
+
+
+def test_run_once_stores_the_provenance_once_and_keeps_it_on_the_next_call(tmp_path):
+    calls = []
+
+    def run(folder):
+        calls.append(folder)
+        return {"value": 1.0}
+
+    first = plans.run_once(tmp_path / "seed0", run, config=lambda: {"seed": 0, "lr": 0.1})
+    assert first["value"] == 1.0 and first["provenance"]["config"] == {"seed": 0, "lr": 0.1}
+    assert first["provenance"]["config_sha256"] == config_hash({"seed": 0, "lr": 0.1})
+    assert first["provenance"]["started"] <= first["provenance"]["ended"]
+    stored = json.loads((tmp_path / "seed0" / plans.RESULT_FILE).read_text())
+    assert stored["provenance"] == first["provenance"]
+    again = plans.run_once(tmp_path / "seed0", run, config=lambda: {"seed": 0, "lr": 0.1})
+    assert again == first and len(calls) == 1
+
+
+def _results(commits: dict[tuple[str, int], tuple[str | None, bool]]):
+    out = []
+    for (variant, seed), (commit, dirty) in commits.items():
+        result = {"task": "mqar", "variant": variant, "seed": seed, "train_length": 64, "train_tokens": 10,
+                  "params": 5, "results": [{"split": "validation", "length": n, "accuracy": 0.5 + 0.1 * seed
+                                            + (0.2 if variant == "x" else 0.0)} for n in (64, 256)]}
+        if commit != "none":
+            result["provenance"] = {**provenance(started=0.0, ended=1.0, config={"seed": seed}),
+                                    "commit": commit, "dirty": dirty}
+        out.append(result)
+    return out
+
+
+def test_a_row_whose_seeds_ran_on_two_commits_is_marked_in_its_table():
+    results = _results({("x", 0): ("a" * 40, False), ("x", 1): ("a" * 40, False),
+                        ("y", 0): ("a" * 40, False), ("y", 1): ("b" * 40, False)})
+    records, meta = synth_study(results, study="s", title="t", command="c")
+    assert "config" not in meta["provenance"]["y"]["1"] and meta["provenance"]["y"]["1"]["commit"] == "b" * 40
+    text = render_study(records, meta)
+    assert f"| y{MIXED_MARK} |" in text and "| x |" in text
+    line = next(line for line in text.splitlines() if line.startswith("* Provenance"))
+    assert "y (seed 0: aaaaaaaaaa, seed 1: bbbbbbbbbb)" in line and "x (" not in line
+
+
+def test_one_commit_everywhere_is_said_and_no_provenance_is_said_too():
+    results = _results({("x", 0): ("a" * 40, False), ("y", 0): ("a" * 40, False)})
+    text = render_study(*synth_study(results, study="s", title="t", command="c"))
+    assert "each row's seeds ran on one commit (aaaaaaaaaa)" in text and MIXED_MARK not in text
+    old = _results({("x", 0): ("none", False), ("y", 0): ("none", False)})
+    records, meta = synth_study(old, study="s", title="t", command="c")
+    assert "provenance" not in meta
+    assert "recorded no commit" in render_study(records, meta)
+
+
+def test_a_seed_without_a_record_beside_recorded_ones_marks_its_row():
+    results = _results({("x", 0): ("a" * 40, False), ("x", 1): ("none", False)})
+    text = render_study(*synth_study(results, study="s", title="t", command="c"))
+    assert f"| x{MIXED_MARK} |" in text and "seed 1: not recorded" in text
+
+
+def test_runs_from_a_dirty_tree_are_refused_unless_allowed(tmp_path):
+    results = _results({("x", 0): ("a" * 40, False), ("y", 2): ("a" * 40, True)})
+    records, meta = synth_study(results, study="s", title="t", command="c")
+    assert dirty_runs(meta) == ["y seed 2"]
+    with pytest.raises(ValueError, match=r"uncommitted changes \(y seed 2\).*--allow-dirty"):
+        write_study(tmp_path, records, meta)
+    assert not list(tmp_path.iterdir())
+    write_study(tmp_path, records, meta, allow_dirty=True)
+    _, read = read_study(tmp_path, "s")
+    assert read["provenance"]["y"]["2"]["dirty"] is True
+    assert "aaaaaaaaaa+dirty" in render_study(*read_study(tmp_path, "s"))
