@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from spe.attention.fourier import MIXERS, build_mixer
 from spe.attention.layer import LayerState, MultiHeadAttention
 from spe.attention.pro import pro_options
 from spe.encodings.code import SPECode
@@ -25,7 +26,8 @@ class Block(nn.Module):
 
     Args:
         config: a :class:`~spe.models.ModelConfig` or :class:`~spe.models.ClassifierConfig`
-            (or any object with the trunk's fields and ``attention_window``).
+            (or any object with the trunk's fields and ``attention_window``). A mixer
+            (:data:`spe.attention.fourier.MIXERS`, FNet) takes the attention's place.
         causal: mask the future (decoder); False for an encoder (e.g. a Long Range Arena
             classifier), where every position sees the whole sequence; then
             ``config.attention_window`` must be None (a ClassifierConfig's always is).
@@ -38,18 +40,26 @@ class Block(nn.Module):
     def __init__(self, config, *, causal: bool = True) -> None:
         super().__init__()
         spec = positional_spec(config.positional)
-        module = spec.build_layer_module(config, causal=causal)
         self.norm1 = nn.LayerNorm(config.d_model)
-        self.attn = MultiHeadAttention(
-            config.d_model, config.num_heads, attention=config.attention, causal=causal,
-            num_realizations=config.num_realizations if spec.stochastic else None,
-            num_features=config.num_features, chunk_size=config.chunk_size,
-            window=config.attention_window, decay=getattr(config, "decay", NO_DECAY),
-            short_conv=getattr(config, "short_conv", 0), positional=module, **pro_options(config))
+        if config.attention in MIXERS:  # FNet: Fourier mixing in the attention's place, no q, k, v
+            self.attn = build_mixer(config, causal=causal)
+        else:
+            self.attn = self._attention(config, spec, causal)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model))
         self.drop = nn.Dropout(config.dropout)
+
+    @staticmethod
+    def _attention(config, spec, causal: bool) -> MultiHeadAttention:
+        module = spec.build_layer_module(config, causal=causal)
+        return MultiHeadAttention(
+            config.d_model, config.num_heads, attention=config.attention, causal=causal,
+            num_realizations=config.num_realizations if spec.stochastic else None,
+            num_features=config.num_features, chunk_size=config.chunk_size,
+            window=config.attention_window, decay=getattr(config, "decay", NO_DECAY),
+            short_conv=getattr(config, "short_conv", 0), positional=module, **pro_options(config),
+            attention_blocks=getattr(config, "attention_blocks", 0) or None)
 
     def forward(self, x: Tensor, code: SPECode | None, positions: Tensor | None = None, *,
                 key_padding_mask: Tensor | None = None, times: Tensor | None = None) -> Tensor:

@@ -69,8 +69,9 @@ def check_options_apply(model: Mapping | Sequence[Mapping], given: Mapping[str, 
             if readers and not set(chosen[what]) & set(readers):
                 names = ", ".join(map(repr, chosen[what]))
                 verb = f"{what} {names} does" if len(chosen[what]) == 1 else f"{what}s {names} do"
-                raise ValueError(f"{how}: {verb} not read {name}, an option of {', '.join(readers)} only; leave "
-                                 f"it out or choose one of those {kind}")
+                mixer = " (a Fourier mixer: no queries or keys)" if set(chosen[what]) & set(MIXERS) else ""
+                raise ValueError(f"{how}: {verb} not read {name}{mixer}, an option of {', '.join(readers)} only; "
+                                 f"leave it out or choose one of those {kind}")
 
 
 @dataclass
