@@ -15,6 +15,9 @@ spe.lab.study_data, spe.lab.study_tables. Commands (from the repository root)::
     python tools/docs/study_tables.py --check
     # the longer-budget point: the four best rows on validation at the last bucket, 4x the steps
     python tools/docs/study_tables.py four-best --study learned-time-bach
+    # rerun one committed seed into a new folder and compare it cell by cell with its record
+    python tools/docs/study_tables.py reproduce --study learned-time-flip-flop --row gated-channel \
+        --seed 3 --out runs/reproduce/ff-gated-channel-3
 """
 
 from __future__ import annotations
@@ -103,6 +106,88 @@ def cmd_write_synth(args) -> int:
     return 0
 
 
+# The options of a study's recorded command that a reproduction keeps (the others name the
+# runners' folders, rows and seeds, which the reproduction sets itself).
+_KEPT = ("--plan", "--data", "--steps")
+
+
+def reproduction_command(meta: dict, row: str, seed: int, out: str, threads: int) -> list[str]:
+    """The ``spe`` command line (after ``spe``) that reruns ``row``'s seed ``seed`` of a study into
+    ``out``: its recorded command's subcommand (``sweep`` or ``synth``) and ``--plan``, ``--data``
+    and ``--steps``, with ``--only ROW --seeds SEED --out OUT --threads N``.
+
+    Raises:
+        ValueError: if the recorded command is not an ``spe sweep`` / ``spe synth --plan`` one, or
+            ``row`` is not a row of the study.
+    """
+    if row not in meta["rows"]:
+        raise ValueError(f"study {meta['study']!r} has no row {row!r}; its rows: {', '.join(meta['rows'])}")
+    words = shlex.split(meta["command"].split("#", 1)[0])
+    if words[:2] not in (["spe", "sweep"], ["spe", "synth"]) or "--plan" not in words:
+        raise ValueError(f"study {meta['study']!r} was made by {meta['command']!r}: only an spe sweep or "
+                         "spe synth --plan study can be rerun from its record")
+    kept = [w for i, w in enumerate(words[2:], 2)
+            if w in _KEPT or (words[i - 1] in _KEPT and not w.startswith("--"))]
+    if "--steps" not in kept and meta.get("steps") and words[1] == "sweep":
+        kept += ["--steps", str(meta["steps"])]
+    return [words[1], *kept, "--only", row, "--seeds", str(seed), "--out", out, "--threads", str(threads),
+            "--no-progress"]
+
+
+def compare_cells(committed: list[dict], rerun: list[dict]) -> dict:
+    """Cells (split, bucket) of one run, committed against rerun: ``cells`` (the keys both hold),
+    ``differ`` (key, committed value, rerun value) where the values are not bit-identical,
+    ``missing`` (keys of the committed run the rerun lacks)."""
+    def key(r):
+        return r["split"], r["bucket_start"], r["bucket_end"]
+
+    new = {key(r): r["value"] for r in rerun}
+    both = [r for r in committed if key(r) in new]
+    return {"cells": len(both), "missing": [key(r) for r in committed if key(r) not in new],
+            "differ": [(key(r), r["value"], new[key(r)]) for r in both if repr(r["value"]) != repr(new[key(r)])]}
+
+
+_ENVIRONMENT = ("commit", "dirty", "torch", "python", "threads", "device", "cpu", "config_sha256")
+
+
+def cmd_reproduce(args) -> int:
+    import subprocess
+
+    records, meta = read_study(Path(args.data_dir), args.study)
+    committed = [r for r in records if r["variant"] == args.row and r["seed"] == args.seed]
+    if not committed:
+        raise ValueError(f"study {args.study!r} holds no record of row {args.row!r} seed {args.seed}")
+    command = reproduction_command(meta, args.row, args.seed, args.out, args.threads)
+    print("spe " + shlex.join(command), flush=True)
+    done = subprocess.run([sys.executable, "-m", "spe", "-q", *command])
+    if done.returncode:
+        raise ValueError(f"the rerun failed (exit {done.returncode}); its folder: {args.out}")
+    if command[0] == "sweep":
+        from spe.lab.experiments.sweep import load_plan
+
+        rerun, rerun_meta = sweep_study(load_plan(command[command.index("--plan") + 1]), args.out, study=args.study,
+                                        corpus=meta["corpus_or_task"], command="reproduction")
+    else:
+        runs, rows = synth_folder_results(args.out)
+        rerun, rerun_meta = synth_study(runs, study=args.study, title="reproduction", command="reproduction",
+                                        rows=rows)
+    rerun = [r for r in rerun if r["variant"] == args.row and r["seed"] == args.seed]
+    found = compare_cells(committed, rerun)
+    then = meta.get("provenance", {}).get(args.row, {}).get(str(args.seed))
+    now = rerun_meta.get("provenance", {}).get(args.row, {}).get(str(args.seed), {})
+    print(f"{args.study} {args.row} seed {args.seed}: {found['cells']} cells compared, "
+          f"{len(found['differ'])} differ, {len(found['missing'])} missing from the rerun")
+    for (split, start, end), old, new in found["differ"]:
+        print(f"  {split} [{start}, {end}): committed {old!r}, rerun {new!r}")
+    if then is None:
+        print("  the committed run recorded no provenance: its commit, threads and versions are unknown")
+    else:
+        for name in _ENVIRONMENT:
+            same = then.get(name) == now.get(name)
+            print(f"  {name}: {'same' if same else 'differs'} (committed {then.get(name)!r}, rerun {now.get(name)!r})")
+    return 0 if not found["differ"] and not found["missing"] else 1
+
+
 def four_best_command(records: list[dict], meta: dict, *, k: int = 4, factor: int = 4) -> str:
     """The ``spe sweep`` command of the longer-budget point: the ``k`` rows of best validation mean
     in the last shown bucket, at ``factor`` × the plan's steps, into their own folder."""
@@ -149,6 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--data-dir", default=str(DATA))
     s.add_argument("--allow-dirty", action="store_true",
                    help="write runs made from a source tree with uncommitted changes too (refused by default)")
+    r = sub.add_parser("reproduce", help="rerun one committed seed of a study and compare it cell by cell "
+                                         "(exit 0: bit-identical, 1: cells differ)")
+    r.add_argument("--study", required=True)
+    r.add_argument("--row", required=True)
+    r.add_argument("--seed", type=int, required=True)
+    r.add_argument("--out", required=True, help="a new folder for the rerun (the study's runs are never touched)")
+    r.add_argument("--threads", type=int, default=1, help="torch threads of the rerun (default 1, as the studies)")
+    r.add_argument("--data-dir", default=str(DATA))
     f = sub.add_parser("four-best", help="print the spe sweep command of the longer-budget point")
     f.add_argument("--study", required=True)
     f.add_argument("--k", type=int, default=4)
@@ -159,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_write(args)
         if args.cmd == "write-synth":
             return cmd_write_synth(args)
+        if args.cmd == "reproduce":
+            return cmd_reproduce(args)
         if args.cmd == "four-best":
             print(four_best_command(*read_study(DATA, args.study), k=args.k, factor=args.factor))
             return 0
