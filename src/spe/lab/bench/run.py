@@ -19,6 +19,7 @@ import torch
 
 from spe.lab import strict_json
 from spe.attention.kernels import KERNELS
+from spe.lab.bench.forms import auto_form, form_label, form_ratio_lines, takes_form
 from spe.lab.bench.peers import PEER_ATTENTIONS
 from spe.lab.bench.tables import longest_lines, model_lines
 from spe.lab.bench.targets import find_record, record_decay, takes_decay, targets_markdown
@@ -196,7 +197,8 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
               device: str = "cpu", threads: int = 0, progress: bool = True, model: dict | None = None,
               vocab_size: int = 300, model_batch: int = 8,
               pairs: list[tuple[str, str, str]] | None = None, decay: str | list[str] = "none",
-              precision: str = "fp32", softmax_impls: list[str] | None = None) -> dict:
+              precision: str = "fp32", softmax_impls: list[str] | None = None,
+              fox_path_impls: list[str] | None = None) -> dict:
     """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
 
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
@@ -219,7 +221,11 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     ``softmax_impls`` (:data:`~spe.ops.softmax.flex.SOFTMAX_IMPLS`; default ``["auto"]``) multiplies
     the softmax cases as ``decay`` does the linear ones: each is measured once per path
     (FlexAttention or the per-block form, :mod:`spe.ops.softmax.flex`), the record carrying its
-    ``softmax_impl`` (and ``softmax_fallback`` where a forced flex fell back).
+    ``softmax_impl`` (and ``softmax_fallback`` where a forced flex fell back). ``fox_path_impls``
+    (:data:`~spe.lab.bench.forms.FOX_PATH_IMPLS`; default None: the kernels choose) multiplies the
+    train and prefill cases of FoX (softmax with a gate), PaTH and PaTH-FoX likewise, once per
+    kernel form (:mod:`spe.lab.bench.forms`), each record carrying ``fox_path_impl`` (asked) and
+    ``fox_path_ran`` (the form that ran).
     """
     decays = list(dict.fromkeys([decay] if isinstance(decay, str) else decay))
     series = series or SERIES
@@ -237,15 +243,18 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
             and not (dec != "none" and pos in SCORE_ENCODINGS and not positional_spec(pos).takes_gate)]
     impls = list(dict.fromkeys(softmax_impls or ["auto"]))
     plan = [(*p, si) for p in plan for si in (impls if p[3] == "softmax" else ["auto"])]
+    plan = [(*p, form) for p in plan
+            for form in (fox_path_impls if fox_path_impls and takes_form(p[0], p[1], p[3], p[4]) else [None])]
     total = len(plan) * len(lengths)
     records = []
     done = 0
-    for mode, pos, impl, att, dec, si in plan:
+    for mode, pos, impl, att, dec, si, form in plan:
         prev = None
         for n in sorted(lengths):
             done += 1
             case = {**common, "mode": mode, "positional": pos, "impl": impl, "attention": att, "length": n,
-                    "decay": dec, **({} if si == "auto" else {"softmax_impl": si})}
+                    "decay": dec, **({} if si == "auto" else {"softmax_impl": si}),
+                    **({} if form is None else {"fox_path_impl": form})}
             if mode == "generate":
                 case["repeats"] = max(repeats, GENERATE_MIN_REPEATS)
             if mode == "model":
@@ -262,7 +271,8 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
             records.append(result)
             if progress:
                 state = result.get("skipped") or f"{result['median_ms']:.1f} ms, {result['peak_mb']:.0f} MB"
-                with_decay = ("" if dec == "none" else f" decay {dec}") + ("" if si == "auto" else f" [{si}]")
+                with_decay = (("" if dec == "none" else f" decay {dec}") + ("" if si == "auto" else f" [{si}]")
+                              + form_label(result))
                 print(f"[{done}/{total}] {mode:8s} {pos:8s} {impl:9s} {att:9s}{with_decay} N={n:<6d} {state}",
                       file=sys.stderr, flush=True)
     return {"records": records, "matmul_gflops": matmul_gflops(), "config": common, "lengths": lengths}
@@ -294,7 +304,7 @@ def _label(r: dict) -> str:
     path = r.get("softmax_impl", "auto")  # softmax's path when asked for (spe bench --softmax-impl)
     path = "" if path == "auto" else f" [{path}{', fell back' if r.get('softmax_fallback') else ''}]"
     with_decay = "" if decay == "none" else f" + decay {decay}"
-    return f"{r['positional']}{impl} + {r['attention']}{path}{with_decay}"
+    return f"{r['positional']}{impl} + {r['attention']}{path}{form_label(r)}{with_decay}"
 
 
 def summarize_bench(result: dict) -> dict:
@@ -306,7 +316,8 @@ def summarize_bench(result: dict) -> dict:
 
     def series_key(r):
         path = r.get("softmax_impl", "auto")
-        attention = r["attention"] + ("" if path == "auto" else f":{path}")
+        form = r.get("fox_path_impl")
+        attention = r["attention"] + ("" if path == "auto" else f":{path}") + ("" if form is None else f"[{form}]")
         return r["mode"], r["positional"], r["impl"], attention, record_decay(r)
 
     out: dict = {"exponents": {}, "ratios_to_ape_performer": {}, "targets": {}}
@@ -417,6 +428,7 @@ def bench_markdown(payload: dict) -> str:
                 cells.append("" if r is None else ("–" if "median_ms" not in r else f"{r['median_ms']:.1f} / {r['peak_mb']:.0f}"))
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
         lines += _auto_choices(rows) + (_prefill_ratios(rows, payload["records"]) if mode == "prefill" else [])
+        lines += form_ratio_lines(rows, _label)
         lines.append("")
     if payload.get("code_errors"):
         lines += ["### sineSPE estimation error vs R (RMS; Gaussian vs orthogonal noise)", "",
@@ -450,6 +462,7 @@ def _prefill_ratios(rows: list[dict], records: list[dict]) -> list[str]:
 def _auto_choices(rows: list[dict]) -> list[str]:
     picked = [f"{r['positional']} + {r['attention']} N={r['length']}: {r['resolved_impl']}"
               for r in rows if r.get("resolved_impl")]
+    picked += [f"{_label(r)} N={r['length']}: {auto_form(r)} form" for r in rows if auto_form(r)]
     return ["", "auto chose: " + "; ".join(picked)] if picked else []
 
 

@@ -17,6 +17,7 @@ import warnings
 import torch
 
 from spe.attention.layer import MultiHeadAttention
+from spe.lab.bench.forms import measure_in_form
 from spe.lab.bench.peers import PEER_ATTENTIONS, build_peer_layer
 from spe.encodings.conv import ConvSPE
 from spe.encodings.filter import IMPLS
@@ -270,14 +271,21 @@ def measure_recording_fallbacks(measure, case: dict, device: torch.device) -> di
     return result
 
 
+def measure_case(case: dict, device: torch.device) -> dict:
+    """The measurement of ``case`` in its mode: FoX's and PaTH's kernel form forced where it asks
+    for one (``spe bench --fox-path-impl``, :func:`spe.lab.bench.forms.measure_in_form`), a forced
+    FlexAttention's fallback recorded (:func:`measure_recording_fallbacks`)."""
+    measure = {"train": measure_train, "generate": measure_generate, "prefill": measure_prefill,
+               "model": measure_model}[case["mode"]]
+    return measure_recording_fallbacks(lambda c, d: measure_in_form(measure, c, d), case, device)
+
+
 def main() -> None:
     case = json.loads(sys.argv[1])
     torch.set_num_threads(case.get("threads") or torch.get_num_threads())
     device = torch.device(case.get("device", "cpu"))
-    measure = {"train": measure_train, "generate": measure_generate, "prefill": measure_prefill,
-               "model": measure_model}[case["mode"]]
     try:
-        result = measure_recording_fallbacks(measure, case, device)
+        result = measure_case(case, device)
     except ImportError as e:  # an optional peer package (spe.lab.bench.peers) is not installed
         if case["attention"] not in PEER_ATTENTIONS:
             raise

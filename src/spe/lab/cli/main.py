@@ -234,6 +234,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from spe.lab.bench.forms import parse_fox_path_impls
     from spe.lab.bench.peers import PEER_ATTENTIONS
     from spe.lab.bench.run import (BENCH_ATTENTIONS, KERNEL_NAMES, MODES, bench_outputs, parse_decays, parse_pairs, parse_series,
                                parse_softmax_impls, run_bench, summarize_bench, write_outputs)
@@ -260,6 +261,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         decays = parse_decays(args.decay, model.get("decay", "none"))
         check_precision(args.precision, args.device.split(":")[0])
         softmax_impls = parse_softmax_impls(args.softmax_impl)
+        fox_path_impls = parse_fox_path_impls(args.fox_path_impl)
     except ValueError as e:
         raise UsageError(str(e)) from None
     out, json_path = bench_outputs(args.out, args.json)  # checked before measuring, not at the final write
@@ -270,7 +272,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            attentions=attentions or BENCH_ATTENTIONS, batch=args.batch_size,
                            num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
                            device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs,
-                           decay=decays, precision=args.precision, softmax_impls=softmax_impls)
+                           decay=decays, precision=args.precision, softmax_impls=softmax_impls,
+                           fox_path_impls=fox_path_impls)
     if "model" in modes or args.longest:
         result.update(_bench_model(args, model, model_series, attentions, decays))
     if result["matmul_gflops"] is None:
@@ -438,6 +441,16 @@ def _add_bench_parser(sub) -> None:
                    help="softmax's paths (auto, flex, blocks), each measured for every softmax case of the layer "
                         "modes, e.g. blocks,flex: FlexAttention beside the per-block form (FoX with --decay gated, "
                         "the score encodings with a flex form, windows; flex's backward needs CUDA) (default auto)")
+    from spe.ops.path.flash import FLASH_MIN_LENGTH
+    from spe.ops.softmax.chunk import FLASH_FOX_MIN_LENGTH
+
+    p.add_argument("--fox-path-impl", metavar="FORMS",
+                   help="FoX's and PaTH's kernel forms (auto, chunk, flash), each measured for every train and "
+                        "prefill case of FoX (softmax with --decay gated), PaTH and PaTH-FoX (path+softmax), e.g. "
+                        "chunk,flash: the O(L)-memory form beside the one that keeps the L x L terms, at any length "
+                        f"(auto: flash from {FLASH_FOX_MIN_LENGTH:,} positions for FoX, {FLASH_MIN_LENGTH:,} for "
+                        "PaTH); rows name the form that ran, with ratios to plain softmax and flash / chunk "
+                        "(default: the kernels choose, rows name no form)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--compile", action="store_true",
                    help="--modes model: also measure every encoding with torch.compile, sineSPE's learned-time "
