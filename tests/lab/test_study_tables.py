@@ -361,3 +361,27 @@ def test_every_panel_draws_the_best_row_and_at_most_six_others(tmp_path):
         assert 1 <= len(rows) <= PANEL_ROWS, (family, split)
         assert "best: fox" in labels or "fox (best group)" in labels, (family, split)
 
+
+
+def test_a_seed_is_rerun_with_its_studys_plan_data_and_steps_and_compared_bit_for_bit():
+    tool = _tool()
+    meta = {**_meta(), "command": "spe sweep --plan learned-time-palestrina --data music21:palestrina/2 --out "
+                                  "runs/p --seeds 0,1,2 --threads 1   # two runners side by side", "steps": 500}
+    assert tool.reproduction_command(meta, "b", 3, "runs/r", 1) == [
+        "sweep", "--plan", "learned-time-palestrina", "--data", "music21:palestrina/2", "--steps", "500",
+        "--only", "b", "--seeds", "3", "--out", "runs/r", "--threads", "1", "--no-progress"]
+    synth = {**_meta(), "command": "spe synth --plan ff-quick --out runs/s --steps 1000 --seeds 0,1,2"}
+    assert tool.reproduction_command(synth, "a", 0, "o", 2)[:4] == ["synth", "--plan", "ff-quick", "--steps"]
+    with pytest.raises(ValueError, match="no row 'z'"):
+        tool.reproduction_command(meta, "z", 0, "o", 1)
+    with pytest.raises(ValueError, match="only an spe sweep or spe synth --plan"):
+        tool.reproduction_command({**meta, "command": "scripts/lra_cpu_small.sh runs/lra"}, "a", 0, "o", 1)
+
+    def cell(split, start, value):
+        return {"split": split, "bucket_start": start, "bucket_end": start + 8, "value": value}
+
+    committed = [cell("validation", 0, 1.25), cell("validation", 8, 1.5), cell("test", 0, 0.1 + 0.2)]
+    same = tool.compare_cells(committed, [cell("test", 0, 0.30000000000000004), *committed[:2]])
+    assert same == {"cells": 3, "missing": [], "differ": []}
+    off = tool.compare_cells(committed, [cell("validation", 0, 1.25), cell("test", 0, 0.3)])
+    assert off["missing"] == [("validation", 8, 16)] and off["differ"] == [(("test", 0, 8), 0.30000000000000004, 0.3)]
