@@ -16,8 +16,8 @@ from spe.lab.cli.names import add_option_flag, add_run_flag, add_seq_len_flag, s
 __all__ = ["add_lra_parser", "cmd_lra"]
 
 # Flags that define an experiment: a study plan sets them per row. Run flags go to every row.
-_EXPERIMENT_FLAGS = ("task", "positional", "attention", "decay", "preset", "listops_pipeline", "batch_size",
-                     "eval_every", "seq_len", "num_realizations", "model_option", "positional_lr_scale")
+_EXPERIMENT_FLAGS = ("task", "positional", "attention", "decay", "attention_blocks", "preset", "listops_pipeline",
+                     "batch_size", "eval_every", "seq_len", "num_realizations", "model_option", "positional_lr_scale")
 _RUN_FLAGS = ("data", "steps", "device", "precision", "keep_checkpoints", "tensorboard", "compile")
 
 
@@ -39,13 +39,16 @@ def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
     from spe.lab.stats import format_mean_std  # one seed: std None, written "–"
     from spe.models.config import check_options_apply
 
-    model = model_options(args.model_option or [], flags={"decay": args.decay} if args.decay else None)
+    from spe.lab.cli.model_flags import blocks_flag_option
+
+    flags = {**({"decay": args.decay} if args.decay else {}), **blocks_flag_option(args)}
+    model = model_options(args.model_option or [], flags=flags or None)
     cfg = preset_config(args.task, args.positional or "sinespe", args.attention or "performer",
                         preset=args.preset or "cpu-small", listops_pipeline=args.listops_pipeline, model=model or None,
                         positional_lr_scale=args.positional_lr_scale, num_realizations=args.num_realizations,
                         seq_len=args.seq_len, batch_size=args.batch_size, eval_every=args.eval_every,
                         **{f: getattr(args, f) for f in _RUN_FLAGS if getattr(args, f) is not False})
-    given = {k: f"--decay {v}" if k == "decay" and args.decay else f"--model-option {k}={v!r}"
+    given = {k: f"--{k.replace('_', '-')} {v}" if k in flags else f"--model-option {k}={v!r}"
              for k, v in model.items()}
     if args.num_realizations is not None:  # the preset's own options are not checked, only the user's
         given["num_realizations"] = f"--num-realizations {args.num_realizations}"
@@ -76,6 +79,7 @@ def _cmd_plan(args: argparse.Namespace) -> tuple[Path, str]:
 
 
 def add_lra_parser(sub) -> None:
+    from spe.lab.cli.model_flags import add_blocks_flag
     from spe.lab.cli.names import flag_choices
     from spe.lab.lra.config import preset_defaults
 
@@ -88,6 +92,7 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--decay", choices=names["decay"],
                    help="fixed (RetNet's γ_h = 1 − 2^(−5−h)), learned from there, gated (per head, from the "
                    "input) or gated-channel (GLA's), linear kernels (default: the preset's, none)")
+    add_blocks_flag(p)
     p.add_argument("--preset", help="paper or cpu-small (default)")
     p.add_argument("--listops-pipeline", choices=names["pipelines"],
                    help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "

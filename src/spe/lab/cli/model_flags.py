@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_model_flags", "check_model_flags_apply", "model_flag_options"]
+__all__ = ["add_blocks_flag", "add_model_flags", "blocks_flag_option", "check_model_flags_apply",
+           "model_flag_options"]
 
 _MODEL_FLAGS = ("positional", "attention", "d_model", "num_layers", "num_heads", "decay", "short_conv")
 
@@ -21,6 +22,7 @@ def model_flag_options(args: argparse.Namespace) -> dict:
              if getattr(args, flag, None) is not None}
     if getattr(args, "attention_window", None) is not None:
         flags["attention_window"] = decode_window(args.attention_window, "--attention-window")
+    flags.update(blocks_flag_option(args))
     if getattr(args, "ungated", False) or getattr(args, "gated", False):
         flags["gated"] = bool(args.gated)
     return model_options(getattr(args, "model_option", None) or [], flags=flags)
@@ -36,6 +38,30 @@ def check_model_flags_apply(args: argparse.Namespace, model: dict | list[dict]) 
              else f"--{key.replace('_', '-')} {value}" if getattr(args, key, None) is not None
              else f"--model-option {key}={value!r}" for key, value in model_flag_options(args).items()}
     check_options_apply(model, given)
+
+
+def add_blocks_flag(p: argparse.ArgumentParser) -> None:
+    """``--attention-blocks N`` (the model option ``attention_blocks``), declared once for every command
+    that trains a model (``spe train``, ``spe demo``, ``spe synth``, ``spe lra``);
+    :func:`blocks_flag_option` reads it."""
+    p.add_argument("--attention-blocks", type=int, metavar="N",
+                   help="block-local softmax attention (the Music Transformer's): blocks of N positions, each "
+                   "attending to itself (causally) and to the previous block; memory O(L*N), decoding keeps 2N "
+                   "keys (default 0: off; not with --attention-window)")
+
+
+def blocks_flag_option(args: argparse.Namespace) -> dict:
+    """``{"attention_blocks": N}`` when ``--attention-blocks`` was given, else {}.
+
+    Raises:
+        ValueError: naming the flag, unless N is 0 or a positive int.
+    """
+    value = getattr(args, "attention_blocks", None)
+    if value is None:
+        return {}
+    if value < 0:
+        raise ValueError(f"--attention-blocks must be 0 (off) or a positive number of positions, got {value}")
+    return {"attention_blocks": value}
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -57,6 +83,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-window", type=int,
                    help="sliding attention window W in positions, kept at test time (0: the whole past; "
                    "default: the training length for sinespe and convspe, the whole past otherwise)")
+    add_blocks_flag(p)
     for name, keywords in names["encoding_flags"]:  # each encoding's options, declared in its file
         p.add_argument("--" + name.replace("_", "-"), **keywords)
     p.add_argument("--short-conv", type=int, metavar="K", help="width of a causal depthwise convolution on "

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from spe.lab.data.music import MAX_PIECE_TOKENS
 from spe.lab.data.split import NUM_TEST_PIECES
-from spe.encodings.registry import POSITIONAL_SPECS, positional_spec
+from spe.encodings.registry import POSITIONAL_SPECS, encodings_reading, positional_spec
 from spe.field_types import check_field_types
 from spe.models.config import ModelConfig
 from spe.lab.experiment import ExperimentOptions
@@ -55,7 +55,10 @@ def resolve_model_options(model: dict, seq_len: int) -> dict:
       (0: the whole past). A window of the training length changes nothing inside the
       trained range and keeps SPE's lags within the trained ones beyond it: on the Bach
       chorales it cut the growth of cross-entropy from [0,256) to [512,768) from +17 % to
-      +8 % (docs/ablation.md).
+      +8 % (docs/ablation.md); not with ``attention_blocks`` (block-local attention has its own reach).
+    * With ``attention_blocks`` N, an encoding with a distance table (``shaw``, ``music-relative``)
+      whose ``max_distance`` is not given gets 2N − 1 if its default is smaller (the distances a
+      block and its previous one show); one given smaller clips them, which a log line says.
 
     Args:
         model: :class:`~spe.ModelConfig` options (not modified).
@@ -73,12 +76,32 @@ def resolve_model_options(model: dict, seq_len: int) -> dict:
         if not _QUIET.get():
             log.info("positional %s acts on attention scores: using softmax attention", positional)
         model["attention"] = "softmax"
-    if spec.windowed_by_default and "attention_window" not in model:
+    blocks = model.get("attention_blocks")
+    if spec.windowed_by_default and "attention_window" not in model and not blocks:
         model["attention_window"] = seq_len
         if not _QUIET.get():
             log.info("%s: sliding attention window of %d positions (the training length; attention_window 0 "
                      "or --attention-window 0 for the whole past)", positional, seq_len)
+    if blocks and isinstance(blocks, int) and positional in encodings_reading("max_distance"):
+        _block_distances(model, positional, blocks)
     return model
+
+
+def _block_distances(model: dict, positional: str, blocks: int) -> None:
+    """Block-local attention of N positions shows relative distances up to 2N − 1: a distance
+    table (``max_distance``) left at a smaller default grows to 2N − 1; one given smaller is kept
+    and the distances it clips are logged."""
+    reach = 2 * blocks - 1
+    default = next(f.default for f in fields(ModelConfig) if f.name == "max_distance")
+    given = model.get("max_distance")
+    if given is None and default < reach:
+        model["max_distance"] = reach
+        if not _QUIET.get():
+            log.info("%s with attention_blocks %d: max_distance %d (relative distances up to 2N - 1 = %d; the "
+                     "default %d would clip them)", positional, blocks, reach, reach, default)
+    elif isinstance(given, int) and given < reach and not _QUIET.get():
+        log.info("%s with attention_blocks %d: relative distances %d to %d share the embedding of max_distance %d",
+                 positional, blocks, given + 1, reach, given)
 
 
 def _refuse_unknown(values: dict, known: set, kind: str) -> None:
