@@ -31,7 +31,8 @@ def run_label(config) -> str:
     Returns:
         e.g. ``sinespe/performer``, ``sinespe/performer gated decay fixed window 256``,
         ``sinespe/linear decay gated-channel learned time``, ``rope/softmax learned time``,
-        ``sinespe/performer onset time``. The clock is named only for the encoding that reads
+        ``sinespe/performer onset time``, ``music-relative/softmax blocks 64`` (block-local
+        attention). The clock is named only for the encoding that reads
         it (``spe_time``: sineSPE, ``rope_time``: RoPE); ``gated`` only for SPE (its gate on
         the code, not a forget gate, which is ``decay gated``).
     """
@@ -55,4 +56,6 @@ def run_label(config) -> str:
         parts.append(f"short-conv {get('short_conv')}")
     if get("attention_window") not in (None, 0):
         parts.append(f"window {get('attention_window')}")
+    if get("attention_blocks", 0):
+        parts.append(f"blocks {get('attention_blocks')}")
     return " ".join(parts)

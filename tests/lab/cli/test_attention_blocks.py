@@ -64,3 +64,12 @@ def test_the_music_transformer_trains_evaluates_and_generates(tmp_path):
     assert main(["train", "--data", str(data), "--out", str(sine), "--cache-dir", str(tmp_path / "cache"),
                  "--attention", "softmax", "--positional", "sinespe", "--attention-blocks", "32",
                  "--steps", "2", "--eval-every", "2", "--seq-len", "96", *TINY]) == 0
+
+
+def test_the_run_label_names_the_blocks():
+    from spe.lab.labels import run_label
+
+    assert run_label({"positional": "music-relative", "attention": "softmax", "attention_blocks": 64}) \
+        == "music-relative/softmax blocks 64"
+    assert run_label({"positional": "music-relative", "attention": "softmax", "attention_blocks": 0}) \
+        == "music-relative/softmax"
