@@ -33,7 +33,7 @@ def test_a_bad_trunk_option_raises_the_same_error_from_every_config(bad):
 
 def test_each_config_adds_its_own_options_to_the_trunk_s():
     trunk = [f.name for f in fields(TrunkConfig)]
-    assert [f.name for f in fields(ModelConfig)] == trunk + ["tie_embeddings", "attention_window"]
+    assert [f.name for f in fields(ModelConfig)] == trunk + ["tie_embeddings", "attention_window", "fourier_length"]
     assert [f.name for f in fields(ClassifierConfig)] == trunk + ["num_classes", "pooling", "interaction", "grid",
                                                                   "cls_id", "head_hidden"]
     # what an encoder classifier is, not an option it could be given

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from spe.attention.fourier import MIXERS
 from spe.attention.layer import LayerState
 from spe.encodings.onset import OnsetClock, OnsetState, reads_onsets
 from spe.models.config import ModelConfig
@@ -90,6 +91,8 @@ class DecoderLM(Trunk):
         """
         if window is not None and self.spec.acts_on == "scores":
             raise ValueError(f"an attention window cannot be combined with positional {self.config.positional!r}")
+        if window is not None and self.config.attention in MIXERS:
+            raise ValueError(f"attention {self.config.attention!r} is a Fourier mixer, with no attention window")
         for block in self.blocks:
             block.attn.window = window
         self.config.attention_window = window

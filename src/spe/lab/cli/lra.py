@@ -39,11 +39,15 @@ def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
     from spe.lab.stats import format_mean_std  # one seed: std None, written "–"
     from spe.models.config import check_options_apply
 
+    from spe.attention.fourier import MIXERS
+
     from spe.lab.cli.model_flags import blocks_flag_option
 
     flags = {**({"decay": args.decay} if args.decay else {}), **blocks_flag_option(args)}
     model = model_options(args.model_option or [], flags=flags or None)
-    cfg = preset_config(args.task, args.positional or "sinespe", args.attention or "performer",
+    mixer = MIXERS.get(args.attention)  # FNet: its own positional default (APE), not SPE's
+    positional = args.positional or (mixer.default_positional if mixer else "sinespe")
+    cfg = preset_config(args.task, positional, args.attention or "performer",
                         preset=args.preset or "cpu-small", listops_pipeline=args.listops_pipeline, model=model or None,
                         positional_lr_scale=args.positional_lr_scale, num_realizations=args.num_realizations,
                         seq_len=args.seq_len, batch_size=args.batch_size, eval_every=args.eval_every,
@@ -87,7 +91,8 @@ def add_lra_parser(sub) -> None:
     names = flag_choices()
     p.add_argument("--task", choices=names["tasks"], help="the task (required unless --plan is given)")
     p.add_argument("--data", help="the task's folder in its official layout (default: the embedded data)")
-    p.add_argument("--positional", help=names["positional"] + " (default sinespe; convspe-2d: image only)")
+    p.add_argument("--positional", help=names["positional"] + " (default sinespe, ape with fnet; convspe-2d: "
+                   "image only)")
     p.add_argument("--attention", help=", ".join(names["attention"]) + " (default performer)")
     p.add_argument("--decay", choices=names["decay"],
                    help="fixed (RetNet's γ_h = 1 − 2^(−5−h)), learned from there, gated (per head, from the "

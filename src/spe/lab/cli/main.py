@@ -37,6 +37,7 @@ def _train_config(args: argparse.Namespace, **overrides):
     Defaults that depend on other options (softmax for score encodings, a window of the
     training length for SPE) are the config layer's: :func:`spe.lab.train.config.resolve_model_options`.
     """
+    from spe.attention.fourier import MIXERS
     from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
 
     raw = load_config_file(args.config or packaged_config("demo"))
@@ -50,6 +51,8 @@ def _train_config(args: argparse.Namespace, **overrides):
         if getattr(args, flag, None) is not None:
             raw[flag] = getattr(args, flag)
     model.update(model_flag_options(args))
+    if not args.config and getattr(args, "positional", None) is None and model.get("attention") in MIXERS:
+        model.pop("positional", None)  # the packaged SPE: a Fourier mixer takes its own (resolve_model_options)
     for flag in ("tensorboard", "compile", "allow_data_change", "state_passing"):
         if getattr(args, flag, False):
             raw[flag] = True

@@ -13,13 +13,14 @@ __all__ = ["add_aliased", "add_option_flag", "add_run_flag", "add_seq_len_flag",
 
 def flag_choices() -> dict:
     """The choice lists of the flags, read from the registries (never copied here)."""
+    from spe.attention.fourier import MIXERS
     from spe.attention.layer import ATTENTIONS, DECAY_FORM
     from spe.encodings.registry import encoding_flags, positional_help
     from spe.lab.data.listops import PIPELINES
     from spe.lab.data.lra.tasks import TASKS
     from spe.lab.train.precision import PRECISIONS
 
-    return {"positional": positional_help(), "attention": ATTENTIONS, "decay": ("none", *DECAY_FORM),
+    return {"positional": positional_help(), "attention": (*ATTENTIONS, *MIXERS), "decay": ("none", *DECAY_FORM),
             "encoding_flags": encoding_flags(), "precision": tuple(PRECISIONS), "pipelines": PIPELINES, "tasks": TASKS}
 
 

@@ -113,7 +113,12 @@ def open_experiment(out: str | Path, cfg: LRAConfig, ctx=None) -> None:
 
 
 def attention_map(out: str | Path, seed: int, splits: dict, cfg: LRAConfig) -> None:
-    """Draws ``out/attention_seed<k>.png`` (once) for image tasks read through the CLS token."""
+    """Draws ``out/attention_seed<k>.png`` (once) for image tasks read through the CLS token (not for
+    a Fourier mixer, FNet, which has no attention weights)."""
+    from spe.attention.fourier import MIXERS
+
+    if cfg.attention in MIXERS:
+        return
     if getattr(splits["test"], "grid", None) is not None and cfg.model.get("pooling", "cls") == "cls":
         _attention_map(Path(out), seed, splits["test"], cfg)
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
 
+from spe.attention.fourier import MIXERS
 from spe.lab.data.music import MAX_PIECE_TOKENS
 from spe.lab.data.split import NUM_TEST_PIECES
 from spe.encodings.registry import POSITIONAL_SPECS, encodings_reading, positional_spec
@@ -59,6 +60,8 @@ def resolve_model_options(model: dict, seq_len: int) -> dict:
     * With ``attention_blocks`` N, an encoding with a distance table (``shaw``, ``music-relative``)
       whose ``max_distance`` is not given gets 2N − 1 if its default is smaller (the distances a
       block and its previous one show); one given smaller clips them, which a log line says.
+    * A Fourier mixer (``fnet-causal``) gets ``positional = "ape"`` unless one is given and
+      ``fourier_length = seq_len`` (its DFT length N) unless given.
 
     Args:
         model: :class:`~spe.ModelConfig` options (not modified).
@@ -67,7 +70,7 @@ def resolve_model_options(model: dict, seq_len: int) -> dict:
     Returns:
         A new dict; an unknown encoding is left for :class:`~spe.ModelConfig` to reject.
     """
-    model = dict(model)
+    model = _mixer_defaults(dict(model), seq_len)
     positional = model.get("positional", _DEFAULT_POSITIONAL)
     spec = POSITIONAL_SPECS.get(positional) if isinstance(positional, str) else None
     if spec is None:
@@ -102,6 +105,25 @@ def _block_distances(model: dict, positional: str, blocks: int) -> None:
     elif isinstance(given, int) and given < reach and not _QUIET.get():
         log.info("%s with attention_blocks %d: relative distances %d to %d share the embedding of max_distance %d",
                  positional, blocks, given + 1, reach, given)
+
+
+def _mixer_defaults(model: dict, seq_len: int) -> dict:
+    """A Fourier mixer's defaults (``attention`` in :data:`spe.attention.fourier.MIXERS`): its own
+    positional encoding (``ape``, FNet's) unless one is given, and for ``fnet-causal`` the DFT
+    length N = ``seq_len`` unless ``fourier_length`` is given (recorded in the checkpoint's config)."""
+    mixer = MIXERS.get(model.get("attention")) if isinstance(model.get("attention"), str) else None
+    if mixer is None:
+        return model
+    if "positional" not in model:
+        model["positional"] = mixer.default_positional
+        if not _QUIET.get():
+            log.info("attention %s mixes tokens by a Fourier transform: positional %s (no queries or keys)",
+                     mixer.name, mixer.default_positional)
+    if mixer.causal and "fourier_length" not in model:
+        model["fourier_length"] = seq_len
+        if not _QUIET.get():
+            log.info("%s: DFT length N = %d (the training length; fourier_length to change it)", mixer.name, seq_len)
+    return model
 
 
 def _refuse_unknown(values: dict, known: set, kind: str) -> None:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from spe.attention.fourier import MIXERS
 from spe.attention.kernels import KERNELS
 from spe.encodings.registry import positional_spec
 from spe.attention.pro import ShiftState
@@ -80,6 +81,9 @@ def chain_steps(model: ModelConfig, seq_len: int) -> int:
             score encodings), or a position limit below 2 L (no room for a second crop).
     """
     recurrent = [name for name, spec in KERNELS.items() if KVCache not in spec.state_types]
+    if model.attention in MIXERS:
+        raise ValueError(f"state_passing carries the states of attention kernels ({', '.join(recurrent)}), "
+                         f"not a Fourier mixer's ({model.attention}): train it without state_passing")
     if model.attention not in recurrent:
         why = (f" (positional {model.positional} acts on its scores)"
                if positional_spec(model.positional).acts_on == "scores" else "")
