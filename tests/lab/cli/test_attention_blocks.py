@@ -73,3 +73,13 @@ def test_the_run_label_names_the_blocks():
         == "music-relative/softmax blocks 64"
     assert run_label({"positional": "music-relative", "attention": "softmax", "attention_blocks": 0}) \
         == "music-relative/softmax"
+
+
+def test_the_evaluation_memory_of_blocks_is_linear_in_the_length():
+    from spe.lab.evaluation.memory import evaluation_bytes
+    from spe.models import ModelConfig
+
+    blocks = ModelConfig(vocab_size=300, attention="softmax", positional="music-relative", attention_blocks=64)
+    whole = ModelConfig(vocab_size=300, attention="softmax", positional="music-relative")
+    assert evaluation_bytes(blocks, 16384, 1) < evaluation_bytes(whole, 16384, 1) / 10
+    assert evaluation_bytes(blocks, 16384, 1) == pytest.approx(2 * evaluation_bytes(blocks, 8192, 1), rel=1e-6)

@@ -65,11 +65,14 @@ def _score_kind(config, length: int, realizations: int | None = None,
                 device: torch.device | str = "cpu") -> str | None:
     """What forms a (B, H, L, L) matrix in this config's attention: ``scores`` (an encoding that
     forms them), ``flash-scores`` (an encoding's flash-style form, from its ``linear_from``: linear),
-    ``fox`` (FoX's blocks), ``unfused`` (softmax's path that forms them), or None
+    ``fox`` (FoX's blocks), ``unfused`` (softmax's path that forms them), ``blocks``
+    (block-local attention: (L, 2N) scores, :mod:`spe.ops.softmax.local`), or None
     (linear memory). On CUDA FlexAttention takes FoX's gate, a window and a score term that has
     ``flex_arguments`` (:func:`spe.ops.softmax.flex.choose_softmax_impl`): none forms the matrix."""
     spec = POSITIONAL_SPECS[config.positional]
     cuda = torch.device(device).type == "cuda"
+    if getattr(config, "attention_blocks", 0):
+        return "blocks"  # block-local attention: (L, 2N) scores, never L × L
     if spec.acts_on == "scores":
         if spec.linear_from is not None and length >= spec.linear_from:
             return "flash-scores"  # the encoding's flash-style form (PaTH's: its blocks' constants below)
@@ -132,6 +135,10 @@ def evaluation_bytes(config, length: int, batch: int, *, num_realizations: int |
                                  + _PATH_FLASH_LOGIT_BYTES * FLASH_BLOCK * FLASH_TILE)
     elif kind == "unfused":
         need += _UNFUSED_BYTES * batch * heads * length * length
+    elif kind == "blocks":  # each query's window of 2N keys, as the score element it forms (not measured)
+        window = 2 * config.attention_blocks
+        per = spec.score_bytes if spec.acts_on == "scores" else _UNFUSED_BYTES
+        need += per * batch * heads * length * window + spec.pair_bytes * config.attention_blocks * window * head
     elif kind == "scores":
         gate = _GATE_BIAS_BYTES if spec.takes_gate and config.decay == "gated" else 0.0
         need += (spec.score_bytes + gate) * batch * heads * length * length + spec.pair_bytes * length * length * head
