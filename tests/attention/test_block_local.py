@@ -188,3 +188,33 @@ def test_model_config_takes_blocks_and_refuses_them_with_a_window_or_a_linear_ke
         ModelConfig(vocab_size=11, attention="performer", positional="rope", attention_blocks=N)
     with pytest.raises(ValueError, match="attention_blocks.*True"):
         ModelConfig(vocab_size=11, attention="softmax", positional="rope", attention_blocks=True)
+
+
+@pytest.mark.parametrize("positional", ["sinespe-exact", "shaw", "music-relative", "alibi", "rope", "sinespe", "ape"])
+def test_a_model_prefills_and_decodes_as_its_forward(positional):
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=30, d_model=C, num_heads=H, num_layers=2, d_ff=32, attention="softmax",
+                         positional=positional, attention_blocks=N, num_realizations=R, dropout=0.0)
+    model = DecoderLM(config).double().eval()
+    tokens = torch.randint(0, 30, (2, 13), generator=torch.Generator().manual_seed(2))
+    logits = model(tokens)
+    prompt, state = model.prefill(tokens[:, :6])
+    steps = []
+    for t in range(6, 13):
+        out, state = model.step(tokens[:, t], state)
+        steps.append(out)
+    torch.testing.assert_close(torch.cat([prompt, torch.stack(steps, dim=1)], dim=1), logits)
+
+
+def test_the_spe_oracle_in_blocks_is_its_masked_scores():
+    """sinespe-exact forms its scores from q and k (no q-only bias): the window path (its attend on
+    each block's keys) against the L x L path of attention_weights (its scores, the block mask)."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=30, d_model=C, num_heads=H, num_layers=1, d_ff=32, attention="softmax",
+                         positional="sinespe-exact", attention_blocks=N, dropout=0.0)
+    layer = DecoderLM(config).double().eval().blocks[0].attn
+    x = _x(14).detach()
+    w = layer.attention_weights(x, dtype=torch.float64)
+    assert (w[..., 12:, :8] == 0).all() and (w[..., 12:, 8:12] > 0).all()
+    _, _, v = layer.project(x, None)
+    torch.testing.assert_close(layer._output(torch.einsum("bhmn,bnhd->bmhd", w, v)), layer(x))
