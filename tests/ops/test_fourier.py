@@ -92,6 +92,9 @@ def test_padding_mask_mixes_each_sequence_over_its_own_length(norm):
     assert (y[mask] == 0).all() and (g[mask] == 0).all()  # padding: no output, no gradient
     noisy = torch.where(mask[..., None], torch.randn_like(x) * 1e3, x)
     torch.testing.assert_close(fourier_mixing(noisy, key_padding_mask=mask, norm=norm), y)
+    unpadded = _mask([total] * 3, total)  # a batch without padding: FNet's own transform
+    torch.testing.assert_close(fourier_mixing(x, key_padding_mask=unpadded, norm=norm),
+                               naive_fourier_mixing(x, norm=norm), rtol=1e-10, atol=1e-10)
 
 
 def test_float32_at_16384_positions_within_eps_log_length():

@@ -189,7 +189,10 @@ def _sequence_lengths(mask: Tensor, shape: torch.Size) -> Tensor:
 
 def _masked_fourier_mixing(x: Tensor, mask: Tensor, norm: str) -> Tensor:
     """FNet over each sequence's own length n_b: a Bluestein DFT with a per-sequence chirp."""
-    n = _sequence_lengths(mask, x.shape).clamp(min=1)[:, None]  # (B, 1); an empty row's outputs are 0
+    lengths = _sequence_lengths(mask, x.shape)
+    if bool((lengths == x.shape[1]).all()):  # no padding in this batch: the plain FFT
+        return fourier_mixing(x, norm=norm)
+    n = lengths.clamp(min=1)[:, None]  # (B, 1); an empty row's outputs are 0
     real = (~mask)[..., None]
     u = channel_transform(x, norm) * real  # (B, L, C), padding left out
     n_pos = u.shape[1]
