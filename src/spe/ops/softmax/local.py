@@ -13,8 +13,9 @@ The blocks are batched: queries (B·nb, N), keys and values (B·nb, 2N), the pre
 the block's own, so query i of a block sits at window position N + i and its relative distances
 to the keys it sees lie in [−(2N − 1), 0] (causal) or [−(2N − 1), N − 1]. Memory O(B·H·L·N) for the
 scores, never L × L; time O(L·N·E). Decoding keeps at most 2N keys (:func:`block_local_step`).
-A score term (Shaw, Music Transformer, ALiBi, the SPE oracle) sees each window as keys at
-positions 0 … 2N − 1 and its queries from offset N: exact for terms of the distance j − i alone.
+A score term (Shaw's, the Music Transformer's, a distance bias, the SPE oracle) sees each window
+as keys at positions 0 … 2N − 1 and its queries from offset N: exact for terms of the distance
+j − i alone.
 """
 
 from __future__ import annotations
