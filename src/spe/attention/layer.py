@@ -576,8 +576,9 @@ class MultiHeadAttention(nn.Module):
         and z = Σ φ(k̂_n), so every step costs the same) or, with a window, the last W keys and values
         (:class:`~spe.ops.RecentKeys`); FAVOR+ their ``Scaled`` subclasses; softmax a
         :class:`~spe.ops.KVCache` (with ``attention_blocks`` N, the keys and values from the start of
-        the previous block on, at most 2N: :func:`~spe.ops.softmax.local.block_cache`). States count the positions seen (RoPE and score encodings
-        need the index of the new one) and record their window. With a short convolution the
+        the previous block on, at most 2N: :func:`~spe.ops.softmax.local.block_cache`). States count
+        the positions seen (RoPE and score encodings need the index of the new one) and record
+        their window. With a short convolution the
         state is a :class:`ShortConvState`: the kernel's state and the last K − 1 projected inputs.
 
         Args:
@@ -750,8 +751,8 @@ class MultiHeadAttention(nn.Module):
             (B, H, L, L) in ``dtype``: A[b, h, m, n], the weight of key n in query m's output.
             Entries of padding keys are 0, as are keys after m in causal layers, keys
             W or more positions back under a window W and keys outside the own and previous
-            block under ``attention_blocks`` (then formed L × L all the same, for analysis); rows sum to 1 for softmax (and
-            ``exact``) and for linear kernels with normalised, untransformed denominators.
+            block under ``attention_blocks`` (then formed L × L all the same, for analysis); rows
+            sum to 1 for softmax (and ``exact``) and for linear kernels with normalised, untransformed denominators.
             Rows of padded queries are what the layer computes there (meaningless). Memory
             O(B·H·L²).
 
