@@ -385,3 +385,13 @@ def test_a_seed_is_rerun_with_its_studys_plan_data_and_steps_and_compared_bit_fo
     assert same == {"cells": 3, "missing": [], "differ": []}
     off = tool.compare_cells(committed, [cell("validation", 0, 1.25), cell("test", 0, 0.3)])
     assert off["missing"] == [("validation", 8, 16)] and off["differ"] == [(("test", 0, 8), 0.30000000000000004, 0.3)]
+
+
+def test_a_local_attention_row_states_its_blocks_as_its_window(tmp_path):
+    from spe.lab.experiments.sweep import load_plan
+    from spe.lab.plans import write_result
+
+    write_result(tmp_path / "music-transformer" / "seed0", _run("music-transformer", 0, 1.0))
+    _, meta = sweep_study(load_plan("tutorial"), tmp_path, study="t", corpus="Bach chorales", command="c")
+    assert meta["rows"]["music-transformer"]["window"] == "blocks of 32: own and previous"
+    assert meta["rows"]["sinespe"]["window"] == "L = 64" and meta["rows"]["fnet-causal"]["window"] == "whole past"

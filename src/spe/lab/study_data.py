@@ -248,9 +248,12 @@ def _sweep_meta(plan, *, study: str, corpus: str, command: str) -> dict:
     rows = {}
     for name, spec in plan.rows.items():
         train = plan.rows[spec["of"] or name]["train"]
-        window = resolve_model_options(train["model"], train["seq_len"]).get("attention_window")
+        resolved = resolve_model_options(train["model"], train["seq_len"])
+        blocks = resolved.get("attention_blocks")
         rows[name] = {"description": spec["description"],
-                      "window": window_words(window, train["seq_len"], spec["eval"].get("window"))}
+                      "window": (f"blocks of {blocks}: own and previous" if blocks else
+                                 window_words(resolved.get("attention_window"), train["seq_len"],
+                                              spec["eval"].get("window")))}
     first = next(iter(plan.rows.values()))["train"]
     return {"study": study, "title": plan.title, "command": command, "corpus_or_task": corpus,
             "metric": "cross_entropy", "train_length": first["seq_len"], "plan": Path(plan.path).stem,
