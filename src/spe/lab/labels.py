@@ -3,8 +3,9 @@ and progress line prints it.
 
 :func:`run_label` names what makes two runs different models: the positional encoding, the
 attention kernel, SPE's gate, the decay or forget gate, the clock the encoding reads, FoX-Pro's
-parts, the short convolution and the sliding window. Options left at their defaults are left
-out, so an old run keeps its old name (``sinespe/performer``, ``sinespe/performer window 256``).
+parts, the short convolution, the sliding window and a Fourier mixer's DFT length. Options left
+at their defaults are left out, so an old run keeps its old name (``sinespe/performer``,
+``sinespe/performer window 256``).
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ def run_label(config) -> str:
         e.g. ``sinespe/performer``, ``sinespe/performer gated decay fixed window 256``,
         ``sinespe/linear decay gated-channel learned time``, ``rope/softmax learned time``,
         ``sinespe/performer onset time``, ``music-relative/softmax blocks 64`` (block-local
-        attention). The clock is named only for the encoding that reads
-        it (``spe_time``: sineSPE, ``rope_time``: RoPE); ``gated`` only for SPE (its gate on
-        the code, not a forget gate, which is ``decay gated``).
+        attention), ``ape/fnet-causal dft 256`` (the causal Fourier mixer's DFT length). The
+        clock is named only for the encoding that reads it (``spe_time``: sineSPE,
+        ``rope_time``: RoPE); ``gated`` only for SPE (its gate on the code, not a forget gate,
+        which is ``decay gated``).
     """
     def get(name: str, default=None):
         return config.get(name, default) if isinstance(config, Mapping) else getattr(config, name, default)
@@ -58,4 +60,6 @@ def run_label(config) -> str:
         parts.append(f"window {get('attention_window')}")
     if get("attention_blocks", 0):
         parts.append(f"blocks {get('attention_blocks')}")
+    if get("fourier_length"):  # fnet-causal's DFT length N
+        parts.append(f"dft {get('fourier_length')}")
     return " ".join(parts)

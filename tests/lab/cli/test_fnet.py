@@ -7,6 +7,8 @@ import pytest
 
 from spe.checkpoint import load_metadata
 from spe.lab.cli.main import _train_config, build_parser, main
+from spe.lab.labels import run_label
+from spe.models import ModelConfig
 
 TINY = ["--seq-len", "32", "--batch-size", "2", "--d-model", "32", "--num-layers", "1", "--num-heads", "2",
         "--eval-every", "2", "--threads", "1", "--no-progress"]
@@ -19,6 +21,13 @@ def test_fnet_causal_gets_ape_and_the_training_length_as_dft_length():
     assert (model("--seq-len", "48")["positional"], model("--seq-len", "48")["fourier_length"]) == ("ape", 48)
     assert model("--model-option", "fourier_length=100")["fourier_length"] == 100
     assert model("--positional", "none")["positional"] == "none"
+
+
+def test_the_run_label_names_the_dft_length():
+    def label(n):
+        return run_label(ModelConfig(vocab_size=20, positional="ape", attention="fnet-causal", fourier_length=n))
+
+    assert label(32) == "ape/fnet-causal dft 32" and label(64) != label(32)
 
 
 @pytest.mark.parametrize("flags,fact", [
