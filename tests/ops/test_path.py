@@ -211,6 +211,19 @@ def test_flash_never_forms_an_l_by_l_tensor_forward_or_backward(gate):
     assert q.grad is not None and w.grad is not None and beta.grad is not None
 
 
+def test_flash_forms_each_chunks_terms_once_forward_and_once_backward(monkeypatch):
+    """The UT terms (triangular solves) are the flash form's fixed cost per position: forward keeps
+    the keys' k̂ and P the blocks formed, backward forms each block's terms once for all its gradients
+    (they were formed 5 times a step: 5 × 9 chunks here)."""
+    formed = []
+    original = flash.chunk_terms
+    monkeypatch.setattr(flash, "chunk_terms", lambda *a: formed.append(a[1].shape[1]) or original(*a))
+    q, k, v, w, beta, log_decay = (t.requires_grad_() for t in _inputs(70))  # 9 chunks of 8, the last ragged
+    flash_path_attention(q, k, v, w, beta, log_decay, scale=D ** -0.5, chunk_size=8, block=24,
+                         tile=16).square().sum().backward()
+    assert sum(formed) == 2 * 70 and len(formed) == 2 * 3  # blocks of 3 chunks: 3 forward, 3 backward
+
+
 def test_auto_takes_the_flash_form_from_its_threshold(monkeypatch):
     calls = []
     original = flash.flash_path_attention  # path_attention (spe.ops.path.chunk) dispatches by its names

@@ -19,16 +19,21 @@ The scale, FoX's bias (Σ_{n<t≤m} G_t, each entry a sum of its own gates: insi
 plus those from the key to the block's start) or the causal mask, and an online softmax over the
 tiles (FlashAttention's running maximum and sum) give the outputs and each query's log-sum-exp.
 
-Backward (FlashAttention-2's, per block): the block's own chunk terms formed again from its
-positions and its R × R part differentiated by autograd (one scalar's gradient); the products A_j
-again, then per tile the carried keys, the logits, the weights exp(s − lse), dV += Pᵀ dY,
-dS = P ∘ (dY Vᵀ − Δ) with Δ = rowsum(dY ∘ Y), the gradients of q̃ and of the carried keys, back
-through k̃_j = k̂_j A_jᵀ, and after the tiles through the chain of A_j (one D × D product per
-chunk, in the opposite order). The gradients of every k̂_j and P_j gather over the blocks and go
-through the keys' chunk terms at the end, a slice of chunks at a time.
+Forward forms each chunk's terms once, in the block of its queries; its k̂ and P serve the later
+blocks and are kept for backward.
 
-Memory: kept for backward only the inputs, the outputs and the log-sum-exp, O(L·D). Held at a
-time: k̂ and P of every chunk and their gradients (O(L·D + N·D²)), the block's A_j and their
+Backward (FlashAttention-2's, per block, the last block first): the block's own chunk terms formed
+again from its positions, with autograd; the products A_j again, then per tile the carried keys,
+the logits, the weights exp(s − lse), dV += Pᵀ dY, dS = P ∘ (dY Vᵀ − Δ) with Δ = rowsum(dY ∘ Y),
+the gradients of q̃ and of the carried keys, back through k̃_j = k̂_j A_jᵀ, and after the tiles
+through the chain of A_j (one D × D product per chunk, in the opposite order). A block adds to the
+k̂ and P gradients of earlier chunks only, so by the time a block is reached its own chunks' are
+whole, and one gradient through its terms (one scalar's) takes its R × R part, q̃, k̂ and P
+together. The chunk terms (their triangular solves) are thus formed twice a step, not recomputed
+per use: they are the form's fixed cost per position, which weighs most at short L.
+
+Memory: kept for backward the inputs, the outputs, the log-sum-exp and every chunk's k̂ and P,
+O(L·D + N·D²). Held at a time: their gradients (O(L·D + N·D²)), the block's A_j and their
 gradients (O(N·D²)), one tile's R × T logits and weights. Never L × L. Softmax weights below
 e^−80 are taken as e^−80 (:data:`_EXP_FLOOR`). Time O(L²·D) for the logits and values (as
 softmax's), plus O(L²·D²/R) to carry the earlier keys to each block's start and O(L²·D³/(R·C))
@@ -62,9 +67,6 @@ FLASH_MIN_LENGTH = 1024
 # (O(L²·D²/R)), more keys per tile fewer Python steps.
 FLASH_BLOCK = 128
 FLASH_TILE = 512
-# Chunks whose terms are formed (and differentiated) at once: the UT transform's temporaries are
-# several times the terms themselves.
-_TERM_SLICE = 8
 # Softmax weights below e^-80 (~2e-35, the smallest normal float32 is ~1e-38) are taken as e^-80:
 # exp is ~20× slower on the CPU where it underflows, which FoX's gates do for most of a long row.
 _EXP_FLOOR = -80.0
@@ -141,14 +143,18 @@ class _FlashPath(torch.autograd.Function):
     def forward(ctx, q, k, v, w, beta, gates, sizes: _Sizes):
         scale, chunk, block, tile = sizes.scale, sizes.chunk, sizes.block, sizes.tile
         n, c = q.shape[1], chunk
-        k_hat, product = _key_terms(k, w, beta, c)
+        num, (b, _, h, d) = -(-n // c), q.shape
+        # every chunk's k̂ and P, filled block by block from the terms each block forms for its own
+        # queries (the blocks before it have filled those its cross part reads), kept for backward
+        k_hat, product = q.new_empty(b, h, num, c, d), q.new_empty(b, h, num, d, d)
         v_b, g_b = chunk_blocks(v, c).flatten(2, 3), _gate_rows(gates, c)
         outs, lses = [], []
-        for c0, c1 in _tiles(k_hat.shape[2], block):
+        for c0, c1 in _tiles(num, block):
             lo, hi = c0 * c, c1 * c
             span = slice(lo, min(n, hi))
-            s, q_t = _inner(*chunk_terms(q[:, span], k[:, span], w[:, span], beta[:, span], c),
-                            None if g_b is None else g_b[:, :, lo:hi], scale)
+            terms = chunk_terms(q[:, span], k[:, span], w[:, span], beta[:, span], c)
+            k_hat[:, :, c0:c1], product[:, :, c0:c1] = terms[2], terms[3]
+            s, q_t = _inner(*terms, None if g_b is None else g_b[:, :, lo:hi], scale)
             top = s.amax(-1)
             p = _weights(s - top[..., None]).masked_fill_(s.isneginf(), 0)
             total, acc = p.sum(-1), p @ v_b[:, :, lo:hi]
@@ -167,27 +173,30 @@ class _FlashPath(torch.autograd.Function):
             outs.append(acc / total[..., None])
             lses.append(top + total.log())
         y, lse = torch.cat(outs, 2), torch.cat(lses, 2)
-        ctx.save_for_backward(q, k, v, w, beta, gates, y, lse)
+        ctx.save_for_backward(q, k, v, w, beta, gates, y, lse, k_hat, product)
         ctx.scale, ctx.chunk, ctx.block, ctx.tile = scale, chunk, block, tile
         return y[:, :, :n].transpose(1, 2)
 
     @staticmethod
     def backward(ctx, dy):
-        q, k, v, w, beta, gates, y, lse = ctx.saved_tensors
+        q, k, v, w, beta, gates, y, lse, k_hat, product = ctx.saved_tensors
         c, scale, n = ctx.chunk, ctx.scale, q.shape[1]
-        k_hat, product = _key_terms(k, w, beta, c)
         v_b, g_b, dy_b = chunk_blocks(v, c).flatten(2, 3), _gate_rows(gates, c), chunk_blocks(dy, c).flatten(2, 3)
         delta = (dy_b * y).sum(-1)  # Δ (B, H, N·C)
         d_k_hat, d_product, d_v = (torch.zeros_like(t) for t in (k_hat, product, v_b))
         d_inputs = [torch.zeros_like(t) for t in (q, k, w, beta)]
         d_g = None if g_b is None else torch.zeros_like(g_b)
-        for c0, c1 in _tiles(k_hat.shape[2], ctx.block):
+        # last block first: a block's cross part adds to the k̂ and P gradients of earlier chunks
+        # only, so when a block is reached its own chunks' are whole, and one gradient through its
+        # terms serves its logits, its carried queries and its keys' k̂ and P
+        for c0, c1 in reversed(_tiles(k_hat.shape[2], ctx.block)):
             lo, hi = c0 * c, c1 * c
             span = slice(lo, min(n, hi))
             leaves = [t[:, span].detach().requires_grad_() for t in (q, k, w, beta)]
             own_gates = None if g_b is None else g_b[:, :, lo:hi].detach().requires_grad_()
             with torch.enable_grad():
-                s, q_t = _inner(*chunk_terms(*leaves, c), own_gates, scale)
+                terms = chunk_terms(*leaves, c)
+                s, q_t = _inner(*terms, own_gates, scale)
             rows_lse, rows_delta, rows_dy = lse[:, :, lo:hi], delta[:, :, lo:hi], dy_b[:, :, lo:hi]
             p = _weights(s.detach() - rows_lse[..., None]).masked_fill_(s.detach().isneginf(), 0)
             d_v[:, :, lo:hi] += p.mT @ rows_dy
@@ -220,14 +229,13 @@ class _FlashPath(torch.autograd.Function):
                 if d_g is not None:
                     d_g[:, :, lo:hi] += d_within.flip(-1).cumsum(-1).flip(-1)  # G_t enters every row m ≥ t
                     d_g[:, :, 1:lo] += d_before[:, :, :-1].cumsum(-1)  # and every key n < t before the block
-            grads = _vjp((s, q_t), leaves + ([] if own_gates is None else [own_gates]), (d_s, d_q_t))
+            grads = _vjp((s, q_t, terms[2], terms[3]), leaves + ([] if own_gates is None else [own_gates]),
+                         (d_s, d_q_t, d_k_hat[:, :, c0:c1], d_product[:, :, c0:c1]))
             for total, grad in zip(d_inputs, grads):
                 if grad is not None:
                     total[:, span] += grad
             if own_gates is not None:
                 d_g[:, :, lo:hi] += grads[4]
-        del k_hat, product, v_b, dy_b, delta  # before the keys' terms are formed again
-        _key_terms_backward(k, w, beta, c, d_k_hat, d_product, outs=d_inputs[1:])
         d_v = d_v[:, :, :n].transpose(1, 2)
         d_gates = None if d_g is None else d_g[:, :, :n].transpose(1, 2)
         return (*d_inputs[:2], d_v, *d_inputs[2:], d_gates, None)
@@ -243,32 +251,6 @@ def _chain_backward(carriers: Tensor, d_carriers: Tensor, product: Tensor, d_pro
         d_product[:, :, j] += carriers[:, :, j].mT @ total
         if j < count - 1:
             total = d_carriers[:, :, j] + total @ mats[j].mT
-
-
-def _slices(n: int, c: int):
-    """(first chunk, last chunk + 1, positions) of each slice of :data:`_TERM_SLICE` chunks of n positions."""
-    return [(s0, s1, slice(s0 * c, min(n, s1 * c))) for s0, s1 in _tiles(-(-n // c), _TERM_SLICE)]
-
-
-def _key_terms(k: Tensor, w: Tensor, beta: Tensor, c: int) -> tuple[Tensor, Tensor]:
-    """k̂ (B, H, N, C, D) and P (B, H, N, D, D) of :func:`~spe.ops.path.terms.chunk_terms`, a slice of
-    chunks at a time (each chunk's terms depend on its own positions only)."""
-    parts = [chunk_terms(None, k[:, span], w[:, span], beta[:, span], c)[2:] for _, _, span in _slices(k.shape[1], c)]
-    return torch.cat([p[0] for p in parts], 2), torch.cat([p[1] for p in parts], 2)
-
-
-def _key_terms_backward(k: Tensor, w: Tensor, beta: Tensor, c: int, d_k_hat: Tensor, d_product: Tensor, *,
-                        outs: list[Tensor]) -> None:
-    """Adds to outs (the gradients of k, w, β) those of k̂ and P, through their terms formed again a
-    slice of chunks at a time."""
-    for s0, s1, span in _slices(k.shape[1], c):
-        with torch.enable_grad():
-            leaves = [t[:, span].detach().requires_grad_() for t in (k, w, beta)]
-            _, _, k_hat, product = chunk_terms(None, *leaves, c)
-        parts = _vjp((k_hat, product), leaves, (d_k_hat[:, :, s0:s1], d_product[:, :, s0:s1]))
-        for out, part in zip(outs, parts):
-            if part is not None:
-                out[:, span] += part
 
 
 def _vjp(outputs, inputs, grads):
