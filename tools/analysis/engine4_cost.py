@@ -27,6 +27,13 @@ maximum resident set size over the warm-up and the timed runs (MiB):
 A case over ``--budget-s`` seconds (the PaTH-FoX model step: 3×) or ``--memory-limit-mb`` MiB
 of resident memory is stopped and recorded as such; a longer length of a kernel over either at a shorter one is not run.
 ``--smoke`` runs every case at tiny sizes (for tests).
+
+``--profile NAME:L`` (e.g. ``path-fox:2048``, ``"model convspe:8192"``) runs one case in this
+process under ``torch.profiler`` instead: one warm-up, one profiled run, and prints each operator's
+share of the run's self CPU time (shares, not times, so that a shared machine still reads them),
+the ``--rows`` largest::
+
+    python tools/analysis/engine4_cost.py --profile path-fox:2048 --threads 1
 """
 
 from __future__ import annotations
@@ -144,6 +151,39 @@ def _bench_run(case: dict):
             p.grad = None
 
     return run
+
+
+def profile_case(case: dict, rows: int = 15) -> list[tuple[str, float, int]]:
+    """(operator, share of the profiled run's self CPU time, calls) of one case's ``rows`` largest
+    operators, after a warm-up run; [] where the tree has no such form."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    run = _op_run(case) if case["kind"] == "op" else _bench_run(case)
+    if run is None:
+        return []
+    run()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ops) or 1.0
+    return [(e.key, e.self_cpu_time_total / total, e.count) for e in ops[:rows]]
+
+
+def _find_case(spec: str, smoke: bool) -> dict:
+    """The case of :func:`plan` that ``NAME:L`` names.
+
+    Raises:
+        ValueError: naming ``spec`` and the cases there are.
+    """
+    name, _, length = spec.rpartition(":")
+    cases = plan(smoke)
+    found = next((c for c in cases if c["name"] == name and str(c["length"]) == length), None)
+    if found is None:
+        known = ", ".join(dict.fromkeys(f"{c['name']}:{c['length']}" for c in cases))
+        raise ValueError(f"--profile {spec!r}: no such case (NAME:L, one of {known})")
+    return found
 
 
 def measure_case(case: dict, repeats: int, budget_s: float) -> dict:
@@ -300,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
                         help="write the table of two runs' JSON into --doc's generated block")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "bench" / "cpu.md")
+    parser.add_argument("--profile", metavar="NAME:L",
+                        help="profile one case in this process (e.g. path-fox:2048): each operator's share of "
+                             "its self CPU time")
+    parser.add_argument("--rows", type=int, default=15, help="--profile: operators listed (default 15)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
@@ -314,6 +358,18 @@ def _main(args) -> int:
                         ("--memory-limit-mb", args.memory_limit_mb)):
         if value <= 0:
             raise ValueError(f"{flag} must be positive, got {value}")
+    if args.profile:
+        case = _find_case(args.profile, args.smoke)
+        import torch
+
+        torch.set_num_threads(args.threads)
+        shares = profile_case(case, args.rows)
+        if not shares:
+            raise ValueError(f"--profile {args.profile!r}: this tree has no such form")
+        print(f"{case['name']} L={case['length']}, {args.threads} thread(s): share of self CPU time")
+        for key, share, calls in shares:
+            print(f"{100 * share:6.1f} %  {calls:7d} calls  {key}")
+        return 0
     if args.case:
         import torch
 

@@ -101,3 +101,13 @@ def test_the_whole_smoke_run_writes_json_and_renders(tool, tmp_path):
     doc.write_text(f"{tool.BEGIN}\n{tool.END}\n")
     assert tool.main(["--render", str(out), str(out), "--doc", str(doc)]) == 0
     assert "| model convspe | 256 |" in doc.read_text()
+
+
+def test_profile_gives_each_operators_share_of_one_case_and_names_an_unknown_case(tool, capsys):
+    assert tool.main(["--smoke", "--profile", "path-fox:128", "--threads", "1", "--rows", "5"]) == 0
+    header, *rows = capsys.readouterr().out.strip().splitlines()
+    assert header.startswith("path-fox L=128, 1 thread(s)") and len(rows) == 5
+    shares = [float(row.split("%")[0]) for row in rows]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.0
+    assert tool.main(["--smoke", "--profile", "path-fox:999"]) == 2
+    assert "--profile 'path-fox:999': no such case" in capsys.readouterr().err
