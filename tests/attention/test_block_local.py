@@ -4,7 +4,7 @@ the L x L masked form in float64 forward and backward, decoding equal to forward
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import LargestTensor
 
 from spe.attention import MultiHeadAttention
 from spe.encodings import ALiBi, MusicRelativePosition, RotaryEncoding, ShawRelativePosition, SineSPE, SPEFilter
@@ -221,21 +221,6 @@ def test_the_spe_oracle_in_blocks_is_its_masked_scores():
     torch.testing.assert_close(layer._output(torch.einsum("bhmn,bnhd->bmhd", w, v)), layer(x))
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the most elements of any tensor an operation returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("positional", ["none", "music-relative", "shaw", "alibi"])
 def test_no_tensor_of_l_by_l_forward_or_backward(positional):
     """Memory O(L·N): at L = 1,024 and N = 4 no operation makes a tensor of L² elements or more
@@ -243,6 +228,6 @@ def test_no_tensor_of_l_by_l_forward_or_backward(positional):
     layer = _layer(positional).float()
     n = 1024
     x = torch.randn(1, n, C, requires_grad=True)
-    with _LargestTensor() as probe:
+    with LargestTensor() as probe:
         layer(x).square().sum().backward()
     assert probe.largest < n * n // 8, probe.largest

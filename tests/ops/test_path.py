@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from conftest import LargestTensor
 
 from spe.ops import path_attention, path_attention_step, path_prefill_cache, softmax_attention
 from spe.ops.path import chunk as path_chunk
@@ -184,27 +183,12 @@ def test_flash_keeps_for_backward_memory_linear_in_the_length():
     assert 1.8 < ratio < 2.2, ratio
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the most elements of any tensor an operation returns while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("gate", [False, True])
 def test_flash_never_forms_an_l_by_l_tensor_forward_or_backward(gate):
     length = 1024
     q, k, v, w, beta, log_decay = (None if t is None else t[:1, :, :1].float().requires_grad_()
                                    for t in _inputs(length, gate=gate))
-    with _LargestTensor() as seen:
+    with LargestTensor() as seen:
         path_attention(q, k, v, w, beta, log_decay=log_decay, impl="flash").square().sum().backward()
     # one block's tile of logits (128 × 512) is the largest; L² would be 1,048,576
     assert seen.largest <= 128 * 512, seen.largest
