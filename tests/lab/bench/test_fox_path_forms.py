@@ -84,3 +84,11 @@ def test_the_cli_refuses_an_unknown_form_before_measuring(tmp_path, capsys):
     assert main(["bench", "--fox-path-impl", "chunk,fast", "--out", str(tmp_path / "b")]) == 2
     assert "--fox-path-impl takes" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_the_chunk_forms_memory_is_predicted_quadratic_in_the_length():
+    """A chunk-form case measured at 2,048 (1,000 MB) is predicted at 16× that at 8,192; the flash
+    form at 4×, as every other layer."""
+    prev = {"length": 2048, "median_ms": 10.0, "peak_mb": 1000.0, "repeats": 1, "fox_path_ran": "chunk"}
+    assert run._predicted_too_big(prev, 8192, "softmax", "train", 30.0, 12000) == "skipped: predicted 16000 MB"
+    assert run._predicted_too_big({**prev, "fox_path_ran": "flash"}, 8192, "softmax", "train", 30.0, 12000) is None

@@ -287,7 +287,8 @@ def _predicted_too_big(prev: dict | None, n: int, attention: str, mode: str, bud
     if mode == "generate":
         time_exp = 1 if attention == "softmax" else 0
     t = prev["median_ms"] / 1000 * ratio**time_exp * (prev.get("repeats", 1) + 1)
-    mem = max(prev["peak_mb"], 1.0) * ratio
+    # FoX's and PaTH's chunk form keeps L × L terms (spe.lab.bench.forms); every other layer O(L)
+    mem = max(prev["peak_mb"], 1.0) * ratio ** (2 if prev.get("fox_path_ran") == "chunk" else 1)
     if t > budget_s * 4:
         return f"skipped: predicted {t:.0f} s"
     if mem > memory_mb:
