@@ -395,3 +395,27 @@ def test_a_local_attention_row_states_its_blocks_as_its_window(tmp_path):
     _, meta = sweep_study(load_plan("tutorial"), tmp_path, study="t", corpus="Bach chorales", command="c")
     assert meta["rows"]["music-transformer"]["window"] == "blocks of 32: own and previous"
     assert meta["rows"]["sinespe"]["window"] == "L = 64" and meta["rows"]["fnet-causal"]["window"] == "whole past"
+
+
+def test_a_folder_of_lra_experiments_becomes_validation_and_test_accuracy_at_the_training_length(tmp_path):
+    from spe.lab.plans import write_result
+    from spe.lab.study_data import lra_folder_results
+
+    for row, attention, acc in (("fnet-ape", "fnet", 0.3), ("softmax-ape", "softmax", 0.4)):
+        (tmp_path / row).mkdir()
+        (tmp_path / row / "config.json").write_text(json.dumps(
+            {"task": "listops", "max_length": 300, "steps": 2000, "batch_size": 32, "attention": attention,
+             "positional": "ape", "model": {}}))
+        for seed in range(3):
+            write_result(tmp_path / row / f"seed{seed}", {"val_accuracy": acc + seed / 100,
+                                                          "test_accuracy": acc - 0.05, "num_parameters": 1000})
+    runs, rows = lra_folder_results(tmp_path)
+    assert rows["fnet-ape"] == {"description": "fnet + ape", "window": "whole input"}
+    records, meta = synth_study(runs, study="lra-t", title="t", command="c", rows=rows)
+    assert meta["train_length"] == 300 and {r["split"] for r in records} == {"validation", "test"}
+    assert {r["train_tokens"] for r in records} == {2000 * 32 * 300}
+    text = render_study(records, meta)
+    assert _line(text, "| softmax-ape ").startswith("| softmax-ape | whole input | 3 | 0.00 M | **41.0 ± 1.0** | best |")
+    (tmp_path / "fnet-ape" / "seed0" / "result.json").write_text(json.dumps({"val_accuracy": 0.3}))
+    with pytest.raises(ValueError, match=r"fnet-ape/seed0/result.json has no test_accuracy, num_parameters"):
+        lra_folder_results(tmp_path)

@@ -27,7 +27,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from spe.lab.study_data import read_study, sweep_study, synth_folder_results, synth_study, write_study
+from spe.lab.study_data import lra_folder_results, read_study, sweep_study, synth_folder_results, synth_study, \
+    write_study
 from spe.lab.study_rules import SELECTION_SPLIT, top_rows
 from spe.lab.study_tables import drifted_blocks, image_link, plot_study, render_study, replace_blocks, \
     shown_buckets, study_blocks
@@ -188,6 +189,21 @@ def cmd_reproduce(args) -> int:
     return 0 if not found["differ"] and not found["missing"] else 1
 
 
+def cmd_write_lra(args) -> int:
+    runs, rows = lra_folder_results(args.runs)
+    if not runs:
+        raise ValueError(f"no finished spe lra seed under {args.runs}/ROW/seedK/result.json")
+    for name, description in (args.describe or []):
+        if name not in rows:
+            raise ValueError(f"--describe {name}: no row {name!r} under {args.runs}; rows: {', '.join(rows)}")
+        rows[name] = {**rows[name], "description": description}
+    command = args.command or shlex.join(["spe", "lra", "--task", runs[0]["task"], "--out", args.runs + "/ROW"])
+    records, meta = synth_study(runs, study=args.study, title=args.title or args.study, command=command, rows=rows)
+    for path in write_study(args.data_dir, records, meta, allow_dirty=args.allow_dirty):
+        print(f"wrote {path}")
+    return 0
+
+
 def four_best_command(records: list[dict], meta: dict, *, k: int = 4, factor: int = 4) -> str:
     """The ``spe sweep`` command of the longer-budget point: the ``k`` rows of best validation mean
     in the last shown bucket, at ``factor`` × the plan's steps, into their own folder."""
@@ -234,6 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--data-dir", default=str(DATA))
     s.add_argument("--allow-dirty", action="store_true",
                    help="write runs made from a source tree with uncommitted changes too (refused by default)")
+    a = sub.add_parser("write-lra", help="a folder of spe lra experiments of one task (OUT/ROW) -> the same files")
+    a.add_argument("--runs", required=True, help="the folder whose subfolders are spe lra --out folders")
+    a.add_argument("--study", required=True)
+    a.add_argument("--title")
+    a.add_argument("--command", help="the commands that made the runs")
+    a.add_argument("--describe", nargs=2, action="append", metavar=("ROW", "TEXT"),
+                   help="a row's description (default: its attention + positional)")
+    a.add_argument("--data-dir", default=str(DATA))
+    a.add_argument("--allow-dirty", action="store_true",
+                   help="write runs made from a source tree with uncommitted changes too (refused by default)")
     r = sub.add_parser("reproduce", help="rerun one committed seed of a study and compare it cell by cell "
                                          "(exit 0: bit-identical, 1: cells differ)")
     r.add_argument("--study", required=True)
@@ -252,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_write(args)
         if args.cmd == "write-synth":
             return cmd_write_synth(args)
+        if args.cmd == "write-lra":
+            return cmd_write_lra(args)
         if args.cmd == "reproduce":
             return cmd_reproduce(args)
         if args.cmd == "four-best":

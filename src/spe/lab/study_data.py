@@ -47,7 +47,8 @@ from spe.lab.options import read_json_object, rename_old_names
 from spe.lab.study_rules import METRICS
 
 __all__ = ["FIELDS", "META_KEYS", "check_meta", "check_record", "dirty_runs", "read_study", "record_key",
-           "run_provenance", "sweep_study", "synth_folder_results", "synth_study", "window_words", "write_study"]
+           "lra_folder_results", "run_provenance", "sweep_study", "synth_folder_results", "synth_study", "window_words",
+           "write_study"]
 
 FIELDS = ("study", "corpus_or_task", "variant", "seed", "split", "bucket_start", "bucket_end", "value",
           "metric", "train_tokens", "params")
@@ -398,5 +399,48 @@ def synth_folder_results(out: str | Path, *,
             runs.append({"task": config["task"], "variant": row, "seed": seed, "train_length": length,
                          "train_tokens": result["train_tokens"], "params": result["params"],
                          "results": [c for c in cells if c["accuracy"] is not None],
+                         **({"provenance": result["provenance"]} if "provenance" in result else {})})
+    return runs, rows
+
+
+def lra_folder_results(out: str | Path) -> tuple[list[dict], dict]:
+    """The runs of a folder of ``spe lra`` experiments of one task, in :func:`synth_study`'s input.
+
+    ``out`` holds one experiment per row, ``OUT/ROW`` (``spe lra ... --out OUT/ROW``): its
+    ``config.json`` (``task``, ``seq_len``, ``steps``, ``batch_size``, ``attention``, ``positional``)
+    and ``seedK/result.json`` per finished seed (``val_accuracy`` of the best validation checkpoint,
+    ``test_accuracy`` of that checkpoint, ``num_parameters``). Each seed becomes split ``validation``
+    and split ``test`` at the training length (``bucket_start = bucket_end = seq_len``);
+    ``train_tokens`` is steps × batch × seq_len (Retrieval's pairs count one document's length).
+
+    Returns:
+        (runs, rows): the runs, and row -> ``{"description": "ATTENTION + POSITIONAL", "window"}``.
+
+    Raises:
+        ValueError: naming the file, on a ``config.json`` without ``task`` or ``seq_len`` or a
+            ``result.json`` without ``val_accuracy``, ``test_accuracy`` or ``num_parameters``.
+    """
+    from spe.lab.lra.config import OLD_NAMES  # the training length, seq_len, was max_length
+
+    runs, rows = [], {}
+    for config_file in sorted(Path(out).glob("*/config.json")):
+        row = config_file.parent.name
+        config = rename_old_names(read_json_object(config_file, "an spe lra experiment's config"), OLD_NAMES)
+        _require(config, ("task", "seq_len", "steps", "batch_size"), config_file)
+        length = config["seq_len"]
+        if not isinstance(length, int):
+            raise ValueError(f"{config_file}: seq_len is {length!r}; a study needs the run's training length")
+        model = config.get("model", {})
+        rows[row] = {"description": f"{config.get('attention')} + {config.get('positional')}",
+                     "window": (f"blocks of {model['attention_blocks']}: own and previous"
+                                if model.get("attention_blocks") else "whole input")}
+        for seed, result in plans.read_results(config_file.parent).items():
+            _require(result, ("val_accuracy", "test_accuracy", "num_parameters"),
+                     plans.run_folder(out, row, seed) / plans.RESULT_FILE)
+            runs.append({"task": config["task"], "variant": row, "seed": seed, "train_length": length,
+                         "train_tokens": config["steps"] * config["batch_size"] * length,
+                         "params": result["num_parameters"],
+                         "results": [{"split": "validation", "length": length, "accuracy": result["val_accuracy"]},
+                                     {"split": "test", "length": length, "accuracy": result["test_accuracy"]}],
                          **({"provenance": result["provenance"]} if "provenance" in result else {})})
     return runs, rows
