@@ -72,3 +72,13 @@ def load_tool(relative_path: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def shifted_to_p(row, best, p):
+    """``row`` moved by a constant (its spread kept) so that its one-sided Welch p-value against
+    ``best`` (cross-entropy: "row is worse") is exactly ``p``: rows placed on either side of a
+    threshold of the study's rules (spe.lab.study_rules)."""
+    from spe.lab.study_rules import flip_mean
+
+    target = flip_mean(row, best, "cross_entropy", alpha=p)
+    return [x - sum(row) / len(row) + target for x in row]

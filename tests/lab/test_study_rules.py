@@ -4,8 +4,10 @@ group at p < 0.05, and the rows near the rule's threshold that need 5 seeds."""
 import math
 
 import pytest
+from conftest import shifted_to_p
 
-from spe.lab.study_rules import ALPHA, better, flip_mean, select, top_rows, welch_p
+from spe.lab.study_rules import ALPHA, MARGINS, better, equivalent, flip_mean, holm, leave_one_seed_out, select, \
+    top_rows, welch_p
 
 BEST = [1.0, 1.1, 1.2]  # mean 1.1, sample variance 0.01
 ROW = [1.2, 1.4, 1.6, 1.8]  # mean 1.5, sample variance 0.2 / 3
@@ -121,3 +123,94 @@ def test_accuracy_picks_the_highest_and_one_seed_rows_are_never_best():
     assert top_rows({"x": [3.0], "y": [1.0, 2.0], "z": [0.5, 0.5]}, "cross_entropy", 2) == ["z", "y"]
     with pytest.raises(ValueError, match="row 'x' needs at least one finite value"):
         select({"x": [math.nan, 1.0]}, "accuracy")
+
+
+def test_the_p_value_equals_scipys_one_sided_welch_test():
+    # welch_p computes t and Student's distribution function itself (for speed); it must stay the
+    # documented scipy.stats.ttest_ind(row, best, equal_var=False, alternative=...)
+    from scipy.stats import ttest_ind
+
+    for row, best in ((ROW, BEST), (BEST, ROW), ([0.5, 0.9, 0.7], [0.6, 0.61, 0.58, 0.66, 0.6])):
+        greater = ttest_ind(row, best, equal_var=False, alternative="greater").pvalue
+        less = ttest_ind(row, best, equal_var=False, alternative="less").pvalue
+        assert welch_p(row, best, "cross_entropy") == pytest.approx(greater, rel=1e-10)
+        assert welch_p(row, best, "accuracy") == pytest.approx(less, rel=1e-10)
+
+
+def test_holm_rejects_step_down_as_in_the_textbook():
+    # p = 0.01, 0.04, 0.03 at α = 0.05: sorted 0.01 < 0.05/3 rejected, then 0.03 ≥ 0.05/2 stops:
+    # only the first is rejected (each alone at 0.05 would reject all three)
+    adjusted = holm([0.01, 0.04, 0.03])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06], rel=1e-12)
+    assert [p < 0.05 for p in adjusted] == [True, False, False]
+    # four tests: 0.005·4 = 0.02 and 0.01·3 = 0.03 rejected, 0.03·2 = 0.06 stops, 0.04 kept by monotonicity
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02], rel=1e-12)
+    assert holm([0.5, 0.5, 0.5]) == [1.0, 1.0, 1.0] and holm([]) == []
+    with pytest.raises(ValueError, match="1.5"):
+        holm([0.1, 1.5])
+
+
+def test_the_best_group_is_holms_over_the_tests_against_the_best():
+    best = [1.0, 1.1, 1.2]
+    values = {"best": best, "near": shifted_to_p([1.1, 1.2, 1.3], best, 0.03),
+              "nearer": shifted_to_p([1.0, 1.3, 1.6], best, 0.04), "far": [3.0, 3.1, 3.2]}
+    sel = select(values, "cross_entropy")
+    assert sel.rows["near"].p == pytest.approx(0.03, rel=1e-6) and sel.rows["nearer"].p == pytest.approx(0.04, rel=1e-6)
+    # k = 3: far (p ≈ 0) is rejected; then 0.03 · 2 = 0.06 ≥ 0.05 stops, so near and nearer stay in
+    assert sel.comparisons == 3
+    assert sel.rows["near"].p_holm == pytest.approx(0.06, rel=1e-6)
+    assert sel.rows["nearer"].p_holm == pytest.approx(0.06, rel=1e-6)
+    assert set(sel.group) == {"best", "near", "nearer"} and not sel.rows["far"].in_group
+    # each test alone at 0.05 would have put both out
+    assert sel.uncorrected_group == ["best"]
+    # the repeat rule stays on each test alone: near (p = 0.03) sits within its std of its own flip mean
+    assert sel.rows["near"].near and "near" in sel.needs_seeds
+
+
+def test_leave_one_seed_out_flags_a_group_one_seed_holds_together():
+    # b is in the group only through its third seed's spread: without 1.9 its two seeds sit
+    # 0.2 above the best with almost no spread (p = 0.035), and it leaves
+    values = {"a": [1.0, 1.1, 1.2], "b": [1.30, 1.31, 1.9]}
+    assert select(values, "cross_entropy").group == ["a", "b"]
+    assert welch_p([1.30, 1.31], values["a"], "cross_entropy") < ALPHA
+    stability = leave_one_seed_out(values, "cross_entropy")
+    assert stability.drops == 6 and not stability.stable
+    assert stability.changed == [("b", 2, ["a"])] and stability.moved == ["b"]
+    assert stability.describe() == "fragile (1 of 6 one-seed drops change it; rows that enter or leave: b)"
+    # a row far behind, and a row of one seed (never tested, never dropped): no drop changes the group
+    steady = leave_one_seed_out({"a": [1.0, 1.1, 1.2], "c": [2.0, 2.1, 2.2], "d": [0.5]}, "cross_entropy")
+    assert steady.stable and steady.drops == 6 and steady.describe().startswith("stable")
+
+
+def test_tost_equals_the_hand_computation_with_students_t():
+    from scipy.stats import t
+
+    a, b, margin = [1.00, 1.02, 0.99, 1.01], [0.995, 1.01, 1.005], 0.02
+    ta, dof = _welch_by_hand(a, b)
+    d = sum(a) / len(a) - sum(b) / len(b)
+    se = d / ta
+    p_low = t.sf((d + margin) / se, dof)  # H0: d ≤ −margin
+    p_high = t.cdf((d - margin) / se, dof)  # H0: d ≥ +margin
+    e = equivalent(a, b, margin)
+    assert e.difference == pytest.approx(d, rel=1e-12) and e.dof == pytest.approx(dof, rel=1e-12)
+    assert e.p == pytest.approx(max(p_low, p_high), rel=1e-9)
+    half = t.ppf(0.95, dof) * se
+    assert (e.low, e.high) == (pytest.approx(d - half, rel=1e-9), pytest.approx(d + half, rel=1e-9))
+    # both one-sided tests reject exactly when the 90 % interval lies inside ± margin
+    assert e.equivalent and -margin < e.low and e.high < margin
+    wide = equivalent([1.0, 1.1, 0.9], [1.0, 1.05, 0.95], margin)
+    assert not wide.equivalent and (wide.low < -margin or wide.high > margin)
+    # a smaller margin than the interval's reach: not shown equivalent, p over alpha
+    assert not equivalent(a, b, max(abs(e.low), abs(e.high)) * 0.9).equivalent
+
+
+def test_tost_without_spread_is_decided_by_the_means_and_bad_input_is_named():
+    assert equivalent([1.0, 1.0], [1.01, 1.01], 0.02).p == 0.0
+    assert equivalent([1.0, 1.0], [1.05, 1.05], 0.02).p == 1.0
+    assert MARGINS == {"cross_entropy": 0.02, "accuracy": 0.02}
+    with pytest.raises(ValueError, match="margin must be > 0, got 0"):
+        equivalent([1.0, 1.1], [1.0, 1.1], 0)
+    with pytest.raises(ValueError, match="at least two values"):
+        equivalent([1.0], [1.0, 1.1], 0.02)
+    with pytest.raises(ValueError, match="alpha must lie in"):
+        equivalent([1.0, 1.1], [1.0, 1.1], 0.02, alpha=0.5)

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import shifted_to_p
 
 from spe.lab.study_data import FIELDS, check_record, read_study, sweep_study, synth_folder_results, synth_study, \
     write_study
@@ -25,11 +26,12 @@ def _tool():
     return module
 
 
-def _records(study="t", length=8, scale_last=1.1, test_shift=0.5):
-    """16 buckets of L = 8 on validation and test; the last bucket is scale_last × the first per seed."""
+def _records(study="t", length=8, scale_last=1.1, test_shift=0.5, validation=None):
+    """16 buckets of L = 8 on validation and test (row -> per-seed values, :data:`VALIDATION` by
+    default); the last bucket is scale_last × the first per seed."""
     out = []
     for split, shift in (("validation", 0.0), ("test", test_shift)):
-        for row, values in VALIDATION.items():
+        for row, values in (validation or VALIDATION).items():
             for seed, v in enumerate(values):
                 for k in range(16):
                     value = (v + shift) * (scale_last if k == 15 else 1.0)
@@ -39,10 +41,10 @@ def _records(study="t", length=8, scale_last=1.1, test_shift=0.5):
     return out
 
 
-def _meta(study="t"):
+def _meta(study="t", rows=("c", "b", "a")):
     return {"study": study, "title": "Toy", "command": "spe sweep --plan toy --out runs/toy", "corpus_or_task": "toy",
             "metric": "cross_entropy", "train_length": 8, "plan": "toy", "steps": 500,
-            "rows": {r: {"description": f"row {r}", "window": "whole past"} for r in ("c", "b", "a")}}
+            "rows": {r: {"description": f"row {r}", "window": "whole past"} for r in rows}}
 
 
 def _line(text, start):
@@ -52,8 +54,8 @@ def _line(text, start):
 def test_the_validation_table_selects_and_the_test_table_only_reports():
     text = render_study(_records(), _meta())
     header = _line(text, "| row | window")
-    assert header == ("| row | window | seeds | params | [0,8) | p | [24,32) | [120,128) | p | growth | 5 seeds "
-                      "| description |")
+    assert header == ("| row | window | seeds | params | [0,8) | p (Holm) | [24,32) | [120,128) | p (Holm) | growth "
+                      "| 5 seeds | description |")
     # sorted by the last bucket; the best group in bold where it is tested (first and last bucket);
     # b near the threshold (see the rules' test), so the best runs 5 seeds too; growth = 1.1 − 1 in
     # every seed; c far out
@@ -64,9 +66,9 @@ def test_the_validation_table_selects_and_the_test_table_only_reports():
     assert b.startswith("| b | whole past | 3 | 2.50 M | **1.200 ± 0.100** | 0.144 |")
     assert "| 2.100 ± 0.100 | <0.001 |" in c and "**" not in c and c.endswith("| +10.0 ± 0.0 % |  | row c |")
     test = text[text.index("Test split"):]
-    assert "**" not in test.split("* Best")[0] and "| p |" not in test
+    assert "**" not in test.split("* Best")[0] and "| p" not in test
     assert "| a | 3 | 1.600 ± 0.100 | 1.600 ± 0.100 | 1.760 ± 0.110 | +10.0 ± 0.0 % |" in test
-    assert "* Best group on validation at [0,8): a, b (best a: 1.100 ± 0.100)." in text
+    assert "* Best group on validation at [0,8), Holm over 2 tests: a, b (best a: 1.100 ± 0.100); stable" in text
     assert "* Rows to run at 5 seeds: b, a." in text or "* Rows to run at 5 seeds: a, b." in text
     assert "* Training tokens per run: 32." in text
     # a row of the plan without runs is left out
@@ -166,8 +168,8 @@ def test_synthetic_results_become_accuracy_records_at_each_length():
     assert meta["metric"] == "accuracy" and meta["train_length"] == 64
     text = render_study(records, meta)
     # L, 4 L, 16 L, 64 L, then the longest length held (8192 = 128 L), in percent; higher is better
-    assert _line(text, "| row").startswith("| row | window | seeds | params | N = 64 % | p | N = 256 % | N = 1,024 % "
-                                           "| N = 4,096 % | N = 8,192 % | p | 5 seeds |")
+    assert _line(text, "| row").startswith("| row | window | seeds | params | N = 64 % | p (Holm) | N = 256 % "
+                                           "| N = 1,024 % | N = 4,096 % | N = 8,192 % | p (Holm) | 5 seeds |")
     assert _line(text, "| x ").startswith("| x |  | 3 | 0.00 M | **91.0 ± 1.0** | best |")
     with pytest.raises(ValueError, match="one task at one training length"):
         synth_study([*results, {**results[0], "task": "flip-flop"}], study="s", title="t", command="c")
@@ -247,7 +249,8 @@ def test_validation_beyond_l_joins_the_validation_split_and_orders_rows_there(tm
     assert {k for k in validation if k[0] == "old"} == {("old", 0, 64), ("old", 1, 64)}
     assert validation[("gated", 1, 4096)] == 0.71 and validation[("fox", 0, 256)] == 0.97
     text = render_study(records, meta)
-    assert "* Best group on validation at N = 4,096: fox" in text  # chosen on validation beyond L, not on test
+    # chosen on validation beyond L, not on test
+    assert "* Best group on validation at N = 4,096, Holm over 1 test: fox" in text
 
 
 def test_a_null_value_is_left_out_of_every_cell_and_counted(tmp_path):
@@ -362,7 +365,6 @@ def test_every_panel_draws_the_best_row_and_at_most_six_others(tmp_path):
         assert "best: fox" in labels or "fox (best group)" in labels, (family, split)
 
 
-
 def test_a_seed_is_rerun_with_its_studys_plan_data_and_steps_and_compared_bit_for_bit():
     tool = _tool()
     meta = {**_meta(), "command": "spe sweep --plan learned-time-palestrina --data music21:palestrina/2 --out "
@@ -419,3 +421,44 @@ def test_a_folder_of_lra_experiments_becomes_validation_and_test_accuracy_at_the
     (tmp_path / "fnet-ape" / "seed0" / "result.json").write_text(json.dumps({"val_accuracy": 0.3}))
     with pytest.raises(ValueError, match=r"fnet-ape/seed0/result.json has no test_accuracy, num_parameters"):
         lra_folder_results(tmp_path)
+
+
+def test_the_bold_group_is_holms_and_the_table_says_what_each_test_alone_gave():
+    best = [1.0, 1.1, 1.2]
+    values = {"best": best, "near": shifted_to_p([1.1, 1.2, 1.3], best, 0.03),
+              "nearer": shifted_to_p([1.0, 1.3, 1.6], best, 0.04), "far": [3.0, 3.1, 3.2]}
+    text = render_study(_records(validation=values), _meta(rows=tuple(values)))
+    # uncorrected p 0.030 and 0.040 (out, each alone); Holm over 3 tests: 0.060 both, in the group
+    near, nearer, far = (_line(text, f"| {r} | whole past") for r in ("near", "nearer", "far"))
+    assert "** | 0.030 (0.060) |" in near and "** | 0.040 (0.060) |" in nearer
+    assert "**" not in far and "| <0.001 |" in far
+    assert ("* Best group on validation at [0,8), Holm over 3 tests: best, near, nearer (best best: 1.100 ± 0.100); "
+            in text)
+    assert "each test alone at 0.05 it would be best." in text
+    assert "Holm-adjusted p ≥ 0.05" in text
+
+
+def test_a_group_one_seed_holds_together_is_flagged_fragile_under_its_table():
+    # b is in the group through its third seed's spread alone (tests/lab/test_study_rules.py)
+    values = {"a": [1.0, 1.1, 1.2], "b": [1.30, 1.31, 1.9]}
+    text = render_study(_records(validation=values), _meta(rows=("a", "b")))
+    assert ("* Best group on validation at [0,8), Holm over 1 test: a, b (best a: 1.100 ± 0.100); fragile (1 of 6 "
+            "one-seed drops change it; rows that enter or leave: b).") in text
+    steady = render_study(_records(), _meta())
+    assert "; stable (none of 9 one-seed drops changes it)" in steady and "fragile" not in steady
+
+
+def test_the_pairs_the_docs_call_alike_get_their_equivalence_test_under_the_table():
+    values = {**VALIDATION, "t1": [1.000, 1.001, 1.002], "t2": [1.001, 1.002, 1.003]}
+    text = render_study(_records(validation=values), _meta(rows=tuple(values)),
+                        equivalence=[("a", "b"), ("t1", "t2")])
+    # a − b = −0.1 nats, se = √(0.02/3), ν = 4: 90 % interval −0.1 ± 2.132 · 0.0816 = [−0.274, +0.074]
+    a_b = _line(text, "  * a − b")
+    assert a_b.startswith("  * a − b (nats; 90 % interval; TOST within ± 0.020): "
+                          "at [0,8): -0.100 [-0.274, +0.074], p = ")
+    assert a_b.count("not shown equivalent") == 2  # the first and the last shown bucket
+    t1_t2 = _line(text, "  * t1 − t2")
+    assert ", equivalent; at [120,128): -0.001" in t1_t2 and "not shown" not in t1_t2
+    assert "* Equivalence on validation" not in render_study(_records(), _meta())
+    with pytest.raises(ValueError, match="names row 'zz'"):
+        render_study(_records(), _meta(), equivalence=[("a", "zz")])

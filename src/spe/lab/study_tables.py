@@ -11,14 +11,18 @@ The part, per study:
   (n − 1) in the shown buckets (language models: [0, L), [3L, 4L), [15L, 16L) as far as the data
   go, and the last bucket if it is not among them; synthetic tasks: the lengths L, 4 L, 16 L,
   64 L present), the one-sided Welch p-value against the best in the first and last shown
-  buckets, best-group cells in bold, the growth from the first to the last shown bucket
+  buckets (uncorrected, and Holm-adjusted in brackets where that differs), best-group cells
+  (Holm's) in bold, the growth from the first to the last shown bucket
   (cross-entropy only: last / first − 1 per seed, then mean ± std) and the buckets where the
   row needs 5 seeds. Rows sorted by their mean in the last shown bucket, rows of one seed
   (untested) after the others.
 * **Every other split (reported)**: the same rows in the same order, mean ± std and growth,
   no test and no mark: nothing is chosen on it.
-* The best groups and the rows that need 5 seeds in words, the training tokens, and the plot
-  (:func:`plot_study`).
+* The best groups in words, each with its leave-one-seed-out stability
+  (:func:`spe.lab.study_rules.leave_one_seed_out`) and, where Holm's correction changed it, the
+  group of each test alone; the rows that need 5 seeds; the equivalence tests (TOST,
+  :func:`spe.lab.study_rules.equivalent`) of the pairs of rows a doc's wording calls equivalent;
+  the training tokens, and the plot (:func:`plot_study`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from spe.lab.stats import format_mean_std, mean_and_std
-from spe.lab.study_rules import ALPHA, MORE_SEEDS, SELECTION_SPLIT, better, select
+from spe.lab.study_rules import ALPHA, MARGINS, MORE_SEEDS, SELECTION_SPLIT, better, equivalent, \
+    leave_one_seed_out, select
 
 __all__ = ["BLOCK", "drifted_blocks", "image_link", "line_style", "plot_study", "render_study", "replace_blocks",
            "shown_buckets", "study_blocks"]
@@ -84,11 +89,17 @@ def _cell(values: list[float], metric: str) -> str:
 
 
 def _p(row, best: str | None) -> str:
+    """The p cell: the uncorrected p, then the Holm-adjusted one in brackets where it reads otherwise."""
     if row.name == best:
         return "best"
     if row.p is None:
         return "–"
-    return "<0.001" if row.p < 1e-3 else f"{row.p:.3f}"
+
+    def text(p: float) -> str:
+        return "<0.001" if p < 1e-3 else f"{p:.3f}"
+
+    raw, holm = text(row.p), text(row.p_holm)
+    return raw if raw == holm else f"{raw} ({holm})"
 
 
 def _growth(by_bucket: dict, first, last, variant: str) -> str:
@@ -162,7 +173,7 @@ def _selection_table(by_bucket, shown, groups, order, meta, params) -> list[str]
     for b in shown:
         header.append(_label(b) + (f" {unit}" if unit else ""))
         if b in tested:
-            header.append("p")
+            header.append("p (Holm)")
     if metric == "cross_entropy":
         header.append("growth")
     header += [f"{MORE_SEEDS} seeds", "description"]
@@ -217,13 +228,58 @@ def _params(records: list[dict]) -> dict[str, str]:
     return {n: "/".join(f"{c / 1e6:.2f} M" for c in sorted(v)) for n, v in counts.items()}
 
 
-def render_study(records: list[dict], meta: dict, *, image: str | None = None) -> str:
-    """The study's generated Markdown (module docstring), ``image`` the plot's link if any.
+def _difference(value: float, metric: str, *, signed: bool = True) -> str:
+    """A difference of two rows' means in the table's unit: nats (3 decimals) or accuracy points."""
+    if metric == "accuracy":
+        return f"{100 * value:{'+' if signed else ''}.1f}"
+    return f"{value:{'+' if signed else ''}.3f}"
+
+
+def equivalence_lines(validation: dict, buckets, pairs, meta: dict) -> list[str]:
+    """One line per pair of rows (a, b): the TOST of a − b within ± the metric's margin
+    (:data:`spe.lab.study_rules.MARGINS`) in each of ``buckets`` of the validation split, with the
+    difference of means, its 90 % interval, p and the verdict ("equivalent" or "not shown
+    equivalent"); "–" where a row has fewer than two seeds there.
+
+    Raises:
+        ValueError: naming the study and the row, for a row the data do not hold.
+    """
+    metric = meta["metric"]
+    held = {n for by_row in validation.values() for n in by_row}
+    unit = "points" if metric == "accuracy" else "nats"
+    lines = []
+    for a, b in pairs:
+        for name in (a, b):
+            if name not in held:
+                raise ValueError(f"study {meta['study']!r}: the equivalence pair ({a}, {b}) names row {name!r}, "
+                                 f"which its validation data do not hold")
+        parts = []
+        for bucket in buckets:
+            va, vb = (list(validation.get(bucket, {}).get(n, {}).values()) for n in (a, b))
+            if len(va) < 2 or len(vb) < 2:
+                parts.append(f"at {_label(bucket)}: – (fewer than two seeds)")
+                continue
+            e = equivalent(va, vb, MARGINS[metric])
+            verdict = "equivalent" if e.equivalent else "not shown equivalent"
+            p = "p < 0.001" if e.p < 1e-3 else f"p = {e.p:.3f}"
+            parts.append(f"at {_label(bucket)}: {_difference(e.difference, metric)} "
+                         f"[{_difference(e.low, metric)}, {_difference(e.high, metric)}], {p}, {verdict}")
+        margin = _difference(MARGINS[metric], metric, signed=False)
+        lines.append(f"* {a} − {b} ({unit}; 90 % interval; TOST within ± {margin}): " + "; ".join(parts) + ".")
+    return lines
+
+
+def render_study(records: list[dict], meta: dict, *, image: str | None = None,
+                 equivalence: list[tuple[str, str]] | tuple = ()) -> str:
+    """The study's generated Markdown (module docstring), ``image`` the plot's link if any,
+    ``equivalence`` the pairs of rows whose equivalence the docs' wording rests on
+    (:func:`equivalence_lines`).
 
     Values that are not finite are left out and counted (:func:`_not_finite`).
 
     Raises:
-        ValueError: if the data hold no finite value on the validation split (nothing to select on).
+        ValueError: if the data hold no finite value on the validation split (nothing to select on),
+            or an equivalence pair names a row the data do not hold.
     """
     metric, values = meta["metric"], _values(records)
     if SELECTION_SPLIT not in values:
@@ -231,8 +287,9 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None) -
                          "its rows cannot be selected")
     validation = values[SELECTION_SPLIT]
     shown = shown_buckets(list(validation), metric, meta["train_length"])
-    groups = {b: select({n: list(s.values()) for n, s in validation[b].items()}, metric)
-              for b in dict.fromkeys((shown[0], shown[-1]))}
+    per_bucket = {b: {n: list(s.values()) for n, s in validation[b].items()}
+                  for b in dict.fromkeys((shown[0], shown[-1]))}
+    groups = {b: select(v, metric) for b, v in per_bucket.items()}
     # a plan's rows without runs (the longer-budget point runs four) are left out
     held = {r["variant"] for r in records}
     rows = [*(n for n in meta["rows"] if n in held), *sorted(held - set(meta["rows"]))]
@@ -242,10 +299,11 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None) -
     lines = [f"**{meta['title']}** ({meta['corpus_or_task']}; L = {meta['train_length']}).", "", "```bash",
              meta["command"], "```", "",
              f"Validation split (rows, repeats and best groups are chosen here): {what}, mean ± sample "
-             "std (n − 1) over seeds; p: one-sided Welch test of the row being worse than the best; "
-             f"**bold**: the best group (p ≥ {ALPHA}); {MORE_SEEDS} seeds: the buckets where the row's mean "
-             "lies within one of its standard deviations of the mean at which the test would flip "
-             "(docs/study-rules.md).", "",
+             "std (n − 1) over seeds; p (Holm): one-sided Welch test of the row being worse than the best, "
+             "each test alone, and in brackets where it differs Holm's adjusted p over the k tests against "
+             f"the best; **bold**: the best group (Holm-adjusted p ≥ {ALPHA}); {MORE_SEEDS} seeds: the buckets "
+             "where the row's mean lies within one of its standard deviations of the mean at which its test "
+             "alone would flip (docs/study-rules.md).", "",
              *_selection_table(validation, shown, groups, order, meta, _params(records)), ""]
     for split in sorted(s for s in values if s != SELECTION_SPLIT):
         split_shown = shown_buckets(list(values[split]), metric, meta["train_length"])
@@ -255,9 +313,18 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None) -
     for b, sel in groups.items():
         best = sel.rows.get(sel.best)
         note = f"best {sel.best}: {_fmt(best.mean, best.std, metric)}" if best else "no row of two seeds"
-        lines.append(f"* Best group on validation at {_label(b)}: {', '.join(sel.group) or '–'} ({note}).")
+        alone = ("" if sel.uncorrected_group == sel.group
+                 else f"; each test alone at {ALPHA} it would be {', '.join(sel.uncorrected_group)}")
+        k = sel.comparisons
+        lines.append(f"* Best group on validation at {_label(b)}, Holm over {k} test{'s' * (k != 1)}: "
+                     f"{', '.join(sel.group) or '–'} ({note}); "
+                     f"{leave_one_seed_out(per_bucket[b], metric).describe()}{alone}.")
     need = list(dict.fromkeys(n for sel in groups.values() for n in sel.needs_seeds))
     lines.append(f"* Rows to run at {MORE_SEEDS} seeds: {', '.join(need) if need else 'none'}.")
+    if equivalence:
+        lines.append(f"* Equivalence on validation of the rows the docs compare (two one-sided Welch tests at {ALPHA} "
+                     "each, docs/study-rules.md): a − b, its 90 % interval, p and the verdict.")
+        lines += ["  " + line for line in equivalence_lines(validation, list(groups), equivalence, meta)]
     dropped = _not_finite(records)
     if dropped:
         named = ", ".join(f"{r['variant']} seed {r['seed']} {r['split']} {_label((r['bucket_start'], r['bucket_end']))}"
