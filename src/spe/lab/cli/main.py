@@ -515,6 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
     from spe.lab.cli.synth import add_synth_parser  # synthetic tasks: their own module (parsing only)
 
     add_synth_parser(sub)
+    from spe.lab.cli.export import add_export_parser  # transformers export: its own module (parsing only)
+
+    add_export_parser(sub)
     return parser
 
 
