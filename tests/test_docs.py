@@ -34,9 +34,20 @@ def _music_run(folder: Path) -> None:
     shutil.copy(folder / "clean_midi" / "piece0.mid", folder / "prompt.mid")
 
 
+def _music_export(folder: Path) -> None:
+    """my-export/: a tiny music run trained for 2 steps, exported by `spe export`."""
+    from tiny_run import tiny_config
+
+    from spe.lab.cli.main import main
+    from spe.lab.train.loop import train
+
+    run = train(tiny_config(folder, "runs/music", steps=2, eval_every=2, warmup_steps=1), progress=False)
+    assert main(["export", str(run), "--out", str(folder / "my-export")]) == 0
+
+
 # Python blocks that run in a folder prepared for them, by the name their first line gives
 # (`# docs-test: in NAME (what it holds)`): NAME → what writes it into the block's folder.
-PREPARED = {"music-run": _music_run}
+PREPARED = {"music-run": _music_run, "music-export": _music_export}
 
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _SKIP = re.compile(r"^# docs-test: skip ([\w.-]+) \((.+)\)$")

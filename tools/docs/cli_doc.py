@@ -29,7 +29,7 @@ GUIDES = {
     "train": "music.md#spe-train", "evaluate": "music.md#spe-evaluate", "generate": "music.md#spe-generate",
     "demo": "usage.md#the-main-job-bash-scriptsdemosh", "sweep": "experiments.md#spe-sweep",
     "report": "experiments.md#spe-report", "lra": "lra-reference.md#spe-lra", "synth": "synth.md",
-    "bench": "experiments.md#spe-bench",
+    "bench": "experiments.md#spe-bench", "export": "usage.md#use-it-elsewhere",
 }
 
 HEADER = f"""{MARK}
@@ -50,7 +50,9 @@ def _cell(text: str) -> str:
 
 
 def _flag(action: argparse.Action) -> str:
-    names = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.dest}`"
+    if not action.option_strings:  # a positional argument: its name alone (spe export RUN)
+        return f"`{action.metavar or action.dest}`"
+    names = ", ".join(f"`{s}`" for s in action.option_strings)
     if action.nargs == 0:
         return names
     if action.choices is not None and not isinstance(action.choices, dict):
