@@ -453,11 +453,11 @@ def test_the_pairs_the_docs_call_alike_get_their_equivalence_test_under_the_tabl
     text = render_study(_records(validation=values), _meta(rows=tuple(values)),
                         equivalence=[("a", "b"), ("t1", "t2")])
     # a − b = −0.1 nats, se = √(0.02/3), ν = 4: 90 % interval −0.1 ± 2.132 · 0.0816 = [−0.274, +0.074]
-    a_b = _line(text, "  * a − b")
-    assert a_b.startswith("  * a − b (nats; 90 % interval; TOST within ± 0.020): "
-                          "at [0,8): -0.100 [-0.274, +0.074], p = ")
+    a_b = _line(text, "* Equivalence on validation, a − b")
+    assert a_b.startswith("* Equivalence on validation, a − b (TOST within ± 0.020 nats, 0.05 each side; difference "
+                          "[90 % interval], p): at [0,8): -0.100 [-0.274, +0.074], p = ")
     assert a_b.count("not shown equivalent") == 2  # the first and the last shown bucket
-    t1_t2 = _line(text, "  * t1 − t2")
+    t1_t2 = _line(text, "* Equivalence on validation, t1 − t2")
     assert ", equivalent; at [120,128): -0.001" in t1_t2 and "not shown" not in t1_t2
     assert "* Equivalence on validation" not in render_study(_records(), _meta())
     with pytest.raises(ValueError, match="names row 'zz'"):

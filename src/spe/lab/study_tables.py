@@ -265,7 +265,8 @@ def equivalence_lines(validation: dict, buckets, pairs, meta: dict) -> list[str]
             parts.append(f"at {_label(bucket)}: {_difference(e.difference, metric)} "
                          f"[{_difference(e.low, metric)}, {_difference(e.high, metric)}], {p}, {verdict}")
         margin = _difference(MARGINS[metric], metric, signed=False)
-        lines.append(f"* {a} − {b} ({unit}; 90 % interval; TOST within ± {margin}): " + "; ".join(parts) + ".")
+        lines.append(f"* Equivalence on validation, {a} − {b} (TOST within ± {margin} {unit}, {ALPHA} each side; "
+                     "difference [90 % interval], p): " + "; ".join(parts) + ".")
     return lines
 
 
@@ -321,10 +322,7 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None,
                      f"{leave_one_seed_out(per_bucket[b], metric).describe()}{alone}.")
     need = list(dict.fromkeys(n for sel in groups.values() for n in sel.needs_seeds))
     lines.append(f"* Rows to run at {MORE_SEEDS} seeds: {', '.join(need) if need else 'none'}.")
-    if equivalence:
-        lines.append(f"* Equivalence on validation of the rows the docs compare (two one-sided Welch tests at {ALPHA} "
-                     "each, docs/study-rules.md): a − b, its 90 % interval, p and the verdict.")
-        lines += ["  " + line for line in equivalence_lines(validation, list(groups), equivalence, meta)]
+    lines += equivalence_lines(validation, list(groups), equivalence, meta)
     dropped = _not_finite(records)
     if dropped:
         named = ", ".join(f"{r['variant']} seed {r['seed']} {r['split']} {_label((r['bucket_start'], r['bucket_end']))}"
