@@ -10,7 +10,7 @@ Every number a study table prints about selection comes from :func:`select`:
 * **The best row.** The row with the best mean among rows of at least two seeds (a row of one
   seed has no spread and cannot be tested; it is shown, never chosen).
 * **The test.** For every other row of at least two seeds, a one-sided Welch t-test
-  (unequal variances; Welch 1947) of "the row is worse than the best":
+  (unequal variances; Welch 1947) of "the row is worse than the best", the value of
   ``scipy.stats.ttest_ind(row, best, equal_var=False, alternative="greater")`` for a
   lower-is-better metric, ``alternative="less"`` for a higher-is-better one. Its p-value is
   the chance of a gap at least this large in the worse direction if the row were as good as
@@ -25,15 +25,14 @@ Every number a study table prints about selection comes from :func:`select`:
 * **Equivalence.** :func:`equivalent`: two one-sided Welch tests (TOST, Schuirmann 1987) of
   "the two rows differ by at least the margin", each at α, and the 1 − 2α (90 %) interval of the
   difference; the margins are :data:`MARGINS`, one per metric.
-* **More seeds.** (each test alone at α, the rule the runs followed) Holding both rows' spreads
-  fixed, the test flips where the row's mean
-  reaches the *flip mean* m* = m_best + d · t₀.₉₅(ν) · se (d = +1 lower-is-better, −1 higher;
-  se = √(s_r²/n_r + s_b²/n_b), ν the Welch–Satterthwaite degrees of freedom). A row whose
-  mean lies within one of its own standard deviations of m* (|m_r − m*| ≤ s_r), i.e. one
-  seed's spread from the other side of the rule, needs 5 seeds (not where neither row varies:
-  se = 0 settles the test by the means alone, e.g. two rows at 100 % on every seed); so does a
-  row of one seed
-  (untestable). Whenever any row needs them, the best row runs 5 seeds too, since every test
+* **More seeds.** On each test alone at α (the rule the runs followed, not Holm's thresholds,
+  which move with every other row's p): holding both rows' spreads fixed, the test flips where
+  the row's mean reaches the *flip mean* m* = m_best + d · t₀.₉₅(ν) · se (d = +1
+  lower-is-better, −1 higher; se = √(s_r²/n_r + s_b²/n_b), ν the Welch–Satterthwaite degrees of
+  freedom). A row whose mean lies within one of its own standard deviations of m*
+  (|m_r − m*| ≤ s_r), i.e. one seed's spread from the other side of the rule, needs 5 seeds (not
+  where neither row varies: se = 0 settles the test by the means alone, e.g. two rows at 100 %
+  on every seed); so does a row of one seed (untestable). Whenever any row needs them, the best row runs 5 seeds too, since every test
   involves it (:attr:`Selection.needs_seeds`).
 
 The rules are applied to the **validation** split only (:data:`SELECTION_SPLIT`): rows,
@@ -45,8 +44,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from spe.lab.stats import mean_and_std
 
@@ -295,8 +294,8 @@ def select(values: Mapping[str, Sequence[float]], metric: str, *, alpha: float =
             # where neither row varies (se = 0) the test is settled by the means alone: no flip
             # mean to be near, and no spread to carry a seed across it
             spread = _welch_parts(vals, stats[best][0])[0] > 0
-            rows[name] = RowTest(name, len(vals), mean, std, p, p >= alpha, flip,
-                                 spread and abs(mean - flip) <= std)
+            rows[name] = RowTest(name, len(vals), mean, std, p, False, flip, spread and abs(mean - flip) <= std)
+    # membership is Holm's over all the tests against the best, known once every p is
     tested = [name for name, row in rows.items() if row.p is not None]
     for name, adjusted in zip(tested, holm([rows[n].p for n in tested])):
         rows[name] = replace(rows[name], p_holm=adjusted, in_group=adjusted >= alpha)
