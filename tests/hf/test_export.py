@@ -117,3 +117,17 @@ def test_greedy_generate_gives_the_piece_of_spe_generate(run, tmp_path):
     notes = [[(n.time, n.duration, n.pitch, n.velocity) for n in t.notes] for t in ours.tracks]
     assert notes and notes == [[(n.time, n.duration, n.pitch, n.velocity) for n in t.notes] for t in theirs.tracks]
     assert os.path.getsize(tmp_path / "spe.mid") == os.path.getsize(tmp_path / "hf.mid")
+
+
+def test_export_without_transformers_says_how_to_install_it(run, tmp_path):
+    import subprocess
+    import sys
+
+    from tiny_run import subprocess_env
+
+    code = ("import sys; sys.modules['transformers'] = None\n"
+            "from spe.lab.cli.main import main\n"
+            f"sys.exit(main(['export', {str(run)!r}, '--out', {str(tmp_path / 'out')!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env())
+    assert done.returncode == 2 and "pip install 'spe[hf]'" in done.stderr
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
