@@ -131,3 +131,19 @@ def test_export_without_transformers_says_how_to_install_it(run, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env())
     assert done.returncode == 2 and "pip install 'spe[hf]'" in done.stderr
     assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_classifier_exports_without_a_tokenizer(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from spe.models import ClassifierConfig, EncoderClassifier
+
+    torch.manual_seed(0)
+    classifier = EncoderClassifier(ClassifierConfig(vocab_size=20, num_classes=4, d_model=16, num_layers=1,
+                                                    num_heads=2, d_ff=32, num_realizations=4, num_features=8))
+    spe.save(classifier, tmp_path / "lra-run")
+    assert main(["export", str(tmp_path / "lra-run"), "--out", str(tmp_path / "out")]) == 0
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
+    tokens = torch.randint(2, 20, (2, 9), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(model(tokens).logits, spe.load(tmp_path / "lra-run").model(tokens))
