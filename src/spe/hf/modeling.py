@@ -149,8 +149,9 @@ class SPEForCausalLM(SPEPreTrainedModel, GenerationMixin):
         self.model.head = value
 
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                past_key_values: SPECache | None = None, labels: Tensor | None = None, use_cache: bool | None = None,
-                inputs_embeds: Tensor | None = None, return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                past_key_values: SPECache | None = None, labels: Tensor | None = None,
+                use_cache: bool | None = None, inputs_embeds: Tensor | None = None,
+                return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
         """Args:
             input_ids: (B, L) token ids in [0, V); after a cache, the tokens that follow it.
             attention_mask: (B, L) or (B, past + L) ones; zeros are refused.
@@ -158,9 +159,10 @@ class SPEForCausalLM(SPEPreTrainedModel, GenerationMixin):
                 runs without gradients).
             labels: (B, L) targets, ``input_ids`` or −100 where none; shifted inside.
             use_cache: return the state after ``input_ids`` (:meth:`DecoderLM.prefill`, the
-                prompt pass of decoding; ``generate()`` asks for it). Default (None, False):
-                :meth:`DecoderLM.forward`, the logits of ``spe.load(run).model(input_ids)`` bit for
-                bit; True with ``past_key_values``. Never in training mode, which runs the parallel forward with gradients.
+                prompt pass of decoding; ``generate()`` asks for it). Default: True with
+                ``past_key_values``, else False: :meth:`DecoderLM.forward`, the logits of
+                ``spe.load(run).model(input_ids)`` bit for bit. Never in training mode, which
+                runs the parallel forward with gradients.
             inputs_embeds: refused (the model reads token ids).
             return_dict: ignored (always a :class:`~transformers.modeling_outputs.CausalLMOutputWithPast`).
             **kwargs: what ``transformers`` passes beside (``cache_position``, ``position_ids``):
