@@ -59,7 +59,7 @@ def test_overwrite_replaces_an_earlier_export_only(run, tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
     assert main(["export", str(run), "--out", str(out), "--overwrite"]) == 0
     assert (out / "notes.txt").read_text() == "mine"
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 
 @pytest.mark.parametrize("case", ["not-empty", "inside-run", "run-itself", "no-checkpoint", "not-an-export",

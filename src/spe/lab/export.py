@@ -86,8 +86,9 @@ def _miditok_tokenizer(tokenizer_json: str):
 def export_run(run: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> dict:
     """Writes the run's model as ``transformers`` files and its tokenizer as MidiTok's, in ``out``.
 
-    Everything is checked (the folder, the checkpoint, transformers installed) and written in a
-    temporary folder beside ``out`` before any file of ``out`` is touched.
+    Everything is checked (the checkpoint, the folder, transformers installed) before anything
+    is written, and the files are written in a hidden folder of ``out`` before any of
+    ``out``'s own files is replaced.
 
     Args:
         run: a run folder or its ``model.safetensors`` (``spe train``'s; ``spe lra``'s
@@ -116,20 +117,22 @@ def export_run(run: str | os.PathLike, out: str | os.PathLike, *, overwrite: boo
     tokenizer, suppressed = (None, []) if loaded.tokenizer_json is None else _miditok_tokenizer(loaded.tokenizer_json)
     if suppressed:
         model.generation_config.suppress_tokens = suppressed
-    parent = out.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent))
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    # written whole in a hidden folder of out, then moved: a failure leaves an earlier export as it was
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", suffix=".tmp", dir=out))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save(tmp)  # MidiTok's own file: tokenizer.json
         files = sorted(p.name for p in tmp.iterdir())
-        out.mkdir(exist_ok=True)
         for name in files:
             os.replace(tmp / name, out / name)
         if tokenizer is None and (out / "tokenizer.json").exists():
             (out / "tokenizer.json").unlink()  # an earlier export's: not this model's
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(out if created else tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
     return {"out": str(out), "files": files, "architecture": type(model).__name__, "suppressed": suppressed,
             "step": loaded.step}
