@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, LogitsProcessorList
 import spe
 from spe.hf import SPEForCausalLM
 from spe.lab.cli.main import main
+from spe.lab.export import EXPORT_FILES
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +35,7 @@ def test_the_export_opens_with_transformers_and_miditok_and_gives_the_runs_logit
     assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 0
     assert "SPEForCausalLM" in capsys.readouterr().out
     assert _listing(run) == before  # nothing written in the run folder
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "generation_config.json",
-                                                                    "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(EXPORT_FILES)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     tokenizer = REMI.from_pretrained(tmp_path / "out")
     loaded = spe.load(run)
