@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from spe.lab import strict_json
+from spe.attention.fourier import MIXERS
 from spe.attention.kernels import KERNELS
 from spe.lab.bench.forms import auto_form, form_label, form_ratio_lines, takes_form
 from spe.lab.bench.peers import PEER_ATTENTIONS
@@ -42,7 +43,7 @@ SERIES = [("ape", "-"), *[(name, impl) for name in positional_names(stochastic=T
           *[(name, "-") for name in positional_names(stochastic=False) if name != "ape"]]
 # Kernels by their registry names ("linear" meant linear-elu here before the normaliser-free kernel of that name).
 BENCH_ATTENTIONS = ["softmax", "performer", "linear-elu"]
-KERNEL_NAMES = tuple(KERNELS)  # what --attentions may name
+KERNEL_NAMES = (*KERNELS, *MIXERS)  # what --attentions may name: the kernels and the Fourier mixers
 # Encodings that add a term to the scores exist for softmax attention only.
 SCORE_ENCODINGS = positional_names(acts_on="scores")
 # Encodings that transform a feature map's features exist for linear kernels only.
@@ -121,6 +122,31 @@ def parse_decays(text: str | None, default: str = "none") -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
+def parse_blocks(text: str | None) -> list[int]:
+    """``--attention-blocks`` → block lengths N of block-local attention, e.g. ``"0,64"`` → [0, 64]
+    (0: full attention); None or "" gives [0].
+
+    Raises:
+        ValueError: naming the flag and the text unless it is comma-separated integers ≥ 0.
+    """
+    if not text:
+        return [0]
+    try:
+        wanted = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        wanted = []
+    if not wanted or min(wanted) < 0:
+        raise ValueError(f"--attention-blocks takes comma-separated block lengths (0: full attention), "
+                         f"got {text!r}")
+    return list(dict.fromkeys(wanted))
+
+
+def _takes_blocks(pos: str, att: str, dec: str) -> bool:
+    """Whether a case may run block-local (:func:`spe.attention.layer.check_attention_blocks`): softmax
+    without a gate, with every encoding but one whose scores are more than a distance's (PaTH)."""
+    return att == "softmax" and dec == "none" and not positional_spec(pos).takes_gate
+
+
 def parse_softmax_impls(text: str | None) -> list[str]:
     """``--softmax-impl`` → softmax's paths, e.g. ``"blocks,flex"`` → ["blocks", "flex"]; None or ""
     gives ["auto"].
@@ -152,9 +178,27 @@ def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 / sorted(times)[len(times) // 2] / 1e9
 
 
+def _takes_mixer(pos: str, att: str, mode: str) -> bool:
+    """Whether a Fourier mixer's case exists: an encoding on tokens (or none), and FNet (not causal)
+    in train mode only (it neither decodes nor builds a DecoderLM)."""
+    return positional_spec(pos).acts_on in (None, "tokens") and (MIXERS[att].causal or mode == "train")
+
+
+def _fft_flops(points: int) -> float:
+    return 5 * points * math.log2(max(points, 2))  # a complex FFT of that many points
+
+
 def layer_flops(case: dict) -> float:
-    """Forward FLOPs of one causal attention layer (projections, SPE, features, kernel)."""
+    """Forward FLOPs of one causal attention layer (projections, SPE, features, kernel); of a
+    Fourier mixer, its FFTs (FNet: over channels and length; the causal twin: over channels, then
+    three of P ≥ 2L − 1 points and the state's N = L points per channel)."""
     b, n, h, d = case["batch"], case["length"], case["num_heads"], case["head_dim"]
+    if case["attention"] in MIXERS:
+        c = h * d
+        channels = b * n * _fft_flops(c)
+        if not MIXERS[case["attention"]].causal:
+            return channels + b * c * _fft_flops(n)
+        return channels + b * c * (3 * _fft_flops(1 << max(2 * n - 2, 1).bit_length()) + _fft_flops(n))
     r, k, m, c = case["num_realizations"], case["num_sines"], case["num_features"], case["chunk_size"]
     flops = 2 * b * n * (h * d) * (4 * h * d)  # q, k, v and output projections
     e = d
@@ -164,6 +208,8 @@ def layer_flops(case: dict) -> float:
     elif case["positional"] == "convspe":
         flops += 2 * 2 * b * n * h * d * r
         e = r
+    if case["attention"] == "softmax" and case.get("attention_blocks"):  # N/2 + N keys a query on average
+        return flops + 2 * b * h * n * min(n, 1.5 * case["attention_blocks"]) * (e + d)
     if case["attention"] == "softmax":
         return flops + 2 * b * h * n * n * (e + d) / 2
     if case["attention"] in ("performer", *PEER_ATTENTIONS):
@@ -198,7 +244,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
               vocab_size: int = 300, model_batch: int = 8,
               pairs: list[tuple[str, str, str]] | None = None, decay: str | list[str] = "none",
               precision: str = "fp32", softmax_impls: list[str] | None = None,
-              fox_path_impls: list[str] | None = None) -> dict:
+              fox_path_impls: list[str] | None = None, attention_blocks: list[int] | None = None) -> dict:
     """Measures every series × attention × length × mode; returns {"records", "matmul_gflops", ...}.
 
     Modes: ``train`` (forward+backward of one attention layer), ``generate`` (one recurrent
@@ -225,7 +271,10 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     (:data:`~spe.lab.bench.forms.FOX_PATH_IMPLS`; default None: the kernels choose) multiplies the
     train and prefill cases of FoX (softmax with a gate), PaTH and PaTH-FoX likewise, once per
     kernel form (:mod:`spe.lab.bench.forms`), each record carrying ``fox_path_impl`` (asked) and
-    ``fox_path_ran`` (the form that ran).
+    ``fox_path_ran`` (the form that ran). ``attention_blocks`` (block lengths N, 0: full attention;
+    default [0]) multiplies the softmax cases that take block-local attention
+    (:mod:`spe.ops.softmax.local`; not FoX, not PaTH) likewise, each record carrying its
+    ``attention_blocks`` when N > 0.
     """
     decays = list(dict.fromkeys([decay] if isinstance(decay, str) else decay))
     series = series or SERIES
@@ -240,26 +289,29 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
             and not (pos in SCORE_ENCODINGS and att != "softmax")
             and not (pos in FEATURE_ENCODINGS and att == "softmax")
             and not (att in PEER_ATTENTIONS and (mode != "train" or pos not in ("ape", "none")))
+            and not (att in MIXERS and not _takes_mixer(pos, att, mode))
             and not (dec != "none" and pos in SCORE_ENCODINGS and not positional_spec(pos).takes_gate)]
     impls = list(dict.fromkeys(softmax_impls or ["auto"]))
     plan = [(*p, si) for p in plan for si in (impls if p[3] == "softmax" else ["auto"])]
     plan = [(*p, form) for p in plan
             for form in (fox_path_impls if fox_path_impls and takes_form(p[0], p[1], p[3], p[4]) else [None])]
+    blocks = list(dict.fromkeys(attention_blocks or [0]))
+    plan = [(*p, nb) for p in plan for nb in blocks if nb == 0 or (p[6] is None and _takes_blocks(p[1], p[3], p[4]))]
     total = len(plan) * len(lengths)
     records = []
     done = 0
-    for mode, pos, impl, att, dec, si, form in plan:
+    for mode, pos, impl, att, dec, si, form, nb in plan:
         prev = None
         for n in sorted(lengths):
             done += 1
             case = {**common, "mode": mode, "positional": pos, "impl": impl, "attention": att, "length": n,
                     "decay": dec, **({} if si == "auto" else {"softmax_impl": si}),
-                    **({} if form is None else {"fox_path_impl": form})}
+                    **({} if form is None else {"fox_path_impl": form}), **({"attention_blocks": nb} if nb else {})}
             if mode == "generate":
                 case["repeats"] = max(repeats, GENERATE_MIN_REPEATS)
             if mode == "model":
                 case.update(batch=model_batch, model=model or {}, vocab_size=vocab_size)
-            why = _predicted_too_big(prev, n, att, mode, budget_s, memory_limit_mb)
+            why = _predicted_too_big(prev, n, "local" if nb else att, mode, budget_s, memory_limit_mb)
             result = {**case, "skipped": why} if why else run_case(case, timeout=max(120.0, 8 * budget_s))
             if "median_ms" in result:
                 # forward + backward ≈ 3 × forward FLOPs; generation steps are not rated
@@ -272,7 +324,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
             if progress:
                 state = result.get("skipped") or f"{result['median_ms']:.1f} ms, {result['peak_mb']:.0f} MB"
                 with_decay = (("" if dec == "none" else f" decay {dec}") + ("" if si == "auto" else f" [{si}]")
-                              + form_label(result))
+                              + form_label(result) + (f" blocks {nb}" if nb else ""))
                 print(f"[{done}/{total}] {mode:8s} {pos:8s} {impl:9s} {att:9s}{with_decay} N={n:<6d} {state}",
                       file=sys.stderr, flush=True)
     return {"records": records, "matmul_gflops": matmul_gflops(), "config": common, "lengths": lengths}
@@ -285,7 +337,7 @@ def _predicted_too_big(prev: dict | None, n: int, attention: str, mode: str, bud
     ratio = n / prev["length"]
     time_exp = 2 if (attention == "softmax" and mode != "generate") else 1
     if mode == "generate":
-        time_exp = 1 if attention == "softmax" else 0
+        time_exp = 1 if attention == "softmax" or attention in MIXERS else 0  # a Fourier state: N = the length
     t = prev["median_ms"] / 1000 * ratio**time_exp * (prev.get("repeats", 1) + 1)
     # FoX's and PaTH's chunk form keeps L × L terms (spe.lab.bench.forms); every other layer O(L)
     mem = max(prev["peak_mb"], 1.0) * ratio ** (2 if prev.get("fox_path_ran") == "chunk" else 1)
@@ -305,7 +357,8 @@ def _label(r: dict) -> str:
     path = r.get("softmax_impl", "auto")  # softmax's path when asked for (spe bench --softmax-impl)
     path = "" if path == "auto" else f" [{path}{', fell back' if r.get('softmax_fallback') else ''}]"
     with_decay = "" if decay == "none" else f" + decay {decay}"
-    return f"{r['positional']}{impl} + {r['attention']}{path}{form_label(r)}{with_decay}"
+    blocks = f" blocks {r['attention_blocks']}" if r.get("attention_blocks") else ""
+    return f"{r['positional']}{impl} + {r['attention']}{blocks}{path}{form_label(r)}{with_decay}"
 
 
 def summarize_bench(result: dict) -> dict:
@@ -318,7 +371,8 @@ def summarize_bench(result: dict) -> dict:
     def series_key(r):
         path = r.get("softmax_impl", "auto")
         form = r.get("fox_path_impl")
-        attention = r["attention"] + ("" if path == "auto" else f":{path}") + ("" if form is None else f"[{form}]")
+        attention = (r["attention"] + ("" if path == "auto" else f":{path}") + ("" if form is None else f"[{form}]")
+                     + (f"-blocks-{r['attention_blocks']}" if r.get("attention_blocks") else ""))
         return r["mode"], r["positional"], r["impl"], attention, record_decay(r)
 
     out: dict = {"exponents": {}, "ratios_to_ape_performer": {}, "targets": {}}

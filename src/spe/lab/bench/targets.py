@@ -48,10 +48,11 @@ def record_decay(r: dict) -> str:
 
 def find_record(records: list[dict], mode: str, pos: str, impl: str, att: str, n: int,
                 decay: str = "none") -> dict | None:
-    """The measured record of (mode, positional, impl, attention, length, decay), or None (absent or skipped)."""
+    """The measured record of (mode, positional, impl, attention, length, decay), or None (absent or skipped);
+    full attention's (a block-local record, ``attention_blocks``, is no baseline)."""
     for r in records:
         if (r["mode"], r["positional"], r["impl"], r["attention"], r["length"]) == (mode, pos, impl, att, n) \
-                and record_decay(r) == decay and "median_ms" in r:
+                and record_decay(r) == decay and "median_ms" in r and not r.get("attention_blocks"):
             return r
     return None
 

@@ -16,6 +16,7 @@ import warnings
 
 import torch
 
+from spe.attention.fourier import MIXERS, FourierMixer
 from spe.attention.layer import MultiHeadAttention
 from spe.lab.bench.forms import measure_in_form
 from spe.lab.bench.peers import PEER_ATTENTIONS, build_peer_layer
@@ -25,6 +26,7 @@ from spe.ops.sine.timed import compile_products
 from spe.ops.sine.costs import choose_sine_impl
 from spe.encodings.registry import positional_spec
 from spe.ops.common.state import KVCache, LinearAttentionState, ScaledLinearAttentionState
+from spe.ops.fourier import FourierState
 
 
 def _autocast(case: dict, device: torch.device):
@@ -58,9 +60,15 @@ def _layer_config(case: dict):
     return ModelConfig(vocab_size=1, d_model=h * d, num_heads=h, positional=case["positional"],
                        attention=case["attention"],
                        num_realizations=case["num_realizations"], num_sines=case["num_sines"],
-                       kernel_size=case["kernel_size"], max_distance=case.get("max_distance", 256),
+                       kernel_size=case["kernel_size"], max_distance=_max_distance(case),
                        max_positions=case["length"] + 1, gated=True, num_features=case["num_features"],
                        chunk_size=case["chunk_size"], spe_impl=_spe_impl(case), decay=_decay(case))
+
+
+def _max_distance(case: dict) -> int:
+    """A distance table's size: the case's (default 256), at least 2N − 1 under block-local attention
+    of N positions (as ``spe train`` gives it)."""
+    return max(case.get("max_distance", 256), 2 * (case.get("attention_blocks") or 0) - 1)
 
 
 def _decay(case: dict) -> str:
@@ -78,6 +86,8 @@ def build(case: dict, device: torch.device | str = "cpu"):
     The registry builds what a DecoderLM layer would get, with the case's sineSPE ``impl`` as
     ``ModelConfig.spe_impl``; a convSPE ``impl`` then picks how ConvSPE filters its noise.
     """
+    if case["attention"] in MIXERS:
+        return _build_mixer(case, device)
     peer = case["attention"] in PEER_ATTENTIONS
     config = _layer_config({**case, "attention": "performer"} if peer else case)
     spec = positional_spec(case["positional"])
@@ -95,8 +105,18 @@ def build(case: dict, device: torch.device | str = "cpu"):
                                    num_realizations=config.num_realizations if spec.stochastic else None,
                                    num_features=config.num_features, chunk_size=config.chunk_size,
                                    decay=config.decay, positional=layer_module,
-                                   softmax_impl=case.get("softmax_impl", "auto"))
+                                   softmax_impl=case.get("softmax_impl", "auto"),
+                                   attention_blocks=case.get("attention_blocks") or None)
     return tuple(None if m is None else m.to(device) for m in (layer, encoding, ape))
+
+
+def _build_mixer(case: dict, device: torch.device | str):
+    """(Fourier mixer, None, token encoding or None): ``fnet``, or ``fnet-causal`` with N = the case's
+    length (what ``spe train --seq-len N`` gives it)."""
+    spec = positional_spec(case["positional"])
+    ape = spec.build_model_module(_layer_config({**case, "attention": "softmax"})) if spec.acts_on == "tokens" else None
+    layer = FourierMixer(case["attention"], length=case["length"] if MIXERS[case["attention"]].causal else None)
+    return layer.to(device), None, None if ape is None else ape.to(device)
 
 
 def measure_model(case: dict, device: torch.device) -> dict:
@@ -183,12 +203,16 @@ def measure_generate(case: dict, device: torch.device) -> dict:
     layer, encoding, ape = build(case, device)
     n, b, h, d = case["length"], case["batch"], case["num_heads"], case["head_dim"]
     x = torch.randn(b, 1, h * d, device=device)
-    if case["attention"] == "softmax":
+    if case["attention"] in MIXERS:  # every frequency of the prefix, N = the length (O(N·C) a step)
+        state = FourierState(sums=torch.randn(b, n, h * d, dtype=torch.complex64, device=device), position=n)
+    elif case["attention"] == "softmax":
         e = case["num_realizations"] if encoding is not None else d
         # FoX keeps each cached key's summed log gate up to the newest position (≤ 0)
         gate = {"key_log_decay": -torch.rand(b, n, h, device=device)} if _decay(case) != "none" else {}
-        state = KVCache(keys=torch.randn(b, n, h, e, device=device), values=torch.randn(b, n, h, d, device=device),
-                        position=n, **gate)
+        blocks = case.get("attention_blocks")  # block-local: the cache holds the previous block on
+        kept = n if not blocks else n - max(0, ((n - 1) // blocks - 1) * blocks)
+        state = KVCache(keys=torch.randn(b, kept, h, e, device=device),
+                        values=torch.randn(b, kept, h, d, device=device), position=n, **gate)
         own_state = getattr(layer.score_encoding, "decoding_state", None)  # PaTH keeps its own cache type
         if callable(own_state):
             state = own_state(state)

@@ -239,8 +239,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from spe.lab.bench.forms import parse_fox_path_impls
     from spe.lab.bench.peers import PEER_ATTENTIONS
-    from spe.lab.bench.run import (BENCH_ATTENTIONS, KERNEL_NAMES, MODES, bench_outputs, parse_decays, parse_pairs, parse_series,
-                               parse_softmax_impls, run_bench, summarize_bench, write_outputs)
+    from spe.lab.bench.run import (BENCH_ATTENTIONS, KERNEL_NAMES, MODES, bench_outputs, parse_blocks, parse_decays,
+                               parse_pairs, parse_series, parse_softmax_impls, run_bench, summarize_bench,
+                               write_outputs)
     from spe.lab.train.config import load_config_file, packaged_config
     from spe.lab.train.precision import check_precision
 
@@ -265,6 +266,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_precision(args.precision, args.device.split(":")[0])
         softmax_impls = parse_softmax_impls(args.softmax_impl)
         fox_path_impls = parse_fox_path_impls(args.fox_path_impl)
+        blocks = parse_blocks(args.attention_blocks)
     except ValueError as e:
         raise UsageError(str(e)) from None
     out, json_path = bench_outputs(args.out, args.json)  # checked before measuring, not at the final write
@@ -276,7 +278,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            num_realizations=args.num_realizations, repeats=args.repeats, budget_s=args.budget_s,
                            device=args.device, threads=args.threads, progress=not args.no_progress, pairs=pairs,
                            decay=decays, precision=args.precision, softmax_impls=softmax_impls,
-                           fox_path_impls=fox_path_impls)
+                           fox_path_impls=fox_path_impls, attention_blocks=blocks)
     if "model" in modes or args.longest:
         result.update(_bench_model(args, model, model_series, attentions, decays))
     if result["matmul_gflops"] is None:
@@ -454,6 +456,10 @@ def _add_bench_parser(sub) -> None:
                         f"(auto: flash from {FLASH_FOX_MIN_LENGTH:,} positions for FoX, {FLASH_MIN_LENGTH:,} for "
                         "PaTH); rows name the form that ran, with ratios to plain softmax and flash / chunk "
                         "(default: the kernels choose, rows name no form)")
+    p.add_argument("--attention-blocks", metavar="BLOCKS",
+                   help="block lengths N of block-local attention (the Music Transformer's), each measured for "
+                        "every softmax case of the layer modes that takes it, e.g. 0,64: full attention beside "
+                        "blocks of 64 (0: full attention; default 0)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--compile", action="store_true",
                    help="--modes model: also measure every encoding with torch.compile, sineSPE's learned-time "
