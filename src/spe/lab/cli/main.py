@@ -435,8 +435,9 @@ def _add_bench_parser(sub) -> None:
     p.add_argument("--measure-limit-mb", type=float, default=12000.0,
                    help="--longest: measure no point predicted above this; extrapolate beyond (default 12000)")
     p.add_argument("--longest-start", type=int, default=4096, help="--longest: first length (default 4096)")
-    p.add_argument("--attentions", help="attention kernels (default: softmax, performer, linear-elu), and "
-                   "performer-pytorch (lucidrains' layer, train mode with ape/none, if installed)")
+    p.add_argument("--attentions", help="attention kernels (default: softmax, performer, linear-elu), the Fourier "
+                   "mixers fnet (train mode) and fnet-causal (with ape/none), and performer-pytorch (lucidrains' "
+                   "layer, train mode with ape/none, if installed)")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--num-realizations", type=int, default=64)
     p.add_argument("--decay", metavar="DECAYS", help=f"decay modes ({', '.join(names['decay'])}), each measured "
