@@ -57,3 +57,10 @@ def test_the_cli_refuses_bad_blocks_before_measuring(tmp_path, capsys):
     assert main(["bench", "--attention-blocks", "-8", "--out", str(tmp_path / "b")]) == 2
     assert "--attention-blocks takes" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_sine_s_automatic_choice_is_said_once_per_length_with_blocks():
+    row = {"mode": "train", "positional": "sinespe", "impl": "-", "attention": "softmax", "length": 8,
+           "median_ms": 1.0, "peak_mb": 1.0, "resolved_impl": "materialized"}
+    lines = run._auto_choices([row, {**row, "attention_blocks": 4}])
+    assert lines[-1] == "auto chose: sinespe + softmax N=8: materialized"

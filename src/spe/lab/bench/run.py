@@ -515,8 +515,8 @@ def _prefill_ratios(rows: list[dict], records: list[dict]) -> list[str]:
 
 
 def _auto_choices(rows: list[dict]) -> list[str]:
-    picked = [f"{r['positional']} + {r['attention']} N={r['length']}: {r['resolved_impl']}"
-              for r in rows if r.get("resolved_impl")]
+    picked = list(dict.fromkeys(f"{r['positional']} + {r['attention']} N={r['length']}: {r['resolved_impl']}"
+                                for r in rows if r.get("resolved_impl")))  # one per length, blocks or not
     picked += [f"{_label(r)} N={r['length']}: {auto_form(r)} form" for r in rows if auto_form(r)]
     return ["", "auto chose: " + "; ".join(picked)] if picked else []
 
