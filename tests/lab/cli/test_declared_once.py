@@ -32,7 +32,7 @@ def _declared_flags(parser: argparse.ArgumentParser):
 
 
 def test_every_command_is_walked():
-    assert set(_commands()) == {"train", "evaluate", "report", "generate", "bench", "sweep", "demo", "lra", "synth", "export"}
+    assert set(_commands()) == {"train", "evaluate", "report", "generate", "bench", "sweep", "demo", "lra", "synth", "export", "app"}
 
 
 @pytest.mark.parametrize("command", sorted(_commands()))

@@ -525,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     from spe.lab.cli.export import add_export_parser  # transformers export: its own module (parsing only)
 
     add_export_parser(sub)
+    from spe.lab.cli.app import add_app_parser  # the listening page: its own module (parsing only)
+
+    add_app_parser(sub)
     return parser
 
 
