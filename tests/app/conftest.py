@@ -78,9 +78,10 @@ def wav_peak():
     return _wav_peak
 
 
-@pytest.fixture
-def served(music_run, tmp_path):
+@pytest.fixture(scope="session")
+def served(music_run, tmp_path_factory):
     """``spe app --run RUN`` in a child process on a free port: yields its URL, then stops it."""
+    tmp_path = tmp_path_factory.mktemp("served")
     port = free_port()
     env = {**subprocess_env(), "SPE_SOUNDFONT": SOUNDFONT, "GRADIO_ANALYTICS_ENABLED": "False"}
     log = (tmp_path / "app.log").open("w")

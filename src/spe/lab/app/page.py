@@ -118,7 +118,7 @@ def build_page(paths: list[Path], work: str | os.PathLike | None = None):
                 bars = gr.Slider(1, 16, value=2, step=1, label="prompt bars")
                 length = gr.Slider(16, core.MAX_LENGTH, value=256, step=16, label="length (tokens)")
                 top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="top-p")
-                temperature = gr.Slider(0.1, 3.0, value=1.2, step=0.05, label="temperature")
+                temperature = gr.Slider(0.05, 3.0, value=1.2, step=0.05, label="temperature")
                 seed = gr.Number(value=0, precision=0, label="seed")
                 button = gr.Button("Generate", variant="primary", elem_id="generate")
             with gr.Column(scale=2):
@@ -139,6 +139,7 @@ def build_page(paths: list[Path], work: str | os.PathLike | None = None):
 def serve(paths: list[Path], *, host: str = "127.0.0.1", port: int = 7860, block: bool = True):
     """Builds the page and serves it on ``host:port``; returns the page (launched) when not ``block``."""
     page = build_page(paths)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own requests to itself, one a start
     folders = sorted({str(Path(p).resolve().parent) for p in paths} | {str(Path(p).resolve()) for p in paths})
     page.queue().launch(server_name=host, server_port=port, share=False, inbrowser=False, show_api=False,
                         allowed_paths=folders, prevent_thread_lock=not block, quiet=True,
