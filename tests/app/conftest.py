@@ -14,8 +14,8 @@ from tiny_run import free_port, subprocess_env, tiny_config
 
 # The soundfont every test renders with, whatever the machine has: pretty_midi's TimGM6mb.
 SOUNDFONT = str(Path(importlib.util.find_spec("pretty_midi").origin).parent / "TimGM6mb.sf2")
-# What the tests generate: short and near greedy, so that (seed fixed) no note falls where TimGM6mb has
-# no sample (the synthesizer would hang on it and leave its track out after a timeout).
+# What the tests generate: short and near greedy (seed fixed): a few notes of the prompt's instruments,
+# none where TimGM6mb has no sample (symusic's synthesizer, where FluidSynth is absent, hangs there).
 GENERATION = {"length": 64, "top_p": 0.1, "temperature": 0.05, "seed": 0}
 
 

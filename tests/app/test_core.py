@@ -92,10 +92,24 @@ def test_the_audio_is_rendered_with_the_soundfont_found(tmp_path, wav_peak, soun
     assert left_out == [] and wav_peak(wav.read_bytes()) > 1000
 
 
-def test_a_track_the_synthesizer_hangs_on_is_left_out(tmp_path, wav_peak, soundfont):
-    # TimGM6mb has no sample for program 21 at pitch 101: symusic's synthesizer never returns
-    wav, left_out = core.render_wav(_score(tmp_path, (0, 60), (21, 101)), tmp_path / "a.wav", soundfont, timeout=3)
-    assert left_out == ["program 21"] and wav_peak(wav.read_bytes()) > 1000
+# A stand-in for the rendering child: announces tracks 0 and 1 and hangs on 1 unless told to skip it.
+_HANGS_ON_TRACK_1 = """
+import sys, time, shutil
+soundfont, midi, wav, rate, skip = sys.argv[1:6]
+print(0, flush=True)
+if "1" not in skip.split(","):
+    print(1, flush=True)
+    time.sleep(60)
+shutil.copy(soundfont, wav)
+"""
+
+
+def test_a_track_the_synthesizer_hangs_on_is_left_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(core, "_RENDER", _HANGS_ON_TRACK_1)
+    (tmp_path / "fake.sf2").write_bytes(b"RIFF")
+    wav, left_out = core.render_wav(_score(tmp_path, (0, 60), (21, 101)), tmp_path / "a.wav", tmp_path / "fake.sf2",
+                                    timeout=2)
+    assert left_out == ["program 21"] and wav.read_bytes() == b"RIFF"
 
 
 def test_without_a_soundfont_the_page_says_so_and_still_draws(music_run, prompt, tmp_path, monkeypatch, generation):

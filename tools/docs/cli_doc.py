@@ -29,7 +29,7 @@ GUIDES = {
     "train": "music.md#spe-train", "evaluate": "music.md#spe-evaluate", "generate": "music.md#spe-generate",
     "demo": "usage.md#the-main-job-bash-scriptsdemosh", "sweep": "experiments.md#spe-sweep",
     "report": "experiments.md#spe-report", "lra": "lra-reference.md#spe-lra", "synth": "synth.md",
-    "bench": "experiments.md#spe-bench", "export": "usage.md#use-it-elsewhere",
+    "bench": "experiments.md#spe-bench", "export": "usage.md#use-it-elsewhere", "app": "usage.md#a-page-to-listen",
 }
 
 HEADER = f"""{MARK}

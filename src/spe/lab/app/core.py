@@ -308,37 +308,52 @@ def find_soundfont() -> tuple[Path | None, str]:
     return None, f"{why}, and pretty_midi (which ships one) is not installed: pip install 'spe[app]'"
 
 
-# The child that renders, a track at a time (its index printed first): symusic's synthesizer can
-# loop forever on a note its soundfont has no sample for (TimGM6mb's program 21 at pitch 101),
-# which no thread of this process could stop; the parent then renders again without that track.
+# The child that renders. FluidSynth (pyfluidsynth, through pretty_midi) when it loads, else
+# symusic's synthesizer a track at a time, its index printed first: that synthesizer can loop
+# forever on a note its soundfont has no sample for (TimGM6mb's program 21 at pitch 101), which no
+# thread of this process could stop; the parent then renders again without that track.
 _RENDER = """
 import sys
 import numpy as np
 from symusic import Score, Synthesizer
 from symusic.core import dump_wav
 soundfont, midi, wav, rate, skip = sys.argv[1:6]
-skip = {int(i) for i in skip.split(",") if i}
-score, synth = Score(midi), Synthesizer(soundfont, sample_rate=int(rate))
-mix = np.zeros((2, 0), np.float32)
-for i, track in enumerate(score.tracks):
-    if i in skip or not len(track.notes):
-        continue
-    print(i, flush=True)
-    one = score.copy()
-    one.tracks = [track]
-    audio = np.asarray(synth.render(one, stereo=True), np.float32)
-    if audio.shape[1] > mix.shape[1]:
-        mix = np.pad(mix, ((0, 0), (0, audio.shape[1] - mix.shape[1])))
-    mix[:, :audio.shape[1]] += audio
+rate, skip = int(rate), {int(i) for i in skip.split(",") if i}
+try:
+    import fluidsynth  # noqa: F401 - pyfluidsynth, which loads the system's libfluidsynth
+    import pretty_midi
+except (ImportError, OSError):
+    pretty_midi = None
+if pretty_midi is not None:
+    mono = pretty_midi.PrettyMIDI(midi).fluidsynth(fs=rate, synthesizer=soundfont).astype(np.float32)
+    mix = np.stack([mono, mono])
+else:
+    score, synth = Score(midi), Synthesizer(soundfont, sample_rate=rate)
+    mix = np.zeros((2, 0), np.float32)
+    for i, track in enumerate(score.tracks):
+        if i in skip or not len(track.notes):
+            continue
+        print(i, flush=True)
+        one = score.copy()
+        one.tracks = [track]
+        try:
+            audio = np.asarray(synth.render(one, stereo=True), np.float32)
+        except TypeError:
+            sys.exit("symusic 0.6.0 cannot hand back rendered audio and FluidSynth is not there: pip install "
+                     "'symusic!=0.6.0', or pyfluidsynth with the system's libfluidsynth")
+        if audio.shape[1] > mix.shape[1]:
+            mix = np.pad(mix, ((0, 0), (0, audio.shape[1] - mix.shape[1])))
+        mix[:, :audio.shape[1]] += audio
 mix /= max(1.0, float(np.abs(mix).max(initial=0.0)))  # many instruments at once: scaled, not clipped
-dump_wav(wav, np.asfortranarray(mix), int(rate), True)
+dump_wav(wav, np.asfortranarray(mix), rate, True)
 """
 
 
 def render_wav(midi: str | os.PathLike, wav: str | os.PathLike, soundfont: str | os.PathLike, *,
                timeout: float | None = None) -> tuple[Path, list[str]]:
-    """Renders the MIDI file ``midi`` with symusic's synthesizer and ``soundfont`` to a 16-bit
-    stereo WAV file at :data:`SAMPLE_RATE` (scaled down where it would clip).
+    """Renders the MIDI file ``midi`` with ``soundfont`` to a 16-bit stereo WAV file at
+    :data:`SAMPLE_RATE` (scaled down where it would clip): with FluidSynth where pyfluidsynth
+    and the system's libfluidsynth load, else with symusic's synthesizer.
 
     The synthesizer runs in a child process stopped after ``timeout`` seconds (default: 5 s
     plus an eighth of the music's duration); a track it hangs on is left out and the rest
@@ -348,8 +363,8 @@ def render_wav(midi: str | os.PathLike, wav: str | os.PathLike, soundfont: str |
         The WAV file and the tracks left out (``program P``, empty when none).
 
     Raises:
-        ValueError: naming the soundfont: the synthesizer failed (an unreadable soundfont; a
-            symusic whose build cannot hand back audio, 0.6.0's).
+        ValueError: naming the soundfont: the synthesizer failed (an unreadable soundfont;
+            no FluidSynth and a symusic whose build cannot hand back audio, 0.6.0's).
     """
     from symusic import Score
 
@@ -365,15 +380,14 @@ def render_wav(midi: str | os.PathLike, wav: str | os.PathLike, soundfont: str |
         except subprocess.TimeoutExpired as err:
             out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
             started = out.split()
-            if not started:  # the soundfont itself did not load in time
-                raise ValueError(f"the synthesizer did not start within {timeout:.0f} s with the soundfont "
+            if not started:  # FluidSynth, or the soundfont's loading, took all the time
+                raise ValueError(f"the synthesizer did not finish within {timeout:.0f} s with the soundfont "
                                  f"{soundfont}") from None
             skipped.append(int(started[-1]))
             continue
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
-            hint = ": pip install 'symusic!=0.6.0'" if "Unable to convert function return value" in done.stderr else ""
-            raise ValueError(f"the synthesizer failed with the soundfont {soundfont}: {lines[-1]}{hint}")
+            raise ValueError(f"the synthesizer failed with the soundfont {soundfont}: {lines[-1]}")
         return Path(wav), [f"program {score.tracks[i].program}" for i in skipped]
 
 

@@ -77,7 +77,7 @@ def _generate(models: _Models, work: Path, model_path, source, upload, piece, ba
                 note = (f"{note}; " if note else "") + f"no audio: {err}"
         message = (f"{piece_.prompt_tokens} prompt tokens + {len(piece_.ids) - piece_.prompt_tokens} generated, "
                    f"{piece_.notes} notes, {piece_.score.end() / piece_.score.ticks_per_quarter:g} quarter notes"
-                   + (f". {note}" if note else ""))
+                   + (f". {note[:1].upper()}{note[1:]}" if note else ""))
         return str(roll), (str(audio) if audio else None), str(piece_.midi), message
     except (ValueError, OSError) as err:
         return None, None, None, f"**Error:** {' '.join(str(err).split())}"
