@@ -116,7 +116,7 @@ def test_without_a_soundfont_the_page_says_so_and_still_draws(music_run, prompt,
     monkeypatch.setenv("SPE_SOUNDFONT", str(tmp_path / "missing.sf2"))
     roll, audio, midi, message = _generate(_Models([music_run]), tmp_path, str(music_run), SOURCES[1], str(prompt),
                                            0, 2, *generation.values())
-    assert audio is None and "no audio: SPE_SOUNDFONT" in message and "missing.sf2" in message
+    assert audio is None and "No audio: SPE_SOUNDFONT" in message and "missing.sf2" in message
     assert Path(roll).is_file() and Path(midi).is_file()
 
 
