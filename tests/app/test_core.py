@@ -1,6 +1,7 @@
 """spe app's work without a browser: opening runs and exports, prompts, generation, the piano roll,
 the audio, the run's evaluation, and the messages of bad input."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,10 @@ def test_the_page_listens_on_this_machine_only_by_default():
     from spe.lab.cli.main import build_parser
 
     assert build_parser().parse_args(["app"]).host == "127.0.0.1"
+
+
+def test_without_gradio_spe_app_says_which_extra_to_install(music_run, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "gradio", None)  # import gradio then fails as when it is not installed
+    assert main(["app", "--run", str(music_run)]) == 2
+    err = capsys.readouterr().err
+    assert "gradio" in err and "spe[app]" in err and len(err.strip().splitlines()) == 1
