@@ -2,7 +2,6 @@
 evaluation, a prompt MIDI file, the small soundfont pretty_midi ships, the page served."""
 
 import importlib.util
-import os
 import subprocess
 import sys
 import time

@@ -102,7 +102,7 @@ def build_page(paths: list[Path], work: str | os.PathLike | None = None):
     work = Path(work or tempfile.mkdtemp(prefix="spe-app-"))
 
     def generate(model_path, source, upload, piece, bars, length, top_p, temperature, seed,
-                 progress=gr.Progress(track_tqdm=True)):
+                 progress=gr.Progress(track_tqdm=True)):  # noqa: B008 - how Gradio finds its progress bar
         return _generate(models, work, model_path, source, upload, piece, bars, length, top_p, temperature, seed,
                          progress)
 
