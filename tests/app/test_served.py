@@ -22,6 +22,8 @@ def test_the_page_answers_gradios_client(served, music_run, prompt, tmp_path, ge
     assert Path(roll).read_bytes()[:4] == b"\x89PNG"
     assert wav_peak(Path(audio).read_bytes()) > 1000
     assert sum(len(t.notes) for t in Score(midi).tracks) > 0
+    plot, numbers = client.predict(str(music_run), api_name="/results")
+    assert Path(plot).read_bytes()[:4] == b"\x89PNG" and "within training length" in numbers
     bad = tmp_path / "bad.mid"
     bad.write_text("not music")
     *outputs, message = client.predict(str(music_run), "an uploaded MIDI file", handle_file(str(bad)), 0, 2,

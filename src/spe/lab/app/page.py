@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -86,11 +87,15 @@ def _generate(models: _Models, work: Path, model_path, source, upload, piece, ba
         return None, None, None, f"**Error:** generation failed: {type(err).__name__}: {' '.join(str(err).split())}"
 
 
-def _results(model_path):
+def _results(work: Path, model_path):
+    """The run's extrapolation plot (copied into ``work``: the page serves no file of the run's
+    folder) and its headline numbers."""
     try:
         png, text = core.run_results(model_path)
+        if png is not None:
+            png = Path(shutil.copy(png, work / f"extrapolation-{abs(hash(str(png.resolve())))}.png"))
     except Exception as err:  # noqa: BLE001 - a broken evaluation file is a message, not a failure
-        return None, f"Cannot read the evaluation beside {model_path}: {err}"
+        return None, f"Cannot read the evaluation beside {model_path}: {' '.join(str(err).split())}"
     return (str(png) if png else None), text
 
 
@@ -105,6 +110,9 @@ def build_page(paths: list[Path], work: str | os.PathLike | None = None):
                  progress=gr.Progress(track_tqdm=True)):  # noqa: B008 - how Gradio finds its progress bar
         return _generate(models, work, model_path, source, upload, piece, bars, length, top_p, temperature, seed,
                          progress)
+
+    def results(model_path):
+        return _results(work, model_path)
 
     with gr.Blocks(title="spe: listen to a model") as page:
         gr.Markdown("## Listen to a model\nPick a model and a prompt, generate, look and listen.")
@@ -131,8 +139,8 @@ def build_page(paths: list[Path], work: str | os.PathLike | None = None):
                     numbers = gr.Markdown()
         button.click(generate, [model, source, upload, piece, bars, length, top_p, temperature, seed],
                      [roll, audio, midi, message], api_name="generate")
-        model.change(_results, [model], [plot, numbers], api_name="results")
-        page.load(_results, [model], [plot, numbers])
+        model.change(results, [model], [plot, numbers], api_name="results")
+        page.load(results, [model], [plot, numbers])
     return page
 
 
@@ -140,8 +148,7 @@ def serve(paths: list[Path], *, host: str = "127.0.0.1", port: int = 7860, block
     """Builds the page and serves it on ``host:port``; returns the page (launched) when not ``block``."""
     page = build_page(paths)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own requests to itself, one a start
-    folders = sorted({str(Path(p).resolve().parent) for p in paths} | {str(Path(p).resolve()) for p in paths})
     page.queue().launch(server_name=host, server_port=port, share=False, inbrowser=False, show_api=False,
-                        allowed_paths=folders, prevent_thread_lock=not block, quiet=True,
+                        prevent_thread_lock=not block, quiet=True,
                         max_file_size=16 * core.MAX_PROMPT_BYTES)
     return page
