@@ -2,6 +2,7 @@
 evaluation, a prompt MIDI file, the small soundfont pretty_midi ships, the page served."""
 
 import importlib.util
+import signal
 import subprocess
 import sys
 import time
@@ -79,10 +80,13 @@ def wav_peak():
 
 @pytest.fixture(scope="session")
 def served(music_run, tmp_path_factory):
-    """``spe app --run RUN`` in a child process on a free port: yields its URL, then stops it."""
+    """``spe app --run RUN`` in a child process on a free port: yields its URL, then stops it with
+    Ctrl-C (SIGINT) and checks that its temporary folder of generated files is gone."""
     tmp_path = tmp_path_factory.mktemp("served")
     port = free_port()
-    env = {**subprocess_env(), "SPE_SOUNDFONT": SOUNDFONT, "GRADIO_ANALYTICS_ENABLED": "False"}
+    (tmp_path / "tmp").mkdir()
+    env = {**subprocess_env(), "SPE_SOUNDFONT": SOUNDFONT, "GRADIO_ANALYTICS_ENABLED": "False",
+           "TMPDIR": str(tmp_path / "tmp")}
     log = (tmp_path / "app.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "spe", "app", "--run", str(music_run), "--port", str(port),
                              "--threads", "1"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
@@ -100,6 +104,11 @@ def served(music_run, tmp_path_factory):
             raise AssertionError(f"spe app did not answer at {url}: {(tmp_path / 'app.log').read_text()[-2000:]}")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         log.close()
+    assert not list((tmp_path / "tmp").glob("spe-app-*")), "spe app left its temporary folder"

@@ -5,6 +5,7 @@ Needs the ``app`` extra (Gradio). Every failure of a request is a message on the
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -114,7 +115,8 @@ def build_page(paths: list[Path], work: str | os.PathLike | None = None):
     def results(model_path):
         return _results(work, model_path)
 
-    with gr.Blocks(title="spe: listen to a model") as page:
+    # Gradio keeps a copy of each file shown: those over an hour old go, every hour
+    with gr.Blocks(title="spe: listen to a model", delete_cache=(3600, 3600)) as page:
         gr.Markdown("## Listen to a model\nPick a model and a prompt, generate, look and listen.")
         with gr.Row():
             with gr.Column(scale=1):
@@ -139,6 +141,7 @@ def build_page(paths: list[Path], work: str | os.PathLike | None = None):
                     numbers = gr.Markdown()
         button.click(generate, [model, source, upload, piece, bars, length, top_p, temperature, seed],
                      [roll, audio, midi, message], api_name="generate")
+        upload.upload(lambda: SOURCES[1], None, source)  # a file just uploaded is the prompt meant
         model.change(results, [model], [plot, numbers], api_name="results")
         page.load(results, [model], [plot, numbers])
     return page
@@ -146,7 +149,9 @@ def build_page(paths: list[Path], work: str | os.PathLike | None = None):
 
 def serve(paths: list[Path], *, host: str = "127.0.0.1", port: int = 7860, block: bool = True):
     """Builds the page and serves it on ``host:port``; returns the page (launched) when not ``block``."""
-    page = build_page(paths)
+    work = tempfile.mkdtemp(prefix="spe-app-")
+    atexit.register(shutil.rmtree, work, True)
+    page = build_page(paths, work)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own requests to itself, one a start
     page.queue().launch(server_name=host, server_port=port, share=False, inbrowser=False, show_api=False,
                         prevent_thread_lock=not block, quiet=True,
