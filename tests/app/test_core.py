@@ -50,8 +50,9 @@ def test_a_corpus_piece_gives_its_first_bars(music_run):
     app = core.open_model(music_run)
     ids, note = core.corpus_prompt(app, 0, 1)
     assert ids.count(app.tokenizer.vocab["Bar_None"]) == 1 and "corpus piece 0 of" in note
-    with pytest.raises(ValueError, match="corpus piece 99 does not exist"):
-        core.corpus_prompt(app, 99, 1)
+    for index in (99, -1, None, float("inf")):
+        with pytest.raises(ValueError, match=f"corpus piece {index} does not exist"):
+            core.corpus_prompt(app, index, 1)
 
 
 @pytest.mark.parametrize("content, match", [(b"", "is empty"), (b"not a midi file", "cannot read prompt MIDI"),
@@ -70,7 +71,8 @@ def test_a_bad_prompt_file_is_a_message_naming_it(music_run, tmp_path, content, 
 
 @pytest.mark.parametrize("change, match", [({"length": 0}, "length must be"), ({"length": 10**6}, "length must be"),
                                            ({"top_p": 0.0}, "top-p"), ({"temperature": -1.0}, "temperature"),
-                                           ({"seed": -1}, "seed must be"), ({"seed": 1.5}, "seed must be")])
+                                           ({"seed": -1}, "seed must be"), ({"seed": 1.5}, "seed must be"),
+                                           ({"seed": None}, "seed must be"), ({"length": float("nan")}, "length")])
 def test_bad_settings_are_refused_before_generating(music_run, tmp_path, generation, change, match):
     with pytest.raises(ValueError, match=match):
         core.generate_piece(core.open_model(music_run), [], tmp_path / "out", **{**generation, **change})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -214,6 +215,12 @@ def _corpus(app: AppModel) -> list[np.ndarray]:
     return list(load_corpus(None, progress=False, tokenizer=tokenizer_to_json(app.tokenizer)).pieces)
 
 
+def _whole(value, low: int, high: int) -> bool:
+    """Whether ``value`` (a page's number: int, float or None) is a whole number in [low, high]."""
+    return (not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+            and int(value) == value and low <= value <= high)
+
+
 def corpus_prompt(app: AppModel, index: int, bars: int) -> tuple[list[int], str]:
     """The first ``bars`` bars of piece ``index`` of the run's validation pieces (an export's:
     the default corpus), and a note naming the piece.
@@ -222,8 +229,7 @@ def corpus_prompt(app: AppModel, index: int, bars: int) -> tuple[list[int], str]
         ValueError: if ``index`` is not a piece number, naming the range.
     """
     pieces = _corpus(app)
-    if isinstance(index, bool) or not isinstance(index, int | float) or int(index) != index or not (
-            0 <= index < len(pieces)):
+    if not _whole(index, 0, len(pieces) - 1):
         raise ValueError(f"corpus piece {index} does not exist: pick 0 to {len(pieces) - 1}")
     ids = [int(t) for t in pieces[int(index)]]
     bar = app.tokenizer.vocab["Bar_None"]
@@ -243,11 +249,10 @@ def generate_piece(app: AppModel, prompt: list[int], out_dir: str | os.PathLike,
             model's position limit with the prompt, ``top_p`` or ``temperature`` out of range, a
             seed that is not a whole number.
     """
-    if isinstance(length, bool) or not isinstance(length, int | float) or int(length) != length or not (
-            1 <= length <= MAX_LENGTH):
+    if not _whole(length, 1, MAX_LENGTH):
         raise ValueError(f"length must be a whole number of tokens from 1 to {MAX_LENGTH}, got {length}")
-    if isinstance(seed, bool) or not isinstance(seed, int | float) or int(seed) != seed or seed < 0:
-        raise ValueError(f"seed must be a whole number ≥ 0, got {seed}")
+    if not _whole(seed, 0, 2**63 - 1):
+        raise ValueError(f"seed must be a whole number from 0 to 2^63 − 1, got {seed}")
     check_sampling(top_p=top_p, temperature=temperature, top_p_name="top-p")
     length, seed = int(length), int(seed)
     limit = app.max_length
