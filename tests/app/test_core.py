@@ -153,10 +153,14 @@ def test_spe_app_refuses_bad_flags_in_one_line(tmp_path, monkeypatch, capsys, ar
     assert match in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_the_page_listens_on_this_machine_only_by_default():
-    from spe.lab.cli.main import build_parser
+@pytest.mark.parametrize("argv, host", [([], "127.0.0.1"), (["--host", "0.0.0.0"], "0.0.0.0")])
+def test_the_page_listens_on_this_machine_only_unless_told(music_run, monkeypatch, argv, host):
+    import gradio
 
-    assert build_parser().parse_args(["app"]).host == "127.0.0.1"
+    launched = {}
+    monkeypatch.setattr(gradio.Blocks, "launch", lambda self, **keywords: launched.update(keywords))
+    assert main(["app", "--run", str(music_run), "--port", "7999", *argv]) == 0
+    assert launched["server_name"] == host and launched["server_port"] == 7999 and launched["share"] is False
 
 
 def test_without_gradio_spe_app_says_which_extra_to_install(music_run, monkeypatch, capsys):
