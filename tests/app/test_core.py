@@ -89,6 +89,16 @@ def _score(tmp_path, *tracks) -> Path:
     return tmp_path / "score.mid"
 
 
+def test_without_spe_soundfont_or_a_system_one_pretty_midis_is_used(monkeypatch, soundfont, tmp_path):
+    from spe.lab.evaluation import audio
+
+    monkeypatch.delenv("SPE_SOUNDFONT")
+    monkeypatch.setattr(audio, "SOUNDFONTS", (str(tmp_path / "system.sf2"),))
+    assert core.find_soundfont() == (Path(soundfont), "")
+    (tmp_path / "system.sf2").write_bytes(b"RIFF")
+    assert core.find_soundfont() == (tmp_path / "system.sf2", "")
+
+
 def test_the_audio_is_rendered_with_the_soundfont_found(tmp_path, wav_peak, soundfont):
     assert core.find_soundfont() == (Path(soundfont), "")
     wav, left_out = core.render_wav(_score(tmp_path, (0, 60)), tmp_path / "a.wav", soundfont)
