@@ -126,3 +126,8 @@ def test_stored_tokenizer_rebuilds_with_the_corpus_token_ids():
         assert same_tokenizer(text, stored)
         assert tokenizer_from_json(text).vocab == fresh.vocab
     assert not same_tokenizer(stored, stored.replace('"use_programs": true', '"use_programs": false'))
+    # saved under other symusic / tokenizers releases: the same tokens; another MidiTok: not known to be
+    other = json.loads(stored)
+    other.update(symusic_version="0.0.1", hf_tokenizers_version="0.0.2")
+    assert same_tokenizer(stored, json.dumps(other))
+    assert not same_tokenizer(stored, json.dumps({**other, "miditok_version": "0.0.3"}))

@@ -339,9 +339,19 @@ def tokenizer_to_json(tokenizer) -> str:
     return json.dumps(tokenizer.to_dict(), default=str)
 
 
+# What MidiTok writes beside a tokenizer's parameters that does not change its tokens: the versions
+# of the libraries it runs on (MidiTok's own version stays compared: it defines the vocabulary).
+_NOT_PARAMETERS = ("symusic_version", "hf_tokenizers_version")
+
+
 def same_tokenizer(a: str, b: str) -> bool:
-    """Whether two stored tokenizers have the same parameters, whatever their key order."""
-    return json.loads(a) == json.loads(b)
+    """Whether two stored tokenizers have the same parameters, whatever their key order and the
+    versions of symusic and Hugging Face tokenizers they were saved with (an upgrade of either
+    must not make a run's corpus look like another's)."""
+    def parameters(text: str) -> dict:
+        return {k: v for k, v in json.loads(text).items() if k not in _NOT_PARAMETERS}
+
+    return parameters(a) == parameters(b)
 
 
 def tokenizer_from_json(text: str):
