@@ -418,6 +418,11 @@ def test_a_folder_of_lra_experiments_becomes_validation_and_test_accuracy_at_the
     assert {r["train_tokens"] for r in records} == {2000 * 32 * 300}
     text = render_study(records, meta)
     assert _line(text, "| softmax-ape ").startswith("| softmax-ape | whole input | 3 | 0.00 M | **41.0 ± 1.0** | best |")
+    listops = json.loads((tmp_path / "fnet-ape" / "config.json").read_text())
+    del listops["max_length"]
+    (tmp_path / "fnet-ape" / "config.json").write_text(json.dumps({**listops, "seq_len": None,
+                                                                   "data_options": {"max_length": 250}}))
+    assert {r["train_length"] for r in lra_folder_results(tmp_path)[0] if r["variant"] == "fnet-ape"} == {250}
     (tmp_path / "fnet-ape" / "seed0" / "result.json").write_text(json.dumps({"val_accuracy": 0.3}))
     with pytest.raises(ValueError, match=r"fnet-ape/seed0/result.json has no test_accuracy, num_parameters"):
         lra_folder_results(tmp_path)

@@ -427,9 +427,11 @@ def lra_folder_results(out: str | Path) -> tuple[list[dict], dict]:
         row = config_file.parent.name
         config = rename_old_names(read_json_object(config_file, "an spe lra experiment's config"), OLD_NAMES)
         _require(config, ("task", "seq_len", "steps", "batch_size"), config_file)
-        length = config["seq_len"]
+        # ListOps' sequences have no fixed length: the longest its generator draws stands for it
+        length = config["seq_len"] or (config.get("data_options") or {}).get("max_length")
         if not isinstance(length, int):
-            raise ValueError(f"{config_file}: seq_len is {length!r}; a study needs the run's training length")
+            raise ValueError(f"{config_file}: seq_len is {config['seq_len']!r} and data_options has no max_length; "
+                             "a study needs the run's training length")
         model = config.get("model", {})
         rows[row] = {"description": f"{config.get('attention')} + {config.get('positional')}",
                      "window": (f"blocks of {model['attention_blocks']}: own and previous"
