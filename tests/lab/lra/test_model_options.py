@@ -85,7 +85,7 @@ def test_text_values_are_made_safe_for_a_folder_name(seen):
 
 
 @pytest.mark.parametrize("option,message", [
-    ("foo=1", "unknown model option foo=1; allowed: chunk_size, .*gate_init, gated, "),
+    ("foo=1", "unknown model option foo=1; allowed: attention_blocks, chunk_size, .*gate_init, gated, "),
     ("gated=3", "model option gated .*true or false.*got 3"),
     ("num_realizations=0", "model option num_realizations=0: .*positive integer.*got 0"),
     ("gate_init=high", "model option gate_init .*number.*got 'high'"),

@@ -166,7 +166,9 @@ def test_grown_eval_lengths_test_finished_seeds_at_the_new_lengths_as_a_fresh_ru
     grown = json.loads((seed / "result.json").read_text())
     assert (seed / "model.safetensors").stat().st_mtime_ns == weights  # no training step taken
     assert (seed / "metrics.jsonl").read_text() == metrics
-    cells_of = ("test", "validation")
+    # the provenance is of the process that tested the new lengths, under the grown configuration
+    assert grown["provenance"]["config_sha256"] != first["provenance"]["config_sha256"]
+    cells_of = ("test", "validation", "provenance")
     kept = {k: v for k, v in grown.items() if k not in cells_of}
     assert kept == {k: v for k, v in first.items() if k not in cells_of}
     for distribution, cells in first["test"].items():
