@@ -106,7 +106,7 @@ def served(music_run, tmp_path_factory):
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=60)  # Gradio's shutdown takes seconds, more on a loaded machine
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

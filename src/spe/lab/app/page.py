@@ -153,7 +153,11 @@ def serve(paths: list[Path], *, host: str = "127.0.0.1", port: int = 7860, block
     atexit.register(shutil.rmtree, work, True)
     page = build_page(paths, work)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own requests to itself, one a start
-    page.queue().launch(server_name=host, server_port=port, share=False, inbrowser=False, show_api=False,
-                        prevent_thread_lock=not block, quiet=True,
-                        max_file_size=16 * core.MAX_PROMPT_BYTES)
+    try:
+        page.queue().launch(server_name=host, server_port=port, share=False, inbrowser=False, show_api=False,
+                            prevent_thread_lock=not block, quiet=True,
+                            max_file_size=16 * core.MAX_PROMPT_BYTES)
+    finally:
+        if block:  # served until Ctrl-C: the generated files go now, not only when the interpreter exits
+            shutil.rmtree(work, ignore_errors=True)
     return page
