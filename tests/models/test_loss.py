@@ -32,3 +32,11 @@ def test_half_precision_logits_are_upcast_before_the_log_sum_exp():
 def test_mismatched_shapes_are_refused_with_both_shapes_named():
     with pytest.raises(ValueError, match=r"\(2, 3, 7\).*\(2, 4\)"):
         cross_entropy(torch.zeros(2, 3, 7), torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_a_target_of_minus_100_adds_nothing_and_the_mean_is_over_the_others():
+    logits = torch.tensor([[0.0, math.log(3.0)], [5.0, 0.0], [math.log(3.0), 0.0]])
+    targets = torch.tensor([1, -100, 0])
+    # −log(3/4) twice, the middle position ignored
+    assert cross_entropy(logits, targets).item() == pytest.approx(-math.log(0.75), rel=1e-6)
+    assert cross_entropy(logits, targets, reduction="none")[1].item() == 0.0

@@ -18,7 +18,6 @@ Letters: B = batch, L = length, V = vocab_size, K = num_classes.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
@@ -27,6 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassi
 from spe.hf.configuration import SPEConfig
 from spe.models.decoder_lm import DecoderLM, DecodingState
 from spe.models.encoder_classifier import EncoderClassifier
+from spe.models.loss import cross_entropy
 
 __all__ = ["SPECache", "SPEForCausalLM", "SPEForSequenceClassification", "SPEPreTrainedModel"]
 
@@ -209,9 +209,8 @@ class SPEForCausalLM(SPEPreTrainedModel, GenerationMixin):
         if labels.shape != logits.shape[:2]:
             raise ValueError(f"labels must have the shape of input_ids {tuple(logits.shape[:2])}, got "
                              f"{tuple(labels.shape)}")
-        # float32 like spe.models.loss.cross_entropy; transformers' −100 marks positions without a target
-        return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                               labels[:, 1:].reshape(-1).to(logits.device), ignore_index=IGNORE_INDEX)
+        # the package's one cross-entropy; transformers' −100 (IGNORE_INDEX) is its ignored target too
+        return cross_entropy(logits[:, :-1], labels[:, 1:].to(logits.device))
 
     def prepare_inputs_for_generation(self, input_ids: Tensor, past_key_values: SPECache | None = None,
                                       attention_mask: Tensor | None = None, use_cache: bool = True,
@@ -275,7 +274,7 @@ class SPEForSequenceClassification(SPEPreTrainedModel):
             raise ValueError("SPEForSequenceClassification reads token ids: pass input_ids, not inputs_embeds")
         logits = self.model(input_ids, _lengths(attention_mask, "attention_mask"), input_ids2,
                             _lengths(attention_mask2, "attention_mask2"))
-        loss = None if labels is None else F.cross_entropy(logits.float(), labels.to(logits.device))
+        loss = None if labels is None else cross_entropy(logits, labels.to(logits.device))
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
 

@@ -155,8 +155,8 @@ def _provenance_line(meta: dict, by_bucket: dict, shown) -> str:
                 "seeds cannot be tied to one code version.")
     mixed = mixed_commits(meta, by_bucket, shown)
     if not mixed:
-        commits = {c for n in meta["provenance"] for c in commits_by_seed(meta, n, map(int, meta["provenance"][n]))
-                   .values()}
+        commits = {c for by_seed in meta["provenance"].values() for c in
+                   (r["commit"] + ("+dirty" if r.get("dirty") else "") for r in by_seed.values() if r.get("commit"))}
         return (f"* Provenance: each row's seeds ran on one commit ({', '.join(sorted(c[:10] + c[40:] for c in commits))}); "
                 "commit, configuration hash, threads, versions and host of every run are in the meta file.")
     def seeds(commits: dict) -> str:

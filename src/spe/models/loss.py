@@ -20,7 +20,9 @@ def cross_entropy(logits: Tensor, targets: Tensor, *, reduction: str = "mean") -
     Args:
         logits: (..., V) unnormalised log-probabilities (bf16/fp16 logits are upcast, so the
             log-sum-exp never rounds in half precision).
-        targets: (...) integer ids in [0, V).
+        targets: (...) integer ids in [0, V); −100 marks a position without a target (PyTorch's
+            ``ignore_index``, transformers' convention): it adds nothing, and ``"mean"`` averages
+            over the others.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
 
     Returns:
