@@ -27,7 +27,7 @@ python - "$OUT/report" "$DOC" <<'PY'
 import sys
 from pathlib import Path
 
-from spe.lab.evaluation.publish import publish_report
+from spe.lab.music.evaluation.publish import publish_report
 
 # docs/results.md keeps its hand-written intro (how it was produced, the paper's Table 6 beside ours)
 intro = Path("tools/docs/results_intro.md")

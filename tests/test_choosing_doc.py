@@ -14,7 +14,7 @@ import torch
 import spe
 from spe.lab.cli.main import build_parser
 from spe.lab.cli.model_flags import model_flag_options
-from spe.lab.train.config import resolve_model_options
+from spe.lab.music.config import resolve_model_options
 
 ROOT = Path(__file__).resolve().parents[1]
 CHOOSING = (ROOT / "docs" / "choosing.md").read_text(encoding="utf-8")

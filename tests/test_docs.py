@@ -28,7 +28,7 @@ def _music_run(folder: Path) -> None:
 
     from tiny_run import tiny_config
 
-    from spe.lab.train.loop import train
+    from spe.lab.music.train import train
 
     train(tiny_config(folder, "runs/music"))
     shutil.copy(folder / "clean_midi" / "piece0.mid", folder / "prompt.mid")
@@ -39,7 +39,7 @@ def _music_export(folder: Path) -> None:
     from tiny_run import tiny_config
 
     from spe.lab.cli.main import main
-    from spe.lab.train.loop import train
+    from spe.lab.music.train import train
 
     run = train(tiny_config(folder, "runs/music", steps=2, eval_every=2, warmup_steps=1), progress=False)
     assert main(["export", str(run), "--out", str(folder / "my-export")]) == 0

@@ -25,7 +25,7 @@ _BANNED = re.compile("|".join(f"(?:{pattern})" for _, pattern in BANNED), re.IGN
 
 # Technical uses of a banned word, removed from a line before it is checked (a small, explicit list).
 TECHNICAL = [
-    r"\b(?:dist_?\.|def )session\(",   # spe.lab.train.distributed.session: a process group's context
+    r"\b(?:dist_?\.|def )session\(",   # spe.lab.engine.distributed.session: a process group's context
     r"\"session\"",                    # ... and its name in that module's __all__
     r"\bcommit [0-9a-f]{7,40} of [\w.-]+/[\w.-]+",  # a pinned version of an external source
 ]

@@ -7,8 +7,8 @@ import pytest
 
 from spe.field_types import check_field_types, describe_types, field_value_types, value_types
 from spe.lab.lra.config import LRAConfig
-from spe.lab.train.config import TrainConfig
-from spe.lab.train.engine import EngineSettings
+from spe.lab.music.config import TrainConfig
+from spe.lab.engine.core import EngineSettings
 from spe.models import ModelConfig
 from spe.models.classifier_config import ClassifierConfig
 

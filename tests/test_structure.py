@@ -64,7 +64,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 @pytest.mark.slow
 def test_the_package_has_no_import_cycle():
     graph = _import_graph()
-    assert {"spe.lab.cli.main", "spe.lab.evaluation.report", "spe.lab.experiments.sweep"} <= set(graph)
+    assert {"spe.lab.cli.main", "spe.lab.music.evaluation.report", "spe.lab.music.plan"} <= set(graph)
     assert _find_cycle(graph) is None, " -> ".join(_find_cycle(graph))
 
 
@@ -83,8 +83,8 @@ def test_only_the_cli_imports_the_cli():
 
 @pytest.mark.slow
 def test_library_imports_without_the_cli():
-    code = ("import sys, spe.lab.evaluation, spe.lab.metrics, spe.lab.experiments, spe.lab.generation_midi; "
-            "import spe.lab.evaluation.report; "
+    code = ("import sys, spe.lab.music.evaluation, spe.lab.metrics, spe.lab.music.plan, spe.lab.music.generation; "
+            "import spe.lab.music.evaluation.report; "
             "print(sorted(m for m in sys.modules if m.startswith('spe.lab.cli')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
@@ -115,10 +115,10 @@ def test_python_dash_m_spe_runs_the_cli():
 
 
 def test_the_real_homes_of_moved_names_import():
-    from spe.lab.evaluation.publish import publish_report
-    from spe.lab.evaluation.r_grid import r_grids
-    from spe.lab.evaluation.report import build_report
-    from spe.lab.experiments.sweep import load_plan, results_table, run_sweep, summarize_runs
+    from spe.lab.music.evaluation.publish import publish_report
+    from spe.lab.music.evaluation.r_grid import r_grids
+    from spe.lab.music.evaluation.report import build_report
+    from spe.lab.music.plan import load_plan, results_table, run_sweep, summarize_runs
     from spe.lab.metrics.pe_probe import pe_metrics, probe_plan, probe_tokens
     from spe.models.trunk import Trunk, init_weights
     from spe.ops.sine import FusedSineProduct, SharedSineProduct, sine_features, sine_phase

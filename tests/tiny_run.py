@@ -17,9 +17,9 @@ from conftest import write_midi
 from safetensors.torch import load_file
 
 from spe.checkpoint import MODEL_FILE
-from spe.lab.data.lra.dataset import PairDataset, SequenceDataset
+from spe.lab.lra.data.dataset import PairDataset, SequenceDataset
 from spe.lab.lra import LRAConfig
-from spe.lab.train.config import TrainConfig
+from spe.lab.music.config import TrainConfig
 
 # Dropout and feature redraws on, so that resuming must restore the global RNG and the feature generator.
 TINY_MODEL = {"d_model": 32, "num_layers": 1, "num_heads": 2, "d_ff": 64, "num_realizations": 4,
@@ -64,7 +64,7 @@ def subprocess_env() -> dict:
 
 PYTHON = sys.executable
 
-_HOLD = ("import sys, time\nfrom spe.lab.train.run_folder import run_lock\nwith run_lock(sys.argv[1]):\n"
+_HOLD = ("import sys, time\nfrom spe.lab.engine.run_folder import run_lock\nwith run_lock(sys.argv[1]):\n"
          "    print('locked', flush=True)\n    time.sleep(120)\n")
 
 

@@ -30,7 +30,7 @@ __all__ = ["FORMAT_VERSION", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint
            "save"]
 
 MODEL_FILE = "model.safetensors"
-# Optimizer step, optimizer and random states of a run, beside MODEL_FILE (see spe.lab.train.loop).
+# Optimizer step, optimizer and random states of a run, beside MODEL_FILE (see spe.lab.music.train).
 TRAIN_STATE_FILE = "train_state.pt"
 # The header's ``spe_model_kind`` names the model class (files without one hold decoders).
 DEFAULT_MODEL_KIND = "decoder-lm"

@@ -23,7 +23,7 @@ GENERATION = {"length": 64, "top_p": 0.1, "temperature": 0.05, "seed": 0}
 def music_run(tmp_path_factory) -> Path:
     """A tiny music run trained for 2 steps, evaluated beside it (RUN-evaluation, as spe sweep does)."""
     from spe.lab.cli.main import main
-    from spe.lab.train.loop import train
+    from spe.lab.music.train import train
 
     root = tmp_path_factory.mktemp("app")
     run = train(tiny_config(root, "run", steps=2, eval_every=2, warmup_steps=1), progress=False)

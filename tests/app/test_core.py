@@ -90,7 +90,7 @@ def _score(tmp_path, *tracks) -> Path:
 
 
 def test_without_spe_soundfont_or_a_system_one_pretty_midis_is_used(monkeypatch, soundfont, tmp_path):
-    from spe.lab.evaluation import audio
+    from spe.lab.music.evaluation import audio
 
     monkeypatch.delenv("SPE_SOUNDFONT")
     monkeypatch.setattr(audio, "SOUNDFONTS", (str(tmp_path / "system.sf2"),))

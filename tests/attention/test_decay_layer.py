@@ -13,7 +13,7 @@ from spe.models.classifier_config import ClassifierConfig
 from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
 from spe.ops.decay import retnet_log_decay
-from spe.lab.train.optim import decayed_parameter_names, param_groups
+from spe.lab.engine.optim import decayed_parameter_names, param_groups
 
 SMALL = {"d_model": 16, "num_heads": 2, "num_layers": 2, "d_ff": 32}
 

@@ -20,7 +20,7 @@ from spe.models.decoder_lm import DecoderLM
 from spe.models.encoder_classifier import EncoderClassifier
 from spe.ops import causal_linear_attention
 from spe.ops.decay import retnet_log_decay
-from spe.lab.train.optim import decayed_parameter_names, param_groups
+from spe.lab.engine.optim import decayed_parameter_names, param_groups
 
 TINY = {"d_model": 32, "num_layers": 2, "num_heads": 2, "d_ff": 64, "dropout": 0.0, "num_realizations": 8,
         "num_sines": 2, "num_features": 16, "chunk_size": 8}

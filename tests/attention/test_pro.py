@@ -274,7 +274,7 @@ def test_attention_weights_see_the_shifted_normalised_keys():
 
 
 def test_state_passing_carries_the_shift_state():
-    from spe.lab.train.state_passing import state_from_dict, state_to_dict
+    from spe.lab.music.state_passing import state_from_dict, state_to_dict
 
     model = DecoderLM(ModelConfig(**TINY, attention="linear-elu", positional="rope", kv_shift=True, short_conv=3))
     _, state = model.prefill(torch.randint(0, 20, (2, 6)))
@@ -315,7 +315,7 @@ model = { positional = "none", attention = "softmax", decay = "gated", output_ga
 
 
 def test_a_sweep_plan_row_builds_fox_pro(tmp_path):
-    from spe.lab.experiments.sweep import load_plan, variant_config
+    from spe.lab.music.plan import load_plan, variant_config
 
     path = tmp_path / "fox-pro.toml"
     path.write_text("seeds = [0]\n" + FOX_PRO_ROW)

@@ -12,8 +12,8 @@ from spe.attention.layer import MultiHeadAttention
 from spe.encodings.short_conv import ShortConvState, check_short_conv, depthwise_conv, depthwise_conv_reference
 from spe.models import ClassifierConfig, DecoderLM, EncoderClassifier, ModelConfig
 from spe.ops.common.state import LinearAttentionState
-from spe.lab.train.config import TrainConfig, load_config_file
-from spe.lab.train.optim import decayed_parameter_names, param_groups
+from spe.lab.music.config import TrainConfig, load_config_file
+from spe.lab.engine.optim import decayed_parameter_names, param_groups
 
 TINY = {"vocab_size": 20, "d_model": 16, "num_heads": 2, "num_layers": 2, "d_ff": 32, "num_realizations": 8,
         "num_features": 8, "dropout": 0.0, "chunk_size": 4}

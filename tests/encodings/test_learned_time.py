@@ -330,7 +330,7 @@ def test_learned_time_is_causal_and_decodes_step_by_step_as_the_parallel_forward
         steps.append(out[:, None])
     torch.testing.assert_close(torch.cat(steps, 1), logits, rtol=1e-5, atol=1e-5)
     if attention != "softmax":  # a state passed on from a parallel pass (state passing, saved and read back) alike
-        from spe.lab.train.state_passing import state_from_dict, state_to_dict
+        from spe.lab.music.state_passing import state_from_dict, state_to_dict
 
         head, carried = model(tokens[:, :5], return_state=True)
         tail, _ = model(tokens[:, 5:], state=state_from_dict(state_to_dict(carried)), return_state=True)
@@ -434,10 +434,10 @@ def test_spe_train_trains_learned_time_and_generates_from_its_checkpoint(midi_fo
     assert config["spe_time" if positional == "sinespe" else "rope_time"] == extra[1]
     if extra[1] == "onset":  # the scale and the clock's tokens of the training split, kept for generation
         from spe.encodings.onset import OnsetClock, tokens_per_beat
-        from spe.lab.data.music import make_tokenizer
-        from spe.lab.data.split import load_split
+        from spe.lab.music.corpus import make_tokenizer
+        from spe.lab.music.split import load_split
 
-        from spe.lab.train.config import TrainConfig
+        from spe.lab.music.config import TrainConfig
 
         cfg = TrainConfig()  # the defaults spe train split the data with
         split = load_split(str(midi_folder), cache_dir=str(tmp_path / "cache"), val_fraction=cfg.val_fraction,

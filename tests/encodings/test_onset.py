@@ -159,7 +159,7 @@ def test_the_onset_clock_is_causal_and_decodes_step_by_step_as_the_parallel_forw
         fresh, state = model.step(tokens[:, t], state)
     torch.testing.assert_close(fresh, logits[:, -1], rtol=1e-5, atol=1e-5)
     if attention != "softmax":  # a state passed on (state passing, saved and read back) carries the clock
-        from spe.lab.train.state_passing import state_from_dict, state_to_dict
+        from spe.lab.music.state_passing import state_from_dict, state_to_dict
 
         head, carried = model(tokens[:, :5], return_state=True)
         tail, _ = model(tokens[:, 5:], state=state_from_dict(state_to_dict(carried)), return_state=True)

@@ -19,7 +19,7 @@ from spe.lab.export import EXPORT_FILES
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A tiny music run trained for 2 steps."""
-    from spe.lab.train.loop import train
+    from spe.lab.music.train import train
 
     return train(tiny_config(tmp_path_factory.mktemp("export"), "run", steps=2, eval_every=2, warmup_steps=1), progress=False)
 
@@ -93,9 +93,9 @@ def test_export_refuses_in_one_line_and_writes_nothing(case, run, tmp_path, caps
 def test_greedy_generate_gives_the_piece_of_spe_generate(run, tmp_path):
     """transformers' greedy decoding with the REMI grammar as a logits processor writes the MIDI
     that `spe generate` writes at a vanishing temperature, from the same prompt."""
-    from spe.lab.data.grammar import REMIGrammar
-    from spe.lab.data.music import tokenizer_from_json
-    from spe.lab.generation_midi import prompt_ids
+    from spe.lab.music.grammar import REMIGrammar
+    from spe.lab.music.corpus import tokenizer_from_json
+    from spe.lab.music.generation import prompt_ids
 
     prompt = run.parent / "clean_midi" / "piece0.mid"
     assert main(["generate", "--checkpoint", str(run), "--prompt", str(prompt), "--prompt-bars", "1",

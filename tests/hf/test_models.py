@@ -33,7 +33,7 @@ VARIANTS = {
 
 
 def _remi_vocab() -> dict:
-    from spe.lab.data.music import make_tokenizer
+    from spe.lab.music.corpus import make_tokenizer
 
     return make_tokenizer().vocab
 

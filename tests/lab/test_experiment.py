@@ -7,7 +7,7 @@ import pytest
 
 from spe.lab.experiment import ExperimentOptions, model_options, parse_model_option
 from spe.lab.lra.config import LRAConfig
-from spe.lab.train.config import TrainConfig
+from spe.lab.music.config import TrainConfig
 
 # The defaults LRA's experiments were run with, named in LRAConfig's docstring.
 LRA_PRESET = {"batch_size": 32, "min_lr_ratio": 0.0, "feature_redraw_every": 0}
@@ -55,7 +55,7 @@ def test_key_value_options_read_toml_scalars_and_name_both_sources_of_a_contradi
 
 
 def test_the_engine_s_own_defaults_are_the_shared_ones():
-    from spe.lab.train.task import EngineSettings
+    from spe.lab.engine.task import EngineSettings
 
     shared = {f.name: _default(f) for f in fields(ExperimentOptions)}
     engine = {f.name: f.default for f in fields(EngineSettings) if f.default is not MISSING and f.name in shared}
@@ -68,7 +68,7 @@ def test_each_engine_option_is_declared_once_and_the_settings_rules_and_flags_fo
 
     from spe.lab.cli.main import build_parser
     from spe.lab.options import OPTION_RULES
-    from spe.lab.train.task import EngineSettings
+    from spe.lab.engine.task import EngineSettings
 
     declared = {f.name: f for f in fields(ExperimentOptions) if f.metadata.get("engine")}
     engine = {f.name: f for f in fields(EngineSettings)}

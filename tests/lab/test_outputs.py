@@ -10,7 +10,7 @@ from tiny_run import tiny_config
 import spe.lab.bench.run as bench_run
 from spe.lab.cli.main import main
 from spe.lab.outputs import check_output_file, check_output_folder
-from spe.lab.train.loop import train
+from spe.lab.music.train import train
 
 
 @pytest.fixture(scope="module")

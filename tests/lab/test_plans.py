@@ -16,7 +16,7 @@ def _row(table: dict, settings: dict) -> dict:
     return {"scale": float(table.get("scale", 1.0)) * settings["factor"]}
 
 
-FAKE = PlanFormat(kind="fake plan", rows_key="rows", row_word="row", folder="configs", not_plans=("demo",),
+FAKE = PlanFormat(kind="fake plan", rows_key="rows", row_word="row", folder="music/configs", not_plans=("demo",),
                   top_keys=("factor",), settings=lambda top: {"factor": top.get("factor", 1.0)}, row=_row)
 
 PLAN = """
@@ -89,7 +89,7 @@ def test_a_plan_extends_another_merging_tables_and_appending_rows(tmp_path):
         seen.append(top)
         return {"factor": top.get("factor", 1.0)}
 
-    fmt = PlanFormat(kind="fake plan", rows_key="rows", row_word="row", folder="configs",
+    fmt = PlanFormat(kind="fake plan", rows_key="rows", row_word="row", folder="music/configs",
                      top_keys=("factor", "defaults"), settings=settings, row=_row)
     plan = plans.load_plan(str(child), fmt)
     assert (plan.title, plan.seeds, plan.reference, plan.settings) == ("child", [0, 1, 2], "a", {"factor": 3.0})
@@ -120,7 +120,7 @@ def test_plans_that_extend_each_other_are_a_cycle(tmp_path):
 
 
 def test_a_local_plan_named_like_a_packaged_one_extends_the_packaged_one(tmp_path):
-    from spe.lab.experiments.sweep import load_plan
+    from spe.lab.music.plan import load_plan
 
     local = tmp_path / "ablation.toml"
     local.write_text('extends = "ablation"\ntitle = "mine"\nseeds = [7]\n')
@@ -216,7 +216,7 @@ def test_the_summary_is_the_mean_and_sample_std_and_one_seed_shows_a_dash(tmp_pa
 
 @pytest.mark.slow
 def test_run_once_locks_the_folder_and_reads_a_result_written_meanwhile(tmp_path):
-    from spe.lab.train.run_folder import RunFolderBusy
+    from spe.lab.engine.run_folder import RunFolderBusy
     from tiny_run import hold_lock
 
     folder = tmp_path / "row" / "seed0"

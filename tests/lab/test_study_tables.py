@@ -139,7 +139,7 @@ def _run(variant, seed, ce, validation=True):
 
 
 def test_a_sweep_folder_becomes_records_of_both_splits(tmp_path):
-    from spe.lab.experiments.sweep import load_plan
+    from spe.lab.music.plan import load_plan
     from spe.lab.plans import write_result
 
     plan = load_plan("learned-time")
@@ -390,7 +390,7 @@ def test_a_seed_is_rerun_with_its_studys_plan_data_and_steps_and_compared_bit_fo
 
 
 def test_a_local_attention_row_states_its_blocks_as_its_window(tmp_path):
-    from spe.lab.experiments.sweep import load_plan
+    from spe.lab.music.plan import load_plan
     from spe.lab.plans import write_result
 
     write_result(tmp_path / "music-transformer" / "seed0", _run("music-transformer", 0, 1.0))

@@ -4,7 +4,7 @@ Run after the sweeps listed in the page (see ``COMMANDS``)::
 
     .venv/bin/python tools/docs/ablation_doc.py [--runs runs] [--out docs/ablation.md]
 
-Tables come from ``spe sweep``'s own summary (spe.lab.experiments.sweep.results_table); the final
+Tables come from ``spe sweep``'s own summary (spe.lab.music.plan.results_table); the final
 comparison pairs every variant with APE seed by seed. The findings that open the page are
 ``tools/docs/ablation_analysis.md``, written by a person after reading the tables.
 """
@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from spe.lab.experiments.sweep import load_plan, results_table
+from spe.lab.music.plan import load_plan, results_table
 from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
 
 CORPORA = {

@@ -21,7 +21,7 @@ from pathlib import Path
 from doc_block import replace_block
 from peers_doc import best_group, plot
 
-from spe.lab.experiments.sweep import load_plan, summarize_runs
+from spe.lab.music.plan import load_plan, summarize_runs
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 
 BEGIN, END = "<!-- gates:begin (tools/docs/gates_doc.py) -->", "<!-- gates:end -->"

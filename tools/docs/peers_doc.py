@@ -5,7 +5,7 @@ Run after the sweeps named in the page::
     .venv/bin/python tools/docs/peers_doc.py [--runs runs/peers] [--doc docs/peers.md]
 
 For each corpus folder under ``--runs`` (``bach``, ``palestrina``) that holds a sweep's
-``results.json``: the sweep's own table (:func:`spe.lab.experiments.sweep.results_table`), the
+``results.json``: the sweep's own table (:func:`spe.lab.music.plan.results_table`), the
 group of variants within one standard deviation of the best mean in each bucket, and a plot
 of cross-entropy against position (``docs/peers/CORPUS.png``). If ``--runs``/bench/bench.json
 exists (the ``spe bench`` run named in :data:`BENCH_COMMAND`), the cost table: one AdamW step
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from doc_block import replace_block
 
-from spe.lab.experiments.sweep import load_plan, results_table, summarize_runs
+from spe.lab.music.plan import load_plan, results_table, summarize_runs
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 
 BEGIN, END = "<!-- peers:begin (tools/docs/peers_doc.py) -->", "<!-- peers:end -->"

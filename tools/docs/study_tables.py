@@ -90,7 +90,7 @@ def cmd_render(args) -> int:
 
 
 def cmd_write(args) -> int:
-    from spe.lab.experiments.sweep import load_plan
+    from spe.lab.music.plan import load_plan
 
     command = args.command or " ".join(["spe sweep --plan", args.plan, "--out", args.runs,
                                         *(["--data", args.data] if args.data else [])])
@@ -179,7 +179,7 @@ def cmd_reproduce(args) -> int:
     if done.returncode:
         raise ValueError(f"the rerun failed (exit {done.returncode}); its folder: {args.out}")
     if command[0] == "sweep":
-        from spe.lab.experiments.sweep import load_plan
+        from spe.lab.music.plan import load_plan
 
         rerun, rerun_meta = sweep_study(load_plan(command[command.index("--plan") + 1]), args.out, study=args.study,
                                         corpus=meta["corpus_or_task"], command="reproduction")

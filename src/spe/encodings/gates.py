@@ -34,7 +34,7 @@ multiplies the state carried from t − 1, so key n weighs exp(Σ_{n<t≤m} G_t)
 An attention layer builds them through its decay object (:mod:`spe.attention.decays`), under the
 attribute ``decay_gate``. Both are computed in at least float32 with autocast off (the kernels
 add up thousands of gates), and both live with the positional encodings because they are the layer's positional signal: the
-parameter-group rule keeps them out of weight decay (:func:`spe.lab.train.optim.is_positional_module`).
+parameter-group rule keeps them out of weight decay (:func:`spe.lab.engine.optim.is_positional_module`).
 Their weights are plain parameters, not ``nn.Linear`` s, so that the trunk's GPT-2
 initialisation of linear layers (:func:`spe.models.trunk.init_weights`) leaves their own
 initial values alone.

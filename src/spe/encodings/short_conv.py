@@ -21,7 +21,7 @@ PyTorch's ``padding="same"`` (for an even K one more position after t than befor
 
 It lives with the positional encodings because it is one (fla's layers have no other), and
 so the parameter-group rule that keeps positional parameters out of weight decay
-(:func:`spe.lab.train.optim.is_positional_module`) covers its weights.
+(:func:`spe.lab.engine.optim.is_positional_module`) covers its weights.
 """
 
 from __future__ import annotations

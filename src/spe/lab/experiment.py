@@ -1,7 +1,7 @@
 """What every experiment of the lab trains with: :class:`ExperimentOptions`, one config for the
 engine's options, and ``KEY=VALUE`` overrides of a model's options (:func:`parse_model_option`).
 
-The music language model (``spe train``: :class:`~spe.lab.train.config.TrainConfig`) and the
+The music language model (``spe train``: :class:`~spe.lab.music.config.TrainConfig`) and the
 Long Range Arena (``spe lra``: :class:`~spe.lab.lra.config.LRAConfig`) extend this one class
 with their task's data and run options. Each task class is a named preset: where its
 experiments were run with another default, it redeclares that field and says why in its

@@ -5,7 +5,7 @@ The folder holds what ``save_pretrained`` writes (``config.json``, ``model.safet
 MidiTok's own ``save``, so ``AutoModelForCausalLM.from_pretrained(DIR)`` (after ``import
 spe.hf``) and ``miditok.REMI.from_pretrained(DIR)`` open them without the lab.
 
-MidiTok knows REMI but not the lab's :class:`~spe.lab.data.music.TrackREMI` (runs that keep
+MidiTok knows REMI but not the lab's :class:`~spe.lab.music.corpus.TrackREMI` (runs that keep
 tracks sharing a program apart, the default): its tokenizer is written as MidiTok's REMI of the
 same configuration, whose ids are TrackREMI's first ones, and the generation config suppresses
 the ids MidiTok's REMI lacks (the ``Track_k`` tokens), so every generated id decodes; notes of
@@ -69,7 +69,7 @@ def _miditok_tokenizer(tokenizer_json: str):
     the run's vocabulary that tokenizer lacks."""
     from miditok import REMI
 
-    from spe.lab.data.music import _VOICES_KEY, tokenizer_from_json
+    from spe.lab.music.corpus import _VOICES_KEY, tokenizer_from_json
 
     tokenizer = tokenizer_from_json(tokenizer_json)
     if type(tokenizer) is REMI:

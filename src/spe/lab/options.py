@@ -2,14 +2,14 @@
 
 Config files and command-line flags have no null, so some options spell "none" as 0; each
 such convention is decoded once ("window 0 means None" was once decoded in three
-places). The options of training (``spe train``'s :class:`~spe.lab.train.config.TrainConfig`,
+places). The options of training (``spe train``'s :class:`~spe.lab.music.config.TrainConfig`,
 ``spe lra``'s :class:`~spe.lab.lra.config.LRAConfig`, config files, sweep and study rows) have one
 rule each, in :data:`OPTION_RULES`, so that an option means the same and is refused the same
 way whichever front end sets it, before any data is read or any model built (a
 ``grad_clip`` of -1 once turned ``spe train`` into gradient ascent while ``spe lra`` refused it).
 Each option of the training engine is declared once, as a field of :class:`ExperimentOptions`
 (:func:`option`: default, rule, help): the engine's settings
-(:class:`~spe.lab.train.task.EngineSettings`), the engine's rules in :data:`OPTION_RULES` (which
+(:class:`~spe.lab.engine.task.EngineSettings`), the engine's rules in :data:`OPTION_RULES` (which
 the TOML configs are checked with) and the flags of ``spe train`` and ``spe lra``
 (:func:`option_flag`) are derived from it. The options of a run, whichever task it trains (seed,
 threads, device, precision, out), are declared once likewise, as the fields of :class:`RunOptions`:
@@ -33,7 +33,7 @@ __all__ = ["MAX_THREADS", "OPTION_RULES", "SCHEDULES", "ExperimentOptions", "Opt
            "option_flag", "parse_int_list", "parse_seeds", "read_json_object", "read_toml", "rename_old_names",
            "run_flag", "run_option", "set_threads", "takes_old_names"]
 
-# The learning-rate schedules of the engine (spe.lab.train.optim.learning_rate_factor): named here,
+# The learning-rate schedules of the engine (spe.lab.engine.optim.learning_rate_factor): named here,
 # beside their rule, so that a schedule is checked as the other options are, without torch.
 SCHEDULES = ("cosine", "rsqrt")
 
@@ -120,7 +120,7 @@ _SEED = OptionRule(integer=True, low=0, high=2 ** 63 - 1, text="an integer in [0
 def option(default, rule: OptionRule | None = None, help: str = "", *, engine: bool = True):
     """One option of :class:`ExperimentOptions`: its default, its rule (None: its type and its own
     check say it all), its one-line help (the flag's, before ``say_defaults`` appends the resolved
-    default) and whether the engine takes it (:class:`~spe.lab.train.task.EngineSettings` has
+    default) and whether the engine takes it (:class:`~spe.lab.engine.task.EngineSettings` has
     exactly the fields marked ``engine``)."""
     return field(default=default, metadata={"rule": rule, "help": help, "engine": engine})
 
@@ -143,7 +143,7 @@ class RunOptions:
             of its local rank).
         precision: ``fp32``, ``bf16`` (autocast, CPU or CUDA) or ``fp16`` (autocast with a
             gradient scaler, CUDA only); weights and checkpoints stay float32. Its names are
-            :data:`spe.lab.train.precision.PRECISIONS` (torch), checked there.
+            :data:`spe.lab.engine.precision.PRECISIONS` (torch), checked there.
         out: where the command writes (a folder, or the file ``spe generate`` writes); nothing
             is written elsewhere and no file the command did not write is replaced.
     """
@@ -167,7 +167,7 @@ def run_option(name: str, *, default=MISSING, engine: bool = False):
     """The field of a configuration that is the run option ``name`` (ExperimentOptions' device and
     precision, TrainConfig's seed, threads and out): its rule and help are :class:`RunOptions`', not
     copied; ``default``: the configuration's own where it differs (a run folder), else the record's;
-    ``engine``: whether :class:`~spe.lab.train.task.EngineSettings` takes it."""
+    ``engine``: whether :class:`~spe.lab.engine.task.EngineSettings` takes it."""
     declared = _RUN_FIELDS[name]
     return field(default=declared.default if default is MISSING else default,
                  metadata={**declared.metadata, "engine": engine})
@@ -177,7 +177,7 @@ def run_option(name: str, *, default=MISSING, engine: bool = False):
 class ExperimentOptions:
     """The options of the one training engine, named, typed and checked alike for every task;
     keyword-only. Their one declaration: each field's metadata (:func:`option`) holds its rule
-    and its flag's help, from which :class:`~spe.lab.train.task.EngineSettings`,
+    and its flag's help, from which :class:`~spe.lab.engine.task.EngineSettings`,
     :data:`OPTION_RULES` and the flags (:func:`option_flag`) are derived.
 
     Attributes:
@@ -189,7 +189,7 @@ class ExperimentOptions:
         lr: peak learning rate (AdamW).
         warmup_steps: linear warmup length; then ``schedule``.
         schedule: ``cosine`` (decay to ``lr · min_lr_ratio`` at ``steps``) or ``rsqrt`` (LRA's
-            lr·sqrt(warmup / step), no floor); :func:`spe.lab.train.optim.learning_rate_factor`.
+            lr·sqrt(warmup / step), no floor); :func:`spe.lab.engine.optim.learning_rate_factor`.
         min_lr_ratio: final learning rate of the cosine as a fraction of ``lr``: 0.1, as
             nanoGPT's recipe (min_lr ≈ lr / 10).
         weight_decay: AdamW decay of weight matrices (not of norms, biases, embeddings and
@@ -197,7 +197,7 @@ class ExperimentOptions:
         grad_clip: global gradient-norm clip (0: none).
         positional_lr_scale: learning-rate multiplier of the positional-encoding parameters
             (SPE frequencies, gains, filters and gates, learned embeddings;
-            :func:`spe.lab.train.optim.param_groups`); 1.0: the model's learning rate.
+            :func:`spe.lab.engine.optim.param_groups`); 1.0: the model's learning rate.
         eval_every: steps between validations and (resumable) checkpoints.
         feature_redraw_every: steps between redraws of the FAVOR+ projections (0: never):
             1,000, performer-pytorch's ``feature_redraw_interval``.
@@ -264,7 +264,7 @@ class ExperimentOptions:
         except TypeError as err:
             raise ValueError(str(err)) from None
         check_options(self.__dict__)
-        from spe.lab.train.precision import check_precision  # torch: only once the options are read
+        from spe.lab.engine.precision import check_precision  # torch: only once the options are read
 
         check_precision(self.precision, "cuda" if self.device.startswith("cuda") else "cpu")
         self.positional_lr_scale = float(self.positional_lr_scale)  # 10 and 10.0 are one setting

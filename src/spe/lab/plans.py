@@ -24,7 +24,7 @@ file and the row, before anything runs.
 ``results.json`` / ``results.md`` or another command's results is refused, and spe's marker
 records whose results it holds. Run (ROW, S) lives in ``OUT/ROW/seedS`` and is finished once ``OUT/ROW/seedS/result.json``
 exists: :func:`run_plan` skips it (unless the task finds the stored result out of date) and
-runs each other one under its folder's lock (:func:`~spe.lab.train.run_folder.run_lock`),
+runs each other one under its folder's lock (:func:`~spe.lab.engine.run_folder.run_lock`),
 writing its result there. Results are collected from those files (:func:`collect`), never
 from an earlier results table, so runners with disjoint row lists may share ``OUT``;
 :func:`summarize` gives a row's mean ± sample std per metric (:mod:`spe.lab.stats`) and
@@ -48,10 +48,10 @@ from spe.checkpoint import atomic_write
 from spe.lab import strict_json
 from spe.lab.stats import format_mean_std, mean_and_std
 from spe.lab.options import read_json_object, read_toml
-from spe.lab.train.config import quiet_defaults
+from spe.lab.music.config import quiet_defaults
 from spe.lab.outputs import check_output_folder
 from spe.lab.provenance import provenance
-from spe.lab.train.run_folder import MARKER_FILE, check_name, mark_run, run_lock, spe_run_found
+from spe.lab.engine.run_folder import MARKER_FILE, check_name, mark_run, run_lock, spe_run_found
 from spe.paths import not_a_file
 
 __all__ = ["ANY_KIND", "PLAN_KEYS", "RESULTS_FILES", "RESULT_FILE", "Column", "Plan", "PlanFormat", "RunsFailed",
@@ -223,7 +223,7 @@ def load_plan(path_or_name: str, fmt: PlanFormat) -> Plan:
         ValueError: naming the file (and the row) on a missing file, invalid TOML, a base plan
             (``extends``) that is missing or extends this one again, no rows, an unknown
             top-level key, bad seeds, a reference that is not a row, a row name that is not a
-            plain folder name (:func:`~spe.lab.train.run_folder.check_name`), or
+            plain folder name (:func:`~spe.lab.engine.run_folder.check_name`), or
             whatever the task refuses in its settings, a row or the whole plan.
     """
     path, raw = _read(path_or_name, fmt)
@@ -319,7 +319,7 @@ def run_once(folder: str | Path, run: Callable[[Path], dict], *, current: Callab
         run: trains (or resumes) and evaluates the run; returns its result, a JSON-able dict.
         current: stored result -> whether it still answers the plan (None: always); it may
             raise to refuse the folder.
-        ctx: the :class:`~spe.lab.train.distributed.Distributed` context under ``torchrun``
+        ctx: the :class:`~spe.lab.engine.distributed.Distributed` context under ``torchrun``
             (rank 0 locks and writes), None for one process.
         config: () -> the run's resolved configuration, recorded with its hash in the result's
             ``provenance`` (:func:`spe.lab.provenance.provenance`, which every result a run stores
@@ -426,7 +426,7 @@ def _holds_runs(out: Path) -> bool:
 
 def claim_folder(out: str | Path, kind: str, files: Sequence[str] = RESULTS_FILES, ctx=None) -> Path:
     """Makes ``out`` the folder of one ``kind`` of results (``"plan"``, ``"synth plan"``, ``"synth"``),
-    created and marked (:func:`~spe.lab.train.run_folder.mark_run`) unless it is already.
+    created and marked (:func:`~spe.lab.engine.run_folder.mark_run`) unless it is already.
 
     Called before any run: a folder that holds another tool's ``files`` (which the results would
     replace) or another kind's results is refused, so nothing there is lost.
@@ -435,7 +435,7 @@ def claim_folder(out: str | Path, kind: str, files: Sequence[str] = RESULTS_FILE
         out: the ``--out`` folder.
         kind: what writes there; the marker records it.
         files: the names written directly in ``out``.
-        ctx: the :class:`~spe.lab.train.distributed.Distributed` context (rank 0 checks and marks), or None.
+        ctx: the :class:`~spe.lab.engine.distributed.Distributed` context (rank 0 checks and marks), or None.
 
     Raises:
         ValueError: naming the folder and the files, if ``out`` is a file, is marked by another

@@ -244,7 +244,7 @@ def window_words(train_window: int | None, seq_len: int, eval_window: int | None
 
 
 def _sweep_meta(plan, *, study: str, corpus: str, command: str) -> dict:
-    from spe.lab.train.config import resolve_model_options
+    from spe.lab.music.config import resolve_model_options
 
     rows = {}
     for name, spec in plan.rows.items():
@@ -267,7 +267,7 @@ def _counts(plan, name: str, seed: int, out: Path, record: dict) -> tuple[int, i
     if "train_tokens" in record and "params" in record:
         return record["train_tokens"], record["params"]
     from spe.checkpoint import load
-    from spe.lab.experiments.sweep import variant_config
+    from spe.lab.music.plan import variant_config
 
     cfg = variant_config(plan, name, seed, out)
     loaded = load(cfg.out)
@@ -278,7 +278,7 @@ def sweep_study(plan, out: str | Path, *, study: str, corpus: str, command: str)
     """(records, meta) of every finished run of a ``spe sweep`` folder.
 
     Args:
-        plan: the sweep's plan (:func:`spe.lab.experiments.sweep.load_plan`).
+        plan: the sweep's plan (:func:`spe.lab.music.plan.load_plan`).
         out: the sweep folder (``OUT/VARIANT/seedS/result.json``).
         study, corpus, command: the study's name, its corpus and the command that made the runs.
 

@@ -39,7 +39,7 @@ class ClassifierConfig(TrunkConfig):
         grid: (Y, X) for images read row-major (L = Y·X, plus the CLS token): required by
             ``convspe-2d``, which encodes the 2-D offset; None for sequences. JSON and TOML
             lists are read as tuples.
-        cls_id: the CLS token id (:data:`spe.lab.data.lra.CLS_ID`, reserved, never in the data).
+        cls_id: the CLS token id (:data:`spe.lab.lra.data.CLS_ID`, reserved, never in the data).
         head_hidden: hidden units of the MLP head (LRA's ``mlp_dim``); 0 means ``d_ff``.
         max_distance: k, the clipping distance of ``shaw`` and ``music-relative`` (as
             :class:`~spe.models.ModelConfig`'s).

@@ -154,7 +154,7 @@ class DecoderLM(Trunk):
         followed by ``tokens``, restricted to the last L positions, when the SPE code is the same
         realisation (draw both from generators of one seed: the noise does not depend on the
         positions asked for). Dropout and codes as :meth:`forward` in the current mode. Used by
-        state passing in training (:mod:`spe.lab.train.state_passing`); the returned state keeps
+        state passing in training (:mod:`spe.lab.music.state_passing`); the returned state keeps
         its autograd graph: detach it before carrying it over an optimizer step.
 
         Args:

@@ -76,7 +76,7 @@ def test_the_run_label_names_the_blocks():
 
 
 def test_the_evaluation_memory_of_blocks_is_linear_in_the_length():
-    from spe.lab.evaluation.memory import evaluation_bytes
+    from spe.lab.music.evaluation.memory import evaluation_bytes
     from spe.models import ModelConfig
 
     blocks = ModelConfig(vocab_size=300, attention="softmax", positional="music-relative", attention_blocks=64)

@@ -101,7 +101,7 @@ def test_a_synth_plan_names_the_training_length_by_its_new_flag(capsys):
 def test_a_configs_run_options_are_the_records_fields():
     from spe.lab.lra.config import LRAConfig
     from spe.lab.synth.config import SynthConfig
-    from spe.lab.train.config import TrainConfig
+    from spe.lab.music.config import TrainConfig
 
     for config in (ExperimentOptions, TrainConfig, LRAConfig, SynthConfig):
         for f in fields(config):

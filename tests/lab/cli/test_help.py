@@ -7,7 +7,7 @@ import pytest
 
 from spe.lab.cli.main import build_parser
 from spe.lab.lra import preset_config
-from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
+from spe.lab.music.config import TrainConfig, load_config_file, packaged_config
 
 
 def _subparser(command: str) -> argparse.ArgumentParser:
@@ -100,7 +100,7 @@ def test_generate_options_say_their_argparse_default(flag, default):
 
 
 def test_a_warmup_as_long_as_the_run_is_warned_in_one_line():
-    from spe.lab.train.engine import warn_long_warmup
+    from spe.lab.engine.core import warn_long_warmup
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -122,7 +122,7 @@ def test_every_command_that_computes_takes_the_one_threads_flag(command):
     assert _help(command, "--threads").startswith(threads.metadata["help"])
 
 
-@pytest.mark.parametrize("command,folder,not_plans", [("sweep", "", {"demo"}),
+@pytest.mark.parametrize("command,folder,not_plans", [("sweep", "music", {"demo"}),
                                                       ("synth", "synth", {"cpu-small"}),
                                                       ("lra", "lra", {"cpu-small", "paper"})])
 def test_plan_help_lists_every_packaged_plan(command, folder, not_plans):
@@ -130,7 +130,7 @@ def test_plan_help_lists_every_packaged_plan(command, folder, not_plans):
 
     import spe.lab
 
-    configs = Path(spe.lab.__file__).parent / "configs" / folder
+    configs = Path(spe.lab.__file__).parent / folder / "configs"
     names = {p.stem for p in configs.glob("*.toml")} - not_plans
     text = _help(command, "--plan")
     assert names and all(name in text.split(": ", 1)[1] for name in names), (names, text)

@@ -12,7 +12,7 @@ from tiny_run import clean_midi, rewrite_header, tiny_config, toml_text
 
 from spe.lab.cli.main import main
 from spe.lab.options import MAX_THREADS
-from spe.lab.train.loop import train
+from spe.lab.music.train import train
 
 # The existing run: ape-learned with 40 position embeddings, trained at length 32.
 MODEL = {"positional": "ape-learned", "attention": "softmax", "max_positions": 40, "dropout": 0.0}
@@ -287,7 +287,7 @@ def test_a_path_that_is_no_file_is_named_as_what_it_is(tmp_path, capsys, what, c
             "evaluate": ["--out", str(tmp_path / "eval")]}.get(name, ["--out", str(tmp_path / "out")])
     if name == "generate":  # the prompt is read after the checkpoint: a real one is needed
         pytest.importorskip("symusic")
-        from spe.lab.generation_midi import prompt_ids
+        from spe.lab.music.generation import prompt_ids
 
         with pytest.raises(ValueError, match=f"^prompt file {re.escape(str(path))} {kind}$"):
             prompt_ids(None, path, 2)
@@ -332,8 +332,8 @@ def test_a_billion_prompt_bars_keep_the_whole_prompt_at_once(tmp_path):
     import time
 
     pytest.importorskip("miditok")
-    from spe.lab.data.music import make_tokenizer
-    from spe.lab.generation_midi import prompt_ids
+    from spe.lab.music.corpus import make_tokenizer
+    from spe.lab.music.generation import prompt_ids
 
     write_midi(tmp_path / "p.mid", notes=200)  # 50 bars of 4/4
     tokenizer = make_tokenizer()
@@ -353,7 +353,7 @@ def test_sizes_beyond_the_machine_are_refused_before_allocating(options, message
     import torch
 
     from spe import DecoderLM, ModelConfig
-    from spe.lab.train.memory import check_model_memory
+    from spe.lab.engine.memory import check_model_memory
 
     state = torch.random.get_rng_state()
     with pytest.raises(ValueError, match=message):
@@ -364,7 +364,7 @@ def test_sizes_beyond_the_machine_are_refused_before_allocating(options, message
 
 @pytest.mark.slow
 def test_resuming_a_state_passing_run_without_the_flag_says_so(tmp_path):
-    from spe.lab.train.loop import train
+    from spe.lab.music.train import train
 
     model = {"positional": "none", "attention": "linear-elu", "dropout": 0.0}
     cfg = tiny_config(tmp_path, "run", model=model, steps=2, state_passing=True)
@@ -379,7 +379,7 @@ def test_resuming_a_state_passing_run_without_the_flag_says_so(tmp_path):
 
 def test_an_over_long_listops_row_is_refused_before_padding(tmp_path, capsys):
     """One row of 70,002 tokens padded every sequence to it (3.7 GB a cpu-small step); LRA keeps 2,000."""
-    from spe.lab.data.listops import SPLIT_FILES
+    from spe.lab.lra.data.listops import SPLIT_FILES
 
     row = "[MAX 1 2 ]\t2\n"
     for name in SPLIT_FILES.values():

@@ -8,7 +8,7 @@ from tiny_run import rewrite_header, tiny_config
 
 from spe.checkpoint import load_metadata
 from spe.lab.cli.main import main
-from spe.lab.train.loop import train
+from spe.lab.music.train import train
 
 ONSET = {"positional": "sinespe", "spe_time": "onset", "dropout": 0.0}
 

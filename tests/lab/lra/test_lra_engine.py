@@ -16,8 +16,8 @@ from spe.checkpoint import TRAIN_STATE_FILE
 import spe.lab.lra.train as lra_train
 from spe.lab.cli.main import main
 from spe.lab.lra.train import train_seed
-from spe.lab.train import engine, state
-from spe.lab.train.state import CHECKPOINTS_DIR
+from spe.lab.engine import core as engine, state
+from spe.lab.engine.state import CHECKPOINTS_DIR
 
 # 6 steps, a validation and a checkpoint unit every 2; the best validation is at step 2.
 STEPS = 6
@@ -215,7 +215,7 @@ def test_the_new_lra_flags_reach_the_configuration(tmp_path, monkeypatch):
 
 
 def test_options_that_only_change_how_a_run_is_carried_out_may_change_between_reruns(tmp_path, monkeypatch):
-    import spe.lab.data.lra.tasks as tasks
+    import spe.lab.lra.data.tasks as tasks
 
     from spe.lab.lra import run_lra
 

@@ -12,7 +12,7 @@ from spe.lab.cli.main import main
 from spe.lab.lra import LRAConfig, build_classifier, preset_config, run_lra
 from spe.lab.lra.task import engine_settings
 from spe.lab.lra.train import train_seed
-from spe.lab.train.optim import learning_rate_factor
+from spe.lab.engine.optim import learning_rate_factor
 
 STEP_CASES = [(task, attention, positional)
               for task in ("listops", "text", "retrieval", "image")
@@ -109,7 +109,7 @@ def test_an_interrupted_seed_resumes_to_the_same_weights(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_results_over_seeds_and_finished_seeds_are_not_rerun(tmp_path, monkeypatch):
-    import spe.lab.data.lra.tasks as tasks
+    import spe.lab.lra.data.tasks as tasks
     import spe.lab.lra.run as run_module
 
     monkeypatch.setattr(tasks, "load_task", lambda *a, **k: lra_splits())
@@ -155,7 +155,7 @@ def test_the_command_end_to_end_on_the_embedded_image_proxy(tmp_path, capsys, mo
     # cpu-small image preset cut to 2 steps: trains, picks the best checkpoint, tests it,
     # writes results and the CLS attention map. The proxy's splits are cut to 24 images each
     # (evaluating 350 images of 1,025 tokens would dominate the test's time).
-    from spe.lab.data.lra import proxies
+    from spe.lab.lra.data import proxies
 
     full = proxies.image_proxy
     monkeypatch.setattr(proxies, "image_proxy", lambda **k: {name: split.subset(range(24))

@@ -21,7 +21,7 @@ def test_the_pipeline_is_part_of_the_config_and_validated():
 
 
 def test_the_loader_gets_the_pipeline(monkeypatch):
-    import spe.lab.data.lra.tasks as tasks
+    import spe.lab.lra.data.tasks as tasks
 
     seen = {}
     monkeypatch.setattr(tasks, "load_task", lambda *a, **k: seen.update(k))
@@ -79,7 +79,7 @@ def test_one_lra_training_step_with_a_score_encoding_moves_its_parameters(positi
     import torch
     from safetensors.torch import load_file
 
-    from spe.lab.data.lra.dataset import SequenceDataset
+    from spe.lab.lra.data.dataset import SequenceDataset
     from spe.lab.lra import build_classifier, train_seed
 
     g = torch.Generator().manual_seed(0)

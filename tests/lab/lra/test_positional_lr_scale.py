@@ -7,7 +7,7 @@ from tiny_run import TINY_LRA_MODEL, lra_dataset, lra_splits, tiny_lra_config
 
 from spe.lab.lra import LRAConfig, build_classifier, preset_config
 from spe.lab.lra.train import train_seed
-from spe.lab.train import engine, optim
+from spe.lab.engine import core as engine, optim
 
 
 

@@ -11,12 +11,12 @@ from tiny_run import hold_lock
 
 import spe.lab.lra.run as run_module
 from spe.lab.cli.main import main
-from spe.lab.data.lra.dataset import SequenceDataset
+from spe.lab.lra.data.dataset import SequenceDataset
 from spe.lab.lra import build_classifier, preset_config
 from spe.lab.lra.study import load_study, packaged_studies, row_config, run_study
 from spe.lab.lra.study_results import collect_study
-from spe.lab.train.metrics_log import read_records
-from spe.lab.train.run_folder import RunFolderBusy
+from spe.lab.engine.metrics_log import read_records
+from spe.lab.engine.run_folder import RunFolderBusy
 
 TINY_PLAN = """
 title = "tiny study"

@@ -14,7 +14,7 @@ from spe.lab.synth.data import IGNORE, READ
 from spe.lab.synth.run import train_seed
 from spe.lab.synth.study import row_config
 from spe.lab.synth.task import SynthTask, correct_count, fixed_split
-from spe.lab.train.config import quiet_defaults
+from spe.lab.music.config import quiet_defaults
 
 
 def _refused(capsys, argv: list[str], fragment: str) -> None:
@@ -79,7 +79,7 @@ def test_write_data_round_trips_and_refuses_to_overwrite(tmp_path, capsys):
 
 
 def _one_process():
-    from spe.lab.train.distributed import Distributed
+    from spe.lab.engine.distributed import Distributed
 
     return Distributed()
 
@@ -261,7 +261,7 @@ def test_quick_plans_hold_the_full_plans_rows_and_each_twin_differs_in_one_optio
 
 
 def test_reading_a_plan_announces_no_default_and_the_run_of_a_row_announces_its_own(caplog):
-    caplog.set_level(logging.INFO, logger="spe.lab.train.config")
+    caplog.set_level(logging.INFO, logger="spe.lab.music.config")
     plan = load_synth_plan("learned-time-mqar-quick")  # rows of every kind, sineSPE's windowed one among them
     assert not [r for r in caplog.records if "window" in r.getMessage()]
     quiet = row_config(plan, "foxpro")
@@ -279,7 +279,7 @@ def test_reading_a_plan_announces_no_default_and_the_run_of_a_row_announces_its_
 
 def test_the_training_length_is_seq_len_and_train_length_its_old_name_everywhere(tmp_path, caplog):
     from spe.lab.synth.run import open_experiment
-    from spe.lab.train.run_folder import mark_run
+    from spe.lab.engine.run_folder import mark_run
 
     caplog.set_level(logging.INFO)
     assert preset_config("flip-flop", train_length=32, eval_lengths=[32]).seq_len == 32  # a keyword

@@ -134,7 +134,7 @@ def open_model(path: str | os.PathLike, *, device: str = "cpu") -> AppModel:
     if loaded.metadata["model_kind"] != "decoder-lm" or loaded.tokenizer_json is None:
         raise ValueError(f"{path} is not a music language model (no REMI tokenizer): give a run of spe train "
                          "or its spe export folder")
-    from spe.lab.data.music import tokenizer_from_json
+    from spe.lab.music.corpus import tokenizer_from_json
     from spe.lab.labels import run_label
 
     loaded.model.eval()
@@ -165,7 +165,7 @@ def _open_export(folder: Path, device: str) -> AppModel:
 def _allowed_next(app: AppModel):
     """The REMI grammar's mask, widened to the model's vocabulary: an export's MidiTok REMI
     lacks the run's ``Track_k`` ids, which stay disallowed."""
-    from spe.lab.data.grammar import REMIGrammar
+    from spe.lab.music.grammar import REMIGrammar
 
     grammar = REMIGrammar(app.tokenizer)
     vocab = app.model.config.vocab_size
@@ -185,9 +185,9 @@ def upload_prompt(app: AppModel, path: str | os.PathLike, bars: int) -> tuple[li
 
     Raises:
         ValueError: naming the file: empty, over :data:`MAX_PROMPT_BYTES`, not MIDI, or no note
-            the tokenizer keeps (:func:`~spe.lab.generation_midi.prompt_ids`).
+            the tokenizer keeps (:func:`~spe.lab.music.generation.prompt_ids`).
     """
-    from spe.lab.generation_midi import prompt_ids
+    from spe.lab.music.generation import prompt_ids
 
     name = Path(path).name
     if not_a_file(path) is None:
@@ -205,8 +205,8 @@ def upload_prompt(app: AppModel, path: str | os.PathLike, bars: int) -> tuple[li
 
 @lru_cache(maxsize=4)
 def _corpus(app: AppModel) -> list[np.ndarray]:
-    from spe.lab.data.music import load_corpus, tokenizer_to_json
-    from spe.lab.data.split import split_of_run
+    from spe.lab.music.corpus import load_corpus, tokenizer_to_json
+    from spe.lab.music.split import split_of_run
 
     if app.kind == "run":
         split = split_of_run(app.train_config, tokenizer_json=app.tokenizer_json)
@@ -300,7 +300,7 @@ def piano_roll(piece: Piece, png: str | os.PathLike) -> Path:
 def find_soundfont() -> tuple[Path | None, str]:
     """A General MIDI soundfont: ``$SPE_SOUNDFONT``, a system one, else the one pretty_midi
     ships (``TimGM6mb.sf2``); None and why when there is none."""
-    from spe.lab.evaluation.audio import find_soundfont as system_soundfont
+    from spe.lab.music.evaluation.audio import find_soundfont as system_soundfont
 
     path, why = system_soundfont()
     if path is not None or os.environ.get("SPE_SOUNDFONT"):

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 def remi_vocab_size() -> int:
     """Vocabulary of the REMI tokenizer used for music (300 if MidiTok is not installed)."""
     try:
-        from spe.lab.data.music import make_tokenizer
+        from spe.lab.music.corpus import make_tokenizer
     except ImportError:
         return 300
     return len(make_tokenizer())

@@ -263,7 +263,7 @@ def run_bench(*, lengths: list[int], modes: list[str], series: list[tuple[str, s
     of them) multiplies the linear kernels' cases: each is measured once per decay mode, in the
     same run, so that decay costs read as ratios; softmax and other packages' cases run once,
     without (they take none). Every record carries its ``decay``. ``precision`` (``fp32``,
-    ``bf16``, ``fp16``) is the autocast of the timed work (:mod:`spe.lab.train.precision`).
+    ``bf16``, ``fp16``) is the autocast of the timed work (:mod:`spe.lab.engine.precision`).
     ``softmax_impls`` (:data:`~spe.ops.softmax.flex.SOFTMAX_IMPLS`; default ``["auto"]``) multiplies
     the softmax cases as ``decay`` does the linear ones: each is measured once per path
     (FlexAttention or the per-block form, :mod:`spe.ops.softmax.flex`), the record carrying its

@@ -31,7 +31,7 @@ from spe.ops.fourier import FourierState
 
 def _autocast(case: dict, device: torch.device):
     """The case's ``precision`` autocast (``spe bench --precision``; a no-op for fp32)."""
-    from spe.lab.train.precision import autocast
+    from spe.lab.engine.precision import autocast
 
     return autocast(case.get("precision", "fp32"), device.type)
 
@@ -132,13 +132,13 @@ def model_step(case: dict, device: torch.device):
 
     With ``case["compiled"]`` the model's forward is ``torch.compile``d (the timed steps follow
     the untimed, compiling first one). The model is the one ``spe train --seq-len N`` builds from ``case["model"]``: the config
-    layer's defaults apply (:func:`spe.lab.train.config.resolve_model_options`), so SPE gets a
+    layer's defaults apply (:func:`spe.lab.music.config.resolve_model_options`), so SPE gets a
     sliding window of N positions, which at length N reaches the whole past (the kernels then
     take their whole-past path). A sineSPE ``impl`` other than "-" becomes ``ModelConfig.spe_impl``.
     """
     from spe.models import DecoderLM, ModelConfig
     from spe.models.loss import cross_entropy
-    from spe.lab.train.config import resolve_model_options
+    from spe.lab.music.config import resolve_model_options
 
     n, b = case["length"], case["batch"]
     options = dict(case["model"])
@@ -157,7 +157,7 @@ def model_step(case: dict, device: torch.device):
     g = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, case["vocab_size"], (b, n + 1), generator=g, device=device)
 
-    from spe.lab.train.precision import grad_scaler
+    from spe.lab.engine.precision import grad_scaler
 
     scaler = grad_scaler(case.get("precision", "fp32"), device.type)  # fp16: as spe train steps
 

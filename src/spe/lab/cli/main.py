@@ -1,7 +1,7 @@
 """The ``spe`` command: argument parsing and printing only.
 
-Every command calls the library below it (:mod:`spe.lab.train`, :mod:`spe.lab.evaluation`,
-:mod:`spe.lab.generation_midi`, :mod:`spe.lab.experiments`, :mod:`spe.lab.bench`), which raises
+Every command calls the library below it (:mod:`spe.lab.music`, :mod:`spe.lab.music.evaluation`,
+:mod:`spe.lab.music.generation`, :mod:`spe.lab.music.plan`, :mod:`spe.lab.bench`), which raises
 ``ValueError``/``OSError`` on user errors; :func:`main` turns those into one-line messages
 and exit status 2.
 """
@@ -35,10 +35,10 @@ def _train_config(args: argparse.Namespace, **overrides):
     """The TrainConfig of --config (default: the packaged demo config) with the flags given on top.
 
     Defaults that depend on other options (softmax for score encodings, a window of the
-    training length for SPE) are the config layer's: :func:`spe.lab.train.config.resolve_model_options`.
+    training length for SPE) are the config layer's: :func:`spe.lab.music.config.resolve_model_options`.
     """
     from spe.attention.fourier import MIXERS
-    from spe.lab.train.config import TrainConfig, load_config_file, packaged_config
+    from spe.lab.music.config import TrainConfig, load_config_file, packaged_config
 
     raw = load_config_file(args.config or packaged_config("demo"))
     if not args.config and isinstance(raw.get("threads"), int):  # the packaged default, on a smaller machine
@@ -104,7 +104,7 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
     for name in ("lr", "warmup_steps", "eval_every"):
         add_option_flag(p, name)
     add_model_flags(p)
-    from spe.lab.train.config import packaged_defaults
+    from spe.lab.music.config import packaged_defaults
 
     add_run_flag(p, "seed")
     for name in ("device", "threads", "precision"):
@@ -115,10 +115,10 @@ def _add_train_flags(p: argparse.ArgumentParser, *, with_out: bool = True) -> No
 
 
 def _resume_config(args: argparse.Namespace):
-    """--resume: the run's recorded configuration (:func:`spe.lab.train.config.resume_config`), with
+    """--resume: the run's recorded configuration (:func:`spe.lab.music.config.resume_config`), with
     what the flags and --config set checked against it; the flags' configuration where the run
     records none."""
-    from spe.lab.train.config import load_config_file, packaged_config, resume_config
+    from spe.lab.music.config import load_config_file, packaged_config, resume_config
 
     given, sources = {"model": {}}, {}
     if args.config:
@@ -145,7 +145,7 @@ def _resume_config(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from spe.lab.train.loop import train
+    from spe.lab.music.train import train
 
     cfg = _resume_config(args) if args.resume and not args.overwrite else _train_config(args)
     check_model_flags_apply(args, cfg.model)  # before any data is read: an option the model would ignore
@@ -155,7 +155,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from spe.lab.evaluation.checkpoints import evaluate_checkpoints, summary_table
+    from spe.lab.music.evaluation.checkpoints import evaluate_checkpoints, summary_table
 
     set_threads(args.threads, "--threads")
     summary = evaluate_checkpoints(args.checkpoint, Path(args.out), max_length=args.max_length, data=args.data,
@@ -169,7 +169,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from spe.lab.generation_midi import generate_midi
+    from spe.lab.music.generation import generate_midi
 
     set_threads(args.threads, "--threads")
     info = generate_midi(args.checkpoint, args.out, length=args.length, prompt=args.prompt,
@@ -182,7 +182,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from spe.lab.evaluation.report import build_report
+    from spe.lab.music.evaluation.report import build_report
 
     if args.probe_tokens < 1:
         raise UsageError(f"--probe-tokens must be positive, got {args.probe_tokens}")
@@ -197,8 +197,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """train each positional encoding -> evaluate them together -> generate with the first."""
-    from spe.lab.evaluation.checkpoints import summary_table
-    from spe.lab.experiments.demo import run_demo
+    from spe.lab.music.evaluation.checkpoints import summary_table
+    from spe.lab.music.demo import run_demo
 
     out = Path(args.out)
     positionals = [p.strip() for p in args.positionals.split(",") if p.strip()]
@@ -223,7 +223,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from spe.lab.experiments.sweep import load_plan, run_sweep
+    from spe.lab.music.plan import load_plan, run_sweep
     from spe.lab.options import parse_seeds
 
     plan = load_plan(args.plan)
@@ -242,8 +242,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from spe.lab.bench.run import (BENCH_ATTENTIONS, KERNEL_NAMES, MODES, bench_outputs, parse_blocks, parse_decays,
                                parse_pairs, parse_series, parse_softmax_impls, run_bench, summarize_bench,
                                write_outputs)
-    from spe.lab.train.config import load_config_file, packaged_config
-    from spe.lab.train.precision import check_precision
+    from spe.lab.music.config import load_config_file, packaged_config
+    from spe.lab.engine.precision import check_precision
 
     if args.modes is None:  # --longest alone runs only the search
         args.modes = "" if args.longest else "train,generate"
@@ -479,7 +479,7 @@ def _add_bench_parser(sub) -> None:
 
 
 def _add_sweep_parser(sub) -> None:
-    from spe.lab.experiments.sweep import SWEEP_FORMAT
+    from spe.lab.music.plan import SWEEP_FORMAT
     from spe.lab.plans import packaged_plans
 
     p = sub.add_parser("sweep", help="train and evaluate the variants × seeds of a plan file (resumable)")

@@ -16,9 +16,9 @@ def flag_choices() -> dict:
     from spe.attention.fourier import MIXERS
     from spe.attention.layer import ATTENTIONS, DECAY_FORM
     from spe.encodings.registry import encoding_flags, positional_help
-    from spe.lab.data.listops import PIPELINES
-    from spe.lab.data.lra.tasks import TASKS
-    from spe.lab.train.precision import PRECISIONS
+    from spe.lab.lra.data.listops import PIPELINES
+    from spe.lab.lra.data.tasks import TASKS
+    from spe.lab.engine.precision import PRECISIONS
 
     return {"positional": positional_help(), "attention": (*ATTENTIONS, *MIXERS), "decay": ("none", *DECAY_FORM),
             "encoding_flags": encoding_flags(), "precision": tuple(PRECISIONS), "pipelines": PIPELINES, "tasks": TASKS}

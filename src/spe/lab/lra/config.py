@@ -1,4 +1,4 @@
-"""Long Range Arena run configuration and the packaged presets (``src/spe/lab/configs/lra/*.toml``).
+"""Long Range Arena run configuration and the packaged presets (``src/spe/lab/lra/configs/*.toml``).
 
 A preset file holds ``[defaults]`` (training options) with ``[defaults.model]``
 (:class:`~spe.models.ClassifierConfig` options), one table per task with its own ``model`` and
@@ -13,8 +13,8 @@ import tomllib
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib import resources
 
-from spe.lab.data.listops import PIPELINES as LISTOPS_PIPELINES
-from spe.lab.data.lra.tasks import TASKS
+from spe.lab.lra.data.listops import PIPELINES as LISTOPS_PIPELINES
+from spe.lab.lra.data.tasks import TASKS
 from spe.encodings.registry import EXACT_TWINS
 from spe.field_types import describe_types, field_value_types
 from spe.lab.experiment import ExperimentOptions, model_options
@@ -78,7 +78,7 @@ class LRAConfig(ExperimentOptions):
         listops_pipeline: how ListOps text becomes tokens: ``lossless`` (every symbol, the
             default) or ``lra-2021`` (what LRA's original input pipeline fed the models of the
             SPE paper: operators without ``[``, digits, no ``]`` and no parentheses; see
-            :class:`spe.lab.data.listops.ListOpsTokenizer`). Part of the experiment: a folder run
+            :class:`spe.lab.lra.data.listops.ListOpsTokenizer`). Part of the experiment: a folder run
             with one pipeline refuses the other. ListOps only.
     """
 
@@ -188,7 +188,7 @@ def load_preset(preset: str) -> dict:
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown LRA preset {preset!r}; choose from {', '.join(PRESETS)}")
-    text = (resources.files("spe.lab") / "configs" / "lra" / f"{preset}.toml").read_text()
+    text = (resources.files("spe.lab") / "lra" / "configs" / f"{preset}.toml").read_text()
     return tomllib.loads(text)
 
 
@@ -238,8 +238,8 @@ def preset_defaults(preset: str = "cpu-small") -> dict[str, str]:
     """Per run option (``steps``, ``batch_size``, ``eval_every``, ``seq_len``,
     ``num_realizations``), its value in ``preset`` for each task, in words
     (``listops 2000, text 600, retrieval 500, image 1000``): what ``spe lra`` flags left out mean."""
-    from spe.lab.data.listops import LISTOPS_MAX_TOKENS
-    from spe.lab.data.lra.tasks import DEFAULT_LENGTHS
+    from spe.lab.lra.data.listops import LISTOPS_MAX_TOKENS
+    from spe.lab.lra.data.tasks import DEFAULT_LENGTHS
 
     configs = {task: preset_config(task, "sinespe", "performer", preset=preset) for task in TASKS}
 

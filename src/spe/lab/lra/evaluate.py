@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spe.lab.data.lra.dataset import PairDataset, SequenceDataset
+from spe.lab.lra.data.dataset import PairDataset, SequenceDataset
 from spe.models.encoder_classifier import EncoderClassifier
-from spe.lab.train import distributed as dist_
+from spe.lab.engine import distributed as dist_
 
 __all__ = ["accuracy", "correct_count", "model_inputs"]
 
@@ -45,7 +45,7 @@ def accuracy(model: EncoderClassifier, dataset: SequenceDataset | PairDataset, *
 
     Args:
         model: the classifier.
-        dataset: a split from :func:`spe.lab.data.lra.load_task`.
+        dataset: a split from :func:`spe.lab.lra.data.load_task`.
         batch_size: examples per forward pass; they are grouped by length (least padding).
         limit: use the first ``limit`` examples only (0: all), always the same ones.
         device: where the batches go.

@@ -23,8 +23,8 @@ from spe.models.classifier_config import ClassifierConfig
 from spe.lab import plans, strict_json
 from spe.lab.options import check_threads, read_json_object, rename_old_names
 from spe.lab.stats import SEED_SPREAD, format_mean_std
-from spe.lab.train import distributed as dist_
-from spe.lab.train.run_folder import check_task, run_lock
+from spe.lab.engine import distributed as dist_
+from spe.lab.engine.run_folder import check_task, run_lock
 
 __all__ = ["attention_map", "default_folder", "load_splits", "open_experiment", "run_lra", "summarize",
            "write_summary"]
@@ -36,9 +36,9 @@ def load_splits(cfg: LRAConfig) -> dict:
     """The task's splits as the configuration asks (embedded data when ``cfg.data`` is None).
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`spe.lab.data.lra.load_task`.
+        FileNotFoundError, ValueError: as :func:`spe.lab.lra.data.load_task`.
     """
-    from spe.lab.data.lra.tasks import load_task
+    from spe.lab.lra.data.tasks import load_task
 
     options = dict(cfg.data_options)
     sizes = tuple(options.pop(k, d) for k, d in (("num_train", 96_000), ("num_val", 2_000), ("num_test", 2_000)))

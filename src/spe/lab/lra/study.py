@@ -1,6 +1,6 @@
 """Controlled LRA studies: rows of (encoding, kernel, options) × seeds, run resumably into one folder.
 
-A study plan is a TOML file (packaged: ``src/spe/lab/configs/lra/NAME.toml``, e.g. ``listops-study``)::
+A study plan is a TOML file (packaged: ``src/spe/lab/lra/configs/NAME.toml``, e.g. ``listops-study``)::
 
     title = "..."                       # the results' title
     task = "listops"                    # one task and one preset for every row
@@ -43,8 +43,8 @@ from spe.lab.lra.run import attention_map, load_splits, open_experiment, write_s
 from spe.lab.lra.study_results import collect_study
 from spe.lab.lra.train import train_seed
 from spe.lab.options import check_threads
-from spe.lab.train import distributed as dist_
-from spe.lab.train.engine import TrainingDiverged
+from spe.lab.engine import distributed as dist_
+from spe.lab.engine.core import TrainingDiverged
 
 __all__ = ["STUDY_FORMAT", "StudyPlan", "load_study", "packaged_studies", "row_config", "run_study"]
 
@@ -103,13 +103,13 @@ def _check_plan(plan: StudyPlan) -> None:
 
 
 STUDY_FORMAT = plans.PlanFormat(
-    kind="study plan", rows_key="rows", row_word="row", folder="configs/lra", not_plans=PRESETS,
+    kind="study plan", rows_key="rows", row_word="row", folder="lra/configs", not_plans=PRESETS,
     top_keys=("task", "preset", "baseline", "groups", "defaults"), settings=_settings, row=_row,
     check=_check_plan, plan_class=StudyPlan)
 
 
 def packaged_studies() -> tuple[str, ...]:
-    """Names of the packaged study plans (``src/spe/lab/configs/lra/*.toml`` that are not presets)."""
+    """Names of the packaged study plans (``src/spe/lab/lra/configs/*.toml`` that are not presets)."""
     return tuple(plans.packaged_plans(STUDY_FORMAT))
 
 

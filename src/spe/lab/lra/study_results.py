@@ -29,8 +29,8 @@ from spe.lab import plans, strict_json
 from spe.lab.lra.run import summarize
 from spe.lab.plans import Column, markdown_table
 from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
-from spe.lab.train.engine import METRICS_FILE
-from spe.lab.train.metrics_log import read_records
+from spe.lab.engine.core import METRICS_FILE
+from spe.lab.engine.metrics_log import read_records
 
 __all__ = ["collect_row", "collect_study", "plot_study_losses", "study_markdown"]
 

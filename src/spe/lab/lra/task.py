@@ -14,16 +14,16 @@ from pathlib import Path
 import torch
 
 from spe.checkpoint import load_metadata
-from spe.lab.data.lra.dataset import PairDataset, SequenceDataset
+from spe.lab.lra.data.dataset import PairDataset, SequenceDataset
 from spe.lab.lra.config import LRAConfig
 from spe.lab.lra.evaluate import correct_count, model_inputs
 from spe.models.classifier_config import ClassifierConfig
 from spe.models.encoder_classifier import EncoderClassifier
 from spe.models.loss import cross_entropy
-from spe.lab.train import distributed as dist_
-from spe.lab.train.state import latest_unit
-from spe.lab.train.status import check_data, data_record
-from spe.lab.train.task import EngineSettings, RunLayout, StepStats
+from spe.lab.engine import distributed as dist_
+from spe.lab.engine.state import latest_unit
+from spe.lab.music.status import check_data, data_record
+from spe.lab.engine.task import EngineSettings, RunLayout, StepStats
 
 __all__ = ["LRATask", "build_classifier", "engine_settings"]
 
@@ -61,7 +61,7 @@ class LRATask:
 
     Args:
         cfg: the experiment.
-        splits: ``{"train", "val", "test"}`` from :func:`spe.lab.data.lra.load_task`.
+        splits: ``{"train", "val", "test"}`` from :func:`spe.lab.lra.data.load_task`.
         label: the progress bar's description (the seed's folder name).
         folder: the seed's folder, whose newest checkpoint a resume compares the data with
             (None: not compared).

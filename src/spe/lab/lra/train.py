@@ -1,6 +1,6 @@
 """Training one LRA classifier (one seed) with the training engine, then testing its best checkpoint.
 
-The loop is :func:`spe.lab.train.engine.run`'s; the task (batches, loss, validation accuracy)
+The loop is :func:`spe.lab.engine.core.run`'s; the task (batches, loss, validation accuracy)
 is :class:`spe.lab.lra.task.LRATask`. A seed's folder holds:
 
 * ``checkpoints/step-SSSSSSS/{model.safetensors, train_state.pt}``: the last
@@ -29,9 +29,9 @@ from spe.checkpoint import atomic_write, load, load_metadata
 from spe.lab.lra.config import LRAConfig
 from spe.lab.lra.evaluate import correct_count
 from spe.lab.lra.task import LRATask, engine_settings
-from spe.lab.train import distributed as dist_
-from spe.lab.train import engine
-from spe.lab.train.run_folder import run_lock
+from spe.lab.engine import distributed as dist_
+from spe.lab.engine import core as engine
+from spe.lab.engine.run_folder import run_lock
 
 __all__ = ["RESULT_FILE", "train_seed"]
 
@@ -49,7 +49,7 @@ def train_seed(cfg: LRAConfig, splits: dict, seed: int, folder: str | Path, *, p
 
     Args:
         cfg: the experiment.
-        splits: ``{"train", "val", "test"}`` from :func:`spe.lab.data.lra.load_task`.
+        splits: ``{"train", "val", "test"}`` from :func:`spe.lab.lra.data.load_task`.
         seed: seeds the initialisation, the batches, the SPE codes and dropout.
         folder: the seed's folder (created).
         progress: show a tqdm bar.
@@ -60,7 +60,7 @@ def train_seed(cfg: LRAConfig, splits: dict, seed: int, folder: str | Path, *, p
         ``num_parameters``.
 
     Raises:
-        ValueError: as :func:`spe.lab.train.engine.run` (e.g. a checkpoint unit that cannot be
+        ValueError: as :func:`spe.lab.engine.core.run` (e.g. a checkpoint unit that cannot be
             resumed, a loss that became NaN).
     """
     folder = Path(folder)

@@ -1,4 +1,4 @@
-"""A synthetic-task experiment's configuration and the packaged preset (``src/spe/lab/configs/synth/cpu-small.toml``).
+"""A synthetic-task experiment's configuration and the packaged preset (``src/spe/lab/synth/configs/cpu-small.toml``).
 
 The preset file holds training options and a ``[model]`` table at the top level, and one
 ``[tasks.TASK]`` table per task (with its own ``model`` table) for what differs between tasks.
@@ -122,8 +122,8 @@ class SynthConfig(ExperimentOptions):
 
     def _check_memory(self) -> None:
         """Refuses logits and fixed splits (int64 tokens and targets) that cannot fit in the device's
-        memory (:func:`~spe.lab.train.memory.device_memory`), before anything is drawn."""
-        from spe.lab.train.memory import device_memory, format_bytes
+        memory (:func:`~spe.lab.engine.memory.device_memory`), before anything is drawn."""
+        from spe.lab.engine.memory import device_memory, format_bytes
 
         vocab = len(vocabulary(self.task, num_keys=0, num_values=0)) if self.task == "flip-flop" \
             else 1 + self.num_keys + self.num_values
@@ -165,7 +165,7 @@ class SynthConfig(ExperimentOptions):
 
     def _check_model(self) -> None:
         from spe.encodings.registry import positional_spec
-        from spe.lab.train.config import resolve_model_options
+        from spe.lab.music.config import resolve_model_options
 
         try:
             check_field_types(self.model, ModelConfig, "model option")
@@ -225,7 +225,7 @@ def load_preset(preset: str) -> dict:
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown synthetic-task preset {preset!r}; choose from {', '.join(PRESETS)}")
-    return tomllib.loads((resources.files("spe.lab") / "configs" / "synth" / f"{preset}.toml").read_text())
+    return tomllib.loads((resources.files("spe.lab") / "synth" / "configs" / f"{preset}.toml").read_text())
 
 
 def preset_config(task: str, *, preset: str = "cpu-small", **overrides) -> SynthConfig:
@@ -255,7 +255,7 @@ def preset_defaults(preset: str = "cpu-small") -> dict[str, str]:
     """Per option a flag of ``spe synth`` sets, its value in ``preset`` (``64``; per task where the
     tasks differ: ``flip-flop 2000, mqar 3000``; lists comma-separated): what a flag left out
     means, for its help (:func:`spe.lab.cli.names.say_defaults`)."""
-    from spe.lab.train.config import quiet_defaults
+    from spe.lab.music.config import quiet_defaults
 
     with quiet_defaults():  # only read for the help: no model default announced
         configs = {task: preset_config(task, preset=preset) for task in TASKS}

@@ -37,11 +37,11 @@ from spe.lab.synth.config import OLD_NAMES, RUN_ONLY_KEYS, SynthConfig
 from spe.lab.synth.data import split_seed
 from spe.lab.synth.task import (SynthTask, correct_count, distributions, draw, engine_settings, fixed_split,
                                 training_distribution)
-from spe.lab.train import distributed as dist_
-from spe.lab.train import engine
-from spe.lab.train.metrics_log import read_records
-from spe.lab.train.run_folder import run_lock
-from spe.lab.train.state import latest_unit
+from spe.lab.engine import distributed as dist_
+from spe.lab.engine import core as engine
+from spe.lab.engine.metrics_log import read_records
+from spe.lab.engine.run_folder import run_lock
+from spe.lab.engine.state import latest_unit
 
 __all__ = ["check_data_folder", "missing_lengths", "open_experiment", "results_markdown", "run_synth", "summarize", "test_model",
            "train_seed", "validate_model", "validation_lengths", "write_data", "write_summary"]
@@ -130,7 +130,7 @@ def train_seed(cfg: SynthConfig, seed: int, folder: str | Path, *, progress: boo
         The seed's result (see the module docstring).
 
     Raises:
-        ValueError: as :func:`spe.lab.train.engine.run`; for a finished seed of other steps than
+        ValueError: as :func:`spe.lab.engine.core.run`; for a finished seed of other steps than
             ``cfg.steps`` or without a checkpoint.
     """
     folder = Path(folder)

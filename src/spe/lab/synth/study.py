@@ -1,6 +1,6 @@
 """Synthetic-task studies: rows of model options × seeds, run resumably into one folder (``spe synth --plan``).
 
-A plan is a TOML file read by :mod:`spe.lab.plans` (packaged: ``src/spe/lab/configs/synth/NAME.toml``,
+A plan is a TOML file read by :mod:`spe.lab.plans` (packaged: ``src/spe/lab/synth/configs/NAME.toml``,
 e.g. ``learned-time-flip-flop``)::
 
     title = "..."
@@ -33,8 +33,8 @@ from spe.lab import plans, strict_json
 from spe.lab.options import set_threads
 from spe.lab.synth.config import PRESETS, SynthConfig, preset_config
 from spe.lab.synth.run import missing_lengths, open_experiment, results_markdown, summarize, train_seed, write_summary
-from spe.lab.train.config import quiet_defaults
-from spe.lab.train.engine import TrainingDiverged
+from spe.lab.music.config import quiet_defaults
+from spe.lab.engine.core import TrainingDiverged
 
 __all__ = ["SYNTH_FORMAT", "collect_synth", "load_synth_plan", "packaged_synth_plans", "row_config", "run_synth_plan"]
 
@@ -57,12 +57,12 @@ def _row(spec: dict, settings: dict) -> dict:
     return {"options": options}
 
 
-SYNTH_FORMAT = plans.PlanFormat(kind="synth plan", rows_key="rows", row_word="row", folder="configs/synth",
+SYNTH_FORMAT = plans.PlanFormat(kind="synth plan", rows_key="rows", row_word="row", folder="synth/configs",
                                 not_plans=PRESETS, top_keys=("task", "defaults"), settings=_settings, row=_row)
 
 
 def packaged_synth_plans() -> tuple[str, ...]:
-    """Names of the packaged plans (``src/spe/lab/configs/synth/*.toml`` that are not presets)."""
+    """Names of the packaged plans (``src/spe/lab/synth/configs/*.toml`` that are not presets)."""
     return tuple(plans.packaged_plans(SYNTH_FORMAT))
 
 

@@ -1,7 +1,7 @@
 """A synthetic task (flip-flop, MQAR) as a task of the training engine (``spe synth``, one seed).
 
 Every step draws B fresh sequences of the training length from the ``data`` generator
-(seeded with the run's seed, :class:`~spe.lab.train.task.EngineSettings`), so the training
+(seeded with the run's seed, :class:`~spe.lab.engine.task.EngineSettings`), so the training
 stream is a pure function of the seed; the loss is the cross-entropy at the target positions
 only (``targets`` −100 elsewhere). Every ``eval_every`` steps the accuracy on the fixed
 validation split (in-distribution at the training length, its own seed) is recorded. The
@@ -18,9 +18,9 @@ from torch import Tensor
 from spe.lab.synth.config import SynthConfig
 from spe.lab.synth.data import (FLIP_FLOP_DISTRIBUTIONS, IGNORE, MQAR_DISTRIBUTIONS, flip_flop, mqar,
                                 split_seed)
-from spe.lab.train import distributed as dist_
-from spe.lab.train.precision import autocast
-from spe.lab.train.task import EngineSettings, RunLayout, StepStats
+from spe.lab.engine import distributed as dist_
+from spe.lab.engine.precision import autocast
+from spe.lab.engine.task import EngineSettings, RunLayout, StepStats
 from spe.models.decoder_lm import DecoderLM
 from spe.models.loss import cross_entropy
 

@@ -1,1 +1,0 @@
-"""Data: symbolic music as REMI tokens (needs the ``music`` extra)."""
