@@ -118,12 +118,14 @@ def test_the_real_homes_of_moved_names_import():
     from spe.lab.music.evaluation.publish import publish_report
     from spe.lab.music.evaluation.r_grid import r_grids
     from spe.lab.music.evaluation.report import build_report
-    from spe.lab.music.plan import load_plan, results_table, run_sweep, summarize_runs
+    from spe.lab.music.plan import results_table, summarize_runs
+    from spe.lab import plans
+    from spe.lab.plans import load_plan
     from spe.lab.metrics.pe_probe import pe_metrics, probe_plan, probe_tokens
     from spe.models.trunk import Trunk, init_weights
     from spe.ops.sine import FusedSineProduct, SharedSineProduct, sine_features, sine_phase
 
-    assert all(callable(f) for f in (publish_report, r_grids, build_report, load_plan, results_table, run_sweep,
+    assert all(callable(f) for f in (publish_report, r_grids, build_report, load_plan, results_table, plans.run,
                                      summarize_runs, pe_metrics, probe_plan, probe_tokens, init_weights,
                                      sine_features, sine_phase))
     assert isinstance(FusedSineProduct, type) and isinstance(SharedSineProduct, type)

@@ -315,13 +315,14 @@ model = { positional = "none", attention = "softmax", decay = "gated", output_ga
 
 
 def test_a_sweep_plan_row_builds_fox_pro(tmp_path):
-    from spe.lab.music.plan import load_plan, variant_config
+    from spe.lab.music.plan import variant_config
+    from spe.lab.plans import load_plan
 
     path = tmp_path / "fox-pro.toml"
     path.write_text("seeds = [0]\n" + FOX_PRO_ROW)
-    model = variant_config(load_plan(str(path)), "fox-pro", 0, tmp_path / "out").model_config(vocab_size=30)
+    model = variant_config(load_plan(str(path), "music"), "fox-pro", 0, tmp_path / "out").model_config(vocab_size=30)
     assert (model.attention, model.decay, model.positional) == ("softmax", "gated", "none")
     assert all(getattr(model, name) for name in PRO_OPTIONS)
     path.write_text("seeds = [0]\n" + FOX_PRO_ROW.replace("kv_shift = true", "kv_shift = 1"))
     with pytest.raises(ValueError, match="fox-pro.*kv_shift"):
-        load_plan(str(path))
+        load_plan(str(path), "music")

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from spe.lab import plans
-from spe.lab.plans import Column, PlanFormat
+from spe.lab.plans import Column, PlanFormat, load_plan
 
 
 def _row(table: dict, settings: dict) -> dict:
@@ -120,11 +120,11 @@ def test_plans_that_extend_each_other_are_a_cycle(tmp_path):
 
 
 def test_a_local_plan_named_like_a_packaged_one_extends_the_packaged_one(tmp_path):
-    from spe.lab.music.plan import load_plan
+    from spe.lab.plans import load_plan
 
     local = tmp_path / "ablation.toml"
     local.write_text('extends = "ablation"\ntitle = "mine"\nseeds = [7]\n')
-    plan, packaged = load_plan(str(local)), load_plan("ablation")
+    plan, packaged = load_plan(str(local), "music"), load_plan("ablation", "music")
     assert (plan.title, plan.seeds, plan.path) == ("mine", [7], str(local))
     assert plan.rows == packaged.rows and plan.rows
 
@@ -277,3 +277,31 @@ def test_results_collected_before_any_run_belong_to_the_first_kind_that_runs(tmp
     (foreign / "results.json").write_text("{}")
     with pytest.raises(ValueError, match="holds no spe results but results.json"), plans.results_lock(foreign):
         pytest.fail("the lock was given over another tool's results")
+
+
+def test_a_music_plan_written_with_variants_reads_as_rows_and_says_the_new_name(tmp_path, caplog):
+    import logging
+
+    old = tmp_path / "old.toml"
+    old.write_text('[variants.a]\nmodel = { positional = "ape" }\n')
+    with caplog.at_level(logging.INFO):
+        plan = load_plan(str(old), "music")
+    assert list(plan.rows) == ["a"] and plan.rows["a"]["train"]["model"]["positional"] == "ape"
+    assert "variants is the old name of rows" in caplog.text
+    both = tmp_path / "both.toml"
+    both.write_text('[variants.a]\nmodel = { positional = "ape" }\n[rows.b]\nmodel = { positional = "ape" }\n')
+    with pytest.raises(ValueError, match="both.toml: variants is the old name of rows: give rows only"):
+        load_plan(str(both), "music")
+
+
+def test_every_task_runs_its_plans_through_the_one_runner():
+    """One plan vocabulary: every task's plans have [rows.NAME] tables and are run by plans.run."""
+    from spe.lab.plans import PLAN_TASKS, PlanTask, plan_task
+
+    assert set(PLAN_TASKS) == {"music", "lra", "synth"}
+    for name in PLAN_TASKS:
+        cls = plan_task(name)
+        assert issubclass(cls, PlanTask) and cls.name == name and cls.format.task == name
+        assert cls.format.rows_key == "rows" and cls.format.row_word == "row"
+    with pytest.raises(ValueError, match="unknown task 'nope'; tasks: music, lra, synth"):
+        plan_task("nope")

@@ -139,10 +139,10 @@ def _run(variant, seed, ce, validation=True):
 
 
 def test_a_sweep_folder_becomes_records_of_both_splits(tmp_path):
-    from spe.lab.music.plan import load_plan
+    from spe.lab.plans import load_plan
     from spe.lab.plans import write_result
 
-    plan = load_plan("learned-time")
+    plan = load_plan("learned-time", "music")
     write_result(tmp_path / "ape" / "seed0", _run("ape", 0, 1.0))
     write_result(tmp_path / "sinespe-gated-whole" / "seed1", _run("sinespe-gated-whole", 1, 0.9))
     records, meta = sweep_study(plan, tmp_path, study="lt", corpus="Bach chorales", command="spe sweep --plan x")
@@ -390,11 +390,11 @@ def test_a_seed_is_rerun_with_its_studys_plan_data_and_steps_and_compared_bit_fo
 
 
 def test_a_local_attention_row_states_its_blocks_as_its_window(tmp_path):
-    from spe.lab.music.plan import load_plan
+    from spe.lab.plans import load_plan
     from spe.lab.plans import write_result
 
     write_result(tmp_path / "music-transformer" / "seed0", _run("music-transformer", 0, 1.0))
-    _, meta = sweep_study(load_plan("tutorial"), tmp_path, study="t", corpus="Bach chorales", command="c")
+    _, meta = sweep_study(load_plan("tutorial", "music"), tmp_path, study="t", corpus="Bach chorales", command="c")
     assert meta["rows"]["music-transformer"]["window"] == "blocks of 32: own and previous"
     assert meta["rows"]["sinespe"]["window"] == "L = 64" and meta["rows"]["fnet-causal"]["window"] == "whole past"
 

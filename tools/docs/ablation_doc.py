@@ -15,7 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from spe.lab.music.plan import load_plan, results_table
+from spe.lab.music.plan import results_table
+from spe.lab.plans import load_plan
 from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
 
 CORPORA = {
@@ -100,7 +101,7 @@ def main() -> None:
     parser.add_argument("--out", default="docs/ablation.md")
     args = parser.parse_args()
     here = Path(__file__).parent
-    plan = load_plan("ablation")
+    plan = load_plan("ablation", "music")
     # the findings open the page: title, then the hand-written analysis, then protocol and tables
     title, _, intro = (here / "ablation_intro.md").read_text().rstrip().partition("\n")
     out = [title, "", (here / "ablation_analysis.md").read_text().rstrip(), "", intro.strip(), ""]

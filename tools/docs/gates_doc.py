@@ -21,7 +21,8 @@ from pathlib import Path
 from doc_block import replace_block
 from peers_doc import best_group, plot
 
-from spe.lab.music.plan import load_plan, summarize_runs
+from spe.lab.music.plan import summarize_runs
+from spe.lab.plans import load_plan
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 
 BEGIN, END = "<!-- gates:begin (tools/docs/gates_doc.py) -->", "<!-- gates:end -->"
@@ -52,7 +53,7 @@ def table(rows: list[dict]) -> list[str]:
 
 def corpus_section(key: str, doc: dict, png: Path, link: str) -> list[str]:
     plan_name, title, data = CORPORA[key]
-    rows = summarize_runs(doc, load_plan(plan_name))
+    rows = summarize_runs(doc, load_plan(plan_name, "music"))
     seeds = sorted({s for r in rows for s in r["seeds"]})
     lines = [f"### {title}", "", "```bash",
              f"spe sweep --plan {plan_name} --out runs/gates/{key} {data}".strip(), "```", "",

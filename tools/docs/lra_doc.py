@@ -14,7 +14,8 @@ from pathlib import Path
 
 from doc_block import replace_block
 
-from spe.lab.lra import collect_study, load_study
+from spe.lab import plans
+from spe.lab.plans import load_plan
 from spe.lab.lra.report import results_tables
 from spe.lab.lra.study_results import study_markdown
 
@@ -25,7 +26,7 @@ STUDY_PLOT = "lra/listops-study-loss.png"  # relative to DOC's folder
 
 def study_block(folder: Path, doc: Path) -> str:
     """The study's tables with the page's heading levels (groups as ###) and its loss plot."""
-    collected = collect_study(load_study("listops-study"), folder)
+    collected = plans.collect_results(load_plan("listops-study", "lra"), folder)
     lines = study_markdown(collected).splitlines()[1:]  # the page's section has the title
     text = "\n".join("#" + line if line.startswith("## ") else line for line in lines).strip()
     if (folder / "loss.png").is_file():

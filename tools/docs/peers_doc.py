@@ -22,7 +22,8 @@ from pathlib import Path
 
 from doc_block import replace_block
 
-from spe.lab.music.plan import load_plan, results_table, summarize_runs
+from spe.lab.music.plan import results_table, summarize_runs
+from spe.lab.plans import load_plan
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 
 BEGIN, END = "<!-- peers:begin (tools/docs/peers_doc.py) -->", "<!-- peers:end -->"
@@ -157,7 +158,7 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/peers")
     parser.add_argument("--doc", default="docs/peers.md")
     args = parser.parse_args()
-    plan, doc_path = load_plan("peers"), Path(args.doc)
+    plan, doc_path = load_plan("peers", "music"), Path(args.doc)
     body = []
     for key in CORPORA:
         results = Path(args.runs) / key / "results.json"

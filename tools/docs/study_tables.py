@@ -90,11 +90,11 @@ def cmd_render(args) -> int:
 
 
 def cmd_write(args) -> int:
-    from spe.lab.music.plan import load_plan
+    from spe.lab.plans import load_plan
 
     command = args.command or " ".join(["spe sweep --plan", args.plan, "--out", args.runs,
                                         *(["--data", args.data] if args.data else [])])
-    records, meta = sweep_study(load_plan(args.plan), args.runs, study=args.study, corpus=args.corpus,
+    records, meta = sweep_study(load_plan(args.plan, "music"), args.runs, study=args.study, corpus=args.corpus,
                                 command=command)
     if args.steps:  # only the rows that ran, at the steps they ran
         ran = {r["variant"] for r in records}
@@ -109,9 +109,9 @@ def cmd_write(args) -> int:
 def cmd_write_synth(args) -> int:
     descriptions, title = {}, args.title
     if args.plan:  # the rows' descriptions and the title from the packaged synth plan
-        from spe.lab.synth.study import load_synth_plan
+        from spe.lab.plans import load_plan
 
-        plan = load_synth_plan(args.plan)
+        plan = load_plan(args.plan, "synth")
         descriptions, title = {n: r["description"] for n, r in plan.rows.items()}, title or plan.title
     runs, rows = synth_folder_results(args.runs, descriptions=descriptions)
     command = args.command or shlex.join(["spe", "synth", *(["--plan", args.plan] if args.plan else []),
@@ -179,9 +179,9 @@ def cmd_reproduce(args) -> int:
     if done.returncode:
         raise ValueError(f"the rerun failed (exit {done.returncode}); its folder: {args.out}")
     if command[0] == "sweep":
-        from spe.lab.music.plan import load_plan
+        from spe.lab.plans import load_plan
 
-        rerun, rerun_meta = sweep_study(load_plan(command[command.index("--plan") + 1]), args.out, study=args.study,
+        rerun, rerun_meta = sweep_study(load_plan(command[command.index("--plan") + 1], "music"), args.out, study=args.study,
                                         corpus=meta["corpus_or_task"], command="reproduction")
     else:
         runs, rows = synth_folder_results(args.out)

@@ -11,11 +11,33 @@ docstring; every other default is this class's, so the two cannot drift apart.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 # declared beside the rules of the options (no import cycle: the rule table is built from it)
 from spe.lab.options import ExperimentOptions
 
-__all__ = ["ExperimentOptions", "model_options", "parse_model_option"]
+__all__ = ["ExperimentOptions", "defaults_quiet", "model_options", "parse_model_option", "quiet_defaults"]
+
+_QUIET = ContextVar("spe_quiet_defaults", default=False)
+
+
+@contextmanager
+def quiet_defaults() -> Iterator[None]:
+    """Inside it, the tasks' configs fill the same model defaults without saying so: for
+    configurations that are only checked (every row of a plan when it is read, the rows a
+    summary lists), so that the messages name the runs that will train and nothing else."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+
+
+def defaults_quiet() -> bool:
+    """Whether the caller is inside :func:`quiet_defaults`."""
+    return _QUIET.get()
 
 
 def parse_model_option(text: str) -> tuple[str, bool | int | float | str]:

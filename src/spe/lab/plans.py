@@ -8,7 +8,7 @@ A plan is a TOML file::
     seeds = [0, 1, 2]      # every row runs once per seed (default [0, 1, 2])
     reference = "ape"      # optional: the row the others are compared with
     ...                    # the task's own top-level keys
-    [ROWS.NAME]            # one table per row: ROWS is "variants" for spe sweep, "rows" for spe lra
+    [rows.NAME]            # one table per row (spe sweep's plans called them [variants.NAME]: still read so)
     description = "..."
     ...                    # the row's options, as the task reads them
 
@@ -35,29 +35,31 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import json
 import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 from importlib import resources
 from pathlib import Path
 
 from spe.checkpoint import atomic_write
 from spe.lab import strict_json
 from spe.lab.stats import format_mean_std, mean_and_std
-from spe.lab.options import read_json_object, read_toml
-from spe.lab.music.config import quiet_defaults
+from spe.lab.options import read_json_object, read_toml, rename_old_names, set_threads
+from spe.lab.experiment import quiet_defaults
 from spe.lab.outputs import check_output_folder
 from spe.lab.provenance import provenance
 from spe.lab.engine.run_folder import MARKER_FILE, check_name, mark_run, run_lock, spe_run_found
 from spe.paths import not_a_file
 
-__all__ = ["ANY_KIND", "PLAN_KEYS", "RESULTS_FILES", "RESULT_FILE", "Column", "Plan", "PlanFormat", "RunsFailed",
-           "claim_folder", "collect", "load_plan", "markdown_table", "option_table", "packaged_plans", "read_result",
-           "read_results", "results_lock", "run_folder", "run_once", "run_plan", "select_rows", "summarize",
-           "write_result"]
+__all__ = ["ANY_KIND", "PLAN_KEYS", "PLAN_TASKS", "RESULTS_FILES", "RESULT_FILE", "Column", "Plan", "PlanFormat",
+           "PlanTask", "RunsFailed", "claim_folder", "collect", "collect_results", "load_plan", "markdown_table",
+           "option_table", "packaged_plans", "plan_task", "read_result", "read_results", "results_lock", "run",
+           "run_folder", "run_once", "run_plan", "select_rows", "summarize", "write_result", "write_results"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class PlanFormat:
 
     Attributes:
         kind: how messages name a plan file (``"plan"``, ``"study plan"``).
+        task: the task whose plans these are (:data:`PLAN_TASKS`: ``music``, ``lra``, ``synth``).
         rows_key: the top-level table of the rows (``"variants"``, ``"rows"``).
         row_word: how messages name a row (``"variant"``, ``"row"``).
         folder: the packaged plans' folder, relative to the ``spe.lab`` package.
@@ -84,6 +87,7 @@ class PlanFormat:
             file and the row) on a mistake between rows.
         not_plans: names of TOML files in ``folder`` that are not plans (configs, presets).
         plan_class: the :class:`Plan` subclass built.
+        old_rows_key: the rows' table's old name, read as ``rows_key`` (the music plans' ``variants``).
     """
 
     kind: str
@@ -96,6 +100,8 @@ class PlanFormat:
     check: Callable[[Plan], None] = lambda plan: None
     not_plans: tuple[str, ...] = ()
     plan_class: type = None  # Plan when None
+    task: str = ""
+    old_rows_key: str | None = None
 
 
 @dataclass
@@ -137,8 +143,11 @@ def option_table(value: object, key: str) -> dict:
     return value
 
 
-def packaged_plans(fmt: PlanFormat) -> dict[str, Path]:
-    """Name -> file of the plans shipped in ``spe/lab/<fmt.folder>``, by name."""
+def packaged_plans(fmt: PlanFormat | str) -> dict[str, Path]:
+    """Name -> file of the plans shipped in ``spe/lab/<fmt.folder>``, by name (``fmt``: a
+    :class:`PlanFormat` or a task's name, ``music``, ``lra``, ``synth``)."""
+    if isinstance(fmt, str):
+        fmt = plan_task(fmt).format
     folder = resources.files("spe.lab").joinpath(*fmt.folder.split("/"))
     found = {p.name[:-5]: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".toml")}
     return {name: found[name] for name in sorted(found) if name not in fmt.not_plans}
@@ -205,7 +214,10 @@ def _read_file(path_or_name: str, fmt: PlanFormat) -> tuple[Path, dict]:
             raise ValueError(f"{fmt.kind} {path_or_name!r} is neither a file nor a packaged plan "
                              f"({', '.join(packaged)})")
         path = packaged[path_or_name]
-    return path, read_toml(path, fmt.kind)
+    raw = read_toml(path, fmt.kind)
+    if fmt.old_rows_key:
+        raw = rename_old_names(raw, {fmt.old_rows_key: fmt.rows_key}, f"{fmt.kind} {path}")
+    return path, raw
 
 
 def _seeds(where: str, seeds: object) -> list[int]:
@@ -216,8 +228,11 @@ def _seeds(where: str, seeds: object) -> list[int]:
     return list(seeds)
 
 
-def load_plan(path_or_name: str, fmt: PlanFormat) -> Plan:
+def load_plan(path_or_name: str, fmt: PlanFormat | str) -> Plan:
     """Reads a plan file, or the name of one shipped in ``fmt.folder``, and checks every row.
+
+    ``fmt`` is the task's name (``music``, ``lra``, ``synth``: its :attr:`PlanTask.format`) or a
+    :class:`PlanFormat`.
 
     Raises:
         ValueError: naming the file (and the row) on a missing file, invalid TOML, a base plan
@@ -226,6 +241,8 @@ def load_plan(path_or_name: str, fmt: PlanFormat) -> Plan:
             plain folder name (:func:`~spe.lab.engine.run_folder.check_name`), or
             whatever the task refuses in its settings, a row or the whole plan.
     """
+    if isinstance(fmt, str):
+        fmt = plan_task(fmt).format
     path, raw = _read(path_or_name, fmt)
     where = f"{fmt.kind} {path}"
     rows = raw.pop(fmt.rows_key, None)
@@ -521,3 +538,164 @@ def markdown_table(rows: Iterable[dict], columns: Sequence[Column]) -> list[str]
     """The Markdown lines of a table: one line per row summary, one cell per column."""
     return ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns),
             *("| " + " | ".join(c.text(r) for c in columns) + " |" for r in rows)]
+
+
+# --- one runner for every task -----------------------------------------------------------------------------
+
+PLAN_TASKS = {"music": ("spe.lab.music.plan", "MusicPlans"), "lra": ("spe.lab.lra.study", "LRAPlans"),
+              "synth": ("spe.lab.synth.study", "SynthPlans")}  # task -> its PlanTask (imported when asked for)
+
+
+def plan_task(task: str) -> type[PlanTask]:
+    """The :class:`PlanTask` of ``task`` (``music``, ``lra``, ``synth``: :data:`PLAN_TASKS`).
+
+    Raises:
+        ValueError: naming the task and the known ones.
+    """
+    if task not in PLAN_TASKS:
+        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(PLAN_TASKS)}")
+    module, name = PLAN_TASKS[task]
+    return getattr(importlib.import_module(module), name)
+
+
+class PlanTask:
+    """One task's side of a plan run: what :func:`run` and :func:`collect_results` ask of the music
+    language model, the LRA classifiers and the synthetic tasks. A subclass is made for one plan and
+    one ``--out``; making it builds (so checks) every selected row's configuration before any run.
+
+    Class attributes:
+        name: the task, as :data:`PLAN_TASKS` and the default ``--out`` (``runs/NAME/PLAN``) name it.
+        format: how its plans read (:class:`PlanFormat`).
+        by_seed: seed by seed (every row at the first seeds early), else row by row (each row whole early).
+        run_options: the options a command sets for every row (``steps``, ``device`` …; None: the plan's).
+        figures: files beside the results tables that :meth:`written` draws.
+
+    Attributes:
+        plan, out, names (the rows to run, in order), seeds (this call's), options (the run
+        options given), progress.
+    """
+
+    name: ClassVar[str] = ""
+    format: ClassVar[PlanFormat]
+    by_seed: ClassVar[bool] = True
+    run_options: ClassVar[tuple[str, ...]] = ()
+    figures: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, plan: Plan, out: str | Path, *, only: Iterable[str] | None = None,
+                 seeds: Sequence[int] | None = None, progress: bool = True, **run_options):
+        unknown = sorted(set(run_options) - set(self.run_options))
+        if unknown:
+            raise TypeError(f"{self.name} plans take the run options {', '.join(self.run_options)}, not {unknown}")
+        self.plan, self.out, self.progress = plan, Path(out), progress
+        self.seeds = list(seeds or plan.seeds)
+        self.options = {k: v for k, v in run_options.items() if v is not None}
+        self.names = self.select(only)
+
+    @classmethod
+    def default_out(cls, plan: Plan) -> Path:
+        """Where a plan runs when no ``--out`` is given: ``runs/TASK/PLAN``."""
+        return Path("runs") / cls.name / Path(plan.path).stem
+
+    def select(self, only: Iterable[str] | None) -> list[str]:
+        """The rows to run (``only``; all when None or empty), in the order they run."""
+        return select_rows(self.plan, only)
+
+    def session(self):
+        """The context the runs share (a :class:`~spe.lab.engine.distributed.Distributed` under
+        ``torchrun`` for a task that trains across processes), entered around them; None: one process."""
+        return contextlib.nullcontext()
+
+    def open(self, ctx) -> None:
+        """Prepares the row folders, or refuses one that holds another experiment, before any run."""
+
+    def config(self, name: str, seed: int) -> Mapping:
+        """The run's resolved configuration, recorded in its provenance."""
+        raise NotImplementedError
+
+    def run(self, name: str, seed: int, folder: Path) -> dict:
+        """Trains (or resumes) and evaluates run (``name``, ``seed``) in ``folder``; returns its result."""
+        raise NotImplementedError
+
+    def current(self, name: str, seed: int, stored: dict) -> bool:
+        """Whether a stored result still answers the plan (else the run resumes or is evaluated again)."""
+        return True
+
+    def after(self, name: str, seed: int, result: dict, ctx) -> None:
+        """After each run that ran, before the plan's results are collected (a row's own summary)."""
+
+    def results(self) -> tuple[dict, str | None]:
+        """(``results.json``'s content, ``results.md``'s text or None for none yet) from the finished runs under ``out``."""
+        raise NotImplementedError
+
+    def written(self, doc: dict) -> None:
+        """After the results files, what else the task draws from them (a plot)."""
+
+
+def write_results(out: str | Path, doc: dict, markdown: str | None) -> None:
+    """Writes ``out/results.json`` (``doc``) and ``out/results.md`` (``markdown``, unless None), each atomically."""
+    out = Path(out)
+    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(doc, indent=2)))
+    if markdown is not None:
+        atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(markdown))
+
+
+def _write_collected(task: PlanTask) -> dict:
+    """Rebuilds ``OUT/results.json`` and ``OUT/results.md`` (and what the task draws) from the runs'
+    records, one runner at a time (:func:`results_lock`); returns the document."""
+    with results_lock(task.out):
+        doc, markdown = task.results()
+        write_results(task.out, doc, markdown)
+        task.written(doc)
+    return doc
+
+
+def run(plan: Plan, out: str | Path, *, only: Iterable[str] | None = None, seeds: Sequence[int] | None = None,
+        threads: int | None = None, progress: bool = True, **run_options) -> dict:
+    """Runs every (row, seed) of ``plan`` not finished yet into ``out``, whichever its task; returns the
+    results document (``OUT/results.json``'s content), collected after every run and at the end.
+
+    Args:
+        plan: from :func:`load_plan`.
+        out: the plan's folder; run (ROW, S) lives in ``out/ROW/seedS``.
+        only: rows to run (default all); runners with disjoint lists may share ``out``.
+        seeds: overrides the plan's seeds.
+        threads: CPU threads (None or 0: PyTorch's default).
+        progress: progress bars.
+        run_options: the task's run options for every row (:attr:`PlanTask.run_options`).
+
+    Raises:
+        ValueError: on an unknown row, a bad option, a folder of another tool, kind or experiment,
+            or naming the runs whose training diverged (:class:`RunsFailed`, after the others ran).
+    """
+    from spe.lab.engine.core import TrainingDiverged  # torch: imported when a plan runs
+
+    cls = plan_task(plan.format.task)
+    if "threads" in cls.run_options:  # a task whose configs carry the thread count
+        run_options["threads"] = threads
+    task = cls(plan, out, only=only, seeds=seeds, progress=progress, **run_options)
+    set_threads(threads)
+    with task.session() as ctx:
+        main = ctx is None or ctx.is_main
+        claim_folder(task.out, plan.format.kind, ctx=ctx)  # before any row folder is made in it
+        task.open(ctx)
+
+        def after(name: str, seed: int, result: dict) -> None:
+            task.after(name, seed, result, ctx)
+            if main:
+                _write_collected(task)
+
+        try:
+            run_plan(plan, task.out, task.run, rows=task.names, seeds=task.seeds, by_seed=task.by_seed,
+                     current=task.current, after=after, failures=(TrainingDiverged,), ctx=ctx, config=task.config)
+        finally:
+            doc = _write_collected(task) if main else {}
+    return doc
+
+
+def collect_results(plan: Plan, out: str | Path, **run_options) -> dict:
+    """Rebuilds ``OUT/results.*`` from what has run, training nothing (``--collect``); returns the document.
+
+    Raises:
+        ValueError: if ``out`` holds another tool's results files (:func:`results_lock`).
+    """
+    return _write_collected(plan_task(plan.format.task)(plan, out, **run_options))

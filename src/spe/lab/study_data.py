@@ -278,7 +278,7 @@ def sweep_study(plan, out: str | Path, *, study: str, corpus: str, command: str)
     """(records, meta) of every finished run of a ``spe sweep`` folder.
 
     Args:
-        plan: the sweep's plan (:func:`spe.lab.music.plan.load_plan`).
+        plan: the sweep's plan (:func:`spe.lab.plans.load_plan`, task ``music``).
         out: the sweep folder (``OUT/VARIANT/seedS/result.json``).
         study, corpus, command: the study's name, its corpus and the command that made the runs.
 

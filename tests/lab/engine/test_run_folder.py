@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 from tiny_run import PYTHON, hold_lock, subprocess_env, tiny_config, toml_text
 
 from spe.lab.cli.main import main
-from spe.lab.music.plan import load_plan, run_sweep
+from spe.lab import plans
+from spe.lab.plans import load_plan
 from spe.lab.music.train import train
 from spe.lab.engine.metrics_log import read_records
 from spe.lab.engine.run_folder import LOCK_FILE, RunFolderBusy, check_name, run_lock
@@ -128,13 +129,13 @@ def test_a_sweep_runner_is_refused_a_run_another_process_holds(tmp_path):
     holder = hold_lock(tmp_path / "sweep" / "ape" / "seed0")
     try:
         with pytest.raises(RunFolderBusy, match=rf"ape/seed0 .*in use.*PID {holder.pid}"):
-            run_sweep(load_plan(str(tmp_path / "plan.toml")), tmp_path / "sweep", data=data,
+            plans.run(load_plan(str(tmp_path / "plan.toml"), "music"), tmp_path / "sweep", data=data,
                       cache_dir=str(tmp_path / "cache"), progress=False)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert not (tmp_path / "sweep" / "ape" / "seed0" / "model.safetensors").exists()
-    doc = run_sweep(load_plan(str(tmp_path / "plan.toml")), tmp_path / "sweep", data=data,
+    doc = plans.run(load_plan(str(tmp_path / "plan.toml"), "music"), tmp_path / "sweep", data=data,
                     cache_dir=str(tmp_path / "cache"), progress=False)
     assert list(doc["runs"]) == ["ape/seed0"]
     assert json.loads((tmp_path / "sweep" / "results.json").read_text())["runs"]["ape/seed0"]["step"] == 2

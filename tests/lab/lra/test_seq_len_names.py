@@ -32,13 +32,13 @@ def test_the_presets_say_seq_len_and_the_listops_generators_max_length_keeps_its
 
 
 def test_a_plan_row_may_give_the_old_name(tmp_path):
-    from spe.lab.lra import load_study
+    from spe.lab.plans import load_plan
     from spe.lab.lra.study import row_config
 
     plan = tmp_path / "p.toml"
     plan.write_text('task = "listops"\npreset = "cpu-small"\nseeds = [0]\n'
                     '[rows.a]\npositional = "ape"\nattention = "performer"\nmax_length = 64\n')
-    assert row_config(load_study(str(plan)), "a").seq_len == 64
+    assert row_config(load_plan(str(plan), "lra"), "a").seq_len == 64
 
 
 def test_a_folder_written_before_the_rename_is_the_same_experiment(tmp_path):

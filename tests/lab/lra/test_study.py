@@ -13,8 +13,9 @@ import spe.lab.lra.run as run_module
 from spe.lab.cli.main import main
 from spe.lab.lra.data.dataset import SequenceDataset
 from spe.lab.lra import build_classifier, preset_config
-from spe.lab.lra.study import load_study, packaged_studies, row_config, run_study
-from spe.lab.lra.study_results import collect_study
+from spe.lab.lra.study import row_config
+from spe.lab import plans
+from spe.lab.plans import load_plan, packaged_plans
 from spe.lab.engine.metrics_log import read_records
 from spe.lab.engine.run_folder import RunFolderBusy
 
@@ -68,8 +69,8 @@ attention = "performer"
 
 
 def test_the_packaged_listops_plan_is_the_controlled_study():
-    assert "listops-study" in packaged_studies()
-    plan = load_study("listops-study")
+    assert "listops-study" in packaged_plans("lra")
+    plan = load_plan("listops-study", "lra")
     assert (plan.task, plan.preset, plan.seeds, plan.reference, plan.baseline) == \
         ("listops", "cpu-small", [0, 1, 2], "ape-performer", "sinespe-performer")
     assert list(plan.groups) == ["decomposition", "features", "ablation", "peers", "pipeline", "gates"]
@@ -105,7 +106,7 @@ def test_every_row_of_the_packaged_plan_builds_its_model():
     g = torch.Generator().manual_seed(0)
     data = SequenceDataset(torch.randint(2, 19, (4, 40), generator=g), torch.full((4,), 40),
                            torch.randint(0, 10, (4,), generator=g), vocab_size=19, num_classes=10)
-    plan = load_study("listops-study")
+    plan = load_plan("listops-study", "lra")
     for name in plan.rows:
         cfg = row_config(plan, name)
         model = build_classifier(cfg, data)
@@ -137,7 +138,7 @@ def test_plan_mistakes_name_the_file_and_the_row(tmp_path, edit, message):
     path = tmp_path / "plan.toml"
     path.write_text(edit(TINY_PLAN))
     with pytest.raises(ValueError, match=message):
-        load_study(str(path))
+        load_plan(str(path), "lra")
 
 
 def _expected_step_seconds(folders):
@@ -154,11 +155,11 @@ def _expected_step_seconds(folders):
 def test_a_tiny_study_runs_resumes_and_reports_what_has_not_run(tmp_path, monkeypatch, capsys):
     plan_file = tmp_path / "tiny.toml"
     plan_file.write_text(TINY_PLAN)
-    plan, out = load_study(str(plan_file)), tmp_path / "study"
-    empty = collect_study(plan, out)  # nothing has run: every row "not run", no crash, no plot
+    plan, out = load_plan(str(plan_file), "lra"), tmp_path / "study"
+    empty = plans.collect_results(plan, out)  # nothing has run: every row "not run", no crash, no plot
     assert [r["status"] for r in empty["rows"]] == ["not run"] * 3 and not (out / "loss.png").exists()
     # two runners on disjoint rows (the second through the command line, one thread), then a collection
-    run_study(plan, out, only=["ape"], progress=False)
+    plans.run(plan, out, only=["ape"], progress=False)
     assert main(["-q", "lra", "--plan", str(plan_file), "--out", str(out), "--only", "sine", "--threads", "1",
                  "--no-progress"]) == 0
     assert "| sine |" in capsys.readouterr().out
@@ -199,7 +200,7 @@ def test_a_tiny_study_runs_resumes_and_reports_what_has_not_run(tmp_path, monkey
         return json.loads((folder / "result.json").read_text())
 
     monkeypatch.setattr(run_module, "train_seed", no_training)
-    again = run_study(plan, out, only=["ape", "sine"], progress=False)
+    again = plans.run(plan, out, only=["ape", "sine"], progress=False)
     assert [r["test_accuracy"] for r in again["rows"]] == [r["test_accuracy"] for r in doc["rows"]]
 
 
@@ -225,7 +226,7 @@ def test_runner_errors_before_any_run(tmp_path, capsys):
     plan_file = tmp_path / "tiny.toml"
     plan_file.write_text(TINY_PLAN)
     with pytest.raises(ValueError, match="unknown row\\(s\\) nope of study plan"):
-        run_study(load_study(str(plan_file)), tmp_path / "out", only=["nope"])
+        plans.run(load_plan(str(plan_file), "lra"), tmp_path / "out", only=["nope"])
     assert main(["lra", "--plan", str(plan_file), "--positional", "ape"]) == 2
     assert "a study plan sets --positional per row" in capsys.readouterr().err
     assert main(["lra", "--collect"]) == 2
@@ -241,7 +242,7 @@ def test_a_folder_of_another_tools_results_is_refused_before_any_row_folder_is_m
     out.mkdir()
     (out / "results.json").write_text('{"theirs": true}')
     with pytest.raises(ValueError, match="results.json"):
-        run_study(load_study(str(plan_file)), out, only=["ape"], progress=False)
+        plans.run(load_plan(str(plan_file), "lra"), out, only=["ape"], progress=False)
     assert sorted(p.name for p in out.iterdir()) == ["results.json"]
     assert (out / "results.json").read_text() == '{"theirs": true}'
 
@@ -254,7 +255,7 @@ def test_a_study_runner_is_refused_a_seed_another_process_holds(tmp_path):
     holder = hold_lock(seed0)
     try:
         with pytest.raises(RunFolderBusy, match=rf"seed0 .*in use.*PID {holder.pid}"):
-            run_study(load_study(str(plan_file)), tmp_path / "study", only=["ape"], progress=False)
+            plans.run(load_plan(str(plan_file), "lra"), tmp_path / "study", only=["ape"], progress=False)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

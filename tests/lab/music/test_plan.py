@@ -7,7 +7,7 @@ import pytest
 from tiny_run import table_rows
 
 from spe.lab.cli.main import main
-from spe.lab.music.plan import load_plan
+from spe.lab.plans import load_plan
 
 PLAN = """
 title = "tiny"
@@ -65,22 +65,22 @@ def test_sweep_trains_each_variant_and_seed_once_and_tabulates(midi_folder, tmp_
 def test_plan_errors_name_the_file_and_variant(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[variants.x]\nmodel = { positional = "rope2" }\n')
-    with pytest.raises(ValueError, match=r"bad.toml, variant 'x'.*rope2"):
-        load_plan(str(bad))
+    with pytest.raises(ValueError, match=r"bad.toml, row 'x'.*rope2"):
+        load_plan(str(bad), "music")
     bad.write_text('[variants.x]\ncheckpoints_of = "y"\n')
     with pytest.raises(ValueError, match="checkpoints_of"):
-        load_plan(str(bad))
+        load_plan(str(bad), "music")
     bad.write_text('[variants.x]\neval = { bucket_width = 0 }\n')
-    with pytest.raises(ValueError, match=r"variant 'x'.*bucket_width"):
-        load_plan(str(bad))
-    for text, message in (('[variants.x]\nmodel = 5\n', r"bad.toml, variant 'x': model must be a table .*got 5"),
+    with pytest.raises(ValueError, match=r"row 'x'.*bucket_width"):
+        load_plan(str(bad), "music")
+    for text, message in (('[variants.x]\nmodel = 5\n', r"bad.toml, row 'x': model must be a table .*got 5"),
                           ('eval = "fast"\n[variants.x]\n', r"bad.toml: eval must be a table of options .*'fast'")):
         bad.write_text(text)
         with pytest.raises(ValueError, match=message):
-            load_plan(str(bad))
+            load_plan(str(bad), "music")
     with pytest.raises(ValueError, match="neither a file"):
-        load_plan(str(tmp_path / "missing.toml"))
-    plan = load_plan("ablation")  # the packaged plan parses
+        load_plan(str(tmp_path / "missing.toml"), "music")
+    plan = load_plan("ablation", "music")  # the packaged plan parses
     assert plan.reference == "ape" and plan.seeds == [0, 1, 2] and "sinespe" in plan.variants
 
 
@@ -106,7 +106,7 @@ def test_the_packaged_ablation_keeps_its_runs_whole_past():
     # runs still match their plan.
     from spe.lab.music.config import TrainConfig
 
-    plan = load_plan("ablation")
+    plan = load_plan("ablation", "music")
     windows = {name: TrainConfig.from_dict(v["train"]).model_config(300).attention_window
                for name, v in plan.variants.items()}
     assert {name: w for name, w in windows.items() if w is not None} == {
@@ -117,7 +117,7 @@ def test_threads_override_every_variant_and_a_finished_run_is_still_reused(tmp_p
     from spe.lab.music.plan import variant_config
     from spe.lab.music.status import RESUME_KEYS
 
-    plan = load_plan("peers")
+    plan = load_plan("peers", "music")
     assert variant_config(plan, "sinespe", 0, tmp_path).threads == 2  # the main job's
     assert variant_config(plan, "sinespe", 0, tmp_path, threads=1).threads == 1
     assert "threads" not in RESUME_KEYS  # how many cores trained a run does not make it another run
@@ -133,7 +133,7 @@ def test_every_peer_builds_and_reaches_three_times_its_training_length(tmp_path)
     from spe.lab.music.plan import variant_config
     from spe.models import DecoderLM
 
-    plan = load_plan("peers")
+    plan = load_plan("peers", "music")
     expected = {"ape", "rope", "sinespe", "convspe", "lrpe", "permute", "cosformer", "decay", "rope-decay",
                 "sinespe-decay"}
     assert set(plan.variants) == expected
@@ -153,10 +153,10 @@ def test_side_by_side_sweeps_and_an_older_results_file_keep_every_run(tmp_path):
     """Sweeps on one folder (``--only`` lists, one core each) rebuild results.json from the runs' own
     records, so neither loses the other's; a results.json written before runs held their records
     (every run recorded there only) is adopted: its runs keep their numbers and count as finished."""
-    from spe.lab.music.plan import collect_sweep
+    from spe.lab import plans
     from spe.lab.plans import read_result, write_result
 
-    plan = load_plan("peers")
+    plan = load_plan("peers", "music")
 
     def run(variant, seed, value):
         return {"variant": variant, "seed": seed, "step": 500, "eval": {}, "buckets": [{"start": 0, "end": 256, "ce": value, "std": 0.0, "n": 1}],
@@ -168,7 +168,7 @@ def test_side_by_side_sweeps_and_an_older_results_file_keep_every_run(tmp_path):
          "unigram_buckets": unigram}))
     write_result(tmp_path / "ape" / "seed0", run("ape", 0, 1.0))  # ape since run again: its own record wins
     write_result(tmp_path / "sinespe" / "seed0", {**run("sinespe", 0, 3.0), "unigram_buckets": unigram})  # another runner's
-    written = collect_sweep(plan, tmp_path)
+    written = plans.collect_results(plan, tmp_path)
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk == written and on_disk["unigram_buckets"] == unigram
     assert {k: r["within"] for k, r in on_disk["runs"].items()} == {
@@ -185,11 +185,11 @@ def test_variant_names_are_names_not_paths(tmp_path, name, problem, capsys):
     plan = tmp_path / "plan.toml"
     plan.write_text(PLAN.replace("[variants.spe]", f'[variants."{name}"]').replace('checkpoints_of = "spe"',
                                                                                   f'checkpoints_of = "{name}"'))
-    with pytest.raises(ValueError, match=rf"plan .*plan.toml, variant .*: the name .* {problem}"):
-        load_plan(str(plan))
+    with pytest.raises(ValueError, match=rf"plan .*plan.toml, row .*: the name .* {problem}"):
+        load_plan(str(plan), "music")
     out = tmp_path / "a" / "b" / "sweep"
     assert main(["sweep", "--plan", str(plan), "--out", str(out), "--steps", "1", "--no-progress"]) == 2
-    assert "variant" in capsys.readouterr().err
+    assert "row" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["plan.toml"]  # nothing written, inside --out or not
 
 
@@ -229,24 +229,24 @@ def test_a_variant_evaluates_the_test_split_in_buckets_of_l_up_to_16_l(midi_fold
     # the study's records: a record from before params and train_tokens gets them from its plan and checkpoint
     from spe.lab.study_data import sweep_study
 
-    records, _ = sweep_study(load_plan(str(plan)), out, study="s", corpus="c", command="x")
+    records, _ = sweep_study(load_plan(str(plan), "music"), out, study="s", corpus="c", command="x")
     stored.write_text(json.dumps({k: v for k, v in json.loads(stored.read_text()).items()
                                   if k not in ("params", "train_tokens")}))
-    assert sweep_study(load_plan(str(plan)), out, study="s", corpus="c", command="x")[0] == records
+    assert sweep_study(load_plan(str(plan), "music"), out, study="s", corpus="c", command="x")[0] == records
     assert {r["split"] for r in records} == {"test", "validation"} and records[0]["params"] == run["params"]
 
 
 @pytest.mark.parametrize(("variants", "message"), [
     ('[variants.x]\neval = { split = "tset" }\n',
-     r"variant 'x': eval option split .*validation, train, all, test.*got 'tset'"),
+     r"row 'x': eval option split .*validation, train, all, test.*got 'tset'"),
     ('[variants.x]\n[variants.y]\ncheckpoints_of = "x"\neval = { split = "test" }\n',
-     r"variant 'y': .*split = \"test\".*test_min_tokens.*variant 'x'"),
+     r"row 'y': .*split = \"test\".*test_min_tokens.*row 'x'"),
 ])
 def test_a_plan_evaluating_a_split_its_runs_do_not_hold_is_refused(tmp_path, variants, message):
     bad = tmp_path / "bad.toml"
     bad.write_text(variants)
     with pytest.raises(ValueError, match=message):
-        load_plan(str(bad))
+        load_plan(str(bad), "music")
 
 
 GATES_ROWS = {"ape", "fox", "gated", "gated-channel", "linear-gated", "sinespe-gated", "sinespe-linear-gated",
@@ -275,7 +275,7 @@ def test_every_16x_variant_builds_and_decodes_its_16x_test_length(tmp_path, plan
     from spe.lab.music.plan import variant_config
     from spe.models import DecoderLM
 
-    plan = load_plan(plan_name)
+    plan = load_plan(plan_name, "music")
     assert rows <= set(plan.variants)
     vocab = len(make_tokenizer())
     for name, spec in plan.variants.items():
@@ -308,7 +308,7 @@ def test_the_table_gives_the_sample_std_over_seeds_and_a_dash_for_one_seed():
     # growth per seed 1, 0.5, 0 (mean 0.5, sample std 0.5). rope, one seed: no spread.
     runs = [run("ape", 0, 1.0, 2.0), run("ape", 1, 2.0, 3.0), run("ape", 2, 4.0, 4.0), run("rope", 0, 1.5, 3.0)]
     doc = {"runs": {f"{r['variant']}/seed{r['seed']}": r for r in runs}}
-    plan = load_plan("peers")
+    plan = load_plan("peers", "music")
     rows = {r["variant"]: r for r in summarize_runs(doc, plan)}
     assert rows["ape"]["buckets"][0][1] == pytest.approx((7 / 3) ** 0.5, rel=1e-12)
     cells = table_rows("\n".join(results_table(doc, plan)), "variant")
@@ -325,7 +325,7 @@ def test_every_learned_time_row_states_the_window_it_trains_with(tmp_path, plan_
     from spe.lab.music.plan import variant_config
     from spe.lab.music.config import resolve_model_options
 
-    plan = load_plan(plan_name)
+    plan = load_plan(plan_name, "music")
     assert set(plan.variants) == LEARNED_TIME_ROWS and plan.seeds == [0, 1, 2]
     for name, spec in plan.variants.items():
         cfg = variant_config(plan, name, 0, tmp_path)
@@ -336,9 +336,9 @@ def test_every_learned_time_row_states_the_window_it_trains_with(tmp_path, plan_
     assert "window: L" in plan.variants["sinespe"]["description"]
     assert variant_config(plan, "fox", 0, tmp_path).data == (
         "music21:palestrina/2" if plan_name.endswith("palestrina") else None)
-    from spe.lab.music.plan import collect_sweep  # the results name the data the plan names
+    from spe.lab import plans  # the results name the data the plan names
 
-    assert collect_sweep(plan, tmp_path / "out")["data"] == (
+    assert plans.collect_results(plan, tmp_path / "out")["data"] == (
         "music21:palestrina/2" if plan_name.endswith("palestrina") else "Bach chorales (music21)")
 
 
@@ -346,7 +346,7 @@ def test_every_learned_time_row_states_the_window_it_trains_with(tmp_path, plan_
 def test_the_data_dependent_rows_state_their_window_and_mechanism(plan_name):
     """The learned-time rows: each description states the whole past as its window, and each model
     names the mechanism its row tests."""
-    variants = load_plan(plan_name).variants
+    variants = load_plan(plan_name, "music").variants
     rows = {name: {"description": v["description"], "model": v["train"]["model"]}
             for name, v in variants.items()}
     data_dependent = {"foxpro", "path", "path-fox", "rope-learned", "rope-learned-gated", "sinespe-onset",

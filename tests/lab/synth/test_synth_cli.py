@@ -9,12 +9,13 @@ from spe import DecoderLM, ModelConfig
 import torch
 
 from spe.lab.cli.main import main
-from spe.lab.synth import load_synth_plan, packaged_synth_plans, preset_config
+from spe.lab.synth import preset_config
+from spe.lab.plans import load_plan, packaged_plans
 from spe.lab.synth.data import IGNORE, READ
 from spe.lab.synth.run import train_seed
 from spe.lab.synth.study import row_config
 from spe.lab.synth.task import SynthTask, correct_count, fixed_split
-from spe.lab.music.config import quiet_defaults
+from spe.lab.experiment import quiet_defaults
 
 
 def _refused(capsys, argv: list[str], fragment: str) -> None:
@@ -35,7 +36,7 @@ def _refused(capsys, argv: list[str], fragment: str) -> None:
     (["--task", "flip-flop", "--positional", "ape-learned", "--max-positions", "256"], "length 4096 exceeds the 256"),
     (["--task", "mqar", "--threads", "-1"], "--threads must be 0 (PyTorch's default) or a positive number"),
     (["--eval-lengths", "64"], "give --task"),
-    (["--plan", "learned-time-mqar", "--positional", "rope"], "a plan sets --positional per row"),
+    (["--plan", "learned-time-mqar", "--positional", "rope"], "plan sets --positional per row"),
     (["--only", "ape"], "give --plan"),
     (["--plan", "no-such-plan"], "neither a file nor a packaged plan"),
 ])
@@ -105,9 +106,9 @@ def test_accuracy_counts_only_the_target_positions():
 
 
 def test_packaged_plans_hold_the_studys_rows_and_each_builds():
-    assert set(packaged_synth_plans()) >= {"learned-time-flip-flop", "learned-time-mqar"}
+    assert set(packaged_plans("synth")) >= {"learned-time-flip-flop", "learned-time-mqar"}
     for name in ("learned-time-flip-flop", "learned-time-mqar"):
-        plan = load_synth_plan(name)
+        plan = load_plan(name, "synth")
         assert list(plan.rows) == ["ape", "sinespe", "sinespe-gated", "gated", "gated-channel",
                                    "sinespe-gated-channel", "fox", "rope", "foxpro", "path",
                                    "path-fox", "rope-learned", "rope-learned-gated", "sinespe-learned",
@@ -129,7 +130,7 @@ def test_a_plan_row_with_a_bad_option_is_named(tmp_path):
     plan = tmp_path / "p.toml"
     plan.write_text('task = "mqar"\n[rows.a]\nmodel = { positional = "ape" }\n[rows.b]\nnum_pairs = 99\n')
     with pytest.raises(ValueError, match=r"row 'b': num_pairs 99 does not fit"):
-        load_synth_plan(str(plan))
+        load_plan(str(plan), "synth")
 
 
 @pytest.mark.slow
@@ -240,12 +241,12 @@ def test_long_test_splits_hold_at_most_eval_tokens():
 def test_quick_plans_hold_the_full_plans_rows_and_each_twin_differs_in_one_option():
     for quick, full in (("learned-time-flip-flop-quick", "learned-time-flip-flop"),
                         ("learned-time-mqar-quick", "learned-time-mqar")):
-        q, f = load_synth_plan(quick), load_synth_plan(full)
+        q, f = load_plan(quick, "synth"), load_plan(full, "synth")
         assert list(q.rows)[:len(f.rows)] == list(f.rows)
         for row in f.rows:
             assert row_config(q, row).model == row_config(f, row).model
             assert row_config(q, row).eval_lengths == row_config(f, row).eval_lengths == [64, 256, 1024, 4096]
-    plan = load_synth_plan("learned-time-mqar-quick")
+    plan = load_plan("learned-time-mqar-quick", "synth")
     for shifted, twin in (("gated-shift", "gated"), ("sinespe-learned-gated-shift", "sinespe-learned-gated")):
         a, b = row_config(plan, shifted).model, row_config(plan, twin).model
         assert a.pop("kv_shift") is True and not b.get("kv_shift", False)
@@ -262,7 +263,7 @@ def test_quick_plans_hold_the_full_plans_rows_and_each_twin_differs_in_one_optio
 
 def test_reading_a_plan_announces_no_default_and_the_run_of_a_row_announces_its_own(caplog):
     caplog.set_level(logging.INFO, logger="spe.lab.music.config")
-    plan = load_synth_plan("learned-time-mqar-quick")  # rows of every kind, sineSPE's windowed one among them
+    plan = load_plan("learned-time-mqar-quick", "synth")  # rows of every kind, sineSPE's windowed one among them
     assert not [r for r in caplog.records if "window" in r.getMessage()]
     quiet = row_config(plan, "foxpro")
     assert not caplog.records  # FoX-Pro has no default to fill: nothing may claim a window for it
@@ -289,7 +290,7 @@ def test_the_training_length_is_seq_len_and_train_length_its_old_name_everywhere
     assert SynthConfig(task="flip-flop", train_length=32, eval_lengths=[32]).seq_len == 32  # the constructor too
     plan = tmp_path / "p.toml"  # a plan row
     plan.write_text('task = "flip-flop"\n[rows.a]\ntrain_length = 32\neval_lengths = [32, 64]\n')
-    assert row_config(load_synth_plan(str(plan)), "a").seq_len == 32
+    assert row_config(load_plan(str(plan), "synth"), "a").seq_len == 32
     with pytest.raises(ValueError, match=r"train_length is the old name of seq_len.*both"):
         preset_config("flip-flop", train_length=32, seq_len=32)
     cfg = preset_config("flip-flop", seq_len=32, eval_lengths=[32])  # a folder of before the rename resumes

@@ -6,7 +6,8 @@ import tracemalloc
 import pytest
 
 from spe.lab.cli.main import main
-from spe.lab.synth import load_synth_plan, preset_config, run_synth, write_data
+from spe.lab.synth import preset_config, run_synth, write_data
+from spe.lab.plans import load_plan
 from spe.lab.synth import run as synth_run
 from spe.lab.synth.run import open_experiment
 
@@ -115,7 +116,7 @@ def test_a_plan_model_that_is_not_a_table_names_file_row_and_key(tmp_path, text,
     plan = tmp_path / "p.toml"
     plan.write_text('task = "mqar"\n' + text)
     with pytest.raises(ValueError, match=message):
-        load_synth_plan(str(plan))
+        load_plan(str(plan), "synth")
 
 
 @pytest.mark.parametrize("existing", [False, True])

@@ -1,5 +1,5 @@
 """``spe lra``: parsing and printing only; the work is :func:`spe.lab.lra.run_lra` (one experiment) and
-:func:`spe.lab.lra.study.run_study` (``--plan``: the rows of a study plan).
+:func:`spe.lab.plans.run` (``--plan``: the rows of a study plan, :mod:`spe.lab.cli.plans`).
 
 Runs under ``torchrun`` as ``spe train`` does (e.g. ``torchrun --nproc-per-node 2 -m spe lra ...``):
 each seed's batch is shared between the processes and only rank 0 writes files.
@@ -15,7 +15,8 @@ from spe.lab.cli.names import add_option_flag, add_run_flag, add_seq_len_flag, s
 
 __all__ = ["add_lra_parser", "cmd_lra"]
 
-# Flags that define an experiment: a study plan sets them per row. Run flags go to every row.
+# Flags that define an experiment: a study plan sets them per row. Run flags go to every row
+# (a plan's: spe.lab.lra.study.LRAPlans.run_options).
 _EXPERIMENT_FLAGS = ("task", "positional", "attention", "decay", "attention_blocks", "preset", "listops_pipeline",
                      "batch_size", "eval_every", "seq_len", "num_realizations", "model_option", "positional_lr_scale")
 _RUN_FLAGS = ("data", "steps", "device", "precision", "keep_checkpoints", "tensorboard", "compile")
@@ -23,11 +24,13 @@ _RUN_FLAGS = ("data", "steps", "device", "precision", "keep_checkpoints", "tenso
 
 def cmd_lra(args: argparse.Namespace) -> int:
     if args.plan or args.collect or args.only:
-        out, line = _cmd_plan(args)
-    elif args.task is None:
+        from spe.lab.cli.plans import cmd_plan
+
+        return cmd_plan(args, "lra", [f"--{f.replace('_', '-')}" for f in _EXPERIMENT_FLAGS
+                                      if getattr(args, f) not in (None, False, [])])
+    if args.task is None:
         raise ValueError("give --task (listops, text, retrieval, image) or a study --plan")
-    else:
-        out, line = _cmd_experiment(args)
+    out, line = _cmd_experiment(args)
     if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 reports
         print((out / "results.md").read_text(), end="")
         print(line)
@@ -62,26 +65,6 @@ def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
     return out, f"results: {out / 'results.json'} (mean {format_mean_std(summary['mean'], summary['std'])} %)"
 
 
-def _cmd_plan(args: argparse.Namespace) -> tuple[Path, str]:
-    """--plan: every row (or --only) of a study plan; --collect: only the results of what has run."""
-    from spe.lab.lra import collect_study, load_study, parse_seeds, run_study
-
-    given = [f"--{f.replace('_', '-')}" for f in _EXPERIMENT_FLAGS if getattr(args, f) not in (None, False, [])]
-    if not args.plan:
-        raise ValueError("--only and --collect select rows of a study: give --plan")
-    if given:
-        raise ValueError(f"a study plan sets {', '.join(given)} per row: leave them out, or write a plan")
-    plan = load_study(args.plan)
-    out = Path(args.out or f"runs/lra/{plan.preset}/{Path(plan.path).stem}")
-    if args.collect:
-        collect_study(plan, out)
-    else:
-        only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
-        run_study(plan, out, only=only, seeds=parse_seeds(args.seeds) if args.seeds else None, threads=args.threads,
-                  progress=not args.no_progress, **{f: v for f in _RUN_FLAGS if (v := getattr(args, f)) is not False})
-    return out, f"results: {out / 'results.json'}, {out / 'results.md'}, {out / 'loss.png'}"
-
-
 def add_lra_parser(sub) -> None:
     from spe.lab.cli.model_flags import add_blocks_flag
     from spe.lab.cli.names import flag_choices
@@ -113,13 +96,9 @@ def add_lra_parser(sub) -> None:
     add_option_flag(p, "positional_lr_scale")
     add_run_flag(p, "out", note="the experiment folder (default runs/lra/PRESET/TASK-ATTENTION-POSITIONAL, + "
                  "-lra-2021, + -KEY-VALUE per option, sorted; with --plan runs/lra/PRESET/PLAN)")
-    from spe.lab.lra.study import STUDY_FORMAT
-    from spe.lab.plans import packaged_plans
+    from spe.lab.cli.plans import add_plan_flags
 
-    p.add_argument("--plan", help="study plan (TOML, or a packaged plan: " + ", ".join(packaged_plans(STUDY_FORMAT))
-                   + "): rows × seeds into OUT/ROW, then OUT/results.*")
-    p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
-    p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
+    add_plan_flags(p, "lra")
     add_run_flag(p, "device", default="cpu")
     add_run_flag(p, "threads")
     add_run_flag(p, "precision")

@@ -223,17 +223,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from spe.lab.music.plan import load_plan, run_sweep
-    from spe.lab.options import parse_seeds
+    from spe.lab.cli.plans import cmd_plan
 
-    plan = load_plan(args.plan)
-    seeds = parse_seeds(args.seeds) if args.seeds else None
-    only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
-    out = Path(args.out)
-    run_sweep(plan, out, seeds=seeds, only=only, data=args.data, cache_dir=args.cache_dir, steps=args.steps,
-              threads=args.threads, progress=not args.no_progress)
-    print((out / "results.md").read_text())
-    return 0
+    return cmd_plan(args, "music")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -479,15 +471,12 @@ def _add_bench_parser(sub) -> None:
 
 
 def _add_sweep_parser(sub) -> None:
-    from spe.lab.music.plan import SWEEP_FORMAT
-    from spe.lab.plans import packaged_plans
+    from spe.lab.cli.plans import add_plan_flags
 
     p = sub.add_parser("sweep", help="train and evaluate the variants × seeds of a plan file (resumable)")
-    p.add_argument("--plan", default="ablation", help="plan TOML, or the name of a packaged plan: "
-                   + ", ".join(packaged_plans(SWEEP_FORMAT)) + " (default ablation)")
+    add_plan_flags(p, "music", default="ablation")
     add_run_flag(p, "out", note="the sweep folder: runs, results.json, results.md", default="runs/sweep")
     p.add_argument("--seeds", help="comma-separated seeds (default: the plan's)")
-    p.add_argument("--only", help="comma-separated variants to run (default: all)")
     p.add_argument("--data", help="training data for every variant (folder or music21:NAME; default Bach)")
     p.add_argument("--cache-dir")
     p.add_argument("--steps", type=int, help="override every variant's optimizer steps")

@@ -1,5 +1,5 @@
 """``spe synth``: parsing and printing only; the work is :func:`spe.lab.synth.run_synth` (one experiment),
-:func:`spe.lab.synth.run_synth_plan` (``--plan``) and :func:`spe.lab.synth.write_data` (``--write-data``).
+:func:`spe.lab.plans.run` (``--plan``, :mod:`spe.lab.cli.plans`) and :func:`spe.lab.synth.write_data` (``--write-data``).
 
 The model flags are ``spe train``'s, declared once (:func:`spe.lab.cli.main.add_model_flags`).
 """
@@ -41,8 +41,11 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from spe.lab.options import parse_seeds
 
     seeds = parse_seeds(args.seeds) if args.seeds else None
-    if args.plan or args.only:
-        return _cmd_plan(args, seeds)
+    if args.plan or args.only or args.collect:
+        from spe.lab.cli.plans import cmd_plan
+
+        return cmd_plan(args, "synth", _given_model_flags(args) + (["--write-data"] if args.write_data is not None
+                                                                   else []))
     if args.task is None:
         raise ValueError("give --task (flip-flop or mqar) or a --plan")
     if args.write_data is not None:  # '' too (an unset shell variable): refused, not taken as absent
@@ -65,24 +68,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_plan(args: argparse.Namespace, seeds: list[int] | None) -> int:
-    from spe.lab.synth import load_synth_plan, run_synth_plan
-
-    if not args.plan:
-        raise ValueError("--only selects rows of a plan: give --plan")
-    given = _given_model_flags(args) + (["--write-data"] if args.write_data is not None else [])
-    if given:
-        raise ValueError(f"a plan sets {', '.join(given)} per row: leave them out, or write a plan")
-    plan = load_synth_plan(args.plan)
-    out = Path(args.out or f"runs/synth/{Path(plan.path).stem}")
-    only = [v.strip() for v in args.only.split(",") if v.strip()] if args.only else None
-    run_synth_plan(plan, out, only=only, seeds=seeds, threads=args.threads, progress=not args.no_progress,
-                   **{f: getattr(args, f) for f in _RUN_FLAGS})
-    print((out / "results.md").read_text(), end="")
-    print(f"results: {out / 'results.json'}, {out / 'results.md'}")
-    return 0
-
-
 def add_synth_parser(sub) -> None:
     from spe.lab.cli.model_flags import add_model_flags
     from spe.lab.cli.names import add_option_flag, add_run_flag, add_seq_len_flag, say_defaults
@@ -102,12 +87,9 @@ def add_synth_parser(sub) -> None:
         add_option_flag(p, name)
     add_model_flags(p)
     add_run_flag(p, "out", note="the experiment folder (default runs/synth/TASK; with --plan runs/synth/PLAN)")
-    from spe.lab.plans import packaged_plans
-    from spe.lab.synth.study import SYNTH_FORMAT
+    from spe.lab.cli.plans import add_plan_flags
 
-    p.add_argument("--plan", help="plan (TOML, or a packaged plan: " + ", ".join(packaged_plans(SYNTH_FORMAT))
-                   + "): rows × seeds into OUT/ROW, then OUT/results.*")
-    p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
+    add_plan_flags(p, "synth")
     for name in ("device", "threads", "precision"):
         add_run_flag(p, name)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -26,7 +26,7 @@ The plan is read and run by :mod:`spe.lab.plans`: ``OUT/NAME`` is the row's ``sp
 experiment folder (``config.json``, ``seedK/``, its own ``results.json``), finished seeds
 (``seedK/result.json``) are skipped and interrupted ones resume (:func:`~spe.lab.lra.train_seed`);
 after every run ``OUT/results.json``, ``results.md`` and ``loss.png`` are rebuilt from what the
-row folders hold (:func:`spe.lab.lra.study_results.collect_study`), atomically, so runners
+row folders hold (:meth:`LRAPlans.results`), atomically, so runners
 with disjoint ``only`` lists may share ``OUT`` and a last call collects everything.
 """
 
@@ -35,18 +35,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import torch
 
 from spe.lab import plans
 from spe.lab.lra.config import PRESETS, LRAConfig, preset_config
 from spe.lab.lra.run import attention_map, load_splits, open_experiment, write_summary
-from spe.lab.lra.study_results import collect_study
+from spe.lab.lra.study_results import plot_study_losses, study_document
 from spe.lab.lra.train import train_seed
-from spe.lab.options import check_threads
 from spe.lab.engine import distributed as dist_
-from spe.lab.engine.core import TrainingDiverged
 
-__all__ = ["STUDY_FORMAT", "StudyPlan", "load_study", "packaged_studies", "row_config", "run_study"]
+__all__ = ["STUDY_FORMAT", "LRAPlans", "StudyPlan", "row_config"]
 
 log = logging.getLogger(__name__)
 
@@ -105,25 +102,7 @@ def _check_plan(plan: StudyPlan) -> None:
 STUDY_FORMAT = plans.PlanFormat(
     kind="study plan", rows_key="rows", row_word="row", folder="lra/configs", not_plans=PRESETS,
     top_keys=("task", "preset", "baseline", "groups", "defaults"), settings=_settings, row=_row,
-    check=_check_plan, plan_class=StudyPlan)
-
-
-def packaged_studies() -> tuple[str, ...]:
-    """Names of the packaged study plans (``src/spe/lab/lra/configs/*.toml`` that are not presets)."""
-    return tuple(plans.packaged_plans(STUDY_FORMAT))
-
-
-def load_study(path_or_name: str) -> StudyPlan:
-    """Reads a study plan file, or the name of a packaged one (e.g. ``listops-study``).
-
-    Every row's configuration is built (no data, no model) so that a mistake in the plan is
-    reported before anything runs.
-
-    Raises:
-        ValueError: naming the file (and the row) on a missing file, invalid TOML, a missing
-            or unknown option, or a value :class:`LRAConfig` refuses.
-    """
-    return plans.load_plan(path_or_name, STUDY_FORMAT)
+    check=_check_plan, plan_class=StudyPlan, task="lra")
 
 
 def row_config(plan: StudyPlan, name: str, **run_options) -> LRAConfig:
@@ -138,66 +117,61 @@ def row_config(plan: StudyPlan, name: str, **run_options) -> LRAConfig:
     return preset_config(plan.task, row["positional"], row["attention"], preset=plan.preset, **options)
 
 
-def run_study(plan: StudyPlan, out: str | Path, *, only: list[str] | None = None, seeds: list[int] | None = None,
-              threads: int | None = None, progress: bool = True, **run_options) -> dict:
-    """Runs the rows of ``plan`` (each over every seed, resumably) into ``out/ROW``, collecting after each run.
+class LRAPlans(plans.PlanTask):
+    """The LRA study plans (``spe lra --plan``, :mod:`spe.lab.plans`): row by row, so that each row
+    folder is a whole ``spe lra`` experiment as soon as it is done (run ``seeds=[0]`` first to have
+    every row at one seed early); the splits are loaded once for consecutive rows that read the same
+    data; under ``torchrun`` each run's batch is shared between the processes and rank 0 writes.
 
-    Row by row, so that each row folder is a whole ``spe lra`` experiment as soon as it is
-    done (run ``seeds=[0]`` first to have every row at one seed early). The splits are loaded
-    once for consecutive rows that read the same data. A run whose training diverges is
-    reported at the end; the other runs still run.
+    Run options: :class:`LRAConfig` options for every row (``steps``, ``device``, ``data``,
+    ``precision``, ``keep_checkpoints``, ``tensorboard``, ``compile``; None: the plan's)."""
 
-    Args:
-        plan: from :func:`load_study`.
-        out: the study folder.
-        only: row names to run (default: all); several runners may share ``out`` with disjoint lists.
-        seeds: overrides the plan's seeds.
-        threads: torch CPU threads (None or 0: torch's default).
-        progress: tqdm bars.
-        run_options: :class:`LRAConfig` options for every row (``steps``, ``device``, ``data``,
-            ``precision`` …; None: the plan's).
+    name = "lra"
+    format = STUDY_FORMAT
+    by_seed = False
+    run_options = ("data", "steps", "device", "precision", "keep_checkpoints", "tensorboard", "compile")
+    figures = ("loss.png",)
 
-    Returns:
-        The collected results (``out/results.json``'s content).
+    def __init__(self, plan: StudyPlan, out, **kwargs):
+        super().__init__(plan, out, **kwargs)
+        self.configs = {name: row_config(plan, name, **self.options) for name in self.names}
+        self._splits: dict = {}
 
-    Raises:
-        ValueError: on an unknown row, a row folder that holds another configuration, as
-            :func:`~spe.lab.lra.train_seed`, or naming the runs that diverged (after the others ran).
-    """
-    out, seeds = Path(out), list(seeds or plan.seeds)
-    configs = {name: row_config(plan, name, **run_options) for name in plans.select_rows(plan, only)}
-    check_threads(threads)
-    if threads:
-        torch.set_num_threads(threads)
-    cached: dict = {}
+    @classmethod
+    def default_out(cls, plan: StudyPlan) -> Path:
+        return Path("runs/lra") / plan.preset / Path(plan.path).stem
 
-    def splits(cfg: LRAConfig) -> dict:
+    def session(self):
+        device = next((str(c.device) for c in self.configs.values()), "cpu")
+        return dist_.session("cuda" if device.startswith("cuda") else "cpu")
+
+    def splits(self, cfg: LRAConfig) -> dict:
         key = tuple(str(getattr(cfg, k)) for k in _SPLIT_KEYS)
-        if key not in cached:
-            cached.clear()  # frees the previous splits before loading others
-            cached[key] = load_splits(cfg)
-        return cached[key]
+        if key not in self._splits:
+            self._splits.clear()  # frees the previous splits before loading others
+            self._splits[key] = load_splits(cfg)
+        return self._splits[key]
 
-    def after(name: str, seed: int, result: dict) -> None:
+    def open(self, ctx) -> None:
+        for name, cfg in self.configs.items():  # a folder holding another experiment is refused before any run
+            open_experiment(self.out / name, cfg, ctx)
+
+    def config(self, name: str, seed: int) -> dict:
+        return {**self.configs[name].to_dict(), "seed": seed}
+
+    def run(self, name: str, seed: int, folder: Path) -> dict:
+        cfg = self.configs[name]
+        return train_seed(cfg, self.splits(cfg), seed, folder, progress=self.progress)
+
+    def after(self, name: str, seed: int, result: dict, ctx) -> None:
         if ctx.is_main:
-            done = plans.read_results(out / name)
-            write_summary(out / name, configs[name], [done[s] for s in seeds if s in done])
-            attention_map(out / name, seed, splits(configs[name]), configs[name])
-            collect_study(plan, out)
+            done = plans.read_results(self.out / name)
+            write_summary(self.out / name, self.configs[name], [done[s] for s in self.seeds if s in done])
+            attention_map(self.out / name, seed, self.splits(self.configs[name]), self.configs[name])
 
-    device = next((str(c.device) for c in configs.values()), "cpu")
-    with dist_.session("cuda" if device.startswith("cuda") else "cpu") as ctx:
-        # --out itself first: a foreign folder is refused before any row folder is made in it
-        plans.claim_folder(out, plan.format.kind if plan.format else "plan", ctx=ctx)
-        for name, cfg in configs.items():  # a folder holding another experiment is refused before any run
-            open_experiment(out / name, cfg, ctx)
-        try:
-            plans.run_plan(plan, out, lambda name, seed, folder: train_seed(configs[name], splits(configs[name]), seed,
-                                                                            folder, progress=progress),
-                           rows=list(configs), seeds=seeds, by_seed=False, after=after, ctx=ctx,
-                           failures=(TrainingDiverged,),
-                           config=lambda name, seed: {**configs[name].to_dict(), "seed": seed})
-        except plans.RunsFailed:
-            collect_study(plan, out)
-            raise
-    return collect_study(plan, out)
+    def results(self) -> tuple[dict, str]:
+        return study_document(self.plan, self.out)
+
+    def written(self, doc: dict) -> None:
+        if any(r["loss_curve"] for r in doc["rows"]):
+            plot_study_losses(doc, self.out / "loss.png")

@@ -25,14 +25,14 @@ import textwrap
 from pathlib import Path
 
 from spe.checkpoint import atomic_write
-from spe.lab import plans, strict_json
+from spe.lab import plans
 from spe.lab.lra.run import summarize
 from spe.lab.plans import Column, markdown_table
 from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
 from spe.lab.engine.core import METRICS_FILE
 from spe.lab.engine.metrics_log import read_records
 
-__all__ = ["collect_row", "collect_study", "plot_study_losses", "study_markdown"]
+__all__ = ["collect_row", "plot_study_losses", "study_document", "study_markdown"]
 
 log = logging.getLogger(__name__)
 
@@ -89,20 +89,13 @@ def collect_row(folder: str | Path, name: str, row: dict, planned_seeds: list[in
             "seed_loss_curves": {str(s): [list(p) for p in c] for s, c in curves.items()}}
 
 
-def collect_study(plan, out: str | Path) -> dict:
-    """Collects every row of ``plan`` (:class:`~spe.lab.lra.study.StudyPlan`) from ``out`` and rewrites
-    ``out/results.json``, ``out/results.md`` and ``out/loss.png`` (atomically, one runner at a time).
-    Returns the document."""
-    out = Path(out)
-    with plans.results_lock(out):
-        rows = [collect_row(out / name, name, row, plan.seeds) for name, row in plan.rows.items()]
-        doc = {"title": plan.title, "plan": plan.path, "task": plan.task, "preset": plan.preset, "seeds": plan.seeds,
-               "reference": plan.reference, "baseline": plan.baseline, "groups": plan.groups, "rows": rows}
-        atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(doc, indent=2)))
-        atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(study_markdown(doc)))
-        if any(r["loss_curve"] for r in rows):
-            plot_study_losses(doc, out / "loss.png")
-    return doc
+def study_document(plan, out: str | Path) -> tuple[dict, str]:
+    """Every row of ``plan`` (:class:`~spe.lab.lra.study.StudyPlan`) collected from ``out``: the
+    document (``OUT/results.json``) and its Markdown (``OUT/results.md``), one table per group."""
+    rows = [collect_row(Path(out) / name, name, row, plan.seeds) for name, row in plan.rows.items()]
+    doc = {"title": plan.title, "plan": plan.path, "task": plan.task, "preset": plan.preset, "seeds": plan.seeds,
+           "reference": plan.reference, "baseline": plan.baseline, "groups": plan.groups, "rows": rows}
+    return doc, study_markdown(doc)
 
 
 def _options(row: dict) -> str:

@@ -8,9 +8,6 @@ from the same options (:func:`resolve_model_options`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -21,28 +18,15 @@ from spe.lab.music.split import NUM_TEST_PIECES
 from spe.encodings.registry import POSITIONAL_SPECS, encodings_reading, positional_spec
 from spe.field_types import check_field_types
 from spe.models.config import ModelConfig
-from spe.lab.experiment import ExperimentOptions
+from spe.lab.experiment import ExperimentOptions, defaults_quiet
 from spe.lab.options import read_toml, run_option
 from spe.lab.music.state_passing import chain_steps
 
 __all__ = ["RESUME_FREE", "TrainConfig", "load_config_file", "packaged_config", "packaged_defaults",
-           "quiet_defaults", "resolve_model_options", "resume_config"]
+           "resolve_model_options", "resume_config"]
 
 log = logging.getLogger(__name__)
 _DEFAULT_POSITIONAL = next(f.default for f in fields(ModelConfig) if f.name == "positional")
-_QUIET = ContextVar("spe_quiet_defaults", default=False)
-
-
-@contextmanager
-def quiet_defaults() -> Iterator[None]:
-    """Inside it, :func:`resolve_model_options` fills the same defaults without saying so: for
-    configurations that are only checked (every row of a plan when it is read, the rows a
-    summary lists), so that the messages name the runs that will train and nothing else."""
-    token = _QUIET.set(True)
-    try:
-        yield
-    finally:
-        _QUIET.reset(token)
 
 
 def resolve_model_options(model: dict, seq_len: int) -> dict:
@@ -76,13 +60,13 @@ def resolve_model_options(model: dict, seq_len: int) -> dict:
     if spec is None:
         return model
     if spec.acts_on == "scores" and "attention" not in model:
-        if not _QUIET.get():
+        if not defaults_quiet():
             log.info("positional %s acts on attention scores: using softmax attention", positional)
         model["attention"] = "softmax"
     blocks = model.get("attention_blocks")
     if spec.windowed_by_default and "attention_window" not in model and not blocks:
         model["attention_window"] = seq_len
-        if not _QUIET.get():
+        if not defaults_quiet():
             log.info("%s: sliding attention window of %d positions (the training length; attention_window 0 "
                      "or --attention-window 0 for the whole past)", positional, seq_len)
     if blocks and isinstance(blocks, int) and positional in encodings_reading("max_distance"):
@@ -99,10 +83,10 @@ def _block_distances(model: dict, positional: str, blocks: int) -> None:
     given = model.get("max_distance")
     if given is None and default < reach:
         model["max_distance"] = reach
-        if not _QUIET.get():
+        if not defaults_quiet():
             log.info("%s with attention_blocks %d: max_distance %d (relative distances up to 2N - 1 = %d; the "
                      "default %d would clip them)", positional, blocks, reach, reach, default)
-    elif isinstance(given, int) and given < reach and not _QUIET.get():
+    elif isinstance(given, int) and given < reach and not defaults_quiet():
         log.info("%s with attention_blocks %d: relative distances %d to %d share the embedding of max_distance %d",
                  positional, blocks, given + 1, reach, given)
 
@@ -116,12 +100,12 @@ def _mixer_defaults(model: dict, seq_len: int) -> dict:
         return model
     if "positional" not in model:
         model["positional"] = mixer.default_positional
-        if not _QUIET.get():
+        if not defaults_quiet():
             log.info("attention %s mixes tokens by a Fourier transform: positional %s (no queries or keys)",
                      mixer.name, mixer.default_positional)
     if mixer.causal and "fourier_length" not in model:
         model["fourier_length"] = seq_len
-        if not _QUIET.get():
+        if not defaults_quiet():
             log.info("%s: DFT length N = %d (the training length; fourier_length to change it)", mixer.name, seq_len)
     return model
 

@@ -1,9 +1,9 @@
-"""Plans of variants × seeds, trained and evaluated resumably (``spe sweep``), on :mod:`spe.lab.plans`.
+"""Plans of rows (variants) × seeds, trained and evaluated resumably (``spe sweep``), on :mod:`spe.lab.plans`.
 
 A plan is a TOML file: top-level keys are training options shared by every variant (on top
 of the packaged demo config), ``[model]`` shared model options, ``[eval]`` shared evaluation
 options, and one
-``[variants.NAME]`` table per variant with its own training keys, a ``model`` table and
+``[rows.NAME]`` table per row (a variant; ``[variants.NAME]``, its old name, is read as it) with its own training keys, a ``model`` table and
 optionally an ``eval`` table (``num_realizations``, ``num_draws``; ``max_length`` and
 ``bucket_width``, by default 3× and 1× the variant's training length; ``window``, the sliding
 attention window at test time, 0 for the whole past; ``split``, the pieces evaluated, as
@@ -38,15 +38,14 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from spe.checkpoint import atomic_write, load
-from spe.lab import plans, strict_json
+from spe.checkpoint import load
+from spe.lab import plans
 from spe.lab.music.split import SPLITS, split_of_run
 from spe.lab.music.evaluation.checkpoints import evaluate_checkpoints, evaluate_models, write_evaluation
 from spe.lab.labels import run_label
 from spe.lab.plans import Column, markdown_table
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 from spe.lab.music.config import TrainConfig, load_config_file, packaged_config
-from spe.lab.engine.core import TrainingDiverged
 from spe.lab.music.train import train
 from spe.lab.engine.run_folder import run_lock
 from spe.lab.music.status import run_status
@@ -54,8 +53,8 @@ from spe.models.config import decode_window
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SWEEP_FORMAT", "Plan", "collect_sweep", "load_plan", "results_table", "run_sweep", "summarize_runs",
-           "variant_config", "variant_label", "write_results"]
+__all__ = ["SWEEP_FORMAT", "MusicPlans", "Plan", "results_markdown", "results_table", "summarize_runs",
+           "variant_config", "variant_label"]
 
 EVAL_KEYS = ("num_realizations", "num_draws", "max_length", "bucket_width", "window", "split")
 DEFAULT_DATA = "Bach chorales (music21)"
@@ -108,27 +107,17 @@ def _check_plan(plan: Plan) -> None:
     for name, spec in plan.rows.items():
         source = spec["of"] or name
         if spec["of"] is not None and (source not in plan.rows or plan.rows[source]["of"] is not None):
-            raise ValueError(f"{plan.where(name)}: checkpoints_of must name a variant that trains")
+            raise ValueError(f"{plan.where(name)}: checkpoints_of must name a row that trains")
         if spec["eval"].get("split") == "test" and not plan.rows[source]["train"].get("test_min_tokens"):
             raise ValueError(f"{plan.where(name)}: eval option split = \"test\" needs the training "
-                             f"option test_min_tokens (e.g. 16 × seq_len + 1) in variant {source!r}, "
+                             f"option test_min_tokens (e.g. 16 × seq_len + 1) in row {source!r}, "
                              "whose runs hold no test split otherwise")
 
 
 SWEEP_FORMAT = plans.PlanFormat(
-    kind="plan", rows_key="variants", row_word="variant", folder="music/configs", not_plans=("demo",),
+    kind="plan", rows_key="rows", row_word="row", old_rows_key="variants", folder="music/configs", not_plans=("demo",),
     top_keys=("model", "eval", *(f.name for f in fields(TrainConfig) if f.name != "model")),
-    settings=_settings, row=_variant, check=_check_plan, plan_class=Plan)
-
-
-def load_plan(path_or_name: str) -> Plan:
-    """Reads a plan file (or the name of a packaged one, e.g. ``ablation``).
-
-    Raises:
-        ValueError: naming the file and the variant, on a missing file, invalid TOML, an
-            unknown option or an invalid value.
-    """
-    return plans.load_plan(path_or_name, SWEEP_FORMAT)
+    settings=_settings, row=_variant, check=_check_plan, plan_class=Plan, task="music")
 
 
 def variant_config(plan: Plan, name: str, seed: int, out: Path, *, data: str | None = None,
@@ -180,7 +169,7 @@ def _train_run(plan: Plan, name: str, cfg: TrainConfig, progress: bool) -> float
     status = _status(plan, name, cfg)
     if spec["of"] is not None:
         if status.state == "new":
-            raise ValueError(f"variant {name!r} re-evaluates {spec['of']!r}, whose run {status.out} does not exist")
+            raise ValueError(f"row {name!r} re-evaluates {spec['of']!r}, whose run {status.out} does not exist")
         return None
     if status.state == "finished":
         return None
@@ -249,86 +238,6 @@ def _adopt_records(plan: Plan, out: Path) -> None:
             plans.write_result(folder, {**record, "unigram_buckets": doc.get("unigram_buckets")})
 
 
-def collect_sweep(plan: Plan, out: str | Path, *, data: str | None = None) -> dict:
-    """Rebuilds ``OUT/results.json`` and ``OUT/results.md`` from the runs' records (atomically, one
-    runner at a time); returns the document: ``title``, ``plan``, ``reference``, ``data``, ``runs``
-    (``VARIANT/seedS`` -> record) and the ``unigram_buckets`` baseline."""
-    out = Path(out)
-    with plans.results_lock(out):
-        _adopt_records(plan, out)
-        runs, unigram = {}, None
-        for name, by_seed in plans.collect(plan, out).items():
-            for seed, record in by_seed.items():
-                unigram = record.pop("unigram_buckets", None) or unigram
-                runs[f"{name}/seed{seed}"] = record
-        planned = next(iter(plan.rows.values()))["train"].get("data")  # a plan may name its data
-        doc = {"title": plan.title, "plan": plan.path, "reference": plan.reference,
-               "data": data or planned or DEFAULT_DATA,
-               "runs": runs, "unigram_buckets": unigram}
-        atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(doc, indent=2)))
-        write_results(doc, plan, out / "results.md")
-    return doc
-
-
-def run_sweep(plan: Plan, out: Path, *, seeds: list[int] | None = None, only: list[str] | None = None,
-              data: str | None = None, cache_dir: str | None = None, steps: int | None = None,
-              threads: int | None = None, progress: bool = True) -> dict:
-    """Trains and evaluates every (variant, seed) of the plan; returns the results document.
-
-    Seed by seed, so that a stopped sweep has every variant at the first seeds. A run whose
-    stored record has the checkpoint's step and the variant's eval options is not run again.
-
-    Args:
-        plan: from :func:`load_plan`.
-        out: sweep folder; run ``NAME/seedS`` lives under it.
-        seeds: overrides the plan's seeds.
-        only: variants to run (default all); those whose checkpoints they reuse are added.
-        data: training data for every variant (default: each variant's, i.e. the Bach default).
-        cache_dir: converted MIDI and token caches.
-        steps: overrides every variant's optimizer steps.
-        threads: overrides every variant's CPU threads (e.g. 1 to run two sweeps side by side).
-        progress: progress bars.
-
-    Raises:
-        ValueError: on an unknown variant name in ``only``, a run folder trained with other
-            options, or naming the runs whose training diverged (after the others ran).
-    """
-    names, out = _selected(plan, only), Path(out)
-    plans.claim_folder(out, SWEEP_FORMAT.kind)  # before anything is read or written there
-    _adopt_records(plan, out)
-
-    def config(name: str, seed: int) -> TrainConfig:
-        return variant_config(plan, name, seed, out, data=data, cache_dir=cache_dir, steps=steps, threads=threads)
-
-    def current(name: str, seed: int, record: dict) -> bool:
-        status = _status(plan, name, config(name, seed))
-        return (status.state == "finished" and record.get("step") == status.step
-                and record.get("eval") == plan.rows[name]["eval"] and "buckets" in record
-                # a test-split record from before the validation buckets: evaluated again (no training)
-                and ("validation" in record or plan.rows[name]["eval"].get("split") != "test"))
-
-    def run(name: str, seed: int, folder: Path) -> dict:
-        cfg, spec = config(name, seed), plan.rows[name]
-        with run_lock(cfg.out):  # the training run's status is read and acted on by one runner at a time
-            train_s = _train_run(plan, name, cfg, progress)
-        evaluation = out / name / f"seed{seed}-evaluation"
-        with run_lock(evaluation):
-            summary, validation, params = _evaluate_run(spec, cfg, evaluation)
-        model, step = summary["models"][0], run_status(cfg).step
-        extra = {} if validation is None else {"validation": validation}
-        return {"variant": name, "seed": seed, "step": step, "eval": spec["eval"],
-                "buckets": model["buckets"], "within": model["within"], "beyond": model["beyond"],
-                "num_sequences": summary["num_sequences"], **extra, "params": params,
-                "train_tokens": step * cfg.batch_size * cfg.seq_len,
-                "train_s": train_s if train_s is not None else (plans.read_result(folder) or {}).get("train_s"),
-                "unigram_buckets": summary["unigram_buckets"]}
-
-    plans.run_plan(plan, out, run, rows=names, seeds=seeds, current=current, failures=(TrainingDiverged,),
-                   after=lambda *_: collect_sweep(plan, out, data=data),
-                   config=lambda name, seed: {**config(name, seed).to_dict(), "eval": plan.rows[name]["eval"]})
-    return collect_sweep(plan, out, data=data)
-
-
 def summarize_runs(doc: dict, plan: Plan) -> list[dict]:
     """Per variant with runs in ``doc`` (a ``results.json``): the (mean, sample std) over seeds of
     each bucket (:func:`spe.lab.plans.summarize`, std NaN for one seed), the growth of the last
@@ -383,12 +292,73 @@ def results_table(doc: dict, plan: Plan) -> list[str]:
     return lines
 
 
-def write_results(doc: dict, plan: Plan, path: Path) -> None:
-    """Writes the Markdown table of :func:`summarize_runs` (nothing before the first run)."""
+def results_markdown(doc: dict, plan: Plan) -> str | None:
+    """The results page: title, what the cells are, :func:`results_table` (None before the first run)."""
     table = results_table(doc, plan)
     if not table:
-        return
+        return None
     lines = [f"# {doc.get('title', 'sweep')}", "",
              (f"Data: {doc.get('data')}. Teacher-forced cross-entropy (nats/token) by position bucket, "
               f"{SEED_SPREAD}; growth = last bucket / first bucket − 1 (per seed, then averaged)."), "", *table]
-    atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+    return "\n".join(lines) + "\n"
+
+
+class MusicPlans(plans.PlanTask):
+    """The music language model's plans (``spe sweep``, :mod:`spe.lab.plans`): each (variant, seed)
+    trained (or re-evaluated) and evaluated as the module docstring says.
+
+    Run options: ``data``, ``cache_dir``, ``steps`` and ``threads`` (CPU threads; 0: PyTorch's
+    default) override every variant's."""
+
+    name = "music"
+    format = SWEEP_FORMAT
+    run_options = ("data", "cache_dir", "steps", "threads")
+
+    def select(self, only) -> list[str]:
+        return _selected(self.plan, only)
+
+    def open(self, ctx) -> None:
+        _adopt_records(self.plan, self.out)
+
+    def train_config(self, name: str, seed: int) -> TrainConfig:
+        return variant_config(self.plan, name, seed, self.out, **self.options)
+
+    def config(self, name: str, seed: int) -> dict:
+        return {**self.train_config(name, seed).to_dict(), "eval": self.plan.rows[name]["eval"]}
+
+    def current(self, name: str, seed: int, record: dict) -> bool:
+        status = _status(self.plan, name, self.train_config(name, seed))
+        return (status.state == "finished" and record.get("step") == status.step
+                and record.get("eval") == self.plan.rows[name]["eval"] and "buckets" in record
+                # a test-split record from before the validation buckets: evaluated again (no training)
+                and ("validation" in record or self.plan.rows[name]["eval"].get("split") != "test"))
+
+    def run(self, name: str, seed: int, folder: Path) -> dict:
+        cfg, spec = self.train_config(name, seed), self.plan.rows[name]
+        with run_lock(cfg.out):  # the training run's status is read and acted on by one runner at a time
+            train_s = _train_run(self.plan, name, cfg, self.progress)
+        evaluation = self.out / name / f"seed{seed}-evaluation"
+        with run_lock(evaluation):
+            summary, validation, params = _evaluate_run(spec, cfg, evaluation)
+        model, step = summary["models"][0], run_status(cfg).step
+        extra = {} if validation is None else {"validation": validation}
+        return {"variant": name, "seed": seed, "step": step, "eval": spec["eval"],
+                "buckets": model["buckets"], "within": model["within"], "beyond": model["beyond"],
+                "num_sequences": summary["num_sequences"], **extra, "params": params,
+                "train_tokens": step * cfg.batch_size * cfg.seq_len,
+                "train_s": train_s if train_s is not None else (plans.read_result(folder) or {}).get("train_s"),
+                "unigram_buckets": summary["unigram_buckets"]}
+
+    def results(self) -> tuple[dict, str | None]:
+        """``title``, ``plan``, ``reference``, ``data``, ``runs`` (``VARIANT/seedS`` -> record) and the
+        ``unigram_buckets`` baseline; the Markdown table of :func:`results_table` (None before any run)."""
+        _adopt_records(self.plan, self.out)
+        runs, unigram = {}, None
+        for name, by_seed in plans.collect(self.plan, self.out).items():
+            for seed, record in by_seed.items():
+                unigram = record.pop("unigram_buckets", None) or unigram
+                runs[f"{name}/seed{seed}"] = record
+        planned = next(iter(self.plan.rows.values()))["train"].get("data")  # a plan may name its data
+        doc = {"title": self.plan.title, "plan": self.plan.path, "reference": self.plan.reference,
+               "data": self.options.get("data") or planned or DEFAULT_DATA, "runs": runs, "unigram_buckets": unigram}
+        return doc, results_markdown(doc, self.plan)

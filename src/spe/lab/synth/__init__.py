@@ -3,7 +3,6 @@ language modelling (Liu et al. 2023) and multi-query associative recall (Arora e
 
 from spe.lab.synth.config import SynthConfig, preset_config
 from spe.lab.synth.run import run_synth, train_seed, write_data
-from spe.lab.synth.study import load_synth_plan, packaged_synth_plans, run_synth_plan
+from spe.lab.synth.study import SynthPlans
 
-__all__ = ["SynthConfig", "load_synth_plan", "packaged_synth_plans", "preset_config", "run_synth",
-           "run_synth_plan", "train_seed", "write_data"]
+__all__ = ["SynthConfig", "SynthPlans", "preset_config", "run_synth", "train_seed", "write_data"]

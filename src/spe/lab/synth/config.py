@@ -255,7 +255,7 @@ def preset_defaults(preset: str = "cpu-small") -> dict[str, str]:
     """Per option a flag of ``spe synth`` sets, its value in ``preset`` (``64``; per task where the
     tasks differ: ``flip-flop 2000, mqar 3000``; lists comma-separated): what a flag left out
     means, for its help (:func:`spe.lab.cli.names.say_defaults`)."""
-    from spe.lab.music.config import quiet_defaults
+    from spe.lab.experiment import quiet_defaults
 
     with quiet_defaults():  # only read for the help: no model default announced
         configs = {task: preset_config(task, preset=preset) for task in TASKS}

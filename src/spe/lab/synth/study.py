@@ -28,15 +28,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spe.checkpoint import atomic_write
-from spe.lab import plans, strict_json
-from spe.lab.options import set_threads
+from spe.lab import plans
 from spe.lab.synth.config import PRESETS, SynthConfig, preset_config
 from spe.lab.synth.run import missing_lengths, open_experiment, results_markdown, summarize, train_seed, write_summary
-from spe.lab.music.config import quiet_defaults
-from spe.lab.engine.core import TrainingDiverged
+from spe.lab.experiment import quiet_defaults
 
-__all__ = ["SYNTH_FORMAT", "collect_synth", "load_synth_plan", "packaged_synth_plans", "row_config", "run_synth_plan"]
+__all__ = ["SYNTH_FORMAT", "SynthPlans", "row_config"]
 
 
 def _settings(top: dict) -> dict:
@@ -58,21 +55,8 @@ def _row(spec: dict, settings: dict) -> dict:
 
 
 SYNTH_FORMAT = plans.PlanFormat(kind="synth plan", rows_key="rows", row_word="row", folder="synth/configs",
-                                not_plans=PRESETS, top_keys=("task", "defaults"), settings=_settings, row=_row)
-
-
-def packaged_synth_plans() -> tuple[str, ...]:
-    """Names of the packaged plans (``src/spe/lab/synth/configs/*.toml`` that are not presets)."""
-    return tuple(plans.packaged_plans(SYNTH_FORMAT))
-
-
-def load_synth_plan(path_or_name: str) -> plans.Plan:
-    """Reads a plan file, or the name of a packaged one, checking every row's configuration.
-
-    Raises:
-        ValueError: naming the file (and the row), as :func:`spe.lab.plans.load_plan`.
-    """
-    return plans.load_plan(path_or_name, SYNTH_FORMAT)
+                                not_plans=PRESETS, top_keys=("task", "defaults"), settings=_settings, row=_row,
+                                task="synth")
 
 
 def row_config(plan: plans.Plan, name: str, **run_options) -> SynthConfig:
@@ -82,50 +66,43 @@ def row_config(plan: plans.Plan, name: str, **run_options) -> SynthConfig:
     return preset_config(plan.settings["task"], **options)
 
 
-def collect_synth(plan: plans.Plan, out: str | Path, configs: dict[str, SynthConfig]) -> dict:
-    """Writes ``out/results.json`` (row -> description, options, per-seed results, summary) and
-    ``out/results.md`` from the row folders' finished seeds; returns the JSON's content."""
-    out = Path(out)
-    with plans.results_lock(out):
-        found = plans.collect(plan, out)
+class SynthPlans(plans.PlanTask):
+    """The synthetic tasks' plans (``spe synth --plan``, :mod:`spe.lab.plans`): seed by seed (every
+    row at the first seed early); a seed whose result lacks a test length the row now asks for is
+    tested again, not trained. Run options (``steps``, ``device``, ``precision``; None: the
+    plan's) go to every row."""
+
+    name = "synth"
+    format = SYNTH_FORMAT
+    run_options = ("steps", "device", "precision")
+
+    def __init__(self, plan: plans.Plan, out, **kwargs):
+        super().__init__(plan, out, **kwargs)
+        self.configs = {name: row_config(plan, name, **self.options) for name in self.names}
+
+    def open(self, ctx) -> None:
+        for name, cfg in self.configs.items():  # a folder holding another experiment is refused before any run
+            open_experiment(self.out / name, cfg)
+
+    def config(self, name: str, seed: int) -> dict:
+        return {**self.configs[name].to_dict(), "seed": seed}
+
+    def run(self, name: str, seed: int, folder: Path) -> dict:
+        return train_seed(self.configs[name], seed, folder, progress=self.progress)
+
+    def current(self, name: str, seed: int, stored: dict) -> bool:
+        return not missing_lengths(self.configs[name], stored)
+
+    def after(self, name: str, seed: int, result: dict, ctx) -> None:
+        write_summary(self.out / name, self.configs[name])
+
+    def results(self) -> tuple[dict, str]:
+        """Row -> description, options, per-seed results and summary; one table per test distribution."""
+        found = plans.collect(self.plan, self.out)
         with quiet_defaults():  # the rows this call does not run are only summarised
-            rows = {name: (configs.get(name) or row_config(plan, name), list(found[name].values()))
-                    for name in plan.rows}
-        record = {"title": plan.title, "task": plan.settings["task"], "rows": {
-            name: {"description": plan.rows[name]["description"], "options": plan.rows[name]["options"],
+            rows = {name: (self.configs.get(name) or row_config(self.plan, name), list(found[name].values()))
+                    for name in self.plan.rows}
+        record = {"title": self.plan.title, "task": self.plan.settings["task"], "rows": {
+            name: {"description": self.plan.rows[name]["description"], "options": self.plan.rows[name]["options"],
                    "results": results, "accuracy": summarize(cfg, results)} for name, (cfg, results) in rows.items()}}
-        atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(record, indent=2)))
-        atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(results_markdown(plan.title, rows)))
-    return record
-
-
-def run_synth_plan(plan: plans.Plan, out: str | Path, *, only: list[str] | None = None,
-                   seeds: list[int] | None = None, threads: int | None = None, progress: bool = True,
-                   **run_options) -> dict:
-    """Runs the rows of ``plan`` (every seed, resumably) into ``out/ROW``, seed by seed (every
-    row at the first seed early), collecting after each run; a diverged run is reported at the
-    end, the others still run.
-
-    Raises:
-        ValueError: on an unknown row, a row folder holding another configuration, or naming
-            the runs that diverged.
-    """
-    out = Path(out)
-    configs = {name: row_config(plan, name, **run_options) for name in plans.select_rows(plan, only)}
-    set_threads(threads)
-    plans.claim_folder(out, SYNTH_FORMAT.kind)
-    for name, cfg in configs.items():  # a folder holding another experiment is refused before any run
-        open_experiment(out / name, cfg)
-
-    def after(name: str, seed: int, result: dict) -> None:
-        write_summary(out / name, configs[name])
-        collect_synth(plan, out, configs)
-
-    try:
-        plans.run_plan(plan, out, lambda name, seed, folder: train_seed(configs[name], seed, folder, progress=progress),
-                       rows=list(configs), seeds=seeds, by_seed=True, after=after, failures=(TrainingDiverged,),
-                       current=lambda name, seed, stored: not missing_lengths(configs[name], stored),
-                       config=lambda name, seed: {**configs[name].to_dict(), "seed": seed})
-    finally:
-        record = collect_synth(plan, out, configs)
-    return record
+        return record, results_markdown(self.plan.title, rows)

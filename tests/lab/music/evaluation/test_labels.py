@@ -13,7 +13,8 @@ from spe.checkpoint import LoadedCheckpoint
 from spe.lab.music.split import CorpusSplit
 from spe.lab.music.evaluation.checkpoints import evaluate_models, summary_table, write_evaluation
 from spe.lab.music.evaluation.report_markdown import render_extrapolation, render_header
-from spe.lab.music.plan import load_plan, results_table
+from spe.lab.music.plan import results_table
+from spe.lab.plans import load_plan
 from spe.lab.labels import run_label
 from spe.models import ModelConfig
 from spe.models.decoder_lm import DecoderLM
@@ -95,7 +96,7 @@ model = { positional = "sinespe", spe_time = "learned" }
 def test_the_sweep_table_names_each_variant_s_run(tmp_path):
     path = tmp_path / "plan.toml"
     path.write_text(SWEEP_PLAN)
-    plan = load_plan(str(path))
+    plan = load_plan(str(path), "music")
     runs = {f"{v}/seed0": {"variant": v, "seed": 0, "buckets": [{"start": 0, "end": 16, "ce": 1.0}]}
             for v in plan.rows}
     lines = {line.split(" | ")[0]: line for line in results_table({"runs": runs}, plan) if line.startswith("| ")}
