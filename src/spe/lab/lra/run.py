@@ -20,7 +20,7 @@ from spe.checkpoint import atomic_write
 from spe.lab.lra.config import OLD_NAMES, RUN_ONLY_KEYS, LRAConfig
 from spe.lab.lra.train import train_seed
 from spe.models.classifier_config import ClassifierConfig
-from spe.lab import plans, strict_json
+from spe.lab import plans
 from spe.lab.options import check_threads, read_json_object, rename_old_names
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 from spe.lab.engine import distributed as dist_
@@ -94,8 +94,7 @@ def write_summary(out: str | Path, cfg: LRAConfig, results: list[dict]) -> dict:
     returns the summary (``config``, ``results`` and :func:`summarize`'s keys)."""
     out = Path(out)
     summary = {"config": cfg.to_dict(), "results": results, **summarize(results)}
-    atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(summary, indent=2)))
-    atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(_markdown(cfg, summary, results)))
+    plans.write_results(out, summary, _markdown(cfg, summary, results))
     return summary
 
 

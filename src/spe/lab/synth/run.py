@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from spe.checkpoint import atomic_write
-from spe.lab import plans, strict_json
+from spe.lab import plans
 from spe.lab.options import read_json_object, rename_old_names, set_threads
 from spe.lab.outputs import check_output_folder
 from spe.lab.stats import SEED_SPREAD, format_mean_std, mean_and_std
@@ -211,10 +211,9 @@ def write_summary(out: str | Path, cfg: SynthConfig) -> dict:
     with plans.results_lock(out):
         results = list(plans.read_results(out).values())
         summary = {"config": cfg.to_dict(), "results": results, "accuracy": summarize(cfg, results)}
-        atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(strict_json.dumps(summary, indent=2)))
-        text = results_markdown(f"{cfg.task}: {cfg.model.get('attention', 'performer')} + "
-                                f"{cfg.model.get('positional', 'sinespe')}", {out.name: (cfg, results)})
-        atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(text))
+        plans.write_results(out, summary, results_markdown(f"{cfg.task}: {cfg.model.get('attention', 'performer')} + "
+                                                          f"{cfg.model.get('positional', 'sinespe')}",
+                                                          {out.name: (cfg, results)}))
     return summary
 
 
