@@ -293,3 +293,27 @@ def test_only_the_decay_forms_read_a_decays_rank():
     assert readers == [], readers
     assert _DECAY_RANK.search("if log_decay.dim() == 4:") and _DECAY_RANK.search("key_log_decay.shape[1]")
     assert not _DECAY_RANK.search("decay_form(log_decay)")
+
+
+TASKS = ("spe.lab.music", "spe.lab.lra", "spe.lab.synth")
+
+
+def _task_of(module: str) -> str | None:
+    return next((t for t in TASKS if module == t or module.startswith(t + ".")), None)
+
+
+def test_the_engine_knows_no_task_and_no_task_imports_another():
+    """One engine under tasks as packages: the engine and the plan runner import no task (plans.py
+    reaches them through PLAN_TASKS when a plan runs), and a task imports only the lab's shared
+    modules, never another task."""
+    graph = _import_graph()
+    assert {"spe.lab.engine.core", "spe.lab.plans", "spe.lab.music.plan", "spe.lab.lra.study",
+            "spe.lab.synth.study"} <= set(graph)
+    shared = [n for n in graph if n.startswith("spe.lab.engine") or n in ("spe.lab.plans", "spe.lab.options",
+                                                                             "spe.lab.experiment", "spe.lab.outputs",
+                                                                             "spe.lab.model_defaults")]
+    offenders = {n: sorted(e for e in graph[n] if _task_of(e)) for n in shared}
+    assert not {n: e for n, e in offenders.items() if e}, offenders
+    crossing = {n: sorted(e for e in edges if _task_of(e) and _task_of(e) != _task_of(n))
+                for n, edges in graph.items() if _task_of(n)}
+    assert not {n: e for n, e in crossing.items() if e}, crossing

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE
 
-__all__ = ["check_output_file", "check_output_folder", "check_outside_data"]
+__all__ = ["check_output_file", "check_output_folder", "check_outside_data", "default_cache_dir", "display_name",
+           "shown_names"]
 
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format: a training state or another torch file
 
@@ -124,3 +125,23 @@ def check_outside_data(path: str | os.PathLike, flag: str, data: str | os.PathLi
     if target == folder or folder in target.parents:
         raise ValueError(f"{flag} {path} is {'' if target == folder else 'inside '}the data folder {data} this "
                          "command reads: choose a path outside it (nothing was written)")
+
+
+def default_cache_dir() -> Path:
+    """``$SPE_CACHE_DIR``, or ``~/.cache/spe``."""
+    return Path(os.environ.get("SPE_CACHE_DIR", Path.home() / ".cache" / "spe"))
+
+
+def display_name(path: str | bytes | os.PathLike) -> str:
+    """A file name as text, its undecodable bytes escaped: ``b"bad\xff.mid"`` -> ``bad\\xff.mid``.
+
+    A name that is not valid UTF-8 reaches Python with surrogates (``bad\udcff.mid``), which
+    cannot be encoded, written to JSON text files or hashed as UTF-8; this form can.
+    """
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def shown_names(paths: list[Path], limit: int = 5) -> str:
+    """The first ``limit`` names (:func:`display_name`), then how many more."""
+    shown = ", ".join(display_name(p) for p in paths[:limit])
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")

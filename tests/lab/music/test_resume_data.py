@@ -14,7 +14,8 @@ from tiny_run import tiny_config, toml_text
 from spe.checkpoint import load_metadata
 from spe.lab.cli.main import main
 from spe.lab.music.train import train
-from spe.lab.music.status import RunStatus, check_resume, data_record
+from spe.lab.engine.data_check import data_record
+from spe.lab.music.status import RunStatus, check_resume
 
 
 def _pieces(*lengths):

@@ -262,7 +262,7 @@ def test_quick_plans_hold_the_full_plans_rows_and_each_twin_differs_in_one_optio
 
 
 def test_reading_a_plan_announces_no_default_and_the_run_of_a_row_announces_its_own(caplog):
-    caplog.set_level(logging.INFO, logger="spe.lab.music.config")
+    caplog.set_level(logging.INFO, logger="spe.lab.model_defaults")
     plan = load_plan("learned-time-mqar-quick", "synth")  # rows of every kind, sineSPE's windowed one among them
     assert not [r for r in caplog.records if "window" in r.getMessage()]
     quiet = row_config(plan, "foxpro")

@@ -22,7 +22,7 @@ from spe.models.encoder_classifier import EncoderClassifier
 from spe.models.loss import cross_entropy
 from spe.lab.engine import distributed as dist_
 from spe.lab.engine.state import latest_unit
-from spe.lab.music.status import check_data, data_record
+from spe.lab.engine.data_check import check_data, data_record
 from spe.lab.engine.task import EngineSettings, RunLayout, StepStats
 
 __all__ = ["LRATask", "build_classifier", "engine_settings"]

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from spe.checkpoint import atomic_write
+from spe.lab.outputs import default_cache_dir, display_name, shown_names
 
 __all__ = [
     "MAX_PIECE_TOKENS",
@@ -158,11 +159,6 @@ class Corpus:
         order = torch.randperm(len(self.pieces), generator=torch.Generator().manual_seed(seed)).tolist()
         n_val = min(max(1, round(val_fraction * len(order))), len(order) - 1)
         return sorted(order[n_val:]), sorted(order[:n_val])
-
-
-def default_cache_dir() -> Path:
-    """``$SPE_CACHE_DIR``, or ``~/.cache/spe``."""
-    return Path(os.environ.get("SPE_CACHE_DIR", Path.home() / ".cache" / "spe"))
 
 
 def _track_remi_class():
@@ -486,20 +482,6 @@ def _parse_music21(data: str) -> tuple[str, int]:
     return name, step
 
 
-def display_name(path: str | bytes | os.PathLike) -> str:
-    """A file name as text, its undecodable bytes escaped: ``b"bad\xff.mid"`` -> ``bad\\xff.mid``.
-
-    A name that is not valid UTF-8 reaches Python with surrogates (``bad\udcff.mid``), which
-    cannot be encoded, written to JSON text files or hashed as UTF-8; this form can.
-    """
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
-def _names(paths: list[Path], limit: int = 5) -> str:
-    shown = ", ".join(display_name(p) for p in paths[:limit])
-    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
-
-
 def _walk(folder: Path) -> tuple[list[Path], list[Path], list[str]]:
     """MIDI files below ``folder``, following links, each folder and file read once.
 
@@ -562,7 +544,7 @@ def find_midi_files(folder: str | os.PathLike) -> list[Path]:
     if again:
         warnings.warn(f"skipped {len(again)} path(s) in {display_name(folder)} reached a second time through "
                       f"symbolic links (a cycle, or a second link; each folder and file is read once): "
-                      f"{_names(again)}", stacklevel=2)
+                      f"{shown_names(again)}", stacklevel=2)
     if unreadable:
         warnings.warn(f"skipped {len(unreadable)} path(s) in {display_name(folder)} that cannot be read: "
                       f"{', '.join(unreadable[:5])}",

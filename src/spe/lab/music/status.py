@@ -7,20 +7,17 @@ has that option's default), and the keys that differ are named.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 from spe.checkpoint import MODEL_FILE, TRAIN_STATE_FILE, load_metadata
 from spe.models.config import ModelConfig
+from spe.lab.engine.data_check import check_data
 from spe.lab.music.config import TrainConfig
 
-__all__ = ["RESUME_KEYS", "RunStatus", "check_data", "check_resume", "check_run", "data_record", "run_status"]
+__all__ = ["RESUME_KEYS", "RunStatus", "check_resume", "check_run", "run_status"]
 
 log = logging.getLogger(__name__)
 
@@ -117,74 +114,6 @@ def check_run(cfg: TrainConfig, resume: bool, overwrite: bool) -> RunStatus:
     return status
 
 
-def data_record(**splits: Sequence) -> dict:
-    """What a run trains and validates on, for its checkpoints: ``{split: {"count": n, "digest": hex}}``.
-
-    The digest covers every array of the split in order (dtype, shape and values), so that the
-    same files give the same record, and a piece added, removed, edited or moved to the other
-    split changes it. Hashing costs about a second per GB.
-
-    Args:
-        splits: split name -> its ``n`` examples: a list of arrays (numpy, or CPU tensors; a
-            music piece each), or a dataclass of such arrays with a length (an LRA dataset).
-    """
-    record = {}
-    for name, split in splits.items():
-        arrays = split if isinstance(split, list | tuple) else \
-            [value for f in fields(split) if hasattr(value := getattr(split, f.name), "__array__")]
-        digest = hashlib.blake2b(digest_size=16)
-        for array in arrays:
-            array = np.ascontiguousarray(np.asarray(array))
-            digest.update(f"{array.dtype.str}{array.shape};".encode())
-            digest.update(array.data)
-        record[name] = {"count": len(split), "digest": digest.hexdigest()}
-    return record
-
-
-def _data_changes(stored: dict, current: dict, unit: str) -> list[str]:
-    """``train pieces 86 -> 188``, ``validation pieces: other pieces (5)``, for each split that differs
-    (a stored split without a count or digest, from an older spe, is compared on what it has)."""
-    changes = []
-    for name, now in current.items():
-        before = stored.get(name)
-        before = before if isinstance(before, dict) else {}
-        if before.get("count", now["count"]) != now["count"]:
-            changes.append(f"{name} {unit} {before['count']} -> {now['count']}")
-        elif before.get("digest", now["digest"]) != now["digest"]:
-            changes.append(f"{name} {unit}: the same number ({now['count']}), other contents")
-    return changes
-
-
-def check_data(stored: dict | None, current: dict, *, where: str, unit: str, allow_change: bool,
-               hint: str) -> None:
-    """Refuses to resume a run on data other than it started on (or, when allowed, warns and continues).
-
-    Args:
-        stored: the checkpoint's :func:`data_record` (None: written before records existed; a
-            record without digests is compared on its counts).
-        current: the record of the data loaded now.
-        where: ``the data in DIR`` / ``the data of RUN``, for messages.
-        unit: what the splits count (``pieces``, ``examples``).
-        allow_change: continue on changed data with a warning instead of refusing.
-        hint: what the user can do, ending the refusal.
-
-    Raises:
-        ValueError: ``--resume: WHERE changed since the run started (CHANGES): HINT``.
-    """
-    if stored is None:
-        log.info("--resume: the checkpoint records no data digest (written by an older spe): the data "
-                 "is not compared")
-        return
-    changes = _data_changes(stored if isinstance(stored, dict) else {}, current, unit)
-    if not changes:
-        return
-    message = f"--resume: {where} changed since the run started ({', '.join(changes)})"
-    if not allow_change:
-        raise ValueError(f"{message}: {hint}")
-    warnings.warn(f"{message}; continuing on the new data as allow_data_change asks: the run's "
-                  "validation losses before and after this step are not comparable", stacklevel=2)
-
-
 def check_resume(status: RunStatus, tokenizer_json: str, data: dict | None = None, *,
                  allow_data_change: bool = False) -> None:
     """Refuses to resume a run whose model, data or tokenizer differ from the configuration's.
@@ -192,7 +121,7 @@ def check_resume(status: RunStatus, tokenizer_json: str, data: dict | None = Non
     Args:
         status: the run folder's status (:func:`check_run`).
         tokenizer_json: the tokenizer of the data loaded now.
-        data: the :func:`data_record` (``train``, ``validation``) of the split loaded now (None:
+        data: the :func:`~spe.lab.engine.data_check.data_record` (``train``, ``validation``) of the split loaded now (None:
             not compared).
         allow_data_change: continue on changed data with a warning instead of refusing.
 

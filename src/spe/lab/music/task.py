@@ -25,7 +25,8 @@ from spe.lab.labels import run_label
 from spe.lab.engine import distributed as dist_
 from spe.lab.music.config import TrainConfig
 from spe.lab.music.state_passing import CarriedBatch, StatePassing, chain_steps
-from spe.lab.music.status import check_resume, check_run, data_record
+from spe.lab.engine.data_check import data_record
+from spe.lab.music.status import check_resume, check_run
 from spe.lab.engine.task import EngineSettings, RunLayout, StepStats
 from spe.lab.music.validation import validation_sums
 

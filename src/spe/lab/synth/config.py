@@ -165,7 +165,7 @@ class SynthConfig(ExperimentOptions):
 
     def _check_model(self) -> None:
         from spe.encodings.registry import positional_spec
-        from spe.lab.music.config import resolve_model_options
+        from spe.lab.model_defaults import resolve_model_options
 
         try:
             check_field_types(self.model, ModelConfig, "model option")

@@ -2,7 +2,7 @@
 
 Letters: N = examples, L = padded length (tokens).
 
-Every LRA loader of :mod:`spe.lab.music` returns one of the two containers below, so a training
+Every LRA loader of :mod:`spe.lab.lra.data` returns one of the two containers below, so a training
 loop consumes any task the same way. Token ids share one convention: 0 = padding,
 1 = CLS (reserved, never in the data; prepend it for CLS pooling), content from 2 on.
 Tokens are stored in the smallest integer type that holds the vocabulary (LRA's 96,000 ListOps
@@ -220,7 +220,7 @@ def regular_file(path: str | os.PathLike, what: str, layout: str) -> Path:
         FileNotFoundError: if nothing is there.
         ValueError: if it is a folder, FIFO, socket or device.
     """
-    from spe.lab.music.corpus import display_name
+    from spe.lab.outputs import display_name
 
     path = Path(path)
     if not path.exists():
@@ -237,14 +237,14 @@ def regular_files(paths: Sequence[Path], what: str) -> list[Path]:
     A FIFO would block the reader, and a folder or device is no document: the warning counts
     them and names the first few.
     """
-    from spe.lab.music.corpus import _names
+    from spe.lab.outputs import shown_names
 
     regular = {p: p.is_file() for p in paths}
     kept = [p for p, ok in regular.items() if ok]
     skipped = [p for p, ok in regular.items() if not ok]
     if skipped:
         warnings.warn(f"{what}: skipped {len(skipped)} path(s) that are not regular files (folders, FIFOs, "
-                      f"devices): {_names(skipped)}", stacklevel=2)
+                      f"devices): {shown_names(skipped)}", stacklevel=2)
     return kept
 
 

@@ -416,7 +416,7 @@ def listops_folder(cache_dir: str | os.PathLike | None = None, *, num_train: int
         ``cache_dir/listops-…`` holding the three TSV files (written to a temporary folder then
         renamed, so an interrupted run leaves no half-written data).
     """
-    from spe.lab.music.corpus import default_cache_dir  # the project's one cache location
+    from spe.lab.outputs import default_cache_dir  # the project's one cache location
 
     settings = {"max_depth": 10, "max_args": 10, "min_length": 500, "max_length": 2000, **options}
     name = (f"listops-{num_train}-{num_val}-{num_test}-seed{seed}-depth{settings['max_depth']}"
