@@ -600,7 +600,7 @@ class PlanTask:
         """The rows to run (``only``; all when None or empty), in the order they run."""
         return select_rows(self.plan, only)
 
-    def session(self):
+    def processes(self):
         """The context the runs share (a :class:`~spe.lab.engine.distributed.Distributed` under
         ``torchrun`` for a task that trains across processes), entered around them; None: one process."""
         return contextlib.nullcontext()
@@ -674,7 +674,7 @@ def run(plan: Plan, out: str | Path, *, only: Iterable[str] | None = None, seeds
         run_options["threads"] = threads
     task = cls(plan, out, only=only, seeds=seeds, progress=progress, **run_options)
     set_threads(threads)
-    with task.session() as ctx:
+    with task.processes() as ctx:
         main = ctx is None or ctx.is_main
         claim_folder(task.out, plan.format.kind, ctx=ctx)  # before any row folder is made in it
         task.open(ctx)

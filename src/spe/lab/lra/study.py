@@ -141,7 +141,7 @@ class LRAPlans(plans.PlanTask):
     def default_out(cls, plan: StudyPlan) -> Path:
         return Path("runs/lra") / plan.preset / Path(plan.path).stem
 
-    def session(self):
+    def processes(self):
         device = next((str(c.device) for c in self.configs.values()), "cpu")
         return dist_.session("cuda" if device.startswith("cuda") else "cpu")
 
