@@ -1,4 +1,6 @@
-"""Training (needs the ``music`` extra for data): configuration, run status, the loop.
+"""The music language model, a task on the engine (needs the ``music`` extra): its configuration, run
+status and training loop here; data (corpus, split, dataset, grammar), plans (plan.py), evaluation and
+generation in the package's modules.
 
 :class:`TrainConfig` resolves the model defaults that depend on other options
 (:func:`resolve_model_options`); :func:`run_status` says whether a run folder is new,
