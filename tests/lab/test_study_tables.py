@@ -467,3 +467,49 @@ def test_the_pairs_the_docs_call_alike_get_their_equivalence_test_under_the_tabl
     assert "* Equivalence on validation" not in render_study(_records(), _meta())
     with pytest.raises(ValueError, match="names row 'zz'"):
         render_study(_records(), _meta(), equivalence=[("a", "zz")])
+
+
+def _budget(study, tokens, validation):
+    return [{**r, "train_tokens": tokens} for r in _records(study, validation=validation)], _meta(study, tuple(validation))
+
+
+def test_claims_at_several_budgets_bold_each_budgets_group_and_say_which_rows_hold_at_every_one(tmp_path):
+    from spe.lab.study_tables import plot_budgets, render_budgets
+
+    # budget 1: VALIDATION (a best, b in its group: p = 0.146 > 0.05; c far behind); budget 2: b far
+    # better than a (a leaves the group), c not run there
+    small = _budget("s", 32, VALIDATION)
+    large = _budget("l", 128, {"a": [1.0, 1.05, 1.1], "b": [0.5, 0.52, 0.54]})
+    lines = render_budgets([large, small], ["a", "b", "c"])  # any order: columns by tokens
+    assert _line("\n".join(lines), "| row |") == "| row | 0.00 M tokens (s) | 0.00 M tokens (l) |"
+    rows = [line for line in lines if line.startswith("| a |") or line.startswith("| b |") or line.startswith("| c |")]
+    validation, test = rows[:3], rows[3:]
+    assert validation[0].startswith("| a | **1.210 ± 0.110 (3)** | 1.155 ± 0.055 (3) |")  # last bucket: 1.1 × first
+    assert validation[1].startswith("| b | **1.320 ± 0.110 (3)** | **0.572 ± 0.022 (3)** |")
+    assert validation[2] == "| c | 2.310 ± 0.110 (3) | – |"
+    assert "**" not in "".join(test)  # the test split is only reported
+    text = "\n".join(lines)
+    assert "- s (32 tokens): best a; best group a, b (3 rows run)" in text
+    assert "- l (128 tokens): best b; best group b (2 rows run)" in text
+    # only budget s has every row: b is in its group, and the sentence says on how many budgets it rests
+    assert text.endswith("In the best group at every budget where all 3 rows ran (1 of 2): a, b.")
+    plot_budgets([small, large], ["a", "b", "c"], tmp_path / "b.png")
+    assert (tmp_path / "b.png").stat().st_size > 0
+
+
+def test_rows_run_later_at_a_budget_join_it_and_mismatched_studies_are_refused():
+    from spe.lab.study_tables import render_budgets
+
+    small = _budget("s", 32, {"a": VALIDATION["a"], "b": VALIDATION["b"]})
+    later = _budget("s2", 32, {"c": VALIDATION["c"]})
+    text = "\n".join(render_budgets([small, later], ["a", "b", "c"]))
+    assert "0.00 M tokens (s + s2)" in text and "| c | 2.310 ± 0.110 (3) |" in text
+    with pytest.raises(ValueError, match="studies s and s2 both hold rows \\['a'\\] at 32 tokens"):
+        render_budgets([small, _budget("s2", 32, {"a": VALIDATION["a"]})], ["a", "b"])
+    mixed = _budget("m", 32, VALIDATION)
+    mixed[0][0]["train_tokens"] = 64
+    with pytest.raises(ValueError, match="study m holds runs of 2 budgets"):
+        render_budgets([mixed], ["a"])
+    short = [r for r in _records("x") if r["bucket_start"] < 64], _meta("x")
+    with pytest.raises(ValueError, match="study x ends at bucket \\[56,64\\), the others at \\[120,128\\)"):
+        render_budgets([small, short], ["a"])

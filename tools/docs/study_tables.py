@@ -30,8 +30,8 @@ from pathlib import Path
 from spe.lab.study_data import lra_folder_results, read_study, sweep_study, synth_folder_results, synth_study, \
     write_study
 from spe.lab.study_rules import SELECTION_SPLIT, top_rows
-from spe.lab.study_tables import drifted_blocks, image_link, plot_study, render_study, replace_blocks, \
-    shown_buckets, study_blocks
+from spe.lab.study_tables import drifted_blocks, image_link, plot_budgets, plot_study, render_budgets, \
+    render_study, replace_blocks, shown_buckets, study_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA, PLOTS, DOCS = ROOT / "docs" / "data", ROOT / "docs" / "study", ROOT / "docs"
@@ -51,8 +51,27 @@ EQUIVALENCE = {
 }
 
 
+# block -> (the studies of one plan and protocol at growing budgets, the rows compared): the claims
+# at more than one budget (docs/learned-time-budgets.md), one study per budget (rows run later at a
+# budget may come as a second study of it)
+BUDGETS = {
+    "learned-time-bach-budgets": (["learned-time-bach", "learned-time-bach-4x"],
+                                  ["path-fox", "foxpro", "fox", "gated-channel", "sinespe-gated-channel-whole",
+                                   "sinespe-learned-gated-channel"]),
+}
+
+
+def budget_studies(name: str, data: Path = DATA) -> tuple[list, list[str]]:
+    studies, rows = BUDGETS[name]
+    return [read_study(data, s) for s in studies], rows
+
+
 def render(name: str, doc: Path, data: Path = DATA, plots: Path = PLOTS) -> str:
     """The generated body of study ``name``'s block in ``doc``, from ``data`` alone."""
+    if name in BUDGETS:
+        studies, rows = budget_studies(name, data)
+        link = image_link(doc, plots / f"{name}.png")
+        return "\n".join([*render_budgets(studies, rows), "", f"![{name}]({link})", ""])
     if not (data / f"{name}.jsonl").exists():
         raise SystemExit(f"{doc} has a block <!-- table:{name} --> but {data}/{name}.jsonl does not exist")
     records, meta = read_study(data, name)
@@ -84,7 +103,10 @@ def cmd_render(args) -> int:
         names = study_blocks(doc.read_text())
         doc.write_text(replace_blocks(doc.read_text(), {n: render(n, doc) for n in names}))
         for name in names:
-            plot_study(*read_study(DATA, name), PLOTS / f"{name}.png")
+            if name in BUDGETS:
+                plot_budgets(*budget_studies(name), PLOTS / f"{name}.png")
+            else:
+                plot_study(*read_study(DATA, name), PLOTS / f"{name}.png")
         print(f"wrote {doc.relative_to(ROOT)}: {', '.join(names)}")
     return 0
 

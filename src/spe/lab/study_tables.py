@@ -37,8 +37,8 @@ from spe.lab.stats import format_mean_std, mean_and_std
 from spe.lab.study_rules import ALPHA, MARGINS, MORE_SEEDS, SELECTION_SPLIT, better, equivalent, \
     leave_one_seed_out, select
 
-__all__ = ["BLOCK", "drifted_blocks", "image_link", "line_style", "plot_study", "render_study", "replace_blocks",
-           "shown_buckets", "study_blocks"]
+__all__ = ["BLOCK", "drifted_blocks", "image_link", "line_style", "plot_budgets", "plot_study", "render_budgets",
+           "render_study", "replace_blocks", "shown_buckets", "study_blocks"]
 
 BLOCK = re.compile(r"<!-- table:(?P<name>[A-Za-z0-9._-]+) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 SHOWN_MULTIPLES = {"cross_entropy": (0, 3, 15), "accuracy": (1, 4, 16, 64)}  # bucket starts / lengths, × L
@@ -475,3 +475,118 @@ def plot_study(records: list[dict], meta: dict, png: Path) -> dict[tuple[str, st
     fig.savefig(png, dpi=80)
     plt.close(fig)
     return drawn
+
+
+def _budget_values(studies: list[tuple[list[dict], dict]], split: str):
+    """(budgets: train tokens -> its study, values: budget -> row -> seed -> value at the 16 L bucket, the bucket)."""
+    budgets, values, bucket = {}, {}, None
+    for records, meta in studies:
+        table = _values(records)
+        last = shown_buckets(list(table[SELECTION_SPLIT]), meta["metric"], meta["train_length"])[-1]
+        if bucket not in (None, last):
+            raise ValueError(f"study {meta['study']} ends at bucket {_label(last)}, the others at {_label(bucket)}: "
+                             "compare budgets at one bucket")
+        bucket = last
+        tokens = {r["train_tokens"] for r in records}
+        if len(tokens) != 1:
+            raise ValueError(f"study {meta['study']} holds runs of {len(tokens)} budgets ({sorted(tokens)}): "
+                             "one study per budget")
+        budget = tokens.pop()
+        found = {n: dict(s) for n, s in table[split][last].items()}
+        if budget in budgets:  # two studies of one budget (rows run later at the same steps): their rows join
+            shared = sorted(set(found) & set(values[budget]))
+            if shared:
+                raise ValueError(f"studies {budgets[budget]} and {meta['study']} both hold rows {shared} at "
+                                 f"{budget} tokens: keep one")
+            budgets[budget] += f" + {meta['study']}"
+            values[budget].update(found)
+            continue
+        budgets[budget] = meta["study"]
+        values[budget] = found
+    return dict(sorted(budgets.items())), values, bucket
+
+
+def render_budgets(studies: list[tuple[list[dict], dict]], rows: list[str]) -> list[str]:
+    """The claims at several budgets: one study per budget (the same plan, protocol and bucket, more
+    steps), ``rows`` compared at the last shown bucket (16 L). Per split (validation: selection;
+    the others reported) a table of mean ± sample std (n − 1) per row and budget, the best-group
+    cells (Holm's, among the rows run at that budget) in bold; then, in words, the best group at
+    each budget with its leave-one-seed-out stability, and the rows in it at every budget.
+
+    Raises:
+        ValueError: if the studies end at different buckets, a study mixes budgets, or two studies of
+            one budget hold the same row.
+    """
+    metric = studies[0][1]["metric"]
+    budgets, validation, bucket = _budget_values(studies, SELECTION_SPLIT)
+    splits = sorted({r["split"] for records, _ in studies for r in records} - {SELECTION_SPLIT})
+    groups, words = {}, []
+    for budget, by_row in validation.items():
+        present = {n: list(by_row[n].values()) for n in rows if by_row.get(n)}
+        if len(present) < 2:
+            continue
+        sel = select(present, metric)
+        groups[budget] = set(sel.group)
+        words.append(f"- {budgets[budget]} ({budget:,} tokens): best {sel.best}; best group "
+                     f"{', '.join(sel.group)} ({len(present)} rows run); leaving one seed out: "
+                     f"{leave_one_seed_out(present, metric).describe()}.")
+    full = [b for b in groups if all(validation[b].get(n) for n in rows)]
+    always = [n for n in rows if full and all(n in groups[b] for b in full)]
+    header = "| row | " + " | ".join(f"{b / 1e6:.2f} M tokens ({budgets[b]})" for b in budgets) + " |"
+    lines = [f"Cross-entropy (nats/token) at {_label(bucket)}, mean ± sample std (n − 1) over seeds; "
+             "bold: the best group at that budget (Holm's, among the rows run there)." if metric == "cross_entropy"
+             else f"Accuracy at {_label(bucket)}, mean ± sample std (n − 1); bold: the best group at that budget."]
+    for split in (SELECTION_SPLIT, *splits):
+        table = validation if split == SELECTION_SPLIT else _budget_values(studies, split)[1]
+        lines += ["", f"**{split}**{' (selection)' if split == SELECTION_SPLIT else ' (reported)'}", "", header,
+                  "|---|" + "---|" * len(budgets)]
+        for name in rows:
+            cells = []
+            for b in budgets:
+                seeds = table[b].get(name)
+                text = _cell(list(seeds.values()), metric) + f" ({len(seeds)})" if seeds else "–"
+                bold = split == SELECTION_SPLIT and seeds and name in groups.get(b, ())
+                cells.append(f"**{text}**" if bold else text)
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "The seeds of each cell in brackets. Best groups on validation:", "", *words, ""]
+    lines.append((f"In the best group at every budget where all {len(rows)} rows ran ({len(full)} of "
+                  f"{len(budgets)}): {', '.join(always) if always else 'no row'}.") if full else
+                 "No budget has every row: no row is said to hold at every budget.")
+    return lines
+
+
+def plot_budgets(studies: list[tuple[list[dict], dict]], rows: list[str], png: Path) -> None:
+    """Mean ± sample std over seeds at the last shown bucket against training tokens (log scale), one
+    line per row, validation (selection) and every other split side by side. Writes ``png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = studies[0][1]["metric"]
+    budgets, _, bucket = _budget_values(studies, SELECTION_SPLIT)
+    splits = [SELECTION_SPLIT, *sorted({r["split"] for records, _ in studies for r in records} - {SELECTION_SPLIT})]
+    fig, axes = plt.subplots(1, len(splits), figsize=(4.8 * len(splits) + 2.6, 3.6), sharey=True, squeeze=False)
+    for ax, split in zip(axes[0], splits):
+        table = _budget_values(studies, split)[1]
+        for i, name in enumerate(rows):
+            points = [(b, mean_and_std(table[b][name].values())) for b in budgets if table[b].get(name)]
+            if points:
+                colour, style, marker = line_style(i)
+                xs = [b for b, _ in points]
+                means = [m for _, (m, _) in points]
+                spread = [0.0 if not math.isfinite(s) else s for _, (_, s) in points]
+                ax.errorbar(xs, means, yerr=spread, color=colour, linestyle=style, marker=marker, markersize=4,
+                            capsize=2, linewidth=1.4, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{split}{' (selection)' if split == SELECTION_SPLIT else ' (reported)'}", fontsize=9)
+        ax.set_xlabel("training tokens (log scale)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel(f"{'nats/token' if metric == 'cross_entropy' else 'accuracy'} at {_label(bucket)}",
+                          fontsize=8)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"{studies[0][1]['title'].split(',')[0]}: the claims at {len(budgets)} budgets", fontsize=10)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=80)
+    plt.close(fig)
