@@ -85,7 +85,6 @@ def add_lra_parser(sub) -> None:
     p.add_argument("--listops-pipeline", choices=names["pipelines"],
                    help="ListOps tokens: lossless (every symbol, default) or lra-2021 (LRA's original words: "
                         "operators without '[', digits, no ']' and no parentheses)")
-    p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's)")
     add_option_flag(p, "steps", note="per seed")
     add_option_flag(p, "batch_size", note="pairs for Retrieval")
     add_option_flag(p, "eval_every")
@@ -98,7 +97,7 @@ def add_lra_parser(sub) -> None:
                  "-lra-2021, + -KEY-VALUE per option, sorted; with --plan runs/lra/PRESET/PLAN)")
     from spe.lab.cli.plans import add_plan_flags
 
-    add_plan_flags(p, "lra")
+    add_plan_flags(p, "lra", experiment=True)
     add_run_flag(p, "device", default="cpu")
     add_run_flag(p, "threads")
     add_run_flag(p, "precision")

@@ -476,7 +476,6 @@ def _add_sweep_parser(sub) -> None:
     p = sub.add_parser("sweep", help="train and evaluate the variants × seeds of a plan file (resumable)")
     add_plan_flags(p, "music", default="ablation")
     add_run_flag(p, "out", note="the sweep folder: runs, results.json, results.md", default="runs/sweep")
-    p.add_argument("--seeds", help="comma-separated seeds (default: the plan's)")
     p.add_argument("--data", help="training data for every variant (folder or music21:NAME; default Bach)")
     p.add_argument("--cache-dir")
     p.add_argument("--steps", type=int, help="override every variant's optimizer steps")

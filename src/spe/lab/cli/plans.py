@@ -12,8 +12,11 @@ from pathlib import Path
 __all__ = ["add_plan_flags", "cmd_plan"]
 
 
-def add_plan_flags(p: argparse.ArgumentParser, task: str, *, default: str | None = None) -> None:
-    """``--plan`` (naming the task's packaged plans), ``--only`` and ``--collect``."""
+def add_plan_flags(p: argparse.ArgumentParser, task: str, *, default: str | None = None,
+                   experiment: bool = False, seeds_note: str = "") -> None:
+    """``--plan`` (naming the task's packaged plans, ``default`` the plan run without one), ``--only``,
+    ``--collect`` and ``--seeds`` (``experiment``: the command also runs one experiment without a
+    plan, on seed 0 by default; ``seeds_note``: what else the command does with them)."""
     from spe.lab.plans import packaged_plans, plan_task
 
     names = ", ".join(packaged_plans(plan_task(task).format))
@@ -22,6 +25,8 @@ def add_plan_flags(p: argparse.ArgumentParser, task: str, *, default: str | None
                    + ": rows × seeds into OUT/ROW, then OUT/results.*")
     p.add_argument("--only", help="with --plan: comma-separated rows to run (disjoint lists may share --out)")
     p.add_argument("--collect", action="store_true", help="with --plan: train nothing, rebuild OUT's results")
+    p.add_argument("--seeds", help="comma-separated seeds, one run each (default "
+                   + ("0; with --plan the plan's" if experiment else "the plan's") + seeds_note + ")")
 
 
 def cmd_plan(args: argparse.Namespace, task: str, given: list[str] = ()) -> int:

@@ -79,8 +79,6 @@ def add_synth_parser(sub) -> None:
     p.add_argument("--eval-lengths", help=f"comma-separated test lengths in tokens, up to {MAX_EVAL_FACTOR} L")
     p.add_argument("--write-data", metavar="DIR", help="write the generated splits as JSON lines and vocab.json "
                    "to DIR (refuses existing files) and train nothing")
-    p.add_argument("--seeds", help="comma-separated seeds, one run each (default 0; with --plan the plan's; "
-                   "--write-data: the first seeds the training stream written)")
     add_option_flag(p, "steps", note="per seed")
     add_option_flag(p, "batch_size", note="here sequences of --seq-len tokens")
     for name in ("lr", "eval_every"):
@@ -89,7 +87,7 @@ def add_synth_parser(sub) -> None:
     add_run_flag(p, "out", note="the experiment folder (default runs/synth/TASK; with --plan runs/synth/PLAN)")
     from spe.lab.cli.plans import add_plan_flags
 
-    add_plan_flags(p, "synth")
+    add_plan_flags(p, "synth", experiment=True, seeds_note="; --write-data: the first seeds the training stream written")
     for name in ("device", "threads", "precision"):
         add_run_flag(p, name)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
