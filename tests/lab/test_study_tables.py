@@ -376,7 +376,7 @@ def test_a_seed_is_rerun_with_its_studys_plan_data_and_steps_and_compared_bit_fo
     assert tool.reproduction_command(synth, "a", 0, "o", 2)[:4] == ["synth", "--plan", "ff-quick", "--steps"]
     with pytest.raises(ValueError, match="no row 'z'"):
         tool.reproduction_command(meta, "z", 0, "o", 1)
-    with pytest.raises(ValueError, match="only an spe sweep or spe synth --plan"):
+    with pytest.raises(ValueError, match="only an spe sweep, spe lra or spe synth --plan study"):
         tool.reproduction_command({**meta, "command": "scripts/lra_cpu_small.sh runs/lra"}, "a", 0, "o", 1)
 
     def cell(split, start, value):
@@ -513,3 +513,29 @@ def test_rows_run_later_at_a_budget_join_it_and_mismatched_studies_are_refused()
     short = [r for r in _records("x") if r["bucket_start"] < 64], _meta("x")
     with pytest.raises(ValueError, match="study x ends at bucket \\[56,64\\), the others at \\[120,128\\)"):
         render_budgets([small, short], ["a"])
+
+
+def test_a_seed_of_an_lra_experiment_study_reruns_bit_for_bit(tmp_path, capsys):
+    """A study of one spe lra experiment (the FNet rows): its recorded command rerun whole for one seed."""
+    from spe.lab.cli.main import main
+    from spe.lab.study_data import lra_folder_results
+
+    tool = _tool()
+    options = ["--task", "listops", "--attention", "fnet", "--positional", "ape", "--steps", "8", "--batch-size", "4",
+               "--seq-len", "48", "--eval-every", "4", "--model-option", "d_model=16", "--model-option", "num_layers=1",
+               "--model-option", "d_ff=32", "--model-option", "num_heads=2"]
+    assert main(["-q", "lra", *options, "--seeds", "0,1", "--threads", "1", "--out", str(tmp_path / "runs" / "fnet"),
+                 "--no-progress"]) == 0
+    command = "spe lra " + " ".join(options) + " --seeds 0,1 --threads 1 --out runs/x/fnet"
+    meta = {"study": "tiny-lra", "command": command, "rows": {"fnet": {}}}
+    assert tool.reproduction_command(meta, "fnet", 1, "o", 2) == ["lra", *options, "--seeds", "1", "--out", "o/fnet",
+                                                                  "--threads", "2", "--no-progress"]
+    runs, rows = lra_folder_results(tmp_path / "runs")
+    records, meta = tool.synth_study(runs, study="tiny-lra", title="tiny", command=command, rows=rows)
+    write_study(tmp_path / "data", records, meta, allow_dirty=True)
+    capsys.readouterr()
+    assert tool.main(["reproduce", "--study", "tiny-lra", "--row", "fnet", "--seed", "1", "--out",
+                      str(tmp_path / "again"), "--data-dir", str(tmp_path / "data")]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-lra fnet seed 1: 2 cells compared, 0 differ, 0 missing from the rerun" in out
+    assert "commit: same" in out and "threads: same" in out

@@ -147,12 +147,14 @@ def cmd_write_synth(args) -> int:
 # The options of a study's recorded command that a reproduction keeps (the others name the
 # runners' folders, rows and seeds, which the reproduction sets itself).
 _KEPT = ("--plan", "--data", "--steps")
+_SET_HERE = ("--seeds", "--out", "--threads")  # what a reproduction of one spe lra experiment sets itself
 
 
 def reproduction_command(meta: dict, row: str, seed: int, out: str, threads: int) -> list[str]:
     """The ``spe`` command line (after ``spe``) that reruns ``row``'s seed ``seed`` of a study into
-    ``out``: its recorded command's subcommand (``sweep`` or ``synth``) and ``--plan``, ``--data``
-    and ``--steps``, with ``--only ROW --seeds SEED --out OUT --threads N``.
+    ``out``: its recorded command's subcommand (``sweep``, ``lra`` or ``synth``) and ``--plan``, ``--data``
+    and ``--steps``, with ``--only ROW --seeds SEED --out OUT --threads N``; a study of one ``spe lra``
+    experiment (the row its folder): its command whole, with ``--seeds SEED --out OUT/ROW --threads N``.
 
     Raises:
         ValueError: if the recorded command is not an ``spe sweep`` / ``spe synth --plan`` one, or
@@ -161,9 +163,14 @@ def reproduction_command(meta: dict, row: str, seed: int, out: str, threads: int
     if row not in meta["rows"]:
         raise ValueError(f"study {meta['study']!r} has no row {row!r}; its rows: {', '.join(meta['rows'])}")
     words = shlex.split(meta["command"].split("#", 1)[0])
-    if words[:2] not in (["spe", "sweep"], ["spe", "synth"]) or "--plan" not in words:
-        raise ValueError(f"study {meta['study']!r} was made by {meta['command']!r}: only an spe sweep or "
-                         "spe synth --plan study can be rerun from its record")
+    if words[:2] == ["spe", "lra"] and "--plan" not in words:  # one experiment, in OUT/ROW: rerun as it ran
+        kept = [w for i, w in enumerate(words[2:], 2) if w not in _SET_HERE and words[i - 1] not in _SET_HERE
+                and w != "--no-progress"]
+        return ["lra", *kept, "--seeds", str(seed), "--out", f"{out}/{row}", "--threads", str(threads),
+                "--no-progress"]
+    if words[:2] not in (["spe", "sweep"], ["spe", "synth"], ["spe", "lra"]) or "--plan" not in words:
+        raise ValueError(f"study {meta['study']!r} was made by {meta['command']!r}: only an spe sweep, spe lra "
+                         "or spe synth --plan study, or one spe lra experiment, can be rerun from its record")
     kept = [w for i, w in enumerate(words[2:], 2)
             if w in _KEPT or (words[i - 1] in _KEPT and not w.startswith("--"))]
     if "--steps" not in kept and meta.get("steps") and words[1] == "sweep":
@@ -206,7 +213,7 @@ def cmd_reproduce(args) -> int:
         rerun, rerun_meta = sweep_study(load_plan(command[command.index("--plan") + 1], "music"), args.out, study=args.study,
                                         corpus=meta["corpus_or_task"], command="reproduction")
     else:
-        runs, rows = synth_folder_results(args.out)
+        runs, rows = (lra_folder_results if command[0] == "lra" else synth_folder_results)(args.out)
         rerun, rerun_meta = synth_study(runs, study=args.study, title="reproduction", command="reproduction",
                                         rows=rows)
     rerun = [r for r in rerun if r["variant"] == args.row and r["seed"] == args.seed]
