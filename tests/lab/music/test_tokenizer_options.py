@@ -81,7 +81,8 @@ def test_a_run_from_before_the_options_keeps_miditok_s_default_tokenizer():
     assert tokenizer_from_json(sorted_keys).vocab == before.vocab
     assert recorded_tokenizer({"data": "x", "seq_len": 256}) == legacy  # recorded no option: its tokenizer
     assert recorded_tokenizer({"tempos": False, "time_signatures": True}) == TokenizerOptions(tempos=False)
-    assert tokenizer_options(legacy) == TokenizerOptions(tempos=False, time_signatures=True, merge_tracks=True)
+    assert tokenizer_options(legacy) == TokenizerOptions(tempos=False, time_signatures=True, merge_tracks=True,
+                                                         legacy_tokenizer=True)
     # a stored tokenizer wins: 4/2 stays 4/4 for such a run, as it did
     back = _round_trip(tokenizer_from_json(legacy), _score(90, 4, 2))
     assert [(t.numerator, t.denominator) for t in back.time_signatures] == [(4, 4)]
@@ -218,3 +219,34 @@ def test_a_generated_piece_keeps_its_prompt_s_tempo_signature_and_tracks(tmp_pat
     assert (out.time_signatures[0].numerator, out.time_signatures[0].denominator) == (3, 2)
     violins = [t for t in out.tracks if t.program == 40 and not t.is_drum]
     assert len(violins) >= 2 and all(len(t.notes) >= 6 for t in violins[:2])  # two bars of 3/2: 6 notes each
+
+
+def test_the_legacy_tokenizer_option_trains_and_records_the_tokenizer_of_the_older_studies(tmp_path):
+    """The plans of the studies run before the tokenizer options pin legacy_tokenizer, so that they rerun
+    with the tokenizer they ran with (no combination of the three options gives it)."""
+    from tiny_run import tiny_config
+
+    from spe.lab.cli.main import _train_config, build_parser
+    from spe.lab.music.plan import variant_config
+    from spe.lab.music.task import LMTask
+    from spe.lab.plans import load_plan
+
+    legacy = legacy_tokenizer_json()
+    combos = [TokenizerOptions(tempos=a, time_signatures=b, merge_tracks=c)
+              for a in (False, True) for b in (False, True) for c in (False, True)]
+    assert all(tokenizer_to_json(make_tokenizer(o)) != legacy for o in combos)
+    assert tokenizer_to_json(make_tokenizer(TokenizerOptions(legacy_tokenizer=True))) == legacy
+    assert tokenizer_options(legacy).legacy_tokenizer and not tokenizer_options(tokenizer_to_json(make_tokenizer())).legacy_tokenizer
+    # recorded in a run's options, it wins over the three others when the run's split is read again
+    assert tokenizer_to_json(make_tokenizer(recorded_tokenizer({"tempos": True, "legacy_tokenizer": True}))) == legacy
+    assert build_parser().parse_args(["train", "--legacy-tokenizer"]).legacy_tokenizer is True
+    assert _train_config(build_parser().parse_args(["train", "--legacy-tokenizer", "--out", str(tmp_path / "f")])
+                         ).legacy_tokenizer
+    task = LMTask(tiny_config(tmp_path, "run", legacy_tokenizer=True), progress=False)
+    task._load_data(progress=False)
+    assert task.split.tokenizer_json == legacy and task.vocab_size == len(tokenizer_from_json(legacy))
+    for name in ("ablation", "peers", "gates", "gates-palestrina", "learned-time", "learned-time-palestrina"):
+        plan = load_plan(name, "music")
+        assert variant_config(plan, next(iter(plan.rows)), 0, tmp_path).legacy_tokenizer, name
+    tutorial = load_plan("tutorial", "music")  # run after the options existed: today's tokenizer
+    assert not variant_config(tutorial, "ape", 0, tmp_path).legacy_tokenizer

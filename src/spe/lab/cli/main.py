@@ -24,7 +24,7 @@ log = logging.getLogger("spe")
 
 _TRAIN_FLAGS = ("data", "cache_dir", "out", "steps", "seq_len", "batch_size", "lr", "seed", "device",
                 "eval_every", "threads", "warmup_steps", "precision", "keep_checkpoints", "max_piece_tokens",
-                "val_fraction", "tempos", "time_signatures", "merge_tracks")
+                "val_fraction", "tempos", "time_signatures", "merge_tracks", "legacy_tokenizer")
 
 
 class UsageError(ValueError):
@@ -81,7 +81,9 @@ def _add_tokenizer_flags(p: argparse.ArgumentParser) -> None:
     for name, what in (("tempos", "keep tempo tokens (else every piece decodes at 120 qpm)"),
                        ("time_signatures", "keep time-signature tokens (else every bar is 4/4)"),
                        ("merge_tracks", "merge tracks that share a program into one (else a Track token "
-                                        "after the Program token keeps them apart)")):
+                                        "after the Program token keeps them apart)"),
+                       ("legacy_tokenizer", "the tokenizer of the runs from before these three options "
+                                            "(MidiTok's REMI defaults; the three are then not read)")):
         p.add_argument("--" + name.replace("_", "-"), dest=name, action=argparse.BooleanOptionalAction,
                        default=None, help=what)
 

@@ -67,6 +67,8 @@ class TrainConfig(ExperimentOptions):
             (:class:`spe.lab.music.corpus.TokenizerOptions`): tempo and time-signature tokens,
             both kept by default, and tracks that share a program, kept apart unless
             ``merge_tracks`` (a run from before these options keeps the tokenizer it stored).
+        legacy_tokenizer: the tokenizer of the runs from before those three options, whole (the
+            plans of the studies run then pin it, so that they rerun as they ran).
         test_min_tokens: hold out a test split of pieces at least this many tokens long, which
             neither training nor validation sees (``spe evaluate --split test``); 16 L + 1 for
             the 16× protocol (next-token targets at 16 L positions). 0: no test split.
@@ -91,6 +93,7 @@ class TrainConfig(ExperimentOptions):
     tempos: bool = True
     time_signatures: bool = True
     merge_tracks: bool = False
+    legacy_tokenizer: bool = False
     test_min_tokens: int = 0
     num_test_pieces: int = NUM_TEST_PIECES
     seed: int = run_option("seed")

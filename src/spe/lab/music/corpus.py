@@ -121,11 +121,17 @@ class TokenizerOptions:
             track of a program (k ≥ 1, in the file's track order, up to :data:`MAX_VOICES`)
             writes ``Track_k`` after each note's ``Program`` token (:class:`TrackREMI`), so
             the tracks decode apart; a file with one track per program gets no such token.
+        legacy_tokenizer: the tokenizer every run used before the three options above existed
+            (:func:`legacy_tokenizer_json`: MidiTok's REMI defaults, no tempo, MidiTok's own time
+            signatures, tracks of one program merged; 486 tokens on the Bach chorales): the
+            studies run then (ablation, peers, gates, learned-time) are rerun with it. The three
+            options above are then not read.
     """
 
     tempos: bool = True
     time_signatures: bool = True
     merge_tracks: bool = False
+    legacy_tokenizer: bool = False
 
 
 
@@ -254,10 +260,13 @@ def _voice_streams(tokens: list[str]) -> dict[int, list[str]]:
 
 def make_tokenizer(options: TokenizerOptions | None = None):
     """REMI with programs, one token stream for all voices, tempo and time signatures as
-    ``options`` say (default :class:`TokenizerOptions`: both kept); MidiTok's defaults otherwise."""
+    ``options`` say (default :class:`TokenizerOptions`: both kept); MidiTok's defaults otherwise
+    (``legacy_tokenizer``: the tokenizer of the runs from before these options, whole)."""
     from miditok import REMI, TokenizerConfig
 
     options = options or TokenizerOptions()
+    if options.legacy_tokenizer:
+        return _legacy_tokenizer()
     kept = {"use_time_signatures": options.time_signatures}  # MidiTok's default keeps a few (no x/2)
     if options.tempos:
         kept.update(use_tempos=True, tempo_range=TEMPO_RANGE, num_tempos=NUM_TEMPOS)
@@ -288,7 +297,8 @@ def tokenizer_options(tokenizer_json: str) -> TokenizerOptions:
     config = json.loads(tokenizer_json).get("config", {})
     return TokenizerOptions(tempos=bool(config.get("use_tempos", False)),
                             time_signatures=bool(config.get("use_time_signatures", False)),
-                            merge_tracks=_VOICES_KEY not in config.get("additional_params", {}))
+                            merge_tracks=_VOICES_KEY not in config.get("additional_params", {}),
+                            legacy_tokenizer=same_tokenizer(tokenizer_json, legacy_tokenizer_json()))
 
 
 def recorded_tokenizer(train_config: dict) -> TokenizerOptions | str:

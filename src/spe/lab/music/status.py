@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # (the test split's are taken out of the corpus before the training / validation split).
 RESUME_KEYS = ("data", "seq_len", "val_fraction", "split_seed", "max_transpose", "max_piece_tokens",
                "test_min_tokens", "num_test_pieces", "tempos", "time_signatures",
-               "merge_tracks")
+               "merge_tracks", "legacy_tokenizer")
 
 
 @dataclass
