@@ -48,6 +48,8 @@ EQUIVALENCE = {
                                ("sinespe-learned-gated-channel", "sinespe-gated-channel")],
     "learned-time-mqar": [("sinespe-learned-gated", "sinespe-gated"),
                           ("sinespe-learned-gated-channel", "sinespe-gated-channel")],
+    "learned-time-controls-bach": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
+                                   ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
 }
 
 
