@@ -477,9 +477,10 @@ def plot_study(records: list[dict], meta: dict, png: Path) -> dict[tuple[str, st
     return drawn
 
 
-def _budget_values(studies: list[tuple[list[dict], dict]], split: str):
-    """(budgets: train tokens -> its study, values: budget -> row -> seed -> value at the 16 L bucket, the bucket)."""
-    budgets, values, bucket = {}, {}, None
+def _budget_values(studies: list[tuple[list[dict], dict]]):
+    """(budgets: train tokens -> its study or studies, values: split -> budget -> row -> seed -> value at
+    the last shown bucket (16 L), the bucket), the splits in order (validation, the selection, first)."""
+    budgets, values, bucket = {}, defaultdict(dict), None
     for records, meta in studies:
         table = _values(records)
         last = shown_buckets(list(table[SELECTION_SPLIT]), meta["metric"], meta["train_length"])[-1]
@@ -492,18 +493,19 @@ def _budget_values(studies: list[tuple[list[dict], dict]], split: str):
             raise ValueError(f"study {meta['study']} holds runs of {len(tokens)} budgets ({sorted(tokens)}): "
                              "one study per budget")
         budget = tokens.pop()
-        found = {n: dict(s) for n, s in table[split][last].items()}
+        found = {split: {n: dict(s) for n, s in by_bucket[last].items()} for split, by_bucket in table.items()}
         if budget in budgets:  # two studies of one budget (rows run later at the same steps): their rows join
-            shared = sorted(set(found) & set(values[budget]))
+            shared = sorted(set(found[SELECTION_SPLIT]) & set(values[SELECTION_SPLIT][budget]))
             if shared:
                 raise ValueError(f"studies {budgets[budget]} and {meta['study']} both hold rows {shared} at "
                                  f"{budget} tokens: keep one")
             budgets[budget] += f" + {meta['study']}"
-            values[budget].update(found)
-            continue
-        budgets[budget] = meta["study"]
-        values[budget] = found
-    return dict(sorted(budgets.items())), values, bucket
+        else:
+            budgets[budget] = meta["study"]
+        for split, rows in found.items():
+            values[split].setdefault(budget, {}).update(rows)
+    splits = [SELECTION_SPLIT, *sorted(s for s in values if s != SELECTION_SPLIT)]
+    return dict(sorted(budgets.items())), {s: values[s] for s in splits}, bucket
 
 
 def render_budgets(studies: list[tuple[list[dict], dict]], rows: list[str]) -> list[str]:
@@ -518,8 +520,8 @@ def render_budgets(studies: list[tuple[list[dict], dict]], rows: list[str]) -> l
             one budget hold the same row.
     """
     metric = studies[0][1]["metric"]
-    budgets, validation, bucket = _budget_values(studies, SELECTION_SPLIT)
-    splits = sorted({r["split"] for records, _ in studies for r in records} - {SELECTION_SPLIT})
+    budgets, values, bucket = _budget_values(studies)
+    validation = values[SELECTION_SPLIT]
     groups, words = {}, []
     for budget, by_row in validation.items():
         present = {n: list(by_row[n].values()) for n in rows if by_row.get(n)}
@@ -536,14 +538,13 @@ def render_budgets(studies: list[tuple[list[dict], dict]], rows: list[str]) -> l
     lines = [f"Cross-entropy (nats/token) at {_label(bucket)}, mean ± sample std (n − 1) over seeds; "
              "bold: the best group at that budget (Holm's, among the rows run there)." if metric == "cross_entropy"
              else f"Accuracy at {_label(bucket)}, mean ± sample std (n − 1); bold: the best group at that budget."]
-    for split in (SELECTION_SPLIT, *splits):
-        table = validation if split == SELECTION_SPLIT else _budget_values(studies, split)[1]
+    for split, table in values.items():
         lines += ["", f"**{split}**{' (selection)' if split == SELECTION_SPLIT else ' (reported)'}", "", header,
                   "|---|" + "---|" * len(budgets)]
         for name in rows:
             cells = []
             for b in budgets:
-                seeds = table[b].get(name)
+                seeds = table.get(b, {}).get(name)
                 text = _cell(list(seeds.values()), metric) + f" ({len(seeds)})" if seeds else "–"
                 bold = split == SELECTION_SPLIT and seeds and name in groups.get(b, ())
                 cells.append(f"**{text}**" if bold else text)
@@ -564,13 +565,11 @@ def plot_budgets(studies: list[tuple[list[dict], dict]], rows: list[str], png: P
     import matplotlib.pyplot as plt
 
     metric = studies[0][1]["metric"]
-    budgets, _, bucket = _budget_values(studies, SELECTION_SPLIT)
-    splits = [SELECTION_SPLIT, *sorted({r["split"] for records, _ in studies for r in records} - {SELECTION_SPLIT})]
-    fig, axes = plt.subplots(1, len(splits), figsize=(4.8 * len(splits) + 2.6, 3.6), sharey=True, squeeze=False)
-    for ax, split in zip(axes[0], splits):
-        table = _budget_values(studies, split)[1]
+    budgets, values, bucket = _budget_values(studies)
+    fig, axes = plt.subplots(1, len(values), figsize=(4.8 * len(values) + 2.6, 3.6), sharey=True, squeeze=False)
+    for ax, (split, table) in zip(axes[0], values.items()):
         for i, name in enumerate(rows):
-            points = [(b, mean_and_std(table[b][name].values())) for b in budgets if table[b].get(name)]
+            points = [(b, mean_and_std(table[b][name].values())) for b in budgets if table.get(b, {}).get(name)]
             if points:
                 colour, style, marker = line_style(i)
                 xs = [b for b, _ in points]

@@ -16,10 +16,9 @@ from spe.lab.cli.names import add_option_flag, add_run_flag, add_seq_len_flag, s
 __all__ = ["add_lra_parser", "cmd_lra"]
 
 # Flags that define an experiment: a study plan sets them per row. Run flags go to every row
-# (a plan's: spe.lab.lra.study.LRAPlans.run_options).
+# (spe.lab.lra.study.LRAPlans.run_options, the experiment's too).
 _EXPERIMENT_FLAGS = ("task", "positional", "attention", "decay", "attention_blocks", "preset", "listops_pipeline",
                      "batch_size", "eval_every", "seq_len", "num_realizations", "model_option", "positional_lr_scale")
-_RUN_FLAGS = ("data", "steps", "device", "precision", "keep_checkpoints", "tensorboard", "compile")
 
 
 def cmd_lra(args: argparse.Namespace) -> int:
@@ -38,7 +37,7 @@ def cmd_lra(args: argparse.Namespace) -> int:
 
 
 def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
-    from spe.lab.lra import default_folder, model_options, parse_seeds, preset_config, run_lra
+    from spe.lab.lra import LRAPlans, default_folder, model_options, parse_seeds, preset_config, run_lra
     from spe.lab.stats import format_mean_std  # one seed: std None, written "–"
     from spe.models.config import check_options_apply
 
@@ -54,7 +53,7 @@ def _cmd_experiment(args: argparse.Namespace) -> tuple[Path, str]:
                         preset=args.preset or "cpu-small", listops_pipeline=args.listops_pipeline, model=model or None,
                         positional_lr_scale=args.positional_lr_scale, num_realizations=args.num_realizations,
                         seq_len=args.seq_len, batch_size=args.batch_size, eval_every=args.eval_every,
-                        **{f: getattr(args, f) for f in _RUN_FLAGS if getattr(args, f) is not False})
+                        **{f: getattr(args, f) for f in LRAPlans.run_options if getattr(args, f) is not False})
     given = {k: f"--{k.replace('_', '-')} {v}" if k in flags else f"--model-option {k}={v!r}"
              for k, v in model.items()}
     if args.num_realizations is not None:  # the preset's own options are not checked, only the user's

@@ -17,9 +17,9 @@ def add_plan_flags(p: argparse.ArgumentParser, task: str, *, default: str | None
     """``--plan`` (naming the task's packaged plans, ``default`` the plan run without one), ``--only``,
     ``--collect`` and ``--seeds`` (``experiment``: the command also runs one experiment without a
     plan, on seed 0 by default; ``seeds_note``: what else the command does with them)."""
-    from spe.lab.plans import packaged_plans, plan_task
+    from spe.lab.plans import packaged_plans
 
-    names = ", ".join(packaged_plans(plan_task(task).format))
+    names = ", ".join(packaged_plans(task))
     rows = "plan TOML, or the name of a packaged plan: " + names
     p.add_argument("--plan", default=default, help=rows + (f" (default {default})" if default else "")
                    + ": rows × seeds into OUT/ROW, then OUT/results.*")

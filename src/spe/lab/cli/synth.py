@@ -11,18 +11,18 @@ from pathlib import Path
 
 __all__ = ["add_synth_parser", "cmd_synth"]
 
-# Flags that define an experiment (a plan sets them per row) beside the model flags.
+# Flags that define an experiment (a plan sets them per row) beside the model flags; run flags go to
+# every row (spe.lab.synth.study.SynthPlans.run_options, the experiment's too).
 _EXPERIMENT_FLAGS = ("task", "seq_len", "eval_lengths", "batch_size", "lr", "eval_every")
-_RUN_FLAGS = ("steps", "device", "precision")
 
 
 def _config(args: argparse.Namespace):
     from spe.lab.cli.model_flags import check_model_flags_apply, model_flag_options
     from spe.lab.options import parse_int_list
-    from spe.lab.synth import preset_config
+    from spe.lab.synth import SynthPlans, preset_config
 
     options = {"seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr,
-               "eval_every": args.eval_every, **{f: getattr(args, f) for f in _RUN_FLAGS}}
+               "eval_every": args.eval_every, **{f: getattr(args, f) for f in SynthPlans.run_options}}
     if args.eval_lengths is not None:
         options["eval_lengths"] = parse_int_list(args.eval_lengths, "--eval-lengths")
     cfg = preset_config(args.task, model=model_flag_options(args), **options)
