@@ -252,8 +252,10 @@ def _section(page: Path, anchor: str) -> str:
 
 
 def _readme_results() -> list[tuple[str, list[tuple[str, list[str]]], Path, str]]:
-    """(question, [(row name, values)], cited page, anchor) of each row of the README's table."""
+    """(question, [(row name, values)], cited page, anchor) of each row of the README's table of the
+    earlier studies (the generated table before it equals docs/data: tests/lab/test_study_tables.py)."""
     text = README.read_text(encoding="utf-8").split("## Main results", 1)[1].split("\n## ", 1)[0]
+    text = re.sub(r"<!-- table:readme-results -->.*?<!-- /table -->", "", text, flags=re.S)
     rows = []
     for line in text.splitlines():
         if not line.startswith("| ") or line.startswith("| question") or line.startswith("|---"):

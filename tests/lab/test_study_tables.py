@@ -539,3 +539,25 @@ def test_a_seed_of_an_lra_experiment_study_reruns_bit_for_bit(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "tiny-lra fnet seed 1: 2 cells compared, 0 differ, 0 missing from the rerun" in out
     assert "commit: same" in out and "threads: same" in out
+
+
+def test_a_summary_row_bolds_the_validation_group_and_shows_the_split_named():
+    """README's results rows: the best group is chosen on validation even where the test split would
+    order the rows otherwise; the shown split's values, its sort, the seeds and the budget are written."""
+    from spe.lab.study_tables import summary_row
+
+    records = _records(validation={"a": [1.0, 1.1, 1.2], "b": [1.1, 1.2, 1.3], "c": [2.0, 2.1, 2.2]})
+    # on test, c becomes the lowest row: it must be listed first but stay outside the (validation) group
+    records = [{**r, "value": 0.1 * r["value"]} if r["split"] == "test" and r["variant"] == "c" else r
+               for r in records]
+    line = summary_row(records, _meta(), question="Toy, 16 L", split="test", rows=["c"], source="[x](x.md)")
+    cells = line.split(" | ")
+    assert cells[0] == ("| Toy, 16 L: cross-entropy at [120,128), test split; 3.2e-05 M training tokens a run; "
+                        "bold: best group on validation (Holm, 2 tests)")
+    # test values of the last bucket: (v + 0.5) × 1.1 for a and b, 0.1 × that for c; mean ± std of 3 seeds
+    assert cells[1] == "`c` 0.286 ± 0.011 (3), `a` **1.760 ± 0.110 (3)**, `b` **1.870 ± 0.110 (3)**"
+    assert cells[2] == "[x](x.md) |"
+    with pytest.raises(ValueError, match="no test value at \\[120,128\\) for rows \\['d'\\]"):
+        summary_row(records, _meta(), question="q", split="test", rows=["d"], source="s")
+    with pytest.raises(ValueError, match="no 'dense' split"):
+        summary_row(records, _meta(), question="q", split="dense", rows=[], source="s")

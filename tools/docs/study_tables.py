@@ -31,7 +31,7 @@ from spe.lab.study_data import lra_folder_results, read_study, sweep_study, synt
     write_study
 from spe.lab.study_rules import SELECTION_SPLIT, top_rows
 from spe.lab.study_tables import drifted_blocks, image_link, plot_budgets, plot_study, render_budgets, \
-    render_study, replace_blocks, shown_buckets, study_blocks
+    render_study, replace_blocks, shown_buckets, study_blocks, summary_row
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA, PLOTS, DOCS = ROOT / "docs" / "data", ROOT / "docs" / "study", ROOT / "docs"
@@ -63,6 +63,46 @@ BUDGETS = {
 }
 
 
+# block -> the rows of a results summary (README's "Main results"), each generated from one study's data
+# (spe.lab.study_tables.summary_row): the rows named, and every row of the best group on validation
+SUMMARIES = {
+    "readme-results": [
+        dict(question="Music (Bach, L = 64), 16 L, 500 steps", study="learned-time-bach", split="test",
+             rows=["path-fox", "foxpro", "fox", "gated-channel", "sinespe-learned-gated-channel", "sinespe", "ape"],
+             source="[learned-time.md](docs/learned-time.md#bach-chorales-up-to-16-l)"),
+        dict(question="Music (Bach, L = 64), 16 L, 4× the steps", study="learned-time-bach-4x", split="test",
+             rows=["path-fox", "foxpro", "fox", "gated-channel"],
+             source="[learned-time-budgets.md](docs/learned-time-budgets.md)"),
+        dict(question="Music (Palestrina, L = 256), 16 L", study="learned-time-palestrina", split="test",
+             rows=["path-fox", "foxpro", "fox", "gated-channel", "sinespe-learned-gated-channel", "sinespe", "ape"],
+             source="[learned-time.md](docs/learned-time.md#palestrina-up-to-16-l)"),
+        dict(question="Music (Bach, L = 64), 16 L, the tutorial's systems", study="tutorial-bach", split="test",
+             rows=["music-transformer", "local-sinespe", "music-relative-whole", "sinespe", "fnet-causal", "ape"],
+             source="[tutorial-study.md](docs/tutorial-study.md)"),
+        dict(question="Music (Bach, L = 64, today's tokenizer), 16 L, the controls", study="learned-time-controls-bach",
+             split="test", rows=["fox-shift", "fox", "sinespe-softmax-gated-whole", "sinespe-softmax-whole"],
+             source="[learned-time-controls.md](docs/learned-time-controls.md)"),
+        dict(question="MQAR (L = 64), 16 L, the preset's 2,000 steps", study="learned-time-mqar",
+             split="test-same-pairs", bucket=(1024, 1024),
+             rows=["foxpro", "fox", "path-fox", "gated-channel", "sinespe-learned-gated", "ape"],
+             source="[learned-time.md](docs/learned-time.md#mqar-up-to-64-l)"),
+        dict(question="Flip-flop (L = 64), 16 L", study="learned-time-flip-flop", split="test-sparse",
+             bucket=(1024, 1024), rows=["path-fox", "foxpro", "fox", "gated-channel", "sinespe-learned-gated", "ape"],
+             source="[learned-time.md](docs/learned-time.md#flip-flop-up-to-64-l)"),
+    ],
+}
+
+
+def render_summary(name: str, data: Path = DATA) -> str:
+    rows = []
+    for entry in SUMMARIES[name]:
+        records, meta = read_study(data, entry["study"])
+        bucket = entry.get("bucket")
+        rows.append(summary_row(records, meta, question=entry["question"], split=entry["split"], rows=entry["rows"],
+                                source=entry["source"], bucket=None if bucket is None else tuple(bucket)))
+    return "\n".join(["| question | result: mean ± sample std (n − 1) (seeds) | source |", "|---|---|---|", *rows, ""])
+
+
 def budget_studies(name: str, data: Path = DATA) -> tuple[list, list[str]]:
     studies, rows = BUDGETS[name]
     return [read_study(data, s) for s in studies], rows
@@ -70,6 +110,8 @@ def budget_studies(name: str, data: Path = DATA) -> tuple[list, list[str]]:
 
 def render(name: str, doc: Path, data: Path = DATA, plots: Path = PLOTS) -> str:
     """The generated body of study ``name``'s block in ``doc``, from ``data`` alone."""
+    if name in SUMMARIES:
+        return render_summary(name, data)
     if name in BUDGETS:
         studies, rows = budget_studies(name, data)
         link = image_link(doc, plots / f"{name}.png")
@@ -82,7 +124,8 @@ def render(name: str, doc: Path, data: Path = DATA, plots: Path = PLOTS) -> str:
 
 
 def docs_with_blocks(docs: Path = DOCS) -> list[Path]:
-    return [p for p in sorted(docs.rglob("*.md")) if study_blocks(p.read_text())]
+    pages = [*sorted(docs.rglob("*.md")), *([ROOT / "README.md"] if docs == DOCS else [])]
+    return [p for p in pages if study_blocks(p.read_text())]
 
 
 def unshown_studies(data: Path = DATA, docs: Path = DOCS) -> list[str]:
@@ -105,6 +148,8 @@ def cmd_render(args) -> int:
         names = study_blocks(doc.read_text())
         doc.write_text(replace_blocks(doc.read_text(), {n: render(n, doc) for n in names}))
         for name in names:
+            if name in SUMMARIES:
+                continue
             if name in BUDGETS:
                 plot_budgets(*budget_studies(name), PLOTS / f"{name}.png")
             else:

@@ -38,7 +38,7 @@ from spe.lab.study_rules import ALPHA, MARGINS, MORE_SEEDS, SELECTION_SPLIT, bet
     leave_one_seed_out, select
 
 __all__ = ["BLOCK", "drifted_blocks", "image_link", "line_style", "plot_budgets", "plot_study", "render_budgets",
-           "render_study", "replace_blocks", "shown_buckets", "study_blocks"]
+           "render_study", "replace_blocks", "shown_buckets", "study_blocks", "summary_row"]
 
 BLOCK = re.compile(r"<!-- table:(?P<name>[A-Za-z0-9._-]+) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 SHOWN_MULTIPLES = {"cross_entropy": (0, 3, 15), "accuracy": (1, 4, 16, 64)}  # bucket starts / lengths, × L
@@ -335,6 +335,49 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None,
     if image:
         lines += ["", f"![{meta['study']}]({image})"]
     return "\n".join(lines) + "\n"
+
+
+def summary_row(records: list[dict], meta: dict, *, question: str, split: str, rows: list[str], source: str,
+                bucket: tuple[int, int] | None = None) -> str:
+    """One row of a results summary (README's main results): ``| question, where | rows | source |``.
+
+    The cell lists ``rows`` and every row of the best group on validation at ``bucket`` (default: the
+    last shown bucket, 16 L or the longest length), each as mean ± sample std (n − 1) over its seeds on
+    ``split`` with the seed count, best first by that split's mean; **bold**: the best group on
+    validation (Holm's), whichever split is shown, so that the choice is never made on a test split.
+    The question cell ends with what the figures hold under: the split, the bucket, the training
+    tokens of a run and the test.
+
+    Raises:
+        ValueError: if the study has no such split or bucket, or a named row has no value there.
+    """
+    metric, values = meta["metric"], _values(records)
+    for s in (SELECTION_SPLIT, split):
+        if s not in values:
+            raise ValueError(f"study {meta['study']!r} has no {s!r} split (it has {sorted(values)})")
+    validation = values[SELECTION_SPLIT]
+    if bucket is None:
+        bucket = shown_buckets(list(validation), metric, meta["train_length"])[-1]
+    if bucket not in validation or bucket not in values[split]:
+        raise ValueError(f"study {meta['study']!r} has no bucket {_label(bucket)} on {split!r} and {SELECTION_SPLIT!r}")
+    sel = select({n: list(s.values()) for n, s in validation[bucket].items()}, metric)
+    shown = values[split][bucket]
+    missing = [n for n in rows if not shown.get(n)]
+    if missing:
+        raise ValueError(f"study {meta['study']!r} has no {split} value at {_label(bucket)} for rows {missing}")
+    names = list(dict.fromkeys([*sel.group, *rows]))
+    sign = 1 if better(metric) == "lower" else -1
+    names.sort(key=lambda n: sign * mean_and_std(shown[n].values())[0])
+    cells = []
+    for n in names:
+        text = f"{_cell(list(shown[n].values()), metric)} ({len(shown[n])})"
+        cells.append(f"`{n}` " + (f"**{text}**" if n in sel.group else text))
+    tokens = sorted({r["train_tokens"] for r in records})
+    where = _label(bucket) if bucket[0] != bucket[1] else f"N = {bucket[0]:,} tokens"
+    unit = "accuracy (%)" if metric == "accuracy" else "cross-entropy"
+    budget = " or ".join(f"{t / 1e6:.3g} M" for t in tokens)
+    return (f"| {question}: {unit} at {where}, {split} split; {budget} training tokens a run; bold: best group "
+            f"on validation (Holm, {sel.comparisons} tests) | {', '.join(cells)} | {source} |")
 
 
 def study_blocks(text: str) -> dict[str, str]:
