@@ -273,7 +273,8 @@ def _readme_results() -> list[tuple[str, list[tuple[str, list[str]]], Path, str]
 
 def test_readme_results_table_has_rows_with_numbers():
     rows = _readme_results()
-    assert len(rows) >= 6
+    assert rows  # the earlier studies' rows (the generated rows are checked against docs/data)
+    assert "<!-- table:readme-results -->" in README.read_text(encoding="utf-8")
     assert all(pairs and all(values for _, values in pairs) for _, pairs, _, _ in rows)
 
 

@@ -23,10 +23,12 @@ spe.lab.study_data, spe.lab.study_tables. Commands (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
 
+from spe.lab.bench.tables import cost_row
 from spe.lab.study_data import lra_folder_results, read_study, sweep_study, synth_folder_results, synth_study, \
     write_study
 from spe.lab.study_rules import SELECTION_SPLIT, top_rows
@@ -89,6 +91,8 @@ SUMMARIES = {
         dict(question="Flip-flop (L = 64), 16 L", study="learned-time-flip-flop", split="test-sparse",
              bucket=(1024, 1024), rows=["path-fox", "foxpro", "fox", "gated-channel", "sinespe-learned-gated", "ape"],
              source="[learned-time.md](docs/learned-time.md#flip-flop-up-to-64-l)"),
+        dict(question="Cost of the main job's model", bench="cpu-model", batch=8, length=2048,
+             source="[cpu-model.md](docs/bench/cpu-model.md)"),
     ],
 }
 
@@ -96,6 +100,11 @@ SUMMARIES = {
 def render_summary(name: str, data: Path = DATA) -> str:
     rows = []
     for entry in SUMMARIES[name]:
+        if "bench" in entry:  # a spe bench --modes model run's JSON, docs/data/bench/NAME.json
+            payload = json.loads((data / "bench" / f"{entry['bench']}.json").read_text())
+            rows.append(cost_row(payload, question=entry["question"], batch=entry["batch"], length=entry["length"],
+                                 source=entry["source"]))
+            continue
         records, meta = read_study(data, entry["study"])
         bucket = entry.get("bucket")
         rows.append(summary_row(records, meta, question=entry["question"], split=entry["split"], rows=entry["rows"],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from spe.lab.bench.targets import record_decay
 
-__all__ = ["longest_lines", "model_lines"]
+__all__ = ["cost_row", "longest_lines", "model_lines"]
 
 
 def _name(r: dict) -> str:
@@ -40,6 +40,43 @@ def model_lines(merged: list[dict]) -> list[str]:
                          f"{r['tokens_per_s']:,.0f} | {len(r['times_ms'])} ({r['rounds']}) |")
         lines.append("")
     return lines
+
+
+def cost_row(payload: dict, *, question: str, batch: int, length: int, source: str) -> str:
+    """One row of a results summary (README's main results) from a ``spe bench --modes model`` run's
+    JSON: ``| question | each encoding's time and memory × APE's | source |`` at ``batch`` × ``length``.
+
+    Time is the median step over every round over APE's (the table's ``time / APE``), with the
+    range of the per-round ratios (each round's median over APE's in the same round: rounds
+    interleave the encodings, so a load that changes between rounds cancels within one); memory
+    is the peak over APE's. The question cell names the machine's threads, rounds and load.
+
+    Raises:
+        ValueError: if the run holds no APE step or no other encoding at that shape.
+    """
+    shape = [r for r in payload.get("model") or [] if (r["batch"], r["length"]) == (batch, length) and r.get("rounds")]
+    ape = [r for r in shape if r["positional"] == "ape"]
+    others = [r for r in shape if r["positional"] != "ape" and "time_vs_ape" in r]
+    if not ape or not others:
+        raise ValueError(f"the bench run holds no APE step and other encodings at batch {batch} × N = {length:,} "
+                         f"(shapes held: {sorted({(r['batch'], r['length']) for r in payload.get('model') or []})})")
+    rounds = [r for r in payload.get("model_rounds") or [] if (r["batch"], r["length"]) == (batch, length)]
+    ape_round = {r["round"]: r["median_ms"] for r in rounds if r["positional"] == "ape"}
+
+    def key(r: dict) -> tuple:
+        return r["positional"], r["impl"], r["attention"], record_decay(r)
+
+    cells = []
+    for r in others:
+        ratios = sorted(x["median_ms"] / ape_round[x["round"]] for x in rounds
+                        if key(x) == key(r) and x["round"] in ape_round)
+        spread = f" (rounds {ratios[0]:.2f}–{ratios[-1]:.2f}×)" if len(ratios) > 1 else ""
+        cells.append(f"`{_name(r)}` {r['time_vs_ape']:.2f}× time{spread}, {r['memory_vs_ape']:.2f}× memory")
+    first = ape[0]
+    loads = [x["load_1min"] for x in rounds if "load_1min" in x]
+    load = f", load {min(loads):.1f}–{max(loads):.1f}" if loads else ""
+    return (f"| {question}: one AdamW step at {batch} × {length:,} tokens, × APE's ({first['device']}, "
+            f"{first['threads']} threads, {first['rounds']} rounds{load}) | {'; '.join(cells)} | {source} |")
 
 
 def _fit_text(fit: dict) -> str:
