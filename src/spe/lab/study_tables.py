@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -512,7 +513,8 @@ def plot_study(records: list[dict], meta: dict, png: Path) -> dict[tuple[str, st
     for ax in axes[-1]:
         ax.set_xlabel("token position (bucket centre, log scale)" if metric == "cross_entropy"
                       else "sequence length N (log scale)", fontsize=8)
-    fig.suptitle(meta["title"], fontsize=10)
+    # a long title is wrapped to the figure's width (about 11 characters an inch at this size), not cut
+    fig.suptitle(textwrap.fill(meta["title"], width=int(fig.get_figwidth() * 11)), fontsize=10)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=80)
