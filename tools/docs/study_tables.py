@@ -52,6 +52,8 @@ EQUIVALENCE = {
                           ("sinespe-learned-gated-channel", "sinespe-gated-channel")],
     "learned-time-controls-bach": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
                                    ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
+    "learned-time-mqar-controls": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
+                                   ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
 }
 
 
