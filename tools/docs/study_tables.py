@@ -51,7 +51,8 @@ EQUIVALENCE = {
     "learned-time-mqar": [("sinespe-learned-gated", "sinespe-gated"),
                           ("sinespe-learned-gated-channel", "sinespe-gated-channel")],
     "learned-time-controls-bach": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
-                                   ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
+                                   ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole"),
+                                   ("foxpro", "fox-shift")],
     "learned-time-mqar-controls": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
                                    ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
 }
