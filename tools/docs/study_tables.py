@@ -85,7 +85,7 @@ SUMMARIES = {
              rows=["music-transformer", "local-sinespe", "music-relative-whole", "sinespe", "fnet-causal", "ape"],
              source="[tutorial-study.md](docs/tutorial-study.md)"),
         dict(question="Music (Bach, L = 64, today's tokenizer), 16 L, the controls", study="learned-time-controls-bach",
-             split="test", rows=["fox-shift", "fox", "sinespe-softmax-gated-whole", "sinespe-softmax-whole"],
+             split="test", rows=["fox-shift", "foxpro", "fox", "sinespe-softmax-gated-whole", "sinespe-softmax-whole"],
              source="[learned-time-controls.md](docs/learned-time-controls.md)"),
         dict(question="MQAR (L = 64), 16 L, the preset's 2,000 steps", study="learned-time-mqar",
              split="test-same-pairs", bucket=(1024, 1024),
