@@ -1,6 +1,7 @@
 """Shared by the tests of spe app: a tiny music run (trained 2 steps), its export and its
 evaluation, a prompt MIDI file, the small soundfont pretty_midi ships, the page served."""
 
+import contextlib
 import importlib.util
 import signal
 import subprocess
@@ -78,37 +79,53 @@ def wav_peak():
     return _wav_peak
 
 
-@pytest.fixture(scope="session")
-def served(music_run, tmp_path_factory):
-    """``spe app --run RUN`` in a child process on a free port: yields its URL, then stops it with
-    Ctrl-C (SIGINT) and checks that its temporary folder of generated files is gone."""
-    tmp_path = tmp_path_factory.mktemp("served")
+@contextlib.contextmanager
+def app_process(music_run: Path, folder: Path, stop: signal.Signals = signal.SIGINT):
+    """``spe app --run RUN`` in a child process on a free port, its TMPDIR in ``folder``: yields its
+    URL, then stops it with ``stop`` and checks that it exited by itself within 60 s (Gradio's
+    shutdown takes seconds, more on a loaded machine) and that its folder of generated files is gone."""
     port = free_port()
-    (tmp_path / "tmp").mkdir()
+    (folder / "tmp").mkdir()
     env = {**subprocess_env(), "SPE_SOUNDFONT": SOUNDFONT, "GRADIO_ANALYTICS_ENABLED": "False",
-           "TMPDIR": str(tmp_path / "tmp")}
-    log = (tmp_path / "app.log").open("w")
+           "TMPDIR": str(folder / "tmp")}
+    log = (folder / "app.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "spe", "app", "--run", str(music_run), "--port", str(port),
-                             "--threads", "1"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+                             "--threads", "1"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
     url = f"http://127.0.0.1:{port}/"
+    killed = False
     try:
         for _ in range(300):
             if proc.poll() is not None:
-                raise AssertionError(f"spe app exited: {(tmp_path / 'app.log').read_text()[-2000:]}")
+                raise AssertionError(f"spe app exited: {(folder / 'app.log').read_text()[-2000:]}")
             try:
                 urllib.request.urlopen(url, timeout=1)
                 break
             except OSError:
                 time.sleep(0.2)
         else:
-            raise AssertionError(f"spe app did not answer at {url}: {(tmp_path / 'app.log').read_text()[-2000:]}")
+            raise AssertionError(f"spe app did not answer at {url}: {(folder / 'app.log').read_text()[-2000:]}")
         yield url
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         try:
-            proc.wait(timeout=60)  # Gradio's shutdown takes seconds, more on a loaded machine
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
+            killed = True
             proc.kill()
             proc.wait()
         log.close()
-    assert not list((tmp_path / "tmp").glob("spe-app-*")), "spe app left its temporary folder"
+    assert not list((folder / "tmp").glob("spe-app-*")), f"spe app left its temporary folder ({stop.name})"
+    assert not killed, f"spe app did not stop within 60 s of {stop.name}"
+
+
+@pytest.fixture(scope="session")
+def served(music_run, tmp_path_factory):
+    """The page served (app_process), stopped with Ctrl-C (SIGINT) at the end of the session."""
+    with app_process(music_run, tmp_path_factory.mktemp("served")) as url:
+        yield url
+
+
+@pytest.fixture
+def serve_app(music_run):
+    """app_process for one test: ``with serve_app(folder, stop) as url: ...``."""
+    return lambda folder, stop=signal.SIGINT: app_process(music_run, folder, stop)

@@ -2,6 +2,7 @@
 generate, the audio element plays a non-silent source, the MIDI downloads)."""
 
 import shutil
+import signal
 import urllib.request
 from pathlib import Path
 
@@ -54,6 +55,14 @@ fetch(audio.currentSrc).then(r => r.arrayBuffer())
       .then(() => done({peak: peak, seconds: buffer.duration, played: audio.currentTime}));
   }).catch(err => done({error: String(err)}));
 """
+
+
+def test_a_term_signal_stops_the_app_and_removes_its_files(serve_app, tmp_path):
+    # SIGTERM (a service manager's stop) once killed the process at once: atexit never ran and the
+    # generated files stayed; the app now stops as on Ctrl-C (serve_app asserts both).
+    with serve_app(tmp_path, signal.SIGTERM) as url:
+        assert urllib.request.urlopen(url, timeout=10).status == 200
+        assert list((tmp_path / "tmp").glob("spe-app-*")), "the app's folder exists while it serves"
 
 
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="no chromium and chromedriver on PATH (Debian: apt-get "

@@ -9,7 +9,9 @@ import atexit
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 from spe.lab.app import core
@@ -153,6 +155,15 @@ def serve(paths: list[Path], *, host: str = "127.0.0.1", port: int = 7860, block
     atexit.register(shutil.rmtree, work, True)
     page = build_page(paths, work)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own requests to itself, one a start
+    previous = {}
+    if block and threading.current_thread() is threading.main_thread():  # signal handlers live there
+        # Ctrl-C or a TERM removes the generated files at once: Gradio's shutdown that follows can
+        # take longer than whoever stopped the app waits before it kills the process.
+        def stop(signum, frame):
+            shutil.rmtree(work, ignore_errors=True)
+            raise KeyboardInterrupt
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         page.queue().launch(server_name=host, server_port=port, share=False, inbrowser=False, show_api=False,
                             prevent_thread_lock=not block, quiet=True,
@@ -160,4 +171,6 @@ def serve(paths: list[Path], *, host: str = "127.0.0.1", port: int = 7860, block
     finally:
         if block:  # served until Ctrl-C: the generated files go now, not only when the interpreter exits
             shutil.rmtree(work, ignore_errors=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return page

@@ -113,9 +113,15 @@ def session(device_type: str) -> Iterator[Distributed]:
     ctx = setup(device_type)
     try:
         yield ctx
-    finally:
+    except BaseException:
         if not joined_before:
             teardown(ctx)
+        raise
+    if not joined_before:
+        # A rank that leaves while another still talks to it resets the other's gloo connection,
+        # which aborts that process (seen on a loaded 2-core machine); on success, leave together.
+        barrier(ctx)
+        teardown(ctx)
 
 
 def process_device(device: str | torch.device, ctx: Distributed) -> torch.device:
