@@ -120,8 +120,10 @@ def session(device_type: str) -> Iterator[Distributed]:
     if not joined_before:
         # A rank that leaves while another still talks to it resets the other's gloo connection,
         # which aborts that process (seen on a loaded 2-core machine); on success, leave together.
-        barrier(ctx)
-        teardown(ctx)
+        try:
+            barrier(ctx)
+        finally:
+            teardown(ctx)
 
 
 def process_device(device: str | torch.device, ctx: Distributed) -> torch.device:
