@@ -541,6 +541,21 @@ def test_a_seed_of_an_lra_experiment_study_reruns_bit_for_bit(tmp_path, capsys):
     assert "commit: same" in out and "threads: same" in out
 
 
+def test_each_row_of_an_lra_study_reruns_its_own_experiment():
+    """A study whose rows are separate spe lra experiments (FNet beside softmax and Performer): a
+    row's recorded command is the one rerun, not the first row's; a row without one falls back to
+    the study's command."""
+    tool = _tool()
+    meta = {"study": "lra-x", "command": "spe lra --task text --attention fnet --out runs/t/fnet-ape",
+            "rows": {"fnet-ape": {},
+                     "softmax-ape": {"command": "spe lra --task text --attention softmax --positional ape "
+                                                "--seeds 0,1,2 --preset cpu-small --threads 1 --out runs/t/softmax-ape"}}}
+    assert tool.reproduction_command(meta, "softmax-ape", 2, "o", 1) == [
+        "lra", "--task", "text", "--attention", "softmax", "--positional", "ape", "--preset", "cpu-small",
+        "--seeds", "2", "--out", "o/softmax-ape", "--threads", "1", "--no-progress"]
+    assert tool.reproduction_command(meta, "fnet-ape", 0, "o", 1)[:5] == ["lra", "--task", "text", "--attention", "fnet"]
+
+
 def test_a_summary_row_bolds_the_validation_group_and_shows_the_split_named():
     """README's results rows: the best group is chosen on validation even where the test split would
     order the rows otherwise; the shown split's values, its sort, the seeds and the budget are written."""

@@ -55,6 +55,7 @@ EQUIVALENCE = {
                                    ("foxpro", "fox-shift")],
     "learned-time-mqar-controls": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
                                    ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
+    **{f"lra-fnet-{task}": [("fnet-ape", "softmax-ape"), ("fnet-ape", "performer-ape")] for task in ("retrieval",)},
 }
 
 
@@ -212,8 +213,9 @@ _SET_HERE = ("--seeds", "--out", "--threads")  # what a reproduction of one spe 
 def reproduction_command(meta: dict, row: str, seed: int, out: str, threads: int) -> list[str]:
     """The ``spe`` command line (after ``spe``) that reruns ``row``'s seed ``seed`` of a study into
     ``out``: its recorded command's subcommand (``sweep``, ``lra`` or ``synth``) and ``--plan``, ``--data``
-    and ``--steps``, with ``--only ROW --seeds SEED --out OUT --threads N``; a study of one ``spe lra``
-    experiment (the row its folder): its command whole, with ``--seeds SEED --out OUT/ROW --threads N``.
+    and ``--steps``, with ``--only ROW --seeds SEED --out OUT --threads N``; a study of ``spe lra``
+    experiments (each row its folder): the row's own command (``meta["rows"][row]["command"]``, else
+    the study's) whole, with ``--seeds SEED --out OUT/ROW --threads N``.
 
     Raises:
         ValueError: if the recorded command is not an ``spe sweep`` / ``spe synth --plan`` one, or
@@ -221,7 +223,7 @@ def reproduction_command(meta: dict, row: str, seed: int, out: str, threads: int
     """
     if row not in meta["rows"]:
         raise ValueError(f"study {meta['study']!r} has no row {row!r}; its rows: {', '.join(meta['rows'])}")
-    words = shlex.split(meta["command"].split("#", 1)[0])
+    words = shlex.split(meta["rows"][row].get("command", meta["command"]).split("#", 1)[0])
     if words[:2] == ["spe", "lra"] and "--plan" not in words:  # one experiment, in OUT/ROW: rerun as it ran
         kept = [w for i, w in enumerate(words[2:], 2) if w not in _SET_HERE and words[i - 1] not in _SET_HERE
                 and w != "--no-progress"]
@@ -300,7 +302,13 @@ def cmd_write_lra(args) -> int:
         if name not in rows:
             raise ValueError(f"--describe {name}: no row {name!r} under {args.runs}; rows: {', '.join(rows)}")
         rows[name] = {**rows[name], "description": description}
-    command = args.command or shlex.join(["spe", "lra", "--task", runs[0]["task"], "--out", args.runs + "/ROW"])
+    for name, command in (args.row_command or []):
+        if name not in rows:
+            raise ValueError(f"--row-command {name}: no row {name!r} under {args.runs}; rows: {', '.join(rows)}")
+        rows[name] = {**rows[name], "command": command}
+    command = args.command or "\n".join(
+        [row["command"] for row in rows.values() if "command" in row]
+        or [shlex.join(["spe", "lra", "--task", runs[0]["task"], "--out", args.runs + "/ROW"])])
     records, meta = synth_study(runs, study=args.study, title=args.title or args.study, command=command, rows=rows)
     for path in write_study(args.data_dir, records, meta, allow_dirty=args.allow_dirty):
         print(f"wrote {path}")
@@ -360,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--command", help="the commands that made the runs")
     a.add_argument("--describe", nargs=2, action="append", metavar=("ROW", "TEXT"),
                    help="a row's description (default: its attention + positional)")
+    a.add_argument("--row-command", nargs=2, action="append", metavar=("ROW", "COMMAND"),
+                   help="the spe lra command that made a row's folder (what reproduce reruns for that row; "
+                        "the study's --command defaults to these, one a line)")
     a.add_argument("--data-dir", default=str(DATA))
     a.add_argument("--allow-dirty", action="store_true",
                    help="write runs made from a source tree with uncommitted changes too (refused by default)")
