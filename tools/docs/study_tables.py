@@ -55,7 +55,7 @@ EQUIVALENCE = {
                                    ("foxpro", "fox-shift")],
     "learned-time-mqar-controls": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
                                    ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
-    **{f"lra-fnet-{task}": [("fnet-ape", "softmax-ape"), ("fnet-ape", "performer-ape")] for task in ("retrieval", "listops", "image")},
+    **{f"lra-fnet-{task}": [("fnet-ape", "softmax-ape"), ("fnet-ape", "performer-ape")] for task in ("listops", "text", "retrieval", "image")},
 }
 
 
