@@ -124,6 +124,14 @@ def test_results_over_seeds_and_finished_seeds_are_not_rerun(tmp_path, monkeypat
                         else pytest.fail(f"seed {seed} was trained again"))
     again = run_lra(tiny_lra_config(), [0, 1], tmp_path, progress=False)
     assert again["results"] == summary["results"]
+    # a later seed joins the folder's summary (the rule's repeats: --seeds 3,4 after 0,1,2)
+    monkeypatch.setattr(run_module, "train_seed", lambda cfg, splits, seed, folder, **k: {
+        **summary["results"][0], "seed": seed, "test_accuracy": 0.25})
+    more = run_lra(tiny_lra_config(), [2], tmp_path, progress=False)
+    assert more["seeds"] == [0, 1, 2] and more["results"][:2] == summary["results"]
+    assert more["results"][2]["test_accuracy"] == 0.25
+    assert json.loads((tmp_path / "results.json").read_text())["seeds"] == [0, 1, 2]
+    assert "| 2 | 25.00 |" in (tmp_path / "results.md").read_text()
     with pytest.raises(ValueError, match="another LRA experiment"):
         run_lra(tiny_lra_config(steps=6), [0], tmp_path, progress=False)
 

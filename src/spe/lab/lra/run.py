@@ -140,7 +140,8 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
         splits: the task's splits as :func:`load_splits` gives them for ``cfg`` (None: loaded here).
 
     Returns:
-        The summary (``results.json``'s content).
+        The summary (``results.json``'s content) over every finished seed of ``out``: the seeds run
+        now and those an earlier call finished there.
 
     Raises:
         ValueError: if ``out`` holds another configuration, or as :func:`load_splits` and
@@ -169,6 +170,9 @@ def run_lra(cfg: LRAConfig, seeds: list[int], out: str | Path, *, threads: int |
             log.info("%s seed %d: test accuracy %.4f", out, seed, results[-1]["test_accuracy"])
             if ctx.is_main:
                 attention_map(out, seed, splits, cfg)
+        # the folder's summary covers every finished seed: a later --seeds 3,4 adds to 0,1,2, not replaces them
+        finished = {**plans.read_results(out), **{seed: result for seed, result in zip(seeds, results)}}
+        results = [finished[seed] for seed in sorted(finished)]
         if ctx.is_main:
             summary = write_summary(out, cfg, results)
         else:
