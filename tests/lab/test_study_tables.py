@@ -556,6 +556,36 @@ def test_each_row_of_an_lra_study_reruns_its_own_experiment():
     assert tool.reproduction_command(meta, "fnet-ape", 0, "o", 1)[:5] == ["lra", "--task", "text", "--attention", "fnet"]
 
 
+def test_an_lra_plan_folder_takes_its_rows_descriptions_and_title_from_the_plan(tmp_path, capsys):
+    """write-lra --plan: the study of an spe lra --plan folder describes its rows as the plan does,
+    records the plan's command, and refuses a folder row the plan lacks."""
+    import json
+
+    from spe.lab.cli.main import main
+
+    options = ["--task", "listops", "--attention", "fnet", "--positional", "ape", "--steps", "4", "--batch-size", "4",
+               "--seq-len", "48", "--eval-every", "4", "--model-option", "d_model=16", "--model-option", "num_layers=1",
+               "--model-option", "d_ff=32", "--model-option", "num_heads=2"]
+    assert main(["-q", "lra", *options, "--seeds", "0", "--threads", "1", "--out", str(tmp_path / "runs" / "fnet"),
+                 "--no-progress"]) == 0
+    plan = tmp_path / "plan.toml"
+    plan.write_text('title = "Tiny ListOps plan"\ntask = "listops"\npreset = "cpu-small"\nseeds = [0]\n'
+                    '[rows.fnet]\ndescription = "Fourier mixing, the plan\'s words"\nattention = "fnet"\n'
+                    'positional = "ape"\n')
+    tool = _tool()
+    assert tool.main(["write-lra", "--runs", str(tmp_path / "runs"), "--study", "tiny", "--plan", str(plan),
+                      "--data-dir", str(tmp_path / "data"), "--allow-dirty"]) == 0
+    meta = json.loads((tmp_path / "data" / "tiny.meta.json").read_text())
+    assert meta["title"] == "Tiny ListOps plan"
+    assert meta["rows"]["fnet"]["description"] == "Fourier mixing, the plan's words"
+    assert meta["command"] == f"spe lra --plan {plan} --out {tmp_path / 'runs'}"
+    plan.write_text(plan.read_text().replace("[rows.fnet]", "[rows.other]"))
+    capsys.readouterr()
+    assert tool.main(["write-lra", "--runs", str(tmp_path / "runs"), "--study", "tiny", "--plan", str(plan),
+                      "--data-dir", str(tmp_path / "data"), "--allow-dirty"]) == 2
+    assert "holds rows ['fnet'] that plan" in capsys.readouterr().err
+
+
 def test_a_summary_row_bolds_the_validation_group_and_shows_the_split_named():
     """README's results rows: the best group is chosen on validation even where the test split would
     order the rows otherwise; the shown split's values, its sort, the seeds and the budget are written."""

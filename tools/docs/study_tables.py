@@ -298,6 +298,16 @@ def cmd_write_lra(args) -> int:
     runs, rows = lra_folder_results(args.runs)
     if not runs:
         raise ValueError(f"no finished spe lra seed under {args.runs}/ROW/seedK/result.json")
+    title = args.title
+    if args.plan:  # an spe lra --plan folder: the rows' descriptions and the title from the plan
+        from spe.lab.plans import load_plan
+
+        plan = load_plan(args.plan, "lra")
+        strangers = sorted(set(rows) - set(plan.rows))
+        if strangers:
+            raise ValueError(f"{args.runs} holds rows {strangers} that plan {args.plan!r} does not have")
+        rows = {name: {**row, "description": plan.rows[name]["description"]} for name, row in rows.items()}
+        title = title or plan.title
     for name, description in (args.describe or []):
         if name not in rows:
             raise ValueError(f"--describe {name}: no row {name!r} under {args.runs}; rows: {', '.join(rows)}")
@@ -308,8 +318,9 @@ def cmd_write_lra(args) -> int:
         rows[name] = {**rows[name], "command": command}
     command = args.command or "\n".join(
         [row["command"] for row in rows.values() if "command" in row]
-        or [shlex.join(["spe", "lra", "--task", runs[0]["task"], "--out", args.runs + "/ROW"])])
-    records, meta = synth_study(runs, study=args.study, title=args.title or args.study, command=command, rows=rows)
+        or [shlex.join(["spe", "lra", "--plan", args.plan, "--out", args.runs] if args.plan else
+                       ["spe", "lra", "--task", runs[0]["task"], "--out", args.runs + "/ROW"])])
+    records, meta = synth_study(runs, study=args.study, title=title or args.study, command=command, rows=rows)
     for path in write_study(args.data_dir, records, meta, allow_dirty=args.allow_dirty):
         print(f"wrote {path}")
     return 0
@@ -364,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("write-lra", help="a folder of spe lra experiments of one task (OUT/ROW) -> the same files")
     a.add_argument("--runs", required=True, help="the folder whose subfolders are spe lra --out folders")
     a.add_argument("--study", required=True)
+    a.add_argument("--plan", help="the spe lra plan of an spe lra --plan folder (rows' descriptions, title, command)")
     a.add_argument("--title")
     a.add_argument("--command", help="the commands that made the runs")
     a.add_argument("--describe", nargs=2, action="append", metavar=("ROW", "TEXT"),
