@@ -55,6 +55,7 @@ EQUIVALENCE = {
                                    ("foxpro", "fox-shift")],
     "learned-time-mqar-controls": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
                                    ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
+    "learned-time-bach-4x-sinespe": [("sinespe-learned-gated-channel", "sinespe-gated-channel-whole")],
     **{f"lra-fnet-{task}": [("fnet-ape", "softmax-ape"), ("fnet-ape", "performer-ape")] for task in ("listops", "text", "retrieval", "image")},
 }
 
@@ -63,7 +64,7 @@ EQUIVALENCE = {
 # at more than one budget (docs/learned-time-budgets.md), one study per budget (rows run later at a
 # budget may come as a second study of it)
 BUDGETS = {
-    "learned-time-bach-budgets": (["learned-time-bach", "learned-time-bach-4x"],
+    "learned-time-bach-budgets": (["learned-time-bach", "learned-time-bach-4x", "learned-time-bach-4x-sinespe"],
                                   ["path-fox", "foxpro", "fox", "gated-channel", "sinespe-gated-channel-whole",
                                    "sinespe-learned-gated-channel"]),
 }
