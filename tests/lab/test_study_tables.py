@@ -586,6 +586,36 @@ def test_an_lra_plan_folder_takes_its_rows_descriptions_and_title_from_the_plan(
     assert "holds rows ['fnet'] that plan" in capsys.readouterr().err
 
 
+def test_a_growth_row_tests_per_seed_growths_on_validation_and_reports_the_split_named():
+    """README's extrapolation rows: growth = last / first − 1 per seed (not a ratio of means), the
+    least-growth group chosen on validation by the rules (Holm), the shown split only reported."""
+    from spe.lab.study_tables import growth_row
+
+    # first bucket 1.0 for every seed; last bucket per seed: a grows 10, 12, 14 %, b 11, 13, 15 %
+    # (inside a's group), c 50, 52, 54 % (far outside); on test c's growth is the lowest
+    last = {"a": [1.10, 1.12, 1.14], "b": [1.11, 1.13, 1.15], "c": [1.50, 1.52, 1.54]}
+    records = _records(validation={n: [1.0, 1.0, 1.0] for n in last})
+    for r in records:
+        if r["bucket_start"] == 120:
+            grown = last[r["variant"]][r["seed"]]
+            r["value"] = 1.0 * grown if r["split"] == "validation" else (
+                1.5 * (1.01 + 0.01 * r["seed"]) if r["variant"] == "c" else 1.5 * grown)
+    line = growth_row(records, _meta(), question="Toy, 16 L", split="test", rows=["c"], source="[x](x.md)")
+    cells = line.split(" | ")
+    assert cells[0] == ("| Toy, 16 L: growth of the cross-entropy from [0,8) to [120,128), test split; 3.2e-05 M "
+                        "training tokens a run; bold: least-growth group on validation (Holm, 2 tests)")
+    # test: first bucket 1.5; c's last 1.515, 1.53, 1.545 -> +2 ± 1 %; a's 1.5 × 1.10.. -> +10 % ± 2 (× 1.5 / 1.5)
+    assert cells[1] == "`c` +2.0 ± 1.0 % (3), `a` **+12.0 ± 2.0 % (3)**, `b` **+13.0 ± 2.0 % (3)**"
+    # a mean of last / mean of first would be the same here; a seed whose first bucket differs tells them apart
+    records = [{**r, "value": 2.0 * r["value"]} if (r["variant"], r["seed"], r["split"]) == ("a", 0, "test")
+               and r["bucket_start"] in (0, 120) else r for r in records]
+    assert "`a` **+12.0 ± 2.0 % (3)**" in growth_row(records, _meta(), question="q", split="test", rows=[], source="s")
+    with pytest.raises(ValueError, match="no test growth from \\[0,8\\) to \\[120,128\\) for rows \\['d'\\]"):
+        growth_row(records, _meta(), question="q", split="test", rows=["d"], source="s")
+    with pytest.raises(ValueError, match="lower-is-better"):
+        growth_row(records, {**_meta(), "metric": "accuracy"}, question="q", split="test", rows=[], source="s")
+
+
 def test_a_summary_row_bolds_the_validation_group_and_shows_the_split_named():
     """README's results rows: the best group is chosen on validation even where the test split would
     order the rows otherwise; the shown split's values, its sort, the seeds and the budget are written."""

@@ -32,8 +32,8 @@ from spe.lab.bench.tables import cost_row
 from spe.lab.study_data import lra_folder_results, read_study, sweep_study, synth_folder_results, synth_study, \
     write_study
 from spe.lab.study_rules import SELECTION_SPLIT, top_rows
-from spe.lab.study_tables import drifted_blocks, image_link, plot_budgets, plot_study, render_budgets, \
-    render_study, replace_blocks, shown_buckets, study_blocks, summary_row
+from spe.lab.study_tables import drifted_blocks, growth_row, image_link, plot_budgets, plot_study, \
+    render_budgets, render_study, replace_blocks, shown_buckets, study_blocks, summary_row
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA, PLOTS, DOCS = ROOT / "docs" / "data", ROOT / "docs" / "study", ROOT / "docs"
@@ -71,7 +71,9 @@ BUDGETS = {
 
 
 # block -> the rows of a results summary (README's "Main results"), each generated from one study's data
-# (spe.lab.study_tables.summary_row): the rows named, and every row of the best group on validation
+# (spe.lab.study_tables.summary_row): the rows named, and every row of the best group on validation;
+# an entry with growth=True gives each row's growth from the first to the last shown bucket instead
+# (spe.lab.study_tables.growth_row: the least-growth group, tested on validation)
 SUMMARIES = {
     "readme-results": [
         dict(question="Music (Bach, L = 64), 16 L, 500 steps", study="learned-time-bach", split="test",
@@ -115,6 +117,10 @@ def render_summary(name: str, data: Path = DATA) -> str:
                                  source=entry["source"]))
             continue
         records, meta = read_study(data, entry["study"])
+        if entry.get("growth"):  # growth from the first to the last shown bucket, tested on validation
+            rows.append(growth_row(records, meta, question=entry["question"], split=entry["split"],
+                                   rows=entry["rows"], source=entry["source"]))
+            continue
         bucket = entry.get("bucket")
         rows.append(summary_row(records, meta, question=entry["question"], split=entry["split"], rows=entry["rows"],
                                 source=entry["source"], bucket=None if bucket is None else tuple(bucket)))

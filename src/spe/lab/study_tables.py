@@ -38,8 +38,8 @@ from spe.lab.stats import format_mean_std, mean_and_std
 from spe.lab.study_rules import ALPHA, MARGINS, MORE_SEEDS, SELECTION_SPLIT, better, equivalent, \
     leave_one_seed_out, select
 
-__all__ = ["BLOCK", "drifted_blocks", "image_link", "line_style", "plot_budgets", "plot_study", "render_budgets",
-           "render_study", "replace_blocks", "shown_buckets", "study_blocks", "summary_row"]
+__all__ = ["BLOCK", "drifted_blocks", "growth_row", "image_link", "line_style", "plot_budgets", "plot_study",
+           "render_budgets", "render_study", "replace_blocks", "shown_buckets", "study_blocks", "summary_row"]
 
 BLOCK = re.compile(r"<!-- table:(?P<name>[A-Za-z0-9._-]+) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 SHOWN_MULTIPLES = {"cross_entropy": (0, 3, 15), "accuracy": (1, 4, 16, 64)}  # bucket starts / lengths, × L
@@ -379,6 +379,53 @@ def summary_row(records: list[dict], meta: dict, *, question: str, split: str, r
     budget = " or ".join(f"{t / 1e6:.3g} M" for t in tokens)
     return (f"| {question}: {unit} at {where}, {split} split; {budget} training tokens a run; bold: best group "
             f"on validation (Holm, {sel.comparisons} tests) | {', '.join(cells)} | {source} |")
+
+
+def growth_row(records: list[dict], meta: dict, *, question: str, split: str, rows: list[str], source: str) -> str:
+    """One row of a results summary on extrapolation: each row's growth of the metric from the
+    first to the last shown bucket, ``last / first − 1`` per seed, then mean ± sample std (n − 1).
+
+    The group in **bold** is the lowest-growth group on validation: the rules of
+    :func:`spe.lab.study_rules.select` applied to the per-seed growths (one-sided Welch tests against
+    the row of least growth, Holm's correction), whichever split is shown. Listed: ``rows`` and that
+    group, by the shown split's mean growth, least first. Cross-entropy only (a growth of accuracy
+    would reward a row that starts at chance).
+
+    Raises:
+        ValueError: if the metric is not cross-entropy, the study has no such split, fewer than two
+            shown buckets, or a named row has no growth on the split.
+    """
+    metric, values = meta["metric"], _values(records)
+    if better(metric) != "lower":
+        raise ValueError(f"study {meta['study']!r}: a growth summary needs a lower-is-better metric, not {metric!r}")
+    for s in (SELECTION_SPLIT, split):
+        if s not in values:
+            raise ValueError(f"study {meta['study']!r} has no {s!r} split (it has {sorted(values)})")
+    shown = shown_buckets(list(values[SELECTION_SPLIT]), metric, meta["train_length"])
+    if len(shown) < 2:
+        raise ValueError(f"study {meta['study']!r} shows one bucket only: no growth")
+    first, last = shown[0], shown[-1]
+
+    def growths(by_bucket: dict) -> dict[str, list[float]]:
+        a, b = by_bucket.get(first, {}), by_bucket.get(last, {})
+        return {n: [b[n][s] / a[n][s] - 1 for s in sorted(set(a[n]) & set(b.get(n, {})))] for n in a}
+
+    sel = select(growths(values[SELECTION_SPLIT]), metric)
+    reported = growths(values[split])
+    missing = [n for n in rows if not reported.get(n)]
+    if missing:
+        raise ValueError(f"study {meta['study']!r} has no {split} growth from {_label(first)} to {_label(last)} "
+                         f"for rows {missing}")
+    names = sorted(dict.fromkeys([*sel.group, *rows]), key=lambda n: mean_and_std(reported[n])[0])
+    cells = []
+    for n in names:
+        mean, std = mean_and_std(reported[n])
+        text = f"{format_mean_std(100 * mean, 100 * std, digits=1, signed=True)} % ({len(reported[n])})"
+        cells.append(f"`{n}` " + (f"**{text}**" if n in sel.group else text))
+    budget = " or ".join(f"{t / 1e6:.3g} M" for t in sorted({r["train_tokens"] for r in records}))
+    return (f"| {question}: growth of the cross-entropy from {_label(first)} to {_label(last)}, {split} split; "
+            f"{budget} training tokens a run; bold: least-growth group on validation (Holm, {sel.comparisons} "
+            f"tests) | {', '.join(cells)} | {source} |")
 
 
 def study_blocks(text: str) -> dict[str, str]:
