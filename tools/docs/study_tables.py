@@ -57,6 +57,9 @@ EQUIVALENCE = {
                                    ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
     "learned-time-bach-4x-sinespe": [("sinespe-learned-gated-channel", "sinespe-gated-channel-whole")],
     **{f"lra-fnet-{task}": [("fnet-ape", "softmax-ape"), ("fnet-ape", "performer-ape")] for task in ("listops", "text", "retrieval", "image")},
+    # lra.md's "with one fixed code SPE is level with APE" and gates.md's "a gate alone reaches APE + softmax"
+    "lra-listops-study": [("fixed-code", "ape-performer"), ("gated-channel-linear-elu", "ape-softmax"),
+                          ("gated-performer", "ape-softmax"), ("sinespe-gated-performer", "ape-performer")],
 }
 
 
