@@ -50,13 +50,32 @@ def test_the_config_hash_is_of_canonical_json():
     assert config_hash({"a": 1}) != config_hash({"a": 1.5})
 
 
+def test_the_experiment_hash_leaves_out_where_and_how_a_run_was_carried_out():
+    """Two runs of one experiment in other folders, threads, devices or caches share the experiment
+    hash (their config hashes differ); any option that changes what is computed changes it."""
+    from spe.lab.provenance import experiment_hash
+
+    base = {"seed": 0, "lr": 1e-3, "model": {"positional": "sinespe"}, "out": "runs/a/seed0", "threads": 1,
+            "cache_dir": "/c", "device": "cpu", "compile": False, "tensorboard": False, "keep_checkpoints": 2,
+            "allow_data_change": False}
+    elsewhere = {**base, "out": "runs/reproduce/seed0", "threads": 2, "cache_dir": "/d", "device": "cuda",
+                 "compile": True, "tensorboard": True, "keep_checkpoints": 5, "allow_data_change": True}
+    assert experiment_hash(elsewhere) == experiment_hash(base) and config_hash(elsewhere) != config_hash(base)
+    for changed in ({"seed": 1}, {"lr": 2e-3}, {"model": {"positional": "ape"}}, {"precision": "bf16"}):
+        assert experiment_hash({**base, **changed}) != experiment_hash(base), changed
+    # only top-level keys are left out: a model option named like one still counts
+    assert experiment_hash({**base, "model": {"positional": "sinespe", "out": 1}}) != experiment_hash(base)
+
+
 def test_a_record_holds_every_key_in_order():
     record = provenance(started=0.0, ended=61.0, config={"device": "cpu", "lr": 1e-3})
     assert tuple(record) == PROVENANCE_KEYS
     assert (record["started"], record["ended"]) == ("1970-01-01T00:00:00Z", "1970-01-01T00:01:01Z")
     assert record["torch"] == torch.__version__ and record["threads"] == torch.get_num_threads()
     assert record["config_sha256"] == config_hash({"device": "cpu", "lr": 1e-3}) and record["device"] == "cpu"
+    assert record["experiment_sha256"] == config_hash({"lr": 1e-3})
     assert provenance(started=0.0, ended=0.0)["config_sha256"] is None
+    assert provenance(started=0.0, ended=0.0)["experiment_sha256"] is None
 
 
 def test_run_once_stores_the_provenance_once_and_keeps_it_on_the_next_call(tmp_path):

@@ -538,7 +538,17 @@ def test_a_seed_of_an_lra_experiment_study_reruns_bit_for_bit(tmp_path, capsys):
                       str(tmp_path / "again"), "--data-dir", str(tmp_path / "data")]) == 0
     out = capsys.readouterr().out
     assert "tiny-lra fnet seed 1: 2 cells compared, 0 differ, 0 missing from the rerun" in out
-    assert "commit: same" in out and "threads: same" in out
+    assert "commit: same" in out and "threads: same" in out and "experiment_sha256: same" in out
+    # a committed record from before experiment_sha256 existed: said so, not called a difference
+    meta_file = tmp_path / "data" / "tiny-lra.meta.json"
+    old = json.loads(meta_file.read_text())
+    for by_seed in old["provenance"].values():
+        for record in by_seed.values():
+            del record["experiment_sha256"]
+    meta_file.write_text(json.dumps(old))
+    assert tool.main(["reproduce", "--study", "tiny-lra", "--row", "fnet", "--seed", "1", "--out",
+                      str(tmp_path / "again2"), "--data-dir", str(tmp_path / "data")]) == 0
+    assert "experiment_sha256: not recorded by the committed run" in capsys.readouterr().out
 
 
 def test_each_row_of_an_lra_study_reruns_its_own_experiment():

@@ -267,7 +267,9 @@ def compare_cells(committed: list[dict], rerun: list[dict]) -> dict:
             "differ": [(key(r), r["value"], new[key(r)]) for r in both if repr(r["value"]) != repr(new[key(r)])]}
 
 
-_ENVIRONMENT = ("commit", "dirty", "torch", "python", "threads", "device", "cpu", "config_sha256")
+# config_sha256 covers a music run's folder, so it differs for every rerun elsewhere; experiment_sha256
+# (spe.lab.provenance.experiment_hash) is the one that says whether the same experiment was asked for
+_ENVIRONMENT = ("commit", "dirty", "torch", "python", "threads", "device", "cpu", "experiment_sha256", "config_sha256")
 
 
 def cmd_reproduce(args) -> int:
@@ -303,6 +305,9 @@ def cmd_reproduce(args) -> int:
         print("  the committed run recorded no provenance: its commit, threads and versions are unknown")
     else:
         for name in _ENVIRONMENT:
+            if name not in then:  # a record written before the field existed
+                print(f"  {name}: not recorded by the committed run (rerun {now.get(name)!r})")
+                continue
             same = then.get(name) == now.get(name)
             print(f"  {name}: {'same' if same else 'differs'} (committed {then.get(name)!r}, rerun {now.get(name)!r})")
     return 0 if not found["differ"] and not found["missing"] else 1

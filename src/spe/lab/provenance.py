@@ -8,8 +8,12 @@ finished: ``spe sweep``, ``spe lra``, ``spe synth``) holds ``provenance``:
   ``dirty``: whether files under the package's folder (tracked or untracked, not ignored) differed
   from that commit (None without git);
 * ``config``: the run's resolved configuration as the task wrote it (every option, defaults
-  included) and ``config_sha256``, the hash of its canonical JSON (sorted keys): two runs with the
-  same hash were asked for the same thing;
+  included) and ``config_sha256``, the hash of its canonical JSON (sorted keys), which covers where
+  the run was written (a music run's ``out``) and so differs between any two folders;
+  ``experiment_sha256``, the same hash without :data:`RUN_ONLY_KEYS` and :data:`LOCATION_KEYS`
+  (how and where the run was carried out: :func:`experiment_hash`): two runs with the same
+  ``experiment_sha256`` were asked for the same experiment and seed, wherever they ran (records
+  written before it existed lack it);
 * ``threads`` (torch's intra-op threads when the run ended), ``device``, ``torch``, ``python``,
   ``cpu`` (the processor's model name) and ``host``;
 * ``started`` and ``ended``: UTC times (ISO 8601, seconds) of the process that finished the run
@@ -30,11 +34,17 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["PROVENANCE_KEYS", "commit_of", "config_hash", "cpu_model", "provenance", "source_state", "utc"]
+__all__ = ["LOCATION_KEYS", "PROVENANCE_KEYS", "RUN_ONLY_KEYS", "commit_of", "config_hash", "cpu_model",
+           "experiment_hash", "provenance", "source_state", "utc"]
 
 # The keys of a run's provenance record, in the order they are written (the module docstring).
-PROVENANCE_KEYS = ("commit", "dirty", "version", "config_sha256", "config", "threads", "device", "torch",
-                   "python", "cpu", "host", "started", "ended")
+PROVENANCE_KEYS = ("commit", "dirty", "version", "config_sha256", "experiment_sha256", "config", "threads", "device",
+                   "torch", "python", "cpu", "host", "started", "ended")
+# Options that change how a run is carried out, not what it computes: a run folder may be continued
+# with other values of them (spe lra, spe synth), and they stay out of experiment_sha256.
+RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile", "allow_data_change")
+# Where a run writes and reads, and its thread count (recorded beside the hash as ``threads``).
+LOCATION_KEYS = ("out", "cache_dir", "threads")
 
 
 def utc(seconds: float) -> str:
@@ -46,6 +56,13 @@ def config_hash(config: Mapping) -> str:
     """The sha256 (hex) of ``config``'s canonical JSON: sorted keys, no spaces, non-ASCII kept."""
     text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def experiment_hash(config: Mapping) -> str:
+    """:func:`config_hash` of ``config`` without its top-level :data:`RUN_ONLY_KEYS` and
+    :data:`LOCATION_KEYS`: the same for two runs of one experiment and seed in different folders,
+    on different devices or thread counts (which the record keeps beside it)."""
+    return config_hash({k: v for k, v in config.items() if k not in RUN_ONLY_KEYS and k not in LOCATION_KEYS})
 
 
 def _git(folder: Path, *args: str) -> str | None:
@@ -112,7 +129,8 @@ def provenance(*, started: float, ended: float, config: Mapping | None = None, d
     config = None if config is None else json.loads(json.dumps(config, default=str))
     device = device or (config or {}).get("device") or "cpu"
     return {"commit": commit, "dirty": dirty, "version": spe.__version__,
-            "config_sha256": None if config is None else config_hash(config), "config": config,
+            "config_sha256": None if config is None else config_hash(config),
+            "experiment_sha256": None if config is None else experiment_hash(config), "config": config,
             "threads": torch.get_num_threads(), "device": str(device), "torch": torch.__version__,
             "python": platform.python_version(), "cpu": cpu_model(), "host": platform.node(),
             "started": utc(started), "ended": utc(ended)}

@@ -19,14 +19,12 @@ from spe.encodings.registry import EXACT_TWINS
 from spe.field_types import describe_types, field_value_types
 from spe.lab.experiment import ExperimentOptions, model_options
 from spe.lab.options import rename_old_names, takes_old_names
+from spe.lab.provenance import RUN_ONLY_KEYS  # re-exported: the options a folder may be continued with
 
 __all__ = ["LISTOPS_PIPELINES", "OLD_NAMES", "PRESETS", "RUN_ONLY_KEYS", "LRAConfig", "load_preset", "preset_defaults",
            "model_option_names", "model_options", "preset_config"]
 
 PRESETS = ("paper", "cpu-small")
-# Options that change how a run is carried out, not what it computes: an experiment folder may be
-# continued with other values of them.
-RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile", "allow_data_change")
 # Old names of options -> their one name, read wherever options are (spe.lab.options.rename_old_names);
 # a data_options' max_length is another option (embedded ListOps' longest row) and keeps its name
 OLD_NAMES = {"max_length": "seq_len"}

@@ -14,6 +14,7 @@ from importlib import resources
 from spe.field_types import check_field_types
 from spe.lab.experiment import ExperimentOptions
 from spe.lab.options import check_option, rename_old_names, takes_old_names
+from spe.lab.provenance import RUN_ONLY_KEYS  # re-exported: the options a folder may be continued with
 from spe.lab.synth.data import TASKS, check_length, mqar_pairs, vocabulary
 from spe.models.config import ModelConfig
 
@@ -30,8 +31,6 @@ EVAL_LENGTHS = (64, 256, 1024, 4096)
 MAX_TOKENS = 65536
 # float32 logits of a training batch held at once: the logits, their log-softmax and its gradient
 _TRAIN_LOGIT_COPIES = 3
-# Options that change how a run is carried out, not what it computes.
-RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile", "allow_data_change")
 # Old names of options -> their one name, read wherever options are (spe.lab.options.rename_old_names)
 OLD_NAMES = {"train_length": "seq_len"}
 
