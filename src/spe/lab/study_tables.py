@@ -103,13 +103,20 @@ def _p(row, best: str | None) -> str:
     return raw if raw == holm else f"{raw} ({holm})"
 
 
-def _growth(by_bucket: dict, first, last, variant: str) -> str:
+def _seed_growths(by_bucket: dict, first, last, variant: str) -> list[float]:
+    """``last / first − 1`` of ``variant`` per seed that has both buckets (seed order)."""
     a, b = by_bucket.get(first, {}).get(variant, {}), by_bucket.get(last, {}).get(variant, {})
-    seeds = sorted(set(a) & set(b))
-    if not seeds or first == last:
-        return "–"
-    mean, std = mean_and_std(b[s] / a[s] - 1 for s in seeds)
+    return [b[s] / a[s] - 1 for s in sorted(set(a) & set(b))]
+
+
+def _growth_text(growths: list[float]) -> str:
+    mean, std = mean_and_std(growths)
     return format_mean_std(100 * mean, 100 * std, digits=1, signed=True) + " %"
+
+
+def _growth(by_bucket: dict, first, last, variant: str) -> str:
+    growths = _seed_growths(by_bucket, first, last, variant)
+    return "–" if not growths or first == last else _growth_text(growths)
 
 
 def _order(rows: list[str], last: dict, metric: str) -> list[str]:
@@ -338,6 +345,20 @@ def render_study(records: list[dict], meta: dict, *, image: str | None = None,
     return "\n".join(lines) + "\n"
 
 
+def _summary_values(records: list[dict], meta: dict, split: str) -> dict:
+    """:func:`_values` of a summary's study; raises ValueError if it lacks ``split`` or validation."""
+    values = _values(records)
+    for s in (SELECTION_SPLIT, split):
+        if s not in values:
+            raise ValueError(f"study {meta['study']!r} has no {s!r} split (it has {sorted(values)})")
+    return values
+
+
+def _budget(records: list[dict]) -> str:
+    """The training tokens of a run in millions, e.g. ``0.256 M`` (``A or B`` where runs differ)."""
+    return " or ".join(f"{t / 1e6:.3g} M" for t in sorted({r["train_tokens"] for r in records}))
+
+
 def summary_row(records: list[dict], meta: dict, *, question: str, split: str, rows: list[str], source: str,
                 bucket: tuple[int, int] | None = None) -> str:
     """One row of a results summary (README's main results): ``| question, where | rows | source |``.
@@ -352,10 +373,7 @@ def summary_row(records: list[dict], meta: dict, *, question: str, split: str, r
     Raises:
         ValueError: if the study has no such split or bucket, or a named row has no value there.
     """
-    metric, values = meta["metric"], _values(records)
-    for s in (SELECTION_SPLIT, split):
-        if s not in values:
-            raise ValueError(f"study {meta['study']!r} has no {s!r} split (it has {sorted(values)})")
+    metric, values = meta["metric"], _summary_values(records, meta, split)
     validation = values[SELECTION_SPLIT]
     if bucket is None:
         bucket = shown_buckets(list(validation), metric, meta["train_length"])[-1]
@@ -373,12 +391,10 @@ def summary_row(records: list[dict], meta: dict, *, question: str, split: str, r
     for n in names:
         text = f"{_cell(list(shown[n].values()), metric)} ({len(shown[n])})"
         cells.append(f"`{n}` " + (f"**{text}**" if n in sel.group else text))
-    tokens = sorted({r["train_tokens"] for r in records})
     where = _label(bucket) if bucket[0] != bucket[1] else f"N = {bucket[0]:,} tokens"
     unit = "accuracy (%)" if metric == "accuracy" else "cross-entropy"
-    budget = " or ".join(f"{t / 1e6:.3g} M" for t in tokens)
-    return (f"| {question}: {unit} at {where}, {split} split; {budget} training tokens a run; bold: best group "
-            f"on validation (Holm, {sel.comparisons} tests) | {', '.join(cells)} | {source} |")
+    return (f"| {question}: {unit} at {where}, {split} split; {_budget(records)} training tokens a run; "
+            f"bold: best group on validation (Holm, {sel.comparisons} tests) | {', '.join(cells)} | {source} |")
 
 
 def growth_row(records: list[dict], meta: dict, *, question: str, split: str, rows: list[str], source: str) -> str:
@@ -395,20 +411,18 @@ def growth_row(records: list[dict], meta: dict, *, question: str, split: str, ro
         ValueError: if the metric is not cross-entropy, the study has no such split, fewer than two
             shown buckets, or a named row has no growth on the split.
     """
-    metric, values = meta["metric"], _values(records)
+    metric = meta["metric"]
     if better(metric) != "lower":
         raise ValueError(f"study {meta['study']!r}: a growth summary needs a lower-is-better metric, not {metric!r}")
-    for s in (SELECTION_SPLIT, split):
-        if s not in values:
-            raise ValueError(f"study {meta['study']!r} has no {s!r} split (it has {sorted(values)})")
+    values = _summary_values(records, meta, split)
     shown = shown_buckets(list(values[SELECTION_SPLIT]), metric, meta["train_length"])
     if len(shown) < 2:
         raise ValueError(f"study {meta['study']!r} shows one bucket only: no growth")
     first, last = shown[0], shown[-1]
 
     def growths(by_bucket: dict) -> dict[str, list[float]]:
-        a, b = by_bucket.get(first, {}), by_bucket.get(last, {})
-        return {n: [b[n][s] / a[n][s] - 1 for s in sorted(set(a[n]) & set(b.get(n, {})))] for n in a}
+        found = {n: _seed_growths(by_bucket, first, last, n) for n in by_bucket.get(first, {})}
+        return {n: g for n, g in found.items() if g}
 
     sel = select(growths(values[SELECTION_SPLIT]), metric)
     reported = growths(values[split])
@@ -419,13 +433,11 @@ def growth_row(records: list[dict], meta: dict, *, question: str, split: str, ro
     names = sorted(dict.fromkeys([*sel.group, *rows]), key=lambda n: mean_and_std(reported[n])[0])
     cells = []
     for n in names:
-        mean, std = mean_and_std(reported[n])
-        text = f"{format_mean_std(100 * mean, 100 * std, digits=1, signed=True)} % ({len(reported[n])})"
+        text = f"{_growth_text(reported[n])} ({len(reported[n])})"
         cells.append(f"`{n}` " + (f"**{text}**" if n in sel.group else text))
-    budget = " or ".join(f"{t / 1e6:.3g} M" for t in sorted({r["train_tokens"] for r in records}))
     return (f"| {question}: growth of the cross-entropy from {_label(first)} to {_label(last)}, {split} split; "
-            f"{budget} training tokens a run; bold: least-growth group on validation (Holm, {sel.comparisons} "
-            f"tests) | {', '.join(cells)} | {source} |")
+            f"{_budget(records)} training tokens a run; bold: least-growth group on validation "
+            f"(Holm, {sel.comparisons} tests) | {', '.join(cells)} | {source} |")
 
 
 def study_blocks(text: str) -> dict[str, str]:
