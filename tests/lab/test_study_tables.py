@@ -158,6 +158,30 @@ def test_a_sweep_folder_becomes_records_of_both_splits(tmp_path):
         sweep_study(plan, tmp_path / "empty", study="lt", corpus="x", command="x")
 
 
+def test_the_written_command_names_the_rows_and_steps_that_ran_so_reproduce_reruns_them(tmp_path):
+    from spe.lab.plans import load_plan, write_result
+
+    tool = _tool()
+    runs = tmp_path / "runs"
+    write_result(runs / "fox" / "seed0", _run("fox", 0, 1.0))
+    write_result(runs / "path-fox" / "seed0", _run("path-fox", 0, 0.9))
+    assert tool.main(["write", "--plan", "learned-time", "--runs", str(runs), "--study", "lt8", "--corpus", "Bach",
+                      "--steps", "4000", "--data-dir", str(tmp_path / "data"), "--allow-dirty"]) == 0
+    _, meta = read_study(tmp_path / "data", "lt8")
+    words = meta["command"].split()
+    assert words[words.index("--steps") + 1] == "4000" and meta["steps"] == 4000
+    assert sorted(words[words.index("--only") + 1].split(",")) == ["fox", "path-fox"] == sorted(meta["rows"])
+    rerun = tool.reproduction_command(meta, "fox", 0, "out", 1)
+    assert rerun[rerun.index("--steps") + 1] == "4000" and rerun[rerun.index("--only") + 1] == "fox"
+    # the whole plan run at its own steps: no --only, no --steps
+    for name in load_plan("learned-time", "music").rows:
+        write_result(runs / name / "seed0", _run(name, 0, 1.0))
+    assert tool.main(["write", "--plan", "learned-time", "--runs", str(runs), "--study", "lt", "--corpus", "Bach",
+                      "--data-dir", str(tmp_path / "data"), "--allow-dirty"]) == 0
+    _, meta = read_study(tmp_path / "data", "lt")
+    assert meta["command"] == f"spe sweep --plan learned-time --out {runs}"
+
+
 def test_synthetic_results_become_accuracy_records_at_each_length():
     results = [{"task": "mqar", "variant": v, "seed": s, "train_length": 64, "train_tokens": 10, "params": 5,
                 "results": [{"split": "validation", "length": n, "accuracy": acc - 0.1 * (n > 64) + 0.01 * s}

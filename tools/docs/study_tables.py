@@ -56,6 +56,7 @@ EQUIVALENCE = {
     "learned-time-mqar-controls": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
                                    ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
     "learned-time-bach-4x-sinespe": [("sinespe-learned-gated-channel", "sinespe-gated-channel-whole")],
+    "learned-time-bach-8x": [("sinespe-learned-gated-channel", "sinespe-gated-channel-whole"), ("foxpro", "fox")],
     **{f"lra-fnet-{task}": [("fnet-ape", "softmax-ape"), ("fnet-ape", "performer-ape")] for task in ("listops", "text", "retrieval", "image")},
     # lra.md's "with one fixed code SPE is level with APE" and gates.md's "a gate alone reaches APE + softmax"
     "lra-listops-study": [("fixed-code", "ape-performer"), ("gated-channel-linear-elu", "ape-softmax"),
@@ -67,7 +68,8 @@ EQUIVALENCE = {
 # at more than one budget (docs/learned-time-budgets.md), one study per budget (rows run later at a
 # budget may come as a second study of it)
 BUDGETS = {
-    "learned-time-bach-budgets": (["learned-time-bach", "learned-time-bach-4x", "learned-time-bach-4x-sinespe"],
+    "learned-time-bach-budgets": (["learned-time-bach", "learned-time-bach-4x", "learned-time-bach-4x-sinespe",
+                                   "learned-time-bach-8x"],
                                   ["path-fox", "foxpro", "fox", "gated-channel", "sinespe-gated-channel-whole",
                                    "sinespe-learned-gated-channel"]),
 }
@@ -85,6 +87,10 @@ SUMMARIES = {
         dict(question="Music (Bach, L = 64), 16 L, 4× the steps", study="learned-time-bach-4x", split="test",
              rows=["path-fox", "foxpro", "fox", "gated-channel"],
              source="[learned-time-budgets.md](docs/learned-time-budgets.md)"),
+        dict(question="Music (Bach, L = 64), 16 L, 8× the steps", study="learned-time-bach-8x", split="test",
+             rows=["path-fox", "foxpro", "fox", "gated-channel", "sinespe-learned-gated-channel",
+                   "sinespe-gated-channel-whole"],
+             source="[learned-time-budgets.md](docs/learned-time-budgets.md#the-rows-at-8-the-steps)"),
         dict(question="Music (Palestrina, L = 256), 16 L", study="learned-time-palestrina", split="test",
              rows=["path-fox", "foxpro", "fox", "gated-channel", "sinespe-learned-gated-channel", "sinespe", "ape"],
              source="[learned-time.md](docs/learned-time.md#palestrina-up-to-16-l)"),
@@ -188,12 +194,16 @@ def cmd_render(args) -> int:
 def cmd_write(args) -> int:
     from spe.lab.plans import load_plan
 
-    command = args.command or " ".join(["spe sweep --plan", args.plan, "--out", args.runs,
-                                        *(["--data", args.data] if args.data else [])])
-    records, meta = sweep_study(load_plan(args.plan, "music"), args.runs, study=args.study, corpus=args.corpus,
-                                command=command)
+    plan = load_plan(args.plan, "music")
+    records, meta = sweep_study(plan, args.runs, study=args.study, corpus=args.corpus, command="")
+    ran = [n for n in meta["rows"] if n in {r["variant"] for r in records}]
+    # the default command says what ran: the rows (when not the whole plan) and the steps
+    command = args.command or shlex.join(["spe", "sweep", "--plan", args.plan,
+                                          *(["--only", ",".join(ran)] if len(ran) < len(plan.rows) else []),
+                                          *(["--steps", str(args.steps)] if args.steps else []),
+                                          "--out", args.runs, *(["--data", args.data] if args.data else [])])
+    meta = {**meta, "command": command}
     if args.steps:  # only the rows that ran, at the steps they ran
-        ran = {r["variant"] for r in records}
         meta = {**meta, "steps": args.steps, "rows": {n: r for n, r in meta["rows"].items() if n in ran}}
     if args.title:
         meta = {**meta, "title": args.title}
