@@ -4,7 +4,7 @@ Run after the sweeps named in the page::
 
     .venv/bin/python tools/docs/peers_doc.py [--runs runs/peers] [--doc docs/peers.md]
 
-For each corpus folder under ``--runs`` (``bach``, ``palestrina``) that holds a sweep's
+For each corpus folder under ``--runs`` in :data:`CORPORA` (``palestrina``) that holds a sweep's
 ``results.json``: the sweep's own table (:func:`spe.lab.music.plan.results_table`), the
 group of variants within one standard deviation of the best mean in each bucket, and a plot
 of cross-entropy against position (``docs/peers/CORPUS.png``). If ``--runs``/bench/bench.json
@@ -27,8 +27,9 @@ from spe.lab.plans import load_plan
 from spe.lab.stats import SEED_SPREAD, format_mean_std
 
 BEGIN, END = "<!-- peers:begin (tools/docs/peers_doc.py) -->", "<!-- peers:end -->"
-CORPORA = {"bach": ("Bach chorales (music21), the default corpus", ""),
-           "palestrina": ("Palestrina (music21, every 4th of its 1,318 scores: 330 pieces)",
+# Bach is no longer here: its per-seed runs are committed (docs/data/peers-bach.*) and its table is the
+# generated block <!-- table:peers-bach --> (tools/docs/study_tables.py)
+CORPORA = {"palestrina": ("Palestrina (music21, every 4th of its 1,318 scores: 330 pieces)",
                           "--data music21:palestrina/4")}
 # One run, so that every cost is a ratio within it; the machine must be otherwise idle.
 BENCH_COMMAND = ("spe bench --modes generate,model --lengths 512,2048,8192,16384 --batch-size 1 "
