@@ -1,6 +1,6 @@
 """Each decay reaches the layer through one protocol (:mod:`spe.attention.decays`): a model's
 logits, in parallel and step by step, are bitwise those recorded before the decay became an
-object (float64, one thread, fixed seeds: SHA-256 of the logits' bytes)."""
+object (float64, one thread, fixed seeds, ATen's AVX2 kernels: SHA-256 of the logits' bytes)."""
 
 import hashlib
 import json
