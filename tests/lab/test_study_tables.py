@@ -182,6 +182,59 @@ def test_the_written_command_names_the_rows_and_steps_that_ran_so_reproduce_reru
     assert meta["command"] == f"spe sweep --plan learned-time --out {runs}"
 
 
+def _provenance(meta, commit, rows_seeds):
+    return {**meta, "provenance": {row: {str(s): {"commit": commit, "dirty": False} for s in seeds}
+                                   for row, seeds in rows_seeds.items()}}
+
+
+def test_a_study_rerun_part_by_part_keeps_the_committed_runs_the_new_ones_lack():
+    from spe.lab.study_data import merge_study
+
+    old = (_records(), _provenance(_meta(), "old", {"a": [0, 1, 2], "b": [0, 1, 2], "c": [0, 1, 2]}))
+    # rows a (seeds 0-2) and b (seed 1 only) rerun on another commit, with other values
+    new_values = {"a": [5.0, 5.1, 5.2], "b": [6.0]}
+    new_records = [r for r in _records(validation=new_values) if not (r["variant"] == "b" and r["seed"] != 0)]
+    for r in new_records:
+        if r["variant"] == "b":
+            r["seed"] = 1
+    new = (new_records, _provenance(_meta(rows=("a", "b")), "new", {"a": [0, 1, 2], "b": [1]}))
+    records, meta = merge_study(old, new)
+    value = {(r["variant"], r["seed"], r["split"], r["bucket_start"]): r["value"] for r in records}
+    assert len(value) == len(records) == len(old[0])  # every (row, seed, split, bucket) once
+    assert value["a", 2, "validation", 0] == 5.2 and value["b", 1, "validation", 0] == 6.0  # replaced
+    assert value["b", 0, "validation", 0] == 1.1 and value["c", 2, "validation", 0] == 2.2  # kept
+    assert list(meta["rows"]) == ["a", "b", "c"]  # the new part's rows first, then the kept ones
+    commits = {row: {s: p["commit"] for s, p in by_seed.items()} for row, by_seed in meta["provenance"].items()}
+    assert commits == {"a": {"0": "new", "1": "new", "2": "new"}, "b": {"0": "old", "1": "new", "2": "old"},
+                       "c": {"0": "old", "1": "old", "2": "old"}}
+    # the table flags b, whose seeds now span two commits, and only b
+    assert _line(render_study(records, meta), "| b †").startswith("| b †")
+    assert "| a †" not in render_study(records, meta) and "| c †" not in render_study(records, meta)
+    for key, other in (("steps", 4000), ("train_length", 64), ("corpus_or_task", "Palestrina"), ("study", "u")):
+        with pytest.raises(ValueError, match=rf"{key} .*not one study's runs"):
+            merge_study(old, (new[0], {**new[1], key: other}))
+
+
+def test_write_merge_keeps_the_committed_rows_and_refuses_without_a_committed_study(tmp_path, capsys):
+    from spe.lab.plans import write_result
+
+    tool, data = _tool(), tmp_path / "data"
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_result(first / "fox" / "seed0", _run("fox", 0, 1.0))
+    write_result(first / "path-fox" / "seed0", _run("path-fox", 0, 0.9))
+    write_result(second / "fox" / "seed0", _run("fox", 0, 0.5))
+    write_result(second / "fox" / "seed1", _run("fox", 1, 0.6))
+    args = ["--plan", "learned-time", "--study", "lt", "--corpus", "Bach", "--data-dir", str(data), "--allow-dirty"]
+    assert tool.main(["write", "--runs", str(second), "--merge", *args]) == 2
+    assert "nothing to merge with" in capsys.readouterr().err and not data.exists()
+    assert tool.main(["write", "--runs", str(first), *args]) == 0
+    assert tool.main(["write", "--runs", str(second), "--merge", *args]) == 0
+    assert "kept 1 committed run(s) that these 2 do not replace" in capsys.readouterr().out
+    records, _ = read_study(data, "lt")
+    first_test = {(r["variant"], r["seed"]): r["value"] for r in records if r["split"] == "test" and r["bucket_start"] == 0}
+    assert first_test == {("fox", 0): 0.5, ("fox", 1): 0.6, ("path-fox", 0): 0.9}
+
+
 def test_synthetic_results_become_accuracy_records_at_each_length():
     results = [{"task": "mqar", "variant": v, "seed": s, "train_length": 64, "train_tokens": 10, "params": 5,
                 "results": [{"split": "validation", "length": n, "accuracy": acc - 0.1 * (n > 64) + 0.01 * s}

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 from spe.lab.bench.tables import cost_row
-from spe.lab.study_data import lra_folder_results, read_study, sweep_study, synth_folder_results, synth_study, \
-    write_study
+from spe.lab.study_data import lra_folder_results, merge_study, read_study, sweep_study, synth_folder_results, \
+    synth_study, write_study
 from spe.lab.study_rules import SELECTION_SPLIT, top_rows
 from spe.lab.study_tables import drifted_blocks, growth_row, image_link, plot_budgets, plot_study, \
     render_budgets, render_study, replace_blocks, shown_buckets, study_blocks, summary_row
@@ -213,6 +213,20 @@ def cmd_write(args) -> int:
         meta = {**meta, "steps": args.steps, "rows": {n: r for n, r in meta["rows"].items() if n in ran}}
     if args.title:
         meta = {**meta, "title": args.title}
+    return _write(args, records, meta)
+
+
+def _write(args, records: list[dict], meta: dict) -> int:
+    """Writes the study; with ``--merge``, the committed study's runs that these lack are kept."""
+    if args.merge:
+        if not (Path(args.data_dir) / f"{meta['study']}.jsonl").exists():
+            raise ValueError(f"--merge: {args.data_dir}/{meta['study']}.jsonl does not exist: there is nothing to "
+                             "merge with (leave out --merge to write the study)")
+        kept = read_study(args.data_dir, meta["study"])
+        ran = {(r["variant"], r["seed"]) for r in records}
+        records, meta = merge_study(kept, (records, meta))
+        print(f"kept {len({(r['variant'], r['seed']) for r in kept[0]} - ran)} committed run(s) that these "
+              f"{len(ran)} do not replace")
     for path in write_study(args.data_dir, records, meta, allow_dirty=args.allow_dirty):
         print(f"wrote {path}")
     return 0
@@ -229,9 +243,7 @@ def cmd_write_synth(args) -> int:
     command = args.command or shlex.join(["spe", "synth", *(["--plan", args.plan] if args.plan else []),
                                           "--out", args.runs])
     records, meta = synth_study(runs, study=args.study, title=title or args.study, command=command, rows=rows)
-    for path in write_study(args.data_dir, records, meta, allow_dirty=args.allow_dirty):
-        print(f"wrote {path}")
-    return 0
+    return _write(args, records, meta)
 
 
 # The options of a study's recorded command that a reproduction keeps (the others name the
@@ -398,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--data-dir", default=str(DATA))
     w.add_argument("--allow-dirty", action="store_true",
                    help="write runs made from a source tree with uncommitted changes too (refused by default)")
+    w.add_argument("--merge", action="store_true",
+                   help="keep the committed study's runs (row, seed) that these runs lack: a study rerun part by part")
     s = sub.add_parser("write-synth", help="a spe synth --plan folder -> docs/data/STUDY.jsonl and meta")
     s.add_argument("--runs", required=True, help="the plan's --out folder (OUT/ROW/seedK/result.json)")
     s.add_argument("--study", required=True)
@@ -407,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--data-dir", default=str(DATA))
     s.add_argument("--allow-dirty", action="store_true",
                    help="write runs made from a source tree with uncommitted changes too (refused by default)")
+    s.add_argument("--merge", action="store_true",
+                   help="keep the committed study's runs (row, seed) that these runs lack: a study rerun part by part")
     a = sub.add_parser("write-lra", help="a folder of spe lra experiments of one task (OUT/ROW) -> the same files")
     a.add_argument("--runs", required=True, help="the folder whose subfolders are spe lra --out folders")
     a.add_argument("--study", required=True)

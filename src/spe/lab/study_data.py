@@ -46,8 +46,8 @@ from spe.lab import plans
 from spe.lab.options import read_json_object, rename_old_names
 from spe.lab.study_rules import METRICS
 
-__all__ = ["FIELDS", "META_KEYS", "check_meta", "check_record", "dirty_runs", "read_study", "record_key",
-           "lra_folder_results", "run_provenance", "sweep_study", "synth_folder_results", "synth_study", "window_words",
+__all__ = ["FIELDS", "META_KEYS", "check_meta", "check_record", "dirty_runs", "merge_study", "read_study",
+           "record_key", "lra_folder_results", "run_provenance", "sweep_study", "synth_folder_results", "synth_study", "window_words",
            "write_study"]
 
 FIELDS = ("study", "corpus_or_task", "variant", "seed", "split", "bucket_start", "bucket_end", "value",
@@ -223,6 +223,43 @@ def write_study(folder: str | Path, records: Iterable[dict], meta: dict, *,
     meta_text = json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
     atomic_write(meta_path, lambda tmp: Path(tmp).write_text(meta_text))
     return jsonl, meta_path
+
+
+# What two parts of one study must share to be merged: the same measurement of the same runs' recipe.
+_MERGE_KEYS = ("corpus_or_task", "metric", "train_length", "plan", "steps")
+
+
+def merge_study(kept: tuple[list[dict], dict], new: tuple[list[dict], dict]) -> tuple[list[dict], dict]:
+    """(records, meta) of ``new`` plus every run (row, seed) of ``kept`` that ``new`` lacks: a
+    study whose rows are rerun a few at a time is written part by part, each run with its own
+    records and provenance (a row whose seeds then span commits is flagged by its table).
+
+    Args:
+        kept: the committed study (:func:`read_study`).
+        new: the study of the runs just made (e.g. :func:`sweep_study`); its meta (title, command,
+            rows' descriptions) wins, and its rows come first, then the kept rows it lacks in their order.
+
+    Raises:
+        ValueError: naming the key, if the two differ in study, corpus, metric, training length,
+            plan or steps (their runs would not be one study's).
+    """
+    (old_records, old_meta), (new_records, new_meta) = kept, new
+    for key in ("study", *_MERGE_KEYS):
+        if old_meta.get(key) != new_meta.get(key):
+            raise ValueError(f"study {new_meta.get('study')!r}: the committed runs have {key} "
+                             f"{old_meta.get(key)!r}, the new ones {new_meta.get(key)!r}: they are not one study's "
+                             "runs (write the new ones as another study, or rerun every row)")
+    ran = {(r["variant"], r["seed"]) for r in new_records}
+    records = [*new_records, *(r for r in old_records if (r["variant"], r["seed"]) not in ran)]
+    rows = {**new_meta["rows"], **{n: r for n, r in old_meta["rows"].items() if n not in new_meta["rows"]}}
+    provenance = {}
+    for name in rows:
+        by_seed = {s: p for s, p in old_meta.get("provenance", {}).get(name, {}).items() if (name, int(s)) not in ran}
+        by_seed.update(new_meta.get("provenance", {}).get(name, {}))
+        if by_seed:
+            provenance[name] = dict(sorted(by_seed.items(), key=lambda item: int(item[0])))
+    meta = {k: v for k, v in new_meta.items() if k != "provenance"}
+    return records, {**meta, "rows": rows, **({"provenance": provenance} if provenance else {})}
 
 
 def window_words(train_window: int | None, seq_len: int, eval_window: int | None = None) -> str:
