@@ -231,6 +231,41 @@ def test_run_once_locks_the_folder_and_reads_a_result_written_meanwhile(tmp_path
         holder.wait()
 
 
+@pytest.mark.slow
+def test_a_run_another_process_holds_is_left_for_last_and_read_if_it_finished_meanwhile(tmp_path):
+    import signal
+
+    from spe.lab.engine.run_folder import RunFolderBusy
+    from tiny_run import hold_lock
+
+    plan, out = _load(tmp_path), tmp_path / "out"
+    holder = hold_lock(out / "a" / "seed0")
+    try:
+        task = FakeTask(plan)
+        with pytest.raises(RunFolderBusy, match=r"a/seed0 .*in use.*PID .*the other 5 run\(s\) are done"):
+            plans.run_plan(plan, out, task.run)
+        # every other run ran before the refusal: one busy folder does not stop a runner
+        assert sorted(task.calls) == [("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+
+        class FinishesTheHeldRun(FakeTask):  # the other process ends, its result written, while we run
+            def run(self, name, seed, folder):
+                if (name, seed) == ("b", 2):
+                    plans.write_result(out / "a" / "seed0", {"seed": 0, "score": -1.0})
+                    holder.send_signal(signal.SIGKILL)
+                    holder.wait()
+                return super().run(name, seed, folder)
+
+        for folder in (out / "b" / "seed2",):
+            (folder / plans.RESULT_FILE).unlink()
+        task = FinishesTheHeldRun(plan)
+        results = plans.run_plan(plan, out, task.run)
+        assert task.calls == [("b", 2)]  # a/seed0 was read, not rerun
+        assert results["a"][0]["score"] == -1.0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @pytest.mark.parametrize("name", ["results.md", "results.json"])
 def test_a_folder_holding_another_tools_results_is_refused_before_any_run(tmp_path, name):
     plan, out = _load(tmp_path), tmp_path / "out"

@@ -25,7 +25,7 @@ file and the row, before anything runs.
 records whose results it holds. Run (ROW, S) lives in ``OUT/ROW/seedS`` and is finished once ``OUT/ROW/seedS/result.json``
 exists: :func:`run_plan` skips it (unless the task finds the stored result out of date) and
 runs each other one under its folder's lock (:func:`~spe.lab.engine.run_folder.run_lock`),
-writing its result there. Results are collected from those files (:func:`collect`), never
+writing its result there (a run another process holds is tried again after the others). Results are collected from those files (:func:`collect`), never
 from an earlier results table, so runners with disjoint row lists may share ``OUT``;
 :func:`summarize` gives a row's mean ± sample std per metric (:mod:`spe.lab.stats`) and
 :func:`markdown_table` its table.
@@ -53,7 +53,7 @@ from spe.lab.options import read_json_object, read_toml, rename_old_names, set_t
 from spe.lab.experiment import quiet_defaults
 from spe.lab.outputs import check_output_folder
 from spe.lab.provenance import provenance
-from spe.lab.engine.run_folder import MARKER_FILE, check_name, mark_run, run_lock, spe_run_found
+from spe.lab.engine.run_folder import MARKER_FILE, RunFolderBusy, check_name, mark_run, run_lock, spe_run_found
 from spe.paths import not_a_file
 
 __all__ = ["ANY_KIND", "PLAN_KEYS", "PLAN_TASKS", "RESULTS_FILES", "RESULT_FILE", "Column", "Plan", "PlanFormat",
@@ -392,13 +392,20 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
 
     Raises:
         ValueError: if ``out`` is another tool's or another kind's folder (:func:`claim_folder`).
+        RunFolderBusy: (a ValueError) naming the runs another process still held once every other
+            run was done (they are tried again last; under torchrun, at the first such run).
         RunsFailed: (a ValueError) naming the runs that raised one of ``failures``.
     """
     claim_folder(out, plan.format.kind if plan.format else "plan", ctx=ctx)
     rows, seeds = list(plan.rows if rows is None else rows), list(plan.seeds if seeds is None else seeds)
     pairs = [(r, s) for s in seeds for r in rows] if by_seed else [(r, s) for r in rows for s in seeds]
-    results, failed = {}, {}
-    for name, seed in pairs:
+    results, failed, busy = {}, {}, []
+    # A run another process holds is left for last (it may have finished by then; its result is
+    # then read, not rerun), so that one busy folder does not stop a runner's other runs. Under
+    # torchrun every rank must take the same path, so there the first busy run refuses at once.
+    pending = [(name, seed, True) for name, seed in pairs]
+    while pending:
+        name, seed, may_defer = pending.pop(0)
         ran = []
 
         def run_here(folder: Path, name=name, seed=seed) -> dict:
@@ -409,6 +416,15 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
         try:
             describe = None if config is None else (lambda name=name, seed=seed: config(name, seed))
             result = run_once(run_folder(out, name, seed), run_here, current=check, ctx=ctx, config=describe)
+        except RunFolderBusy as err:
+            if ctx is not None:
+                raise
+            if not may_defer:
+                busy.append(str(err))
+                continue
+            log.warning("%s/seed%d is being run by another process: running the others first", name, seed)
+            pending.append((name, seed, False))
+            continue
         except failures as err:
             log.warning("%s/seed%d: %s", name, seed, err)
             failed[f"{name}/seed{seed}"] = str(err)
@@ -416,6 +432,11 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
         results.setdefault(name, {})[seed] = result
         if ran and after is not None:
             after(name, seed, result)
+    if busy:  # after every run that could run: nothing this runner could do is left undone
+        done = sum(len(v) for v in results.values())
+        raise RunFolderBusy(f"{'; '.join(busy)} (the other {done} run(s) are done; rerun this once "
+                            "the other process ends: finished runs are read, not rerun)"
+                            + (f"; also failed: {', '.join(failed)}" if failed else ""))
     if failed:
         raise RunsFailed(f"run(s) {', '.join(failed)} failed (the others ran; results in {out}): "
                          + "; ".join(f"{k}: {v}" for k, v in failed.items()))
