@@ -229,8 +229,6 @@ def test_readme_is_short_and_its_quick_start_is_the_two_commands():
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
 
 
-_VALUE = re.compile(r"[+\-]?\d+(?:\.\d+)?%?(?: ± \d+(?:\.\d+)?)?×?")
-
 
 def _cells(line: str) -> list[str]:
     return [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
@@ -251,49 +249,15 @@ def _section(page: Path, anchor: str) -> str:
     return "\n".join(out)
 
 
-def _readme_results() -> list[tuple[str, list[tuple[str, list[str]]], Path, str]]:
-    """(question, [(row name, values)], cited page, anchor) of each row of the README's table of the
-    earlier studies (the generated table before it equals docs/data: tests/lab/test_study_tables.py)."""
+def test_every_row_of_the_readme_results_is_generated_from_committed_data():
+    """README's main results hold no table row outside the generated block (whose rows
+    tests/lab/test_study_tables.py keeps equal to docs/data): no number there is copied by hand."""
     text = README.read_text(encoding="utf-8").split("## Main results", 1)[1].split("\n## ", 1)[0]
-    text = re.sub(r"<!-- table:readme-results -->.*?<!-- /table -->", "", text, flags=re.S)
-    rows = []
-    for line in text.splitlines():
-        if not line.startswith("| ") or line.startswith("| question") or line.startswith("|---"):
-            continue
-        question, result, source = _cells(line)
-        link = re.search(r"\]\(([^)#]+)#([^)]+)\)", source)
-        pieces = result.split("`")
-        pairs = []
-        for name, rest in zip(pieces[1::2], pieces[2::2]):
-            rest = re.sub(r"\([^)]*\)", "", rest)
-            pairs.append((name, _VALUE.findall(rest)))
-        rows.append((question, pairs, ROOT / link.group(1), link.group(2)))
-    return rows
-
-
-def test_readme_results_table_has_rows_with_numbers():
-    rows = _readme_results()
-    assert rows  # the earlier studies' rows (the generated rows are checked against docs/data)
-    assert "<!-- table:readme-results -->" in README.read_text(encoding="utf-8")
-    assert all(pairs and all(values for _, values in pairs) for _, pairs, _, _ in rows)
-
-
-@pytest.mark.parametrize("question, pairs, page, anchor", _readme_results(),
-                         ids=[row[0] for row in _readme_results()])
-def test_readme_headline_numbers_are_the_cited_tables_cells(question, pairs, page, anchor):
-    section = _section(page, anchor)
-    table_rows = [_cells(line) for line in section.splitlines() if line.startswith("| ")]
-    for name, values in pairs:
-        matching = [cells for cells in table_rows
-                    if cells[0].replace("`", "") == name or f"`{name}`" in cells[0]]
-        assert matching, f"no row {name} in {page.name}#{anchor}"
-
-        def has(cells: list[str], value: str) -> bool:
-            return any(cell == value or f" {value} " in f" {cell} " for cell in cells[1:])
-
-        # one row of that name holds every value the README gives it
-        assert any(all(has(cells, v) for v in values) for cells in matching), \
-            f"{name} {values} are not the cells of one row {name} of {page.name}#{anchor}"
+    assert "<!-- table:readme-results -->" in text
+    generated = re.search(r"<!-- table:readme-results -->(.*?)<!-- /table -->", text, flags=re.DOTALL).group(1)
+    assert sum(line.startswith("| ") for line in generated.splitlines()) > 10
+    outside = re.sub(r"<!-- table:readme-results -->.*?<!-- /table -->", "", text, flags=re.DOTALL)
+    assert [line for line in outside.splitlines() if line.startswith("|")] == []
 
 
 # --- docs/results.md: the paper's Table 6 beside ours ----------------------------------------

@@ -1,16 +1,15 @@
-"""Writes the generated part of docs/peers.md from the `peers` sweeps.
+"""Writes the generated cost part of docs/peers.md, and holds the best-group and plot helpers of
+tools/docs/gates_doc.py.
 
-Run after the sweeps named in the page::
+Run after the ``spe bench`` run named in :data:`BENCH_COMMAND`::
 
     .venv/bin/python tools/docs/peers_doc.py [--runs runs/peers] [--doc docs/peers.md]
 
-For each corpus folder under ``--runs`` in :data:`CORPORA` (``palestrina``) that holds a sweep's
-``results.json``: the sweep's own table (:func:`spe.lab.music.plan.results_table`), the
-group of variants within one standard deviation of the best mean in each bucket, and a plot
-of cross-entropy against position (``docs/peers/CORPUS.png``). If ``--runs``/bench/bench.json
-exists (the ``spe bench`` run named in :data:`BENCH_COMMAND`), the cost table: one AdamW step
-of the main job's model and one decoding step of each encoding, as ratios to APE, against
-the cost targets. The prose around the block is written by a person after reading it.
+From ``--runs``/bench/bench.json: the cost table (one AdamW step of the main job's model and one
+decoding step of each encoding, as ratios to APE, against the cost targets). The study's tables,
+on Bach and on Palestrina, are generated from committed per-seed data by
+``tools/docs/study_tables.py`` (blocks ``<!-- table:peers-bach -->`` and ``<!-- table:peers-palestrina -->``).
+The prose around the blocks is written by a person after reading them.
 """
 
 from __future__ import annotations
@@ -22,15 +21,9 @@ from pathlib import Path
 
 from doc_block import replace_block
 
-from spe.lab.music.plan import results_table, summarize_runs
-from spe.lab.plans import load_plan
-from spe.lab.stats import SEED_SPREAD, format_mean_std
+from spe.lab.stats import format_mean_std
 
 BEGIN, END = "<!-- peers:begin (tools/docs/peers_doc.py) -->", "<!-- peers:end -->"
-# Bach is no longer here: its per-seed runs are committed (docs/data/peers-bach.*) and its table is the
-# generated block <!-- table:peers-bach --> (tools/docs/study_tables.py)
-CORPORA = {"palestrina": ("Palestrina (music21, every 4th of its 1,318 scores: 330 pieces)",
-                          "--data music21:palestrina/4")}
 # One run, so that every cost is a ratio within it; the machine must be otherwise idle.
 BENCH_COMMAND = ("spe bench --modes generate,model --lengths 512,2048,8192,16384 --batch-size 1 "
                  "--attentions performer --positionals ape,rope,sinespe,convspe,lrpe,permute,cosformer,none "
@@ -100,21 +93,6 @@ def plot(rows: list[dict], png: Path, title: str, *, log_x: bool = False) -> Non
     plt.close(fig)
 
 
-def corpus_section(key: str, doc: dict, plan, png: Path, link: str) -> list[str]:
-    title, data = CORPORA[key]
-    rows = summarize_runs(doc, plan)
-    seeds = sorted({s for r in rows for s in r["seeds"]})
-    lines = [f"### {title}", "", "```bash",
-             f"spe sweep --plan peers --out runs/peers/{key} {data} --seeds {','.join(map(str, seeds))}".replace("  ", " "),
-             "```", "", f"Teacher-forced cross-entropy (nats/token) by position bucket, {SEED_SPREAD}; growth = "
-             "last bucket / first bucket − 1 per seed, then averaged.", "", *results_table(doc, plan), ""]
-    for bucket, label in ((0, "within the trained range"), (len(rows[0]["buckets"]) - 1, "at 3× the training length")):
-        group, note = best_group(rows, bucket)
-        lines.append(f"* Best group {label}: {', '.join(group)} ({note}).")
-    plot(rows, png, f"{title}: seeds {','.join(map(str, seeds))}")
-    return [*lines, "", f"![cross-entropy by position, {key}]({link})", ""]
-
-
 def _name(positional: str, decay: str) -> str:
     if (positional, decay) in VARIANT_OF:
         return VARIANT_OF[positional, decay]
@@ -159,19 +137,10 @@ def main() -> None:
     parser.add_argument("--runs", default="runs/peers")
     parser.add_argument("--doc", default="docs/peers.md")
     args = parser.parse_args()
-    plan, doc_path = load_plan("peers", "music"), Path(args.doc)
-    body = []
-    for key in CORPORA:
-        results = Path(args.runs) / key / "results.json"
-        if results.exists():
-            png = doc_path.parent / "peers" / f"{key}.png"
-            body += corpus_section(key, json.loads(results.read_text()), plan, png, f"peers/{key}.png")
-    bench = Path(args.runs) / "bench" / "bench.json"
-    if bench.exists():
-        body += cost_section(json.loads(bench.read_text()))
-    if not body:
-        raise SystemExit(f"no results.json under {args.runs}/{{{','.join(CORPORA)}}}")
-    if not replace_block(doc_path, BEGIN, END, "\n".join(body).rstrip()):
+    doc_path, bench = Path(args.doc), Path(args.runs) / "bench" / "bench.json"
+    if not bench.exists():
+        raise SystemExit(f"{bench} does not exist: run {BENCH_COMMAND!r} first")
+    if not replace_block(doc_path, BEGIN, END, "\n".join(cost_section(json.loads(bench.read_text()))).rstrip()):
         raise SystemExit(f"{doc_path} lacks the markers {BEGIN} … {END}")
     print(f"wrote {doc_path}")
 

@@ -56,6 +56,8 @@ EQUIVALENCE = {
     "learned-time-mqar-controls": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
                                    ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
     "learned-time-bach-4x-sinespe": [("sinespe-learned-gated-channel", "sinespe-gated-channel-whole")],
+    # peers.md's older table read sineSPE + decay and RoPE + decay as level at 3 L on Palestrina
+    "peers-palestrina": [("sinespe-decay", "rope-decay")],
     "learned-time-bach-8x": [("sinespe-learned-gated-channel", "sinespe-gated-channel-whole"), ("foxpro", "fox")],
     **{f"lra-fnet-{task}": [("fnet-ape", "softmax-ape"), ("fnet-ape", "performer-ape")] for task in ("listops", "text", "retrieval", "image")},
     # lra.md's "with one fixed code SPE is level with APE" and gates.md's "a gate alone reaches APE + softmax"
@@ -103,6 +105,9 @@ SUMMARIES = {
         dict(question="Music (Bach, L = 256), up to 3 L, SPE and its peers", study="peers-bach", split="validation",
              growth=True, rows=["sinespe", "sinespe-decay", "ape", "rope", "lrpe"],
              source="[peers.md](docs/peers.md#bach-chorales-music21-the-default-corpus)"),
+        dict(question="Music (Palestrina, L = 256), 3 L, SPE and its peers", study="peers-palestrina",
+             split="validation", rows=["sinespe-decay", "rope-decay", "decay", "sinespe", "ape"],
+             source="[peers.md](docs/peers.md#palestrina-music21-every-4th-of-its-1318-scores-330-pieces)"),
         dict(question="Music (Bach, L = 64, today's tokenizer), 16 L, the controls", study="learned-time-controls-bach",
              split="test", rows=["fox-shift", "foxpro", "fox", "sinespe-softmax-gated-whole", "sinespe-softmax-whole"],
              source="[learned-time-controls.md](docs/learned-time-controls.md)"),
