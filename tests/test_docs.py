@@ -229,7 +229,6 @@ def test_readme_is_short_and_its_quick_start_is_the_two_commands():
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
 
 
-
 def _cells(line: str) -> list[str]:
     return [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
 

@@ -25,8 +25,9 @@ file and the row, before anything runs.
 records whose results it holds. Run (ROW, S) lives in ``OUT/ROW/seedS`` and is finished once ``OUT/ROW/seedS/result.json``
 exists: :func:`run_plan` skips it (unless the task finds the stored result out of date) and
 runs each other one under its folder's lock (:func:`~spe.lab.engine.run_folder.run_lock`),
-writing its result there (a run another process holds is tried again after the others). Results are collected from those files (:func:`collect`), never
-from an earlier results table, so runners with disjoint row lists may share ``OUT``;
+writing its result there (a run another process holds is tried again after the others).
+Results are collected from those files (:func:`collect`), never from an earlier results
+table, so runners with disjoint row lists may share ``OUT``;
 :func:`summarize` gives a row's mean ± sample std per metric (:mod:`spe.lab.stats`) and
 :func:`markdown_table` its table.
 """
@@ -399,13 +400,12 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
     claim_folder(out, plan.format.kind if plan.format else "plan", ctx=ctx)
     rows, seeds = list(plan.rows if rows is None else rows), list(plan.seeds if seeds is None else seeds)
     pairs = [(r, s) for s in seeds for r in rows] if by_seed else [(r, s) for r in rows for s in seeds]
-    results, failed, busy = {}, {}, []
-    # A run another process holds is left for last (it may have finished by then; its result is
-    # then read, not rerun), so that one busy folder does not stop a runner's other runs. Under
-    # torchrun every rank must take the same path, so there the first busy run refuses at once.
-    pending = [(name, seed, True) for name, seed in pairs]
-    while pending:
-        name, seed, may_defer = pending.pop(0)
+    results, failed, busy, deferred = {}, {}, [], set()
+    # A run another process holds is appended once, to be tried again after the others (it may
+    # have finished by then; its result is then read, not rerun), so that one busy folder does not
+    # stop a runner's other runs. Under torchrun every rank must take the same path, so there the
+    # first busy run refuses at once.
+    for name, seed in pairs:
         ran = []
 
         def run_here(folder: Path, name=name, seed=seed) -> dict:
@@ -419,11 +419,12 @@ def run_plan(plan: Plan, out: str | Path, run: Callable[[str, int, Path], dict],
         except RunFolderBusy as err:
             if ctx is not None:
                 raise
-            if not may_defer:
+            if (name, seed) in deferred:
                 busy.append(str(err))
                 continue
             log.warning("%s/seed%d is being run by another process: running the others first", name, seed)
-            pending.append((name, seed, False))
+            deferred.add((name, seed))
+            pairs.append((name, seed))
             continue
         except failures as err:
             log.warning("%s/seed%d: %s", name, seed, err)

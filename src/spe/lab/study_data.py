@@ -46,9 +46,9 @@ from spe.lab import plans
 from spe.lab.options import read_json_object, rename_old_names
 from spe.lab.study_rules import METRICS
 
-__all__ = ["FIELDS", "META_KEYS", "check_meta", "check_record", "dirty_runs", "merge_study", "read_study",
-           "record_key", "lra_folder_results", "run_provenance", "sweep_study", "synth_folder_results", "synth_study", "window_words",
-           "write_study"]
+__all__ = ["FIELDS", "META_KEYS", "check_meta", "check_record", "dirty_runs", "lra_folder_results", "merge_study",
+           "read_study", "record_key", "run_provenance", "sweep_study", "synth_folder_results", "synth_study",
+           "window_words", "write_study"]
 
 FIELDS = ("study", "corpus_or_task", "variant", "seed", "split", "bucket_start", "bucket_end", "value",
           "metric", "train_tokens", "params")
