@@ -116,6 +116,33 @@ def test_every_committed_table_equals_its_data():
     assert tool.unshown_studies() == []
 
 
+def test_one_experiment_run_twice_on_one_commit_and_machine_gives_the_same_cells_in_every_study():
+    """Two committed runs with one experiment hash (the same experiment and seed, asked for by two
+    plans: the rows gates-bach shares with learned-time-bach) that ran on one commit, torch, CPU
+    model, device and thread count are one deterministic training run twice: their common cells
+    must be bit-identical, or a record is not what its provenance says."""
+    data = ROOT / "docs" / "data"
+    runs = {}
+    for meta_path in sorted(data.glob("*.meta.json")):
+        records, meta = read_study(data, meta_path.name[: -len(".meta.json")])
+        for row, seeds in (meta.get("provenance") or {}).items():
+            for seed, p in seeds.items():
+                if not p.get("experiment_sha256"):
+                    continue
+                key = tuple(p.get(k) for k in ("experiment_sha256", "commit", "torch", "cpu", "device", "threads"))
+                cells = {(r["split"], r["bucket_start"], r["bucket_end"]): r["value"] for r in records
+                         if r["variant"] == row and r["seed"] == int(seed)}
+                runs.setdefault(key, []).append((meta["study"], row, seed, cells))
+    twice = [found for found in runs.values() if len(found) > 1]
+    assert len(twice) >= 15, "gates-bach shares 5 rows x 3 seeds with learned-time-bach"
+    for (study, row, seed, cells), *others in twice:
+        for other_study, other_row, _, other_cells in others:
+            common = cells.keys() & other_cells.keys()
+            assert common, (study, other_study)
+            differ = [k for k in sorted(common) if cells[k] != other_cells[k]]
+            assert not differ, f"{study} {row} and {other_study} {other_row}, seed {seed}: {differ[:3]}"
+
+
 def test_records_are_refused_unless_they_have_exactly_the_fields():
     good = _records()[0]
     assert check_record(dict(good, value=None))["value"] != check_record(dict(good, value=None))["value"]  # NaN

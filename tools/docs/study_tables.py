@@ -56,6 +56,8 @@ EQUIVALENCE = {
     "learned-time-mqar-controls": [("sinespe-softmax-learned", "sinespe-softmax-whole"),
                                    ("sinespe-softmax-learned-gated", "sinespe-softmax-gated-whole")],
     "learned-time-bach-4x-sinespe": [("sinespe-learned-gated-channel", "sinespe-gated-channel-whole")],
+    # gates.md: "a short convolution leaves FoX where it was"
+    "gates-bach": [("fox-conv", "fox")],
     # peers.md's older table read sineSPE + decay and RoPE + decay as level at 3 L on Palestrina
     "peers-palestrina": [("sinespe-decay", "rope-decay")],
     "learned-time-bach-8x": [("sinespe-learned-gated-channel", "sinespe-gated-channel-whole"), ("foxpro", "fox")],
