@@ -9,10 +9,10 @@ The Bach chorales' table is the committed study ``docs/data/gates-bach.*`` (its 
 25-26 Nov 2026 recorded no provenance and kept no per-seed data, so its table stays this script's
 until they are rerun into a study of their own. From ``--runs``/palestrina/results.json: per
 variant the mean ± sample std (n − 1) over seeds of the test pieces' cross-entropy in [0, L),
-[3L, 4L) and [15L, 16L),
-the growth from the first to the last bucket, the best groups (within one standard deviation
-of the best mean) in the first and last buckets, and a plot of cross-entropy against
-position on a log axis (``docs/gates/CORPUS.png``). The prose around the block is a person's.
+[3L, 4L) and [15L, 16L), the growth from the first to the last bucket, the best groups (within
+one standard deviation of the best mean) in the first and last buckets, and a plot of
+cross-entropy against position on a log axis (``docs/gates/palestrina.png``). The prose around
+the block is a person's.
 """
 
 from __future__ import annotations
