@@ -1,5 +1,6 @@
 """A run folder belongs to one run: the lock, --overwrite removing spe's files only."""
 
+import fcntl
 import json
 import os
 import signal
@@ -78,6 +79,19 @@ def test_a_second_process_on_a_held_folder_is_refused_naming_the_holder(tmp_path
     assert [r["step"] for r in read_records(Path(cfg.out) / "metrics.jsonl")] == [1, 2]
 
 
+def test_a_holder_caught_before_it_writes_its_pid_is_named_as_such(tmp_path):
+    # the window between flock and writing the PID: two trainings started together can meet in it
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with open(folder / LOCK_FILE, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RunFolderBusy, match=rf"{folder} is in use by another spe process \(a process that "
+                                                r"has not written its PID yet\)"):
+            with run_lock(folder):
+                pass
+    assert (folder / LOCK_FILE).read_text() == ""  # the refused process wrote nothing into the holder's file
+
+
 def test_the_lock_is_reentrant_within_a_process_and_removes_the_folder_it_created_empty(tmp_path):
     folder = tmp_path / "new"
     with run_lock(folder), run_lock(folder):
@@ -106,8 +120,9 @@ def test_two_trainings_started_together_leave_one_undisturbed_run(tmp_path):
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
     assert sorted(code for code, _ in results) == [0, 2], results
     refused = next(err for code, err in results if code == 2)
-    # refused while the other runs (the lock) or, if it came late, by the finished run it found
-    assert "in use by another spe process (PID" in refused or "already holds a checkpoint" in refused, refused
+    # refused while the other runs (the lock, whose holder may not have written its PID yet) or, if it came
+    # late, by the finished run it found
+    assert "in use by another spe process (" in refused or "already holds a checkpoint" in refused, refused
     steps = [r["step"] for r in read_records(Path(cfg.out) / "metrics.jsonl")]
     assert steps == [1, 2, 3, 4, 5, 6]
     alone = train(tiny_config(tmp_path, "alone", steps=6), progress=False)
