@@ -2,13 +2,16 @@
 
 import hashlib
 import json
+import os
+import platform
 import subprocess
+import sys
 
 import pytest
 import torch
 
 from spe.lab import plans
-from spe.lab.provenance import PROVENANCE_KEYS, config_hash, provenance, source_state
+from spe.lab.provenance import ISA_LIMIT_VARIABLES, PROVENANCE_KEYS, config_hash, cpu_isa, provenance, source_state
 from spe.lab.study_data import dirty_runs, read_study, synth_study, write_study
 from spe.lab.study_tables import MIXED_MARK, render_study
 
@@ -76,6 +79,30 @@ def test_a_record_holds_every_key_in_order():
     assert record["experiment_sha256"] == config_hash({"lr": 1e-3})
     assert provenance(started=0.0, ended=0.0)["config_sha256"] is None
     assert provenance(started=0.0, ended=0.0)["experiment_sha256"] is None
+
+
+def test_the_record_names_the_instruction_sets_and_the_variables_that_cap_them():
+    # MKL's matrix products follow the instruction set (an AVX2 and an AVX-512 machine train other
+    # weights from one commit and seed), and a VM may report one model name for both: the record must
+    # tell them apart, and a cap set in the environment must show in it
+    record = provenance(started=0.0, ended=0.0)
+    assert record["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert record["cpu_isa"] == cpu_isa() and record["isa_limits"] == {}
+    code = ("import json; from spe.lab.provenance import provenance; r = provenance(started=0.0, ended=0.0); "
+            "print(json.dumps([r['cpu_capability'], r['isa_limits']]))")
+    env = {k: v for k, v in os.environ.items() if k not in ISA_LIMIT_VARIABLES}
+    capped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**env, "ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "AVX2"})
+    assert json.loads(capped.stdout) == ["DEFAULT", {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ("fpu sse4_2 avx avx2 fma avx512f avx512bw", "avx512"), ("fpu sse4_2 avx fma avx2", "avx2"),
+    ("fpu sse4_2 avx", "avx"), ("fpu sse4_2", "sse4.2")])
+def test_cpu_isa_names_the_widest_vector_set_of_the_flags(flags, expected):
+    assert cpu_isa(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n") == expected
+    # an ARM /proc/cpuinfo has no x86 flags line: the machine type stands in
+    assert cpu_isa("processor\t: 0\nFeatures\t: fp asimd\n") == platform.machine()
 
 
 def test_run_once_stores_the_provenance_once_and_keeps_it_on_the_next_call(tmp_path):

@@ -304,7 +304,8 @@ def compare_cells(committed: list[dict], rerun: list[dict]) -> dict:
 
 # config_sha256 covers a music run's folder, so it differs for every rerun elsewhere; experiment_sha256
 # (spe.lab.provenance.experiment_hash) is the one that says whether the same experiment was asked for
-_ENVIRONMENT = ("commit", "dirty", "torch", "python", "threads", "device", "cpu", "experiment_sha256", "config_sha256")
+_ENVIRONMENT = ("commit", "dirty", "torch", "python", "threads", "device", "cpu", "cpu_isa",
+                "cpu_capability", "isa_limits", "experiment_sha256", "config_sha256")
 
 
 def cmd_reproduce(args) -> int:

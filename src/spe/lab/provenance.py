@@ -15,7 +15,15 @@ finished: ``spe sweep``, ``spe lra``, ``spe synth``) holds ``provenance``:
   ``experiment_sha256`` were asked for the same experiment and seed, wherever they ran (records
   written before it existed lack it);
 * ``threads`` (torch's intra-op threads when the run ended), ``device``, ``torch``, ``python``,
-  ``cpu`` (the processor's model name) and ``host``;
+  ``cpu`` (the processor's model name), ``cpu_isa`` (the widest vector instruction set the
+  processor reports: ``avx512``, ``avx2``, ...; :func:`cpu_isa`), ``cpu_capability`` (the one
+  torch's own CPU kernels were dispatched to, ``torch.backends.cpu.get_cpu_capability()``),
+  ``isa_limits`` (the environment variables that cap the instruction sets of torch, MKL and oneDNN,
+  where set: :data:`ISA_LIMIT_VARIABLES`) and ``host``. Records written before the three ISA fields
+  existed lack them. MKL's matrix products take their code path, hence their summation order, from
+  the instruction set: the same commit, seed and thread count trained on an AVX2 and an AVX-512
+  processor give other weights (docs/study-rules.md), and the model name alone does not tell the two
+  apart (a virtual machine may report ``AMD EPYC`` for both);
 * ``started`` and ``ended``: UTC times (ISO 8601, seconds) of the process that finished the run
   (a resumed run: of its last part).
 
@@ -28,23 +36,30 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["LOCATION_KEYS", "PROVENANCE_KEYS", "RUN_ONLY_KEYS", "commit_of", "config_hash", "cpu_model",
-           "experiment_hash", "provenance", "source_state", "utc"]
+__all__ = ["ISA_LIMIT_VARIABLES", "LOCATION_KEYS", "PROVENANCE_KEYS", "RUN_ONLY_KEYS", "commit_of", "config_hash",
+           "cpu_isa", "cpu_model", "experiment_hash", "isa_limits", "provenance", "source_state", "utc"]
 
 # The keys of a run's provenance record, in the order they are written (the module docstring).
 PROVENANCE_KEYS = ("commit", "dirty", "version", "config_sha256", "experiment_sha256", "config", "threads", "device",
-                   "torch", "python", "cpu", "host", "started", "ended")
+                   "torch", "python", "cpu", "cpu_isa", "cpu_capability", "isa_limits", "host", "started", "ended")
 # Options that change how a run is carried out, not what it computes: a run folder may be continued
 # with other values of them (spe lra, spe synth), and they stay out of experiment_sha256.
 RUN_ONLY_KEYS = ("device", "tensorboard", "keep_checkpoints", "compile", "allow_data_change")
 # Where a run writes and reads, and its thread count (recorded beside the hash as ``threads``).
 LOCATION_KEYS = ("out", "cache_dir", "threads")
+# Environment variables that lower the instruction set of torch's kernels (ATen), MKL and oneDNN, or
+# fix MKL's code path across processors (MKL_CBWR: conditional numerical reproducibility).
+ISA_LIMIT_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
+                       "DNNL_MAX_CPU_ISA")
+# x86 flags of /proc/cpuinfo, widest first, and the name cpu_isa gives each
+_X86_ISAS = (("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"), ("sse4_2", "sse4.2"))
 
 
 def utc(seconds: float) -> str:
@@ -110,6 +125,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_isa(cpuinfo: str | None = None) -> str:
+    """The widest vector instruction set the processor reports: ``avx512``, ``avx2``, ``avx`` or
+    ``sse4.2`` from the x86 ``flags`` of ``/proc/cpuinfo`` (or of ``cpuinfo``, its text), else the
+    machine type (``aarch64``, ``arm64``, ...; also where ``/proc/cpuinfo`` cannot be read)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return next((name for flag, name in _X86_ISAS if flag in flags), platform.machine())
+    return platform.machine()
+
+
+def isa_limits() -> dict[str, str]:
+    """The :data:`ISA_LIMIT_VARIABLES` set in this process's environment, name -> value."""
+    return {name: os.environ[name] for name in ISA_LIMIT_VARIABLES if name in os.environ}
+
+
 def provenance(*, started: float, ended: float, config: Mapping | None = None, device: str | None = None) -> dict:
     """A run's provenance record (module docstring).
 
@@ -132,5 +168,7 @@ def provenance(*, started: float, ended: float, config: Mapping | None = None, d
             "config_sha256": None if config is None else config_hash(config),
             "experiment_sha256": None if config is None else experiment_hash(config), "config": config,
             "threads": torch.get_num_threads(), "device": str(device), "torch": torch.__version__,
-            "python": platform.python_version(), "cpu": cpu_model(), "host": platform.node(),
+            "python": platform.python_version(), "cpu": cpu_model(), "cpu_isa": cpu_isa(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "isa_limits": isa_limits(),
+            "host": platform.node(),
             "started": utc(started), "ended": utc(ended)}
