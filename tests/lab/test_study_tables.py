@@ -119,7 +119,7 @@ def test_every_committed_table_equals_its_data():
 def test_one_experiment_run_twice_on_one_commit_and_machine_gives_the_same_cells_in_every_study():
     """Two committed runs with one experiment hash (the same experiment and seed, asked for by two
     plans: the rows gates-bach shares with learned-time-bach) that ran on one commit, torch, CPU
-    model, device and thread count are one deterministic training run twice: their common cells
+    model and instruction sets, device and thread count are one deterministic training run twice: their common cells
     must be bit-identical, or a record is not what its provenance says."""
     data = ROOT / "docs" / "data"
     runs = {}
@@ -129,7 +129,8 @@ def test_one_experiment_run_twice_on_one_commit_and_machine_gives_the_same_cells
             for seed, p in seeds.items():
                 if not p.get("experiment_sha256"):
                     continue
-                key = tuple(p.get(k) for k in ("experiment_sha256", "commit", "torch", "cpu", "device", "threads"))
+                key = tuple(json.dumps(p.get(k), sort_keys=True) for k in (
+                    "experiment_sha256", "commit", "torch", "cpu", "cpu_isa", "isa_limits", "device", "threads"))
                 cells = {(r["split"], r["bucket_start"], r["bucket_end"]): r["value"] for r in records
                          if r["variant"] == row and r["seed"] == int(seed)}
                 runs.setdefault(key, []).append((meta["study"], row, seed, cells))
