@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from spe.lab import plans
-from spe.lab.provenance import ISA_LIMIT_VARIABLES, PROVENANCE_KEYS, config_hash, cpu_isa, provenance, source_state
+from spe.lab.provenance import (ISA_LIMIT_VARIABLES, PROVENANCE_KEYS, config_hash, cpu_isa, isa_caps, provenance,
+                                source_state)
 from spe.lab.study_data import dirty_runs, read_study, synth_study, write_study
 from spe.lab.study_tables import MIXED_MARK, render_study
 
@@ -103,6 +104,17 @@ def test_cpu_isa_names_the_widest_vector_set_of_the_flags(flags, expected):
     assert cpu_isa(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n") == expected
     # an ARM /proc/cpuinfo has no x86 flags line: the machine type stands in
     assert cpu_isa("processor\t: 0\nFeatures\t: fp asimd\n") == platform.machine()
+
+
+def test_isa_caps_name_the_environment_a_rerun_needs_to_follow_a_record():
+    avx2, avx512 = {"cpu_isa": "avx2", "isa_limits": {}}, {"cpu_isa": "avx512", "isa_limits": {}}
+    assert isa_caps(avx2, avx512) == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                                      "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    # the same processor, a narrower one (it cannot follow a wider), a record without the field: nothing
+    assert isa_caps(avx2, avx2) is None and isa_caps(avx512, avx2) is None and isa_caps({}, avx512) is None
+    # a rerun already capped to the record's processor still follows it; the record's own caps win
+    capped = {**avx512, "isa_limits": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+    assert isa_caps(capped, avx512) == {"MKL_ENABLE_INSTRUCTIONS": "AVX2"} and isa_caps(capped, capped) is None
 
 
 def test_run_once_stores_the_provenance_once_and_keeps_it_on_the_next_call(tmp_path):

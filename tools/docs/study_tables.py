@@ -31,6 +31,7 @@ from pathlib import Path
 from spe.lab.bench.tables import cost_row
 from spe.lab.study_data import lra_folder_results, merge_study, read_study, sweep_study, synth_folder_results, \
     synth_study, write_study
+from spe.lab.provenance import isa_caps
 from spe.lab.study_rules import SELECTION_SPLIT, top_rows
 from spe.lab.study_tables import drifted_blocks, growth_row, image_link, plot_budgets, plot_study, \
     render_budgets, render_study, replace_blocks, shown_buckets, study_blocks, summary_row
@@ -346,6 +347,10 @@ def cmd_reproduce(args) -> int:
                 continue
             same = then.get(name) == now.get(name)
             print(f"  {name}: {'same' if same else 'differs'} (committed {then.get(name)!r}, rerun {now.get(name)!r})")
+        caps = isa_caps(then, now) if found["differ"] else None
+        if caps:
+            print("  to follow the committed run's instruction sets, rerun with "
+                  + " ".join(f"{k}={v}" for k, v in caps.items()) + " set (docs/study-rules.md)")
     return 0 if not found["differ"] and not found["missing"] else 1
 
 

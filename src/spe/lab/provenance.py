@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = ["ISA_LIMIT_VARIABLES", "LOCATION_KEYS", "PROVENANCE_KEYS", "RUN_ONLY_KEYS", "commit_of", "config_hash",
-           "cpu_isa", "cpu_model", "experiment_hash", "isa_limits", "provenance", "source_state", "utc"]
+           "cpu_isa", "cpu_model", "experiment_hash", "isa_caps", "isa_limits", "provenance", "source_state", "utc"]
 
 # The keys of a run's provenance record, in the order they are written (the module docstring).
 PROVENANCE_KEYS = ("commit", "dirty", "version", "config_sha256", "experiment_sha256", "config", "threads", "device",
@@ -60,6 +60,10 @@ ISA_LIMIT_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CB
                        "DNNL_MAX_CPU_ISA")
 # x86 flags of /proc/cpuinfo, widest first, and the name cpu_isa gives each
 _X86_ISAS = (("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"), ("sse4_2", "sse4.2"))
+# The caps that make a wider processor follow a narrower one's code paths, where they were measured
+# to (docs/study-rules.md: an AVX2 record rerun bit for bit on AVX-512 needs MKL's and oneDNN's caps;
+# torch's own alone changed nothing there)
+_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 
 
 def utc(seconds: float) -> str:
@@ -144,6 +148,28 @@ def cpu_isa(cpuinfo: str | None = None) -> str:
 def isa_limits() -> dict[str, str]:
     """The :data:`ISA_LIMIT_VARIABLES` set in this process's environment, name -> value."""
     return {name: os.environ[name] for name in ISA_LIMIT_VARIABLES if name in os.environ}
+
+
+def isa_caps(recorded: Mapping, running: Mapping) -> dict[str, str] | None:
+    """The environment under which a rerun follows a recorded run's instruction sets, or None.
+
+    Args:
+        recorded, running: two provenance records (the committed run's, the rerun's).
+
+    Returns:
+        The recorded run's own ``isa_limits`` where it had some and the rerun's differ; else, where
+        the recorded processor's ``cpu_isa`` is narrower than the rerun's and the caps that emulate
+        it are known (AVX2 on an AVX-512 processor), those caps; else None (the same instruction
+        sets, a record without them, or no known caps: a narrower processor cannot follow a wider).
+    """
+    limits = recorded.get("isa_limits")
+    if limits:
+        return None if running.get("isa_limits") == limits else dict(limits)
+    widths = [name for _, name in reversed(_X86_ISAS)]
+    then, now = recorded.get("cpu_isa"), running.get("cpu_isa")
+    if then not in _CAPS or now not in widths or widths.index(now) <= widths.index(then):
+        return None
+    return dict(_CAPS[then])
 
 
 def provenance(*, started: float, ended: float, config: Mapping | None = None, device: str | None = None) -> dict:
