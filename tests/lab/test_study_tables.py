@@ -210,6 +210,46 @@ def test_the_written_command_names_the_rows_and_steps_that_ran_so_reproduce_reru
     assert meta["command"] == f"spe sweep --plan learned-time --out {runs}"
 
 
+def test_rows_another_plan_ran_as_the_same_experiments_serve_a_second_study(tmp_path, capsys):
+    """--rows-from: the rows the sweep folder lacks come from another plan's folder, each run checked
+    to be this plan's experiment (its experiment_sha256), never a look-alike."""
+    from spe.lab.music.plan import MusicPlans
+    from spe.lab.plans import load_plan, write_result
+    from spe.lab.provenance import experiment_hash, provenance
+
+    tool = _tool()
+    gates = load_plan("gates-palestrina", "music")
+    here, other = tmp_path / "gates", tmp_path / "learned-time"
+
+    def run(folder, plan, name, seed, ce, data="music21:palestrina/2"):
+        config = MusicPlans(plan, folder, progress=False, data=data).config(name, seed)
+        write_result(folder / name / f"seed{seed}",
+                     {**_run(name, seed, ce), "provenance": provenance(started=0.0, ended=1.0, config=config)})
+
+    run(here, gates, "decay", 0, 1.0)
+    lt = load_plan("learned-time-palestrina", "music")
+    run(other, lt, "fox", 0, 0.8)
+    run(other, lt, "path-fox", 0, 0.7)  # not a row of the gates plan: never taken
+    argv = ["write", "--plan", "gates-palestrina", "--runs", str(here), "--study", "gp", "--corpus", "P",
+            "--data", "music21:palestrina/2", "--data-dir", str(tmp_path / "data"), "--allow-dirty"]
+    assert tool.main([*argv, "--rows-from", str(other)]) == 0
+    records, meta = read_study(tmp_path / "data", "gp")
+    assert {r["variant"] for r in records} == {"decay", "fox"} and set(meta["provenance"]) == {"decay", "fox"}
+    assert meta["command"].endswith(f"# fox: the runs of {other} (the same experiments)")
+    assert tool.reproduction_command(meta, "fox", 0, "o", 1)[:4] == ["sweep", "--plan", "gates-palestrina", "--data"]
+    # the same row name run on other data is another experiment: refused, naming row, seed and hashes
+    run(other, lt, "fox", 0, 0.8, data="music21:palestrina/4")
+    wanted = experiment_hash(MusicPlans(gates, here, progress=False, data="music21:palestrina/2").config("fox", 0))
+    capsys.readouterr()
+    assert tool.main([*argv, "--study", "gp2", "--rows-from", str(other)]) == 2
+    said = capsys.readouterr().err
+    assert "fox seed 0 is not plan 'gates-palestrina''s experiment" in said and wanted in said
+    assert not (tmp_path / "data" / "gp2.jsonl").exists()
+    # nothing to take
+    assert tool.main([*argv, "--study", "gp3", "--rows-from", str(tmp_path / "empty")]) == 2
+    assert "no finished run" in capsys.readouterr().err
+
+
 def _provenance(meta, commit, rows_seeds):
     return {**meta, "provenance": {row: {str(s): {"commit": commit, "dirty": False} for s in seeds}
                                    for row, seeds in rows_seeds.items()}}

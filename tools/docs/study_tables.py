@@ -210,18 +210,58 @@ def cmd_write(args) -> int:
 
     plan = load_plan(args.plan, "music")
     records, meta = sweep_study(plan, args.runs, study=args.study, corpus=args.corpus, command="")
+    ran_here = records
+    if args.rows_from:
+        records, meta = _rows_from(plan, args, records, meta)
     ran = [n for n in meta["rows"] if n in {r["variant"] for r in records}]
     # the default command says what ran: the rows (when not the whole plan) and the steps
     command = args.command or shlex.join(["spe", "sweep", "--plan", args.plan,
                                           *(["--only", ",".join(ran)] if len(ran) < len(plan.rows) else []),
                                           *(["--steps", str(args.steps)] if args.steps else []),
                                           "--out", args.runs, *(["--data", args.data] if args.data else [])])
+    if args.rows_from and not args.command:
+        shared = sorted({r["variant"] for r in records} - {r["variant"] for r in ran_here})
+        command += f"   # {', '.join(shared)}: the runs of {args.rows_from} (the same experiments)"
     meta = {**meta, "command": command}
     if args.steps:  # only the rows that ran, at the steps they ran
         meta = {**meta, "steps": args.steps, "rows": {n: r for n, r in meta["rows"].items() if n in ran}}
     if args.title:
         meta = {**meta, "title": args.title}
     return _write(args, records, meta)
+
+
+def _rows_from(plan, args, records: list[dict], meta: dict) -> tuple[list[dict], dict]:
+    """``records`` and ``meta`` with the runs of the plan's rows that ``--runs`` lacks, taken from
+    ``--rows-from`` (another plan's sweep folder) where each is the same experiment as this plan's
+    row and seed: its recorded ``experiment_sha256`` equals the hash of this plan's resolved config
+    (with ``--data``). One training then serves two studies instead of running twice.
+
+    Raises:
+        ValueError: naming the row, seed and both hashes, for a run that is another experiment or
+            records none; if the folder holds no run of a row that ``--runs`` lacks.
+    """
+    from spe.lab.music.plan import MusicPlans
+    from spe.lab.provenance import experiment_hash
+
+    have = {r["variant"] for r in records}
+    other, other_meta = sweep_study(plan, args.rows_from, study=args.study, corpus=args.corpus, command="")
+    taken = [r for r in other if r["variant"] not in have]
+    if not taken:
+        raise ValueError(f"--rows-from {args.rows_from}: no finished run of a row of plan {args.plan!r} that "
+                         f"{args.runs} lacks")
+    task = MusicPlans(plan, args.runs, progress=False, data=args.data)
+    recorded = other_meta.get("provenance", {})
+    for row, seed in sorted({(r["variant"], r["seed"]) for r in taken}):
+        found = recorded.get(row, {}).get(str(seed), {}).get("experiment_sha256")
+        wanted = experiment_hash(task.config(row, seed))
+        if found != wanted:
+            raise ValueError(f"--rows-from {args.rows_from}: {row} seed {seed} is not plan {args.plan!r}'s experiment "
+                             f"(its experiment_sha256 {found!r}, the plan's {wanted!r}; --data {args.data!r})")
+    rows = {r["variant"] for r in taken}
+    print(f"took {len({(r['variant'], r['seed']) for r in taken})} run(s) of {', '.join(sorted(rows))} from "
+          f"{args.rows_from} (the same experiments)")
+    provenance = {**meta.get("provenance", {}), **{row: recorded[row] for row in sorted(rows)}}
+    return records + taken, {**meta, "provenance": provenance}
 
 
 def _write(args, records: list[dict], meta: dict) -> int:
@@ -417,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--study", required=True)
     w.add_argument("--corpus", required=True, help="e.g. 'Bach chorales' or music21:palestrina/2")
     w.add_argument("--data", help="the sweep's --data, if any (written into the command)")
+    w.add_argument("--rows-from", metavar="FOLDER",
+                   help="another plan's sweep folder: the plan's rows that --runs lacks are taken from its runs "
+                        "where each is the same experiment (equal experiment_sha256, checked)")
     w.add_argument("--command", help="the command that made the runs (default: spe sweep with these options)")
     w.add_argument("--title", help="the table's title (default: the plan's)")
     w.add_argument("--steps", type=int, help="the runs' steps where --steps overrode the plan's (the 4x point)")
