@@ -21,9 +21,9 @@ finished: ``spe sweep``, ``spe lra``, ``spe synth``) holds ``provenance``:
   ``isa_limits`` (the environment variables that cap the instruction sets of torch, MKL and oneDNN,
   where set: :data:`ISA_LIMIT_VARIABLES`) and ``host``. Records written before the three ISA fields
   existed lack them. MKL's matrix products take their code path, hence their summation order, from
-  the instruction set: the same commit, seed and thread count trained on an AVX2 and an AVX-512
-  processor give other weights (docs/study-rules.md), and the model name alone does not tell the two
-  apart (a virtual machine may report ``AMD EPYC`` for both);
+  the instruction set: the same commit, seed and thread count trained with MKL capped at AVX2 and
+  uncapped on one AVX-512 processor give other weights (docs/study-rules.md), and the model name
+  alone does not tell two processors apart (a virtual machine may report ``AMD EPYC`` for both);
 * ``started`` and ``ended``: UTC times (ISO 8601, seconds) of the process that finished the run
   (a resumed run: of its last part).
 
@@ -60,9 +60,9 @@ ISA_LIMIT_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CB
                        "DNNL_MAX_CPU_ISA")
 # x86 flags of /proc/cpuinfo, widest first, and the name cpu_isa gives each
 _X86_ISAS = (("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"), ("sse4_2", "sse4.2"))
-# The caps that make a wider processor follow a narrower one's code paths, where they were measured
-# to (docs/study-rules.md: an AVX2 record rerun bit for bit on AVX-512 needs MKL's and oneDNN's caps;
-# torch's own alone changed nothing there)
+# The caps that make a wider processor follow a narrower one's code paths, where measured
+# (docs/study-rules.md: on AVX-512 they gave an earlier machine's flip-flop numbers back; torch's
+# own cap alone changed no bit there)
 _CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 
 
