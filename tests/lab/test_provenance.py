@@ -112,7 +112,9 @@ def test_isa_caps_name_the_environment_a_rerun_needs_to_follow_a_record():
                                       "ONEDNN_MAX_CPU_ISA": "AVX2"}
     # the same processor, a narrower one (it cannot follow a wider), a record without the field: nothing
     assert isa_caps(avx2, avx2) is None and isa_caps(avx512, avx2) is None and isa_caps({}, avx512) is None
-    # a rerun already capped to the record's processor still follows it; the record's own caps win
+    # a rerun that already ran under those caps is told nothing new
+    assert isa_caps(avx2, {**avx512, "isa_limits": isa_caps(avx2, avx512)}) is None
+    # a record made under caps of its own: those are what a rerun needs, until it has them
     capped = {**avx512, "isa_limits": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
     assert isa_caps(capped, avx512) == {"MKL_ENABLE_INSTRUCTIONS": "AVX2"} and isa_caps(capped, capped) is None
 

@@ -221,8 +221,8 @@ def test_rows_another_plan_ran_as_the_same_experiments_serve_a_second_study(tmp_
     gates = load_plan("gates-palestrina", "music")
     here, other = tmp_path / "gates", tmp_path / "learned-time"
 
-    def run(folder, plan, name, seed, ce, data="music21:palestrina/2"):
-        config = MusicPlans(plan, folder, progress=False, data=data).config(name, seed)
+    def run(folder, plan, name, seed, ce, data="music21:palestrina/2", steps=None):
+        config = MusicPlans(plan, folder, progress=False, data=data, steps=steps).config(name, seed)
         write_result(folder / name / f"seed{seed}",
                      {**_run(name, seed, ce), "provenance": provenance(started=0.0, ended=1.0, config=config)})
 
@@ -245,6 +245,11 @@ def test_rows_another_plan_ran_as_the_same_experiments_serve_a_second_study(tmp_
     said = capsys.readouterr().err
     assert "fox seed 0 is not plan 'gates-palestrina''s experiment" in said and wanted in said
     assert not (tmp_path / "data" / "gp2.jsonl").exists()
+    # runs at a longer budget are this plan's experiment at that budget (--steps), not at the plan's own
+    longer = tmp_path / "longer"
+    run(longer, lt, "fox", 0, 0.6, steps=2000)
+    assert tool.main([*argv, "--study", "gp4", "--steps", "2000", "--rows-from", str(longer)]) == 0
+    assert tool.main([*argv, "--study", "gp5", "--rows-from", str(longer)]) == 2
     # nothing to take
     assert tool.main([*argv, "--study", "gp3", "--rows-from", str(tmp_path / "empty")]) == 2
     assert "no finished run" in capsys.readouterr().err

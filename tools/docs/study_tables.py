@@ -234,7 +234,7 @@ def _rows_from(plan, args, records: list[dict], meta: dict) -> tuple[list[dict],
     """``records`` and ``meta`` with the runs of the plan's rows that ``--runs`` lacks, taken from
     ``--rows-from`` (another plan's sweep folder) where each is the same experiment as this plan's
     row and seed: its recorded ``experiment_sha256`` equals the hash of this plan's resolved config
-    (with ``--data``). One training then serves two studies instead of running twice.
+    (with ``--data`` and ``--steps``). One training then serves two studies instead of running twice.
 
     Raises:
         ValueError: naming the row, seed and both hashes, for a run that is another experiment or
@@ -249,7 +249,7 @@ def _rows_from(plan, args, records: list[dict], meta: dict) -> tuple[list[dict],
     if not taken:
         raise ValueError(f"--rows-from {args.rows_from}: no finished run of a row of plan {args.plan!r} that "
                          f"{args.runs} lacks")
-    task = MusicPlans(plan, args.runs, progress=False, data=args.data)
+    task = MusicPlans(plan, args.runs, progress=False, data=args.data, steps=args.steps)
     recorded = other_meta.get("provenance", {})
     for row, seed in sorted({(r["variant"], r["seed"]) for r in taken}):
         found = recorded.get(row, {}).get(str(seed), {}).get("experiment_sha256")

@@ -159,8 +159,9 @@ def isa_caps(recorded: Mapping, running: Mapping) -> dict[str, str] | None:
     Returns:
         The recorded run's own ``isa_limits`` where it had some and the rerun's differ; else, where
         the recorded processor's ``cpu_isa`` is narrower than the rerun's and the caps that emulate
-        it are known (AVX2 on an AVX-512 processor), those caps; else None (the same instruction
-        sets, a record without them, or no known caps: a narrower processor cannot follow a wider).
+        it are known (AVX2 on an AVX-512 processor), those caps unless the rerun already had them;
+        else None (the same instruction sets, a record without them, or no known caps: a narrower
+        processor cannot follow a wider).
     """
     limits = recorded.get("isa_limits")
     if limits:
@@ -169,7 +170,7 @@ def isa_caps(recorded: Mapping, running: Mapping) -> dict[str, str] | None:
     then, now = recorded.get("cpu_isa"), running.get("cpu_isa")
     if then not in _CAPS or now not in widths or widths.index(now) <= widths.index(then):
         return None
-    return dict(_CAPS[then])
+    return None if running.get("isa_limits") == _CAPS[then] else dict(_CAPS[then])
 
 
 def provenance(*, started: float, ended: float, config: Mapping | None = None, device: str | None = None) -> dict:
