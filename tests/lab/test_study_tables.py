@@ -251,8 +251,22 @@ def test_rows_another_plan_ran_as_the_same_experiments_serve_a_second_study(tmp_
     assert tool.main([*argv, "--study", "gp4", "--steps", "2000", "--rows-from", str(longer)]) == 0
     assert tool.main([*argv, "--study", "gp5", "--rows-from", str(longer)]) == 2
     # nothing to take
+    (tmp_path / "empty").mkdir()
     assert tool.main([*argv, "--study", "gp3", "--rows-from", str(tmp_path / "empty")]) == 2
     assert "no finished run" in capsys.readouterr().err
+    # the other plan's runs once committed (their folder gone): taken from the study, hash checked
+    run(other, lt, "fox", 0, 0.8)
+    assert tool.main(["write", "--plan", "learned-time-palestrina", "--runs", str(other), "--study", "ltp",
+                      "--corpus", "P", "--data-dir", str(tmp_path / "data"), "--allow-dirty"]) == 0
+    assert tool.main([*argv, "--study", "gp6", "--rows-from", "ltp"]) == 0
+    records, meta = read_study(tmp_path / "data", "gp6")
+    assert {r["variant"] for r in records} == {"decay", "fox"} and {r["study"] for r in records} == {"gp6"}
+    assert meta["command"].endswith("# fox: the runs of the committed study ltp (the same experiments)")
+    assert meta["provenance"]["fox"]["0"]["experiment_sha256"] == wanted
+    assert tool.main([*argv, "--study", "gp7", "--steps", "2000", "--rows-from", "ltp"]) == 2
+    assert "fox seed 0 is not plan 'gates-palestrina''s experiment" in capsys.readouterr().err
+    assert tool.main([*argv, "--study", "gp8", "--rows-from", "no-such-study"]) == 2
+    assert "neither a sweep folder nor a study" in capsys.readouterr().err
 
 
 def _provenance(meta, commit, rows_seeds):

@@ -221,7 +221,8 @@ def cmd_write(args) -> int:
                                           "--out", args.runs, *(["--data", args.data] if args.data else [])])
     if args.rows_from and not args.command:
         shared = sorted({r["variant"] for r in records} - {r["variant"] for r in ran_here})
-        command += f"   # {', '.join(shared)}: the runs of {args.rows_from} (the same experiments)"
+        source = args.rows_from if Path(args.rows_from).is_dir() else f"the committed study {args.rows_from}"
+        command += f"   # {', '.join(shared)}: the runs of {source} (the same experiments)"
     meta = {**meta, "command": command}
     if args.steps:  # only the rows that ran, at the steps they ran
         meta = {**meta, "steps": args.steps, "rows": {n: r for n, r in meta["rows"].items() if n in ran}}
@@ -232,20 +233,22 @@ def cmd_write(args) -> int:
 
 def _rows_from(plan, args, records: list[dict], meta: dict) -> tuple[list[dict], dict]:
     """``records`` and ``meta`` with the runs of the plan's rows that ``--runs`` lacks, taken from
-    ``--rows-from`` (another plan's sweep folder) where each is the same experiment as this plan's
-    row and seed: its recorded ``experiment_sha256`` equals the hash of this plan's resolved config
-    (with ``--data`` and ``--steps``). One training then serves two studies instead of running twice.
+    ``--rows-from`` (another plan's sweep folder, or a study committed under ``--data-dir``) where
+    each is the same experiment as this plan's row and seed: its recorded ``experiment_sha256``
+    equals the hash of this plan's resolved config (with ``--data`` and ``--steps``). One training
+    then serves two studies instead of running twice, also once its folder is gone.
 
     Raises:
         ValueError: naming the row, seed and both hashes, for a run that is another experiment or
-            records none; if the folder holds no run of a row that ``--runs`` lacks.
+            records none; if ``--rows-from`` holds no run of a row that ``--runs`` lacks, or is
+            neither a folder nor a committed study.
     """
     from spe.lab.music.plan import MusicPlans
     from spe.lab.provenance import experiment_hash
 
     have = {r["variant"] for r in records}
-    other, other_meta = sweep_study(plan, args.rows_from, study=args.study, corpus=args.corpus, command="")
-    taken = [r for r in other if r["variant"] not in have]
+    other, other_meta = _other_runs(plan, args)
+    taken = [{**r, "study": args.study} for r in other if r["variant"] not in have]
     if not taken:
         raise ValueError(f"--rows-from {args.rows_from}: no finished run of a row of plan {args.plan!r} that "
                          f"{args.runs} lacks")
@@ -262,6 +265,17 @@ def _rows_from(plan, args, records: list[dict], meta: dict) -> tuple[list[dict],
           f"{args.rows_from} (the same experiments)")
     provenance = {**meta.get("provenance", {}), **{row: recorded[row] for row in sorted(rows)}}
     return records + taken, {**meta, "provenance": provenance}
+
+
+def _other_runs(plan, args) -> tuple[list[dict], dict]:
+    """The runs ``--rows-from`` names: a sweep folder's, else the committed study of that name."""
+    if Path(args.rows_from).is_dir():
+        return sweep_study(plan, args.rows_from, study=args.study, corpus=args.corpus, command="")
+    if (Path(args.data_dir) / f"{args.rows_from}.jsonl").exists():  # only this plan's rows, as a folder gives
+        records, meta = read_study(args.data_dir, args.rows_from)
+        return [r for r in records if r["variant"] in plan.rows], meta
+    raise ValueError(f"--rows-from {args.rows_from}: neither a sweep folder nor a study in {args.data_dir} "
+                     f"({args.data_dir}/{args.rows_from}.jsonl does not exist)")
 
 
 def _write(args, records: list[dict], meta: dict) -> int:
@@ -457,9 +471,10 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--study", required=True)
     w.add_argument("--corpus", required=True, help="e.g. 'Bach chorales' or music21:palestrina/2")
     w.add_argument("--data", help="the sweep's --data, if any (written into the command)")
-    w.add_argument("--rows-from", metavar="FOLDER",
-                   help="another plan's sweep folder: the plan's rows that --runs lacks are taken from its runs "
-                        "where each is the same experiment (equal experiment_sha256, checked)")
+    w.add_argument("--rows-from", metavar="FOLDER|STUDY",
+                   help="another plan's sweep folder, or a study committed in --data-dir: the plan's rows that "
+                        "--runs lacks are taken from its runs where each is the same experiment (equal "
+                        "experiment_sha256, checked)")
     w.add_argument("--command", help="the command that made the runs (default: spe sweep with these options)")
     w.add_argument("--title", help="the table's title (default: the plan's)")
     w.add_argument("--steps", type=int, help="the runs' steps where --steps overrode the plan's (the 4x point)")
