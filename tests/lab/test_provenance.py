@@ -173,7 +173,21 @@ def test_one_commit_everywhere_is_said_and_no_provenance_is_said_too():
 def test_a_seed_without_a_record_beside_recorded_ones_marks_its_row():
     results = _results({("x", 0): ("a" * 40, False), ("x", 1): ("none", False)})
     text = render_study(*synth_study(results, study="s", title="t", command="c"))
-    assert f"| x{MIXED_MARK} |" in text and "seed 1: not recorded" in text
+    assert f"| x{MIXED_MARK} |" in text and "x (seed 0: aaaaaaaaaa, seed 1: not recorded)" in text
+
+
+def test_a_study_rerun_part_by_part_lists_seeds_by_commit_and_the_untied_rows_once():
+    """A half-rerun study: each mixed row's seeds grouped by commit, rows with no commit at all named once."""
+    results = _results({**{("x", s): ("a" * 40, False) for s in (0, 2, 4)},
+                        **{("x", s): ("none", False) for s in (1, 3)},
+                        **{("y", s): ("a" * 40, False) for s in (0, 1, 2)}, **{("y", s): ("none", False) for s in (3, 4)},
+                        **{("z", s): ("none", False) for s in range(3)}, **{("w", s): ("none", False) for s in range(3)}})
+    line = next(l for l in render_study(*synth_study(results, study="s", title="t", command="c")).splitlines()
+                if l.startswith("* Provenance"))
+    assert "x (seeds 0, 2 and 4: aaaaaaaaaa, seeds 1 and 3: not recorded)" in line
+    assert "y (seeds 0–2: aaaaaaaaaa, seeds 3 and 4: not recorded)" in line
+    assert line.endswith("rows with no commit recorded (runs made before runs kept one): w, z.")
+    assert "z (" not in line and "w (" not in line
 
 
 def test_runs_from_a_dirty_tree_are_refused_unless_allowed(tmp_path):

@@ -167,11 +167,28 @@ def _provenance_line(meta: dict, by_bucket: dict, shown) -> str:
                    (r["commit"] + ("+dirty" if r.get("dirty") else "") for r in by_seed.values() if r.get("commit"))}
         return (f"* Provenance: each row's seeds ran on one commit ({', '.join(sorted(c[:10] + c[40:] for c in commits))}); "
                 "commit, configuration hash, threads, versions and host of every run are in the meta file.")
-    def seeds(commits: dict) -> str:
-        return ", ".join(f"seed {s}: {'not recorded' if c is None else c[:10] + c[40:]}" for s, c in commits.items())
+    def seeds(commits: dict) -> str:  # seeds grouped by commit, in the order of their first seed
+        by_commit: dict[str | None, list[int]] = {}
+        for s, c in sorted(commits.items()):
+            by_commit.setdefault(c, []).append(s)
+        return ", ".join(f"{_seed_list(s)}: {'not recorded' if c is None else c[:10] + c[40:]}"
+                         for c, s in by_commit.items())
 
-    rows = "; ".join(f"{n} ({seeds(commits)})" for n, commits in sorted(mixed.items()))
-    return f"* Provenance:{MIXED_MARK} rows whose seeds ran on more than one commit or on one not recorded: {rows}."
+    unrecorded = sorted(n for n, commits in mixed.items() if set(commits.values()) == {None})
+    rows = "; ".join(f"{n} ({seeds(commits)})" for n, commits in sorted(mixed.items()) if n not in unrecorded)
+    said = [f"rows whose seeds ran on more than one commit, or partly on one not recorded: {rows}"] if rows else []
+    if unrecorded:
+        said.append(f"rows with no commit recorded (runs made before runs kept one): {', '.join(unrecorded)}")
+    return f"* Provenance:{MIXED_MARK} {'; '.join(said)}."
+
+
+def _seed_list(seeds: list[int]) -> str:
+    """'seed 3', 'seeds 3 and 4', 'seeds 0–4' (three or more consecutive), 'seeds 0, 2 and 4'."""
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}–{seeds[-1]}"
+    return f"seeds {', '.join(map(str, seeds[:-1]))} and {seeds[-1]}"
 
 
 def _selection_table(by_bucket, shown, groups, order, meta, params) -> list[str]:
