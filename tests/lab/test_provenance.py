@@ -136,15 +136,17 @@ def test_run_once_stores_the_provenance_once_and_keeps_it_on_the_next_call(tmp_p
     assert again == first and len(calls) == 1
 
 
-def _results(commits: dict[tuple[str, int], tuple[str | None, bool]]):
+def _results(commits: dict[tuple[str, int], tuple]):
+    """(variant, seed) -> (commit or "none", dirty[, cpu]): synthetic results, on processor "CPU-A"
+    unless said."""
     out = []
-    for (variant, seed), (commit, dirty) in commits.items():
+    for (variant, seed), (commit, dirty, *cpu) in commits.items():
         result = {"task": "mqar", "variant": variant, "seed": seed, "train_length": 64, "train_tokens": 10,
                   "params": 5, "results": [{"split": "validation", "length": n, "accuracy": 0.5 + 0.1 * seed
                                             + (0.2 if variant == "x" else 0.0)} for n in (64, 256)]}
         if commit != "none":
             result["provenance"] = {**provenance(started=0.0, ended=1.0, config={"seed": seed}),
-                                    "commit": commit, "dirty": dirty}
+                                    "commit": commit, "dirty": dirty, "cpu": cpu[0] if cpu else "CPU-A"}
         out.append(result)
     return out
 
@@ -157,23 +159,33 @@ def test_a_row_whose_seeds_ran_on_two_commits_is_marked_in_its_table():
     text = render_study(records, meta)
     assert f"| y{MIXED_MARK} |" in text and "| x |" in text
     line = next(line for line in text.splitlines() if line.startswith("* Provenance"))
-    assert "y (seed 0: aaaaaaaaaa, seed 1: bbbbbbbbbb)" in line and "x (" not in line
+    assert "y (seed 0: aaaaaaaaaa on CPU-A, seed 1: bbbbbbbbbb on CPU-A)" in line and "x (" not in line
 
 
 def test_one_commit_everywhere_is_said_and_no_provenance_is_said_too():
     results = _results({("x", 0): ("a" * 40, False), ("y", 0): ("a" * 40, False)})
     text = render_study(*synth_study(results, study="s", title="t", command="c"))
-    assert "each row's seeds ran on one commit (aaaaaaaaaa)" in text and MIXED_MARK not in text
+    assert "each row's seeds ran on one commit and processor (aaaaaaaaaa on CPU-A)" in text and MIXED_MARK not in text
     old = _results({("x", 0): ("none", False), ("y", 0): ("none", False)})
     records, meta = synth_study(old, study="s", title="t", command="c")
     assert "provenance" not in meta
     assert "recorded no commit" in render_study(records, meta)
 
 
+def test_a_row_whose_seeds_ran_on_two_processors_of_one_commit_is_marked_too():
+    """The vendor moves a seed's numbers as a commit does (Bach APE seed 0: AMD against Intel), so a
+    row whose seeds ran on two processor models is marked, naming each."""
+    results = _results({("x", 0): ("a" * 40, False, "AMD EPYC"), ("x", 1): ("a" * 40, False, "AMD EPYC"),
+                        ("y", 0): ("a" * 40, False, "AMD EPYC"), ("y", 1): ("a" * 40, False, "Intel(R) Xeon(R)")})
+    text = render_study(*synth_study(results, study="s", title="t", command="c"))
+    assert f"| y{MIXED_MARK} |" in text and f"| x{MIXED_MARK} |" not in text
+    assert "y (seed 0: aaaaaaaaaa on AMD EPYC, seed 1: aaaaaaaaaa on Intel(R) Xeon(R))" in text
+
+
 def test_a_seed_without_a_record_beside_recorded_ones_marks_its_row():
     results = _results({("x", 0): ("a" * 40, False), ("x", 1): ("none", False)})
     text = render_study(*synth_study(results, study="s", title="t", command="c"))
-    assert f"| x{MIXED_MARK} |" in text and "x (seed 0: aaaaaaaaaa, seed 1: not recorded)" in text
+    assert f"| x{MIXED_MARK} |" in text and "x (seed 0: aaaaaaaaaa on CPU-A, seed 1: not recorded)" in text
 
 
 def test_a_study_rerun_part_by_part_lists_seeds_by_commit_and_the_untied_rows_once():
@@ -184,8 +196,8 @@ def test_a_study_rerun_part_by_part_lists_seeds_by_commit_and_the_untied_rows_on
                         **{("z", s): ("none", False) for s in range(3)}, **{("w", s): ("none", False) for s in range(3)}})
     line = next(l for l in render_study(*synth_study(results, study="s", title="t", command="c")).splitlines()
                 if l.startswith("* Provenance"))
-    assert "x (seeds 0, 2 and 4: aaaaaaaaaa, seeds 1 and 3: not recorded)" in line
-    assert "y (seeds 0–2: aaaaaaaaaa, seeds 3 and 4: not recorded)" in line
+    assert "x (seeds 0, 2 and 4: aaaaaaaaaa on CPU-A, seeds 1 and 3: not recorded)" in line
+    assert "y (seeds 0–2: aaaaaaaaaa on CPU-A, seeds 3 and 4: not recorded)" in line
     assert line.endswith("rows with no commit recorded (runs made before runs kept one): w, z.")
     assert "z (" not in line and "w (" not in line
 

@@ -128,18 +128,24 @@ def _order(rows: list[str], last: dict, metric: str) -> list[str]:
     return ranked + [n for n in rows if n not in ranked]
 
 
-MIXED_MARK = " †"  # the mark of a row whose seeds ran on more than one commit (or on one not recorded)
+MIXED_MARK = " †"  # the mark of a row whose seeds ran on more than one commit or processor (or on one not recorded)
+
+
+def _ran_on(record: dict) -> str:
+    """``COMMIT`` (``+dirty`` for a tree with uncommitted changes) ``on CPU``: the code and the
+    processor model, each of which moves a seed's numbers (docs/study-rules.md)."""
+    return (record["commit"] + ("+dirty" if record.get("dirty") else "")
+            + (f" on {record['cpu']}" if record.get("cpu") else ""))
 
 
 def commits_by_seed(meta: dict, name: str, seeds) -> dict[int, str | None]:
-    """Seed -> the commit row ``name``'s run recorded (None: not recorded; a run from a tree with
-    uncommitted changes gets ``COMMIT+dirty``), for ``seeds``."""
+    """Seed -> the commit and processor row ``name``'s run recorded (:func:`_ran_on`; None: no
+    commit recorded), for ``seeds``."""
     by_seed = meta.get("provenance", {}).get(name, {})
     found = {}
     for seed in seeds:
         record = by_seed.get(str(seed), {})
-        commit = record.get("commit")
-        found[seed] = None if commit is None else commit + ("+dirty" if record.get("dirty") else "")
+        found[seed] = None if record.get("commit") is None else _ran_on(record)
     return found
 
 
@@ -163,9 +169,9 @@ def _provenance_line(meta: dict, by_bucket: dict, shown) -> str:
                 "seeds cannot be tied to one code version.")
     mixed = mixed_commits(meta, by_bucket, shown)
     if not mixed:
-        commits = {c for by_seed in meta["provenance"].values() for c in
-                   (r["commit"] + ("+dirty" if r.get("dirty") else "") for r in by_seed.values() if r.get("commit"))}
-        return (f"* Provenance: each row's seeds ran on one commit ({', '.join(sorted(c[:10] + c[40:] for c in commits))}); "
+        commits = {_ran_on(r) for by_seed in meta["provenance"].values() for r in by_seed.values() if r.get("commit")}
+        return (f"* Provenance: each row's seeds ran on one commit and processor "
+                f"({', '.join(sorted(c[:10] + c[40:] for c in commits))}); "
                 "commit, configuration hash, threads, versions and host of every run are in the meta file.")
     def seeds(commits: dict) -> str:  # seeds grouped by commit, in the order of their first seed
         by_commit: dict[str | None, list[int]] = {}
@@ -176,7 +182,7 @@ def _provenance_line(meta: dict, by_bucket: dict, shown) -> str:
 
     unrecorded = sorted(n for n, commits in mixed.items() if set(commits.values()) == {None})
     rows = "; ".join(f"{n} ({seeds(commits)})" for n, commits in sorted(mixed.items()) if n not in unrecorded)
-    said = [f"rows whose seeds ran on more than one commit, or partly on one not recorded: {rows}"] if rows else []
+    said = [f"rows whose seeds ran on more than one commit or processor, or partly on one not recorded: {rows}"] if rows else []
     if unrecorded:
         said.append(f"rows with no commit recorded (runs made before runs kept one): {', '.join(unrecorded)}")
     return f"* Provenance:{MIXED_MARK} {'; '.join(said)}."
