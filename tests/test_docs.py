@@ -313,13 +313,6 @@ def test_bench_page_shows_no_machine_path(monkeypatch):
     assert str(ROOT) not in page and str(ROOT.parent) + "/" not in page  # no path of the machine it ran on
 
 
-def test_plot_lines_are_told_apart_beyond_ten_rows():
-    pytest.importorskip("matplotlib")
-    line_style = _tool("peers_doc").line_style
-    assert len({line_style(i) for i in range(17)}) == 17  # the gates plan's 17 rows
-    assert len({line_style(i) for i in range(100)}) == 100
-
-
 # --- spreads over seeds ---------------------------------------------------------------------
 
 def _per_seed_rows() -> list[tuple[str, str, list[float]]]:

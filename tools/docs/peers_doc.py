@@ -1,5 +1,4 @@
-"""Writes the generated cost part of docs/peers.md, and holds the best-group and plot helpers of
-tools/docs/gates_doc.py.
+"""Writes the generated cost part of docs/peers.md.
 
 Run after the ``spe bench`` run named in :data:`BENCH_COMMAND`::
 
@@ -16,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 from doc_block import replace_block
-
-from spe.lab.stats import format_mean_std
 
 BEGIN, END = "<!-- peers:begin (tools/docs/peers_doc.py) -->", "<!-- peers:end -->"
 # One run, so that every cost is a ratio within it; the machine must be otherwise idle.
@@ -32,65 +28,6 @@ TRAIN_LIMIT, FLAT_LIMIT = 1.5, 1.2  # the cost targets: ≤ 1.5× APE's step; "f
 # (positional, decay) of the plan's variants; other pairs of the bench run keep a plain label
 VARIANT_OF = {("ape", "none"): "ape", ("none", "fixed"): "decay", ("rope", "fixed"): "rope-decay",
               ("sinespe", "fixed"): "sinespe-decay"}
-
-
-def best_group(rows: list[dict], bucket: int) -> tuple[list[str], str]:
-    """Variants whose mean in ``bucket`` lies within one standard deviation of the best mean
-    (the best variant's std; with one seed there is none, so only the best is named)."""
-    scored = [(r["buckets"][bucket][0], r["buckets"][bucket][1], r["variant"]) for r in rows
-              if len(r["buckets"]) > bucket]
-    if not scored:
-        return [], "no runs"
-    mean, std, best = min(scored)
-    if math.isnan(std):
-        return [best], "one seed: no spread, only the lowest mean"
-    return [v for m, _, v in sorted(scored) if m <= mean + std], f"best {format_mean_std(mean, std, digits=3)}"
-
-
-# Line colours and markers: matplotlib's default cycle has 10 colours, so a plot of 17 rows (the
-# gates plan) drew pairs of rows alike; 20 colours, each pair of tab20 told apart by its marker
-# as well, keep every line distinct.
-_MARKERS = ("o", "s", "^", "D", "v")
-
-
-def line_style(i: int) -> tuple[tuple[float, ...], str]:
-    """(colour, marker) of the i-th line: distinct for the first 100 lines."""
-    from matplotlib import colormaps
-
-    return colormaps["tab20"](i % 20), _MARKERS[(i // 20 + i) % len(_MARKERS)]
-
-
-def plot(rows: list[dict], png: Path, title: str, *, log_x: bool = False) -> None:
-    """Cross-entropy against position per variant (mean ± sample std over seeds, no bar for one
-    seed); ``log_x``: position
-    on a log axis (base 2), for evaluations far beyond the training length."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8.5, 4.2))
-    for i, r in enumerate(sorted(rows, key=lambda r: r["buckets"][-1][0])):
-        centres = [(a + b) / 2 for a, b in r["bucket_edges"]]
-        means = [m for m, _ in r["buckets"]]
-        stds = [0.0 if math.isnan(s) else s for _, s in r["buckets"]]
-        style = "-" if "spe" in r["variant"] else "--"
-        color, marker = line_style(i)
-        ax.errorbar(centres, means, yerr=stds, marker=marker, color=color, linestyle=style, capsize=3,
-                    label=r["variant"])
-    if log_x:
-        ax.set_xscale("log", base=2)
-    trained = rows[0]["bucket_edges"][0][1]
-    ax.axvline(trained, color="grey", linewidth=0.8)
-    ax.text(trained, ax.get_ylim()[0], " training length", va="bottom", fontsize=8, color="grey")
-    ax.set_xlabel("token position (bucket centre" + (", log scale)" if log_x else ")"))
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
 
 
 def _name(positional: str, decay: str) -> str:
